@@ -1,0 +1,30 @@
+# Set-up and entry points. Every target installs into ./.venv first (idempotent: the
+# install re-runs only when pyproject.toml changes).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-fast bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first: the pinned CPU wheel; anything else would pull a multi-GB CUDA build.
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m qed_ray.sweep sweeps/smoke.yaml
+
+test: $(STAMP)
+	bash scripts/test.sh
+
+bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,130 @@
+"""Checkpoints: agent tensors in ``state.pt`` plus a JSON ``manifest.json`` (DESIGN.md §4).
+
+``state.pt`` holds tensors only and is loaded with ``torch.load(..., weights_only=True)`` (no pickle from shared
+storage). The manifest records what the checkpoint is (task, agent, variant, seed, step, package versions), a
+SHA-256 of ``state.pt`` to detect corruption, and the small trainer state (counters, RNG states, history).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+STATE_FILE = "state.pt"
+MANIFEST_FILE = "manifest.json"
+FORMAT_VERSION = 1
+IDENTITY_FIELDS = ("task", "agent", "variant", "seed", "obs_dim", "action_dim")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used: names the file and the problem."""
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of the packages a checkpoint depends on."""
+    out = {"python": platform.python_version()}
+    for name in ("qed_ray", "torch", "numpy", "dm_control", "mujoco", "ray", "mlflow"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def save_checkpoint(directory: str | os.PathLike, agent_state: dict, manifest: dict) -> Path:
+    """Writes ``state.pt`` and ``manifest.json`` into ``directory`` (created if needed).
+
+    Args:
+        directory: target folder.
+        agent_state: tensors only (``agent.state_dict()``).
+        manifest: JSON-serialisable; must contain :data:`IDENTITY_FIELDS` and ``env_steps``.
+
+    Returns:
+        the directory.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    missing = [k for k in (*IDENTITY_FIELDS, "env_steps") if k not in manifest]
+    if missing:
+        raise ValueError(f"manifest: missing fields {missing}")
+    state_path = directory / STATE_FILE
+    torch.save(agent_state, state_path)
+    full = {**manifest, "format_version": FORMAT_VERSION, "versions": package_versions(),
+            "state_sha256": _sha256(state_path)}
+    tmp = directory / (MANIFEST_FILE + ".tmp")
+    tmp.write_text(json.dumps(full, indent=1))
+    os.replace(tmp, directory / MANIFEST_FILE)  # the manifest last: its presence marks a complete checkpoint
+    return directory
+
+
+def read_manifest(directory: str | os.PathLike) -> dict:
+    """Reads and checks ``manifest.json``; raises :class:`CheckpointError` naming the file."""
+    path = Path(directory) / MANIFEST_FILE
+    if not path.exists():
+        raise CheckpointError(f"{path}: missing (incomplete or not a checkpoint)")
+    try:
+        manifest = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: corrupt manifest ({e})") from e
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: format_version {manifest.get('format_version')!r}, expected "
+                              f"{FORMAT_VERSION}")
+    return manifest
+
+
+def load_checkpoint(directory: str | os.PathLike, expect: dict | None = None,
+                    map_location: str | torch.device = "cpu") -> tuple[dict, dict]:
+    """Loads ``(agent_state, manifest)`` after integrity and identity checks.
+
+    Args:
+        directory: checkpoint folder.
+        expect: identity fields the checkpoint must match (e.g. task, agent, variant, seed, dims).
+        map_location: device for the tensors.
+
+    Raises:
+        CheckpointError: missing/corrupt files, checksum mismatch, or an identity field that differs.
+    """
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    for key, want in (expect or {}).items():
+        if manifest.get(key) != want:
+            raise CheckpointError(f"{directory / MANIFEST_FILE}: mismatched {key}: checkpoint has "
+                                  f"{manifest.get(key)!r}, this run needs {want!r}")
+    state_path = directory / STATE_FILE
+    if not state_path.exists():
+        raise CheckpointError(f"{state_path}: missing")
+    if _sha256(state_path) != manifest["state_sha256"]:
+        raise CheckpointError(f"{state_path}: corrupt (SHA-256 differs from the manifest)")
+    try:
+        state = torch.load(state_path, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means the same thing to the user
+        raise CheckpointError(f"{state_path}: cannot be loaded ({type(e).__name__}: {e})") from e
+    return state, manifest
+
+
+def replace_dir(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """Moves a finished checkpoint folder over ``dst`` so readers never see a half-written one."""
+    dst = Path(dst)
+    old = dst.with_name(dst.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if dst.exists():
+        os.replace(dst, old)
+    os.replace(src, dst)
+    if old.exists():
+        shutil.rmtree(old)

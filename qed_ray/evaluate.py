@@ -1,0 +1,103 @@
+"""Deterministic evaluation rollouts (paper Sec. 6.1-6.2, App. C).
+
+Policies act with tanh(mu). Every episode starts from an env built with its own seed, so several policies
+rolled out with the same seeds start from identical initial states and can be compared step by step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from qed_ray.envs import make_env
+
+PolicyFn = Callable[[np.ndarray], np.ndarray]  # obs [B, O] -> deterministic actions [B, A]
+
+EVAL_SEED_BASE = 1_000_000  # eval env seeds never collide with training seeds (0..N)
+
+
+def eval_seeds(n: int, base: int = EVAL_SEED_BASE) -> list[int]:
+    """The shared env seeds of ``n`` evaluation episodes (identical for every training seed)."""
+    return [base + i for i in range(n)]
+
+
+@dataclass
+class Rollouts:
+    """Evaluation episodes of one policy.
+
+    Attributes:
+        returns: [E] episode returns (sum of rewards over the rolled-out decisions).
+        obs: [E, L, O] observations at which the policy acted.
+        actions: [E, L, A] actions taken.
+        physics_states: [E, L, P] MuJoCo state vectors (qpos, qvel, act) before each action, if recorded.
+    """
+
+    returns: np.ndarray
+    obs: np.ndarray
+    actions: np.ndarray
+    physics_states: np.ndarray | None = None
+
+    def pooled_obs(self) -> np.ndarray:
+        """[E * L, O] all visited observations."""
+        return self.obs.reshape(-1, self.obs.shape[-1])
+
+
+def rollout(policy: PolicyFn, task: str, seeds: Sequence[int], max_decisions: int | None = None,
+            frame_skip: int = 2, record_physics: bool = False) -> Rollouts:
+    """Runs one deterministic episode per seed (optionally truncated to ``max_decisions``).
+
+    Args:
+        policy: maps observations [B, O] to actions [B, A] (called with B = 1 per step).
+        task: task name.
+        seeds: env seeds, one episode each.
+        max_decisions: stop each episode after this many decisions (default: the full episode).
+        frame_skip: control steps per decision.
+        record_physics: also record physics state vectors (for state-spread plots).
+
+    Returns:
+        :class:`Rollouts`; all episodes must have equal length.
+    """
+    return rollout_many([policy], task, seeds, max_decisions, frame_skip, record_physics)[0]
+
+
+def rollout_many(policies: Sequence[PolicyFn], task: str, seeds: Sequence[int], max_decisions: int | None = None,
+                 frame_skip: int = 2, record_physics: bool = False) -> list[Rollouts]:
+    """Rolls out every policy from the same seeds, stepping all policies' envs in lock-step.
+
+    Stepping in lock-step lets a batch of policies be queried at once per step and guarantees that policy p's
+    episode i starts from the same initial state as every other policy's episode i.
+
+    Returns:
+        one :class:`Rollouts` per policy.
+    """
+    n_pol = len(policies)
+    per_pol = [dict(returns=[], obs=[], actions=[], phys=[]) for _ in range(n_pol)]
+    for seed in seeds:
+        envs = [make_env(task, seed, frame_skip) for _ in range(n_pol)]
+        obs = [env.reset() for env in envs]
+        ep = [dict(ret=0.0, obs=[], act=[], phys=[]) for _ in range(n_pol)]
+        done = False
+        t = 0
+        while not done and (max_decisions is None or t < max_decisions):
+            for p in range(n_pol):
+                a = np.asarray(policies[p](obs[p][None]))[0]
+                if record_physics:
+                    ep[p]["phys"].append(envs[p].physics.get_state().copy())
+                ep[p]["obs"].append(obs[p])
+                ep[p]["act"].append(a)
+                step = envs[p].step(a)
+                ep[p]["ret"] += step.reward
+                obs[p] = step.obs
+                done = step.terminated or step.truncated
+            t += 1
+        for p in range(n_pol):
+            per_pol[p]["returns"].append(ep[p]["ret"])
+            per_pol[p]["obs"].append(np.stack(ep[p]["obs"]))
+            per_pol[p]["actions"].append(np.stack(ep[p]["act"]))
+            if record_physics:
+                per_pol[p]["phys"].append(np.stack(ep[p]["phys"]))
+            envs[p].close()
+    return [Rollouts(np.asarray(d["returns"]), np.stack(d["obs"]), np.stack(d["actions"]),
+                     np.stack(d["phys"]) if record_physics else None) for d in per_pol]

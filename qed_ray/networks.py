@@ -1,0 +1,123 @@
+"""Network building blocks shared by SAC-LN and MAD-SAC: MLPs, the tanh-Gaussian actor, twin critics.
+
+Modules only: no optimisers, no environment objects (DESIGN.md §2).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LOG2 = math.log(2.0)
+
+
+def activation(name: str) -> nn.Module:
+    """``mish`` (MAD-TD / TD-MPC2 default) or ``relu``."""
+    return {"mish": nn.Mish, "relu": nn.ReLU}[name]()
+
+
+def mlp(in_dim: int, hidden: int, depth: int, out_dim: int, layer_norm: bool, act: str = "mish") -> nn.Sequential:
+    """``depth`` blocks of Linear -> [LayerNorm] -> act, then a plain Linear to ``out_dim``.
+
+    LayerNorm in the critics keeps Q bounded when queried off the data (paper Sec. 5.2, SAC-LN; Hussing et al.
+    2024); the actor has none (paper App. B).
+    """
+    layers: list[nn.Module] = []
+    d = in_dim
+    for _ in range(depth):
+        layers.append(nn.Linear(d, hidden))
+        if layer_norm:
+            layers.append(nn.LayerNorm(hidden))
+        layers.append(activation(act))
+        d = hidden
+    layers.append(nn.Linear(d, out_dim))
+    return nn.Sequential(*layers)
+
+
+def tanh_log_det_jacobian(u: torch.Tensor) -> torch.Tensor:
+    """log(1 - tanh(u)^2) computed stably as 2 (log 2 - u - softplus(-2u)); shape preserved."""
+    return 2.0 * (LOG2 - u - F.softplus(-2.0 * u))
+
+
+class TanhGaussianActor(nn.Module):
+    """pi(a|s): pre-tanh u ~ N(mu(s), diag sigma(s)^2), a = tanh(u) (DESIGN.md §3 'Actor').
+
+    The log-std is bounded smoothly to [log_std_min, log_std_max] with a tanh rescale, so gradients never
+    vanish at a hard clip.
+    """
+
+    def __init__(self, in_dim: int, action_dim: int, hidden: int, depth: int, act: str,
+                 log_std_min: float, log_std_max: float):
+        super().__init__()
+        self.net = mlp(in_dim, hidden, depth, 2 * action_dim, layer_norm=False, act=act)
+        self.action_dim = action_dim
+        self.log_std_min = log_std_min
+        self.log_std_max = log_std_max
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns pre-tanh ``(mu, log_std)``, each [B, action_dim]."""
+        mu, raw = self.net(x).chunk(2, dim=-1)
+        log_std = self.log_std_min + 0.5 * (self.log_std_max - self.log_std_min) * (torch.tanh(raw) + 1.0)
+        return mu, log_std
+
+    def distribution(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-tanh ``(mu, sigma)`` [B, A]: what the cross-seed KL metric compares (paper App. C)."""
+        mu, log_std = self(x)
+        return mu, log_std.exp()
+
+    def sample(self, x: torch.Tensor, generator: torch.Generator | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterised sample: ``(action [B, A], log_prob [B])`` with the tanh change of variables."""
+        mu, log_std = self(x)
+        eps = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
+        u = mu + log_std.exp() * eps
+        # log N(u; mu, sigma) with (u - mu)/sigma = eps exactly, avoiding a division.
+        gauss = -0.5 * eps.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
+        log_prob = (gauss - tanh_log_det_jacobian(u)).sum(-1)
+        return torch.tanh(u), log_prob
+
+    def mode(self, x: torch.Tensor) -> torch.Tensor:
+        """Deterministic evaluation action tanh(mu), [B, A]."""
+        mu, _ = self(x)
+        return torch.tanh(mu)
+
+
+class TwinCritic(nn.Module):
+    """Two independent Q(s, a) MLPs with LayerNorm (the double-Q trick; QED reads their disagreement)."""
+
+    def __init__(self, in_dim: int, action_dim: int, hidden: int, depth: int, act: str, layer_norm: bool = True):
+        super().__init__()
+        self.q1 = mlp(in_dim + action_dim, hidden, depth, 1, layer_norm, act)
+        self.q2 = mlp(in_dim + action_dim, hidden, depth, 1, layer_norm, act)
+
+    def forward(self, x: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns ``(q1, q2)``, each [B]."""
+        xa = torch.cat([x, a], dim=-1)
+        return self.q1(xa).squeeze(-1), self.q2(xa).squeeze(-1)
+
+
+@torch.no_grad()
+def polyak_update(target: nn.Module, online: nn.Module, rate: float) -> None:
+    """target <- (1 - rate) * target + rate * online, in place (one fused foreach call)."""
+    t = [p for p in target.parameters()]
+    o = [p for p in online.parameters()]
+    torch._foreach_lerp_(t, o, rate)
+
+
+def freeze(module: nn.Module) -> nn.Module:
+    """Marks every parameter as not requiring grad (targets are moved by Polyak only)."""
+    for p in module.parameters():
+        p.requires_grad_(False)
+    return module
+
+
+def clip_and_step(optimizer: torch.optim.Optimizer, params, loss: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """zero_grad -> backward -> global-norm clip (paper App. B: 20) -> step; returns the pre-clip grad norm."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    optimizer.step()
+    return norm

@@ -1,0 +1,120 @@
+"""Uniform replay ring buffer with its own generator, and append-only persistence.
+
+Persistence writes only the transitions added since the previous save, as numbered ``.npz`` chunks, so a
+checkpoint never rewrites the whole buffer. A chunk holds ``n * (2 * obs_dim + action_dim + 2) * 4`` bytes
+(float32); a 1M-decision run on cheetah-run (17/6) stores about 168 MB, on quadruped (78/12) about 680 MB.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
+CHUNK_RE = re.compile(r"chunk_(\d{10})_(\d{10})\.npz$")
+
+
+class ReplayBuffer:
+    """Stores (obs, action, reward, next_obs, terminated) transitions; samples uniform batches.
+
+    Args:
+        capacity: maximum transitions kept (oldest overwritten).
+        obs_dim: observation size.
+        action_dim: action size.
+        rng: the buffer's own generator (sampling never touches global RNG).
+    """
+
+    def __init__(self, capacity: int, obs_dim: int, action_dim: int, rng: np.random.Generator):
+        self.capacity = capacity
+        self.rng = rng
+        self.data = {
+            "obs": np.zeros((capacity, obs_dim), np.float32),
+            "action": np.zeros((capacity, action_dim), np.float32),
+            "reward": np.zeros((capacity,), np.float32),
+            "next_obs": np.zeros((capacity, obs_dim), np.float32),
+            "terminated": np.zeros((capacity,), np.float32),
+        }
+        self.added = 0  # transitions ever added; position = added % capacity
+
+    def __len__(self) -> int:
+        return min(self.added, self.capacity)
+
+    def add(self, obs: np.ndarray, action: np.ndarray, reward: float, next_obs: np.ndarray,
+            terminated: bool) -> None:
+        """Appends one transition (time-limit truncations are not terminations: DESIGN.md §3)."""
+        i = self.added % self.capacity
+        d = self.data
+        d["obs"][i], d["action"][i], d["reward"][i] = obs, action, reward
+        d["next_obs"][i], d["terminated"][i] = next_obs, float(terminated)
+        self.added += 1
+
+    def sample(self, batch_size: int, device: torch.device) -> dict[str, torch.Tensor]:
+        """A uniform batch as tensors on ``device``: obs [B, O], action [B, A], reward [B], next_obs, terminated."""
+        if len(self) == 0:
+            raise RuntimeError("replay: sample() from an empty buffer")
+        idx = self.rng.integers(0, len(self), size=batch_size)
+        return {k: torch.from_numpy(v[idx]).to(device, non_blocking=True) for k, v in self.data.items()}
+
+    # ---- persistence -------------------------------------------------------------------------------
+    def save_incremental(self, directory: str | os.PathLike) -> int:
+        """Writes the transitions added since the last chunk in ``directory``; returns bytes written.
+
+        Chunks past ``self.added`` (left by a run that crashed after its last checkpoint) are deleted first.
+        """
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        chunks = list_chunks(directory)
+        saved = 0
+        for start, end, path in chunks:
+            if end > self.added:
+                path.unlink()
+            else:
+                saved = max(saved, end)
+        if saved == self.added:
+            return 0
+        if self.added - saved > self.capacity:
+            saved = self.added - self.capacity  # older transitions are gone from the ring anyway
+        idx = np.arange(saved, self.added) % self.capacity
+        path = directory / f"chunk_{saved:010d}_{self.added:010d}.npz"
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, **{k: v[idx] for k, v in self.data.items()})
+        os.replace(tmp, path)
+        return path.stat().st_size
+
+    def load_incremental(self, directory: str | os.PathLike, added: int) -> None:
+        """Rebuilds the buffer from chunks covering transitions [0, added) (later chunks are ignored)."""
+        chunks = [(s, e, p) for s, e, p in list_chunks(Path(directory)) if e <= added]
+        covered = max((e for _, e, _ in chunks), default=0)
+        if covered != added:
+            raise FileNotFoundError(f"{directory}: replay chunks cover {covered} transitions, checkpoint needs "
+                                    f"{added}")
+        self.added = 0
+        for start, end, path in chunks:
+            with np.load(path) as z:
+                idx = np.arange(start, end) % self.capacity
+                for k in FIELDS:
+                    self.data[k][idx] = z[k]
+        self.added = added
+
+    def rng_state(self) -> dict:
+        """The sampler's bit-generator state (JSON-serialisable)."""
+        return self.rng.bit_generator.state
+
+    def set_rng_state(self, state: dict) -> None:
+        """Restores :meth:`rng_state`."""
+        self.rng.bit_generator.state = state
+
+
+def list_chunks(directory: Path) -> list[tuple[int, int, Path]]:
+    """``(start, end, path)`` of every chunk file in ``directory``, ordered by start."""
+    out = []
+    if directory.exists():
+        for p in directory.iterdir():
+            m = CHUNK_RE.search(p.name)
+            if m:
+                out.append((int(m.group(1)), int(m.group(2)), p))
+    return sorted(out)
