@@ -67,6 +67,8 @@ class MadSpec(Frozen):
     num_bins: int = Field(151, ge=3)
     sigma_ratio: float = Field(0.75, gt=0, description="HL-Gauss sigma as a multiple of the bin width")
     clip_warn_fraction: float = Field(0.01, ge=0, le=1, description="warn when this share of TD targets is clipped")
+    actor_critic: Literal["online", "target"] = Field(
+        "online", description="critic the actor maximises: 'online' (SAC) or 'target' (MAD-TD; mad_td.md §2.5)")
 
     @model_validator(mode="after")
     def _check(self) -> "MadSpec":
@@ -82,12 +84,12 @@ class AgentSpec(Frozen):
     """Agent hyper-parameters shared by SAC-LN and MAD-SAC (MAD-TD code defaults, paper App. B)."""
 
     name: Literal["sac_ln", "mad_sac"] = "sac_ln"
-    hidden: int = Field(512, ge=1, description="width of every hidden layer")
+    hidden: int = Field(512, ge=1, description="width of every hidden layer (sac_ln default 256)")
     depth: int = Field(2, ge=1, description="hidden layers per MLP")
     activation: Literal["mish", "relu"] = "mish"
     actor_lr: float = Field(3e-4, gt=0)
     critic_lr: float = Field(3e-4, gt=0)
-    batch_size: int = Field(512, ge=2)
+    batch_size: int = Field(512, ge=2, description="batch size (sac_ln default 256)")
     polyak: float = Field(0.01, gt=0, le=1, description="target <- (1 - polyak) target + polyak online")
     gamma: float = Field(0.99, gt=0, lt=1)
     grad_clip: float = Field(20.0, gt=0, description="global-norm gradient clip (paper App. B: 20)")
@@ -95,6 +97,15 @@ class AgentSpec(Frozen):
     log_std_min: float = -5.0
     log_std_max: float = 2.0
     mad: MadSpec = MadSpec()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _agent_defaults(cls, data):
+        # SAC-LN defaults to the standard DMC SAC size (256x256, batch 256; pytorch_sac/SB3 scale), MAD-SAC to
+        # the MAD-TD reference (512, batch 512). Sweeps that reproduce the paper set both explicitly.
+        if isinstance(data, dict) and data.get("name", "sac_ln") == "sac_ln":
+            data = {"hidden": 256, "batch_size": 256, **data}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "AgentSpec":
