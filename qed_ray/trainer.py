@@ -90,8 +90,18 @@ class Trainer:
         return {"task": s.task, "agent": s.agent.name, "variant": s.variant, "seed": s.seed,
                 "obs_dim": self.env.obs_dim, "action_dim": self.env.action_dim}
 
-    def save(self, directory: Path) -> None:
-        """Writes the full run state into ``directory`` (replay chunks to ``replay_dir`` when set)."""
+    def save(self, directory: Path, policy_only: bool = False) -> None:
+        """Writes the full run state into ``directory`` (replay chunks to ``replay_dir`` when set).
+
+        With ``policy_only`` it writes a small snapshot instead: the agent's modules (no optimisers, RNG or
+        replay), enough to act and to be compared across seeds (intermediate V, paper App. D).
+        """
+        if policy_only:
+            state = {k: m.state_dict() for k, m in self.agent.modules().items()}
+            manifest = {**self.identity(), "env_steps": self.p.decisions * self.spec.train.frame_skip,
+                        "run": self.spec.model_dump(mode="json"), "policy_only": True}
+            save_checkpoint(directory, state, manifest)
+            return
         replay_loc = self.replay_dir if self.replay_dir is not None else Path(directory) / "replay"
         self.replay.save_incremental(replay_loc)
         manifest = {
