@@ -195,16 +195,22 @@ class RunSpec(Frozen):
         return f"{self.task}/{self.agent.name}/{self.variant}/{self.seed}"
 
 
-def format_validation_error(err: Exception) -> str:
-    """One line per problem, ``field.path: message (got value)``, from a pydantic ValidationError."""
+def format_validation_error(err: Exception, prefix: str = "") -> str:
+    """``field.path: message (got value)`` per problem, ``; ``-joined, from a pydantic ValidationError.
+
+    Messages raised by our own validators already start with their field path and are kept as they are.
+    """
     errors = getattr(err, "errors", None)
     if errors is None:
         return str(err)
     lines = []
     for e in errors():
-        loc = ".".join(str(p) for p in e.get("loc", ()))
+        loc = prefix + ".".join(str(p) for p in e.get("loc", ()))
         msg = e.get("msg", "").removeprefix("Value error, ")
         got = e.get("input")
-        suffix = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
-        lines.append(f"{loc}: {msg}{suffix}" if loc and not msg.startswith(loc) else f"{msg}{suffix}")
+        suffix = "" if isinstance(got, (dict, list)) or got is None or msg.count(":") else f" (got {got!r})"
+        if ":" in msg.split(" ")[0]:  # "temperature.k: required ..." from a model validator
+            lines.append(f"{prefix}{msg}")
+        else:
+            lines.append(f"{loc.rstrip('.')}: {msg}{suffix}" if loc else f"{msg}{suffix}")
     return "; ".join(lines)

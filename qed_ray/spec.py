@@ -146,10 +146,13 @@ class SweepSpec(Frozen):
         for i, a in enumerate(self.agents):
             try:
                 a.agent_spec()
-                for t in a.temperatures:
-                    t.expand()
             except ValidationError as e:
-                raise ValueError(f"agents.{i} ({a.name}): {format_validation_error(e)}") from None
+                raise ValueError(format_validation_error(e, prefix=f"agents.{i}.overrides.")) from None
+            for j, t in enumerate(a.temperatures):
+                try:
+                    t.expand()
+                except ValidationError as e:
+                    raise ValueError(format_validation_error(e, prefix=f"agents.{i}.temperatures.{j}.")) from None
         return self
 
     def train_spec(self) -> TrainSpec:
@@ -157,7 +160,7 @@ class SweepSpec(Frozen):
         try:
             return TrainSpec.model_validate(self.train)
         except ValidationError as e:
-            raise ValueError("train." + format_validation_error(e)) from None
+            raise ValueError(format_validation_error(e, prefix="train.")) from None
 
     def runs(self) -> list[RunSpec]:
         """The expanded grid, ordered task, agent, variant, seed (deterministic)."""

@@ -1,0 +1,99 @@
+"""Sweep specs: validation errors name the field, expansion is deterministic, dry-run starts nothing."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from qed_ray.spec import SpecError, load_spec
+from qed_ray.sweep import main, trial_dirname
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BASE = {
+    "name": "t", "tasks": ["cartpole-balance"], "seeds": 2,
+    "agents": [{"name": "sac_ln", "overrides": {"hidden": 16},
+                "temperatures": [{"kind": "te"}, {"kind": "qed", "k": [0.1, 0.2]}]}],
+    "train": {"env_steps": 2000, "eval_every": 1000},
+}
+
+
+def _write(tmp_path, spec):
+    p = tmp_path / "spec.yaml"
+    p.write_text(yaml.safe_dump(spec))
+    return p
+
+
+def _with(**changes):
+    spec = yaml.safe_load(yaml.safe_dump(BASE))
+    for path, value in changes.items():
+        node = spec
+        keys = path.split(".")
+        for k in keys[:-1]:
+            node = node[int(k)] if isinstance(node, list) else node[k]
+        node[keys[-1]] = value
+    return spec
+
+
+def test_expansion_names_and_order(tmp_path):
+    spec = load_spec(_write(tmp_path, BASE))
+    runs = spec.runs()
+    assert [r.name for r in runs] == [
+        "cartpole-balance/sac_ln/te/0", "cartpole-balance/sac_ln/te/1",
+        "cartpole-balance/sac_ln/qed0.1/0", "cartpole-balance/sac_ln/qed0.1/1",
+        "cartpole-balance/sac_ln/qed0.2/0", "cartpole-balance/sac_ln/qed0.2/1"]
+    assert all(r.agent.hidden == 16 and r.train.env_steps == 2000 for r in runs)
+    assert trial_dirname(runs[2]) == "cartpole-balance__sac_ln__qed0.1__s0"
+    assert spec.fingerprint() == load_spec(_write(tmp_path, BASE)).fingerprint()
+
+
+def test_shipped_specs_validate_and_dmc18_is_the_papers_grid():
+    for path in (ROOT / "sweeps").glob("*.yaml"):
+        load_spec(path)
+    runs = load_spec(ROOT / "sweeps" / "dmc18.yaml").runs()
+    assert len(runs) == 18 * 10 * 8
+    variants = {(r.agent.name, r.variant) for r in runs}
+    assert variants == {("sac_ln", "te"), ("sac_ln", "qed0.1"), ("sac_ln", "qed0.2"), ("sac_ln", "qed0.4"),
+                        ("mad_sac", "te"), ("mad_sac", "qed0.2"), ("mad_sac", "qed0.3"), ("mad_sac", "qed0.4")}
+    assert all(r.train.env_steps == 2_000_000 and r.train.frame_skip == 2 and r.agent.gamma == 0.99 for r in runs)
+
+
+@pytest.mark.parametrize("changes,needle", [
+    ({"colour": "red"}, "colour: Extra inputs are not permitted"),
+    ({"tasks": ["cartpole-balance", "cheetah-fly"]}, "tasks: Value error, unknown task(s) ['cheetah-fly']"),
+    ({"agents.0.temperatures.1.k": [0.1, -0.2]}, "agents.0.temperatures.1.k: Input should be greater than 0"),
+    ({"agents.0.temperatures.1.k": 0}, "agents.0.temperatures.1.k: Input should be greater than 0 (got 0.0)"),
+    ({"resources": {"gpu": 1.5}}, "resources.gpu"),
+    ({"resources": {"gpu": 0.3}}, "resources.gpu"),
+    ({"train": {"env_steps": -10, "eval_every": 1000}}, "train.env_steps"),
+    ({"agents.0.name": "td3"}, "unknown agent 'td3'; implemented agents: sac_ln, mad_sac"),
+    ({"seeds": 0}, "seeds"),
+    ({"agents.0.overrides": {"widht": 3}}, "agents.0.overrides.widht: Extra inputs are not permitted"),
+])
+def test_bad_specs_name_the_field_and_start_nothing(tmp_path, capsys, changes, needle):
+    spec = _with(**changes) if "." in next(iter(changes)) else {**BASE, **changes}
+    spec["storage_path"] = str(tmp_path / "results")
+    rc = main([str(_write(tmp_path, spec))])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and needle.replace("Value error, ", "") in \
+        err.replace("Value error, ", ""), err
+    assert not (tmp_path / "results").exists(), "nothing may be started or written"
+
+
+def test_unreadable_and_non_mapping_specs(tmp_path, capsys):
+    assert main([str(tmp_path / "missing.yaml")]) == 2
+    assert "cannot be read" in capsys.readouterr().err
+    p = tmp_path / "list.yaml"
+    p.write_text("- a\n- b\n")
+    with pytest.raises(SpecError, match="expected a mapping"):
+        load_spec(p)
+
+
+def test_dry_run_prints_trials_and_resources(tmp_path, capsys):
+    spec = {**BASE, "storage_path": str(tmp_path / "results"), "resources": {"cpu": 0.5, "gpu": 0.1}}
+    assert main([str(_write(tmp_path, spec)), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "6 trials" in out and "cartpole-balance/sac_ln/qed0.2/1" in out
+    assert "per trial: 0.5 CPU, 0.1 GPU; all trials at once: 3 CPU, 0.6 GPU" in out
+    assert not (tmp_path / "results").exists()
