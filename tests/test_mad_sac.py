@@ -1,0 +1,318 @@
+"""MAD-SAC: HL-Gauss support, world-model modules, the mixed critic batch, update contract, exact resume."""
+
+import io
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from qed_ray.agents.mad_sac import MODEL_METRIC_KEYS, MadSAC, split_sizes
+from qed_ray.config import AgentSpec, MadSpec, TemperatureSpec
+from qed_ray.hlgauss import HLGauss, cross_entropy
+from qed_ray.world_model import Dynamics, HLGaussCritic, SimNorm
+
+OBS, ACT = 5, 2
+TINY_MAD = {"latent_dim": 16, "encoder_hidden": 32, "model_hidden": 32}
+
+
+def make_agent(temperature=None, batch_size=32, seed=0, **mad):
+    spec = AgentSpec(name="mad_sac", hidden=32, batch_size=batch_size, mad=MadSpec(**{**TINY_MAD, **mad}))
+    return MadSAC(spec, temperature or TemperatureSpec(), OBS, ACT, torch.device("cpu"), seed)
+
+
+def make_batch(batch_size=32, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return {"obs": torch.randn(batch_size, OBS, generator=g),
+            "action": torch.rand(batch_size, ACT, generator=g) * 2 - 1,
+            "reward": torch.rand(batch_size, generator=g) * 2,
+            "next_obs": torch.randn(batch_size, OBS, generator=g),
+            "terminated": torch.zeros(batch_size)}
+
+
+def snapshot(module):
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+# ---- HL-Gauss -----------------------------------------------------------------------------------------
+def test_hlgauss_support_matches_mad_defaults():
+    hl = HLGauss(-300, 300, 151, 0.75)
+    assert hl.width == 4.0 and hl.sigma == 3.0
+    assert hl.centres[0] == -300 and hl.centres[75] == 0 and hl.centres[-1] == 300
+    assert hl.edges[0] == -302 and hl.edges[-1] == 302 and hl.edges.shape == (152,)
+    # Centre-bin mass of N(0, 3) inside [-2, 2], renormalised by the mass inside [-302, 302].
+    centre = math.erf(2 / (3 * math.sqrt(2)))
+    assert hl.encode(torch.tensor([0.0]))[0, 75].item() == pytest.approx(centre, abs=1e-6)
+    prior = hl.zero_prior()
+    assert prior[75].item() == pytest.approx(17 * centre, abs=1e-5)  # the "+8.4" of research note §1.3
+    assert prior[74].item() == pytest.approx(prior[76].item()) == pytest.approx(3.9056, abs=1e-4)
+
+
+def test_hlgauss_encoding_sums_to_one_and_decodes_back():
+    hl = HLGauss(-300, 300, 151, 0.75)
+    interior = torch.tensor([-290.0, -150.3, -0.7, 0.0, 1.0, 2.0, 3.7, 123.4, 290.0])
+    probs = hl.encode(interior)
+    assert probs.shape == (9, 151) and bool((probs >= 0).all())
+    torch.testing.assert_close(probs.sum(-1), torch.ones(9), rtol=0, atol=1e-6)
+    torch.testing.assert_close(hl.decode(probs.log()), interior, rtol=0, atol=1e-3)
+    # At the edges, truncation pulls the mean inwards by 0.37 bin (a fixed, known bias).
+    edges = torch.tensor([-300.0, -299.0, 297.0, 299.9, 300.0])
+    err = hl.decode(hl.encode(edges).log()) - edges
+    torch.testing.assert_close(err, torch.tensor([1.4752, 0.9901, -0.3570, -1.4216, -1.4752]), rtol=0, atol=1e-3)
+    assert float(err.abs().max()) < 0.4 * hl.width
+
+
+def test_hlgauss_clips_targets_at_the_support_edges():
+    hl = HLGauss(-300, 300, 151, 0.75)
+    torch.testing.assert_close(hl.encode(torch.tensor([500.0, -1e6])), hl.encode(torch.tensor([300.0, -300.0])),
+                               rtol=0, atol=0)
+    y = torch.tensor([-300.5, -300.0, 0.0, 300.0, 1e4])
+    assert hl.clip_fraction(y).item() == pytest.approx(0.4)
+
+
+def test_hlgauss_loss_is_the_bin_averaged_cross_entropy():
+    hl = HLGauss(-10, 10, 21, 0.75)
+    logits = torch.randn(4, 21, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([-9.0, -1.5, 0.0, 7.25])
+    manual = -(hl.encode(y) * torch.log_softmax(logits, -1)).sum(-1)
+    torch.testing.assert_close(hl.loss(logits, y), manual / 21)
+    torch.testing.assert_close(hl.loss(logits, y, reduction="sum"), manual)
+    with pytest.raises(ValueError, match="reduction: 'max'"):
+        cross_entropy(logits, hl.encode(y), "max")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"vmin": 1.0, "vmax": 1.0, "num_bins": 5}, "vmin/vmax: need vmin < vmax, got vmin=1.0, vmax=1.0"),
+    ({"vmin": 0.0, "vmax": 1.0, "num_bins": 1}, "num_bins: 1"),
+    ({"vmin": 0.0, "vmax": 1.0, "num_bins": 5, "sigma_ratio": 0.0}, "sigma_ratio: 0.0 must be > 0"),
+])
+def test_hlgauss_rejects_bad_support(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        HLGauss(**kwargs)
+
+
+def test_zero_prior_gives_near_zero_q_at_init():
+    torch.manual_seed(0)
+    critic = HLGaussCritic(64, 6, 64, 2, "mish", HLGauss(-300, 300, 151, 0.75))
+    z = SimNorm(8)(3 * torch.randn(1000, 64))
+    a = torch.rand(1000, 6) * 2 - 1
+    with torch.no_grad():
+        q1, q2 = critic(z, a)
+        l1, _ = critic.logits(z, a)
+    assert float(q1.abs().max()) < 1.0 and float(q2.abs().max()) < 1.0
+    assert float(critic.hl.decode(l1 - critic.prior).abs().max()) > 5.0  # without the prior: spread over ±300
+
+
+# ---- world model ------------------------------------------------------------------------------------------
+def test_simnorm_groups_are_simplices():
+    x = 5 * torch.randn(7, 32)
+    sn = SimNorm(8)
+    p = sn(x)
+    torch.testing.assert_close(p.view(7, 4, 8).sum(-1), torch.ones(7, 4))
+    torch.testing.assert_close(sn.log_prob(x).exp(), p)
+    with pytest.raises(ValueError, match="last dim 30 is not a multiple of group 8"):
+        sn(torch.randn(2, 30))
+
+
+def test_dynamics_outputs_probs_and_matching_log_probs():
+    dyn = Dynamics(16, ACT, 32, 2, 8, "mish")
+    probs, logp = dyn(SimNorm(8)(torch.randn(3, 16)), torch.zeros(3, ACT))
+    assert probs.shape == logp.shape == (3, 16)
+    torch.testing.assert_close(probs.view(3, 2, 8).sum(-1), torch.ones(3, 2))
+    torch.testing.assert_close(logp.exp(), probs)
+
+
+# ---- critic batch -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("batch_size, proportion, expected", [(512, 0.5, (256, 256)), (512, 0.95, (486, 26)),
+                                                              (512, 1.0, (512, 0)), (33, 0.5, (16, 17))])
+def test_split_sizes(batch_size, proportion, expected):
+    assert split_sizes(batch_size, proportion) == expected
+
+
+def test_split_sizes_rejects_an_empty_real_share():
+    with pytest.raises(ValueError, match=r"agent.mad.proportion_real: 0.001 x agent.batch_size 512"):
+        split_sizes(512, 0.001)
+
+
+@pytest.mark.parametrize("proportion, n_real", [(0.5, 256), (0.95, 486)])
+def test_critic_batch_model_rows_use_real_states_and_policy_samples(proportion, n_real):
+    agent = make_agent(batch_size=512, proportion_real=proportion)
+    batch = make_batch(512)
+    state = agent.generator.get_state()
+    cb = agent.critic_batch(batch)
+    assert int(cb["is_model"].sum()) == 512 - n_real and not bool(cb["is_model"][:n_real].any())
+    g = torch.Generator().manual_seed(0)
+    g.set_state(state)
+    with torch.no_grad():
+        z = agent.encoder(batch["obs"])
+        a_m = agent.actor.sample(z[n_real:], g)[0]  # the first draw of critic_batch
+        torch.testing.assert_close(cb["z"], z, rtol=0, atol=1e-6)  # same rows, batched with s'
+        torch.testing.assert_close(cb["a"][:n_real], batch["action"][:n_real], rtol=0, atol=0)
+        torch.testing.assert_close(cb["a"][n_real:], a_m, rtol=0, atol=0)
+        # Rebuild the soft targets by hand: model rows bootstrap from the model's (z'_m, r_m).
+        z_next = torch.cat([agent.encoder(batch["next_obs"][:n_real]), agent.dynamics(z[n_real:], a_m)[0]])
+        r = torch.cat([batch["reward"][:n_real], agent.reward(z[n_real:], a_m)])
+        a2, logp2 = agent.actor.sample(z_next, g)
+        tq1, tq2 = agent.critic_target(z_next, a2)
+        y = r + 0.99 * (torch.minimum(tq1, tq2) - agent.temperature.floor() * logp2)
+    torch.testing.assert_close(cb["y"], y, rtol=0, atol=1e-6)
+    assert not cb["y"].requires_grad
+
+
+# ---- update contract -----------------------------------------------------------------------------------
+REQUIRED_KEYS = ("loss/critic", "loss/actor", "loss/alpha", "loss/model_reward", "loss/model_latent_ce",
+                 "loss/model_value_aware", "loss/model_encoder_critic", "policy/entropy", "q/mean_real",
+                 "q/mean_model", "q/abs_diff_mean", "q/abs_diff_max", "q/target_mean", "mad/target_clip_frac",
+                 "mad/model_reward_mse", "alpha/te", "alpha/actor_mean", "alpha/actor_min", "alpha/actor_max",
+                 "alpha/target_mean", "alpha/target_min", "alpha/target_max")
+
+
+@pytest.mark.parametrize("temperature", [TemperatureSpec(), TemperatureSpec(kind="qed", k=0.2),
+                                         TemperatureSpec(kind="fixed", alpha=0.05)])
+def test_update_moves_exactly_the_trained_parameters(temperature):
+    agent = make_agent(temperature)
+    before = {k: snapshot(m) for k, m in agent.modules().items()}
+    metrics = agent.update(make_batch())
+    assert set(REQUIRED_KEYS) <= set(metrics)
+    assert all(v.dim() == 0 and not v.requires_grad and math.isfinite(float(v)) for v in metrics.values())
+    if temperature.kind == "qed":
+        assert {"alpha/actor_frac_floor", "alpha/actor_frac_cap", "alpha/target_frac_cap"} <= set(metrics)
+    for name in ("encoder", "dynamics", "reward", "critic", "actor"):
+        after = agent.modules()[name].state_dict()
+        for key, old in before[name].items():
+            moved = not torch.equal(old, after[key])
+            is_buffer = key.startswith("hl.") or key == "prior"
+            assert moved != is_buffer, f"{name}.{key} moved={moved}"
+    rate = agent.spec.polyak
+    online, target = agent.critic.state_dict(), agent.critic_target.state_dict()
+    for key, old in before["critic_target"].items():
+        torch.testing.assert_close(target[key], torch.lerp(old, online[key], rate), rtol=0, atol=0)
+        torch.testing.assert_close(target[key], (1 - rate) * old + rate * online[key], rtol=1e-6, atol=1e-7)
+    temp_after = agent.temperature.state_dict()
+    if temperature.kind == "fixed":
+        assert list(agent.temperature.parameters()) == [] and agent.alpha_opt is None
+        assert torch.equal(temp_after["value"], before["temperature"]["value"])
+        assert metrics["alpha/actor_mean"].item() == pytest.approx(0.05)
+    else:
+        key = "log_alpha" if temperature.kind == "te" else "te.log_alpha"
+        assert not torch.equal(temp_after[key], before["temperature"][key])
+    assert all(p.grad is None for p in agent.critic_target.parameters())
+
+
+def test_model_step_runs_every_model_every_th_update():
+    agent = make_agent(model_every=2)
+    batch = make_batch()
+    first = agent.update(batch)
+    frozen = {k: snapshot(agent.modules()[k]) for k in ("encoder", "dynamics", "reward")}
+    critic = snapshot(agent.critic)
+    second = agent.update(batch)
+    for name, old in frozen.items():
+        assert all(torch.equal(v, agent.modules()[name].state_dict()[k]) for k, v in old.items()), name
+    assert not torch.equal(critic["q1.0.weight"], agent.critic.state_dict()["q1.0.weight"])
+    for key in MODEL_METRIC_KEYS:
+        assert torch.equal(first[key], second[key]), key
+    agent.update(batch)
+    assert not torch.equal(frozen["encoder"]["net.0.weight"], agent.encoder.state_dict()["net.0.weight"])
+    assert agent.updates == 3
+
+
+def test_target_actor_critic_option_trains_the_actor_against_the_target_critic():
+    agent = make_agent(actor_critic="target")
+    agent.update(make_batch())  # online and target critics now differ
+    z = agent.critic_batch(make_batch(seed=2))["z"][:16]
+    probe = make_agent(actor_critic="target", seed=5)
+    probe.load_state_dict(agent.state_dict())  # same parameters and generator state
+    online, actor = snapshot(agent.critic), snapshot(agent.actor)
+    metrics = agent.actor_step(z)
+    assert all(torch.equal(v, agent.critic.state_dict()[k]) for k, v in online.items())
+    assert not torch.equal(actor["net.0.weight"], agent.actor.state_dict()["net.0.weight"])
+    with torch.no_grad():
+        a, logp = probe.actor.sample(z, probe.generator)
+        q1, q2 = probe.critic_target(z, a)
+        o1, o2 = probe.critic(z, a)
+    expected = (probe.temperature.floor() * logp - torch.minimum(q1, q2)).mean()
+    with_online = (probe.temperature.floor() * logp - torch.minimum(o1, o2)).mean()
+    assert metrics["loss/actor"].item() == pytest.approx(expected.item(), abs=1e-6)
+    assert abs(expected.item() - with_online.item()) > 1e-4
+
+
+def test_acting_and_analysis_methods_read_the_encoded_observation():
+    agent = make_agent()
+    obs = np.random.default_rng(0).normal(size=(4, OBS)).astype(np.float32)
+    with torch.no_grad():
+        z = agent.encoder(torch.from_numpy(obs))
+        mu, log_std = agent.actor(z)
+        q1, q2 = agent.critic(z, torch.zeros(4, ACT))
+    np.testing.assert_array_equal(agent.act_batch(obs), torch.tanh(mu).numpy())
+    np.testing.assert_array_equal(agent.act(obs[1], deterministic=True), torch.tanh(mu[1]).numpy())
+    m, s = agent.policy_distribution(obs)
+    assert m.dtype == s.dtype == np.float64 and m.shape == (4, ACT)
+    np.testing.assert_allclose(s, log_std.exp().double().numpy(), rtol=1e-6)
+    aq1, aq2 = agent.q_values(obs, np.zeros((4, ACT), np.float32))
+    np.testing.assert_array_equal(aq1, q1.numpy())
+    np.testing.assert_array_equal(aq2, q2.numpy())
+    assert agent.act(obs[0], deterministic=False).shape == (ACT,)
+
+
+def test_report_warnings_fires_above_the_clip_threshold():
+    agent = make_agent(clip_warn_fraction=0.02)
+    assert agent.report_warnings({"mad/target_clip_frac": 0.02}) == []
+    assert agent.report_warnings({}) == []
+    (line,) = agent.report_warnings({"mad/target_clip_frac": 0.25})
+    assert "0.2500 > agent.mad.clip_warn_fraction 0.02" in line and "[-300, 300]" in line
+
+
+def test_checkpoint_round_trip_gives_identical_actions_and_updates():
+    agent = make_agent(TemperatureSpec(kind="qed", k=0.2), model_every=2)
+    batch = make_batch()
+    agent.update(batch)
+    buf = io.BytesIO()
+    torch.save(agent.state_dict(), buf)
+    buf.seek(0)
+    fresh = make_agent(TemperatureSpec(kind="qed", k=0.2), model_every=2, seed=99)
+    fresh.load_state_dict(torch.load(buf, weights_only=True))
+    assert fresh.updates == 1
+    obs = np.linspace(-1, 1, OBS, dtype=np.float32)
+    np.testing.assert_array_equal(fresh.act(obs, True), agent.act(obs, True))
+    np.testing.assert_array_equal(fresh.act(obs, False), agent.act(obs, False))
+    m1, m2 = agent.update(batch), fresh.update(batch)  # model step skipped on both (update 2 of model_every 2)
+    assert all(torch.equal(m1[k], m2[k]) for k in m1), [k for k in m1 if not torch.equal(m1[k], m2[k])]
+    for name, mod in agent.modules().items():
+        other = fresh.modules()[name].state_dict()
+        assert all(torch.equal(v, other[k]) for k, v in mod.state_dict().items()), name
+
+
+# ---- real runs: resume is exact ----------------------------------------------------------------------------
+def _flat_tensors(state, prefix=""):
+    if isinstance(state, torch.Tensor):
+        yield prefix, state
+    elif isinstance(state, dict):
+        for k, v in state.items():
+            yield from _flat_tensors(v, f"{prefix}/{k}")
+
+
+@pytest.mark.parametrize("temperature, model_every", [({"kind": "te"}, 3), ({"kind": "qed", "k": 0.2}, 3)])
+def test_resumed_run_matches_a_straight_run(tiny_run, tmp_path, temperature, model_every):
+    from qed_ray.train import run
+
+    agent = {"name": "mad_sac", "hidden": 16, "batch_size": 16,
+             "mad": {"latent_dim": 16, "encoder_hidden": 16, "model_hidden": 16, "num_bins": 51,
+                     "model_every": model_every}}
+    spec = tiny_run(agent=agent, temperature=temperature)
+    straight = run(spec, tmp_path / "a")
+    half = tiny_run(agent=agent, temperature=temperature, train={"env_steps": 2000})
+    run(half, tmp_path / "b")
+    resumed = run(spec, tmp_path / "b")
+    assert straight["status"] == resumed["status"] == "finished"
+    assert straight["final_eval_return_mean"] == resumed["final_eval_return_mean"]
+    assert straight["evals"] == resumed["evals"] and len(straight["evals"]) == 2
+    assert straight["updates"] == resumed["updates"] == 2000 - 200
+    last = [json.loads(open(tmp_path / d / "metrics.jsonl").read().splitlines()[-1]) for d in ("a", "b")]
+    learned = [k for k in last[0] if k.startswith(("loss/", "q/", "alpha/", "mad/"))]
+    assert "loss/model_latent_ce" in learned and all(last[0][k] == last[1][k] for k in learned)
+    states = [dict(_flat_tensors(torch.load(tmp_path / d / "checkpoint" / "state.pt", weights_only=True)))
+              for d in ("a", "b")]
+    assert states[0].keys() == states[1].keys() and "/updates" in states[0]
+    assert int(states[0]["/updates"]) == 1800
+    assert all(torch.equal(v, states[1][k]) for k, v in states[0].items())
