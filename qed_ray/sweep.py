@@ -29,6 +29,7 @@ from qed_ray.tracking import Tracker, default_tracking_uri, ui_command
 from qed_ray.train import build_trainer
 
 STATE_FILE = "sweep.json"
+DONE_FILE = "DONE.json"  # written beside a trial's final policy snapshot when it has finished
 
 
 def trial_dirname(spec: RunSpec) -> str:
@@ -43,6 +44,8 @@ class TuneReporter:
     def __init__(self, spec: RunSpec, ctx: dict, tracker: Tracker, run_id: str):
         self.spec, self.ctx, self.tracker, self.run_id = spec, ctx, tracker, run_id
         self.policy_root = Path(ctx["sweep_dir"]) / "policies" / trial_dirname(spec)
+        # Steps already in MLflow (a restore can replay an interval whose metrics were logged): never log twice.
+        self.logged_up_to = tracker.last_step(run_id, "eval/return_mean")
 
     def __call__(self, metrics: dict, save) -> None:
         step = int(metrics["env_steps"])
@@ -53,7 +56,12 @@ class TuneReporter:
             save(Path(d))
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))  # copied synchronously
         # MLflow after the checkpoint is durable: a crash in between re-logs this step, never skips one.
-        self.tracker.log_metrics(self.run_id, metrics, step)
+        if step > self.logged_up_to:
+            self.tracker.log_metrics(self.run_id, metrics, step)
+        if step == self.spec.train.env_steps:
+            tmp = self.policy_root / (DONE_FILE + ".tmp")
+            tmp.write_text(json.dumps(metrics))
+            os.replace(tmp, self.policy_root / DONE_FILE)
 
 
 def train_trial(config: dict) -> None:
@@ -65,6 +73,12 @@ def train_trial(config: dict) -> None:
     replay_dir = Path(ctx["sweep_dir"]) / "replay" / trial_dirname(spec)
     trainer = build_trainer(spec, TuneReporter(spec, ctx, tracker, run_id), replay_dir, log=lambda s: None)
     checkpoint = tune.get_checkpoint()
+    done = Path(ctx["sweep_dir"]) / "policies" / trial_dirname(spec) / DONE_FILE
+    if done.exists():
+        # Finished before the driver died, but Tune's state did not record it: report, never re-train.
+        tune.report(json.loads(done.read_text()))
+        tracker.end_run(run_id)
+        return
     try:
         if checkpoint is not None:
             with checkpoint.as_directory() as d:
@@ -317,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "disable")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0 the legacy reporter prints no tables
+    # Snapshots forced by num_to_keep are what make a restore precise; their warning is noise here.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     try:
         spec = load_spec(args.spec)
         if args.dry_run:

@@ -102,6 +102,11 @@ class Tracker:
         for i in range(0, len(batch), 1000):
             self.client.log_batch(run_id, metrics=batch[i:i + 1000])
 
+    def last_step(self, run_id: str, key: str) -> int:
+        """Largest step logged for ``key`` in the run (-1 if none)."""
+        history = self.client.get_metric_history(run_id, key)
+        return max((m.step for m in history), default=-1)
+
     def set_tags(self, run_id: str, tags: Mapping[str, Any]) -> None:
         """Sets string tags."""
         for k, v in tags.items():

@@ -1,0 +1,54 @@
+"""Helpers for the end-to-end sweep tests: tiny specs, running the real CLI, reading the real MLflow store."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_spec(tmp_path: Path, name: str, **overrides) -> Path:
+    """Writes a very small sweep spec (tiny nets, short training) and returns its path."""
+    spec = {
+        "name": name, "tasks": ["cartpole-balance"], "seeds": 2,
+        "agents": [{"name": "sac_ln", "overrides": {"hidden": 16, "batch_size": 16},
+                    "temperatures": [{"kind": "te"}]}],
+        "train": {"env_steps": 2000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100},
+        "final_eval": {"episodes": 2, "action_rollouts": 2, "action_steps": 20, "curve_episodes": 1,
+                       "bootstrap_reps": 200},
+        "resources": {"cpu": 1, "gpu": 0},
+        "storage_path": str(tmp_path / "results"),
+    }
+    spec.update(overrides)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def cli_env(**extra) -> dict:
+    """Environment of a sweep subprocess: explicit Ray auth mode, headless MuJoCo."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI",
+                                                               "QED_STORAGE_PATH")}
+    env.update({"RAY_AUTH_MODE": "disabled", "MUJOCO_GL": "disable", "RAY_USAGE_STATS_ENABLED": "0", **extra})
+    return env
+
+
+def run_sweep_cli(spec: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    """Runs ``python -m qed_ray.sweep SPEC`` as a user would."""
+    return subprocess.run([sys.executable, "-m", "qed_ray.sweep", str(spec), *args], cwd=ROOT, env=cli_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def sweep_runs(sweep_dir: Path, experiment: str):
+    """All MLflow runs of the sweep in ``sweep_dir`` (SQLite store), via the project's tracker."""
+    from qed_ray.tracking import Tracker
+
+    state = json.loads((sweep_dir / "sweep.json").read_text())
+    tracker = Tracker(f"sqlite:///{sweep_dir / 'mlflow.db'}", experiment, state["sweep_id"])
+    return tracker, tracker.runs()

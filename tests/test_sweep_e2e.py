@@ -1,0 +1,118 @@
+"""End to end on a real local Ray cluster and a real SQLite MLflow store (slow: marked, run in CI)."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sweep_helpers import ROOT, cli_env, run_sweep_cli, sweep_runs, tiny_spec
+
+pytestmark = pytest.mark.slow
+
+
+def _children(runs):
+    return [r for r in runs if r.data.tags.get("qed.role") == "trial"]
+
+
+def test_tiny_sweep_end_to_end(tmp_path):
+    spec = tiny_spec(tmp_path, "e2e", tasks=["cartpole-balance", "pendulum-swingup"],
+                     agents=[{"name": "sac_ln", "overrides": {"hidden": 16, "batch_size": 16},
+                              "temperatures": [{"kind": "te"}, {"kind": "qed", "k": 0.2}]}])
+    proc = run_sweep_cli(spec)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "IQM" in proc.stdout and "mlflow ui --backend-store-uri sqlite:////" in proc.stdout
+    sweep_dir = tmp_path / "results" / "e2e"
+
+    tracker, runs = sweep_runs(sweep_dir, "e2e")
+    parents = [r for r in runs if r.data.tags.get("qed.role") == "sweep"]
+    children = _children(runs)
+    assert len(parents) == 1 and len(children) == 8
+    pid = parents[0].info.run_id
+    assert parents[0].info.status == "FINISHED"
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {pid}
+    assert {r.data.tags["qed.trial"] for r in children} == {
+        f"{t}/sac_ln/{v}/{s}" for t in ("cartpole-balance", "pendulum-swingup") for v in ("te", "qed0.2")
+        for s in (0, 1)}
+    assert all(r.info.status == "FINISHED" for r in children)
+    for r in children:
+        hist = tracker.client.get_metric_history(r.info.run_id, "eval/return_mean")
+        assert sorted(m.step for m in hist) == [1000, 2000], "x-axis is env steps, one point per eval"
+        assert r.data.params["train.env_steps"] == "2000"
+    arts = {a.path for a in tracker.client.list_artifacts(pid, "gather")}
+    assert {"gather/results.json", "gather/aggregates.csv", "gather/groups.csv", "gather/figures"} <= arts
+    figs = {a.path for a in tracker.client.list_artifacts(pid, "gather/figures")}
+    assert "gather/figures/pareto_kl_vs_iqm.png" in figs and len(figs) == 6
+    assert "iqm" in "".join(tracker.client.get_run(pid).data.metrics)
+
+    results = json.loads((sweep_dir / "gather" / "results.json").read_text())
+    assert {(g["task"], g["variant"]) for g in results["groups"]} == {
+        (t, v) for t in ("cartpole-balance", "pendulum-swingup") for v in ("te", "qed0.2")}
+    for g in results["groups"]:
+        assert g["seeds"] == [0, 1] and len(g["returns"]) == 2 and len(g["returns"][0]) == 2
+        assert g["V"] >= 0 and g["action_distance"] >= 0
+        assert [p[0] for p in g["v_curve"]] == [1000, 2000]
+    assert {a["variant"] for a in results["aggregates"]} == {"te", "qed0.2"}
+    for a in results["aggregates"]:
+        assert all(math.isfinite(a[k]) for k in ("iqm", "ci_lower", "ci_upper"))
+        assert a["ci_lower"] <= a["iqm"] <= a["ci_upper"] and a["V_mean"] >= 0 and a["n_tasks"] == 2
+    for png in (sweep_dir / "gather" / "figures").glob("*.png"):
+        assert png.stat().st_size > 5000
+
+    again = run_sweep_cli(spec)  # running the same command again resumes: nothing is re-trained
+    assert again.returncode == 0 and "resuming sweep" in again.stdout
+    assert len(_children(sweep_runs(sweep_dir, "e2e")[1])) == 8
+
+
+def test_crashing_trial_is_retried_from_its_checkpoint(tmp_path):
+    spec = tiny_spec(tmp_path, "crash", seeds=1,
+                     train={"env_steps": 3000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100,
+                            "debug_crash_at_env_step": 2500})
+    proc = run_sweep_cli(spec)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    tracker, runs = sweep_runs(tmp_path / "results" / "crash", "crash")
+    (child,) = _children(runs)
+    assert child.info.status == "FINISHED"
+    assert child.data.tags["qed.resumed_from_env_step"] == "2000", "resumed from the 2000-step checkpoint"
+    hist = tracker.client.get_metric_history(child.info.run_id, "eval/return_mean")
+    assert sorted(m.step for m in hist) == [1000, 2000, 3000]
+    error_files = list((tmp_path / "results" / "crash").glob("*/error.txt"))
+    assert error_files and "injected crash at env step 2500" in error_files[0].read_text()
+
+
+def test_killed_driver_resumes_without_retraining(tmp_path):
+    spec = tiny_spec(tmp_path, "kill", seeds=3, max_concurrent_trials=1,
+                     train={"env_steps": 4000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100})
+    sweep_dir = tmp_path / "results" / "kill"
+    driver = subprocess.Popen([sys.executable, "-m", "qed_ray.sweep", str(spec)], cwd=ROOT, env=cli_env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while not list(sweep_dir.glob("policies/*/DONE.json")) and time.time() < deadline:
+            time.sleep(0.5)
+        done_before = sorted(sweep_dir.glob("policies/*/DONE.json"))
+        assert done_before and driver.poll() is None, "the first trial finished while the sweep still ran"
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+        snapshots = {p: p.stat().st_mtime_ns for d in done_before for p in d.parent.rglob("*")}
+        time.sleep(40)  # orphaned trial workers exit once they notice their raylet is gone
+    finally:
+        try:
+            os.killpg(driver.pid, signal.SIGKILL)  # leftover agents of the killed session
+        except ProcessLookupError:
+            pass
+    proc = run_sweep_cli(spec)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "resuming sweep" in proc.stdout
+    assert {p: p.stat().st_mtime_ns for p in snapshots} == snapshots, "finished trials were not re-trained"
+    tracker, runs = sweep_runs(sweep_dir, "kill")
+    children = _children(runs)
+    assert len(children) == 3 and all(r.info.status == "FINISHED" for r in children)
+    for r in children:
+        steps = [m.step for m in tracker.client.get_metric_history(r.info.run_id, "eval/return_mean")]
+        assert sorted(steps) == [1000, 2000, 3000, 4000], f"{r.data.tags['qed.trial']}: {steps}"
+    assert len(list(sweep_dir.glob("policies/*/DONE.json"))) == 3
