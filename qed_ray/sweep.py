@@ -70,6 +70,7 @@ def train_trial(config: dict) -> None:
     ctx = config["context"]
     tracker = Tracker(ctx["tracking_uri"], ctx["experiment"], ctx["sweep_id"])
     run_id = tracker.trial_run(ctx["parent_run_id"], spec.name, spec.model_dump(mode="json"))
+    _record_node(tracker, run_id)
     replay_dir = Path(ctx["sweep_dir"]) / "replay" / trial_dirname(spec)
     trainer = build_trainer(spec, TuneReporter(spec, ctx, tracker, run_id), replay_dir, log=lambda s: None)
     checkpoint = tune.get_checkpoint()
@@ -90,6 +91,13 @@ def train_trial(config: dict) -> None:
     except BaseException as e:  # noqa: BLE001 - record any failure, then let Tune retry or mark the trial errored
         tracker.end_run(run_id, failed_reason=f"{type(e).__name__}: {e}")
         raise
+
+
+def _record_node(tracker: Tracker, run_id: str) -> None:
+    """Appends this worker's Ray node id to the run's ``qed.node_ids`` tag (where each attempt ran)."""
+    node = ray.get_runtime_context().get_node_id()
+    seen = tracker.tags(run_id).get("qed.node_ids", "")
+    tracker.set_tags(run_id, {"qed.node_ids": ",".join(filter(None, [seen, node]))})
 
 
 # ---- driver --------------------------------------------------------------------------------------------

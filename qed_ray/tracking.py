@@ -107,6 +107,10 @@ class Tracker:
         history = self.client.get_metric_history(run_id, key)
         return max((m.step for m in history), default=-1)
 
+    def tags(self, run_id: str) -> dict[str, str]:
+        """The run's tags."""
+        return dict(self.client.get_run(run_id).data.tags)
+
     def set_tags(self, run_id: str, tags: Mapping[str, Any]) -> None:
         """Sets string tags."""
         for k, v in tags.items():
