@@ -9,6 +9,7 @@ instead of creating a duplicate (``shared/research/ray_mlflow.md`` §2.2). Runs 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -146,5 +147,6 @@ class Tracker:
 def ui_command(uri: str) -> str:
     """The command that opens the MLflow UI on ``uri``."""
     if uri.startswith("sqlite:"):
-        return f"mlflow ui --backend-store-uri {uri} --port 5000   # then open http://127.0.0.1:5000"
+        return (f"{sys.executable} -m mlflow ui --backend-store-uri {uri} --port 5000   "
+                f"# then open http://127.0.0.1:5000")
     return f"open {uri} in a browser (MLflow tracking server)"

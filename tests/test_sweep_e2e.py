@@ -25,7 +25,7 @@ def test_tiny_sweep_end_to_end(tmp_path):
                               "temperatures": [{"kind": "te"}, {"kind": "qed", "k": 0.2}]}])
     proc = run_sweep_cli(spec)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "IQM" in proc.stdout and "mlflow ui --backend-store-uri sqlite:////" in proc.stdout
+    assert "IQM" in proc.stdout and "-m mlflow ui --backend-store-uri sqlite:////" in proc.stdout
     sweep_dir = tmp_path / "results" / "e2e"
 
     tracker, runs = sweep_runs(sweep_dir, "e2e")
