@@ -1,0 +1,182 @@
+"""Benchmark: decisions/s of one SAC-LN run next to stable-baselines3 SAC, same sizes, same env, same process.
+
+Both agents use 256x256 networks, batch 256, one gradient step per decision (UTD 1), target-entropy
+temperature, one torch thread, CPU, on cheetah-run through the same dm_control wrapper (frame skip 2,
+500-decision episodes ending in truncation). Each does ``--warmup`` uniform-random decisions, then is timed
+over ``--timed`` decisions that each carry one update. Runs alternate (ours, SB3, ours, SB3, ...) so that load
+from other processes on a shared machine hits both alike; the medians and their ratio are printed.
+
+Ours is timed by the real :class:`qed_ray.trainer.Trainer` loop (its per-interval timer excludes evaluation);
+SB3 by a callback fired at the end of the warm-up and the return of ``learn``. Decisions per CPU second
+(process time) are printed too: on a shared machine they show the cost with other load factored out.
+Known model differences (kept: they are each library's defaults): ours has LayerNorm critics, Mish
+activations and a global-norm gradient clip; SB3 uses ReLU, no LayerNorm and no clip.
+
+Needs the ``bench`` extra: ``.venv/bin/pip install -e '.[bench]'``.
+Run: ``MUJOCO_GL=disable .venv/bin/python benchmarks/bench_speed_sac.py [--repeats 2]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+import torch
+
+from qed_ray.config import RunSpec
+from qed_ray.envs import make_env
+from qed_ray.evaluate import eval_seeds, rollout
+from qed_ray.train import build_trainer
+
+HIDDEN, BATCH, FRAME_SKIP = 256, 256, 2
+DECISIONS_PER_EVAL_UNIT = 500  # eval_every must be whole episodes: 1000 env steps = 500 decisions
+
+
+def make_gym_env(task: str, seed: int):
+    """Our DMCEnv behind the gymnasium API (Box spaces, truncation at the 500-decision time limit).
+
+    gymnasium is imported here, not at module level, so the module imports without the bench extra.
+    """
+    import gymnasium as gym
+
+    class DMCGymEnv(gym.Env):
+        """Minimal adapter: ``reset(seed=...)`` rebuilds the task with that seed, as DMCEnv seeds at build."""
+
+        metadata = {"render_modes": []}
+
+        def __init__(self):
+            self._seed = seed
+            self._env = make_env(task, seed, FRAME_SKIP)
+            self.observation_space = gym.spaces.Box(-np.inf, np.inf, (self._env.obs_dim,), np.float32)
+            self.action_space = gym.spaces.Box(-1.0, 1.0, (self._env.action_dim,), np.float32)
+
+        def reset(self, *, seed: int | None = None, options: dict | None = None):
+            super().reset(seed=seed)
+            if seed is not None and seed != self._seed:
+                self._env.close()
+                self._seed, self._env = seed, make_env(task, seed, FRAME_SKIP)
+            return self._env.reset(), {}
+
+        def step(self, action):
+            s = self._env.step(action)
+            return s.obs, s.reward, s.terminated, s.truncated, {}
+
+        def close(self):
+            self._env.close()
+
+    return DMCGymEnv()
+
+
+def time_ours(task: str, seed: int, warmup: int, timed: int) -> dict:
+    """Runs the SAC-LN trainer; returns timed decisions per wall second and per CPU second, and the update count.
+
+    The trainer's evaluation interval is set to the gcd of ``warmup`` and ``timed`` so the warm-up ends on an
+    interval boundary; each reported interval carries its own training wall time (evaluation excluded). CPU
+    time is stamped at the reports, so the evaluations inside the window are measured once more afterwards
+    (same agent, same seed: identical work) and subtracted.
+    """
+    interval = math.gcd(warmup, timed)
+    if interval % DECISIONS_PER_EVAL_UNIT:
+        raise SystemExit(f"--warmup and --timed must be multiples of {DECISIONS_PER_EVAL_UNIT} decisions")
+    spec = RunSpec.model_validate({
+        "task": task, "seed": seed, "agent": {"name": "sac_ln", "hidden": HIDDEN, "batch_size": BATCH, "utd": 1},
+        "temperature": {"kind": "te"},
+        "train": {"env_steps": (warmup + timed) * FRAME_SKIP, "eval_every": interval * FRAME_SKIP,
+                  "eval_episodes": 1, "warmup_decisions": warmup, "device": "cpu", "threads": 1,
+                  "frame_skip": FRAME_SKIP}})
+    reports: list[dict] = []
+
+    def reporter(metrics: dict, save) -> None:
+        reports.append({**metrics, "cpu_s": time.process_time()})
+
+    trainer = build_trainer(spec, reporter, replay_dir=None, log=lambda line: None)
+    trainer.run()
+    timed_reports = [m for m in reports if m["decisions"] > warmup]
+    wall = sum(spec.train.eval_every / m["perf/env_steps_per_s"] for m in timed_reports)
+    cpu_start = next(m["cpu_s"] for m in reports if m["decisions"] == warmup)
+    c0 = time.process_time()
+    rollout(trainer.agent.act_batch, task, eval_seeds(1), frame_skip=FRAME_SKIP)
+    eval_cpu = time.process_time() - c0
+    cpu = reports[-1]["cpu_s"] - cpu_start - len(timed_reports) * eval_cpu
+    return {"per_wall_s": timed / wall, "per_cpu_s": timed / cpu, "updates": trainer.p.updates, "wall_s": wall}
+
+
+def time_sb3(task: str, seed: int, warmup: int, timed: int) -> dict:
+    """Runs stable-baselines3 SAC with matching sizes; same return fields as :func:`time_ours`."""
+    from stable_baselines3 import SAC
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class WarmupEndTimer(BaseCallback):
+        """Stamps the clocks and update count when the last warm-up decision has been taken."""
+
+        def _on_step(self) -> bool:
+            if self.num_timesteps == warmup:
+                self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
+                self.updates0 = self.model._n_updates
+            return True
+
+    model = SAC("MlpPolicy", make_gym_env(task, seed), learning_rate=3e-4, buffer_size=warmup + timed + 1000,
+                learning_starts=warmup, batch_size=BATCH, tau=0.01, gamma=0.99, train_freq=1, gradient_steps=1,
+                ent_coef="auto_0.1", target_entropy="auto", policy_kwargs={"net_arch": [HIDDEN, HIDDEN]},
+                device="cpu", seed=seed, verbose=0)
+    timer = WarmupEndTimer()
+    model.learn(total_timesteps=warmup + timed, callback=timer, progress_bar=False)
+    wall, cpu = time.perf_counter() - timer.wall0, time.process_time() - timer.cpu0
+    return {"per_wall_s": timed / wall, "per_cpu_s": timed / cpu, "updates": model._n_updates - timer.updates0,
+            "wall_s": wall}
+
+
+def print_versions() -> None:
+    """Library versions, thread count and machine facts that the numbers depend on."""
+    import dm_control  # noqa: F401  (version via importlib.metadata below)
+    import gymnasium
+    import mujoco
+    import stable_baselines3
+    from importlib.metadata import version
+
+    print(f"python {platform.python_version()}, torch {torch.__version__}, stable-baselines3 "
+          f"{stable_baselines3.__version__}, gymnasium {gymnasium.__version__}, mujoco {mujoco.__version__}, "
+          f"dm_control {version('dm_control')}, numpy {np.__version__}")
+    print(f"torch threads {torch.get_num_threads()}, cpu cores {os.cpu_count()}, "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Alternates the two implementations ``--repeats`` times and prints a table, medians and the ratio."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--task", default="cheetah-run")
+    p.add_argument("--warmup", type=int, default=1000, help="uniform-random decisions before updates")
+    p.add_argument("--timed", type=int, default=3000, help="timed decisions, one update each")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    os.environ.setdefault("MUJOCO_GL", "disable")
+    torch.set_num_threads(1)
+    print_versions()
+    print(f"{args.task}: {HIDDEN}x{HIDDEN}, batch {BATCH}, UTD 1, target entropy, frame skip {FRAME_SKIP}; "
+          f"{args.warmup} warm-up + {args.timed} timed decisions")
+    rows: dict[str, list[dict]] = {"qed_ray SAC-LN": [], "SB3 SAC": []}
+    print(f"{'implementation':<16} {'run':>3} {'decisions/s':>11} {'per CPU s':>9} {'updates':>7} {'timed s':>8}")
+    t0 = time.perf_counter()
+    for r in range(args.repeats):
+        for name, fn in (("qed_ray SAC-LN", time_ours), ("SB3 SAC", time_sb3)):
+            row = fn(args.task, args.seed, args.warmup, args.timed)
+            rows[name].append(row)
+            print(f"{name:<16} {r + 1:>3} {row['per_wall_s']:>11.1f} {row['per_cpu_s']:>9.1f} {row['updates']:>7d} "
+                  f"{row['wall_s']:>8.1f}", flush=True)
+    for key, label in (("per_wall_s", "decisions per wall second"), ("per_cpu_s", "decisions per CPU second")):
+        ours, sb3 = (statistics.median(row[key] for row in v) for v in rows.values())
+        print(f"median {label}: qed_ray SAC-LN {ours:.1f}, SB3 SAC {sb3:.1f}; ratio ours/SB3 {ours / sb3:.2f}")
+    print(f"torch threads at end {torch.get_num_threads()}, load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, total wall time {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
