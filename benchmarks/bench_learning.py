@@ -129,11 +129,12 @@ def run_one(job: dict) -> dict:
 
 
 def make_jobs(args: argparse.Namespace) -> list[dict]:
-    """One job per (temperature, seed); the agent section names only the agent, so sizes stay default."""
+    """One job per (temperature, seed); sizes stay the agent's defaults unless ``--agent-overrides`` is given."""
     jobs = []
+    agent = {**json.loads(args.agent_overrides), "name": args.agent}
     for temperature in args.temperatures:
         for seed in args.seeds:
-            spec = {"task": args.task, "seed": seed, "agent": {"name": args.agent}, "temperature": temperature,
+            spec = {"task": args.task, "seed": seed, "agent": agent, "temperature": temperature,
                     "train": {"env_steps": args.env_steps, "eval_every": args.eval_every,
                               "eval_episodes": args.eval_episodes, "threads": 1, "device": "cpu"}}
             jobs.append({"spec": spec, "threshold": args.threshold, "stop": args.stop_at_threshold})
@@ -171,6 +172,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--agent", choices=["sac_ln", "mad_sac"], default="sac_ln")
     p.add_argument("--task", default="cartpole-balance")
+    p.add_argument("--agent-overrides", default="{}",
+                   help='JSON AgentSpec fields, e.g. \'{"hidden": 128, "batch_size": 256}\' (default: none)')
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--temperatures", type=parse_temperature, nargs="+", default=["te", "qed0.2"],
                    help="te, qedK or fixedA")

@@ -17,7 +17,6 @@ import numpy as np
 from qed_ray import metrics
 from qed_ray.evaluate import eval_seeds, load_policy, rollout_many
 
-ACTION_SEED_BASE = 2_000_000  # action-distance rollouts start from their own shared seeds
 EARLY_INTERVALS = 15  # App. A: "the early-training interval (first 15 rollouts)"
 
 
@@ -51,6 +50,19 @@ def variability(agents, task: str, episodes: int, frame_skip: int) -> tuple[floa
     return metrics.variability_from_matrix(d), d, rolls
 
 
+def action_rollouts(agents, rolls: list, task: str, n: int, steps: int, frame_skip: int) -> np.ndarray:
+    """Actions [P, T, L, A] of every agent from the same ``n`` initial states for ``steps`` decisions (Sec. 6.2).
+
+    Deterministic policies from the shared eval seeds repeat the eval episodes exactly, so when the eval
+    rollouts cover them their first ``steps`` actions are reused instead of rolling out again.
+    """
+    if n <= rolls[0].actions.shape[0] and steps <= rolls[0].actions.shape[1]:
+        return np.stack([r.actions[:n, :steps] for r in rolls])
+    act = rollout_many([a.act_batch for a in agents], task, eval_seeds(n), max_decisions=steps,
+                       frame_skip=frame_skip)
+    return np.stack([r.actions for r in act])
+
+
 def q1_dispersion(agents, pooled: np.ndarray) -> float:
     """Mean over seed pairs of |mean_s Q1_i(s, pi_i(s)) - mean_s Q1_j(s, pi_j(s))| (App. A, cross-seed Q1)."""
     means = [float(a.q_values(pooled, a.act_batch(pooled))[0].mean()) for a in agents]
@@ -65,10 +77,7 @@ def evaluate_group(records: list[TrialRecord], final_eval: dict, device: str = "
     final_step = max(records[0].policies)
     agents = _policies(records, final_step, device)
     v, d, rolls = variability(agents, task, final_eval["episodes"], fs)
-    act = rollout_many([a.act_batch for a in agents], task,
-                       eval_seeds(final_eval["action_rollouts"], ACTION_SEED_BASE),
-                       max_decisions=final_eval["action_steps"], frame_skip=fs)
-    actions = np.stack([r.actions for r in act])  # [P, T, L, A]
+    actions = action_rollouts(agents, rolls, task, final_eval["action_rollouts"], final_eval["action_steps"], fs)
     pooled = metrics.pool_states([r.pooled_obs() for r in rolls])
     common = sorted(set.intersection(*(set(r.policies) for r in records)))
     curve = []

@@ -116,9 +116,13 @@ class Progress(tune.Callback):
             self.last = now
             print(self.line(trials), flush=True)
 
+    def on_trial_recover(self, iteration: int, trials: list, trial, **info) -> None:
+        print(f"  trial {RunSpec.model_validate(trial.config['run']).name} failed; retrying from its last "
+              f"checkpoint", flush=True)
+
     def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
-        print(f"  trial {trial.config['run']['task']} seed {trial.config['run']['seed']} errored; "
-              f"Tune retries it from its last checkpoint while retries remain", flush=True)
+        print(f"  trial {RunSpec.model_validate(trial.config['run']).name} failed and has no retries left",
+              flush=True)
 
     def on_experiment_end(self, trials: list, **info) -> None:
         print(self.line(trials), flush=True)
@@ -245,6 +249,7 @@ def check_cluster(spec: SweepSpec, sweep_dir: Path, uri: str) -> None:
     if uri.startswith("sqlite:"):
         checks.append(("tracking.uri", Path(uri.removeprefix("sqlite:///")).parent))
     for field, folder in checks:
+        folder.mkdir(parents=True, exist_ok=True)
         marker = folder / f".qed-reach-{uuid.uuid4().hex[:8]}"
         marker.write_text("x")
         try:

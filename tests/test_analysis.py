@@ -1,0 +1,79 @@
+"""The gather step's per-group evaluation on real (tiny, untrained) policies: shapes, protocol and invariants."""
+
+import numpy as np
+import pytest
+import torch
+
+from qed_ray import metrics
+from qed_ray.agents import make_agent
+from qed_ray.analysis import TrialRecord, action_rollouts, aggregate, critic_proxy, evaluate_group
+from qed_ray.checkpoint import save_checkpoint
+from qed_ray.config import RunSpec
+from qed_ray.evaluate import eval_seeds, rollout_many
+
+FINAL_EVAL = {"episodes": 2, "action_rollouts": 2, "action_steps": 30, "curve_episodes": 1, "bootstrap_reps": 200,
+              "confidence": 0.95, "seed": 0}
+
+
+def _snapshot(root, seed, step, variant="te", same_weights_as=None):
+    spec = RunSpec.model_validate({"task": "cartpole-balance", "seed": seed, "agent": {"hidden": 16},
+                                   "train": {"env_steps": 2000, "eval_every": 1000}})
+    agent = make_agent(spec.agent, spec.temperature, 5, 1, torch.device("cpu"), same_weights_as or seed)
+    d = root / f"s{seed}" / f"{step:010d}"
+    save_checkpoint(d, {k: m.state_dict() for k, m in agent.modules().items()},
+                    {"task": spec.task, "agent": "sac_ln", "variant": variant, "seed": seed, "obs_dim": 5,
+                     "action_dim": 1, "env_steps": step, "run": spec.model_dump(mode="json")})
+    return str(d)
+
+
+def _record(root, seed, history=(), same_weights_as=None):
+    pol = {s: _snapshot(root, seed, s, same_weights_as=same_weights_as) for s in (1000, 2000)}
+    return TrialRecord(f"cartpole-balance/sac_ln/te/{seed}", "cartpole-balance", "sac_ln", "te", seed, 2, pol,
+                       list(history))
+
+
+def test_group_numbers_follow_the_protocol(tmp_path):
+    hist = [{"env_steps": 1000, "eval/return_mean": 10.0, "q/abs_diff_mean": 0.5},
+            {"env_steps": 2000, "eval/return_mean": 20.0, "q/abs_diff_mean": 0.3}]
+    g = evaluate_group([_record(tmp_path, s, hist) for s in (2, 0, 1)], FINAL_EVAL)
+    assert g["seeds"] == [0, 1, 2] and g["final_env_steps"] == 2000
+    assert np.shape(g["returns"]) == (3, 2) and np.shape(g["D"]) == (3, 3)
+    assert g["scores"] == pytest.approx([np.mean(r) / 1000 for r in g["returns"]])
+    d = np.array(g["D"])
+    assert np.all(np.diag(d) == 0) and np.allclose(d, d.T) and g["V"] == pytest.approx(d.sum() / 6)
+    assert [p[0] for p in g["v_curve"]] == [1000, 2000] and g["v_curve"][1][1] == g["V"]
+    assert g["early_q_gap"] == pytest.approx(0.4) and g["q1_dispersion"] >= 0
+    assert g["learning_curves"][0] == [[1000, 10.0], [2000, 20.0]]
+
+
+def test_identical_policies_have_zero_divergence_and_distance(tmp_path):
+    g = evaluate_group([_record(tmp_path, s, same_weights_as=7) for s in (0, 1)], FINAL_EVAL)
+    assert g["V"] == 0.0 and g["action_distance"] == 0.0 and g["q1_dispersion"] == 0.0
+
+
+def test_action_distance_reuses_eval_rollouts_exactly(tmp_path):
+    from qed_ray.evaluate import load_policy
+
+    agents = [load_policy(_snapshot(tmp_path, s, 1000))[0] for s in (0, 1)]
+    rolls = rollout_many([a.act_batch for a in agents], "cartpole-balance", eval_seeds(3))
+    reused = action_rollouts(agents, rolls, "cartpole-balance", 2, 40, 2)
+    fresh = np.stack([r.actions for r in rollout_many([a.act_batch for a in agents], "cartpole-balance",
+                                                       eval_seeds(2), max_decisions=40)])
+    np.testing.assert_array_equal(reused, fresh)
+    assert metrics.cumulative_action_distance(reused) > 0
+
+
+def test_aggregate_and_proxy_tables():
+    groups = [{"task": t, "agent": "sac_ln", "variant": "te", "scores": sc, "V": v, "action_distance": ad,
+               "early_q_gap": e, "q1_dispersion": q}
+              for t, sc, v, ad, e, q in [("a", [0.1, 0.2, 0.3], 1.0, 5.0, 1.0, 2.0),
+                                          ("b", [0.5, 0.6], 3.0, 7.0, 2.0, 4.5),
+                                          ("c", [0.9, 0.8], float("nan"), 6.0, 3.0, 6.0)]]
+    (row,) = aggregate(groups, FINAL_EVAL)
+    assert row["n_seeds"] == 2 and row["n_tasks"] == 3  # rectangular: the extra seed of task a is dropped
+    assert row["iqm"] == pytest.approx(metrics.iqm(np.array([[0.1, 0.5, 0.9], [0.2, 0.6, 0.8]])))
+    assert row["ci_lower"] <= row["iqm"] <= row["ci_upper"]
+    assert row["V_mean"] == 2.0 and row["V_median"] == 2.0 and row["action_distance_mean"] == 6.0
+    (proxy,) = critic_proxy(groups)
+    assert proxy["tasks"] == ["a", "b", "c"]
+    assert proxy["r_squared"] == pytest.approx(metrics.r_squared([1.0, 2.0, 3.0], [2.0, 4.5, 6.0]))
