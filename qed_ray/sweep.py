@@ -145,7 +145,14 @@ class Progress(tune.Callback):
 
 def resolve_paths(spec: SweepSpec, spec_path: Path) -> tuple[Path, str, str]:
     """Absolute sweep folder, tracking URI and experiment (env vars override the spec's storage and URI)."""
-    storage = Path(os.environ.get("QED_STORAGE_PATH") or spec.storage_path).expanduser().resolve()
+    raw = os.environ.get("QED_STORAGE_PATH") or spec.storage_path
+    if "://" in raw:
+        # Policy snapshots, replay chunks and DONE markers are plain files read by every node; object stores
+        # would need a filesystem layer this version does not have.
+        field = "QED_STORAGE_PATH" if os.environ.get("QED_STORAGE_PATH") else "storage_path"
+        raise SpecError(f"{field}: {raw!r} is a URI; give a filesystem path (on a cluster: a shared mount such as "
+                        f"EFS/NFS, Filestore or a ReadWriteMany volume, mounted at the same path on every node)")
+    storage = Path(raw).expanduser().resolve()
     sweep_dir = storage / spec.name
     uri = os.environ.get("MLFLOW_TRACKING_URI") or spec.tracking.uri or default_tracking_uri(sweep_dir)
     return sweep_dir, uri, spec.tracking.experiment or spec.name

@@ -97,3 +97,12 @@ def test_dry_run_prints_trials_and_resources(tmp_path, capsys):
     assert "6 trials" in out and "cartpole-balance/sac_ln/qed0.2/1" in out
     assert "per trial: 0.5 CPU, 0.1 GPU; all trials at once: 3 CPU, 0.6 GPU" in out
     assert not (tmp_path / "results").exists()
+
+
+def test_object_store_storage_is_refused_with_the_field(tmp_path, capsys, monkeypatch):
+    spec = {**BASE, "storage_path": "s3://bucket/sweeps"}
+    assert main([str(_write(tmp_path, spec))]) == 2
+    assert capsys.readouterr().err.startswith("error: storage_path: 's3://bucket/sweeps' is a URI")
+    monkeypatch.setenv("QED_STORAGE_PATH", "gs://bucket/x")
+    assert main([str(_write(tmp_path, BASE))]) == 2
+    assert capsys.readouterr().err.startswith("error: QED_STORAGE_PATH: 'gs://bucket/x' is a URI")
