@@ -72,6 +72,7 @@ def train_trial(config: dict) -> None:
     run_id = tracker.trial_run(ctx["parent_run_id"], spec.name, spec.model_dump(mode="json"))
     _record_node(tracker, run_id)
     replay_dir = Path(ctx["sweep_dir"]) / "replay" / trial_dirname(spec)
+    _limit_gpu_memory(ctx["gpu_fraction"])
     trainer = build_trainer(spec, TuneReporter(spec, ctx, tracker, run_id), replay_dir, log=lambda s: None)
     checkpoint = tune.get_checkpoint()
     done = Path(ctx["sweep_dir"]) / "policies" / trial_dirname(spec) / DONE_FILE
@@ -91,6 +92,14 @@ def train_trial(config: dict) -> None:
     except BaseException as e:  # noqa: BLE001 - record any failure, then let Tune retry or mark the trial errored
         tracker.end_run(run_id, failed_reason=f"{type(e).__name__}: {e}")
         raise
+
+
+def _limit_gpu_memory(fraction: float) -> None:
+    """Fractional GPUs are a scheduling fiction (no isolation): cap this trial's share of GPU memory."""
+    import torch
+
+    if 0 < fraction < 1 and torch.cuda.is_available():
+        torch.cuda.set_per_process_memory_fraction(fraction)
 
 
 def _record_node(tracker: Tracker, run_id: str) -> None:
@@ -304,7 +313,8 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False) -> int:
                                 {"qed.spec_path": str(spec_path), "qed.git_sha": _git_sha()})
     tracker.log_artifact(parent, spec_path, "spec")
     ctx = {"sweep_id": state["sweep_id"], "sweep_dir": str(sweep_dir), "tracking_uri": uri,
-           "experiment": experiment, "parent_run_id": parent, "keep_every": spec.final_eval.keep_every}
+           "experiment": experiment, "parent_run_id": parent, "keep_every": spec.final_eval.keep_every,
+           "gpu_fraction": spec.resources.gpu}
     print(f"sweep {spec.name}: {len(spec.runs())} trials, results in {sweep_dir}", flush=True)
     result_grid = build_tuner(spec, sweep_dir, ctx, fresh_start).fit()
     records, failed = trial_records(result_grid, sweep_dir)
