@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tomllib
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from urllib.parse import urlparse
 
 import jsonschema
@@ -39,7 +39,15 @@ ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "cluster"
 DOCKER = ROOT / "docker"
 LAUNCHERS = {"aws": CLUSTER / "aws.yaml", "gcp": CLUSTER / "gcp.yaml"}
+# MLflow artifacts go to the provider's object store (through the tracking server).
 STORAGE_SCHEME = {"aws": "s3", "gcp": "gs"}
+# Sweep results must be on a shared POSIX file system (the sweep refuses s3:// and gs:// storage paths:
+# snapshots, replay chunks, DONE markers and sweep.json are plain files every node reads and writes),
+# mounted at this path on every node: EFS (AWS), Filestore (GCP), a ReadWriteMany volume (KubeRay).
+SHARED_MOUNT = PurePosixPath("/mnt/qed")
+STORAGE_PATH = SHARED_MOUNT / "sweeps"
+# The image's non-root user, who must be able to write the storage folder.
+RAY_UID = "1000"
 
 # The CLI that qed_ray.envs provides (loads all 18 tasks, one line per task): the image's smoke test.
 SMOKE_CMD = "python -m qed_ray.envs --check-all"
@@ -125,6 +133,88 @@ def env_file_values(setup_cmds: list[str]) -> dict[str, str]:
     return dict(re.findall(r'"([A-Z][A-Z0-9_]*)=([^"]*)"', text))
 
 
+def is_under(path: str | PurePosixPath, root: str | PurePosixPath) -> bool:
+    """An absolute POSIX path at or below root (no URIs, no relative paths, no '..')."""
+    path = PurePosixPath(path)
+    return path.is_absolute() and ".." not in path.parts and path.is_relative_to(root)
+
+
+# `mount -t nfs|nfs4 [-o OPTS] SERVER:EXPORT TARGET`, as written in the initialization_commands.
+NFS_MOUNT_RE = re.compile(r"\bmount\s+-t\s+nfs4?\s+(?:-o\s+\S+\s+)?(\S+:\S*)\s+(/\S*)")
+
+
+def nfs_mounts(cmds: list[str]) -> dict[str, tuple[str, str]]:
+    """NFS mount target -> (source, the whole command) in a list of host commands."""
+    return {m.group(2).rstrip(";)}"): (m.group(1), cmd) for cmd in cmds for m in NFS_MOUNT_RE.finditer(cmd)}
+
+
+def bind_mounts(opts: list[str]) -> dict[str, str]:
+    """Container path -> host path of the `-v HOST:CONTAINER[:mode]` docker run options."""
+    binds = {}
+    for opt in opts:
+        tokens = shlex.split(opt)
+        values = [v for flag, v in zip(tokens, tokens[1:]) if flag in ("-v", "--volume")]
+        values += [tok.split("=", 1)[1] for tok in tokens if tok.startswith("--volume=")]
+        for value in values:
+            host, container, *_ = value.split(":")
+            binds[container.rstrip("/") or "/"] = host.rstrip("/") or "/"
+    return binds
+
+
+def node_init_commands(cfg: dict) -> dict[str, list[str]]:
+    """The host commands each node type runs before Docker starts (a node type's own list replaces the global one)."""
+    return {name: t.get("initialization_commands", cfg.get("initialization_commands", []))
+            for name, t in cfg["available_node_types"].items()}
+
+
+def shared_storage_problems(cfg: dict, provider: str) -> list[str]:
+    """QED_STORAGE_PATH must be the same folder of one shared NFS file system on every node: mounted on every
+    node type's host (idempotently: `ray up` reruns it), bind-mounted into every container at the same path,
+    and writable by the container's user."""
+    env = env_file_values(cfg.get("setup_commands", []))
+    storage = env.get("QED_STORAGE_PATH", "")
+    if not is_under(storage, SHARED_MOUNT):
+        return [f"setup_commands must export QED_STORAGE_PATH under {SHARED_MOUNT} (the shared file system "
+                f"mounted on every node), got {storage!r}; the sweep refuses s3:// and gs:// URIs"]
+    problems = []
+    docker = cfg.get("docker", {})
+    head_type = cfg.get("head_node_type")
+    inits = node_init_commands(cfg)
+    locations = {}
+    for name in cfg["available_node_types"]:
+        role = "head" if name == head_type else "worker"
+        binds = bind_mounts(docker.get("run_options", []) + docker.get(f"{role}_run_options", []))
+        inside = [c for c in binds if is_under(storage, c)]
+        if not inside:
+            problems.append(f"{name}: QED_STORAGE_PATH {storage} is not on a `-v HOST:CONTAINER` bind mount of "
+                            f"this node's container (docker run_options / {role}_run_options)")
+            continue
+        container_dir = max(inside, key=len)
+        host_storage = PurePosixPath(binds[container_dir]) / PurePosixPath(storage).relative_to(container_dir)
+        mounts = nfs_mounts(inits[name])
+        targets = [tgt for tgt in mounts if is_under(host_storage, tgt)]
+        if not targets:
+            problems.append(f"{name}: no `mount -t nfs...` of {host_storage} in this node type's "
+                            f"initialization_commands (every node must mount the shared file system)")
+            continue
+        target = max(targets, key=len)
+        source, cmd = mounts[target]
+        if not re.search(rf"mountpoint\s+-q\s+{re.escape(target)}\s*\|\|", cmd):
+            problems.append(f"{name}: the mount of {target} must be skipped when already mounted "
+                            f"(`mountpoint -q {target} || ...`): `ray up` reruns initialization_commands")
+        if provider == "aws" and not re.fullmatch(
+                rf"fs-[\w-]+\.efs\.{re.escape(cfg['provider']['region'])}\.amazonaws\.com:/\S*", source):
+            problems.append(f"{name}: {source} is not an EFS file system in {cfg['provider']['region']}")
+        locations[name] = (source, str(host_storage.relative_to(target)), storage)
+        if name == head_type and not re.search(
+                rf"chown\s+{RAY_UID}(:\d+)?\s+{re.escape(str(host_storage))}(\s|$|;|&)", " ; ".join(inits[name])):
+            problems.append(f"{name}: initialization_commands must create {host_storage} owned by uid {RAY_UID} "
+                            f"(the container's ray user writes the sweeps there)")
+    if len(set(locations.values())) > 1:
+        problems.append(f"node types do not share the same storage folder on the same file system: {locations}")
+    return problems
+
+
 def check_launcher(cfg: dict, provider: str, image: str) -> list[str]:
     """Project requirements on a launcher config, beyond what Ray's schema checks."""
     problems = []
@@ -165,8 +255,7 @@ def check_launcher(cfg: dict, provider: str, image: str) -> list[str]:
     if uri.scheme != "http" or uri.port != 5000:
         problems.append("setup_commands must export MLFLOW_TRACKING_URI=http://<head>:5000")
     scheme = STORAGE_SCHEME[provider]
-    if not env.get("QED_STORAGE_PATH", "").startswith(f"{scheme}://"):
-        problems.append(f"setup_commands must export QED_STORAGE_PATH={scheme}://... (durable)")
+    problems += shared_storage_problems(cfg, provider)
     if env.get("RAY_AUTH_MODE") != "token":
         problems.append("setup_commands must export RAY_AUTH_MODE=token")
 
@@ -280,6 +369,43 @@ def _replace_in_list(key: str, old: str, new: str):
     return mutate
 
 
+def _edit_list(path: str, edit):
+    """Mutation that replaces the list at cfg[a][b]... by edit(list)."""
+    def mutate(cfg):
+        *parents, last = path.split("/")
+        node = cfg
+        for key in parents:
+            node = node[key]
+        node[last] = edit(node[last])
+    return mutate
+
+
+def _without_mount(cmds: list[str]) -> list[str]:
+    return [c for c in cmds if not NFS_MOUNT_RE.search(c)]
+
+
+def _everywhere(old: str, new: str):
+    """Mutation that edits every host command (global and per node type)."""
+    def mutate(cfg):
+        for holder in [cfg] + list(cfg["available_node_types"].values()):
+            if "initialization_commands" in holder:
+                holder["initialization_commands"] = [c.replace(old, new) for c in holder["initialization_commands"]]
+    return mutate
+
+
+def _other_fs_on_workers(cfg):
+    cmds = cfg["available_node_types"]["gpu_worker"]["initialization_commands"]
+    cfg["available_node_types"]["gpu_worker"]["initialization_commands"] = [
+        NFS_MOUNT_RE.sub(lambda m: m.group(0).replace(m.group(1), m.group(1).replace(":", "-other:", 1)), c)
+        for c in cmds]
+
+
+def _bind_on_workers_only(cfg):
+    bind = f"-v {SHARED_MOUNT}:{SHARED_MOUNT}"
+    cfg["docker"]["run_options"] = [o for o in cfg["docker"]["run_options"] if o != bind]
+    cfg["docker"]["worker_run_options"] = cfg["docker"]["worker_run_options"] + [bind]
+
+
 PROJECT_REJECTS = [
     ("trials allowed on head", _set("available_node_types/head/resources", {"CPU": 8}), "CPU: 0"),
     ("GPU worker without --gpus", _set("docker/worker_run_options", ["--shm-size=20g"]), "--gpus all"),
@@ -287,6 +413,23 @@ PROJECT_REJECTS = [
     ("stale image tag", _set("docker/image", "ghcr.io/your-org/qed-ray:2.59.0-py311-gpu"), "docker.image"),
     ("local storage path", _replace_in_list("setup_commands", "QED_STORAGE_PATH=", "QED_STORAGE_PATH=/tmp/x#"),
      "QED_STORAGE_PATH"),
+    ("s3 storage path", _replace_in_list("setup_commands", f"QED_STORAGE_PATH={STORAGE_PATH}",
+                                         "QED_STORAGE_PATH=s3://your-qed-bucket/qed-ray/sweeps"), "QED_STORAGE_PATH"),
+    ("gs storage path", _replace_in_list("setup_commands", f"QED_STORAGE_PATH={STORAGE_PATH}",
+                                         "QED_STORAGE_PATH=gs://your-qed-bucket/qed-ray/sweeps"), "QED_STORAGE_PATH"),
+    ("storage path outside the mount", _replace_in_list("setup_commands", f"QED_STORAGE_PATH={STORAGE_PATH}",
+                                                        "QED_STORAGE_PATH=/home/ray/sweeps"), "QED_STORAGE_PATH"),
+    ("storage path escapes the mount", _replace_in_list("setup_commands", f"QED_STORAGE_PATH={STORAGE_PATH}",
+                                                        f"QED_STORAGE_PATH={SHARED_MOUNT}/../sweeps"), "QED_STORAGE_PATH"),
+    ("worker without the shared mount", _edit_list("available_node_types/gpu_worker/initialization_commands",
+                                                   _without_mount), "gpu_worker: no `mount -t nfs"),
+    ("head without the shared mount", _edit_list("initialization_commands", _without_mount), "head: no `mount -t nfs"),
+    ("mount not bound into the containers",
+     _edit_list("docker/run_options", lambda opts: [o for o in opts if str(SHARED_MOUNT) not in o]), "bind mount"),
+    ("mount bound on workers only", _bind_on_workers_only, "head: QED_STORAGE_PATH"),
+    ("workers mount another file system", _other_fs_on_workers, "same storage folder"),
+    ("mount not idempotent", _everywhere(f"mountpoint -q {SHARED_MOUNT} ||", ""), "mountpoint -q"),
+    ("storage folder not writable by ray", _everywhere(f"chown 1000:100 {STORAGE_PATH}", "true"), "uid 1000"),
     ("no MLflow server", _set("head_start_ray_commands", ["ray stop", "source ~/qed_env.sh && ray start --head"]),
      "mlflow server"),
     ("ray start before env", _set("worker_start_ray_commands", ["ray start --address=$RAY_HEAD_IP:6379"]),
@@ -312,6 +455,56 @@ def test_launcher_shell_commands_are_valid_bash(provider):
     assert bash_syntax_errors(["source ~/qed_env.sh && echo 'unterminated"])
 
 
+# Stand-ins for the host tools the mount commands call: they log instead of touching the machine.
+HOST_STUBS = {
+    "sudo": 'while [[ "$1" == *=* ]]; do export "$1"; shift; done; exec "$@"',
+    "mountpoint": '[ -e "$STATE/mounted" ]',
+    "mount": 'echo "mount $*" >> "$STATE/log"; [ -z "$MOUNT_FAILS" ] || exit 32; : > "$STATE/mounted"',
+    "mkdir": 'echo "mkdir $*" >> "$STATE/log"',
+    "chown": 'echo "chown $*" >> "$STATE/log"',
+    "apt-get": 'echo "apt-get $*" >> "$STATE/log"',
+}
+
+
+def _run_host_commands(cmds: list[str], tmp: Path, **env) -> tuple[list[int], list[str]]:
+    stubs = tmp / "bin"
+    stubs.mkdir(exist_ok=True)
+    for name, body in HOST_STUBS.items():
+        (stubs / name).write_text(f"#!/bin/bash\n{body}\n")
+        (stubs / name).chmod(0o755)
+    rcs = [subprocess.run(["/bin/bash", "-c", cmd], env={"PATH": str(stubs), "STATE": str(tmp), **env},
+                          timeout=30).returncode for cmd in cmds]
+    log = tmp / "log"
+    return rcs, log.read_text().splitlines() if log.exists() else []
+
+
+@pytest.mark.parametrize("provider", sorted(LAUNCHERS))
+def test_shared_mount_commands_are_idempotent_and_fail_loudly(provider, tmp_path):
+    """Run each node type's mount command twice against stub host tools (a fresh host without the NFS client):
+    one install, one mount, the sweeps folder handed to the ray user; and a failed mount fails the command
+    (so `ray up` stops) instead of leaving results on the node's local disk."""
+    cfg = load_yaml(LAUNCHERS[provider])
+    for name, cmds in node_init_commands(cfg).items():
+        mount_cmds = [c for c in cmds if NFS_MOUNT_RE.search(c)]
+        assert len(mount_cmds) == 1, f"{name}: expected one mount command, got {mount_cmds}"
+        host = tmp_path / name
+        host.mkdir()
+        rcs, log = _run_host_commands(mount_cmds * 2, host)
+        assert rcs == [0, 0], log
+        mounts = [line for line in log if line.startswith("mount ")]
+        assert len(mounts) == 1 and mounts[0].split()[-1] == str(SHARED_MOUNT), log
+        assert re.match(r"mount -t nfs4? ", mounts[0])
+        assert sum("install" in line and "nfs-common" in line for line in log) == 1, log
+        assert log.index(f"mkdir -p {SHARED_MOUNT}") < log.index(mounts[0])
+        assert log.count(f"chown {RAY_UID}:100 {STORAGE_PATH}") == 2  # re-applied on every `ray up`
+
+        failing = tmp_path / f"{name}-fails"
+        failing.mkdir()
+        rcs, log = _run_host_commands(mount_cmds, failing, MOUNT_FAILS="1")
+        assert rcs[0] != 0, log
+        assert not any(line.startswith(("chown", f"mkdir -p {STORAGE_PATH}")) for line in log), log
+
+
 def _run_setup(cfg: dict, home: Path, extra_env: dict[str, str]) -> dict[str, str]:
     """Run the config's setup_commands in a scratch HOME, then report what a fresh shell that
     sources ~/qed_env.sh sees (exactly what `ray start` inherits)."""
@@ -332,7 +525,7 @@ def test_setup_commands_give_workers_the_head_tracking_uri(provider, tmp_path):
     # On workers the autoscaler exports RAY_HEAD_IP to setup commands.
     seen = _run_setup(cfg, tmp_path, {"RAY_HEAD_IP": "10.1.2.3"})
     assert seen["MLFLOW_TRACKING_URI"] == "http://10.1.2.3:5000"
-    assert seen["QED_STORAGE_PATH"].startswith(STORAGE_SCHEME[provider] + "://")
+    assert seen["QED_STORAGE_PATH"] == str(STORAGE_PATH)
     assert seen["RAY_AUTH_MODE"] == "token"
     assert seen["QED_MLFLOW_BACKEND_STORE_URI"].startswith("sqlite:////")  # absolute path
     # Re-running setup (every `ray up`) must not stack up .bashrc lines.
@@ -376,6 +569,65 @@ def ray_containers(cr: dict) -> list[tuple[str, dict, dict]]:
         if containers:
             out.append((name, containers[0], pod))
     return out
+
+
+def storage_claim(container: dict, pod: dict, storage: str) -> tuple[str, str, str] | None:
+    """(claimName, mountPath, subPath) of the PVC volume that holds `storage` in this container, if any."""
+    claims = {v["name"]: v["persistentVolumeClaim"].get("claimName")
+              for v in pod.get("volumes", []) if "persistentVolumeClaim" in v}
+    mounts = [m for m in container.get("volumeMounts", []) if is_under(storage, m.get("mountPath", "-"))]
+    if not mounts:
+        return None
+    mount = max(mounts, key=lambda m: len(m["mountPath"]))  # the innermost mount is what the path lands on
+    if mount.get("name") not in claims:
+        return None
+    return claims[mount["name"]], mount["mountPath"], mount.get("subPath", "")
+
+
+def shared_volume_problems(cr: dict, docs: dict[str, dict]) -> list[str]:
+    """The head and every worker group keep QED_STORAGE_PATH on one ReadWriteMany claim of this manifest, mounted at
+    the same path, and a root init container hands the sweeps folder to the ray user before Ray starts."""
+    problems, seen = [], {}
+    for name, container, pod in ray_containers(cr):
+        env = {e["name"]: e.get("value") for e in container.get("env", [])}
+        storage = env.get("QED_STORAGE_PATH") or ""
+        claim = storage_claim(container, pod, storage) if is_under(storage, SHARED_MOUNT) else None
+        if claim is None:
+            problems.append(f"{name}: does not keep QED_STORAGE_PATH {storage!r} on a mounted PersistentVolumeClaim")
+        else:
+            seen[name] = (*claim, storage)
+    if len(set(seen.values())) > 1:
+        problems.append(f"head and worker pods must mount the same claim at the same path: {seen}")
+    ns = cr.get("metadata", {}).get("namespace")
+    pvc = docs.get("PersistentVolumeClaim")
+    for claim_name in {c[0] for c in seen.values()}:
+        if not pvc or pvc["metadata"].get("name") != claim_name:
+            problems.append(f"PersistentVolumeClaim {claim_name!r} is not defined in kuberay.yaml")
+            continue
+        if pvc["metadata"].get("namespace") != ns:
+            problems.append(f"PersistentVolumeClaim {claim_name!r} must be in the RayCluster's namespace {ns!r}")
+        spec = pvc.get("spec", {})
+        if "ReadWriteMany" not in spec.get("accessModes", []):
+            problems.append(f"PersistentVolumeClaim {claim_name!r} must be ReadWriteMany (pods on several nodes)")
+        if not spec.get("storageClassName"):
+            problems.append(f"PersistentVolumeClaim {claim_name!r} needs a storageClassName (EFS / Filestore CSI); "
+                            f"the default class is usually ReadWriteOnce block storage")
+        if not spec.get("resources", {}).get("requests", {}).get("storage"):
+            problems.append(f"PersistentVolumeClaim {claim_name!r} needs resources.requests.storage")
+    head = cr.get("spec", {}).get("headGroupSpec", {}).get("template", {}).get("spec", {})
+    if "head" in seen:
+        claim, mount_path, sub_path, storage = seen["head"]
+        ok = False
+        for init in head.get("initContainers", []):
+            shell = " ".join(init.get("command", []) + init.get("args", []))
+            ok |= (init.get("securityContext", {}).get("runAsUser") == 0
+                   and storage_claim(init, head, storage) == (claim, mount_path, sub_path)
+                   and f"mkdir -p {storage}" in shell
+                   and re.search(rf"chown\s+{RAY_UID}(:\d+)?\s+{re.escape(storage)}\b", shell) is not None)
+        if not ok:
+            problems.append(f"head: needs an initContainer (runAsUser 0, same volume) that creates {storage} "
+                            f"owned by uid {RAY_UID} (a fresh volume's root belongs to root)")
+    return problems
 
 
 def check_kuberay(cr: dict, pins: Pins) -> list[str]:
@@ -428,8 +680,13 @@ def check_kuberay(cr: dict, pins: Pins) -> list[str]:
             problems.append(f"{name}: env NVIDIA_DRIVER_CAPABILITIES must include graphics")
         if not (env.get("MLFLOW_TRACKING_URI") or "").startswith("http://"):
             problems.append(f"{name}: env MLFLOW_TRACKING_URI must point at the MLflow service")
-        if not re.match(r"(s3|gs)://", env.get("QED_STORAGE_PATH") or ""):
-            problems.append(f"{name}: env QED_STORAGE_PATH must be s3:// or gs:// (shared by all pods)")
+        storage = env.get("QED_STORAGE_PATH") or ""
+        if not is_under(storage, SHARED_MOUNT):
+            problems.append(f"{name}: env QED_STORAGE_PATH must be a path under {SHARED_MOUNT} (the shared volume; "
+                            f"the sweep refuses s3:// and gs:// URIs), got {storage!r}")
+        elif storage_claim(container, pod, storage) is None:
+            problems.append(f"{name}: env QED_STORAGE_PATH {storage} is not on a persistentVolumeClaim volume "
+                            f"mounted in this pod")
         shm_volumes = {v["name"] for v in pod.get("volumes", [])
                        if v.get("emptyDir", {}).get("medium") == "Memory"}
         if not any(m.get("mountPath") == "/dev/shm" and m.get("name") in shm_volumes
@@ -459,6 +716,14 @@ def _gpu_worker(cr):
     return cr["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
 
 
+def _worker_pod(cr):
+    return cr["spec"]["workerGroupSpecs"][0]["template"]["spec"]
+
+
+def _head_pod(cr):
+    return cr["spec"]["headGroupSpec"]["template"]["spec"]
+
+
 def _set_env(cr, name, value):
     # The manifest shares one env list between containers through a YAML anchor: copy before editing.
     container = _gpu_worker(cr)
@@ -480,6 +745,16 @@ KUBERAY_BROKEN = [
     ("no graphics capability", lambda cr: _set_env(cr, "NVIDIA_DRIVER_CAPABILITIES", "compute,utility"),
      "NVIDIA_DRIVER_CAPABILITIES"),
     ("local storage", lambda cr: _set_env(cr, "QED_STORAGE_PATH", "/home/ray/results"), "QED_STORAGE_PATH"),
+    ("s3 storage", lambda cr: _set_env(cr, "QED_STORAGE_PATH", "s3://your-qed-bucket/qed-ray/sweeps"),
+     "gpu: env QED_STORAGE_PATH"),
+    ("gs storage", lambda cr: _set_env(cr, "QED_STORAGE_PATH", "gs://your-qed-bucket/qed-ray/sweeps"),
+     "gpu: env QED_STORAGE_PATH"),
+    ("worker without the results volume", lambda cr: _gpu_worker(cr).update(
+        volumeMounts=[m for m in _gpu_worker(cr)["volumeMounts"] if m["name"] != "results"]),
+     "gpu: env QED_STORAGE_PATH /mnt/qed/sweeps is not on a persistentVolumeClaim"),
+    ("results volume not a claim", lambda cr: _worker_pod(cr).update(
+        volumes=[v if v["name"] != "results" else {"name": "results", "emptyDir": {}} for v in _worker_pod(cr)["volumes"]]),
+     "not on a persistentVolumeClaim"),
     ("no /dev/shm", lambda cr: _gpu_worker(cr).update(volumeMounts=[]), "/dev/shm"),
     ("no GPU toleration", lambda cr: cr["spec"]["workerGroupSpecs"][0]["template"]["spec"].update(tolerations=[]),
      "toleration"),
@@ -490,6 +765,51 @@ KUBERAY_BROKEN = [
 def test_broken_kuberay_cr_is_rejected(ray_cr, pins, name, mutate, message):
     mutate(ray_cr)
     problems = check_kuberay(ray_cr, pins)
+    assert any(message in p for p in problems), problems
+
+
+def test_kuberay_results_volume_is_shared_by_every_pod(ray_cr):
+    docs = load_docs(CLUSTER / "kuberay.yaml")
+    assert shared_volume_problems(ray_cr, docs) == []
+    # the same claim at the same path in every Ray pod, holding QED_STORAGE_PATH
+    claims = {storage_claim(c, pod, str(STORAGE_PATH)) for _, c, pod in ray_containers(ray_cr)}
+    assert claims == {(docs["PersistentVolumeClaim"]["metadata"]["name"], str(SHARED_MOUNT), "")}
+    assert len(ray_containers(ray_cr)) == 1 + len(ray_cr["spec"]["workerGroupSpecs"])
+
+
+def _worker_mount(cr, **changes):
+    _gpu_worker(cr)["volumeMounts"] = [dict(m, **changes) if m["name"] == "results" else m
+                                       for m in _gpu_worker(cr)["volumeMounts"]]
+
+
+def _worker_claim(cr, claim):
+    _worker_pod(cr)["volumes"] = [{"name": "results", "persistentVolumeClaim": {"claimName": claim}}
+                                  if v["name"] == "results" else v for v in _worker_pod(cr)["volumes"]]
+
+
+@pytest.mark.parametrize("name,mutate,message", [
+    ("worker mounts another claim", lambda cr, d: _worker_claim(cr, "other-results"), "same claim"),
+    ("worker mounts a sub folder", lambda cr, d: _worker_mount(cr, subPath="worker"), "same claim"),
+    ("worker mounts at another path",
+     lambda cr, d: (_worker_mount(cr, mountPath="/data"), _set_env(cr, "QED_STORAGE_PATH", "/data/sweeps")),
+     "gpu: does not keep QED_STORAGE_PATH"),
+    ("worker without the results volume", lambda cr, d: _worker_mount(cr, name="dshm-typo"),
+     "gpu: does not keep QED_STORAGE_PATH"),
+    ("claim not in the manifest", lambda cr, d: d.pop("PersistentVolumeClaim"), "is not defined"),
+    ("claim is ReadWriteOnce", lambda cr, d: d["PersistentVolumeClaim"]["spec"].update(accessModes=["ReadWriteOnce"]),
+     "ReadWriteMany"),
+    ("claim in another namespace", lambda cr, d: d["PersistentVolumeClaim"]["metadata"].update(namespace="default"),
+     "namespace"),
+    ("claim without storage class", lambda cr, d: d["PersistentVolumeClaim"]["spec"].pop("storageClassName"),
+     "storageClassName"),
+    ("no permissions init container", lambda cr, d: _head_pod(cr).pop("initContainers"), "initContainer"),
+    ("init container not root", lambda cr, d: _head_pod(cr)["initContainers"][0].update(securityContext={}),
+     "initContainer"),
+])
+def test_broken_kuberay_results_volume_is_rejected(ray_cr, name, mutate, message):
+    docs = copy.deepcopy(load_docs(CLUSTER / "kuberay.yaml"))
+    mutate(ray_cr, docs)
+    problems = shared_volume_problems(ray_cr, docs)
     assert any(message in p for p in problems), problems
 
 
