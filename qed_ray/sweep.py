@@ -276,8 +276,8 @@ def check_cluster(spec: SweepSpec, sweep_dir: Path, uri: str) -> None:
             marker.unlink(missing_ok=True)
         if blind:
             raise SpecError(f"{field}: {folder} is local to the driver's node; nodes {', '.join(blind)} cannot "
-                            f"reach it. Use a shared filesystem mounted at the same path on every node or, for MLflow, a tracking "
-                            f"server (MLFLOW_TRACKING_URI=http://head:5000)")
+                            f"reach it. Use a shared filesystem mounted at the same path on every node or, for "
+                            f"MLflow, a tracking server (MLFLOW_TRACKING_URI=http://head:5000)")
 
 
 @ray.remote(num_cpus=0)
