@@ -31,7 +31,11 @@ def load_policy(directory, device="cpu"):
     agent = make_agent(spec.agent, spec.temperature, manifest["obs_dim"], manifest["action_dim"],
                        torch.device(device), spec.seed)
     for name, module in agent.modules().items():
-        module.load_state_dict(state[name])
+        if name in state:  # intermediate snapshots carry only the acting modules
+            module.load_state_dict(state[name])
+    missing = [n for n in getattr(agent, "acting_modules", ()) if n not in state]
+    if missing:
+        raise ValueError(f"{directory}: snapshot lacks the modules {missing} needed to act")
     return agent, manifest
 
 PolicyFn = Callable[[np.ndarray], np.ndarray]  # obs [B, O] -> deterministic actions [B, A]

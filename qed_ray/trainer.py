@@ -97,9 +97,14 @@ class Trainer:
         replay), enough to act and to be compared across seeds (intermediate V, paper App. D).
         """
         if policy_only:
-            state = {k: m.state_dict() for k, m in self.agent.modules().items()}
-            manifest = {**self.identity(), "env_steps": self.p.decisions * self.spec.train.frame_skip,
-                        "run": self.spec.model_dump(mode="json"), "policy_only": True}
+            env_steps = self.p.decisions * self.spec.train.frame_skip
+            # Intermediate snapshots keep only what acting needs (MAD-SAC: 18 MB -> ~1 MB); the final one keeps
+            # every module, since the critic-proxy analysis reads its critics (paper App. A).
+            final = env_steps >= self.spec.train.env_steps
+            names = self.agent.modules() if final else self.agent.acting_modules
+            state = {k: m.state_dict() for k, m in self.agent.modules().items() if k in names}
+            manifest = {**self.identity(), "env_steps": env_steps, "run": self.spec.model_dump(mode="json"),
+                        "policy_only": True, "modules": sorted(state)}
             save_checkpoint(directory, state, manifest)
             return
         replay_loc = self.replay_dir if self.replay_dir is not None else Path(directory) / "replay"

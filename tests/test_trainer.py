@@ -66,3 +66,22 @@ def test_bad_choice_flag_exits_with_usage(tmp_path):
     with pytest.raises(SystemExit) as e:
         main(["--task", "cartpole-balance", "--agent", "ppo", "--out", str(tmp_path)])
     assert e.value.code == 2
+
+
+def test_policy_snapshots_keep_acting_modules_until_the_final_one(tiny_run, tmp_path):
+    import json as _json
+
+    from qed_ray.evaluate import load_policy
+    from qed_ray.train import build_trainer
+
+    spec = tiny_run(train={"env_steps": 2000})
+    trainer = build_trainer(spec, lambda m, save: None, replay_dir=None, log=lambda s: None)
+    trainer.save(tmp_path / "mid", policy_only=True)
+    assert _json.loads((tmp_path / "mid" / "manifest.json").read_text())["modules"] == ["actor"]
+    trainer.p.decisions = spec.train.decisions
+    trainer.save(tmp_path / "final", policy_only=True)
+    assert _json.loads((tmp_path / "final" / "manifest.json").read_text())["modules"] == [
+        "actor", "critic", "critic_target", "temperature"]
+    agent, _ = load_policy(tmp_path / "mid")
+    obs = trainer.env.reset()[None]
+    assert (agent.act_batch(obs) == trainer.agent.act_batch(obs)).all()

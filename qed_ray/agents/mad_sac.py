@@ -62,6 +62,7 @@ class MadSAC:
     """
 
     name = "mad_sac"
+    acting_modules = ("encoder", "actor")  # what an intermediate policy snapshot needs
 
     def __init__(self, spec: AgentSpec, temperature: TemperatureSpec, obs_dim: int, action_dim: int,
                  device: torch.device, seed: int):

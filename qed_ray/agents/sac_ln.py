@@ -38,6 +38,7 @@ class SACLN:
     """
 
     name = "sac_ln"
+    acting_modules = ("actor",)  # what an intermediate policy snapshot needs (acting and the KL metric)
 
     def __init__(self, spec: AgentSpec, temperature: TemperatureSpec, obs_dim: int, action_dim: int,
                  device: torch.device, seed: int):
