@@ -26,7 +26,7 @@ def _free_port() -> int:
 
 def _kill_cluster(temp_dir: str) -> None:
     """Stops only the processes of this test's cluster (a bare `ray stop` would hit other clusters too)."""
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
     for line in out.splitlines()[1:]:
         pid, _, args = line.strip().partition(" ")
         if temp_dir in args and int(pid) != os.getpid():
