@@ -73,7 +73,9 @@ def train_trial(config: dict) -> None:
     _record_node(tracker, run_id)
     replay_dir = Path(ctx["sweep_dir"]) / "replay" / trial_dirname(spec)
     _limit_gpu_memory(ctx["gpu_fraction"])
-    trainer = build_trainer(spec, TuneReporter(spec, ctx, tracker, run_id), replay_dir, log=lambda s: None)
+    # Progress and warnings go to the worker's log (Ray keeps it per worker; the driver shows a summary view).
+    trainer = build_trainer(spec, TuneReporter(spec, ctx, tracker, run_id), replay_dir,
+                            log=lambda line: print(line, file=sys.stderr, flush=True))
     checkpoint = tune.get_checkpoint()
     done = Path(ctx["sweep_dir"]) / "policies" / trial_dirname(spec) / DONE_FILE
     if done.exists():
