@@ -157,3 +157,43 @@ def group_rows(groups: list[dict]) -> list[dict]:
 def record_dict(r: TrialRecord) -> dict:
     """JSON-able view of a record."""
     return asdict(r)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m qed_ray.analysis SWEEP_DIR``: the critic-proxy table (App. A) of a gathered sweep.
+
+    Reads ``SWEEP_DIR/gather/results.json``, prints per agent-variant the early within-run |Q1 - Q2| and the final
+    cross-seed Q1 dispersion per task with the R^2 of the line through them, and redraws the scatter plot.
+    """
+    import argparse
+    import json
+    import sys
+    from pathlib import Path
+
+    from qed_ray import plots
+
+    p = argparse.ArgumentParser(prog="python -m qed_ray.analysis", description=main.__doc__.splitlines()[0])
+    p.add_argument("sweep_dir", type=Path, help="a finished sweep folder (with gather/results.json)")
+    args = p.parse_args(argv)
+    path = args.sweep_dir / "gather" / "results.json"
+    if not path.exists():
+        print(f"error: sweep_dir: {path} not found (run the sweep to its gather step first)", file=sys.stderr)
+        return 2
+    results = json.loads(path.read_text())
+    groups = [{**g, "early_q_gap": _nan(g["early_q_gap"]), "q1_dispersion": _nan(g["q1_dispersion"])}
+              for g in results["groups"]]
+    for row in critic_proxy(groups):
+        print(f"{row['agent']} {row['variant']}: R^2 = {row['r_squared']:.3f} over {len(row['tasks'])} tasks")
+        for task, x, y in zip(row["tasks"], row["early_q_gap"], row["q1_dispersion"]):
+            print(f"  {task:18s} early |Q1-Q2| {x:9.4f}   final cross-seed Q1 dispersion {y:9.4f}")
+    out = plots.critic_proxy(critic_proxy(groups), args.sweep_dir / "gather" / "figures" / "critic_proxy.png")
+    print(f"figure: {out}")
+    return 0
+
+
+def _nan(x):
+    return math.nan if x is None else x
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

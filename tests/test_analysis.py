@@ -77,3 +77,20 @@ def test_aggregate_and_proxy_tables():
     (proxy,) = critic_proxy(groups)
     assert proxy["tasks"] == ["a", "b", "c"]
     assert proxy["r_squared"] == pytest.approx(metrics.r_squared([1.0, 2.0, 3.0], [2.0, 4.5, 6.0]))
+
+
+def test_critic_proxy_command_prints_r2_and_draws(tmp_path, capsys):
+    import json
+
+    from qed_ray.analysis import main
+
+    groups = [{"task": t, "agent": "mad_sac", "variant": "te", "early_q_gap": x, "q1_dispersion": y}
+              for t, x, y in [("a", 1.0, 2.0), ("b", 2.0, 4.5), ("c", 3.0, 6.0)]]
+    (tmp_path / "gather").mkdir()
+    (tmp_path / "gather" / "results.json").write_text(json.dumps({"groups": groups}))
+    assert main([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    r2 = metrics.r_squared([1.0, 2.0, 3.0], [2.0, 4.5, 6.0])
+    assert f"mad_sac te: R^2 = {r2:.3f} over 3 tasks" in out
+    assert (tmp_path / "gather" / "figures" / "critic_proxy.png").stat().st_size > 5000
+    assert main([str(tmp_path / "missing")]) == 2
