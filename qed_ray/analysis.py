@@ -186,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['agent']} {row['variant']}: R^2 = {row['r_squared']:.3f} over {len(row['tasks'])} tasks")
         for task, x, y in zip(row["tasks"], row["early_q_gap"], row["q1_dispersion"]):
             print(f"  {task:18s} early |Q1-Q2| {x:9.4f}   final cross-seed Q1 dispersion {y:9.4f}")
-    out = plots.critic_proxy(critic_proxy(groups), args.sweep_dir / "gather" / "figures" / "critic_proxy.png")
+    figures = args.sweep_dir / "gather" / "figures"
+    figures.mkdir(parents=True, exist_ok=True)
+    out = plots.critic_proxy(critic_proxy(groups), figures / "critic_proxy.png")
     print(f"figure: {out}")
     return 0
 
