@@ -320,6 +320,8 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False) -> int:
     print(f"sweep {spec.name}: {len(spec.runs())} trials, results in {sweep_dir}", flush=True)
     result_grid = build_tuner(spec, sweep_dir, ctx, fresh_start).fit()
     records, failed = trial_records(result_grid, sweep_dir)
+    for f in failed:  # never leave a run RUNNING: a trial lost with its worker could not close its own
+        tracker.close_failed_trial(f["name"], f["error"])
     results = {"aggregates": []}
     gather_ok = False
     try:

@@ -78,6 +78,12 @@ class Tracker:
         self._log_params(run.info.run_id, params)
         return run.info.run_id
 
+    def close_failed_trial(self, trial: str, reason: str) -> None:
+        """Marks a trial's run FAILED with ``reason`` unless it finished (a worker killed with its node cannot)."""
+        run = self._find(f"tags.`{SWEEP_TAG}` = '{self.sweep_id}' and tags.`{TRIAL_TAG}` = '{trial}'")
+        if run is not None and run.info.status != "FINISHED":
+            self.end_run(run.info.run_id, failed_reason=reason)
+
     def trial_run(self, parent_id: str, trial: str, params: Mapping[str, Any]) -> str:
         """Finds or creates the child run of ``trial`` (so a retried or restored trial continues its own run)."""
         run = self._find(f"tags.`{SWEEP_TAG}` = '{self.sweep_id}' and tags.`{TRIAL_TAG}` = '{trial}'")
