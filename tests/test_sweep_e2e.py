@@ -116,3 +116,22 @@ def test_killed_driver_resumes_without_retraining(tmp_path):
         steps = [m.step for m in tracker.client.get_metric_history(r.info.run_id, "eval/return_mean")]
         assert sorted(steps) == [1000, 2000, 3000, 4000], f"{r.data.tags['qed.trial']}: {steps}"
     assert len(list(sweep_dir.glob("policies/*/DONE.json"))) == 3
+
+
+def test_diverging_trials_fail_loudly_with_their_reason_recorded(tmp_path):
+    spec = tiny_spec(tmp_path, "nan", seeds=1, max_retries=0,
+                     agents=[{"name": "sac_ln", "overrides": {"hidden": 16, "batch_size": 16},
+                              "temperatures": [{"kind": "te"}, {"kind": "fixed", "alpha": 0.1}]}],
+                     train={"env_steps": 2000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100,
+                            "debug_nan_at_env_step": 1500, "nan_check_every": 10})
+    proc = run_sweep_cli(spec)
+    assert proc.returncode == 1
+    failed = [line for line in proc.stdout.splitlines() if line.startswith("FAILED cartpole-balance/sac_ln/te/0: ")]
+    assert failed and "DivergenceError: non-finite loss/critic" in failed[0] and "by env step 1500" in failed[0]
+    tracker, runs = sweep_runs(tmp_path / "results" / "nan", "nan")
+    by_trial = {r.data.tags.get("qed.trial"): r for r in _children(runs)}
+    for trial in ("cartpole-balance/sac_ln/te/0", "cartpole-balance/sac_ln/fixed0.1/0"):
+        assert by_trial[trial].info.status == "FAILED"
+        assert "non-finite loss/critic" in by_trial[trial].data.tags["qed.failure_reason"]
+    parent = [r for r in runs if r.data.tags.get("qed.role") == "sweep"][0]
+    assert parent.info.status == "FAILED" and "DivergenceError" in parent.data.tags["qed.failure_reason"]
