@@ -16,6 +16,7 @@ import copy
 import numpy as np
 import torch
 
+from qed_ray.agents import agent_state, load_agent_state
 from qed_ray.agents.sac_ln import seeded_init
 from qed_ray.config import AgentSpec, TemperatureSpec
 from qed_ray.hlgauss import HLGauss, cross_entropy
@@ -329,19 +330,13 @@ class MadSAC:
 
     def state_dict(self) -> dict:
         """Tensors only (loadable with ``weights_only=True``), incl. the update counter and last model metrics."""
-        state = {k: m.state_dict() for k, m in self.modules().items()}
-        state.update({k: o.state_dict() for k, o in self.optimizers().items()})
-        state["generator"] = self.generator.get_state()
+        state = agent_state(self)
         state["updates"] = torch.tensor(self.updates, dtype=torch.int64)
         state["model_metrics"] = {k: v.detach().clone() for k, v in self._model_metrics.items()}
         return state
 
     def load_state_dict(self, state: dict) -> None:
         """Inverse of :meth:`state_dict`; raises KeyError naming a missing part."""
-        for k, m in self.modules().items():
-            m.load_state_dict(state[k])
-        for k, o in self.optimizers().items():
-            o.load_state_dict(state[k])
-        self.generator.set_state(state["generator"])
+        load_agent_state(self, state)
         self.updates = int(state["updates"])
         self._model_metrics = {k: v.to(self.device) for k, v in state["model_metrics"].items()}

@@ -12,6 +12,7 @@ import copy
 import numpy as np
 import torch
 
+from qed_ray.agents import agent_state, load_agent_state
 from qed_ray.config import AgentSpec, TemperatureSpec
 from qed_ray.networks import TanhGaussianActor, TwinCritic, clip_and_step, freeze, polyak_update
 from qed_ray.temperature import alpha_stats, make_temperature
@@ -145,15 +146,8 @@ class SACLN:
 
     def state_dict(self) -> dict:
         """Tensors only (loadable with ``weights_only=True``)."""
-        state = {k: m.state_dict() for k, m in self.modules().items()}
-        state.update({k: o.state_dict() for k, o in self.optimizers().items()})
-        state["generator"] = self.generator.get_state()
-        return state
+        return agent_state(self)
 
     def load_state_dict(self, state: dict) -> None:
         """Inverse of :meth:`state_dict`; raises KeyError naming a missing part."""
-        for k, m in self.modules().items():
-            m.load_state_dict(state[k])
-        for k, o in self.optimizers().items():
-            o.load_state_dict(state[k])
-        self.generator.set_state(state["generator"])
+        load_agent_state(self, state)
