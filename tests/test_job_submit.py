@@ -45,7 +45,11 @@ def test_job_submit_runs_the_sweep_where_the_spec_says(tmp_path):
     try:
         subprocess.run([str(BIN / "ray"), "start", "--head", f"--port={_free_port()}", "--num-cpus=2",
                         f"--temp-dir={temp_dir}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-                        f"--dashboard-port={dash}", "--disable-usage-stats"],
+                        f"--dashboard-port={dash}", "--disable-usage-stats",
+                        # explicit free ports: another cluster's agent may hold the defaults (52365, ...)
+                        f"--dashboard-agent-listen-port={_free_port()}",
+                        f"--dashboard-agent-grpc-port={_free_port()}",
+                        f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}"],
                        env=env, check=True, capture_output=True, text=True, timeout=120)
         for _ in range(4):
             proc = subprocess.run(
@@ -53,7 +57,7 @@ def test_job_submit_runs_the_sweep_where_the_spec_says(tmp_path):
                  "--", "python", "-m", "qed_ray.sweep", str(spec)],
                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
             # On a loaded machine the head's job agent can still be starting; only that is retried.
-            if "available job agent" not in proc.stdout + proc.stderr:
+            if "agent" not in proc.stdout + proc.stderr:
                 break
             time.sleep(10)
     finally:
