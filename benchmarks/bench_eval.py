@@ -24,7 +24,7 @@ import torch
 
 from qed_ray import metrics
 from qed_ray.agents import make_agent
-from qed_ray.config import AgentSpec, TemperatureSpec
+from qed_ray.config import SacLnSpec, TemperatureSpec
 from qed_ray.envs import make_env
 from qed_ray.evaluate import eval_seeds, rollout_many
 
@@ -54,7 +54,7 @@ def build_agents(task: str, n: int, hidden: int) -> list:
     env = make_env(task, 0)
     dims = env.obs_dim, env.action_dim
     env.close()
-    spec = AgentSpec(name="sac_ln", hidden=hidden)
+    spec = SacLnSpec(hidden=hidden)
     return [make_agent(spec, TemperatureSpec(), *dims, torch.device("cpu"), seed) for seed in range(n)]
 
 

@@ -17,38 +17,33 @@ import json
 import math
 import multiprocessing
 import os
-import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-TEMPERATURE_PATTERN = re.compile(r"^(te|qed(?P<k>[0-9.eE+-]+)|fixed(?P<alpha>[0-9.eE+-]+))$")
+from pydantic import ValidationError
+
+from qed_ray.config import TemperatureSpec, format_validation_error
+from qed_ray.naming import parse_variant
 
 
 def parse_temperature(label: str) -> dict:
-    """Turns ``te``, ``qedK`` or ``fixedA`` into a TemperatureSpec dict.
+    """A temperature label (``te``, ``qed0.2``, ``fixed0.1``, ``qed0.2+alpha_max=0.3``) as TemperatureSpec settings.
 
-    Args:
-        label: e.g. ``te``, ``qed0.2``, ``fixed0.1``.
-
-    Returns:
-        ``{"kind": "te"}``, ``{"kind": "qed", "k": K}`` or ``{"kind": "fixed", "alpha": A}``.
-
-    Raises:
-        argparse.ArgumentTypeError: on any other label (argparse turns it into a usage error).
+    Uses the project's one label/parse pair (:func:`qed_ray.naming.parse_variant`); argparse turns a bad label
+    into a usage error.
     """
-    match = TEMPERATURE_PATTERN.match(label)
     try:
-        if match and match.group("k") is not None:
-            return {"kind": "qed", "k": float(match.group("k"))}
-        if match and match.group("alpha") is not None:
-            return {"kind": "fixed", "alpha": float(match.group("alpha"))}
-    except ValueError:
-        match = None
-    if match is None:
-        raise argparse.ArgumentTypeError(f"temperature {label!r}: expected te, qedK or fixedA (e.g. qed0.2)")
-    return {"kind": "te"}
+        parsed = parse_variant(label)
+        if parsed["agent"] or parsed["train"]:
+            raise ValueError("only temperature settings belong in a temperature label")
+        spec = TemperatureSpec.model_validate(parsed["temperature"])
+        return {"kind": spec.kind, **spec.model_dump(exclude_defaults=True)}
+    except ValidationError as e:
+        raise argparse.ArgumentTypeError(f"temperature {label!r}: {format_validation_error(e)}") from None
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"temperature {label!r}: {e}") from None
 
 
 class _ThresholdReached(Exception):

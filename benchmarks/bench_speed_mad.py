@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from qed_ray.agents import make_agent
-from qed_ray.config import AgentSpec, TemperatureSpec
+from qed_ray.config import TemperatureSpec, agent_spec
 from qed_ray.envs import make_env
 from qed_ray.replay import ReplayBuffer
 
@@ -68,7 +68,7 @@ def bench(name: str, args: argparse.Namespace, device: torch.device) -> float:
     """Times one agent; prints its line and returns its decisions/s."""
     env = make_env(args.task, seed=0)
     replay, obs = fill_replay(env, args.buffer, seed=0)
-    spec = AgentSpec(name=name, hidden=args.hidden, batch_size=args.batch)
+    spec = agent_spec(name=name, hidden=args.hidden, batch_size=args.batch)
     temp = TemperatureSpec(kind=args.temperature, k=0.2 if args.temperature == "qed" else None)
     agent = make_agent(spec, temp, env.obs_dim, env.action_dim, device, seed=0)
     run_agent(agent, env, replay, obs, args.warmup_updates, args.batch, device)

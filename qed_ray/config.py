@@ -1,132 +1,177 @@
 """Run configuration: frozen pydantic models validated once at load time.
 
-Derived values (observation/action dims, episode length in decisions) are never stored here; they are
-computed from the environment and passed to constructors. Defaults follow the paper (App. B) and the MAD-TD
-code defaults (``shared/research/mad_td.md`` §1.2), except where the paper overrides them: gradient clip 20,
-``proportion_real`` 0.5, no actor LayerNorm.
+Derived values (observation/action dims, episode length in decisions) are never stored here; they are computed
+from the environment and passed to constructors. Defaults follow the paper (App. B) and the MAD-TD code it ran,
+except where the paper overrides them: gradient clip 20, ``proportion_real`` 0.5, no actor LayerNorm. Each agent
+declares its own defaults in its own spec class (SAC-LN: the standard DMC SAC size, 256 x 256 with batch 256;
+MAD-SAC: MAD-TD's 512 with batch 512); the sweeps that reproduce the paper set both sizes explicitly.
+
+Every message raised here starts with the field it is about, relative to the model that raises it, so that the
+caller's prefix (``train.``, ``agents.0.overrides.``) makes the full path (see :func:`format_validation_error`).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator, \
+    model_validator
 
-CONTROL_STEPS_PER_EPISODE = 1000  # dm_control's default time limit (DESIGN.md §3)
+from qed_ray.tasks import check_task
+
+CONTROL_STEPS_PER_EPISODE = 1000  # dm_control's default time limit
+MAX_SEED = 2**32 - 1  # numpy's and dm_control's seed range
 
 
 class Frozen(BaseModel):
-    """Base: immutable, unknown keys rejected."""
+    """Base: immutable; unknown keys, NaN/inf and lax coercions (``true`` or ``"3"`` for an int) are errors."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class TemperatureSpec(Frozen):
-    """Temperature rule (DESIGN.md §3): target entropy (``te``), ``fixed``, or ``qed`` (paper Sec. 5.1)."""
+    """Temperature rule: target entropy (``te``, paper Eq. 1), ``fixed``, or ``qed`` (paper Sec. 5.1)."""
 
-    kind: Literal["te", "fixed", "qed"] = "te"
-    alpha: float | None = Field(None, gt=0, description="constant temperature; required for kind=fixed")
-    init_alpha: float = Field(0.1, gt=0, description="initial alpha_TE (pytorch_sac's DMC default)")
-    lr: float = Field(3e-4, gt=0, description="Adam learning rate of log alpha_TE")
-    k: float | None = Field(None, gt=0, description="QED scale: alpha = Delta / (k * action_dim); required for qed")
-    n_actions: int = Field(8, ge=2, description="QED: policy actions per state for the disagreement expectile")
+    kind: Literal["te", "fixed", "qed"] = Field("te", description="temperature rule")
+    alpha: float | None = Field(None, gt=0, le=100, description="the constant temperature (kind fixed; required)")
+    init_alpha: float = Field(0.1, gt=0, le=100, description="initial alpha_TE (pytorch_sac's DMC default)")
+    lr: float = Field(3e-4, gt=0, le=1, description="Adam learning rate of log alpha_TE")
+    k: float | None = Field(None, gt=0, le=1000, description="QED scale: alpha = Delta / (k * action_dim) "
+                                                             "(kind qed; required; paper: 0.1-0.4)")
+    n_actions: int = Field(8, ge=2, le=1024, description="QED: policy actions per state for the expectile")
     tau: float = Field(0.9, gt=0, lt=1, description="QED: expectile level of |Q1 - Q2|")
-    alpha_max: float = Field(0.2, gt=0, description="QED: upper clip of alpha(s)")
+    alpha_max: float = Field(0.2, gt=0, le=100, description="QED: upper clip of alpha(s)")
+
+    # Which fields each kind reads: a value set on a field the kind ignores would train something else than
+    # the user asked for (e.g. ``{kind: te, k: 0.2}`` silently trains the baseline).
+    FIELDS_OF_KIND: ClassVar[dict[str, tuple[str, ...]]] = {"te": ("init_alpha", "lr"), "fixed": ("alpha",),
+                      "qed": ("k", "n_actions", "tau", "alpha_max", "init_alpha", "lr")}
 
     @model_validator(mode="after")
     def _check_kind_fields(self) -> "TemperatureSpec":
+        used = self.FIELDS_OF_KIND[self.kind]
+        restricted = {f for fields in self.FIELDS_OF_KIND.values() for f in fields}  # others apply to every kind
+        for name, info in type(self).model_fields.items():
+            if name in restricted and name not in used and getattr(self, name) != info.default:
+                kinds = [k for k, fields in self.FIELDS_OF_KIND.items() if name in fields]
+                raise ValueError(f"{name}: applies only to kind {' or '.join(map(repr, kinds))}, but kind is "
+                                 f"{self.kind!r} (set kind: {kinds[0]}, or drop {name})")
         if self.kind == "fixed" and self.alpha is None:
-            raise ValueError("temperature.alpha: required when temperature.kind is 'fixed' (a value > 0)")
+            raise ValueError("alpha: required when kind is 'fixed' (a value > 0)")
         if self.kind == "qed" and self.k is None:
-            raise ValueError("temperature.k: required when temperature.kind is 'qed' (a value > 0, paper: 0.1-0.4)")
+            raise ValueError("k: required when kind is 'qed' (a value > 0, paper: 0.1-0.4)")
         return self
 
     @property
     def label(self) -> str:
-        """Short variant name used in trial names and tables, e.g. ``te``, ``fixed0.1``, ``qed0.2``."""
-        if self.kind == "fixed":
-            return f"fixed{self.alpha:g}"
-        if self.kind == "qed":
-            return f"qed{self.k:g}"
-        return "te"
+        """Short variant name used in trial names and tables, e.g. ``te``, ``fixed0.1``, ``qed0.2+alpha_max=0.3``."""
+        from qed_ray.naming import temperature_label  # naming reads these models: imported at call time
+
+        return temperature_label(self)
 
 
 class MadSpec(Frozen):
-    """MAD-SAC specifics (``shared/research/mad_td.md`` §1, §2); ignored by SAC-LN."""
+    """MAD-SAC specifics (paper Sec. 5.2, App. B; docs/mad_sac.md)."""
 
-    latent_dim: int = Field(512, ge=8, description="encoder output size; a multiple of simnorm_group")
-    simnorm_group: int = Field(8, ge=2)
-    encoder_hidden: int = Field(512, ge=1)
-    model_hidden: int = Field(512, ge=1)
-    encoder_lr: float = Field(1e-4, gt=0)
-    model_lr: float = Field(3e-4, gt=0)
+    latent_dim: int = Field(512, ge=8, le=65536, description="encoder output size; a multiple of simnorm_group")
+    simnorm_group: int = Field(8, ge=2, le=1024, description="features per SimNorm simplex")
+    encoder_hidden: int = Field(512, ge=1, le=65536, description="encoder hidden width")
+    model_hidden: int = Field(512, ge=1, le=65536, description="latent dynamics and reward-head hidden width")
+    encoder_lr: float = Field(1e-4, gt=0, le=1, description="Adam learning rate of the encoder")
+    model_lr: float = Field(3e-4, gt=0, le=1, description="Adam learning rate of dynamics and reward head")
     proportion_real: float = Field(0.5, gt=0, le=1, description="share of real rows in a critic batch (paper: 0.5)")
-    model_every: int = Field(1, ge=1, description="model/encoder step every n-th update (reference: once per env step)")
-    vmin: float = -300.0
-    vmax: float = 300.0
-    num_bins: int = Field(151, ge=3)
-    sigma_ratio: float = Field(0.75, gt=0, description="HL-Gauss sigma as a multiple of the bin width")
+    model_every: int = Field(1, ge=1, le=1_000_000, description="model/encoder step every n-th update "
+                                                                "(MAD-TD: once per env step)")
+    vmin: float = Field(-300.0, ge=-1e6, le=1e6, description="lowest HL-Gauss bin centre")
+    vmax: float = Field(300.0, ge=-1e6, le=1e6, description="highest HL-Gauss bin centre")
+    num_bins: int = Field(151, ge=3, le=10_000, description="HL-Gauss bins")
+    sigma_ratio: float = Field(0.75, gt=0, le=100, description="HL-Gauss sigma as a multiple of the bin width")
     clip_warn_fraction: float = Field(0.01, ge=0, le=1, description="warn when this share of TD targets is clipped")
     actor_critic: Literal["online", "target"] = Field(
-        "online", description="critic the actor maximises: 'online' (SAC) or 'target' (MAD-TD; mad_td.md §2.5)")
+        "online", description="critic the actor maximises: 'online' (SAC) or 'target' (MAD-TD)")
 
     @model_validator(mode="after")
     def _check(self) -> "MadSpec":
         if self.vmin >= self.vmax:
-            raise ValueError(f"agent.mad.vmin/vmax: need vmin < vmax, got {self.vmin} >= {self.vmax}")
+            raise ValueError(f"vmin: need vmin < vmax, got {self.vmin} >= {self.vmax}")
         if self.latent_dim % self.simnorm_group:
-            raise ValueError(f"agent.mad.latent_dim: {self.latent_dim} is not a multiple of simnorm_group "
-                             f"{self.simnorm_group}")
+            raise ValueError(f"latent_dim: {self.latent_dim} is not a multiple of simnorm_group {self.simnorm_group}")
         return self
 
 
-class AgentSpec(Frozen):
-    """Agent hyper-parameters shared by SAC-LN and MAD-SAC (MAD-TD code defaults, paper App. B)."""
+class AgentBase(Frozen):
+    """Hyper-parameters shared by every agent (MAD-TD code defaults, paper App. B)."""
 
-    name: Literal["sac_ln", "mad_sac"] = "sac_ln"
-    hidden: int = Field(512, ge=1, description="width of every hidden layer (sac_ln default 256)")
-    depth: int = Field(2, ge=1, description="hidden layers per MLP")
-    activation: Literal["mish", "relu"] = "mish"
-    actor_lr: float = Field(3e-4, gt=0)
-    critic_lr: float = Field(3e-4, gt=0)
-    batch_size: int = Field(512, ge=2, description="batch size (sac_ln default 256)")
+    depth: int = Field(2, ge=1, le=64, description="hidden layers per MLP")
+    activation: Literal["mish", "relu"] = Field("mish", description="hidden activation")
+    actor_lr: float = Field(3e-4, gt=0, le=1, description="Adam learning rate of the actor")
+    critic_lr: float = Field(3e-4, gt=0, le=1, description="Adam learning rate of the critics")
     polyak: float = Field(0.01, gt=0, le=1, description="target <- (1 - polyak) target + polyak online")
-    gamma: float = Field(0.99, gt=0, lt=1)
-    grad_clip: float = Field(20.0, gt=0, description="global-norm gradient clip (paper App. B: 20)")
-    utd: int = Field(1, ge=1, description="updates per decision")
-    log_std_min: float = -5.0
-    log_std_max: float = 2.0
-    mad: MadSpec = MadSpec()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _agent_defaults(cls, data):
-        # SAC-LN defaults to the standard DMC SAC size (256x256, batch 256; pytorch_sac/SB3 scale), MAD-SAC to
-        # the MAD-TD reference (512, batch 512). Sweeps that reproduce the paper set both explicitly.
-        if isinstance(data, dict) and data.get("name", "sac_ln") == "sac_ln":
-            data = {"hidden": 256, "batch_size": 256, **data}
-        return data
+    gamma: float = Field(0.99, gt=0, lt=1, description="discount")
+    grad_clip: float = Field(20.0, gt=0, le=1e6, description="global-norm gradient clip (paper App. B: 20)")
+    utd: int = Field(1, ge=1, le=1024, description="updates per decision")
+    log_std_min: float = Field(-5.0, ge=-100, le=100, description="lower bound of the actor's log-std")
+    log_std_max: float = Field(2.0, ge=-100, le=100, description="upper bound of the actor's log-std")
 
     @model_validator(mode="after")
-    def _check(self) -> "AgentSpec":
+    def _check(self) -> "AgentBase":
         if self.log_std_min >= self.log_std_max:
-            raise ValueError(f"agent.log_std_min/log_std_max: need min < max, got {self.log_std_min} >= "
+            raise ValueError(f"log_std_min: need log_std_min < log_std_max, got {self.log_std_min} >= "
                              f"{self.log_std_max}")
         return self
+
+
+class SacLnSpec(AgentBase):
+    """SAC-LN (paper Sec. 5.2): twin LayerNorm critics, tanh-Gaussian actor; the standard DMC SAC size."""
+
+    name: Literal["sac_ln"] = Field("sac_ln", description="base agent")
+    hidden: int = Field(256, ge=1, le=65536, description="width of every hidden layer")
+    batch_size: int = Field(256, ge=2, le=1_000_000, description="replay rows per update")
+
+
+class MadSacSpec(AgentBase):
+    """MAD-SAC (paper Sec. 5.2): MaxEnt MAD-TD without MPC; MAD-TD's sizes."""
+
+    name: Literal["mad_sac"] = Field("mad_sac", description="base agent")
+    hidden: int = Field(512, ge=1, le=65536, description="width of every hidden layer")
+    batch_size: int = Field(512, ge=2, le=1_000_000, description="replay rows per update")
+    mad: MadSpec = MadSpec()
+
+
+# The one registry of agent names: spec class per name (agents.AGENT_CLASSES maps the same names to code).
+AGENT_SPECS: dict[str, type[AgentBase]] = {"sac_ln": SacLnSpec, "mad_sac": MadSacSpec}
+
+
+def _agent_tag(value: Any) -> str | None:
+    # A missing name means the default agent, as for every other defaulted field.
+    return value.get("name", "sac_ln") if isinstance(value, dict) else getattr(value, "name", None)
+
+
+AgentSpec = Annotated[Union[tuple(Annotated[cls, Tag(name)] for name, cls in AGENT_SPECS.items())],
+                      Discriminator(_agent_tag)]
+_AGENT_ADAPTER: TypeAdapter = TypeAdapter(AgentSpec)
+
+
+def agent_spec(data: dict | None = None, **fields) -> AgentBase:
+    """The validated spec of the agent named by ``name`` (default ``sac_ln``) from a mapping and/or keywords."""
+    return _AGENT_ADAPTER.validate_python({**(data or {}), **fields})
 
 
 class TrainSpec(Frozen):
     """Training budget and loop settings. Budgets count env (control) steps; decisions = env steps / frame_skip."""
 
-    env_steps: int = Field(2_000_000, gt=0, description="training budget in control steps (paper: 2M)")
-    eval_every: int = Field(20_000, gt=0, description="evaluation + checkpoint interval in env steps")
-    eval_episodes: int = Field(10, ge=1)
-    warmup_decisions: int = Field(5000, ge=0, description="uniform-random decisions before updates start")
-    frame_skip: int = Field(2, ge=1)
-    replay_capacity: int | None = Field(None, ge=1, description="default: the whole run (never evicts)")
-    device: str = Field("auto", description="'auto' (CUDA when available, else CPU), 'cpu', 'cuda', 'cuda:1', ...")
-    threads: int = Field(1, ge=1, description="torch CPU threads")
-    nan_check_every: int = Field(50, ge=1, description="decisions between non-finite loss checks")
+    env_steps: int = Field(2_000_000, gt=0, le=10**10, description="training budget in control steps (paper: 2M)")
+    eval_every: int = Field(20_000, gt=0, le=10**10, description="env steps between evaluations and checkpoints "
+                                                                 "(a multiple of 1000)")
+    eval_episodes: int = Field(10, ge=1, le=10_000, description="evaluation episodes per evaluation")
+    warmup_decisions: int = Field(5000, ge=0, le=10**10, description="uniform-random decisions before updates")
+    frame_skip: int = Field(2, ge=1, le=1000, description="control steps per decision")
+    replay_capacity: int | None = Field(None, ge=1, le=10**9,
+                                        description="replay size in transitions; none: the whole run (never evicts)")
+    device: str = Field("auto", description="'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'")
+    threads: int = Field(1, ge=1, le=1024, description="torch CPU threads")
+    nan_check_every: int = Field(50, ge=1, le=10**9, description="decisions between non-finite loss checks")
     debug_crash_at_env_step: int | None = Field(None, ge=1, description="testing: raise once at this env step "
                                                 "unless resumed from a checkpoint")
     debug_nan_at_env_step: int | None = Field(None, ge=1, description="testing: inject NaN into the critic loss")
@@ -134,23 +179,34 @@ class TrainSpec(Frozen):
     @field_validator("device")
     @classmethod
     def _check_device(cls, v: str) -> str:
-        if v != "auto" and v != "cpu" and not v.startswith("cuda"):
-            raise ValueError(f"train.device: {v!r} is not one of 'auto', 'cpu', 'cuda', 'cuda:N'")
-        return v
+        head, _, index = v.partition(":")
+        if v in ("auto", "cpu", "cuda") or (head == "cuda" and index.isdigit() and len(index) < 4):
+            return v
+        raise ValueError(f"{v!r} is not one of 'auto', 'cpu', 'cuda', 'cuda:N'")
 
     @model_validator(mode="after")
     def _check(self) -> "TrainSpec":
         if CONTROL_STEPS_PER_EPISODE % self.frame_skip:
-            raise ValueError(f"train.frame_skip: {self.frame_skip} must divide {CONTROL_STEPS_PER_EPISODE}")
+            raise ValueError(f"frame_skip: {self.frame_skip} must divide {CONTROL_STEPS_PER_EPISODE}")
         # Checkpoints are written at evaluations; keeping them on episode boundaries makes resume exact
         # without serialising mid-episode physics state.
         if self.eval_every % CONTROL_STEPS_PER_EPISODE:
-            raise ValueError(f"train.eval_every: {self.eval_every} must be a multiple of "
-                             f"{CONTROL_STEPS_PER_EPISODE} env steps (one episode)")
+            raise ValueError(f"eval_every: {self.eval_every} must be a multiple of {CONTROL_STEPS_PER_EPISODE} env "
+                             f"steps (one episode)")
         if self.env_steps % self.eval_every:
-            raise ValueError(f"train.env_steps: {self.env_steps} must be a multiple of train.eval_every "
-                             f"({self.eval_every})")
+            raise ValueError(f"env_steps: {self.env_steps} must be a multiple of eval_every ({self.eval_every})")
         return self
+
+    def budget_problem(self) -> str | None:
+        """Why this budget would train nothing (warm-up covers every decision), or None.
+
+        The sweep and the CLI refuse such a run; programmatic specs (tests, tools) may still build one.
+        """
+        if self.warmup_decisions < self.decisions:
+            return None
+        return (f"warmup_decisions: {self.warmup_decisions} uniform-random decisions use up the whole budget of "
+                f"{self.decisions} decisions (env_steps {self.env_steps} / frame_skip {self.frame_skip}): no "
+                f"gradient update would happen; lower it or raise env_steps")
 
     @property
     def decisions(self) -> int:
@@ -171,46 +227,56 @@ class TrainSpec(Frozen):
 class RunSpec(Frozen):
     """One training run (= one sweep trial): task x agent x temperature x seed."""
 
-    task: str
-    seed: int = Field(0, ge=0)
-    agent: AgentSpec = AgentSpec()
+    task: str = Field(description="dm_control task (domain-task)")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="run seed (env, initialisation, sampling)")
+    agent: AgentSpec = Field(SacLnSpec(), description="agent and its hyper-parameters")
     temperature: TemperatureSpec = TemperatureSpec()
     train: TrainSpec = TrainSpec()
 
     @field_validator("task")
     @classmethod
     def _check_task(cls, v: str) -> str:
-        from qed_ray.envs import check_task
-
         return check_task(v)
 
     @property
     def variant(self) -> str:
-        """Temperature variant label (``te``, ``qed0.2``, ``fixed0.1``)."""
+        """Variant label of this run on its own: its temperature (a sweep also names its grid axes, see
+        :func:`qed_ray.naming.variant_label`)."""
         return self.temperature.label
 
     @property
     def name(self) -> str:
-        """Deterministic trial name ``task/agent/variant/seed``."""
+        """Deterministic run name ``task/agent/variant/seed``."""
         return f"{self.task}/{self.agent.name}/{self.variant}/{self.seed}"
 
 
 def format_validation_error(err: Exception, prefix: str = "") -> str:
-    """``field.path: message (got value)`` per problem, ``; ``-joined, from a pydantic ValidationError.
+    """One ``field.path: message (got value)`` line per problem, newline-joined, from a pydantic ValidationError.
 
-    Messages raised by our own validators already start with their field path and are kept as they are.
+    A message that starts with a field name (our validators' convention) is taken as relative to the error's
+    location; pydantic's discriminator tags (agent names) are dropped from locations.
     """
-    errors = getattr(err, "errors", None)
-    if errors is None:
-        return str(err)
+    if not isinstance(err, ValidationError):
+        return f"{prefix.rstrip('.')}: {err}" if prefix else str(err)
     lines = []
-    for e in errors():
-        loc = prefix + ".".join(str(p) for p in e.get("loc", ()))
+    for e in err.errors():
+        loc = [str(p) for p in e.get("loc", ()) if p not in AGENT_SPECS]
         msg = e.get("msg", "").removeprefix("Value error, ")
-        got = e.get("input")
-        suffix = "" if isinstance(got, (dict, list)) or got is None or msg.count(":") else f" (got {got!r})"
-        if ":" in msg.split(" ")[0]:  # "temperature.k: required ..." from a model validator
-            lines.append(f"{prefix}{msg}")
-        else:
-            lines.append(f"{loc.rstrip('.')}: {msg}{suffix}" if loc else f"{msg}{suffix}")
-    return "; ".join(lines)
+        for line in msg.splitlines():
+            lines.append(_locate(prefix, loc, line, e.get("input"), e.get("type", "")))
+    return "\n".join(dict.fromkeys(lines))
+
+
+_FIELD_PATH = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
+
+
+def _locate(prefix: str, loc: list[str], msg: str, got: Any, kind: str) -> str:
+    head, sep, rest = msg.partition(": ")
+    if sep and _FIELD_PATH.fullmatch(head):
+        loc, msg = [*loc, head], rest  # our validator named the field, relative to the model it checks
+    path = prefix + ".".join(loc)
+    show = kind not in ("value_error", "assertion_error") and not isinstance(got, (dict, list)) and got is not None
+    suffix = f" (got {got!r})" if show else ""
+    if kind == "missing":
+        msg, suffix = "required field missing", ""
+    return f"{path}: {msg}{suffix}" if path else f"{msg}{suffix}"

@@ -1,4 +1,4 @@
-"""dm_control task registry and the wrapper every agent sees (DESIGN.md §3, paper Table 'dm_control tasks').
+"""The dm_control wrapper every agent sees (paper Sec. 6.1, App. B; docs/definitions.md).
 
 One decision repeats the action for ``frame_skip`` control steps and sums their rewards; an episode is 1000
 control steps (500 decisions at frame skip 2); the time limit is a truncation, never a termination.
@@ -15,21 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# The 18 tasks of the paper (App. B, Table "18 dm_control tasks"), as ``domain-task``.
-TASKS: tuple[str, ...] = (
-    "acrobot-swingup", "cartpole-balance", "cartpole-swingup", "cheetah-run", "finger-spin",
-    "finger-turn_easy", "finger-turn_hard", "fish-swim", "hopper-hop", "hopper-stand",
-    "pendulum-swingup", "quadruped-run", "quadruped-walk", "reacher-easy", "reacher-hard",
-    "walker-run", "walker-stand", "walker-walk",
-)
-TASK_SETS: dict[str, tuple[str, ...]] = {"dmc18": TASKS}
-
-
-def check_task(task: str) -> str:
-    """Returns ``task`` if it is one of :data:`TASKS`, else raises ValueError listing the valid names."""
-    if task not in TASKS:
-        raise ValueError(f"task: unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
-    return task
+from qed_ray.tasks import TASK_SETS, TASKS, check_task  # noqa: F401 - re-exported: the registry lives beside config
 
 
 @dataclass(frozen=True)

@@ -373,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
             return dry_run(spec, args.spec)
         return run_sweep(spec, args.spec.resolve(), args.fresh)
     except SpecError as e:
-        print(f"error: {e}", file=sys.stderr)
+        for line in str(e).splitlines():
+            print(f"error: {line}", file=sys.stderr)
         return 2
 
 

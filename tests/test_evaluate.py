@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from qed_ray.agents import make_agent
-from qed_ray.config import AgentSpec, TemperatureSpec
+from qed_ray.config import SacLnSpec, TemperatureSpec
 from qed_ray.envs import make_env
 from qed_ray.evaluate import EVAL_SEED_BASE, eval_seeds, rollout, rollout_many
 
@@ -16,7 +16,7 @@ SHORT = 50  # decisions per episode in most tests (keeps the file well under 30 
 
 def _agent(seed: int):
     """A freshly initialised small SAC-LN agent; different seeds give different policies."""
-    spec = AgentSpec(hidden=32, batch_size=32)
+    spec = SacLnSpec(hidden=32, batch_size=32)
     return make_agent(spec, TemperatureSpec(), OBS_DIM, ACTION_DIM, torch.device("cpu"), seed)
 
 

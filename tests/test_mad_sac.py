@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from qed_ray.agents.mad_sac import MODEL_METRIC_KEYS, MadSAC, split_sizes
-from qed_ray.config import AgentSpec, MadSpec, TemperatureSpec
+from qed_ray.config import MadSacSpec, MadSpec, TemperatureSpec
 from qed_ray.hlgauss import HLGauss, cross_entropy
 from qed_ray.world_model import Dynamics, HLGaussCritic, SimNorm
 
@@ -18,7 +18,7 @@ TINY_MAD = {"latent_dim": 16, "encoder_hidden": 32, "model_hidden": 32}
 
 
 def make_agent(temperature=None, batch_size=32, seed=0, **mad):
-    spec = AgentSpec(name="mad_sac", hidden=32, batch_size=batch_size, mad=MadSpec(**{**TINY_MAD, **mad}))
+    spec = MadSacSpec(hidden=32, batch_size=batch_size, mad=MadSpec(**{**TINY_MAD, **mad}))
     return MadSAC(spec, temperature or TemperatureSpec(), OBS, ACT, torch.device("cpu"), seed)
 
 

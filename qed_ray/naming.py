@@ -1,0 +1,136 @@
+"""Run identity and names: the one label/parse pair of a variant, and the identity of a run.
+
+A run's *identity* is its task, agent, seed and every setting that differs from its default, so a new option
+with a default never changes an existing sweep's identity. Its *name* is ``task/agent/variant/seed``. The
+variant names the temperature in full -- its kind and main value, then every other temperature setting that
+differs from its default (``qed0.2+alpha_max=0.3``) -- and, inside a sweep, each agent or training setting the
+sweep varies for that agent (a grid axis) where it differs from its default (``te+hidden=512``). Settings a
+whole sweep shares belong to the sweep's identity, not to every trial's name.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any, Iterable
+
+from pydantic import BaseModel
+
+from qed_ray.config import AGENT_SPECS, RunSpec, TemperatureSpec, TrainSpec
+
+SEP = "+"  # between the parts of a variant label
+PRIMARY = {"fixed": "alpha", "qed": "k"}  # the value written right after the kind
+_FORBIDDEN = ("/", "__", SEP, "=")  # would break folder names or the parse
+_KIND_RE = re.compile(r"(te|fixed|qed)(.*)")
+_INT_RE = re.compile(r"-?\d+")
+
+
+def format_value(value: Any) -> str:
+    """Shortest text that reads back as ``value``: ``0.2``, ``1e-05``, ``512``, ``true``, ``relu``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        short = format(value, "g")
+        return short if float(short) == value else repr(value)
+    text = str(value)
+    if any(bad in text for bad in _FORBIDDEN):
+        raise ValueError(f"{text!r} cannot appear in a trial name (it contains one of {' '.join(_FORBIDDEN)})")
+    return text
+
+
+def parse_value(text: str) -> Any:
+    """Inverse of :func:`format_value` (the model's validation fixes int/float where both read alike)."""
+    if text in ("true", "false"):
+        return text == "true"
+    if _INT_RE.fullmatch(text):
+        return int(text)
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def differences(model: BaseModel) -> dict[str, Any]:
+    """``{dotted.path: value}`` of every leaf setting of ``model`` whose value differs from its default."""
+    out: dict[str, Any] = {}
+    for name, info in type(model).model_fields.items():
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            out.update({f"{name}.{k}": v for k, v in differences(value).items()})
+        elif value != info.default:
+            out[name] = value
+    return out
+
+
+def identity(run: RunSpec) -> dict[str, Any]:
+    """What a run *is*: task, agent, seed, temperature kind and every non-default setting, as a flat dict."""
+    out = {"task": run.task, "agent": run.agent.name, "seed": run.seed, "temperature.kind": run.temperature.kind}
+    for section in ("agent", "temperature", "train"):
+        out.update({f"{section}.{k}": v for k, v in differences(getattr(run, section)).items()
+                    if k not in ("name", "kind")})
+    return dict(sorted(out.items()))
+
+
+def temperature_label(t: TemperatureSpec) -> str:
+    """``te``, ``fixed0.05``, ``qed0.2``, then ``+field=value`` for each other non-default temperature setting."""
+    primary = PRIMARY.get(t.kind)
+    label = t.kind + (format_value(getattr(t, primary)) if primary else "")
+    extras = {k: v for k, v in differences(t).items() if k not in ("kind", primary)}
+    return label + "".join(f"{SEP}{k}={format_value(v)}" for k, v in extras.items())
+
+
+def variant_label(run: RunSpec, axes: Iterable[str] = ()) -> str:
+    """The run's variant: its temperature label, then ``+field=value`` for each grid axis (``agent.hidden``,
+    ``agent.mad.proportion_real``, ``train.env_steps``) whose value differs from its default, in sorted order."""
+    label = temperature_label(run.temperature)
+    diffs = {f"{s}.{k}": v for s in ("agent", "train") for k, v in differences(getattr(run, s)).items()}
+    for path in sorted(set(axes)):
+        if path in diffs:
+            label += f"{SEP}{path.split('.', 1)[1]}={format_value(diffs[path])}"
+    return label
+
+
+@functools.cache
+def _sections() -> dict[str, str]:
+    """Leaf setting path (as written in a label) -> section (``agent``/``temperature``/``train``)."""
+    out: dict[str, str] = {}
+    models = [("temperature", TemperatureSpec), ("train", TrainSpec), *(("agent", c) for c in AGENT_SPECS.values())]
+    for section, cls in models:
+        for path in _leaf_paths(cls):
+            if out.setdefault(path, section) != section:
+                raise RuntimeError(f"setting {path!r} exists in both {out[path]} and {section}: labels would be "
+                                   f"ambiguous")
+    return out
+
+
+def _leaf_paths(cls: type[BaseModel], prefix: str = "") -> list[str]:
+    out = []
+    for name, info in cls.model_fields.items():
+        sub = info.annotation if isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel) \
+            else None
+        out.extend(_leaf_paths(sub, f"{prefix}{name}.") if sub else [f"{prefix}{name}"])
+    return out
+
+
+def parse_variant(label: str) -> dict[str, dict[str, Any]]:
+    """Inverse of :func:`variant_label`: ``{"temperature": {...}, "agent": {...}, "train": {...}}`` (nested
+    mappings of the settings the label names; everything else is at its default or shared by the sweep)."""
+    head, *parts = label.split(SEP)
+    m = _KIND_RE.fullmatch(head)
+    if m is None or (m.group(1) in PRIMARY) != bool(m.group(2)):
+        raise ValueError(f"variant {label!r}: does not start with te, fixed<alpha> or qed<k>")
+    kind, value = m.groups()
+    out: dict[str, dict[str, Any]] = {"temperature": {"kind": kind}, "agent": {}, "train": {}}
+    if kind in PRIMARY:
+        out["temperature"][PRIMARY[kind]] = parse_value(value)
+    for part in parts:
+        path, eq, text = part.partition("=")
+        section = _sections().get(path)
+        if not eq or section is None:
+            raise ValueError(f"variant {label!r}: {part!r} is not a known setting=value")
+        node = out[section]
+        *parents, leaf = path.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = parse_value(text)
+    return out
