@@ -1,4 +1,4 @@
-"""Benchmark: inter-run variability V at the paper's App. C scale, plus the IQM bootstrap.
+"""Benchmark: inter-run variability V at the paper's App. E scale, plus the IQM bootstrap.
 
 V uses 10 seeds' policies on the pooled eval states of 10 seeds x 20 episodes x 500 decisions
 (100,000 states) with action dim 12 (the largest dm_control action space in the 18 tasks).
