@@ -166,3 +166,18 @@ def test_no_secret_reaches_a_command_line(server):
     assert any("basic-auth" in line for line in lines), lines
     assert not any(server.password in line for line in lines)
     assert not any("mlflow.db" in line or "auth.db" in line for line in lines), lines
+
+
+@pytest.mark.filterwarnings("ignore:starlette.middleware.wsgi is deprecated")  # mlflow.server's own import
+def test_password_rotation_as_documented(server, monkeypatch):
+    """cluster/README.md, "Rotating credentials": the admin changes its own password through the auth API; the old
+    one is refused from then on. (Last in this module: it changes the server's password.)"""
+    from mlflow.server import get_app_client
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", USER)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", server.password)
+    new = secrets.token_urlsafe(18)
+    get_app_client("basic-auth", tracking_uri=server.url).update_user_password(
+        USER, new, current_password=os.environ["MLFLOW_TRACKING_PASSWORD"])
+    assert _request(server.url + SEARCH + "?max_results=1", auth=(USER, server.password)) == 401
+    assert _request(server.url + SEARCH + "?max_results=1", auth=(USER, new)) == 200
