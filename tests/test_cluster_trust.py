@@ -19,7 +19,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "cluster"))
 
-from preflight.common import FILESTORE_FLAGS, KUBERAY, KUBERAY_MLFLOW, LAUNCHERS, load_docs, load_pins, one  # noqa: E402
+from preflight.common import (FILESTORE_FLAGS, KUBERAY, KUBERAY_MLFLOW, LAUNCHERS, load_docs,  # noqa: E402
+                              load_pins, one)
 from preflight.supply import (SECRET_PATTERNS, constraints_problems, ignore_problems,  # noqa: E402
                               sudo_problems)
 from preflight.trust_cloud import (aws_trust_problems, efs_policy_problems, filestore_problems,  # noqa: E402
@@ -61,17 +62,20 @@ def _edit_commands(key: str, old: str, new: str):
 BOTH_BROKEN = [
     ("MLflow without auth", _edit_commands("head_start_ray_commands", " --app-name basic-auth", ""),
      "--app-name basic-auth"),
-    ("store URI in argv", _edit_commands("head_start_ray_commands", "mlflow server --app-name basic-auth",
-                                         'mlflow server --app-name basic-auth --backend-store-uri "$QED_MLFLOW_BACKEND_STORE_URI"'),
+    ("store URI in argv", _edit_commands(
+        "head_start_ray_commands", "mlflow server --app-name basic-auth",
+        'mlflow server --app-name basic-auth --backend-store-uri "$QED_MLFLOW_BACKEND_STORE_URI"'),
      "--backend-store-uri puts the store URI in argv"),
-    ("admin password a literal", _edit_commands("head_start_ray_commands", 'MLFLOW_AUTH_ADMIN_PASSWORD="$MLFLOW_TRACKING_PASSWORD"',
-                                                "MLFLOW_AUTH_ADMIN_PASSWORD=hunter22"), "MLFLOW_AUTH_ADMIN_PASSWORD is set to a literal"),
+    ("admin password a literal", _edit_commands(
+        "head_start_ray_commands", 'MLFLOW_AUTH_ADMIN_PASSWORD="$MLFLOW_TRACKING_PASSWORD"',
+        "MLFLOW_AUTH_ADMIN_PASSWORD=hunter22"), "MLFLOW_AUTH_ADMIN_PASSWORD is set to a literal"),
     ("password in qed_env.sh", _edit_commands("setup_commands", '"RAY_AUTH_MODE=token";',
                                               '"RAY_AUTH_MODE=token" "MLFLOW_TRACKING_PASSWORD=hunter22";'),
      "MLFLOW_TRACKING_PASSWORD is set to a literal"),
     ("credentials not copied", lambda cfg: cfg["file_mounts"].pop("~/.qed/mlflow.env"),
      "file_mounts must copy ~/.qed/mlflow.env"),
-    ("token left world-readable", _edit_commands("setup_commands", "chmod 600 ~/.ray/auth_token ~/.qed/mlflow.env && ", ""),
+    ("token left world-readable",
+     _edit_commands("setup_commands", "chmod 600 ~/.ray/auth_token ~/.qed/mlflow.env && ", ""),
      "chmod 600 ~/.ray/auth_token"),
     ("credentials not exported", _edit_commands("setup_commands", "echo 'set -a; . ~/.qed/mlflow.env; set +a';", ""),
      "export the MLflow credentials"),
@@ -109,7 +113,8 @@ AWS_BROKEN = [
     ("metadata reachable from bridged containers", lambda cfg: _node(cfg, "gpu_worker").update(
         MetadataOptions={"HttpTokens": "required", "HttpPutResponseHopLimit": 2}), "gpu_worker: MetadataOptions"),
     ("plain NFS mount", lambda cfg: cfg.update(initialization_commands=[
-        c.replace("mount -t efs -o tls,iam fs-REPLACE-ME:/", "mount -t nfs4 -o nfsvers=4.1 fs-REPLACE-ME.efs.us-west-2.amazonaws.com:/")
+        c.replace("mount -t efs -o tls,iam fs-REPLACE-ME:/",
+                  "mount -t nfs4 -o nfsvers=4.1 fs-REPLACE-ME.efs.us-west-2.amazonaws.com:/")
         for c in cfg["initialization_commands"]]), "head: mount the shared file system with `mount -t efs -o tls,iam`"),
 ]
 
@@ -391,6 +396,11 @@ def test_ignore_files_list_every_secret_pattern():
         ".rayignore: secrets not excluded: ['*.key']"]
     assert ignore_problems(rayignore, dockerignore.replace("**/.aws/\n", "")) == [
         ".dockerignore: secrets not excluded: ['.aws/']"]
+    # Local state stays out of both too, and the build context keeps docker/ (smoke.sh, constraints.txt).
+    for text in (rayignore, dockerignore):
+        patterns = {ln.strip().rstrip("/") for ln in text.splitlines() if ln.strip() and not ln.startswith("#")}
+        assert {".git", ".venv", "results", "mlruns", "*.db"} <= patterns
+        assert not {"docker", "cluster", "qed_ray", "sweeps"} & patterns
 
 
 SECRETS = [".env", "deploy/prod.env", "auth_token", "keys/ray.token", "id.pem", "sub/dir/server.key",
