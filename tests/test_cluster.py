@@ -107,6 +107,22 @@ def test_cli_passes_here_and_names_the_problem_of_a_broken_copy(tmp_path):
     assert "INFO" not in proc.stderr
 
 
+@pytest.mark.parametrize("edit, expected", [
+    (lambda d: (d / "cluster" / "gcp.yaml").write_text("cluster_name: [unclosed\n"),  # read by two sections
+     {"cluster/gcp.yaml": ["cannot check: ParserError: while parsing a flow sequence"],
+      "docker/Dockerfile + image references": ["cannot check: ParserError: while parsing a flow sequence"]}),
+    (lambda d: (d / "cluster" / "iam" / "aws-efs-policy.json").unlink(),
+     {"cluster/aws.yaml": ["aws-efs-policy.json: the EFS file system policy is missing"]}),
+    (lambda d: (d / "cluster" / "kuberay.yaml").write_text((d / "cluster" / "kuberay.yaml").read_text().replace(
+        "  namespace: qed\nspec:\n  # Must equal", "spec:\n  # Must equal")),
+     {f"{KUBERAY} + {KUBERAY_MLFLOW}": ["KubeRay-to-autoscaler conversion: KeyError: 'namespace'"]}),
+])
+def test_malformed_inputs_give_one_line_problems_not_tracebacks(tmp_path, edit, expected):
+    root = _checkout_copy(tmp_path)
+    edit(root)
+    assert {section: problems for section, problems in run_all(root).items() if problems} == expected
+
+
 # ---- Ray cluster launcher configs (aws.yaml, gcp.yaml) ----------------------------------------------------------
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_launcher_config_passes_ray_validation(provider):
