@@ -1,4 +1,4 @@
-"""What every check shares: the repository's layout, the pins of pyproject.toml, YAML loading, path and shell helpers."""
+"""What every check shares: the repository's layout, pyproject.toml's pins, YAML loading, path and shell helpers."""
 
 from __future__ import annotations
 

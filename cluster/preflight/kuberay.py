@@ -157,7 +157,8 @@ def _container_problems(cr: dict) -> list[str]:
             problems.append(f"{name}: env QED_STORAGE_PATH {storage} is not on a persistentVolumeClaim volume "
                             f"mounted in this pod")
         shm = {v["name"] for v in pod.get("volumes", []) if v.get("emptyDir", {}).get("medium") == "Memory"}
-        if not any(m.get("mountPath") == "/dev/shm" and m.get("name") in shm for m in container.get("volumeMounts", [])):
+        mounts = container.get("volumeMounts", [])
+        if not any(m.get("mountPath") == "/dev/shm" and m.get("name") in shm for m in mounts):
             problems.append(f"{name}: /dev/shm must be a Memory emptyDir")
     return problems
 
