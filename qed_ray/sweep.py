@@ -24,6 +24,7 @@ from ray import tune
 from qed_ray import gather as gather_mod
 from qed_ray.analysis import TrialRecord
 from qed_ray.config import RunSpec
+from qed_ray.ray_token import private_ray_token
 from qed_ray.spec import SpecError, SweepSpec, load_spec
 from qed_ray.tracking import Tracker, default_tracking_uri, ui_command
 from qed_ray.train import build_trainer
@@ -308,7 +309,8 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False) -> int:
     state = sweep_state(sweep_dir, spec, fresh)
     fresh_start = not any(sweep_dir.glob("experiment_state-*.json"))
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+        with private_ray_token():  # Ray writes a new ~/.ray/auth_token with the umask (0644): keep it 0600
+            ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     check_cluster(spec, sweep_dir, uri)
     tracker = Tracker(uri, experiment, state["sweep_id"], artifact_location=str(sweep_dir / "mlartifacts"))
     parent = tracker.parent_run(spec.name, spec.model_dump(mode="json", exclude={"agents"}),

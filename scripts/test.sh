@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-export MUJOCO_GL=disable RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0
+export MUJOCO_GL=disable RAY_USAGE_STATS_ENABLED=0
+# Ray auth stays on: tests/conftest.py gives each pytest run a throwaway token (environment only, never a file).
+unset RAY_AUTH_MODE RAY_AUTH_TOKEN RAY_AUTH_TOKEN_PATH RAY_ADDRESS
 $PY -m pytest -m "not slow" -q "$@"
 $PY -m pytest -m slow -q "$@"

@@ -1,10 +1,21 @@
-"""Shared test settings: headless MuJoCo, one torch thread, Ray auth explicit (Ray 2.60 defaults to token auth)."""
+"""Shared test settings: headless MuJoCo, one torch thread, and Ray token auth with a throwaway token.
+
+Every Ray cluster the tests start (embedded ``ray.init``, ``ray start``, ``ray.cluster_utils.Cluster``) listens on
+all interfaces: Ray 2.60 binds its GCS, raylet and worker gRPC servers to 0.0.0.0 whatever ``--node-ip-address``
+says. So the tests never disable auth: this session gets a fresh random token, in the environment only (never
+written to ``~/.ray/auth_token``), which every Ray process and client started by the tests inherits. A neighbour
+on the network who can reach those ports cannot run code on them without it.
+"""
 
 import os
+import secrets
 
 os.environ.setdefault("MUJOCO_GL", "disable")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Forced, not defaulted: an exported RAY_AUTH_MODE=disabled or a real cluster's token must not leak into the tests.
+os.environ["RAY_AUTH_MODE"] = "token"
+os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

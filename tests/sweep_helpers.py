@@ -32,10 +32,12 @@ def tiny_spec(tmp_path: Path, name: str, **overrides) -> Path:
 
 
 def cli_env(**extra) -> dict:
-    """Environment of a sweep subprocess: explicit Ray auth mode, headless MuJoCo."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI",
-                                                               "QED_STORAGE_PATH")}
-    env.update({"RAY_AUTH_MODE": "disabled", "MUJOCO_GL": "disable", "RAY_USAGE_STATS_ENABLED": "0", **extra})
+    """Environment of a sweep or Ray subprocess: Ray token auth with the session's throwaway token (conftest.py),
+    headless MuJoCo, no inherited cluster address, tracking server or storage override."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI", "QED_STORAGE_PATH",
+                                                               "RAY_AUTH_TOKEN_PATH")}
+    env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": os.environ["RAY_AUTH_TOKEN"], "MUJOCO_GL": "disable",
+                "RAY_USAGE_STATS_ENABLED": "0", **extra})
     return env
 
 

@@ -11,7 +11,8 @@
 Isolation from other Ray users of this machine: every process gets ``RAY_TMPDIR``/``--temp-dir`` under a fresh
 short folder (unix sockets cap paths at ~107 chars), so ``ray.init()`` never finds someone else's cluster through
 ``/tmp/ray/ray_current_cluster`` and nothing here writes that file; clean-up kills only processes whose command
-line names that folder (and their children), never ``ray stop``.
+line names that folder (and their children), never ``ray stop``. Every cluster runs with Ray token auth (the
+session's throwaway token), never with auth disabled: these ports listen on all interfaces.
 """
 
 from __future__ import annotations
@@ -100,7 +101,9 @@ def kill_processes_naming(token: str, grace_s: float = 15.0) -> None:
 
 
 def ray_env(tmp: Path, address: str | None = None) -> dict:
-    """The environment of every Ray process and sweep driver here: isolated temp dir, auth off, explicit address."""
+    """The environment of every Ray process and sweep driver here: isolated temp dir, token auth with the session's
+    throwaway token (conftest.py; the in-process ``Cluster`` reads the same one from ``os.environ``), explicit
+    address."""
     return cli_env(RAY_TMPDIR=str(tmp), **({"RAY_ADDRESS": address} if address else {}))
 
 

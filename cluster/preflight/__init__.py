@@ -1,0 +1,91 @@
+"""Pre-flight checks of the cluster configs, the image recipe and the upload filters (run: python cluster/check.py).
+
+Each check returns a list of problems (empty: fine); ``run_all`` runs every check on a repository checkout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from .common import (CONSTRAINTS, DOCKER_README, DOCKERFILE, FILESTORE_FLAGS, IAM_DIR, KUBERAY, KUBERAY_MLFLOW,
+                     LAUNCHERS, SMOKE_SCRIPT, load_docs, load_pins, load_yaml, one)
+
+
+def _launcher_section(root: Path, provider: str, image: str) -> list[str]:
+    from .launcher import bash_syntax_errors, all_shell_commands, check_launcher, ray_validate
+    from .trust_cloud import aws_trust_problems, gcp_trust_problems, vm_mlflow_problems, vm_secret_problems
+
+    cfg = load_yaml(root / LAUNCHERS[provider])
+    try:
+        ray_validate(cfg)
+    except Exception as err:  # noqa: BLE001 - Ray's validators raise ValueError, jsonschema errors, KeyError
+        # The structure is not what `ray up` accepts: the project's checks would only add noise.
+        return [f"Ray's validator: {type(err).__name__}: {str(err).splitlines()[0]}"]
+    problems = check_launcher(cfg, provider, image) + bash_syntax_errors(all_shell_commands(cfg))
+    problems += vm_secret_problems(cfg) + vm_mlflow_problems(cfg)
+    if provider == "aws":
+        return problems + aws_trust_problems(cfg, root / IAM_DIR)
+    return problems + gcp_trust_problems(cfg, root / IAM_DIR, load_yaml(root / FILESTORE_FLAGS))
+
+
+def _kuberay_section(root: Path) -> list[str]:
+    from ray.autoscaler._private.kuberay.autoscaling_config import _derive_autoscaling_config_from_ray_cr
+    from ray.autoscaler._private.util import validate_config
+
+    from .kuberay import check_kuberay, mlflow_reachability_problems, shared_volume_problems
+    from .trust_kube import (mlflow_auth_problems, network_policy_problems, security_context_problems,
+                             service_account_problems)
+
+    ray_docs, mlflow_docs = load_docs(root / KUBERAY), load_docs(root / KUBERAY_MLFLOW)
+    cr = one(ray_docs, "RayCluster")
+    try:
+        validate_config(_derive_autoscaling_config_from_ray_cr(cr))
+    except Exception as err:  # noqa: BLE001 - the conversion raises KeyError, ValueError, jsonschema errors
+        return [f"KubeRay-to-autoscaler conversion: {type(err).__name__}: {str(err).splitlines()[0]}"]
+    problems = check_kuberay(cr, load_pins(root)) + shared_volume_problems(cr, ray_docs)
+    problems += mlflow_reachability_problems(cr, mlflow_docs)
+    for check in (service_account_problems, security_context_problems, network_policy_problems,
+                  mlflow_auth_problems):
+        problems += check(ray_docs, mlflow_docs)
+    return problems
+
+
+def _image_section(root: Path) -> list[str]:
+    from .image import check_dockerfile, collect_images, documented_images, image_tag_problems, smoke_command_problems
+    from .supply import constraints_problems, sudo_problems
+
+    dockerfile, smoke = (root / DOCKERFILE).read_text(), (root / SMOKE_SCRIPT).read_text()
+    texts = {n: (root / n).read_text() for n in (SMOKE_SCRIPT, DOCKER_README, DOCKERFILE, "cluster/README.md")}
+    documented = documented_images(root)
+    problems = [] if set(documented) == {"gpu", "cpu"} else [
+        f"{DOCKER_README} must document one gpu and one cpu tag, got {sorted(documented.values())}"]
+    problems += check_dockerfile(dockerfile, load_pins(root)) + smoke_command_problems(texts)
+    problems += image_tag_problems(collect_images(root), documented)
+    problems += constraints_problems(dockerfile, (root / CONSTRAINTS).read_text(), load_pins(root))
+    return problems + sudo_problems(dockerfile, smoke)
+
+
+def run_all(root: Path) -> dict[str, list[str]]:
+    """Every check on the checkout at ``root``: {section: problems}."""
+    from .image import documented_images
+    from .supply import ignore_problems
+
+    gpu = documented_images(root).get("gpu", "")
+    sections = {
+        LAUNCHERS["aws"]: lambda: _launcher_section(root, "aws", gpu),
+        LAUNCHERS["gcp"]: lambda: _launcher_section(root, "gcp", gpu),
+        f"{KUBERAY} + {KUBERAY_MLFLOW}": lambda: _kuberay_section(root),
+        f"{DOCKERFILE} + image references": lambda: _image_section(root),
+        ".rayignore + .dockerignore": lambda: ignore_problems((root / ".rayignore").read_text(),
+                                                              (root / ".dockerignore").read_text()),
+    }
+    results = {}
+    for name, check in sections.items():
+        try:
+            results[name] = check()
+        except (OSError, yaml.YAMLError, KeyError, TypeError, AttributeError, IndexError, ValueError) as err:
+            # A missing file, unparsable YAML or a config without an expected key: one line, not a traceback.
+            results[name] = [f"cannot check: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"]
+    return results

@@ -1,0 +1,69 @@
+"""The Ray auth token file of this machine, kept private to its owner.
+
+Ray 2.60 turns token auth on by default for a cluster that ``ray.init()`` starts, and then writes a fresh token to
+``~/.ray/auth_token`` with the process umask (0644 with the usual 022): any local user could read it and run code
+on every Ray port, which listen on all interfaces. ``private_ray_token`` wraps the ``ray.init`` call: it creates
+``~/.ray`` owner-only when missing (so a token Ray writes there is unreachable from the start) and leaves the token
+file mode 0600, before and after. It imports nothing from Ray and never invents, reads or moves a token.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def token_path(env: Mapping[str, str] | None = None, home: Path | None = None) -> Path | None:
+    """The token file Ray would use or create, or None when no file is involved.
+
+    None when ``RAY_AUTH_MODE=disabled`` or the token comes from ``RAY_AUTH_TOKEN`` (environment only); the
+    ``RAY_AUTH_TOKEN_PATH`` file when that is set; otherwise ``<home>/.ray/auth_token`` (Ray's default).
+    """
+    env = os.environ if env is None else env
+    if env.get("RAY_AUTH_MODE", "").lower() == "disabled" or env.get("RAY_AUTH_TOKEN"):
+        return None
+    if env.get("RAY_AUTH_TOKEN_PATH"):
+        return Path(env["RAY_AUTH_TOKEN_PATH"]).expanduser()
+    return (Path.home() if home is None else home) / ".ray" / "auth_token"
+
+
+def restrict(path: Path) -> bool:
+    """Drops the group and other permission bits of an existing file; True if it changed anything.
+
+    A file this user may not chmod (someone else's) is left as it is, with a warning naming it.
+    """
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if not mode & 0o077:
+        return False
+    try:
+        path.chmod(mode & 0o700)
+    except PermissionError:
+        warnings.warn(f"{path} is readable by other users and cannot be changed by this user: chmod 600 {path}",
+                      stacklevel=2)
+        return False
+    return True
+
+
+@contextmanager
+def private_ray_token(env: Mapping[str, str] | None = None, home: Path | None = None) -> Iterator[Path | None]:
+    """Wrap ``ray.init`` in this: the token file it may create or use ends up mode 0600.
+
+    Creates Ray's default folder ``~/.ray`` mode 0700 if it does not exist (a ``RAY_AUTH_TOKEN_PATH`` folder is the
+    user's and is never created), restricts an existing token file on entry and the file Ray wrote on exit.
+    Yields the token path (None when no file is involved, see ``token_path``).
+    """
+    env = os.environ if env is None else env
+    path = token_path(env, home)
+    if path is not None and not env.get("RAY_AUTH_TOKEN_PATH"):
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path is not None and path.exists():
+        restrict(path)
+    try:
+        yield path
+    finally:
+        if path is not None and path.exists():
+            restrict(path)

@@ -1,0 +1,183 @@
+"""A real ``mlflow server --app-name basic-auth`` (slow): what the cluster configs run.
+
+The server gets everything secret from its environment, as on the clusters (admin credentials from a Secret or an
+owner-only env file, the store URI from ``MLFLOW_BACKEND_STORE_URI``), never from argv. Anonymous or wrong-password
+writes are refused with 401, reads too; the project's Tracker works once ``MLFLOW_TRACKING_USERNAME/PASSWORD`` are
+set, which is all a client needs.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+pytestmark = pytest.mark.slow
+MLFLOW = str(Path(sys.executable).with_name("mlflow"))
+USER = "qed"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _request(url: str, method: str = "GET", body: bytes | None = None, auth: tuple[str, str] | None = None) -> int:
+    """HTTP status of one request (with basic auth when given)."""
+    headers = {"Content-Type": "application/json"}
+    if auth:
+        headers["Authorization"] = "Basic " + base64.b64encode(":".join(auth).encode()).decode()
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=body, headers=headers, method=method),
+                                    timeout=30) as response:
+            return response.status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except urllib.error.URLError:
+        return -1
+
+
+def _process_tree(root: int) -> list[int]:
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    parent = {}
+    for pid in pids:
+        try:
+            parent[pid] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            pass
+    tree, grew = {root}, True
+    while grew:
+        children = {p for p, pp in parent.items() if pp in tree} - tree
+        tree |= children
+        grew = bool(children)
+    return sorted(tree)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One basic-auth server on a free localhost port, its stores in a temp dir; admin credentials in its
+    environment only."""
+    tmp = tmp_path_factory.mktemp("mlflow_auth")
+    password = secrets.token_urlsafe(18)
+    ini = tmp / "basic_auth.ini"
+    ini.write_text("[mlflow]\ndefault_permission = READ\n"
+                   f"database_uri = sqlite:///{tmp / 'auth.db'}\n"
+                   "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env.update(MLFLOW_AUTH_CONFIG_PATH=str(ini), MLFLOW_AUTH_ADMIN_USERNAME=USER, MLFLOW_AUTH_ADMIN_PASSWORD=password,
+               MLFLOW_FLASK_SERVER_SECRET_KEY=secrets.token_hex(16),
+               MLFLOW_BACKEND_STORE_URI=f"sqlite:///{tmp / 'mlflow.db'}")
+    log = open(tmp / "server.log", "w")
+    proc = subprocess.Popen([MLFLOW, "server", "--app-name", "basic-auth", "--host", "127.0.0.1", "--port", str(port),
+                             "--workers", "1", "--artifacts-destination", str(tmp / "artifacts")],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 180
+        while _request(f"{url}/health") != 200:
+            assert proc.poll() is None and time.time() < deadline, (tmp / "server.log").read_text()[-3000:]
+            time.sleep(0.5)
+        yield SimpleNamespace(url=url, password=password, tmp=tmp, pid=proc.pid)
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)  # the server and its uvicorn workers (own session)
+                proc.wait(timeout=30)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        log.close()
+
+
+CREATE = "/api/2.0/mlflow/experiments/create"
+SEARCH = "/api/2.0/mlflow/experiments/search"
+PLANT = "/api/2.0/mlflow-artifacts/artifacts/planted/evil.txt"
+
+
+def test_writes_and_reads_without_valid_credentials_are_refused(server):
+    body = json.dumps({"name": "intruder"}).encode()
+    assert _request(server.url + CREATE, "POST", body) == 401
+    assert _request(server.url + CREATE, "POST", body, auth=(USER, "wrong-" + server.password)) == 401
+    assert _request(server.url + CREATE, "POST", body, auth=("admin", "password1234")) == 401  # old MLflow default
+    assert _request(server.url + PLANT, "PUT", b"planted") == 401
+    assert _request(server.url + SEARCH + "?max_results=10") == 401
+    assert not (server.tmp / "artifacts" / "planted").exists()
+    # ...while the right credentials pass (and the health probe needs none).
+    assert _request(server.url + SEARCH + "?max_results=10", auth=(USER, server.password)) == 200
+
+
+def test_tracker_logs_through_the_server_with_env_credentials(server, monkeypatch, tmp_path):
+    from mlflow.exceptions import MlflowException
+
+    from qed_ray.tracking import Tracker
+
+    for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(MlflowException, match="401|Unauthorized|credentials"):
+        Tracker(server.url, "authz", "sweep-1")
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", USER)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", server.password)
+    tracker = Tracker(server.url, "authz", "sweep-1")
+    parent = tracker.parent_run("authz", {"a": {"b": 1}}, {"qed.git_sha": "abc"})
+    trial = tracker.trial_run(parent, "cartpole-balance_te_s0", {"seed": 0})
+    tracker.log_metrics(trial, {"eval/return_mean": 12.5, "flag": True}, step=1000)
+    tracker.log_metrics(trial, {"eval/return_mean": 20.0}, step=2000)
+    (tmp_path / "spec.yaml").write_text("name: authz\n")
+    tracker.log_artifact(parent, tmp_path / "spec.yaml", "spec")
+    tracker.end_run(trial)
+
+    assert tracker.last_step(trial, "eval/return_mean") == 2000
+    history = tracker.client.get_metric_history(trial, "eval/return_mean")
+    assert sorted((m.step, m.value) for m in history) == [(1000, 12.5), (2000, 20.0)]
+    assert tracker.client.get_run(trial).info.status == "FINISHED"
+    assert tracker.tags(trial)["qed.trial"] == "cartpole-balance_te_s0"
+    # The artifact went through the server (proxied store), not to a client-side path.
+    assert [f.path for f in tracker.client.list_artifacts(parent, "spec")] == ["spec/spec.yaml"]
+    assert [p.read_text() for p in (server.tmp / "artifacts").rglob("spec.yaml")] == ["name: authz\n"]
+
+
+def test_no_secret_reaches_a_command_line(server):
+    """What `ps` shows of the server and its workers: no password, no store URI (read from the environment)."""
+    lines = [_cmdline(pid) for pid in _process_tree(server.pid)]
+    assert any("basic-auth" in line for line in lines), lines
+    assert not any(server.password in line for line in lines)
+    assert not any("mlflow.db" in line or "auth.db" in line for line in lines), lines
+
+
+@pytest.mark.filterwarnings("ignore:starlette.middleware.wsgi is deprecated")  # mlflow.server's own import
+def test_password_rotation_as_documented(server, monkeypatch):
+    """cluster/README.md, "Rotating credentials": the admin changes its own password through the auth API; the old
+    one is refused from then on. (Last in this module: it changes the server's password.)"""
+    from mlflow.server import get_app_client
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", USER)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", server.password)
+    new = secrets.token_urlsafe(18)
+    get_app_client("basic-auth", tracking_uri=server.url).update_user_password(
+        USER, new, current_password=os.environ["MLFLOW_TRACKING_PASSWORD"])
+    assert _request(server.url + SEARCH + "?max_results=1", auth=(USER, server.password)) == 401
+    assert _request(server.url + SEARCH + "?max_results=1", auth=(USER, new)) == 200
