@@ -32,7 +32,7 @@ import torch
 from qed_ray.config import RunSpec
 from qed_ray.envs import make_env
 from qed_ray.evaluate import eval_seeds, rollout
-from qed_ray.train import build_trainer
+from qed_ray.trainer import build_trainer
 
 HIDDEN, BATCH, FRAME_SKIP = 256, 256, 2
 DECISIONS_PER_EVAL_UNIT = 500  # eval_every must be whole episodes: 1000 env steps = 500 decisions

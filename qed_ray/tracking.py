@@ -18,6 +18,8 @@ from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
+from qed_ray.layout import SweepDir
+
 SWEEP_TAG = "qed.sweep_id"
 TRIAL_TAG = "qed.trial"
 ROLE_TAG = "qed.role"
@@ -27,7 +29,7 @@ MAX_PARAM_LEN = 6000
 
 def default_tracking_uri(sweep_dir: Path) -> str:
     """``sqlite:////abs/<sweep_dir>/mlflow.db`` (4 slashes: absolute; relative URIs break inside Ray trials)."""
-    return f"sqlite:///{Path(sweep_dir).resolve() / 'mlflow.db'}"
+    return f"sqlite:///{SweepDir(Path(sweep_dir).resolve()).mlflow_db}"
 
 
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

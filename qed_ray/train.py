@@ -1,4 +1,4 @@
-"""Single-run CLI and the one place a run's objects are built.
+"""Single-run CLI (the run's objects are built by :func:`qed_ray.trainer.build_trainer`).
 
 ``python -m qed_ray.train --task cartpole-balance --agent sac_ln --temperature qed --k 0.2 --seed 0
 --env-steps 20000 --out DIR`` trains, checkpointing into ``DIR/checkpoint`` at every evaluation; running it
@@ -14,34 +14,14 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Callable
 
-import numpy as np
-import torch
 from pydantic import ValidationError
 
-from qed_ray.agents import make_agent
 from qed_ray.checkpoint import MANIFEST_FILE, CheckpointError, replace_dir
 from qed_ray.config import RunSpec, format_validation_error
-from qed_ray.envs import make_env
 from qed_ray.flags import Flag, add_run_flags, settings_from_args
-from qed_ray.replay import ReplayBuffer
 from qed_ray.spec import SpecError, load_yaml
-from qed_ray.trainer import DivergenceError, Reporter, Trainer, resolve_device
-
-
-def build_trainer(spec: RunSpec, reporter: Reporter, replay_dir: Path | None,
-                  log: Callable[[str], None] = print) -> Trainer:
-    """Builds env, agent, replay, RNG and device for ``spec`` and injects them into a :class:`Trainer`."""
-    torch.set_num_threads(spec.train.threads)
-    device = resolve_device(spec.train.device)
-    env = make_env(spec.task, spec.seed, spec.train.frame_skip)
-    agent = make_agent(spec.agent, spec.temperature, env.obs_dim, env.action_dim, device, spec.seed)
-    capacity = spec.train.replay_capacity or spec.train.decisions
-    # Independent streams for the buffer sampler and warm-up actions, derived from the run seed.
-    replay_rng, warmup_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(spec.seed).spawn(2))
-    replay = ReplayBuffer(capacity, env.obs_dim, env.action_dim, replay_rng)
-    return Trainer(spec, env, agent, replay, reporter, warmup_rng, replay_dir, log)
+from qed_ray.trainer import DivergenceError, build_trainer
 
 
 class DirReporter:

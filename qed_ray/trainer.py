@@ -1,8 +1,9 @@
 """The only training loop (DESIGN.md §1-§4): warm-up, act, step, update, evaluate, checkpoint, report.
 
-Everything is injected: env, agent, replay, reporter, RNG, device. The reporter receives the metrics of each
-evaluation interval and a ``save`` callable that writes the checkpoint into a folder of the reporter's choice
-(the CLI keeps one folder; Ray Tune hands a temporary folder to ``tune.report``).
+Everything is injected: env, agent, replay, reporter, RNG, device; :func:`build_trainer` is the one place a run's
+objects are built. The reporter receives the metrics of each evaluation interval and a ``save`` callable that
+writes the checkpoint (or a policy snapshot of the modules it names) into a folder of the reporter's choice (the
+CLI keeps one folder; Ray Tune hands a temporary folder to ``tune.report``).
 """
 
 from __future__ import annotations
@@ -11,22 +12,27 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 import torch
 
+from qed_ray.agents import make_agent
 from qed_ray.checkpoint import load_checkpoint, save_checkpoint
 from qed_ray.config import RunSpec
-from qed_ray.envs import DMCEnv
+from qed_ray.envs import DMCEnv, make_env
 from qed_ray.evaluate import eval_seeds, rollout
 from qed_ray.replay import ReplayBuffer
 
-SaveFn = Callable[[Path], None]
+
+class SaveFn(Protocol):
+    """``save(folder)`` writes the full resumable checkpoint; ``save(folder, modules=names)`` a policy snapshot."""
+
+    def __call__(self, directory: Path, modules: Sequence[str] | None = None) -> None: ...
 
 
 class Reporter(Protocol):
-    """Receives one metrics dict per evaluation and may persist the checkpoint with ``save(folder)``."""
+    """Receives one metrics dict per evaluation and may persist the run with ``save`` (see :class:`SaveFn`)."""
 
     def __call__(self, metrics: dict[str, float], save: SaveFn) -> None: ...
 
@@ -46,6 +52,24 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+@dataclass(frozen=True)
+class EvalRecord:
+    """One evaluation of a run: env steps, mean deterministic eval return, mean actor alpha of its interval."""
+
+    env_steps: int
+    return_mean: float
+    alpha_mean: float  # NaN when the interval had no update (all warm-up)
+
+    def to_json(self) -> dict:
+        """``{"env_steps", "return_mean", "alpha_mean"}`` (as stored in manifests and ``summary.json``)."""
+        return {"env_steps": self.env_steps, "return_mean": self.return_mean, "alpha_mean": self.alpha_mean}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "EvalRecord":
+        """Inverse of :meth:`to_json`."""
+        return cls(int(d["env_steps"]), float(d["return_mean"]), float(d["alpha_mean"]))
+
+
 @dataclass
 class Progress:
     """Counters and history that make a resumed run continue exactly."""
@@ -54,7 +78,7 @@ class Progress:
     updates: int = 0
     episodes: int = 0
     wall_s: float = 0.0
-    evals: list = field(default_factory=list)  # [env_steps, eval mean return, interval mean alpha]
+    evals: list[EvalRecord] = field(default_factory=list)
     train_returns: list = field(default_factory=list)  # returns of finished training episodes this interval
 
 
@@ -90,21 +114,21 @@ class Trainer:
         return {"task": s.task, "agent": s.agent.name, "variant": s.variant, "seed": s.seed,
                 "obs_dim": self.env.obs_dim, "action_dim": self.env.action_dim}
 
-    def save(self, directory: Path, policy_only: bool = False) -> None:
+    def save(self, directory: Path, modules: Sequence[str] | None = None) -> None:
         """Writes the full run state into ``directory`` (replay chunks to ``replay_dir`` when set).
 
-        With ``policy_only`` it writes a small snapshot instead: the agent's modules (no optimisers, RNG or
-        replay), enough to act and to be compared across seeds (intermediate V, paper App. D).
+        With ``modules`` (names from ``agent.modules()``) it writes a small policy snapshot of just those modules
+        instead (no optimisers, RNG or replay): enough to act and to be compared across seeds. Which modules a
+        snapshot keeps is the caller's decision.
         """
-        if policy_only:
-            env_steps = self.p.decisions * self.spec.train.frame_skip
-            # Intermediate snapshots keep only what acting needs (MAD-SAC: 18 MB -> ~1 MB); the final one keeps
-            # every module, since the critic-proxy analysis reads its critics (paper App. A).
-            final = env_steps >= self.spec.train.env_steps
-            names = self.agent.modules() if final else self.agent.acting_modules
-            state = {k: m.state_dict() for k, m in self.agent.modules().items() if k in names}
-            manifest = {**self.identity(), "env_steps": env_steps, "run": self.spec.model_dump(mode="json"),
-                        "policy_only": True, "modules": sorted(state)}
+        if modules is not None:
+            have = self.agent.modules()
+            unknown = sorted(set(modules) - set(have))
+            if unknown:
+                raise ValueError(f"modules: {unknown} are not modules of {self.spec.agent.name} ({sorted(have)})")
+            state = {k: m.state_dict() for k, m in have.items() if k in modules}
+            manifest = {**self.identity(), "env_steps": self.p.decisions * self.spec.train.frame_skip,
+                        "run": self.spec.model_dump(mode="json"), "policy_only": True, "modules": sorted(state)}
             save_checkpoint(directory, state, manifest)
             return
         replay_loc = self.replay_dir if self.replay_dir is not None else Path(directory) / "replay"
@@ -113,7 +137,7 @@ class Trainer:
             **self.identity(), "env_steps": self.p.decisions * self.spec.train.frame_skip,
             "run": self.spec.model_dump(mode="json"),
             "progress": {"decisions": self.p.decisions, "updates": self.p.updates, "episodes": self.p.episodes,
-                         "wall_s": self.p.wall_s, "evals": self.p.evals},
+                         "wall_s": self.p.wall_s, "evals": [e.to_json() for e in self.p.evals]},
             "rng": {"warmup": self.rng.bit_generator.state, "replay": self.replay.rng_state(),
                     "env": self.env.random_state()},
             "replay": {"added": self.replay.added, "external": self.replay_dir is not None},
@@ -125,7 +149,8 @@ class Trainer:
         state, m = load_checkpoint(directory, expect=self.identity(), map_location=self.agent.device)
         self.agent.load_state_dict(state)
         pr = m["progress"]
-        self.p = Progress(pr["decisions"], pr["updates"], pr["episodes"], pr["wall_s"], pr["evals"], [])
+        self.p = Progress(pr["decisions"], pr["updates"], pr["episodes"], pr["wall_s"],
+                          [EvalRecord.from_json(e) for e in pr["evals"]], [])
         self.rng.bit_generator.state = m["rng"]["warmup"]
         self.replay.set_rng_state(m["rng"]["replay"])
         self.env.set_random_state(m["rng"]["env"])
@@ -217,7 +242,7 @@ class Trainer:
         eval_s = time.perf_counter() - t0
         mean = float(ev.returns.mean())
         alpha_mean = float(self._acc["alpha/actor_mean"] / self._acc_n) if self._acc_n else math.nan
-        self.p.evals.append([env_steps, mean, alpha_mean])
+        self.p.evals.append(EvalRecord(env_steps, mean, alpha_mean))
         metrics = {
             "env_steps": env_steps, "decisions": self.p.decisions, "updates": self.p.updates,
             "episodes": self.p.episodes,
@@ -254,16 +279,30 @@ class Trainer:
         t = self.spec.train
         evals = self.p.evals
         last = self.last_metrics
-        alphas = [e[2] for e in evals if len(e) > 2 and math.isfinite(e[2])]
+        alphas = [e.alpha_mean for e in evals if math.isfinite(e.alpha_mean)]
         return {
             "name": self.spec.name, "task": self.spec.task, "agent": self.spec.agent.name,
             "variant": self.spec.variant, "seed": self.spec.seed, "status": "finished",
             "env_steps": self.p.decisions * t.frame_skip, "decisions": self.p.decisions,
             "updates": self.p.updates, "wall_s": self.p.wall_s,
             "updates_per_s": self.p.updates / self.p.wall_s if self.p.wall_s else math.nan,
-            "final_eval_return_mean": evals[-1][1] if evals else math.nan,
+            "final_eval_return_mean": evals[-1].return_mean if evals else math.nan,
             "final_eval_return_std": last.get("eval/return_std", math.nan),
             "alpha_mean_over_training": float(np.mean(alphas)) if alphas else math.nan,
             "final_alpha": {k.removeprefix("alpha/"): v for k, v in last.items() if k.startswith("alpha/")},
-            "evals": evals,
+            "evals": [e.to_json() for e in evals],
         }
+
+
+def build_trainer(spec: RunSpec, reporter: Reporter, replay_dir: Path | None,
+                  log: Callable[[str], None] = print) -> Trainer:
+    """Builds env, agent, replay, RNG and device for ``spec`` and injects them into a :class:`Trainer`."""
+    torch.set_num_threads(spec.train.threads)
+    device = resolve_device(spec.train.device)
+    env = make_env(spec.task, spec.seed, spec.train.frame_skip)
+    agent = make_agent(spec.agent, spec.temperature, env.obs_dim, env.action_dim, device, spec.seed)
+    capacity = spec.train.replay_capacity or spec.train.decisions
+    # Independent streams for the buffer sampler and warm-up actions, derived from the run seed.
+    replay_rng, warmup_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(spec.seed).spawn(2))
+    replay = ReplayBuffer(capacity, env.obs_dim, env.action_dim, replay_rng)
+    return Trainer(spec, env, agent, replay, reporter, warmup_rng, replay_dir, log)

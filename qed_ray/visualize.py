@@ -27,6 +27,7 @@ from typing import Callable, Mapping, MutableMapping, Sequence
 import numpy as np
 
 from qed_ray.checkpoint import CheckpointError
+from qed_ray.layout import SweepDir
 from qed_ray.metrics import per_step_pairwise_distance
 
 GL_DISABLED = ("off", "disable", "disabled", "false", "0")  # dm_control's names for "no renderer"
@@ -90,27 +91,6 @@ def configure_rendering(environ: MutableMapping[str, str]) -> str:
 
 
 # ---- sweep folder -----------------------------------------------------------------------------------------
-def final_snapshot(trial_dir: Path) -> Path:
-    """The trial's policy snapshot with the most env steps (a ``<env_steps:010d>`` folder holding a manifest)."""
-    steps = [d for d in trial_dir.iterdir() if d.is_dir() and d.name.isdigit() and (d / "manifest.json").exists()]
-    if not steps:
-        raise FileNotFoundError(f"{trial_dir}: no complete policy snapshot (a step folder with manifest.json)")
-    return max(steps, key=lambda d: int(d.name))
-
-
-def _trials(sweep_dir: Path) -> list[tuple[str, str, str, int, Path]]:
-    """``(task, agent, variant, seed, folder)`` of every ``policies/<task>__<agent>__<variant>__s<seed>`` folder."""
-    root = sweep_dir / "policies"
-    if not root.is_dir():
-        raise FileNotFoundError(f"sweep_dir: {root} does not exist (not a sweep folder, or no trial saved a policy)")
-    out = []
-    for d in sorted(root.iterdir()):
-        parts = d.name.split("__")
-        if d.is_dir() and len(parts) == 4 and parts[3][:1] == "s" and parts[3][1:].isdigit():
-            out.append((*parts[:3], int(parts[3][1:]), d))
-    return out
-
-
 def _require(arg: str, value: str, allowed: Sequence[str]) -> None:
     if value not in allowed:  # name the argument and list what the sweep has
         raise ValueError(f"{arg}: {value!r} is not in this sweep; it has: {', '.join(allowed) or 'nothing'}")
@@ -123,17 +103,18 @@ def select_snapshots(sweep_dir: Path, task: str, agent: str,
     Raises:
         ValueError: a task, agent or variant the sweep lacks (the message lists what it has), or < 2 seeds.
     """
-    trials = _trials(Path(sweep_dir))
-    _require("--task", task, sorted({t[0] for t in trials}))
-    of_task = [t for t in trials if t[0] == task]
-    _require("--agent", agent, sorted({t[1] for t in of_task}))
-    of_agent = sorted((t for t in of_task if t[1] == agent), key=lambda t: t[3])
-    available = sorted({t[2] for t in of_agent}, key=lambda v: (v != "te", v))
+    layout = SweepDir(sweep_dir)
+    trials = layout.trials()
+    _require("--task", task, sorted({t.task for t in trials}))
+    of_task = [t for t in trials if t.task == task]
+    _require("--agent", agent, sorted({t.agent for t in of_task}))
+    of_agent = sorted((t for t in of_task if t.agent == agent), key=lambda t: t.seed)
+    available = sorted({t.variant for t in of_agent}, key=lambda v: (v != "te", v))
     for v in variants or ():
         _require("--variants", v, available)
     out = {}
     for v in dict.fromkeys(variants) if variants else available:
-        out[v] = [(t[3], final_snapshot(t[4])) for t in of_agent if t[2] == v]
+        out[v] = [(t.seed, layout.final_snapshot(t.name)) for t in of_agent if t.variant == v]
         if len(out[v]) < 2:
             raise ValueError(f"--variants: {task} {agent} {v} has {len(out[v])} seed(s); the state spread compares "
                              f"seeds, so it needs at least 2")
@@ -290,7 +271,7 @@ def log_to_mlflow(paths: Sequence[Path], sweep_dir: Path, uri: str | None, exper
     """Uploads ``paths`` under ``behaviour/`` of the sweep's MLflow parent run; returns the run id."""
     from qed_ray.tracking import ROLE_TAG, Tracker, default_tracking_uri
 
-    state_file = sweep_dir / "sweep.json"
+    state_file = SweepDir(sweep_dir).state_file
     if not state_file.exists():
         raise FileNotFoundError(f"sweep_dir: {state_file} is missing, so the sweep id is unknown (or pass --no-mlflow)")
     sweep_id = json.loads(state_file.read_text())["sweep_id"]
@@ -327,7 +308,7 @@ def run(args: argparse.Namespace, selected: dict[str, list[tuple[int, Path]]], s
     spreads = {v: state_spread(s) for v, s in states.items()}
     # One colour range for every variant, so equal colours mean equal spread across the panels (Fig. 1).
     vmin, vmax = min(float(s.min()) for s in spreads.values()), max(float(s.max()) for s in spreads.values())
-    out = args.out or args.sweep_dir / "gather" / "behaviour"
+    out = args.out or SweepDir(args.sweep_dir).behaviour
     out.mkdir(parents=True, exist_ok=True)
     paths, summary = [], {}
     for v, st in states.items():

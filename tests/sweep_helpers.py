@@ -10,6 +10,8 @@ from pathlib import Path
 
 import yaml
 
+from qed_ray.layout import SweepDir
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -51,6 +53,15 @@ def sweep_runs(sweep_dir: Path, experiment: str):
     """All MLflow runs of the sweep in ``sweep_dir`` (SQLite store), via the project's tracker."""
     from qed_ray.tracking import Tracker
 
-    state = json.loads((sweep_dir / "sweep.json").read_text())
-    tracker = Tracker(f"sqlite:///{sweep_dir / 'mlflow.db'}", experiment, state["sweep_id"])
+    layout = SweepDir(sweep_dir)
+    state = json.loads(layout.state_file.read_text())
+    tracker = Tracker(f"sqlite:///{layout.mlflow_db}", experiment, state["sweep_id"])
     return tracker, tracker.runs()
+
+
+def done_markers(sweep_dir: Path) -> list[Path]:
+    """The DONE markers of the sweep's finished trials, sorted (none before any trial saved a policy)."""
+    layout = SweepDir(sweep_dir)
+    if not layout.policies_root.is_dir():
+        return []
+    return sorted(p for p in (layout.done_marker(t.name) for t in layout.trials()) if p.exists())

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from qed_ray.layout import SweepDir
 from sweep_helpers import ROOT, cli_env, sweep_runs, tiny_spec
 
 pytestmark = pytest.mark.slow
@@ -100,7 +101,7 @@ def test_job_submit_runs_the_sweep_where_the_spec_says(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "succeeded" in proc.stdout and "IQM" in proc.stdout
     sweep_dir = tmp_path / "results" / "job"  # where the spec's absolute storage_path says
-    results = json.loads((sweep_dir / "gather" / "results.json").read_text())
+    results = json.loads(SweepDir(sweep_dir).results_json.read_text())
     assert [(g["task"], g["variant"], g["seeds"]) for g in results["groups"]] == [("cartpole-balance", "te", [0])]
     _, runs = sweep_runs(sweep_dir, "job")
     assert sorted(r.data.tags["qed.role"] for r in runs) == ["sweep", "trial"]

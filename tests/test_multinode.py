@@ -33,7 +33,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sweep_helpers import ROOT, cli_env, sweep_runs, tiny_spec
+from qed_ray.layout import SweepDir, trial_dirname
+from sweep_helpers import ROOT, cli_env, done_markers, sweep_runs, tiny_spec
 
 pytestmark = pytest.mark.slow
 
@@ -139,7 +140,7 @@ def error_line(stderr: str) -> str:
 
 def assert_no_trial_started(sweep_dir: Path) -> None:
     """A refused sweep leaves only its ``sweep.json`` id: no Tune state, trial folders, policies or MLflow db."""
-    assert sorted(p.name for p in sweep_dir.iterdir()) == ["sweep.json"]
+    assert sorted(p.name for p in sweep_dir.iterdir()) == [SweepDir(sweep_dir).state_file.name]
 
 
 # ---- 1. refusals on a cluster where one node cannot see a folder -------------------------------------------
@@ -253,12 +254,13 @@ def reported(trial_dir: Path) -> list[dict]:
 def running_trial_with_checkpoint(sweep_dir: Path, names: dict[str, str], workers: set[str]):
     """``(trial, node, step, pid)`` of a trial running on a worker node with a driver-held checkpoint and at least
     two evaluations still to go; None if there is none yet."""
-    nodes = trial_nodes(sweep_dir / "mlflow.db")
-    for dirname, trial in names.items():
-        rows = reported(sweep_dir / dirname)
+    layout = SweepDir(sweep_dir)
+    nodes = trial_nodes(layout.mlflow_db)
+    for trial in names.values():
+        rows = reported(layout.trial_dir(trial))
         ran_on = nodes.get(trial, [])
         if rows and rows[-1]["env_steps"] < TRAIN["env_steps"] - TRAIN["eval_every"] and ran_on \
-                and ran_on[-1] in workers and not (sweep_dir / "policies" / dirname / "DONE.json").exists():
+                and ran_on[-1] in workers and not layout.done_marker(trial).exists():
             return trial, ran_on[-1], int(rows[-1]["env_steps"]), int(rows[-1]["pid"])
     return None
 
@@ -282,10 +284,9 @@ def test_sweep_survives_losing_a_worker_node(tmp_path, monkeypatch):
     from ray.cluster_utils import Cluster
 
     from qed_ray.spec import load_spec
-    from qed_ray.sweep import trial_dirname
 
     spec_path = tiny_spec(tmp_path, "lose_node", seeds=4, train=TRAIN, max_retries=2)
-    names = {trial_dirname(r): r.name for r in load_spec(spec_path).runs()}
+    names = {trial_dirname(r.name): r.name for r in load_spec(spec_path).runs()}
     sweep_dir = tmp_path / "results" / "lose_node"
     with short_tmp() as tmp:
         monkeypatch.setenv("RAY_TMPDIR", str(tmp))  # Cluster writes ray_current_cluster under it, not /tmp/ray
@@ -315,7 +316,7 @@ def test_sweep_survives_losing_a_worker_node(tmp_path, monkeypatch):
     # Tune saw the trial's actor die with its node (then retried it: see the MLflow checks below).
     assert f"Trial task failed for trial {lost_trial}" in log
 
-    assert sorted(p.parent.name for p in sweep_dir.glob("policies/*/DONE.json")) == sorted(names)
+    assert sorted(p.parent.name for p in done_markers(sweep_dir)) == sorted(names)
     tracker, runs = sweep_runs(sweep_dir, "lose_node")
     children = [r for r in runs if r.data.tags.get("qed.role") == "trial"]
     assert sorted(r.data.tags["qed.trial"] for r in children) == sorted(names.values()), "one run per trial"

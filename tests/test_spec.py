@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from qed_ray.layout import trial_dirname
 from qed_ray.spec import SpecError, load_spec
-from qed_ray.sweep import main, trial_dirname
+from qed_ray.sweep import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +44,7 @@ def test_expansion_names_and_order(tmp_path):
         "cartpole-balance/sac_ln/qed0.1/0", "cartpole-balance/sac_ln/qed0.1/1",
         "cartpole-balance/sac_ln/qed0.2/0", "cartpole-balance/sac_ln/qed0.2/1"]
     assert all(r.agent.hidden == 16 and r.train.env_steps == 2000 for r in runs)
-    assert trial_dirname(runs[2]) == "cartpole-balance__sac_ln__qed0.1__s0"
+    assert trial_dirname(runs[2].name) == "cartpole-balance__sac_ln__qed0.1__s0"
     assert spec.fingerprint() == load_spec(_write(tmp_path, BASE)).fingerprint()
 
 

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from sweep_helpers import ROOT, cli_env, run_sweep_cli, sweep_runs, tiny_spec
+from qed_ray.layout import SweepDir
+from sweep_helpers import ROOT, cli_env, done_markers, run_sweep_cli, sweep_runs, tiny_spec
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +50,8 @@ def test_tiny_sweep_end_to_end(tmp_path):
     assert "gather/figures/pareto_kl_vs_iqm.png" in figs and len(figs) == 6
     assert "iqm" in "".join(tracker.client.get_run(pid).data.metrics)
 
-    results = json.loads((sweep_dir / "gather" / "results.json").read_text())
+    layout = SweepDir(sweep_dir)
+    results = json.loads(layout.results_json.read_text())
     assert {(g["task"], g["variant"]) for g in results["groups"]} == {
         (t, v) for t in ("cartpole-balance", "pendulum-swingup") for v in ("te", "qed0.2")}
     for g in results["groups"]:
@@ -60,7 +62,7 @@ def test_tiny_sweep_end_to_end(tmp_path):
     for a in results["aggregates"]:
         assert all(math.isfinite(a[k]) for k in ("iqm", "ci_lower", "ci_upper"))
         assert a["ci_lower"] <= a["iqm"] <= a["ci_upper"] and a["V_mean"] >= 0 and a["n_tasks"] == 2
-    for png in (sweep_dir / "gather" / "figures").glob("*.png"):
+    for png in layout.figures.glob("*.png"):
         assert png.stat().st_size > 5000
 
     again = run_sweep_cli(spec)  # running the same command again resumes: nothing is re-trained
@@ -80,8 +82,8 @@ def test_crashing_trial_is_retried_from_its_checkpoint(tmp_path):
     assert child.data.tags["qed.resumed_from_env_step"] == "2000", "resumed from the 2000-step checkpoint"
     hist = tracker.client.get_metric_history(child.info.run_id, "eval/return_mean")
     assert sorted(m.step for m in hist) == [1000, 2000, 3000]
-    error_files = list((tmp_path / "results" / "crash").glob("*/error.txt"))
-    assert error_files and "injected crash at env step 2500" in error_files[0].read_text()
+    error_file = SweepDir(tmp_path / "results" / "crash").trial_dir("cartpole-balance/sac_ln/te/0") / "error.txt"
+    assert "injected crash at env step 2500" in error_file.read_text()  # Tune's error file in the trial folder
 
 
 def test_killed_driver_resumes_without_retraining(tmp_path):
@@ -92,9 +94,9 @@ def test_killed_driver_resumes_without_retraining(tmp_path):
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.time() + 300
-        while not list(sweep_dir.glob("policies/*/DONE.json")) and time.time() < deadline:
+        while not done_markers(sweep_dir) and time.time() < deadline:
             time.sleep(0.5)
-        done_before = sorted(sweep_dir.glob("policies/*/DONE.json"))
+        done_before = done_markers(sweep_dir)
         assert done_before and driver.poll() is None, "the first trial finished while the sweep still ran"
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait()
@@ -115,7 +117,7 @@ def test_killed_driver_resumes_without_retraining(tmp_path):
     for r in children:
         steps = [m.step for m in tracker.client.get_metric_history(r.info.run_id, "eval/return_mean")]
         assert sorted(steps) == [1000, 2000, 3000, 4000], f"{r.data.tags['qed.trial']}: {steps}"
-    assert len(list(sweep_dir.glob("policies/*/DONE.json"))) == 3
+    assert len(done_markers(sweep_dir)) == 3
 
 
 def test_diverging_trials_fail_loudly_with_their_reason_recorded(tmp_path):

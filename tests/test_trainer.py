@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from qed_ray.train import main, run
@@ -24,7 +25,7 @@ def test_injected_crash_only_on_fresh_start(tiny_run, tmp_path):
         run(spec, tmp_path)
     summary = run(spec, tmp_path)  # resumes from the 2000-step checkpoint, so no crash
     assert summary["status"] == "finished" and summary["env_steps"] == 4000
-    assert [e[0] for e in summary["evals"]] == [2000, 4000]
+    assert [e["env_steps"] for e in summary["evals"]] == [2000, 4000]
 
 
 def test_summary_and_cli_outputs(tmp_path, capsys):
@@ -68,20 +69,44 @@ def test_bad_choice_flag_exits_with_usage(tmp_path):
     assert e.value.code == 2
 
 
-def test_policy_snapshots_keep_acting_modules_until_the_final_one(tiny_run, tmp_path):
+def test_policy_snapshots_keep_exactly_the_named_modules(tiny_run, tmp_path):
     import json as _json
 
     from qed_ray.evaluate import load_policy
-    from qed_ray.train import build_trainer
+    from qed_ray.trainer import build_trainer
 
     spec = tiny_run(train={"env_steps": 2000})
     trainer = build_trainer(spec, lambda m, save: None, replay_dir=None, log=lambda s: None)
-    trainer.save(tmp_path / "mid", policy_only=True)
-    assert _json.loads((tmp_path / "mid" / "manifest.json").read_text())["modules"] == ["actor"]
+    trainer.save(tmp_path / "mid", modules=trainer.agent.acting_modules)
+    mid = _json.loads((tmp_path / "mid" / "manifest.json").read_text())
+    assert mid["modules"] == ["actor"] and mid["policy_only"] and mid["env_steps"] == 0
     trainer.p.decisions = spec.train.decisions
-    trainer.save(tmp_path / "final", policy_only=True)
-    assert _json.loads((tmp_path / "final" / "manifest.json").read_text())["modules"] == [
-        "actor", "critic", "critic_target", "temperature"]
+    trainer.save(tmp_path / "final", modules=tuple(trainer.agent.modules()))
+    final = _json.loads((tmp_path / "final" / "manifest.json").read_text())
+    assert final["modules"] == ["actor", "critic", "critic_target", "temperature"] and final["env_steps"] == 2000
     agent, _ = load_policy(tmp_path / "mid")
     obs = trainer.env.reset()[None]
     assert (agent.act_batch(obs) == trainer.agent.act_batch(obs)).all()
+    with pytest.raises(ValueError, match=r"modules: \['critic_2'\] are not modules of sac_ln"):
+        trainer.save(tmp_path / "bad", modules=("actor", "critic_2"))
+    assert not (tmp_path / "bad").exists(), "nothing is written for a bad module name"
+
+
+def test_eval_records_round_trip_through_checkpoint_and_summary(tiny_run, tmp_path):
+    import math
+
+    from qed_ray.trainer import EvalRecord
+
+    rec = EvalRecord(2000, 12.5, 0.0625)
+    assert rec.to_json() == {"env_steps": 2000, "return_mean": 12.5, "alpha_mean": 0.0625}
+    assert EvalRecord.from_json(rec.to_json()) == rec
+    warmup_only = EvalRecord.from_json(json.loads(json.dumps(EvalRecord(1000, 3.0, math.nan).to_json())))
+    assert warmup_only.env_steps == 1000 and math.isnan(warmup_only.alpha_mean)
+
+    spec = tiny_run(train={"env_steps": 4000, "eval_every": 2000})
+    summary = run(spec, tmp_path)
+    manifest = json.loads((tmp_path / "checkpoint" / "manifest.json").read_text())
+    assert manifest["progress"]["evals"] == summary["evals"]  # the checkpoint holds the same records
+    assert [sorted(e) for e in summary["evals"]] == [["alpha_mean", "env_steps", "return_mean"]] * 2
+    assert summary["final_eval_return_mean"] == summary["evals"][-1]["return_mean"]
+    assert summary["alpha_mean_over_training"] == pytest.approx(np.mean([e["alpha_mean"] for e in summary["evals"]]))

@@ -19,6 +19,7 @@ import torch
 from PIL import Image, ImageSequence
 
 from qed_ray import visualize as vis
+from qed_ray.layout import SweepDir
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = "cheetah-run"
@@ -44,15 +45,16 @@ def redness(rgb) -> float:
     return float(np.argmin(np.sum((ramp - np.asarray(rgb, dtype=float)[:3]) ** 2, axis=1)) / 1000)
 
 
-def save_policy(trial_dir: Path, spec, step: int, init_seed: int, dims: tuple[int, int]) -> None:
-    """A policy snapshot as the sweep writes it, with weights initialised from ``init_seed``."""
+def save_policy(layout: SweepDir, spec, step: int, init_seed: int, dims: tuple[int, int]) -> None:
+    """A policy snapshot where the sweep writes it, with weights initialised from ``init_seed``."""
     from qed_ray.agents import make_agent
     from qed_ray.checkpoint import save_checkpoint
 
     agent = make_agent(spec.agent, spec.temperature, *dims, torch.device("cpu"), init_seed)
     manifest = {"task": spec.task, "agent": spec.agent.name, "variant": spec.variant, "seed": spec.seed,
                 "obs_dim": dims[0], "action_dim": dims[1], "env_steps": step, "run": spec.model_dump(mode="json")}
-    save_checkpoint(trial_dir / f"{step:010d}", {k: m.state_dict() for k, m in agent.modules().items()}, manifest)
+    save_checkpoint(layout.snapshot(spec.name, step), {k: m.state_dict() for k, m in agent.modules().items()},
+                    manifest)
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +64,7 @@ def sweep(tmp_path_factory) -> Path:
     from qed_ray.envs import make_env
 
     root = tmp_path_factory.mktemp("vis") / "tiny-sweep"
+    layout = SweepDir(root)
     env = make_env(TASK, 0)
     dims = (env.obs_dim, env.action_dim)
     env.close()
@@ -69,11 +72,10 @@ def sweep(tmp_path_factory) -> Path:
         for seed in SEEDS:
             spec = RunSpec.model_validate({"task": TASK, "seed": seed, "temperature": temperature,
                                            "agent": {"hidden": 16, "batch_size": 16}})
-            trial = root / "policies" / f"{TASK}__sac_ln__{variant}__s{seed}"
-            save_policy(trial, spec, EARLY, 50 + seed, dims)  # must be ignored: not the final snapshot
-            save_policy(trial, spec, FINAL, seed + (0 if variant == "te" else 100), dims)
-            (trial / "DONE.json").write_text("{}")
-    (root / "sweep.json").write_text(json.dumps({"sweep_id": "0123456789ab", "fingerprint": "f", "created": 0}))
+            save_policy(layout, spec, EARLY, 50 + seed, dims)  # must be ignored: not the final snapshot
+            save_policy(layout, spec, FINAL, seed + (0 if variant == "te" else 100), dims)
+            layout.done_marker(spec.name).write_text("{}")
+    layout.state_file.write_text(json.dumps({"sweep_id": "0123456789ab", "fingerprint": "f", "created": 0}))
     return root
 
 
@@ -200,13 +202,13 @@ def test_bad_input_names_the_argument_and_what_the_sweep_has(sweep, capsys):
 
 
 # ---- the CLI on a sweep folder --------------------------------------------------------------------------------
-def test_final_snapshots_of_every_seed_are_used(behaviour):
+def test_final_snapshots_of_every_seed_are_used(behaviour, sweep):
     _, meta = behaviour
     assert list(meta["variants"]) == ["te", "qed0.2"]  # te first, as in Fig. 1
     for variant, info in meta["variants"].items():
         assert info["seeds"] == list(SEEDS)
-        assert [Path(p).parent.name for p in info["snapshots"]] == [f"{TASK}__sac_ln__{variant}__s{s}" for s in SEEDS]
-        assert all(Path(p).name == f"{FINAL:010d}" for p in info["snapshots"])
+        assert info["snapshots"] == [str(SweepDir(sweep).snapshot(f"{TASK}/sac_ln/{variant}/{s}", FINAL))
+                                     for s in SEEDS]
     assert meta["gl_backend"] in ("egl", "osmesa") and meta["frame_steps"] == [0, 3, 6, 9]
 
 
@@ -269,7 +271,7 @@ def test_outputs_are_logged_to_the_sweeps_parent_run(sweep, tmp_path):
     from qed_ray.tracking import Tracker, default_tracking_uri
 
     tracker = Tracker(default_tracking_uri(sweep), sweep.name, "0123456789ab",
-                      artifact_location=str(sweep / "mlartifacts"))
+                      artifact_location=str(SweepDir(sweep).mlartifacts))
     parent = tracker.parent_run(sweep.name, {"name": sweep.name}, {})
     tracker.end_run(parent)
     proc = run_cli(sweep, "--task", TASK, "--variants", "te", "--steps", 3, "--frames", 2, "--size", 32,

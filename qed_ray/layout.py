@@ -1,0 +1,206 @@
+"""The sweep folder's layout: the one place that names its files and folders.
+
+A sweep writes everything under ``<storage_path>/<name>/``. :class:`SweepDir` builds every path in it, and
+:func:`trial_dirname` / :func:`parse_trial_dirname` turn a trial name ``task/agent/variant/seed`` into its folder
+name ``task__agent__variant__sSEED`` and back. The README's "Where results land" table lists :data:`DOCUMENTED`
+(a test compares the two).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from qed_ray.checkpoint import MANIFEST_FILE
+
+SEP = "__"  # between the parts of a trial folder name; never inside a task, agent or variant
+SEED_PREFIX = "s"
+SNAPSHOT_DIGITS = 10  # policy snapshot folders are zero-padded env steps, so they sort by name
+
+# Each entry of the README's "Where results land" table (relative to the sweep folder, placeholders in <>) with
+# the SweepDir member that builds it; tests/test_layout.py checks the README and the members against this.
+DOCUMENTED: dict[str, str] = {
+    "sweep.json": "state_file",
+    "<task>__<agent>__<variant>__s<seed>/": "trial_dir",
+    "policies/<trial>/<env_steps>/": "snapshot",
+    "policies/<trial>/DONE.json": "done_marker",
+    "replay/<trial>/": "replay",
+    "gather/results.json": "results_json",
+    "gather/aggregates.csv": "aggregates_csv",
+    "gather/groups.csv": "groups_csv",
+    "gather/figures/": "figures",
+    "gather/behaviour/": "behaviour",
+    "mlflow.db": "mlflow_db",
+    "mlartifacts/": "mlartifacts",
+}
+
+
+class TrialId(NamedTuple):
+    """The parts of a trial name ``task/agent/variant/seed`` (the variant is an opaque label)."""
+
+    task: str
+    agent: str
+    variant: str
+    seed: int
+
+    @property
+    def name(self) -> str:
+        """The trial name ``task/agent/variant/seed``."""
+        return f"{self.task}/{self.agent}/{self.variant}/{self.seed}"
+
+    @property
+    def dirname(self) -> str:
+        """The folder name ``task__agent__variant__sSEED``."""
+        return SEP.join((self.task, self.agent, self.variant, f"{SEED_PREFIX}{self.seed}"))
+
+    @classmethod
+    def from_name(cls, name: str) -> "TrialId":
+        """Parses ``task/agent/variant/seed``; raises ValueError naming what is wrong."""
+        parts = name.split("/")
+        if len(parts) != 4 or not parts[3].isdigit():
+            raise ValueError(f"trial name: {name!r} is not 'task/agent/variant/seed' (seed a number >= 0)")
+        trial = cls(parts[0], parts[1], parts[2], int(parts[3]))
+        # Folder names split task and agent off the left at the first "__": neither may hold "__" or end in "_".
+        bad = [f for f in ("task", "agent", "variant") if not getattr(trial, f) or SEP in getattr(trial, f)
+               or (f != "variant" and getattr(trial, f).endswith("_"))]
+        if bad:
+            raise ValueError(f"trial name: {name!r}: {' and '.join(bad)} must be non-empty and hold no {SEP!r} "
+                             f"(task and agent may not end in '_')")
+        return trial
+
+
+def trial_dirname(name: str) -> str:
+    """Folder name of trial ``task/agent/variant/seed``: ``task__agent__variant__sSEED``."""
+    return TrialId.from_name(name).dirname
+
+
+def parse_trial_dirname(dirname: str) -> TrialId:
+    """Inverse of :func:`trial_dirname` (``parse_trial_dirname(trial_dirname(n)).name == n``).
+
+    Task and agent are split off the left and the seed off the right, so the variant in between may hold any
+    character but ``/`` and ``__`` (a lone ``_`` at either end included). Raises ValueError if it is no trial folder.
+    """
+    left = dirname.split(SEP, 2)
+    if len(left) == 3 and SEP in left[2]:
+        variant, seed = left[2].rsplit(SEP, 1)
+        if seed[:1] == SEED_PREFIX and seed[1:].isdigit() and "/" not in dirname:
+            trial = TrialId(left[0], left[1], variant, int(seed[1:]))
+            try:
+                if TrialId.from_name(trial.name) == trial:
+                    return trial
+            except ValueError:
+                pass
+    raise ValueError(f"trial folder: {dirname!r} is not 'task__agent__variant__sSEED'")
+
+
+@dataclass(frozen=True)
+class SweepDir:
+    """Every path of one sweep folder. ``name`` arguments are trial names ``task/agent/variant/seed``."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))  # accept str; frozen, so set once here
+
+    # ---- the sweep --------------------------------------------------------------------------------------
+    @property
+    def state_file(self) -> Path:
+        """``sweep.json``: the sweep's stable id and grid fingerprint."""
+        return self.root / "sweep.json"
+
+    @property
+    def policies_root(self) -> Path:
+        """``policies/``: one folder of policy snapshots per trial."""
+        return self.root / "policies"
+
+    @property
+    def gather(self) -> Path:
+        """``gather/``: the cross-seed metrics, tables and figures (logged to the parent MLflow run)."""
+        return self.root / "gather"
+
+    @property
+    def results_json(self) -> Path:
+        """``gather/results.json`` (strict JSON)."""
+        return self.gather / "results.json"
+
+    @property
+    def aggregates_csv(self) -> Path:
+        """``gather/aggregates.csv``: one row per (agent, variant)."""
+        return self.gather / "aggregates.csv"
+
+    @property
+    def groups_csv(self) -> Path:
+        """``gather/groups.csv``: one row per (task, agent, variant)."""
+        return self.gather / "groups.csv"
+
+    @property
+    def figures(self) -> Path:
+        """``gather/figures/``: the sweep's PNG figures."""
+        return self.gather / "figures"
+
+    @property
+    def behaviour(self) -> Path:
+        """``gather/behaviour/``: the behaviour figures of ``python -m qed_ray.visualize``."""
+        return self.gather / "behaviour"
+
+    @property
+    def mlflow_db(self) -> Path:
+        """``mlflow.db``: the default (SQLite) MLflow store."""
+        return self.root / "mlflow.db"
+
+    @property
+    def mlartifacts(self) -> Path:
+        """``mlartifacts/``: the default MLflow artifact root."""
+        return self.root / "mlartifacts"
+
+    # ---- one trial ---------------------------------------------------------------------------------------
+    def trial_dir(self, name: str) -> Path:
+        """Tune's folder of the trial (progress.csv, result.json, its last checkpoints, error.txt)."""
+        return self.root / trial_dirname(name)
+
+    def policies(self, name: str) -> Path:
+        """The trial's policy snapshot folder."""
+        return self.policies_root / trial_dirname(name)
+
+    def snapshot(self, name: str, env_steps: int) -> Path:
+        """The trial's policy snapshot at ``env_steps`` (zero-padded, so folders sort by step)."""
+        return self.policies(name) / f"{int(env_steps):0{SNAPSHOT_DIGITS}d}"
+
+    def done_marker(self, name: str) -> Path:
+        """Written (atomically) with the final metrics when the trial has finished."""
+        return self.policies(name) / "DONE.json"
+
+    def replay(self, name: str) -> Path:
+        """The trial's replay chunks (append-only; a checkpoint never rewrites the buffer)."""
+        return self.root / "replay" / trial_dirname(name)
+
+    def snapshots(self, name: str) -> dict[int, Path]:
+        """``{env_steps: folder}`` of the trial's complete snapshots (a checkpoint manifest present), ascending."""
+        root = self.policies(name)
+        if not root.is_dir():
+            return {}
+        found = {int(d.name): d for d in root.iterdir()
+                 if d.is_dir() and d.name.isdigit() and (d / MANIFEST_FILE).exists()}
+        return dict(sorted(found.items()))
+
+    def final_snapshot(self, name: str) -> Path:
+        """The trial's snapshot with the most env steps; raises FileNotFoundError if it has none."""
+        found = self.snapshots(name)
+        if not found:
+            raise FileNotFoundError(f"{self.policies(name)}: no complete policy snapshot (a step folder with "
+                                    f"{MANIFEST_FILE})")
+        return found[max(found)]
+
+    def trials(self) -> list[TrialId]:
+        """Trials with a policy folder, sorted by folder name (other folders under ``policies/`` are skipped)."""
+        if not self.policies_root.is_dir():
+            raise FileNotFoundError(f"sweep_dir: {self.policies_root} does not exist (not a sweep folder, or no "
+                                    f"trial saved a policy)")
+        out = []
+        for d in sorted(p for p in self.policies_root.iterdir() if p.is_dir()):
+            try:
+                out.append(parse_trial_dirname(d.name))
+            except ValueError:
+                continue
+        return out

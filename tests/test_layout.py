@@ -1,0 +1,126 @@
+"""The sweep folder's layout: trial folder names round-trip, the README's table matches layout.py, snapshot queries."""
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+from qed_ray import layout as L
+from qed_ray.checkpoint import MANIFEST_FILE
+from qed_ray.envs import TASKS
+from qed_ray.layout import DOCUMENTED, SweepDir, TrialId, parse_trial_dirname, trial_dirname
+
+ROOT = Path(__file__).resolve().parents[1]
+VARIANTS = ["te", "qed0.2", "fixed0.05", "k=0.2+alpha_max=0.3", "hidden=64+kind=qed+k=0.1", "tau=0.95",
+            "lr=3e-05", "x-y.z_w", "_lead", "trail_", "_"]
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_every_task_agent_variant_seed_round_trips(task):
+    for agent in ("sac_ln", "mad_sac"):
+        for variant in VARIANTS:
+            for seed in (0, 7, 12345):
+                name = f"{task}/{agent}/{variant}/{seed}"
+                dirname = trial_dirname(name)
+                assert "/" not in dirname and dirname.endswith(f"__s{seed}")
+                trial = parse_trial_dirname(dirname)
+                assert trial == TrialId(task, agent, variant, seed) and trial.name == name
+                assert trial.dirname == dirname and TrialId.from_name(name) == trial
+
+
+def test_folder_names_are_exactly_the_documented_format():
+    assert trial_dirname("finger-turn_easy/sac_ln/qed0.2/3") == "finger-turn_easy__sac_ln__qed0.2__s3"
+    assert trial_dirname("cheetah-run/mad_sac/k=0.2+alpha_max=0.3/10") == \
+        "cheetah-run__mad_sac__k=0.2+alpha_max=0.3__s10"
+    assert parse_trial_dirname("walker-walk__sac_ln___lead__s1") == ("walker-walk", "sac_ln", "_lead", 1)
+
+
+@pytest.mark.parametrize("name, field", [
+    ("a/b/c", "task/agent/variant/seed"), ("a/b/c/d/0", "task/agent/variant/seed"), ("a/b/c/-1", "seed"),
+    ("a/b/c/x", "seed"), ("a__x/b/c/0", "task"), ("a/b/c__d/0", "variant"), ("a/b//0", "variant"),
+    ("a_/b/c/0", "task"), ("a/b_/c/0", "agent"), ("/b/c/0", "task"),
+])
+def test_names_that_cannot_round_trip_are_refused_with_the_part(name, field):
+    with pytest.raises(ValueError, match=re.escape(field)):
+        trial_dirname(name)
+
+
+@pytest.mark.parametrize("dirname", ["a__b__c", "a__b__c__0", "a__b__c__sx", "policies", "a__b__s0",
+                                     "a__b__c__s0.tmp"])
+def test_other_folder_names_are_not_trials(dirname):
+    with pytest.raises(ValueError, match="task__agent__variant__sSEED"):
+        parse_trial_dirname(dirname)
+
+
+def _readme_rows() -> list[str]:
+    """The code spans of the first column of the README's "Where results land" table, in order."""
+    lines = (ROOT / "README.md").read_text().split("### Where results land", 1)[1].splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("| path |"))
+    table = []
+    for ln in lines[start + 2:]:  # past the header and the |---| line
+        if not ln.startswith("|"):
+            break
+        table.append(ln)
+    return [span for row in table for span in re.findall(r"`([^`]+)`", row.split(" | ")[0])]
+
+
+def _expand(pattern: str, name: str, env_steps: int) -> str:
+    trial = TrialId.from_name(name)
+    return (pattern.replace("<trial>", trial.dirname).replace("<env_steps>", f"{env_steps:010d}")
+            .replace("<task>", trial.task).replace("<agent>", trial.agent).replace("<variant>", trial.variant)
+            .replace("<seed>", str(trial.seed)))
+
+
+def test_readme_table_lists_exactly_what_layout_builds(tmp_path):
+    assert _readme_rows() == list(DOCUMENTED), "README 'Where results land' and layout.DOCUMENTED differ"
+    layout = SweepDir(tmp_path)
+    name, steps = "finger-turn_easy/mad_sac/k=0.2+alpha_max=0.3/4", 120000
+    for pattern, member in DOCUMENTED.items():
+        attr = getattr(layout, member)
+        if callable(attr):
+            params = list(inspect.signature(attr).parameters)
+            attr = attr(name, steps) if params == ["name", "env_steps"] else attr(name)
+        rel = attr.relative_to(tmp_path).as_posix() + ("/" if pattern.endswith("/") else "")
+        assert rel == _expand(pattern, name, steps), (pattern, member)
+    # Every path-building member of SweepDir is documented (the queries and the parents of documented paths aside).
+    members = {n for n in vars(SweepDir) if not n.startswith("_") and n != "root"}
+    assert members - set(DOCUMENTED.values()) == {"policies_root", "policies", "gather", "snapshots", "final_snapshot",
+                                                  "trials"}
+
+
+def test_snapshots_are_the_complete_step_folders(tmp_path):
+    layout = SweepDir(str(tmp_path))  # a str root is accepted
+    name = "cartpole-balance/sac_ln/te/0"
+    assert layout.snapshots(name) == {}
+    with pytest.raises(FileNotFoundError, match=MANIFEST_FILE):
+        layout.final_snapshot(name)
+    for steps in (2000, 10000, 4000):
+        layout.snapshot(name, steps).mkdir(parents=True)
+        (layout.snapshot(name, steps) / MANIFEST_FILE).write_text("{}")
+    layout.snapshot(name, 20000).mkdir()  # incomplete: no manifest yet
+    layout.done_marker(name).write_text("{}")
+    (layout.policies(name) / "notes").mkdir()
+    assert layout.snapshots(name) == {s: layout.snapshot(name, s) for s in (2000, 4000, 10000)}
+    assert list(layout.snapshots(name)) == [2000, 4000, 10000]
+    assert layout.final_snapshot(name) == tmp_path / "policies" / "cartpole-balance__sac_ln__te__s0" / "0000010000"
+
+
+def test_trials_lists_the_policy_folders_and_skips_others(tmp_path):
+    layout = SweepDir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="sweep_dir: .*policies does not exist"):
+        layout.trials()
+    names = ["walker-walk/sac_ln/te/1", "walker-walk/sac_ln/te/0", "finger-turn_easy/mad_sac/k=0.3/2"]
+    for n in names:
+        layout.policies(n).mkdir(parents=True)
+    (layout.policies_root / "stray").mkdir()
+    (layout.policies_root / "README.txt").write_text("x")
+    assert [t.name for t in layout.trials()] == sorted(names, key=trial_dirname)
+
+
+def test_layout_is_frozen_and_compares_by_root(tmp_path):
+    layout = SweepDir(tmp_path)
+    assert layout == SweepDir(str(tmp_path)) and isinstance(layout.root, Path)
+    with pytest.raises(AttributeError):
+        layout.root = tmp_path / "x"
+    assert L.SNAPSHOT_DIGITS == 10 and layout.state_file.parent == layout.root
