@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from qed_ray import metrics
-from qed_ray.evaluate import eval_seeds, load_policy, rollout_many
+from qed_ray.agents import load_policy
+from qed_ray.evaluate import eval_seeds, rollout_many
 
 EARLY_INTERVALS = 15  # App. A: "the early-training interval (first 15 rollouts)"
 

@@ -71,7 +71,7 @@ def test_bad_choice_flag_exits_with_usage(tmp_path):
 def test_policy_snapshots_keep_acting_modules_until_the_final_one(tiny_run, tmp_path):
     import json as _json
 
-    from qed_ray.evaluate import load_policy
+    from qed_ray.agents import load_policy
     from qed_ray.train import build_trainer
 
     spec = tiny_run(train={"env_steps": 2000})
@@ -85,3 +85,34 @@ def test_policy_snapshots_keep_acting_modules_until_the_final_one(tiny_run, tmp_
     agent, _ = load_policy(tmp_path / "mid")
     obs = trainer.env.reset()[None]
     assert (agent.act_batch(obs) == trainer.agent.act_batch(obs)).all()
+
+
+def test_tf32_is_off_for_critic_passes_once_the_trainer_runs(tiny_run, tmp_path):
+    import torch
+
+    from qed_ray.train import build_trainer
+
+    def allow_tf32():
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("high")
+
+    seen = []
+
+    def reporter(metrics, save):
+        seen.append((torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
+                     torch.backends.cudnn.allow_tf32))
+
+    spec = tiny_run(agent={"hidden": 8, "batch_size": 8}, temperature={"kind": "qed", "k": 0.2},
+                    train={"env_steps": 1000, "eval_every": 1000, "warmup_decisions": 100})
+    try:
+        allow_tf32()
+        trainer = build_trainer(spec, reporter, replay_dir=None, log=lambda s: None)
+        assert torch.get_float32_matmul_precision() == "highest"  # set where the agent is built
+        allow_tf32()  # something between construction and the run switches it on again
+        trainer.run()
+        assert seen == [("highest", False, False)]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("highest")
