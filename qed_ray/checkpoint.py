@@ -78,8 +78,14 @@ def save_checkpoint(directory: str | os.PathLike, agent_state: dict, manifest: d
     return directory
 
 
-def read_manifest(directory: str | os.PathLike) -> dict:
-    """Reads and checks ``manifest.json``; raises :class:`CheckpointError` naming the file."""
+def read_manifest(directory: str | os.PathLike, formats: tuple[int, ...] = (FORMAT_VERSION,)) -> dict:
+    """Reads and checks ``manifest.json``; raises :class:`CheckpointError` naming the file.
+
+    Args:
+        directory: checkpoint folder.
+        formats: format versions accepted (resuming needs :data:`FORMAT_VERSION`; reading weights of a policy
+            snapshot can accept older ones).
+    """
     path = Path(directory) / MANIFEST_FILE
     if not path.exists():
         raise CheckpointError(f"{path}: missing (incomplete or not a checkpoint)")
@@ -88,7 +94,7 @@ def read_manifest(directory: str | os.PathLike) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: corrupt manifest ({e})") from e
     version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in formats:
         raise CheckpointVersionError(version_message(path, version))
     return manifest
 
@@ -106,19 +112,22 @@ def version_message(path: Path, version) -> str:
 
 
 def load_checkpoint(directory: str | os.PathLike, expect: dict | None = None,
-                    map_location: str | torch.device = "cpu") -> tuple[dict, dict]:
+                    map_location: str | torch.device = "cpu",
+                    formats: tuple[int, ...] = (FORMAT_VERSION,)) -> tuple[dict, dict]:
     """Loads ``(agent_state, manifest)`` after integrity and identity checks.
 
     Args:
         directory: checkpoint folder.
         expect: identity fields the checkpoint must match (e.g. task, agent, variant, seed, dims).
         map_location: device for the tensors.
+        formats: accepted format versions (see :func:`read_manifest`).
 
     Raises:
-        CheckpointError: missing/corrupt files, checksum mismatch, or an identity field that differs.
+        CheckpointError: missing/corrupt files, checksum mismatch, another format version
+            (:class:`CheckpointVersionError`), or an identity field that differs.
     """
     directory = Path(directory)
-    manifest = read_manifest(directory)
+    manifest = read_manifest(directory, formats)
     for key, want in (expect or {}).items():
         if manifest.get(key) != want:
             raise CheckpointError(f"{directory / MANIFEST_FILE}: mismatched {key}: checkpoint has "

@@ -1,7 +1,8 @@
-"""Checkpoints: round-trip, exact resume, clear errors on corrupt or mismatched files (DESIGN.md §4)."""
+"""Checkpoints: round-trip, exact resume, clear errors on corrupt, mismatched or outdated files."""
 
 import json
 from importlib import metadata
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import torch
 from qed_ray.agents import make_agent
 from qed_ray.checkpoint import (FORMAT_VERSION, CheckpointError, CheckpointVersionError, load_checkpoint,
                                 save_checkpoint)
+from qed_ray.config import RunSpec
 from qed_ray.replay import ReplayBuffer, list_chunks
 from qed_ray.train import main, run
 
@@ -127,3 +129,22 @@ def test_checkpoint_of_another_format_is_refused_and_kept(tiny_run, tmp_path, ca
     err_text = capsys.readouterr().err
     assert rc == 2 and err_text.startswith("error: ") and needle in err_text
     assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before
+
+
+def test_policy_snapshots_of_format_1_still_load_for_analysis(tmp_path):
+    from qed_ray.agents import load_policy
+
+    # A final policy snapshot written by qed_ray at checkpoint format 1 (SAC-LN, QED k 0.2, hidden 16, after 20
+    # updates), with the deterministic actions and log alpha_TE that version computed from it.
+    snapshot = Path(__file__).parent / "data" / "format1_sac_ln_qed"
+    assert json.loads((snapshot / "manifest.json").read_text())["format_version"] == 1
+    agent, manifest = load_policy(snapshot)
+    obs = np.linspace(-1, 1, 15, dtype=np.float32).reshape(3, 5)
+    np.testing.assert_array_equal(agent.act_batch(obs).ravel(),
+                                  np.array([0.18644969165325165, 0.1844514161348343, 0.14497138559818268],
+                                           np.float32))
+    assert agent.temperature.log_alpha.item() == pytest.approx(-2.3086886405944824, abs=1e-7)
+    fresh = _agent(RunSpec.model_validate(manifest["run"]))
+    assert not np.array_equal(fresh.act_batch(obs), agent.act_batch(obs))  # the weights came from the file
+    with pytest.raises(CheckpointVersionError, match="written by an older version of qed_ray"):
+        load_checkpoint(snapshot)  # resuming from it is still refused

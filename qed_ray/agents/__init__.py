@@ -13,10 +13,14 @@ import torch
 from qed_ray.agents.base import Agent, SACBase
 from qed_ray.agents.mad_sac import MadSAC
 from qed_ray.agents.sac_ln import SACLN
-from qed_ray.checkpoint import load_checkpoint
+from qed_ray.checkpoint import FORMAT_VERSION, load_checkpoint
 from qed_ray.config import AgentSpec, RunSpec, TemperatureSpec
 
 AGENTS: dict[str, type[SACBase]] = {SACLN.name: SACLN, MadSAC.name: MadSAC}
+# Module weights are laid out as in format 1 except QED's log alpha_TE, which was a submodule's parameter. A
+# snapshot's weights do not depend on the random streams that changed in format 2, so older ones still load.
+POLICY_FORMATS = (1, FORMAT_VERSION)
+FORMAT1_RENAMES = {"temperature": {"te.log_alpha": "log_alpha"}}
 
 
 def make_agent(agent: AgentSpec, temperature: TemperatureSpec, obs_dim: int, action_dim: int,
@@ -33,7 +37,7 @@ def load_policy(directory: str | os.PathLike, device: str | torch.device = "cpu"
     """Builds the agent a checkpoint or policy snapshot describes and loads its modules.
 
     Intermediate snapshots carry only the agent's ``acting_modules``; the others keep their seeded
-    initialisation.
+    initialisation. Snapshots of checkpoint format 1 load too (their module weights are upgraded).
 
     Returns:
         ``(agent, manifest)``; the agent acts with ``act_batch`` and exposes ``policy_distribution``.
@@ -42,7 +46,9 @@ def load_policy(directory: str | os.PathLike, device: str | torch.device = "cpu"
         CheckpointError: unreadable, corrupt or outdated files. ValueError: a snapshot without the modules
         needed to act.
     """
-    state, manifest = load_checkpoint(directory, map_location=device)
+    state, manifest = load_checkpoint(directory, map_location=device, formats=POLICY_FORMATS)
+    if manifest["format_version"] == 1:
+        state = _upgrade_format1(state)
     spec = RunSpec.model_validate(manifest["run"])
     agent = make_agent(spec.agent, spec.temperature, manifest["obs_dim"], manifest["action_dim"],
                        torch.device(device), spec.seed)
@@ -53,3 +59,12 @@ def load_policy(directory: str | os.PathLike, device: str | torch.device = "cpu"
         if name in state:
             module.load_state_dict(state[name])
     return agent, manifest
+
+
+def _upgrade_format1(state: dict) -> dict:
+    """Module states of a format-1 snapshot with the parameter names of today's modules."""
+    out = dict(state)
+    for module, renames in FORMAT1_RENAMES.items():
+        if module in out:
+            out[module] = {renames.get(n, n): v for n, v in out[module].items()}
+    return out
