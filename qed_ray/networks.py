@@ -50,9 +50,10 @@ def mlp_state_action(net: nn.Sequential, x: torch.Tensor, a: torch.Tensor, repea
     if repeats == 1:
         return net(torch.cat([x, a], dim=-1))
     first = net[0]
-    d = x.shape[-1]
-    h = F.linear(x, first.weight[:, :d], first.bias).repeat_interleave(repeats, dim=0)
-    h = h + F.linear(a, first.weight[:, d:])
+    b, d = x.shape
+    hx = F.linear(x, first.weight[:, :d], first.bias)  # [B, H], once per state
+    ha = F.linear(a, first.weight[:, d:])  # [B * repeats, H]
+    h = (ha.unflatten(0, (b, repeats)) + hx.unsqueeze(1)).flatten(0, 1)  # broadcast: no repeated copy of hx
     for layer in list(net)[1:]:
         h = layer(h)
     return h

@@ -226,6 +226,21 @@ def test_each_agent_declares_its_metric_columns(name, kind, expected):
     assert agent.update(batch_of(0)).shape == (len(expected),)
 
 
+# ---- one interface ----------------------------------------------------------------------------------------
+def test_registry_builds_agents_that_implement_the_protocol():
+    from qed_ray.agents import AGENTS
+    from qed_ray.agents.base import Agent
+
+    assert list(AGENTS) == ["sac_ln", "mad_sac"]
+    for name, acting in (("sac_ln", ("actor",)), ("mad_sac", ("encoder", "actor"))):
+        agent = make_agent(agent_spec(name), TEMPERATURES["te"], OBS, ACT, "cpu", 0)
+        assert isinstance(agent, Agent) and type(agent) is AGENTS[name] and agent.name == name
+        assert agent.acting_modules == acting and set(acting) <= set(agent.modules())
+        assert agent.report_warnings({"mad/target_clip_frac": 0.0}) == []
+    with pytest.raises(ValueError, match="agent.name: unknown agent 'ppo'; allowed: sac_ln, mad_sac"):
+        make_agent(AgentSpec.model_construct(name="ppo"), TEMPERATURES["te"], OBS, ACT, "cpu", 0)
+
+
 # ---- the training core needs only torch, numpy and pydantic ----------------------------------------------
 def test_training_core_imports_and_updates_with_dm_control_ray_and_mlflow_blocked():
     code = textwrap.dedent("""
