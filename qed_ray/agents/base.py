@@ -82,6 +82,14 @@ def params_of(module: nn.Module) -> Params:
     return dict(module.named_parameters())
 
 
+def call(module: nn.Module, params: Params, *args, **kwargs):
+    """``module(*args, **kwargs)`` computed with ``params`` in place of its parameters (``functional_call``).
+
+    The agents' modules share no weights, so the per-call search for tied weights is skipped.
+    """
+    return functional_call(module, params, args, kwargs, tie_weights=False)
+
+
 def detached(params: Params) -> Params:
     """Views of ``params`` without gradient: a loss through them leaves no gradient on the module."""
     return {k: v.detach() for k, v in params.items()}
@@ -104,7 +112,7 @@ class SACFunctions:
 
     def policy(self, actor_p: Params, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-tanh ``(mu, log_std)`` [B, A]."""
-        return functional_call(self.actor, actor_p, (states,))
+        return call(self.actor, actor_p, states)
 
     def sample(self, actor_p: Params, states: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(action [B, A], log_prob [B])`` with noise ``eps`` [B, A]."""
@@ -113,7 +121,7 @@ class SACFunctions:
     def q_pair(self, critic_p: Params, states: torch.Tensor, actions: torch.Tensor, repeats: int = 1
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(Q1, Q2)`` [B * repeats] (scalar critics: the heads' outputs)."""
-        return functional_call(self.critic, critic_p, (states, actions), {"repeats": repeats})
+        return call(self.critic, critic_p, states, actions, repeats=repeats)
 
     def alpha(self, tstate: Params, actor_p: Params, critic_p: Params, states: torch.Tensor,
               eps_qed: torch.Tensor, share_state_terms: bool = True) -> torch.Tensor:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from qed_ray.agents.base import Params, SACBase, SACFunctions, detached, params_of, seeded_init
+from qed_ray.agents.base import Params, SACBase, SACFunctions, call, detached, params_of, seeded_init
 from qed_ray.config import AgentSpec, TemperatureSpec
 from qed_ray.hlgauss import HLGauss, cross_entropy
 from qed_ray.networks import TanhGaussianActor, clip_and_step, make_adam
@@ -83,7 +83,7 @@ class MadFunctions(SACFunctions):
 
     def encode(self, encoder_p: Params, obs: torch.Tensor) -> torch.Tensor:
         """Latent simplices [B, L] of observations [B, O]."""
-        return torch.func.functional_call(self.encoder, encoder_p, (obs,))
+        return call(self.encoder, encoder_p, obs)
 
     def critic_ce(self, l1: torch.Tensor, l2: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """HL-Gauss loss of both heads (logits [B, bins]) against scalar targets y [B]: head1 + head2, 0-d.
@@ -130,7 +130,7 @@ class MadFunctions(SACFunctions):
             a_star = torch.tanh(self.policy(params["actor"], z_next)[0])  # deterministic: the lowest variance
             y, _ = self.soft_target(params["actor"], target_p, params["temperature"], z_next, rew,
                                     self.gamma * (1.0 - batch["terminated"]), eps, eps_qed)
-        pred_next, pred_logp = torch.func.functional_call(self.dynamics, params["dynamics"], (z, act))
+        pred_next, pred_logp = call(self.dynamics, params["dynamics"], z, act)
         smoothed = (1.0 - LATENT_TARGET_SMOOTHING) * z_next + LATENT_TARGET_SMOOTHING / self.mad.simnorm_group
         # One target-critic call for the target (z', a*) and the prediction (predicted z', a*) rows; only the
         # prediction half carries gradient (into dynamics and encoder, the critic itself is frozen).
@@ -138,7 +138,7 @@ class MadFunctions(SACFunctions):
         t1, t2 = v1[:b].detach().softmax(-1), v2[:b].detach().softmax(-1)
         value_aware = 0.5 * (cross_entropy(v1[b:], t1).mean() + cross_entropy(v2[b:], t2).mean())
         l1, l2 = self.logits(detached(params["critic"]), z, act)
-        r_pred = torch.func.functional_call(self.reward, params["reward"], (z, act))
+        r_pred = call(self.reward, params["reward"], z, act)
         return torch.stack([(r_pred - rew).pow(2).mean(), -(smoothed * pred_logp).mean(), value_aware,
                             self.critic_ce(l1, l2, y)])
 
@@ -162,10 +162,10 @@ class MadFunctions(SACFunctions):
         z_all = self.encode(params["encoder"], torch.cat([obs, batch["next_obs"][:n_real]]))
         z = z_all[:b]
         a_m = self.sample(params["actor"], z[n_real:], eps_model)[0]
-        z_model = torch.func.functional_call(self.dynamics, params["dynamics"], (z[n_real:], a_m))[0]
+        z_model = call(self.dynamics, params["dynamics"], z[n_real:], a_m)[0]
         z_next = torch.cat([z_all[b:], z_model])
         a = torch.cat([act[:n_real], a_m])
-        r_pred = torch.func.functional_call(self.reward, params["reward"], (z, a))
+        r_pred = call(self.reward, params["reward"], z, a)
         r = torch.cat([rew[:n_real], r_pred[n_real:]])
         y, next_alpha = self.soft_target(params["actor"], target_p, params["temperature"], z_next, r,
                                          self.gamma * (1.0 - batch["terminated"]), eps, eps_qed)
