@@ -153,9 +153,10 @@ class SACFunctions:
 class SACBase:
     """Actor, twin critic (+ Polyak target), temperature, their optimisers and the agent's own generator.
 
-    Subclasses build their networks under :func:`seeded_init`, then call :meth:`_init_sac`; they implement
-    ``update`` and ``noise_rows``, and may override ``encode``, ``extra_modules``, ``extra_optimizers``,
-    ``extra_state``/``load_extra_state`` and ``report_warnings``.
+    Subclasses build their networks under :func:`seeded_init`, then call :meth:`_init_sac` and set ``fn`` (their
+    :class:`SACFunctions`, with ``noise_sizes(batch_size)``) and ``metric_layout``; they implement ``update``,
+    and may override ``encode``, ``extra_modules``, ``extra_optimizers``, ``extra_state``/``load_extra_state``
+    and ``report_warnings``.
     """
 
     name: ClassVar[str]
@@ -187,6 +188,18 @@ class SACBase:
         """Standard-normal noise [rows, A] from the agent's generator, in the parameters' dtype."""
         dtype = next(self.actor.parameters()).dtype
         return torch.randn((rows, self.action_dim), generator=self.generator, device=self.device, dtype=dtype)
+
+    def noise_rows(self, batch_size: int) -> int:
+        """Rows of one update's noise block for ``batch_size`` (the sum of ``fn.noise_sizes``)."""
+        return sum(self.fn.noise_sizes(batch_size))
+
+    def noise_parts(self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """The update's noise block split into the agent's parts (``fn.noise_sizes``); the block is drawn from
+        the agent's generator when ``noise`` is None (one draw of fixed shape per update)."""
+        b = batch["obs"].shape[0]
+        if noise is None:
+            noise = self.noise(self.noise_rows(b))
+        return noise.split(self.fn.noise_sizes(b))
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:

@@ -250,10 +250,6 @@ class MadSAC(SACBase):
         """The SimNorm latent the actor and critics read."""
         return self.encoder(obs)
 
-    def noise_rows(self, batch_size: int) -> int:
-        """Rows of one update's noise block (:meth:`MadFunctions.noise_sizes`)."""
-        return sum(self.fn.noise_sizes(batch_size))
-
     # ---- learning ----------------------------------------------------------------------------------
     def model_step(self, params: dict[str, Params], target_p: Params, batch: dict[str, torch.Tensor],
                    eps: torch.Tensor, eps_qed: torch.Tensor) -> torch.Tensor:
@@ -284,10 +280,7 @@ class MadSAC(SACBase):
         Returns:
             the metric vector (:attr:`metric_layout`); model metrics are the last model step's when it is skipped.
         """
-        b = batch["obs"].shape[0]
-        if noise is None:
-            noise = self.noise(self.noise_rows(b))
-        e_mt, e_mq, e_model, e_t, e_tq, e_a, e_aq = noise.split(self.fn.noise_sizes(b))
+        e_mt, e_mq, e_model, e_t, e_tq, e_a, e_aq = self.noise_parts(batch, noise)
         p, target_p = self.params(), params_of(self.critic_target)
         if self.updates % self.mad.model_every == 0:
             self._model_metrics = self.model_step(p, target_p, batch, e_mt, e_mq)

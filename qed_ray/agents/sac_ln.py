@@ -90,10 +90,6 @@ class SACLN(SACBase):
         self.metric_layout = MetricLayout((*CRITIC_METRICS, *alpha_stat_names(self.temperature, "alpha/target"),
                                            *STEP_METRICS, *alpha_stat_names(self.temperature, "alpha/actor")))
 
-    def noise_rows(self, batch_size: int) -> int:
-        """Rows of one update's noise block: B (2 + 2N)."""
-        return sum(self.fn.noise_sizes(batch_size))
-
     def update(self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None = None) -> torch.Tensor:
         """One critic, actor, temperature and Polyak step.
 
@@ -104,10 +100,7 @@ class SACLN(SACBase):
         Returns:
             the metric vector (detached, on the agent's device), columns named by :attr:`metric_layout`.
         """
-        b = batch["obs"].shape[0]
-        if noise is None:
-            noise = self.noise(self.noise_rows(b))
-        eps_next, eps_qed_next, eps_a, eps_qed = noise.split(self.fn.noise_sizes(b))
+        eps_next, eps_qed_next, eps_a, eps_qed = self.noise_parts(batch, noise)
         p = self.params()
         critic_loss, critic_metrics = self.fn.critic_loss(p, params_of(self.critic_target), batch, eps_next,
                                                           eps_qed_next)
