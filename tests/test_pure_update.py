@@ -186,6 +186,24 @@ def test_qed_rewrite_gives_the_straightforward_alpha(name):
     assert rel < 1e-5, rel
 
 
+def test_qed_rewrite_saves_exactly_the_per_state_flops():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    o, a, h, b, n = 5, 2, 16, 4, 3
+    temperature = TemperatureSpec(kind="qed", k=0.1, n_actions=n)
+    agent = make_agent(AgentSpec(hidden=h, batch_size=b), temperature, o, a, "cpu", 0)
+    p = agent.params()
+    states, eps = torch.randn(b, o), torch.randn(b * n, a)
+    counts = []
+    for share in (False, True):
+        with FlopCounterMode(display=False) as counter:
+            agent.fn.alpha(p["temperature"], p["actor"], p["critic"], states, eps, share_state_terms=share)
+        counts.append(counter.get_total_flops())
+    actor_per_row = 2 * (o * h + h * h + h * 2 * a)  # the actor's three Linear layers
+    critic_state_term = 2 * o * h  # each head's first-layer state term, per row
+    assert counts[0] - counts[1] == (b * n - b) * (actor_per_row + 2 * critic_state_term)
+
+
 # ---- metric vector -------------------------------------------------------------------------------------------
 def test_metric_accumulator_keeps_means_maxima_and_minima():
     layout = MetricLayout(("loss/a", "q/gap_max", "alpha/x_min", "q/b"))
