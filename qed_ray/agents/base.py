@@ -124,14 +124,16 @@ class SACFunctions:
         return call(self.critic, critic_p, states, actions, repeats=repeats)
 
     def alpha(self, tstate: Params, actor_p: Params, critic_p: Params, states: torch.Tensor,
-              eps_qed: torch.Tensor, share_state_terms: bool = True) -> torch.Tensor:
+              eps_qed: torch.Tensor, share_state_terms: bool = True,
+              dist: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """[B] temperatures at ``states``; QED reads the critic pair ``critic_p`` at ``n_qed`` policy samples per
-        state drawn with ``eps_qed`` [B * n_qed, A] (no gradient)."""
+        state drawn with ``eps_qed`` [B * n_qed, A] (no gradient). ``dist``: the policy's (mu, log_std) at
+        ``states`` if already computed."""
         delta = None
         if self.n_qed:
             delta = qed_disagreement(lambda s: self.policy(actor_p, s),
                                      lambda s, a, r: self.q_pair(critic_p, s, a, r),
-                                     states, eps_qed, self.n_qed, self.temperature.tau, share_state_terms)
+                                     states, eps_qed, self.n_qed, self.temperature.tau, share_state_terms, dist)
         return self.temperature.alpha(tstate, states.shape[0], delta)
 
     def actor_loss(self, actor_p: Params, critic_p: Params, tstate: Params, states: torch.Tensor,
@@ -144,9 +146,10 @@ class SACFunctions:
         Returns:
             ``(loss 0-d, log_prob [B], alpha [B])``.
         """
-        a, logp = self.sample(actor_p, states, eps)
+        mu, log_std = self.policy(actor_p, states)
+        a, logp = squashed_sample(mu, log_std, eps)
         q1, q2 = self.q_pair(detached(critic_p), states, a)
-        alpha = self.alpha(tstate, actor_p, critic_p, states, eps_qed)
+        alpha = self.alpha(tstate, actor_p, critic_p, states, eps_qed, dist=(mu.detach(), log_std.detach()))
         return (alpha * logp - torch.minimum(q1, q2)).mean(), logp, alpha
 
 

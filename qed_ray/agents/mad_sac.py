@@ -20,7 +20,7 @@ import torch
 from qed_ray.agents.base import Params, SACBase, SACFunctions, call, detached, params_of, seeded_init
 from qed_ray.config import AgentSpec, TemperatureSpec
 from qed_ray.hlgauss import HLGauss, cross_entropy
-from qed_ray.networks import TanhGaussianActor, clip_and_step, make_adam
+from qed_ray.networks import TanhGaussianActor, clip_and_step, make_adam, squashed_sample
 from qed_ray.temperature import alpha_stat_names, alpha_stats
 from qed_ray.update_metrics import MetricLayout
 from qed_ray.world_model import Dynamics, Encoder, HLGaussCritic, RewardHead
@@ -95,18 +95,20 @@ class MadFunctions(SACFunctions):
 
     @torch.no_grad()
     def soft_target(self, actor_p: Params, target_p: Params, tstate: Params, z_next: torch.Tensor,
-                    reward: torch.Tensor, discount: torch.Tensor, eps: torch.Tensor, eps_qed: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    reward: torch.Tensor, discount: torch.Tensor, eps: torch.Tensor, eps_qed: torch.Tensor,
+                    dist: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """MaxEnt TD target y = r + discount (min_j E[Qtarg_j](z', a') - alpha(z') log pi(a'|z')), a' ~ pi.
 
-        alpha(z') comes from the target critic, which produces the target value.
+        alpha(z') comes from the target critic, which produces the target value. ``dist``: the policy's
+        (mu, log_std) at z' if already computed.
 
         Returns:
             ``(y [B], alpha(z') [B])``.
         """
-        a, logp = self.sample(actor_p, z_next, eps)
+        dist = self.policy(actor_p, z_next) if dist is None else dist
+        a, logp = squashed_sample(*dist, eps)
         tq1, tq2 = self.q_pair(target_p, z_next, a)
-        alpha = self.alpha(tstate, actor_p, target_p, z_next, eps_qed)
+        alpha = self.alpha(tstate, actor_p, target_p, z_next, eps_qed, dist=dist)
         return reward + discount * (torch.minimum(tq1, tq2) - alpha * logp), alpha
 
     def model_losses(self, params: dict[str, Params], target_p: Params, batch: dict[str, torch.Tensor],
@@ -127,9 +129,10 @@ class MadFunctions(SACFunctions):
         z = self.encode(params["encoder"], obs)
         with torch.no_grad():
             z_next = self.encode(params["encoder"], batch["next_obs"])
-            a_star = torch.tanh(self.policy(params["actor"], z_next)[0])  # deterministic: the lowest variance
+            dist = self.policy(params["actor"], z_next)
+            a_star = torch.tanh(dist[0])  # deterministic: the lowest-variance choice
             y, _ = self.soft_target(params["actor"], target_p, params["temperature"], z_next, rew,
-                                    self.gamma * (1.0 - batch["terminated"]), eps, eps_qed)
+                                    self.gamma * (1.0 - batch["terminated"]), eps, eps_qed, dist)
         pred_next, pred_logp = call(self.dynamics, params["dynamics"], z, act)
         smoothed = (1.0 - LATENT_TARGET_SMOOTHING) * z_next + LATENT_TARGET_SMOOTHING / self.mad.simnorm_group
         # One target-critic call for the target (z', a*) and the prediction (predicted z', a*) rows; only the

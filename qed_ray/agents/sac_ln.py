@@ -12,7 +12,7 @@ import torch
 
 from qed_ray.agents.base import Params, SACBase, SACFunctions, params_of, seeded_init
 from qed_ray.config import AgentSpec, TemperatureSpec
-from qed_ray.networks import TanhGaussianActor, TwinCritic, clip_and_step
+from qed_ray.networks import TanhGaussianActor, TwinCritic, clip_and_step, squashed_sample
 from qed_ray.temperature import alpha_stat_names, alpha_stats
 from qed_ray.update_metrics import MetricLayout
 
@@ -50,9 +50,10 @@ class SACLNFunctions(SACFunctions):
         obs, act, rew, nxt = batch["obs"], batch["action"], batch["reward"], batch["next_obs"]
         actor_p, tstate = params["actor"], params["temperature"]
         with torch.no_grad():
-            next_a, next_logp = self.sample(actor_p, nxt, eps_next)
+            dist = self.policy(actor_p, nxt)
+            next_a, next_logp = squashed_sample(*dist, eps_next)
             tq1, tq2 = self.q_pair(target_p, nxt, next_a)
-            next_alpha = self.alpha(tstate, actor_p, target_p, nxt, eps_qed_next)
+            next_alpha = self.alpha(tstate, actor_p, target_p, nxt, eps_qed_next, dist=dist)
             target = rew + self.gamma * (1.0 - batch["terminated"]) * (torch.minimum(tq1, tq2)
                                                                         - next_alpha * next_logp)
         q1, q2 = self.q_pair(params["critic"], obs, act)
