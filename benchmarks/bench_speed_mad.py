@@ -1,10 +1,13 @@
-"""Benchmark: decisions/s of MAD-SAC next to SAC-LN at the defaults (batch 512, width 512, UTD 1).
+"""Benchmark: decisions/s of SAC-LN and MAD-SAC with the target-entropy and the QED temperature, side by side.
 
 One decision = policy sample (``act``) + env step + replay insert + one sampled batch + one ``update``, the
-trainer's steady-state work per decision at UTD 1. The replay is first filled with uniform-random decisions on
-the real task, then each agent runs ``--warmup-updates`` untimed decisions and ``--updates`` timed ones.
-Run: ``MUJOCO_GL=disable python benchmarks/bench_speed_mad.py [--task cheetah-run] [--updates 200]``.
-Prints, per agent, decisions/s, updates/s (update time only) and the per-part cost, then the MAD/SAC ratio.
+trainer's steady-state work per decision at UTD 1. Each (agent, temperature) gets its own env and replay, first
+filled with uniform-random decisions on the real task. Then all of them take turns, one decision each, for
+``--warmup-updates`` untimed and ``--updates`` timed rounds: on a shared machine the load then hits every setup
+alike, so the ratios (QED/te, MAD/SAC) are steadier than the absolute figures. Parts are timed in process CPU
+seconds (one torch thread: the cost with other load factored out) and in wall seconds.
+Run: ``MUJOCO_GL=disable .venv/bin/python benchmarks/bench_speed_mad.py [--hidden 512 --batch 512 --updates 30]``.
+Prints one line per (agent, temperature), then per agent the QED/te update-cost ratio, and MAD/SAC per decision.
 """
 
 import argparse
@@ -18,6 +21,8 @@ from qed_ray.agents import make_agent
 from qed_ray.config import TemperatureSpec, agent_spec
 from qed_ray.envs import make_env
 from qed_ray.replay import ReplayBuffer
+
+TEMPERATURES = {"te": TemperatureSpec(kind="te"), "qed": TemperatureSpec(kind="qed", k=0.2)}
 
 
 def fill_replay(env, n: int, seed: int) -> tuple[ReplayBuffer, np.ndarray]:
@@ -43,64 +48,79 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_agent(agent, env, replay: ReplayBuffer, obs: np.ndarray, n: int, batch_size: int,
-              device: torch.device) -> dict[str, float]:
-    """``n`` decisions of act + env step + update; returns seconds spent in each part."""
-    parts = {"act": 0.0, "env": 0.0, "update": 0.0}
-    metrics = {}
-    for _ in range(n):
-        t0 = time.perf_counter()
-        action = agent.act(obs, deterministic=False)
-        t1 = time.perf_counter()
-        obs = _step(env, replay, obs, action)
-        t2 = time.perf_counter()
-        metrics = agent.update(replay.sample(batch_size, device))
-        _sync(device)
-        t3 = time.perf_counter()
-        parts["act"] += t1 - t0
-        parts["env"] += t2 - t1
-        parts["update"] += t3 - t2
-    float(metrics["loss/critic"])  # the update returns lazy tensors: force the last one
-    return parts
+class Setup:
+    """One (agent, temperature): its agent, env, replay, current observation and accumulated part times."""
 
+    def __init__(self, name: str, temperature: str, args: argparse.Namespace, device: torch.device):
+        self.env = make_env(args.task, seed=0)
+        self.replay, self.obs = fill_replay(self.env, args.buffer, seed=0)
+        spec = agent_spec(name=name, hidden=args.hidden, batch_size=args.batch)
+        self.agent = make_agent(spec, TEMPERATURES[temperature], self.env.obs_dim, self.env.action_dim, device,
+                                seed=0)
+        self.batch, self.device = args.batch, device
+        self.parts = {f"{k}_{c}": 0.0 for k in ("act", "env", "update") for c in ("cpu", "wall")}
+        self.metrics = None
 
-def bench(name: str, args: argparse.Namespace, device: torch.device) -> float:
-    """Times one agent; prints its line and returns its decisions/s."""
-    env = make_env(args.task, seed=0)
-    replay, obs = fill_replay(env, args.buffer, seed=0)
-    spec = agent_spec(name=name, hidden=args.hidden, batch_size=args.batch)
-    temp = TemperatureSpec(kind=args.temperature, k=0.2 if args.temperature == "qed" else None)
-    agent = make_agent(spec, temp, env.obs_dim, env.action_dim, device, seed=0)
-    run_agent(agent, env, replay, obs, args.warmup_updates, args.batch, device)
-    parts = run_agent(agent, env, replay, obs, args.updates, args.batch, device)
-    total = sum(parts.values())
-    n = args.updates
-    print(f"{name:8s} {args.task} batch {args.batch} width {args.hidden} temp {args.temperature} "
-          f"({device}, {torch.get_num_threads()} thread(s)): {n / total:7.2f} decisions/s, "
-          f"{n / parts['update']:7.2f} updates/s | per decision: update {1e3 * parts['update'] / n:8.2f} ms, "
-          f"act {1e3 * parts['act'] / n:6.3f} ms, env {1e3 * parts['env'] / n:6.3f} ms", flush=True)
-    return n / total
+    def decision(self, timed: bool) -> None:
+        """act + env step + replay insert + one update; adds each part's CPU and wall seconds when ``timed``."""
+        stamps = [(time.process_time(), time.perf_counter())]
+        action = self.agent.act(self.obs, deterministic=False)
+        stamps.append((time.process_time(), time.perf_counter()))
+        self.obs = _step(self.env, self.replay, self.obs, action)
+        stamps.append((time.process_time(), time.perf_counter()))
+        self.metrics = self.agent.update(self.replay.sample(self.batch, self.device))
+        _sync(self.device)
+        stamps.append((time.process_time(), time.perf_counter()))
+        if timed:
+            for i, part in enumerate(("act", "env", "update")):
+                self.parts[f"{part}_cpu"] += stamps[i + 1][0] - stamps[i][0]
+                self.parts[f"{part}_wall"] += stamps[i + 1][1] - stamps[i][1]
+
+    def report(self, label: str, n: int) -> dict[str, float]:
+        """Prints this setup's line; returns per-decision CPU ms of the update and of the whole decision."""
+        self.metrics.sum().item()  # the update returns a lazy metric vector: force the last one
+        ms = {k: 1e3 * v / n for k, v in self.parts.items()}
+        cpu = ms["act_cpu"] + ms["env_cpu"] + ms["update_cpu"]
+        wall = ms["act_wall"] + ms["env_wall"] + ms["update_wall"]
+        print(f"{label} | {1e3 / cpu:7.2f} decisions per CPU s, {1e3 / wall:7.2f} per wall s | CPU ms per "
+              f"decision: update {ms['update_cpu']:8.2f}, act {ms['act_cpu']:6.3f}, env {ms['env_cpu']:6.3f} | "
+              f"update wall ms {ms['update_wall']:8.2f}", flush=True)
+        return {"update": ms["update_cpu"], "decision": cpu}
 
 
 def main() -> None:
-    """Parses flags, benchmarks SAC-LN then MAD-SAC, prints the ratio."""
+    """Parses flags, benchmarks every agent with te and QED, prints the ratios."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--task", default="cheetah-run")
-    p.add_argument("--updates", type=int, default=200, help="timed decisions (= updates at UTD 1) per agent")
-    p.add_argument("--warmup-updates", type=int, default=10, help="untimed decisions first (allocations, caches)")
+    p.add_argument("--agents", nargs="+", default=["sac_ln", "mad_sac"], choices=["sac_ln", "mad_sac"])
+    p.add_argument("--updates", type=int, default=30, help="timed decisions (= updates at UTD 1) per agent")
+    p.add_argument("--warmup-updates", type=int, default=5, help="untimed decisions first (allocations, caches)")
     p.add_argument("--buffer", type=int, default=5000, help="uniform-random decisions put in replay first")
     p.add_argument("--batch", type=int, default=512)
     p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--temperature", choices=["te", "qed"], default="te")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
     os.environ.setdefault("MUJOCO_GL", "disable")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    sac = bench("sac_ln", args, device)
-    mad = bench("mad_sac", args, device)
-    print(f"MAD-SAC / SAC-LN decisions/s: {mad / sac:.3f} (MAD-SAC is {sac / mad:.2f}x slower per decision)")
+    print(f"{args.task}, width {args.hidden}, batch {args.batch}, UTD 1, QED k 0.2 (8 samples per state), {device}, "
+          f"{torch.get_num_threads()} thread(s), torch {torch.__version__}, load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
+    setups = {(a, t): Setup(a, t, args, device) for a in args.agents for t in TEMPERATURES}
+    for rounds, timed in ((args.warmup_updates, False), (args.updates, True)):
+        for _ in range(rounds):
+            for setup in setups.values():  # round robin: one decision each, so load hits all alike
+                setup.decision(timed)
+    res = {(a, t): s.report(f"{a:8s} {t:3s}", args.updates) for (a, t), s in setups.items()}
+    for a in args.agents:
+        te, qed = res[(a, "te")], res[(a, "qed")]
+        print(f"{a}: QED/te update CPU cost {qed['update'] / te['update']:.2f}x, per decision "
+              f"{qed['decision'] / te['decision']:.2f}x")
+    if len(args.agents) == 2:
+        for t in TEMPERATURES:
+            ratio = res[("mad_sac", t)]["decision"] / res[("sac_ln", t)]["decision"]
+            print(f"{t}: MAD-SAC costs {ratio:.2f}x SAC-LN per decision (CPU)")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""Benchmark: decisions/s of one SAC-LN run next to stable-baselines3 SAC, same sizes, same env, same process.
+"""Benchmark: decisions/s of SAC-LN (target entropy and QED) next to stable-baselines3 SAC, same sizes and env.
 
-Both agents use 256x256 networks, batch 256, one gradient step per decision (UTD 1), target-entropy
-temperature, one torch thread, CPU, on cheetah-run through the same dm_control wrapper (frame skip 2,
-500-decision episodes ending in truncation). Each does ``--warmup`` uniform-random decisions, then is timed
-over ``--timed`` decisions that each carry one update. Runs alternate (ours, SB3, ours, SB3, ...) so that load
-from other processes on a shared machine hits both alike; the medians and their ratio are printed.
+All runs use 256x256 networks, batch 256, one gradient step per decision (UTD 1), one torch thread, CPU, on
+cheetah-run through the same dm_control wrapper (frame skip 2, 500-decision episodes ending in truncation).
+SB3 and our ``te`` run use the target-entropy temperature; our ``qed`` run uses QED (k 0.2, 8 samples per state),
+which SB3 does not have. Each does ``--warmup`` uniform-random decisions, then is timed over ``--timed``
+decisions that each carry one update. Runs alternate (ours te, ours qed, SB3, ours te, ...) so that load from
+other processes on a shared machine hits all alike; the medians and the ratios are printed.
 
 Ours is timed by the real :class:`qed_ray.trainer.Trainer` loop (its per-interval timer excludes evaluation);
 SB3 by a callback fired at the end of the warm-up and the return of ``learn``. Decisions per CPU second
@@ -73,8 +74,9 @@ def make_gym_env(task: str, seed: int):
     return DMCGymEnv()
 
 
-def time_ours(task: str, seed: int, warmup: int, timed: int) -> dict:
-    """Runs the SAC-LN trainer; returns timed decisions per wall second and per CPU second, and the update count.
+def time_ours(task: str, seed: int, warmup: int, timed: int, temperature: dict) -> dict:
+    """Runs the SAC-LN trainer with ``temperature``; returns timed decisions per wall second and per CPU second,
+    and the update count.
 
     The trainer's evaluation interval is set to the gcd of ``warmup`` and ``timed`` so the warm-up ends on an
     interval boundary; each reported interval carries its own training wall time (evaluation excluded). CPU
@@ -86,7 +88,7 @@ def time_ours(task: str, seed: int, warmup: int, timed: int) -> dict:
         raise SystemExit(f"--warmup and --timed must be multiples of {DECISIONS_PER_EVAL_UNIT} decisions")
     spec = RunSpec.model_validate({
         "task": task, "seed": seed, "agent": {"name": "sac_ln", "hidden": HIDDEN, "batch_size": BATCH, "utd": 1},
-        "temperature": {"kind": "te"},
+        "temperature": temperature,
         "train": {"env_steps": (warmup + timed) * FRAME_SKIP, "eval_every": interval * FRAME_SKIP,
                   "eval_episodes": 1, "warmup_decisions": warmup, "device": "cpu", "threads": 1,
                   "frame_skip": FRAME_SKIP}})
@@ -159,20 +161,24 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MUJOCO_GL", "disable")
     torch.set_num_threads(1)
     print_versions()
-    print(f"{args.task}: {HIDDEN}x{HIDDEN}, batch {BATCH}, UTD 1, target entropy, frame skip {FRAME_SKIP}; "
+    print(f"{args.task}: {HIDDEN}x{HIDDEN}, batch {BATCH}, UTD 1, frame skip {FRAME_SKIP}; "
           f"{args.warmup} warm-up + {args.timed} timed decisions")
-    rows: dict[str, list[dict]] = {"qed_ray SAC-LN": [], "SB3 SAC": []}
-    print(f"{'implementation':<16} {'run':>3} {'decisions/s':>11} {'per CPU s':>9} {'updates':>7} {'timed s':>8}")
+    runs = {"qed_ray SAC-LN te": lambda *a: time_ours(*a, {"kind": "te"}),
+            "qed_ray SAC-LN qed": lambda *a: time_ours(*a, {"kind": "qed", "k": 0.2}),
+            "SB3 SAC": time_sb3}
+    rows: dict[str, list[dict]] = {name: [] for name in runs}
+    print(f"{'implementation':<20} {'run':>3} {'decisions/s':>11} {'per CPU s':>9} {'updates':>7} {'timed s':>8}")
     t0 = time.perf_counter()
     for r in range(args.repeats):
-        for name, fn in (("qed_ray SAC-LN", time_ours), ("SB3 SAC", time_sb3)):
+        for name, fn in runs.items():
             row = fn(args.task, args.seed, args.warmup, args.timed)
             rows[name].append(row)
-            print(f"{name:<16} {r + 1:>3} {row['per_wall_s']:>11.1f} {row['per_cpu_s']:>9.1f} {row['updates']:>7d} "
+            print(f"{name:<20} {r + 1:>3} {row['per_wall_s']:>11.1f} {row['per_cpu_s']:>9.1f} {row['updates']:>7d} "
                   f"{row['wall_s']:>8.1f}", flush=True)
     for key, label in (("per_wall_s", "decisions per wall second"), ("per_cpu_s", "decisions per CPU second")):
-        ours, sb3 = (statistics.median(row[key] for row in v) for v in rows.values())
-        print(f"median {label}: qed_ray SAC-LN {ours:.1f}, SB3 SAC {sb3:.1f}; ratio ours/SB3 {ours / sb3:.2f}")
+        te, qed, sb3 = (statistics.median(row[key] for row in v) for v in rows.values())
+        print(f"median {label}: qed_ray SAC-LN te {te:.1f}, qed {qed:.1f}, SB3 SAC {sb3:.1f}; ratio ours te/SB3 "
+              f"{te / sb3:.2f}, qed/SB3 {qed / sb3:.2f}; qed_ray te/qed {te / qed:.2f}")
     print(f"torch threads at end {torch.get_num_threads()}, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, total wall time {time.perf_counter() - t0:.0f} s")
     return 0

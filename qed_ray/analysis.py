@@ -17,7 +17,8 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from qed_ray import metrics
-from qed_ray.evaluate import eval_seeds, load_policy, rollout_many
+from qed_ray.agents import load_policy
+from qed_ray.evaluate import eval_seeds, rollout_many
 from qed_ray.spec import FinalEvalSpec
 
 EARLY_INTERVALS = 15  # App. D: "the early-training interval (first 15 rollouts)"

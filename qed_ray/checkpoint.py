@@ -1,4 +1,4 @@
-"""Checkpoints: agent tensors in ``state.pt`` plus a JSON ``manifest.json`` (DESIGN.md §4).
+"""Checkpoints: agent tensors in ``state.pt`` plus a JSON ``manifest.json``.
 
 ``state.pt`` holds tensors only and is loaded with ``torch.load(..., weights_only=True)`` (no pickle from shared
 storage). The manifest records what the checkpoint is (task, agent, variant, seed, step, package versions), a
@@ -19,12 +19,18 @@ import torch
 
 STATE_FILE = "state.pt"
 MANIFEST_FILE = "manifest.json"
-FORMAT_VERSION = 1
+# 2: agents draw one noise block per update (the random streams changed), temperature state is ``log_alpha``,
+# metrics are one vector. A checkpoint of another version cannot continue the same run exactly.
+FORMAT_VERSION = 2
 IDENTITY_FIELDS = ("task", "agent", "variant", "seed", "obs_dim", "action_dim")
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be used: names the file and the problem."""
+
+
+class CheckpointVersionError(CheckpointError):
+    """A checkpoint written by another version of qed_ray (its ``format_version`` differs)."""
 
 
 def package_versions() -> dict[str, str]:
@@ -72,8 +78,14 @@ def save_checkpoint(directory: str | os.PathLike, agent_state: dict, manifest: d
     return directory
 
 
-def read_manifest(directory: str | os.PathLike) -> dict:
-    """Reads and checks ``manifest.json``; raises :class:`CheckpointError` naming the file."""
+def read_manifest(directory: str | os.PathLike, formats: tuple[int, ...] = (FORMAT_VERSION,)) -> dict:
+    """Reads and checks ``manifest.json``; raises :class:`CheckpointError` naming the file.
+
+    Args:
+        directory: checkpoint folder.
+        formats: format versions accepted (resuming needs :data:`FORMAT_VERSION`; reading weights of a policy
+            snapshot can accept older ones).
+    """
     path = Path(directory) / MANIFEST_FILE
     if not path.exists():
         raise CheckpointError(f"{path}: missing (incomplete or not a checkpoint)")
@@ -81,26 +93,41 @@ def read_manifest(directory: str | os.PathLike) -> dict:
         manifest = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: corrupt manifest ({e})") from e
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: format_version {manifest.get('format_version')!r}, expected "
-                              f"{FORMAT_VERSION}")
+    version = manifest.get("format_version")
+    if version not in formats:
+        raise CheckpointVersionError(version_message(path, version))
     return manifest
 
 
+def version_message(path: Path, version) -> str:
+    """Why a checkpoint of format ``version`` is refused, and what to do."""
+    if isinstance(version, int) and version < FORMAT_VERSION:
+        return (f"{path}: written by an older version of qed_ray (checkpoint format {version}; this version reads "
+                f"format {FORMAT_VERSION}, whose agents draw their random numbers differently), so the run cannot "
+                f"continue exactly from it. Start the run again: remove its checkpoint and replay folders (the CLI's "
+                f"--out DIR/checkpoint and DIR/replay) or use a new --out folder, or finish it with the qed_ray "
+                f"version that wrote it")
+    return (f"{path}: checkpoint format {version!r} is not the format {FORMAT_VERSION} this version of qed_ray "
+            f"reads (written by a newer or unknown version); resume it with the qed_ray version that wrote it")
+
+
 def load_checkpoint(directory: str | os.PathLike, expect: dict | None = None,
-                    map_location: str | torch.device = "cpu") -> tuple[dict, dict]:
+                    map_location: str | torch.device = "cpu",
+                    formats: tuple[int, ...] = (FORMAT_VERSION,)) -> tuple[dict, dict]:
     """Loads ``(agent_state, manifest)`` after integrity and identity checks.
 
     Args:
         directory: checkpoint folder.
         expect: identity fields the checkpoint must match (e.g. task, agent, variant, seed, dims).
         map_location: device for the tensors.
+        formats: accepted format versions (see :func:`read_manifest`).
 
     Raises:
-        CheckpointError: missing/corrupt files, checksum mismatch, or an identity field that differs.
+        CheckpointError: missing/corrupt files, checksum mismatch, another format version
+            (:class:`CheckpointVersionError`), or an identity field that differs.
     """
     directory = Path(directory)
-    manifest = read_manifest(directory)
+    manifest = read_manifest(directory, formats)
     for key, want in (expect or {}).items():
         if manifest.get(key) != want:
             raise CheckpointError(f"{directory / MANIFEST_FILE}: mismatched {key}: checkpoint has "

@@ -41,7 +41,7 @@ class TemperatureSpec(Frozen):
                                                              "(kind qed; required; paper: 0.1-0.4)")
     n_actions: int = Field(8, ge=2, le=1024, description="QED: policy actions per state for the expectile")
     tau: float = Field(0.9, gt=0, lt=1, description="QED: expectile level of |Q1 - Q2|")
-    alpha_max: float = Field(0.2, gt=0, le=100, description="QED: upper clip of alpha(s)")
+    alpha_max: float = Field(0.2, gt=0, le=1e6, description="QED: upper clip of alpha(s)")
 
     # Which fields each kind reads: a value set on a field the kind ignores would train something else than
     # the user asked for (e.g. ``{kind: te, k: 0.2}`` silently trains the baseline).

@@ -13,31 +13,6 @@ import numpy as np
 
 from qed_ray.envs import make_env
 
-
-def load_policy(directory, device="cpu"):
-    """Builds the agent a checkpoint or policy snapshot describes and loads its modules.
-
-    Returns:
-        ``(agent, manifest)``; the agent acts with ``act_batch`` and exposes ``policy_distribution``.
-    """
-    import torch
-
-    from qed_ray.agents import make_agent
-    from qed_ray.checkpoint import load_checkpoint
-    from qed_ray.config import RunSpec
-
-    state, manifest = load_checkpoint(directory, map_location=device)
-    spec = RunSpec.model_validate(manifest["run"])
-    agent = make_agent(spec.agent, spec.temperature, manifest["obs_dim"], manifest["action_dim"],
-                       torch.device(device), spec.seed)
-    for name, module in agent.modules().items():
-        if name in state:  # intermediate snapshots carry only the acting modules
-            module.load_state_dict(state[name])
-    missing = [n for n in getattr(agent, "acting_modules", ()) if n not in state]
-    if missing:
-        raise ValueError(f"{directory}: snapshot lacks the modules {missing} needed to act")
-    return agent, manifest
-
 PolicyFn = Callable[[np.ndarray], np.ndarray]  # obs [B, O] -> deterministic actions [B, A]
 
 EVAL_SEED_BASE = 1_000_000  # eval env seeds never collide with training seeds (0..N)

@@ -1,4 +1,4 @@
-"""HL-Gauss distributional regression for MAD-SAC's binned critics (``shared/research/mad_td.md`` §1.3-§1.4).
+"""HL-Gauss distributional regression for MAD-SAC's binned critics (paper Sec. 5.2; MAD-TD's ``hl_gauss``).
 
 A scalar target y becomes the mass a Gaussian N(y, sigma^2) puts on each bin, and the critic is trained by
 cross-entropy against that histogram; the scalar read-out is E[value] = softmax(logits) . centres. Bins are
@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# MAD adds 17 x HL-Gauss(0) to the critic logits so that E[Q] ~ 0 at initialisation (research note §1.3).
+# MAD adds 17 x HL-Gauss(0) to the critic logits so that E[Q] ~ 0 at initialisation (MAD-TD's binned critic).
 ZERO_PRIOR_SCALE = 17.0
 
 
@@ -22,7 +22,7 @@ def cross_entropy(logits: torch.Tensor, target_probs: torch.Tensor,
                   reduction: Literal["mean", "sum"] = "mean") -> torch.Tensor:
     """Cross-entropy -sum_i p_i log softmax(logits)_i, reduced over the bin axis.
 
-    ``mean`` divides by the number of bins, as MAD does (research note §1.4, pitfall M9): the loss is then
+    ``mean`` divides by the number of bins, as MAD-TD's ``binned_bellman_crossentropy_loss`` does: the loss is then
     about 1/num_bins of the textbook value. Adam is invariant to that scale, but the global-norm gradient clip
     (20, paper App. B) and the relative weights inside the encoder objective are not, so ``mean`` is kept to
     match the MAD-TD code the paper ran; ``sum`` is the textbook cross-entropy.
@@ -75,7 +75,7 @@ class HLGauss(nn.Module):
         """Target histogram of scalars: Gaussian mass per bin by erf differences, renormalised to sum 1.
 
         Targets outside the support are clipped to [vmin, vmax] first (MAD does this silently; MadSAC logs
-        :meth:`clip_fraction`, research note §2.8).
+        :meth:`clip_fraction`).
 
         Args:
             y: [...] scalar targets.
@@ -125,7 +125,7 @@ class HLGauss(nn.Module):
     def zero_prior(self, scale: float = ZERO_PRIOR_SCALE) -> torch.Tensor:
         """The fixed logit prior ``scale`` x encode(0) [bins], added to critic logits so E[Q] ~ 0 at init.
 
-        With MAD's support this puts about +8.4 on the centre bin and +3.9 on its neighbours (research note
-        §1.3), which dominates the small random logits of a freshly initialised head.
+        With MAD's support this puts about +8.4 on the centre bin and +3.9 on its neighbours (MAD-TD's
+        prior), which dominates the small random logits of a freshly initialised head.
         """
         return scale * self.encode(torch.zeros((), device=self.centres.device))

@@ -1,6 +1,7 @@
 """Network building blocks shared by SAC-LN and MAD-SAC: MLPs, the tanh-Gaussian actor, twin critics.
 
-Modules only: no optimisers, no environment objects (DESIGN.md §2).
+Modules only: no optimisers, no environment objects, no random draws (noise is an input, so every forward is a
+pure function of parameters and inputs and can be called through ``torch.func.functional_call`` and ``vmap``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 LOG2 = math.log(2.0)
+HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 
 
 def activation(name: str) -> nn.Module:
@@ -37,13 +39,49 @@ def mlp(in_dim: int, hidden: int, depth: int, out_dim: int, layer_norm: bool, ac
     return nn.Sequential(*layers)
 
 
+def mlp_state_action(net: nn.Sequential, x: torch.Tensor, a: torch.Tensor, repeats: int = 1) -> torch.Tensor:
+    """``net(cat[x, a])`` where each row of ``x`` [B, D] pairs with ``repeats`` consecutive rows of ``a``.
+
+    With ``repeats`` = 1 this is the plain concatenation. With ``repeats`` = N (``a`` is [B*N, A], state-major)
+    the first layer is split as ``W [x; a] + b = (W_x x + b) + W_a a`` and ``W_x x + b`` is computed once per
+    state, then repeated: the same function as ``net(cat[x.repeat_interleave(N), a])`` up to float rounding, with
+    the state term's FLOPs divided by N (QED's N policy samples per state, paper Sec. 5.1).
+    """
+    if repeats == 1:
+        return net(torch.cat([x, a], dim=-1))
+    first = net[0]
+    b, d = x.shape
+    hx = F.linear(x, first.weight[:, :d], first.bias)  # [B, H], once per state
+    ha = F.linear(a, first.weight[:, d:])  # [B * repeats, H]
+    h = (ha.unflatten(0, (b, repeats)) + hx.unsqueeze(1)).flatten(0, 1)  # broadcast: no repeated copy of hx
+    for layer in list(net)[1:]:
+        h = layer(h)
+    return h
+
+
 def tanh_log_det_jacobian(u: torch.Tensor) -> torch.Tensor:
     """log(1 - tanh(u)^2) computed stably as 2 (log 2 - u - softplus(-2u)); shape preserved."""
     return 2.0 * (LOG2 - u - F.softplus(-2.0 * u))
 
 
+def squashed_sample(mu: torch.Tensor, log_std: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reparameterised tanh-Gaussian sample from pre-tanh ``mu``, ``log_std`` and standard-normal ``eps``.
+
+    Args:
+        mu, log_std, eps: [B, A] (eps drawn by the caller from the agent's own generator).
+
+    Returns:
+        ``(action [B, A] = tanh(mu + sigma eps), log_prob [B])`` with the tanh change of variables.
+    """
+    u = mu + log_std.exp() * eps
+    # log N(u; mu, sigma) with (u - mu)/sigma = eps exactly, avoiding a division.
+    gauss = -0.5 * eps.pow(2) - log_std - HALF_LOG_2PI
+    log_prob = (gauss - tanh_log_det_jacobian(u)).sum(-1)
+    return torch.tanh(u), log_prob
+
+
 class TanhGaussianActor(nn.Module):
-    """pi(a|s): pre-tanh u ~ N(mu(s), diag sigma(s)^2), a = tanh(u) (DESIGN.md §3 'Actor').
+    """pi(a|s): pre-tanh u ~ N(mu(s), diag sigma(s)^2), a = tanh(u) (paper Sec. 2, App. B).
 
     The log-std is bounded smoothly to [log_std_min, log_std_max] with a tanh rescale, so gradients never
     vanish at a hard clip.
@@ -64,20 +102,14 @@ class TanhGaussianActor(nn.Module):
         return mu, log_std
 
     def distribution(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pre-tanh ``(mu, sigma)`` [B, A]: what the cross-seed KL metric compares (paper App. C)."""
+        """Pre-tanh ``(mu, sigma)`` [B, A]: what the cross-seed KL metric compares (paper App. E)."""
         mu, log_std = self(x)
         return mu, log_std.exp()
 
-    def sample(self, x: torch.Tensor, generator: torch.Generator | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reparameterised sample: ``(action [B, A], log_prob [B])`` with the tanh change of variables."""
+    def sample(self, x: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reparameterised sample with noise ``eps`` [B, A]: ``(action [B, A], log_prob [B])``."""
         mu, log_std = self(x)
-        eps = torch.randn(mu.shape, generator=generator, device=mu.device, dtype=mu.dtype)
-        u = mu + log_std.exp() * eps
-        # log N(u; mu, sigma) with (u - mu)/sigma = eps exactly, avoiding a division.
-        gauss = -0.5 * eps.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
-        log_prob = (gauss - tanh_log_det_jacobian(u)).sum(-1)
-        return torch.tanh(u), log_prob
+        return squashed_sample(mu, log_std, eps)
 
     def mode(self, x: torch.Tensor) -> torch.Tensor:
         """Deterministic evaluation action tanh(mu), [B, A]."""
@@ -93,10 +125,10 @@ class TwinCritic(nn.Module):
         self.q1 = mlp(in_dim + action_dim, hidden, depth, 1, layer_norm, act)
         self.q2 = mlp(in_dim + action_dim, hidden, depth, 1, layer_norm, act)
 
-    def forward(self, x: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns ``(q1, q2)``, each [B]."""
-        xa = torch.cat([x, a], dim=-1)
-        return self.q1(xa).squeeze(-1), self.q2(xa).squeeze(-1)
+    def forward(self, x: torch.Tensor, a: torch.Tensor, repeats: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns ``(q1, q2)``, each [B * repeats]; see :func:`mlp_state_action` for ``repeats``."""
+        return (mlp_state_action(self.q1, x, a, repeats).squeeze(-1),
+                mlp_state_action(self.q2, x, a, repeats).squeeze(-1))
 
 
 @torch.no_grad()
@@ -114,6 +146,14 @@ def freeze(module: nn.Module) -> nn.Module:
     return module
 
 
+def make_adam(params, lr: float, device: torch.device) -> torch.optim.Adam:
+    """Adam with the multi-tensor step: ``fused`` on CUDA (step counters stay on the device, capturable), ``foreach``
+    elsewhere. The update rule is the same as the default Adam's."""
+    if torch.device(device).type == "cuda":
+        return torch.optim.Adam(params, lr=lr, fused=True)
+    return torch.optim.Adam(params, lr=lr, foreach=True)
+
+
 def clip_and_step(optimizer: torch.optim.Optimizer, params, loss: torch.Tensor, max_norm: float) -> torch.Tensor:
     """zero_grad -> backward -> global-norm clip (paper App. B: 20) -> step; returns the pre-clip grad norm."""
     optimizer.zero_grad(set_to_none=True)
@@ -121,3 +161,15 @@ def clip_and_step(optimizer: torch.optim.Optimizer, params, loss: torch.Tensor, 
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     optimizer.step()
     return norm
+
+
+def require_fp32_matmul() -> None:
+    """Full-FP32 matrix products for every critic pass (TF32 off on CUDA matmul and cuDNN).
+
+    QED reads |Q1 - Q2| near the alpha_TE floor; TF32 rounding adds ~3.6e-4 |Q| of independent noise per head,
+    which at |Q| ~ 100 inflates alpha several-fold (paper Sec. 5.1's disagreement would measure rounding). The
+    TD target needs the same precision. Called where agents and trainers are built, never at import.
+    """
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")

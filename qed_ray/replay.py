@@ -45,7 +45,7 @@ class ReplayBuffer:
 
     def add(self, obs: np.ndarray, action: np.ndarray, reward: float, next_obs: np.ndarray,
             terminated: bool) -> None:
-        """Appends one transition (time-limit truncations are not terminations: DESIGN.md §3)."""
+        """Appends one transition (time-limit truncations are not terminations)."""
         i = self.added % self.capacity
         d = self.data
         d["obs"][i], d["action"][i], d["reward"][i] = obs, action, reward

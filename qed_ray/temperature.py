@@ -1,9 +1,14 @@
-"""Temperature rules behind one interface (DESIGN.md §3 'Temperatures', paper Sec. 2 Eq. 1 and Sec. 5.1).
+"""Temperature rules behind one pure interface (paper Sec. 2 Eq. 1 and Sec. 5.1).
 
-Every rule offers ``alpha(states, sample_actions, q_pair) -> [B]`` (detached) and ``loss(log_prob)`` for its
-own trainable part. ``sample_actions(states) -> actions`` draws from the current policy and
-``q_pair(states, actions) -> (q1, q2)`` evaluates a pair of critics (scalar or HL-Gauss expected values);
-only QED calls them.
+A rule is a small module that owns its state (``log_alpha`` or a constant), but every method takes that state
+explicitly as a dict (``state = temperature_state(rule)``), so the same code serves a single agent (the live
+parameters) and a stack of seeds (stacked parameters under ``torch.func.vmap``):
+
+- ``floor(state)``: the scalar alpha_TE (or the constant);
+- ``alpha(state, batch, disagreement)``: [B] temperatures; only QED reads ``disagreement`` (its ``n_actions`` > 0);
+- ``loss(state, log_prob)``: the loss of the rule's trainable part.
+
+:func:`qed_disagreement` computes QED's Delta(s) from a policy and a critic pair, both passed as functions.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from torch import nn
 
 from qed_ray.config import TemperatureSpec
 
-SampleFn = Callable[[torch.Tensor], torch.Tensor]
-QPairFn = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+PolicyFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # states [B, D] -> (mu, log_std) [B, A]
+# (states [B, D], actions [B * repeats, A], repeats) -> (q1, q2) [B * repeats]
+QPairFn = Callable[[torch.Tensor, torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]
+State = dict[str, torch.Tensor]
 
 
 def expectile(x: torch.Tensor, tau: float) -> torch.Tensor:
@@ -25,7 +32,7 @@ def expectile(x: torch.Tensor, tau: float) -> torch.Tensor:
     The minimiser solves m = sum_i w_i x_i / sum_i w_i with w_i = tau above m and 1 - tau below. With the
     samples sorted, each split position j (j samples below m) gives a closed-form candidate; exactly the
     candidate lying inside its own bracket [x_(j-1), x_(j)] is the expectile (the objective is strictly convex).
-    No iteration, no data-dependent control flow (compile-friendly).
+    No iteration, no data-dependent control flow (compile- and vmap-friendly).
 
     Args:
         x: [..., N] samples.
@@ -48,48 +55,83 @@ def expectile(x: torch.Tensor, tau: float) -> torch.Tensor:
     return cand.gather(-1, first).squeeze(-1)
 
 
+@torch.no_grad()
+def qed_disagreement(policy: PolicyFn, q_pair: QPairFn, states: torch.Tensor, eps: torch.Tensor, n: int,
+                     tau: float, share_state_terms: bool = True,
+                     dist: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Delta(s) [B]: the tau-expectile of |Q1(s, a_i) - Q2(s, a_i)| over n policy samples a_i ~ pi(.|s).
+
+    Sample i of state b uses noise row ``b * n + i`` of ``eps`` [B * n, A] (state-major). With
+    ``share_state_terms`` (the default) the policy runs once per state and ``q_pair`` receives each state once
+    with its n actions (``repeats = n``), so per-state work is not repeated n times; without it, states are
+    repeated n times first and every network runs on B * n rows (the straightforward formula, kept as the
+    reference the rewrite is tested and benchmarked against). Both give the same Delta up to float rounding.
+    ``dist``: the policy's ``(mu, log_std)`` [B, A] at ``states`` when the caller has computed it already (for its
+    own sample), so the actor does not run twice.
+    """
+    b = states.shape[0]
+    if share_state_terms:
+        mu, log_std = policy(states) if dist is None else dist
+        u = mu.repeat_interleave(n, dim=0) + log_std.exp().repeat_interleave(n, dim=0) * eps
+        q1, q2 = q_pair(states, torch.tanh(u), n)
+    else:
+        rep = states.repeat_interleave(n, dim=0)
+        mu, log_std = policy(rep)
+        q1, q2 = q_pair(rep, torch.tanh(mu + log_std.exp() * eps), 1)
+    return expectile((q1 - q2).abs().reshape(b, n), tau)
+
+
+def temperature_state(rule: nn.Module) -> State:
+    """The rule's parameters and buffers by name (the live tensors: gradients reach ``log_alpha``)."""
+    return {**dict(rule.named_parameters()), **dict(rule.named_buffers())}
+
+
 class FixedTemperature(nn.Module):
     """A constant alpha (paper Sec. 6.3 ablation)."""
+
+    n_actions = 0
 
     def __init__(self, alpha: float):
         super().__init__()
         self.register_buffer("value", torch.tensor(float(alpha)))
 
-    def alpha(self, states: torch.Tensor, sample_actions: SampleFn, q_pair: QPairFn) -> torch.Tensor:
-        """[B] constant."""
-        return self.value.expand(states.shape[0])
-
-    def loss(self, log_prob: torch.Tensor) -> torch.Tensor:
-        """Nothing to learn: 0."""
-        return torch.zeros((), device=log_prob.device)
-
-    def floor(self) -> torch.Tensor:
+    def floor(self, state: State) -> torch.Tensor:
         """The scalar alpha."""
-        return self.value
+        return state["value"]
+
+    def alpha(self, state: State, batch: int, disagreement: torch.Tensor | None = None) -> torch.Tensor:
+        """[B] constant."""
+        return self.floor(state).expand(batch)
+
+    def loss(self, state: State, log_prob: torch.Tensor) -> torch.Tensor:
+        """Nothing to learn: 0."""
+        return torch.zeros_like(log_prob).sum()
 
 
 class TargetEntropyTemperature(nn.Module):
     """SAC's learned scalar alpha_TE (paper Eq. 1) with H_target = -action_dim."""
+
+    n_actions = 0
 
     def __init__(self, action_dim: int, init_alpha: float):
         super().__init__()
         self.log_alpha = nn.Parameter(torch.tensor(float(init_alpha)).log())
         self.target_entropy = -float(action_dim)
 
-    def floor(self) -> torch.Tensor:
+    def floor(self, state: State) -> torch.Tensor:
         """alpha_TE, detached scalar."""
-        return self.log_alpha.detach().exp()
+        return state["log_alpha"].detach().exp()
 
-    def alpha(self, states: torch.Tensor, sample_actions: SampleFn, q_pair: QPairFn) -> torch.Tensor:
+    def alpha(self, state: State, batch: int, disagreement: torch.Tensor | None = None) -> torch.Tensor:
         """[B] copies of alpha_TE."""
-        return self.floor().expand(states.shape[0])
+        return self.floor(state).expand(batch)
 
-    def loss(self, log_prob: torch.Tensor) -> torch.Tensor:
+    def loss(self, state: State, log_prob: torch.Tensor) -> torch.Tensor:
         """-(log_alpha (log pi + H_target)).mean(); log_prob is detached here."""
-        return -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
+        return -(state["log_alpha"] * (log_prob.detach() + self.target_entropy)).mean()
 
 
-class QEDTemperature(nn.Module):
+class QEDTemperature(TargetEntropyTemperature):
     """Q-value Expectile Disagreement (paper Sec. 5.1).
 
     alpha(s) = clip(expectile_tau(|Q1(s,a_i) - Q2(s,a_i)|, a_i ~ pi(.|s)) / (k * action_dim), alpha_TE, alpha_max).
@@ -98,34 +140,18 @@ class QEDTemperature(nn.Module):
     """
 
     def __init__(self, action_dim: int, spec: TemperatureSpec):
-        super().__init__()
-        self.te = TargetEntropyTemperature(action_dim, spec.init_alpha)
+        super().__init__(action_dim, spec.init_alpha)
         self.scale = 1.0 / (spec.k * action_dim)
         self.n_actions = spec.n_actions
         self.tau = spec.tau
         self.alpha_max = spec.alpha_max
 
-    def floor(self) -> torch.Tensor:
-        """alpha_TE."""
-        return self.te.floor()
-
     @torch.no_grad()
-    def disagreement(self, states: torch.Tensor, sample_actions: SampleFn, q_pair: QPairFn) -> torch.Tensor:
-        """Delta(s) [B]: the tau-expectile of |Q1 - Q2| over n_actions policy samples per state."""
-        b = states.shape[0]
-        rep = states.repeat_interleave(self.n_actions, dim=0)  # batched: one critic call for all N samples
-        q1, q2 = q_pair(rep, sample_actions(rep))
-        return expectile((q1 - q2).abs().view(b, self.n_actions), self.tau)
-
-    @torch.no_grad()
-    def alpha(self, states: torch.Tensor, sample_actions: SampleFn, q_pair: QPairFn) -> torch.Tensor:
-        """[B] state-dependent alpha, no gradient to critics or actor."""
-        raw = self.disagreement(states, sample_actions, q_pair) * self.scale
-        return torch.maximum(raw.clamp(max=self.alpha_max), self.floor())
-
-    def loss(self, log_prob: torch.Tensor) -> torch.Tensor:
-        """The alpha_TE loss (the floor keeps training as usual)."""
-        return self.te.loss(log_prob)
+    def alpha(self, state: State, batch: int, disagreement: torch.Tensor | None = None) -> torch.Tensor:
+        """[B] state-dependent alpha from Delta(s) [B] (:func:`qed_disagreement`); no gradient anywhere."""
+        if disagreement is None:
+            raise ValueError("QEDTemperature.alpha: needs the disagreement Delta(s) [B]")
+        return torch.maximum((disagreement * self.scale).clamp(max=self.alpha_max), self.floor(state))
 
 
 def make_temperature(spec: TemperatureSpec, action_dim: int) -> nn.Module:
@@ -137,11 +163,17 @@ def make_temperature(spec: TemperatureSpec, action_dim: int) -> nn.Module:
     return QEDTemperature(action_dim, spec)
 
 
-def alpha_stats(alpha: torch.Tensor, temperature: nn.Module, prefix: str) -> dict[str, torch.Tensor]:
-    """mean/min/max of a [B] alpha and the fraction of states at the floor and at alpha_max (tensors, no sync)."""
-    floor = temperature.floor()
-    out = {f"{prefix}_mean": alpha.mean(), f"{prefix}_min": alpha.min(), f"{prefix}_max": alpha.max()}
-    if isinstance(temperature, QEDTemperature):
-        out[f"{prefix}_frac_floor"] = (alpha <= floor).float().mean()
-        out[f"{prefix}_frac_cap"] = (alpha >= temperature.alpha_max).float().mean()
+def alpha_stat_names(rule: nn.Module, prefix: str) -> tuple[str, ...]:
+    """Names of :func:`alpha_stats`' entries, in order."""
+    names = (f"{prefix}_mean", f"{prefix}_min", f"{prefix}_max")
+    if isinstance(rule, QEDTemperature):
+        names += (f"{prefix}_frac_floor", f"{prefix}_frac_cap")
+    return names
+
+
+def alpha_stats(alpha: torch.Tensor, rule: nn.Module, state: State) -> list[torch.Tensor]:
+    """0-d mean/min/max of a [B] alpha and, for QED, the fractions of states at the floor and at alpha_max."""
+    out = [alpha.mean(), alpha.min(), alpha.max()]
+    if isinstance(rule, QEDTemperature):
+        out += [(alpha <= rule.floor(state)).to(alpha.dtype).mean(), (alpha >= rule.alpha_max).to(alpha.dtype).mean()]
     return out

@@ -75,7 +75,7 @@ def spec_from_args(args: argparse.Namespace, flags: list[Flag]) -> RunSpec:
         raise SpecError(f"train.{spec.train.budget_problem()}")
     if "env_steps" not in raw.get("train", {}):
         print(f"note: --env-steps not given: training for the default {spec.train.env_steps:,} env steps "
-              f"(the paper's budget)", file=sys.stderr)
+              f"(the paper's budget)", flush=True)
     return spec
 
 

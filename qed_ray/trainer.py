@@ -18,11 +18,14 @@ import numpy as np
 import torch
 
 from qed_ray.agents import make_agent
+from qed_ray.agents.base import Agent
 from qed_ray.checkpoint import load_checkpoint, save_checkpoint
 from qed_ray.config import RunSpec
 from qed_ray.envs import DMCEnv, make_env
 from qed_ray.evaluate import eval_seeds, rollout
+from qed_ray.networks import require_fp32_matmul
 from qed_ray.replay import ReplayBuffer
+from qed_ray.update_metrics import MetricAccumulator
 
 
 class SaveFn(Protocol):
@@ -96,15 +99,14 @@ class Trainer:
         log: progress-line printer.
     """
 
-    def __init__(self, spec: RunSpec, env: DMCEnv, agent, replay: ReplayBuffer, reporter: Reporter,
+    def __init__(self, spec: RunSpec, env: DMCEnv, agent: Agent, replay: ReplayBuffer, reporter: Reporter,
                  rng: np.random.Generator, replay_dir: Path | None = None,
                  log: Callable[[str], None] = lambda s: None):
         self.spec, self.env, self.agent, self.replay = spec, env, agent, replay
         self.reporter, self.rng, self.replay_dir, self.log = reporter, rng, replay_dir, log
         self.p = Progress()
         self.resumed_from: int | None = None
-        self._acc: dict[str, torch.Tensor] = {}
-        self._acc_n = 0
+        self._acc = MetricAccumulator(agent.metric_layout, agent.device)  # interval sums/max/min on the device
         self.last_metrics: dict[str, float] = {}
 
     # ---- checkpoint ------------------------------------------------------------------------------
@@ -163,6 +165,7 @@ class Trainer:
     def run(self) -> dict:
         """Trains to ``spec.train.env_steps``; returns the final summary. Raises DivergenceError on NaN/inf."""
         t = self.spec.train
+        require_fp32_matmul()  # every critic pass feeding QED or the TD target stays FP32 (no TF32)
         obs = None  # episodes start lazily so a checkpoint taken at an episode end holds the pre-reset env RNG
         ep_return = 0.0
         interval_start = time.perf_counter()
@@ -206,30 +209,13 @@ class Trainer:
             batch = self.replay.sample(spec.agent.batch_size, self.agent.device)
             if spec.train.debug_nan_at_env_step == env_steps:
                 batch["reward"][0] = float("nan")  # a real NaN that flows into the critic loss
-            self._accumulate(self.agent.update(batch))
+            self._acc.add(self.agent.update(batch))  # one metric vector, folded in on the device
             self.p.updates += 1
         return spec.agent.utd
 
-    def _accumulate(self, metrics: dict[str, torch.Tensor]) -> None:
-        acc = self._acc
-        for k, v in metrics.items():
-            if k not in acc:
-                acc[k] = v.detach().clone().float()
-            elif k.endswith("_max"):
-                acc[k] = torch.maximum(acc[k], v)
-            elif k.endswith("_min"):
-                acc[k] = torch.minimum(acc[k], v)
-            else:
-                acc[k] = acc[k] + v
-        self._acc_n += 1
-
     def _check_finite(self, env_steps: int) -> None:
-        keys = [k for k in self._acc if k.startswith(("loss/", "q/"))]
-        if not keys:
-            return
-        flags = torch.stack([torch.isfinite(self._acc[k]) for k in keys]).cpu().numpy()  # one sync
-        if not flags.all():
-            bad = [k for k, ok in zip(keys, flags) if not ok]
+        bad = self._acc.non_finite(("loss/", "q/"))  # one sync
+        if bad:
             raise DivergenceError(f"non-finite {', '.join(bad)} by env step {env_steps} "
                                   f"(decision {self.p.decisions}, update {self.p.updates})")
 
@@ -241,8 +227,8 @@ class Trainer:
         ev = rollout(self.agent.act_batch, self.spec.task, eval_seeds(t.eval_episodes), frame_skip=t.frame_skip)
         eval_s = time.perf_counter() - t0
         mean = float(ev.returns.mean())
-        alpha_mean = float(self._acc["alpha/actor_mean"] / self._acc_n) if self._acc_n else math.nan
-        self.p.evals.append(EvalRecord(env_steps, mean, alpha_mean))
+        interval = self._acc.means()
+        self.p.evals.append(EvalRecord(env_steps, mean, interval.get("alpha/actor_mean", math.nan)))
         metrics = {
             "env_steps": env_steps, "decisions": self.p.decisions, "updates": self.p.updates,
             "episodes": self.p.episodes,
@@ -254,25 +240,15 @@ class Trainer:
         }
         if self.p.train_returns:
             metrics["train/episode_return"] = float(np.mean(self.p.train_returns))
-        metrics.update(self._interval_means())
+        metrics.update(interval)
         self.p.train_returns = []
         self.last_metrics = metrics
-        for warning in getattr(self.agent, "report_warnings", lambda m: [])(metrics):
+        for warning in self.agent.report_warnings(metrics):
             self.log(f"WARNING {self.spec.name} at env step {env_steps}: {warning}")
         self.reporter(metrics, self.save)
         self.log(f"{self.spec.name} env_steps={env_steps} eval={mean:.1f} "
                  f"alpha={metrics.get('alpha/actor_mean', float('nan')):.4f} "
                  f"ups={metrics['perf/updates_per_s']:.1f}")
-
-    def _interval_means(self) -> dict[str, float]:
-        if not self._acc_n:
-            return {}
-        n = self._acc_n
-        keys = list(self._acc)
-        vals = torch.stack([self._acc[k] for k in keys]).cpu().numpy()
-        out = {k: float(v if k.endswith(("_max", "_min")) else v / n) for k, v in zip(keys, vals)}
-        self._acc, self._acc_n = {}, 0
-        return out
 
     def summary(self) -> dict:
         """Final figures of the run (the CLI writes them to ``summary.json``)."""

@@ -128,7 +128,8 @@ def rollout_states(snapshots: Sequence[Path], task: str, steps: int, env_seed: i
     Every policy starts from env seed ``env_seed``'s initial state and acts deterministically.
     """
     from qed_ray.config import RunSpec
-    from qed_ray.evaluate import load_policy, rollout_many
+    from qed_ray.agents import load_policy
+    from qed_ray.evaluate import rollout_many
 
     loaded = [load_policy(d, "cpu") for d in snapshots]
     skips = {RunSpec.model_validate(m["run"]).train.frame_skip for _, m in loaded}

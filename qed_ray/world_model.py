@@ -1,4 +1,4 @@
-"""MAD-SAC's latent world model and binned critic (``shared/research/mad_td.md`` §1.3, TD-MPC2 layout §3.2).
+"""MAD-SAC's latent world model and binned critic (paper Sec. 5.2; MAD-TD's networks in TD-MPC2's layout).
 
 Modules only: encoder obs -> SimNorm latent, one-step latent dynamics, scalar reward head, and the twin
 HL-Gauss critic heads over (latent, action). "Block" below means Linear -> LayerNorm -> activation, the
@@ -12,14 +12,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from qed_ray.hlgauss import ZERO_PRIOR_SCALE, HLGauss
-from qed_ray.networks import mlp
+from qed_ray.networks import mlp, mlp_state_action
 
 
 class SimNorm(nn.Module):
     """Simplicial normalisation: softmax over consecutive groups of ``group`` features (TD-MPC2, MAD).
 
     The latent becomes ``dim / group`` probability simplices, which bounds it and makes the self-prediction
-    loss a per-group cross-entropy (research note §1.6 term 2).
+    loss a per-group cross-entropy (MAD-TD's self-prediction term).
 
     Args:
         group: features per simplex (MAD: 8).
@@ -46,7 +46,7 @@ class SimNorm(nn.Module):
 
 
 class Encoder(nn.Module):
-    """obs [B, O] -> latent [B, latent_dim]: Block(hidden), Linear(latent), LayerNorm, SimNorm (MAD §1.3)."""
+    """obs [B, O] -> latent [B, latent_dim]: Block(hidden), Linear(latent), LayerNorm, SimNorm (MAD-TD)."""
 
     def __init__(self, obs_dim: int, hidden: int, latent_dim: int, group: int, act: str):
         super().__init__()
@@ -60,7 +60,7 @@ class Encoder(nn.Module):
 
 
 class Dynamics(nn.Module):
-    """One-step latent model over concat(z, a): Block x depth, Linear(latent), LayerNorm, SimNorm (MAD §1.3)."""
+    """One-step latent model over concat(z, a): Block x depth, Linear(latent), LayerNorm, SimNorm (MAD-TD)."""
 
     def __init__(self, latent_dim: int, action_dim: int, hidden: int, depth: int, group: int, act: str):
         super().__init__()
@@ -79,7 +79,7 @@ class Dynamics(nn.Module):
 
 
 class RewardHead(nn.Module):
-    """Scalar reward r(z, a) over concat(z, a): Block x depth, Linear(1); trained with MSE (MAD §1.3)."""
+    """Scalar reward r(z, a) over concat(z, a): Block x depth, Linear(1); trained with MSE (MAD-TD)."""
 
     def __init__(self, latent_dim: int, action_dim: int, hidden: int, depth: int, act: str):
         super().__init__()
@@ -91,7 +91,7 @@ class RewardHead(nn.Module):
 
 
 class HLGaussCritic(nn.Module):
-    """Two independent HL-Gauss Q heads over concat(z, a), each Block x depth -> Linear(num_bins) (MAD §1.3).
+    """Two independent HL-Gauss Q heads over concat(z, a), each Block x depth -> Linear(num_bins) (MAD-TD).
 
     A fixed zero prior (17 x HL-Gauss(0), a buffer, never trained) is added to both heads' logits so the
     expected value starts near 0: without it, near-uniform logits give E[Q] a random spread over the whole
@@ -113,12 +113,16 @@ class HLGaussCritic(nn.Module):
         self.q2 = mlp(latent_dim + action_dim, hidden, depth, hl.num_bins, layer_norm=True, act=act)
         self.register_buffer("prior", self.hl.zero_prior(ZERO_PRIOR_SCALE))
 
-    def logits(self, z: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Both heads' logits ``(l1, l2)``, each [B, num_bins], prior included."""
-        za = torch.cat([z, a], dim=-1)
-        return self.q1(za) + self.prior, self.q2(za) + self.prior
+    def forward(self, z: torch.Tensor, a: torch.Tensor, repeats: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both heads' logits ``(l1, l2)``, each [B * repeats, num_bins], prior included.
 
-    def forward(self, z: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Expected values ``(E[Q1], E[Q2])``, each [B] (usable as QED's ``q_pair``)."""
-        l1, l2 = self.logits(z, a)
+        ``repeats`` > 1 pairs each latent with that many consecutive actions and computes the first layer's
+        latent term once per latent (:func:`qed_ray.networks.mlp_state_action`).
+        """
+        return (mlp_state_action(self.q1, z, a, repeats) + self.prior,
+                mlp_state_action(self.q2, z, a, repeats) + self.prior)
+
+    def values(self, z: torch.Tensor, a: torch.Tensor, repeats: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expected values ``(E[Q1], E[Q2])``, each [B * repeats]."""
+        l1, l2 = self(z, a, repeats)
         return self.hl.decode(l1), self.hl.decode(l2)

@@ -71,7 +71,7 @@ def test_identical_policies_have_zero_divergence_and_distance(tmp_path):
 
 
 def test_action_distance_reuses_eval_rollouts_exactly(tmp_path):
-    from qed_ray.evaluate import load_policy
+    from qed_ray.agents import load_policy
 
     agents = [load_policy(_snapshot(tmp_path, s, 1000))[0] for s in (0, 1)]
     rolls = rollout_many([a.act_batch for a in agents], "cartpole-balance", eval_seeds(3))

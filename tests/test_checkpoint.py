@@ -1,15 +1,19 @@
-"""Checkpoints: round-trip, exact resume, clear errors on corrupt or mismatched files (DESIGN.md §4)."""
+"""Checkpoints: round-trip, exact resume, clear errors on corrupt, mismatched or outdated files."""
 
 import json
+from importlib import metadata
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from qed_ray.agents import make_agent
-from qed_ray.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from qed_ray.checkpoint import (FORMAT_VERSION, CheckpointError, CheckpointVersionError, load_checkpoint,
+                                save_checkpoint)
+from qed_ray.config import RunSpec
 from qed_ray.replay import ReplayBuffer, list_chunks
-from qed_ray.train import run
+from qed_ray.train import main, run
 
 
 def _agent(spec, seed=0):
@@ -30,10 +34,9 @@ def test_agent_roundtrip_gives_identical_actions_and_updates(tiny_run, tmp_path)
     obs = np.random.default_rng(0).normal(size=(7, 5)).astype(np.float32)
     np.testing.assert_array_equal(a.act_batch(obs), b.act_batch(obs))
     np.testing.assert_array_equal(a.act(obs[0], False), b.act(obs[0], False))  # same generator state
-    ma, mb = a.update(batch), b.update(batch)
-    for k in ma:
-        assert torch.equal(ma[k], mb[k]), k
-    assert manifest["env_steps"] == 10 and manifest["versions"]["torch"] == torch.__version__.split("+")[0] or True
+    assert torch.equal(a.update(batch), b.update(batch))
+    assert manifest["env_steps"] == 10 and manifest["format_version"] == FORMAT_VERSION == 2
+    assert manifest["versions"]["torch"] == metadata.version("torch")
 
 
 def test_resume_continues_exactly(tiny_run, tmp_path):
@@ -97,3 +100,52 @@ def test_replay_saves_only_new_transitions(tmp_path):
         np.testing.assert_array_equal(other.data[k][:40], buf.data[k][:40])
     with pytest.raises(FileNotFoundError, match="cover 30 transitions"):
         ReplayBuffer(100, 3, 2, np.random.default_rng(1)).load_incremental(tmp_path, 35)
+
+
+@pytest.mark.parametrize("version, needle", [
+    (1, "written by an older version of qed_ray (checkpoint format 1; this version reads format 2"),
+    (None, "checkpoint format None is not the format 2"),
+    (3, "checkpoint format 3 is not the format 2"),
+])
+def test_checkpoint_of_another_format_is_refused_and_kept(tiny_run, tmp_path, capsys, version, needle):
+    spec = tiny_run()
+    ident = {"task": spec.task, "agent": "sac_ln", "variant": "te", "seed": 0, "obs_dim": 5, "action_dim": 1}
+    ckpt = tmp_path / "checkpoint"
+    save_checkpoint(ckpt, _agent(spec).state_dict(), {**ident, "env_steps": 2000})
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    if version is None:
+        del manifest["format_version"]
+    else:
+        manifest["format_version"] = version
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
+    with pytest.raises(CheckpointVersionError, match=r"manifest\.json: ") as err:
+        load_checkpoint(ckpt)
+    assert needle in str(err.value) and isinstance(err.value, CheckpointError)
+    if version == 1:
+        assert "remove its checkpoint and replay folders" in str(err.value)
+    # The CLI refuses it with exit code 2 and the same message, and leaves the checkpoint as it was.
+    rc = main(["--task", "cartpole-balance", "--hidden", "32", "--batch-size", "32", "--out", str(tmp_path)])
+    err_text = capsys.readouterr().err
+    assert rc == 2 and err_text.startswith("error: ") and needle in err_text
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir()} == before
+
+
+def test_policy_snapshots_of_format_1_still_load_for_analysis(tmp_path):
+    from qed_ray.agents import load_policy
+
+    # A final policy snapshot written by qed_ray at checkpoint format 1 (SAC-LN, QED k 0.2, hidden 16, after 20
+    # updates), with the deterministic actions and log alpha_TE that version computed from it.
+    snapshot = Path(__file__).parent / "data" / "format1_sac_ln_qed"
+    assert json.loads((snapshot / "manifest.json").read_text())["format_version"] == 1
+    agent, manifest = load_policy(snapshot)
+    obs = np.linspace(-1, 1, 15, dtype=np.float32).reshape(3, 5)
+    np.testing.assert_array_equal(agent.act_batch(obs).ravel(),
+                                  np.array([0.18644969165325165, 0.1844514161348343, 0.14497138559818268],
+                                           np.float32))
+    assert agent.temperature.log_alpha.item() == pytest.approx(-2.3086886405944824, abs=1e-7)
+    fresh = _agent(RunSpec.model_validate({**manifest["run"], "agent": {"name": "sac_ln", "hidden": 16,
+                                                                        "batch_size": 16}}))
+    assert not np.array_equal(fresh.act_batch(obs), agent.act_batch(obs))  # the weights came from the file
+    with pytest.raises(CheckpointVersionError, match="written by an older version of qed_ray"):
+        load_checkpoint(snapshot)  # resuming from it is still refused

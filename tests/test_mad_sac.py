@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from qed_ray.agents.base import params_of
 from qed_ray.agents.mad_sac import MODEL_METRIC_KEYS, MadSAC, split_sizes
 from qed_ray.config import MadSacSpec, MadSpec, TemperatureSpec
 from qed_ray.hlgauss import HLGauss, cross_entropy
@@ -98,8 +99,8 @@ def test_zero_prior_gives_near_zero_q_at_init():
     z = SimNorm(8)(3 * torch.randn(1000, 64))
     a = torch.rand(1000, 6) * 2 - 1
     with torch.no_grad():
-        q1, q2 = critic(z, a)
-        l1, _ = critic.logits(z, a)
+        q1, q2 = critic.values(z, a)
+        l1, _ = critic(z, a)
     assert float(q1.abs().max()) < 1.0 and float(q2.abs().max()) < 1.0
     assert float(critic.hl.decode(l1 - critic.prior).abs().max()) > 5.0  # without the prior: spread over ±300
 
@@ -139,24 +140,24 @@ def test_split_sizes_rejects_an_empty_real_share():
 def test_critic_batch_model_rows_use_real_states_and_policy_samples(proportion, n_real):
     agent = make_agent(batch_size=512, proportion_real=proportion)
     batch = make_batch(512)
-    state = agent.generator.get_state()
-    cb = agent.critic_batch(batch)
+    g = torch.Generator().manual_seed(3)
+    eps_model, eps = torch.randn(512 - n_real, ACT, generator=g), torch.randn(512, ACT, generator=g)
+    cb = agent.fn.critic_batch(agent.params(), params_of(agent.critic_target), batch, eps_model, eps,
+                               torch.zeros(0, ACT))
     assert int(cb["is_model"].sum()) == 512 - n_real and not bool(cb["is_model"][:n_real].any())
-    g = torch.Generator().manual_seed(0)
-    g.set_state(state)
     with torch.no_grad():
         z = agent.encoder(batch["obs"])
-        a_m = agent.actor.sample(z[n_real:], g)[0]  # the first draw of critic_batch
+        a_m = agent.actor.sample(z[n_real:], eps_model)[0]
         torch.testing.assert_close(cb["z"], z, rtol=0, atol=1e-6)  # same rows, batched with s'
         torch.testing.assert_close(cb["a"][:n_real], batch["action"][:n_real], rtol=0, atol=0)
-        torch.testing.assert_close(cb["a"][n_real:], a_m, rtol=0, atol=0)
+        torch.testing.assert_close(cb["a"][n_real:], a_m, rtol=0, atol=1e-6)
         # Rebuild the soft targets by hand: model rows bootstrap from the model's (z'_m, r_m).
         z_next = torch.cat([agent.encoder(batch["next_obs"][:n_real]), agent.dynamics(z[n_real:], a_m)[0]])
         r = torch.cat([batch["reward"][:n_real], agent.reward(z[n_real:], a_m)])
-        a2, logp2 = agent.actor.sample(z_next, g)
-        tq1, tq2 = agent.critic_target(z_next, a2)
-        y = r + 0.99 * (torch.minimum(tq1, tq2) - agent.temperature.floor() * logp2)
-    torch.testing.assert_close(cb["y"], y, rtol=0, atol=1e-6)
+        a2, logp2 = agent.actor.sample(z_next, eps)
+        tq1, tq2 = agent.critic_target.values(z_next, a2)
+        y = r + 0.99 * (torch.minimum(tq1, tq2) - agent.temperature.log_alpha.exp() * logp2)
+    torch.testing.assert_close(cb["y"], y, rtol=0, atol=1e-5)
     assert not cb["y"].requires_grad
 
 
@@ -173,9 +174,11 @@ REQUIRED_KEYS = ("loss/critic", "loss/actor", "loss/alpha", "loss/model_reward",
 def test_update_moves_exactly_the_trained_parameters(temperature):
     agent = make_agent(temperature)
     before = {k: snapshot(m) for k, m in agent.modules().items()}
-    metrics = agent.update(make_batch())
+    vector = agent.update(make_batch())
+    assert vector.shape == (len(agent.metric_layout.names),) and not vector.requires_grad
+    assert bool(torch.isfinite(vector).all())
+    metrics = agent.metric_layout.as_dict(vector)
     assert set(REQUIRED_KEYS) <= set(metrics)
-    assert all(v.dim() == 0 and not v.requires_grad and math.isfinite(float(v)) for v in metrics.values())
     if temperature.kind == "qed":
         assert {"alpha/actor_frac_floor", "alpha/actor_frac_cap", "alpha/target_frac_cap"} <= set(metrics)
     for name in ("encoder", "dynamics", "reward", "critic", "actor"):
@@ -195,18 +198,18 @@ def test_update_moves_exactly_the_trained_parameters(temperature):
         assert torch.equal(temp_after["value"], before["temperature"]["value"])
         assert metrics["alpha/actor_mean"].item() == pytest.approx(0.05)
     else:
-        key = "log_alpha" if temperature.kind == "te" else "te.log_alpha"
-        assert not torch.equal(temp_after[key], before["temperature"][key])
+        assert not torch.equal(temp_after["log_alpha"], before["temperature"]["log_alpha"])
     assert all(p.grad is None for p in agent.critic_target.parameters())
 
 
 def test_model_step_runs_every_model_every_th_update():
     agent = make_agent(model_every=2)
     batch = make_batch()
-    first = agent.update(batch)
+    layout = agent.metric_layout
+    first = layout.as_dict(agent.update(batch))
     frozen = {k: snapshot(agent.modules()[k]) for k in ("encoder", "dynamics", "reward")}
     critic = snapshot(agent.critic)
-    second = agent.update(batch)
+    second = layout.as_dict(agent.update(batch))
     for name, old in frozen.items():
         assert all(torch.equal(v, agent.modules()[name].state_dict()[k]) for k, v in old.items()), name
     assert not torch.equal(critic["q1.0.weight"], agent.critic.state_dict()["q1.0.weight"])
@@ -218,21 +221,23 @@ def test_model_step_runs_every_model_every_th_update():
 
 
 def test_target_actor_critic_option_trains_the_actor_against_the_target_critic():
-    agent = make_agent(actor_critic="target")
-    agent.update(make_batch())  # online and target critics now differ
-    z = agent.critic_batch(make_batch(seed=2))["z"][:16]
-    probe = make_agent(actor_critic="target", seed=5)
-    probe.load_state_dict(agent.state_dict())  # same parameters and generator state
-    online, actor = snapshot(agent.critic), snapshot(agent.actor)
-    metrics = agent.actor_step(z)
-    assert all(torch.equal(v, agent.critic.state_dict()[k]) for k, v in online.items())
-    assert not torch.equal(actor["net.0.weight"], agent.actor.state_dict()["net.0.weight"])
-    with torch.no_grad():
-        a, logp = probe.actor.sample(z, probe.generator)
-        q1, q2 = probe.critic_target(z, a)
-        o1, o2 = probe.critic(z, a)
-    expected = (probe.temperature.floor() * logp - torch.minimum(q1, q2)).mean()
-    with_online = (probe.temperature.floor() * logp - torch.minimum(o1, o2)).mean()
+    agent = make_agent(actor_critic="target", model_every=2)
+    agent.update(make_batch())  # online and target critics now differ; the next update skips the model step
+    probe = make_agent(actor_critic="target", model_every=2, seed=5)
+    probe.load_state_dict(agent.state_dict())  # the state before the second update
+    batch = make_batch(seed=2)
+    noise = torch.randn(agent.noise_rows(32), ACT, generator=torch.Generator().manual_seed(4))
+    metrics = agent.metric_layout.as_dict(agent.update(batch, noise))
+    n_real = 16
+    eps_actor = noise.split(agent.fn.noise_sizes(32))[5]
+    with torch.no_grad():  # the actor step reads the encoder, actor and target critic as they were
+        z = probe.encoder(batch["obs"][:n_real])
+        a, logp = probe.actor.sample(z, eps_actor)
+        q1, q2 = probe.critic_target.values(z, a)
+        o1, o2 = probe.critic.values(z, a)
+    floor = probe.temperature.log_alpha.exp().detach()
+    expected = (floor * logp - torch.minimum(q1, q2)).mean()
+    with_online = (floor * logp - torch.minimum(o1, o2)).mean()
     assert metrics["loss/actor"].item() == pytest.approx(expected.item(), abs=1e-6)
     assert abs(expected.item() - with_online.item()) > 1e-4
 
@@ -243,7 +248,7 @@ def test_acting_and_analysis_methods_read_the_encoded_observation():
     with torch.no_grad():
         z = agent.encoder(torch.from_numpy(obs))
         mu, log_std = agent.actor(z)
-        q1, q2 = agent.critic(z, torch.zeros(4, ACT))
+        q1, q2 = agent.critic.values(z, torch.zeros(4, ACT))
     np.testing.assert_array_equal(agent.act_batch(obs), torch.tanh(mu).numpy())
     np.testing.assert_array_equal(agent.act(obs[1], deterministic=True), torch.tanh(mu[1]).numpy())
     m, s = agent.policy_distribution(obs)
@@ -277,7 +282,7 @@ def test_checkpoint_round_trip_gives_identical_actions_and_updates():
     np.testing.assert_array_equal(fresh.act(obs, True), agent.act(obs, True))
     np.testing.assert_array_equal(fresh.act(obs, False), agent.act(obs, False))
     m1, m2 = agent.update(batch), fresh.update(batch)  # model step skipped on both (update 2 of model_every 2)
-    assert all(torch.equal(m1[k], m2[k]) for k in m1), [k for k in m1 if not torch.equal(m1[k], m2[k])]
+    assert torch.equal(m1, m2)
     for name, mod in agent.modules().items():
         other = fresh.modules()[name].state_dict()
         assert all(torch.equal(v, other[k]) for k, v in mod.state_dict().items()), name

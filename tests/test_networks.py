@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from qed_ray.networks import TanhGaussianActor, TwinCritic, polyak_update, tanh_log_det_jacobian
+from qed_ray.networks import TanhGaussianActor, TwinCritic, make_adam, polyak_update, tanh_log_det_jacobian
 
 
 def test_stable_tanh_correction_matches_naive_formula():
@@ -22,7 +22,7 @@ def test_log_prob_matches_monte_carlo_density():
     g = torch.Generator().manual_seed(1)
     n = 400_000
     with torch.no_grad():
-        a, logp = actor.sample(x.expand(n, 3), g)
+        a, logp = actor.sample(x.expand(n, 3), torch.randn(n, 1, generator=g))
     a = a[:, 0].numpy()
     # histogram density estimate at the sampled points' bins vs exp(log_prob) of points in the bin
     hist, edges = np.histogram(a, bins=40, range=(a.min(), a.max()), density=True)
@@ -38,8 +38,10 @@ def test_log_prob_is_gaussian_minus_jacobian_exactly():
     actor = TanhGaussianActor(2, 2, 8, 1, "relu", -5.0, 2.0)
     x = torch.randn(5, 2)
     g = torch.Generator().manual_seed(3)
-    a, logp = actor.sample(x, g)
+    eps = torch.randn(5, 2, generator=g)
+    a, logp = actor.sample(x, eps)
     mu, log_std = actor(x)
+    torch.testing.assert_close(a, torch.tanh(mu + log_std.exp() * eps), rtol=0, atol=0)
     u = torch.atanh(a.clamp(-1 + 1e-6, 1 - 1e-6))
     ref = torch.distributions.Normal(mu, log_std.exp()).log_prob(u).sum(-1) - torch.log(1 - a ** 2).sum(-1)
     torch.testing.assert_close(logp, ref, rtol=1e-3, atol=1e-3)
@@ -69,3 +71,21 @@ def test_twin_critic_has_layernorm_and_independent_heads():
     q1, q2 = c(torch.randn(6, 3), torch.randn(6, 2))
     assert q1.shape == (6,) and q2.shape == (6,) and not torch.allclose(q1, q2)
     assert math.isfinite(float(q1.detach().sum()))
+
+
+@pytest.mark.parametrize("repeats", [1, 4])
+def test_split_first_layer_equals_the_concatenated_input(repeats):
+    torch.manual_seed(0)
+    c = TwinCritic(5, 3, 16, 2, "mish").double()
+    x, a = torch.randn(7, 5, dtype=torch.float64), torch.randn(7 * repeats, 3, dtype=torch.float64)
+    got = c(x, a, repeats)
+    xa = torch.cat([x.repeat_interleave(repeats, 0), a], -1)
+    want = c.q1(xa).squeeze(-1), c.q2(xa).squeeze(-1)
+    for g, w in zip(got, want):
+        assert g.shape == (7 * repeats,)
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+
+
+def test_make_adam_uses_the_multi_tensor_step_on_cpu():
+    opt = make_adam(torch.nn.Linear(2, 2).parameters(), 1e-3, torch.device("cpu"))
+    assert opt.defaults["foreach"] is True and opt.defaults["fused"] is None and opt.defaults["lr"] == 1e-3

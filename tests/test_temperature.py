@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from qed_ray.config import TemperatureSpec
-from qed_ray.temperature import QEDTemperature, TargetEntropyTemperature, expectile, make_temperature
+from qed_ray.temperature import (QEDTemperature, TargetEntropyTemperature, expectile, make_temperature,
+                                 qed_disagreement, temperature_state)
 
 
 def brute_force_expectile(x: np.ndarray, tau: float) -> float:
@@ -49,21 +50,30 @@ def _qed(k=0.2, action_dim=3, alpha_max=0.2, init_alpha=0.01):
     return QEDTemperature(action_dim, spec)
 
 
-def _sampler(x):
-    return torch.zeros(x.shape[0], 3)
+def _alpha(rule, states, q_pair, action_dim=3, policy=None):
+    """QED alpha at ``states`` [B, D] with a policy (default: mu = 0, sigma = 1) and a q_pair(s, a, repeats)."""
+    policy = policy or (lambda s: (torch.zeros(s.shape[0], action_dim), torch.zeros(s.shape[0], action_dim)))
+    eps = torch.randn(states.shape[0] * rule.n_actions, action_dim, generator=torch.Generator().manual_seed(0))
+    delta = qed_disagreement(policy, q_pair, states, eps, rule.n_actions, rule.tau)
+    return rule.alpha(temperature_state(rule), states.shape[0], delta)
+
+
+def _by_state(f):
+    """A q_pair whose value depends on the state only, at every one of the ``repeats`` actions per state."""
+    return lambda s, a, r: tuple(v.repeat_interleave(r, 0) for v in f(s))
 
 
 def test_qed_equals_floor_when_critics_agree():
     t = _qed()
     s = torch.randn(16, 5)
-    a = t.alpha(s, _sampler, lambda x, u: (x.sum(-1), x.sum(-1)))
+    a = _alpha(t, s, _by_state(lambda x: (x.sum(-1), x.sum(-1))))
     torch.testing.assert_close(a, torch.full((16,), 0.01))
 
 
 def test_qed_equals_alpha_max_when_critics_disagree_hugely():
     t = _qed()
     s = torch.randn(16, 5)
-    a = t.alpha(s, _sampler, lambda x, u: (x.sum(-1) + 1e6, x.sum(-1)))
+    a = _alpha(t, s, _by_state(lambda x: (x.sum(-1) + 1e6, x.sum(-1))))
     torch.testing.assert_close(a, torch.full((16,), 0.2))
 
 
@@ -73,36 +83,52 @@ def test_qed_scales_as_one_over_k_times_action_dim(k, action_dim):
     gap = torch.linspace(0.01, 0.5, 16)
     s = gap[:, None].expand(16, 5).contiguous()
     # constant gap per state over all N samples: the expectile is the gap itself
-    a = t.alpha(s, lambda x: torch.zeros(x.shape[0], action_dim), lambda x, u: (x[:, 0], torch.zeros(x.shape[0])))
+    a = _alpha(t, s, _by_state(lambda x: (x[:, 0], torch.zeros(x.shape[0]))), action_dim)
     torch.testing.assert_close(a, gap / (k * action_dim))
 
 
 def test_qed_floor_wins_over_cap():
     t = _qed(init_alpha=0.5, alpha_max=0.2)
-    a = t.alpha(torch.randn(4, 5), _sampler, lambda x, u: (x.sum(-1) + 100, x.sum(-1)))
+    a = _alpha(t, torch.randn(4, 5), _by_state(lambda x: (x.sum(-1) + 100, x.sum(-1))))
     torch.testing.assert_close(a, torch.full((4,), 0.5))
 
 
-def test_qed_uses_n_policy_actions_per_state():
+@pytest.mark.parametrize("share", [True, False])
+def test_qed_reads_n_policy_samples_per_state_in_state_major_order(share):
     t = _qed()
-    calls = []
+    b, n, action_dim = 3, t.n_actions, 2
+    states = torch.arange(b, dtype=torch.float64)[:, None] * torch.ones(1, 4, dtype=torch.float64)
+    mu, log_std = torch.full((b, action_dim), 0.1, dtype=torch.float64), torch.full((b, action_dim), -1.0,
+                                                                                     dtype=torch.float64)
+    eps = torch.randn(b * n, action_dim, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    seen = {}
 
-    def sampler(x):
-        calls.append(x.shape[0])
-        return torch.zeros(x.shape[0], 3)
-    t.alpha(torch.randn(7, 5), sampler, lambda x, u: (x.sum(-1), x.sum(-1)))
-    assert calls == [7 * 8]
+    def policy(s):
+        seen["policy_rows"] = s.shape[0]
+        return mu[:1].expand(s.shape[0], -1), log_std[:1].expand(s.shape[0], -1)
+
+    def q_pair(s, a, r):
+        seen["states"], seen["actions"], seen["repeats"] = s.shape[0], a, r
+        q1 = a[:, 0] * 10  # |Q1 - Q2| = 10 |a_0|: Delta is the expectile of the first action component
+        return q1, torch.zeros_like(q1)
+
+    delta = qed_disagreement(policy, q_pair, states, eps, n, 0.9, share_state_terms=share)
+    assert seen["policy_rows"] == (b if share else b * n) and seen["states"] == (b if share else b * n)
+    assert seen["repeats"] == (n if share else 1)
+    actions = torch.tanh(0.1 + np.exp(-1.0) * eps)
+    torch.testing.assert_close(seen["actions"], actions, rtol=1e-15, atol=1e-15)
+    for i in range(b):  # state i's samples are rows i*n .. i*n+n-1
+        torch.testing.assert_close(delta[i], expectile(10 * actions[i * n:(i + 1) * n, 0].abs(), 0.9))
 
 
-def test_no_gradient_reaches_critics_through_alpha():
+def test_no_gradient_reaches_critics_or_actor_through_alpha():
     t = _qed()
     critic = torch.nn.Linear(5 + 3, 2)
-    actor = torch.nn.Linear(5, 3)
+    actor = torch.nn.Linear(5, 6)
     s = torch.randn(8, 5)
-    a = t.alpha(s, lambda x: torch.tanh(actor(x)),
-                lambda x, u: critic(torch.cat([x, u], -1)).unbind(-1))
+    a = _alpha(t, s, lambda x, u, r: critic(torch.cat([x.repeat_interleave(r, 0), u], -1)).unbind(-1),
+               policy=lambda x: actor(x).chunk(2, -1))
     assert not a.requires_grad
-    (a.sum() * 3).backward() if a.requires_grad else None
     assert all(p.grad is None for p in critic.parameters()) and all(p.grad is None for p in actor.parameters())
 
 
@@ -110,15 +136,22 @@ def test_target_entropy_loss_pushes_alpha_toward_target():
     t = TargetEntropyTemperature(action_dim=2, init_alpha=0.1)
     opt = torch.optim.SGD(t.parameters(), lr=0.1)
     # entropy above target (-log pi = 5 > -2): alpha should decrease
-    loss = t.loss(torch.full((10,), -5.0))
+    loss = t.loss(temperature_state(t), torch.full((10,), -5.0))
     loss.backward()
     opt.step()
-    assert t.floor() < 0.1
+    assert t.floor(temperature_state(t)) < 0.1
     assert t.target_entropy == -2.0
 
 
 def test_fixed_and_factory():
     f = make_temperature(TemperatureSpec(kind="fixed", alpha=0.3), 4)
-    torch.testing.assert_close(f.alpha(torch.zeros(3, 2), None, None), torch.full((3,), 0.3))
-    assert list(f.parameters()) == []
-    assert isinstance(make_temperature(TemperatureSpec(kind="te"), 4), TargetEntropyTemperature)
+    torch.testing.assert_close(f.alpha(temperature_state(f), 3), torch.full((3,), 0.3))
+    assert list(f.parameters()) == [] and f.n_actions == 0
+    assert f.loss(temperature_state(f), torch.randn(5)).item() == 0.0
+    te = make_temperature(TemperatureSpec(kind="te", init_alpha=0.25), 4)
+    assert isinstance(te, TargetEntropyTemperature) and te.n_actions == 0
+    torch.testing.assert_close(te.alpha(temperature_state(te), 2), torch.full((2,), 0.25))
+    qed = make_temperature(TemperatureSpec(kind="qed", k=0.2, n_actions=6), 4)
+    assert qed.n_actions == 6 and list(dict(qed.named_parameters())) == ["log_alpha"]
+    with pytest.raises(ValueError, match="needs the disagreement"):
+        qed.alpha(temperature_state(qed), 2)

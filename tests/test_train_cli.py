@@ -49,4 +49,4 @@ def test_missing_task_and_missing_budget(tmp_path, capsys):
     args, flags = parse_args(["--config", str(cfg), "--out", str(tmp_path / "run"), "--k", "0.3", "--seed", "4"])
     spec = spec_from_args(args, flags)
     assert (spec.temperature.kind, spec.temperature.k, spec.seed) == ("qed", 0.3, 4), "flags override the config"
-    assert "note: --env-steps not given: training for the default 2,000,000 env steps" in capsys.readouterr().err
+    assert "note: --env-steps not given: training for the default 2,000,000 env steps" in capsys.readouterr().out

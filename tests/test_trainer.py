@@ -72,7 +72,7 @@ def test_bad_choice_flag_exits_with_usage(tmp_path):
 def test_policy_snapshots_keep_exactly_the_named_modules(tiny_run, tmp_path):
     import json as _json
 
-    from qed_ray.evaluate import load_policy
+    from qed_ray.agents import load_policy
     from qed_ray.trainer import build_trainer
 
     spec = tiny_run(train={"env_steps": 2000})
@@ -110,3 +110,34 @@ def test_eval_records_round_trip_through_checkpoint_and_summary(tiny_run, tmp_pa
     assert [sorted(e) for e in summary["evals"]] == [["alpha_mean", "env_steps", "return_mean"]] * 2
     assert summary["final_eval_return_mean"] == summary["evals"][-1]["return_mean"]
     assert summary["alpha_mean_over_training"] == pytest.approx(np.mean([e["alpha_mean"] for e in summary["evals"]]))
+
+
+def test_tf32_is_off_for_critic_passes_once_the_trainer_runs(tiny_run, tmp_path):
+    import torch
+
+    from qed_ray.trainer import build_trainer
+
+    def allow_tf32():
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("high")
+
+    seen = []
+
+    def reporter(metrics, save):
+        seen.append((torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32,
+                     torch.backends.cudnn.allow_tf32))
+
+    spec = tiny_run(agent={"hidden": 8, "batch_size": 8}, temperature={"kind": "qed", "k": 0.2},
+                    train={"env_steps": 1000, "eval_every": 1000, "warmup_decisions": 100})
+    try:
+        allow_tf32()
+        trainer = build_trainer(spec, reporter, replay_dir=None, log=lambda s: None)
+        assert torch.get_float32_matmul_precision() == "highest"  # set where the agent is built
+        allow_tf32()  # something between construction and the run switches it on again
+        trainer.run()
+        assert seen == [("highest", False, False)]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("highest")

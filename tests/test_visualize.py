@@ -213,7 +213,8 @@ def test_final_snapshots_of_every_seed_are_used(behaviour, sweep):
 
 
 def test_shared_start_and_spread_from_recorded_states(behaviour, sweep):
-    from qed_ray.evaluate import load_policy, rollout_many
+    from qed_ray.agents import load_policy
+    from qed_ray.evaluate import rollout_many
 
     out, meta = behaviour
     for variant, info in meta["variants"].items():

@@ -1,38 +1,80 @@
-"""Agents: SAC-LN and MAD-SAC behind one interface, built by :func:`make_agent`."""
+"""Agents: SAC-LN and MAD-SAC behind one interface (:class:`qed_ray.agents.base.Agent`).
+
+:data:`AGENTS` maps each agent name to its class; :func:`make_agent` builds one from its spec and
+:func:`load_policy` rebuilds one from a checkpoint or policy snapshot.
+"""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from qed_ray.config import AgentSpec, TemperatureSpec
+from qed_ray.agents.base import Agent, SACBase
+from qed_ray.agents.mad_sac import MadSAC
+from qed_ray.agents.sac_ln import SACLN
+from qed_ray.checkpoint import FORMAT_VERSION, load_checkpoint
+from qed_ray.config import AgentSpec, RunSpec, TemperatureSpec
 
-IMPLEMENTED_AGENTS = ("sac_ln", "mad_sac")
-
-
-def agent_state(agent) -> dict:
-    """Modules, optimisers and the sampling generator of an agent as tensors (``weights_only``-loadable)."""
-    state = {k: m.state_dict() for k, m in agent.modules().items()}
-    state.update({k: o.state_dict() for k, o in agent.optimizers().items()})
-    state["generator"] = agent.generator.get_state()
-    return state
-
-
-def load_agent_state(agent, state: dict) -> None:
-    """Inverse of :func:`agent_state`; raises KeyError naming a missing part."""
-    for k, m in agent.modules().items():
-        m.load_state_dict(state[k])
-    for k, o in agent.optimizers().items():
-        o.load_state_dict(state[k])
-    agent.generator.set_state(state["generator"])
+AGENTS: dict[str, type[SACBase]] = {SACLN.name: SACLN, MadSAC.name: MadSAC}
+# Module weights are laid out as in format 1 except QED's log alpha_TE, which was a submodule's parameter. A
+# snapshot's weights do not depend on the random streams that changed in format 2, so older ones still load.
+POLICY_FORMATS = (1, FORMAT_VERSION)
+FORMAT1_RENAMES = {"temperature": {"te.log_alpha": "log_alpha"}}
 
 
 def make_agent(agent: AgentSpec, temperature: TemperatureSpec, obs_dim: int, action_dim: int,
-               device: torch.device, seed: int):
+               device: torch.device, seed: int) -> Agent:
     """Builds the agent named by ``agent.name``; dims are derived from the env and passed in, never stored in config."""
-    if agent.name == "sac_ln":
-        from qed_ray.agents.sac_ln import SACLN
-        return SACLN(agent, temperature, obs_dim, action_dim, device, seed)
-    if agent.name == "mad_sac":
-        from qed_ray.agents.mad_sac import MadSAC
-        return MadSAC(agent, temperature, obs_dim, action_dim, device, seed)
-    raise ValueError(f"agent.name: unknown agent {agent.name!r}; allowed: {', '.join(IMPLEMENTED_AGENTS)}")
+    try:
+        cls = AGENTS[agent.name]
+    except KeyError:
+        raise ValueError(f"agent.name: unknown agent {agent.name!r}; allowed: {', '.join(AGENTS)}") from None
+    return cls(agent, temperature, obs_dim, action_dim, torch.device(device), seed)
+
+
+def load_policy(directory: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[Agent, dict]:
+    """Builds the agent a checkpoint or policy snapshot describes and loads its modules.
+
+    Intermediate snapshots carry only the agent's ``acting_modules``; the others keep their seeded
+    initialisation. Snapshots of checkpoint format 1 load too (their module weights are upgraded).
+
+    Returns:
+        ``(agent, manifest)``; the agent acts with ``act_batch`` and exposes ``policy_distribution``.
+
+    Raises:
+        CheckpointError: unreadable, corrupt or outdated files. ValueError: a snapshot without the modules
+        needed to act.
+    """
+    state, manifest = load_checkpoint(directory, map_location=device, formats=POLICY_FORMATS)
+    run = manifest["run"]
+    if manifest["format_version"] == 1:
+        state, run = _upgrade_format1(state), _upgrade_format1_run(run)
+    spec = RunSpec.model_validate(run)
+    agent = make_agent(spec.agent, spec.temperature, manifest["obs_dim"], manifest["action_dim"],
+                       torch.device(device), spec.seed)
+    missing = [n for n in agent.acting_modules if n not in state]
+    if missing:
+        raise ValueError(f"{directory}: snapshot lacks the modules {missing} needed to act")
+    for name, module in agent.modules().items():
+        if name in state:
+            module.load_state_dict(state[name])
+    return agent, manifest
+
+
+def _upgrade_format1_run(run: dict) -> dict:
+    """A format-1 run dict as today's RunSpec reads it: every agent carried (and ignored) ``mad`` settings then;
+    only MAD-SAC has them now."""
+    agent = dict(run.get("agent", {}))
+    if agent.get("name", "sac_ln") != "mad_sac":
+        agent.pop("mad", None)
+    return {**run, "agent": agent}
+
+
+def _upgrade_format1(state: dict) -> dict:
+    """Module states of a format-1 snapshot with the parameter names of today's modules."""
+    out = dict(state)
+    for module, renames in FORMAT1_RENAMES.items():
+        if module in out:
+            out[module] = {renames.get(n, n): v for n, v in out[module].items()}
+    return out

@@ -1,38 +1,42 @@
-"""MAD-SAC: MaxEnt MAD-TD without MPC (paper Sec. 5.2, App. B; DESIGN.md §3; ``research/mad_td.md`` §2, §5.3).
+"""MAD-SAC: MaxEnt MAD-TD without MPC (paper Sec. 5.2, App. B).
 
 A SimNorm encoder, a one-step latent model (dynamics + reward) and two HL-Gauss critic heads. Each critic batch
 mixes real transitions with one-step model transitions from the same real start states under policy actions
-(``proportion_real`` real rows first). The actor is SAC-LN's tanh-Gaussian on the detached latent, and the
-temperatures are the same rules as SAC-LN's. The interface is exactly :class:`qed_ray.agents.sac_ln.SACLN`'s.
+(``proportion_real`` real rows first; MAD-TD's ``critic_updates.py``). The actor is SAC-LN's tanh-Gaussian on the
+detached latent, and the temperatures are the same rules as SAC-LN's; acting, the actor and temperature steps
+and state handling are :class:`qed_ray.agents.base.SACBase`'s.
 
-The update is free of host syncs and of data-dependent Python control flow apart from the ``model_every``
-counter check, so it stays capturable (DESIGN.md §5).
+The losses are pure functions (:class:`MadFunctions`) of (parameters, target parameters, temperature state,
+batch, noise). One noise block per update, of a fixed size (:meth:`MadFunctions.noise_sizes`), holds in order:
+the model step's soft target (a', QED(z')), the critic batch's model actions, its soft target (a', QED(z')),
+and the actor step (a, QED(z)). The model-step rows are drawn even when ``model_every`` skips the model step, so
+the block's shape never changes. The only Python branch is the ``model_every`` check on an integer counter.
 """
 
 from __future__ import annotations
 
-import copy
-
-import numpy as np
 import torch
 
-from qed_ray.agents import agent_state, load_agent_state
-from qed_ray.agents.sac_ln import seeded_init
+from qed_ray.agents.base import Params, SACBase, SACFunctions, call, detached, params_of, seeded_init
 from qed_ray.config import AgentSpec, TemperatureSpec
 from qed_ray.hlgauss import HLGauss, cross_entropy
-from qed_ray.networks import TanhGaussianActor, clip_and_step, freeze, polyak_update
-from qed_ray.temperature import alpha_stats, make_temperature
+from qed_ray.networks import TanhGaussianActor, clip_and_step, make_adam, squashed_sample
+from qed_ray.temperature import alpha_stat_names, alpha_stats
+from qed_ray.update_metrics import MetricLayout
 from qed_ray.world_model import Dynamics, Encoder, HLGaussCritic, RewardHead
 
 # Self-prediction targets are smoothed towards uniform so log(0) never meets a 0 target weight's gradient
-# (research note §1.6 term 2: 0.9999 * z' + 0.0001 / group).
+# (MAD-TD's model loss: 0.9999 * z' + 0.0001 / group).
 LATENT_TARGET_SMOOTHING = 1e-4
-MODEL_METRIC_KEYS = ("loss/model_reward", "loss/model_latent_ce", "loss/model_value_aware",
-                     "loss/model_encoder_critic", "grad/encoder_norm", "grad/model_norm")
+MODEL_LOSSES = ("loss/model_reward", "loss/model_latent_ce", "loss/model_value_aware", "loss/model_encoder_critic")
+MODEL_METRIC_KEYS = (*MODEL_LOSSES, "grad/encoder_norm", "grad/model_norm")
+CRITIC_METRICS = ("loss/critic", "q/mean", "q/mean_real", "q/mean_model", "q/abs_diff_mean", "q/abs_diff_max",
+                  "q/target_mean", "q/target_std", "mad/target_clip_frac", "mad/model_reward_mse")
+STEP_METRICS = ("grad/critic_norm", "loss/actor", "grad/actor_norm", "policy/entropy", "loss/alpha", "alpha/te")
 
 
 def split_sizes(batch_size: int, proportion_real: float) -> tuple[int, int]:
-    """Rows ``(n_real, n_model)`` of a critic batch: n_real = int(B * proportion_real) (research note §1.7).
+    """Rows ``(n_real, n_model)`` of a critic batch: n_real = int(B * proportion_real) (MAD-TD's batch mixing).
 
     Args:
         batch_size: B, the rows sampled from replay.
@@ -50,7 +54,157 @@ def split_sizes(batch_size: int, proportion_real: float) -> tuple[int, int]:
     return n_real, batch_size - n_real
 
 
-class MadSAC:
+class MadFunctions(SACFunctions):
+    """MAD-SAC's pure losses over its encoder, latent model, HL-Gauss critic pair, actor and temperature."""
+
+    def __init__(self, encoder, dynamics, reward, actor, critic: HLGaussCritic, temperature, spec: AgentSpec):
+        super().__init__(actor, critic, temperature)
+        self.encoder, self.dynamics, self.reward = encoder, dynamics, reward
+        self.hl, self.gamma, self.mad = critic.hl, spec.gamma, spec.mad
+
+    def noise_sizes(self, b: int) -> tuple[int, ...]:
+        """Rows of the noise block's parts for batch size b, in draw order (N = QED samples per state):
+        model step a' (B), QED(z') (B N); critic batch model actions (n_model), a' (B), QED(z') (B N);
+        actor a (n_real), QED(z) (n_real N)."""
+        n_real, n_model = split_sizes(b, self.mad.proportion_real)
+        n = self.n_qed
+        return b, b * n, n_model, b, b * n, n_real, n_real * n
+
+    def q_pair(self, critic_p: Params, states: torch.Tensor, actions: torch.Tensor, repeats: int = 1
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expected values ``(E[Q1], E[Q2])`` [B * repeats] of the HL-Gauss heads."""
+        l1, l2 = self.logits(critic_p, states, actions, repeats)
+        return self.hl.decode(l1), self.hl.decode(l2)
+
+    def logits(self, critic_p: Params, z: torch.Tensor, a: torch.Tensor, repeats: int = 1
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both heads' logits [B * repeats, bins]."""
+        return super().q_pair(critic_p, z, a, repeats)
+
+    def encode(self, encoder_p: Params, obs: torch.Tensor) -> torch.Tensor:
+        """Latent simplices [B, L] of observations [B, O]."""
+        return call(self.encoder, encoder_p, obs)
+
+    def critic_ce(self, l1: torch.Tensor, l2: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """HL-Gauss loss of both heads (logits [B, bins]) against scalar targets y [B]: head1 + head2, 0-d.
+
+        Mean over bins and batch per head, heads summed: MAD-TD's reduction (``rl_targets.py``).
+        """
+        probs = self.hl.encode(y.detach())
+        return cross_entropy(l1, probs).mean() + cross_entropy(l2, probs).mean()
+
+    @torch.no_grad()
+    def soft_target(self, actor_p: Params, target_p: Params, tstate: Params, z_next: torch.Tensor,
+                    reward: torch.Tensor, discount: torch.Tensor, eps: torch.Tensor, eps_qed: torch.Tensor,
+                    dist: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """MaxEnt TD target y = r + discount (min_j E[Qtarg_j](z', a') - alpha(z') log pi(a'|z')), a' ~ pi.
+
+        alpha(z') comes from the target critic, which produces the target value. ``dist``: the policy's
+        (mu, log_std) at z' if already computed.
+
+        Returns:
+            ``(y [B], alpha(z') [B])``.
+        """
+        dist = self.policy(actor_p, z_next) if dist is None else dist
+        a, logp = squashed_sample(*dist, eps)
+        tq1, tq2 = self.q_pair(target_p, z_next, a)
+        alpha = self.alpha(tstate, actor_p, target_p, z_next, eps_qed, dist=dist)
+        return reward + discount * (torch.minimum(tq1, tq2) - alpha * logp), alpha
+
+    def model_losses(self, params: dict[str, Params], target_p: Params, batch: dict[str, torch.Tensor],
+                     eps: torch.Tensor, eps_qed: torch.Tensor) -> torch.Tensor:
+        """The four encoder/model losses on real data (MAD-TD's ``compute_model_loss``, made MaxEnt) [4].
+
+        Gradients reach only encoder, dynamics and reward head: the target critic's parameters are frozen, the
+        online critic enters with detached parameters, and a* = tanh(mu(z')) and the soft targets are computed
+        without grad. The "target encoder" is the online encoder under no_grad: MAD-TD re-syncs it after every
+        model step (tau 0), and the encoder changes only in model steps, so the two are always equal.
+
+        Returns:
+            [4] losses in :data:`MODEL_LOSSES` order: reward MSE, latent self-prediction CE (mean over latent
+            dims), value-aware CE through the predicted latent, critic CE through the encoder.
+        """
+        obs, act, rew = batch["obs"], batch["action"], batch["reward"]
+        b = obs.shape[0]
+        z = self.encode(params["encoder"], obs)
+        with torch.no_grad():
+            z_next = self.encode(params["encoder"], batch["next_obs"])
+            dist = self.policy(params["actor"], z_next)
+            a_star = torch.tanh(dist[0])  # deterministic: the lowest-variance choice
+            y, _ = self.soft_target(params["actor"], target_p, params["temperature"], z_next, rew,
+                                    self.gamma * (1.0 - batch["terminated"]), eps, eps_qed, dist)
+        pred_next, pred_logp = call(self.dynamics, params["dynamics"], z, act)
+        smoothed = (1.0 - LATENT_TARGET_SMOOTHING) * z_next + LATENT_TARGET_SMOOTHING / self.mad.simnorm_group
+        # One target-critic call for the target (z', a*) and the prediction (predicted z', a*) rows; only the
+        # prediction half carries gradient (into dynamics and encoder, the critic itself is frozen).
+        v1, v2 = self.logits(target_p, torch.cat([z_next, pred_next]), torch.cat([a_star, a_star]))
+        t1, t2 = v1[:b].detach().softmax(-1), v2[:b].detach().softmax(-1)
+        value_aware = 0.5 * (cross_entropy(v1[b:], t1).mean() + cross_entropy(v2[b:], t2).mean())
+        l1, l2 = self.logits(detached(params["critic"]), z, act)
+        r_pred = call(self.reward, params["reward"], z, act)
+        return torch.stack([(r_pred - rew).pow(2).mean(), -(smoothed * pred_logp).mean(), value_aware,
+                            self.critic_ce(l1, l2, y)])
+
+    @torch.no_grad()
+    def critic_batch(self, params: dict[str, Params], target_p: Params, batch: dict[str, torch.Tensor],
+                     eps_model: torch.Tensor, eps: torch.Tensor, eps_qed: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The mixed critic batch (MAD-TD's ``update_critic``); no gradient anywhere.
+
+        Rows [0, n_real) are replay transitions with z' = enc(s'). Rows [n_real, B) keep only the real start
+        state s: a_m ~ pi(.|enc(s)) (noise ``eps_model``), and (z'_m, r_m) come from the latent model. Model
+        rows inherit the real row's ``terminated`` flag (always 0 on dm_control).
+
+        Returns:
+            z [B, L] (enc(s)), a [B, A], y [B] soft targets, is_model [B] bool, next_alpha [B] alpha(z'),
+            reward_mse 0-d (reward head on the real rows, a model-quality diagnostic).
+        """
+        obs, act, rew = batch["obs"], batch["action"], batch["reward"]
+        b = obs.shape[0]
+        n_real, _ = split_sizes(b, self.mad.proportion_real)
+        # One encoder call for s (all rows) and s' (real rows only: the model rows' s' is discarded).
+        z_all = self.encode(params["encoder"], torch.cat([obs, batch["next_obs"][:n_real]]))
+        z = z_all[:b]
+        a_m = self.sample(params["actor"], z[n_real:], eps_model)[0]
+        z_model = call(self.dynamics, params["dynamics"], z[n_real:], a_m)[0]
+        z_next = torch.cat([z_all[b:], z_model])
+        a = torch.cat([act[:n_real], a_m])
+        r_pred = call(self.reward, params["reward"], z, a)
+        r = torch.cat([rew[:n_real], r_pred[n_real:]])
+        y, next_alpha = self.soft_target(params["actor"], target_p, params["temperature"], z_next, r,
+                                         self.gamma * (1.0 - batch["terminated"]), eps, eps_qed)
+        reward_mse = (r_pred[:n_real] - rew[:n_real]).pow(2).mean()
+        is_model = torch.arange(b, device=obs.device) >= n_real
+        return {"z": z, "a": a, "y": y, "is_model": is_model, "next_alpha": next_alpha, "reward_mse": reward_mse}
+
+    def critic_loss(self, params: dict[str, Params], target_p: Params, batch: dict[str, torch.Tensor],
+                    eps_model: torch.Tensor, eps: torch.Tensor, eps_qed: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """HL-Gauss critic loss on the mixed batch; gradient reaches only ``params["critic"]``.
+
+        Returns:
+            ``(loss 0-d, metrics, z_real [n_real, L])``: metrics are :data:`CRITIC_METRICS` then the
+            alpha/target statistics; z_real are the real rows' latents (the actor step's states).
+        """
+        cb = self.critic_batch(params, target_p, batch, eps_model, eps, eps_qed)
+        l1, l2 = self.logits(params["critic"], cb["z"], cb["a"])
+        loss = self.critic_ce(l1, l2, cb["y"])
+        metrics = [loss.detach(), *self.q_metrics(l1.detach(), l2.detach(), cb),
+                   *alpha_stats(cb["next_alpha"], self.temperature, params["temperature"])]
+        n_real, _ = split_sizes(cb["z"].shape[0], self.mad.proportion_real)
+        return loss, torch.stack(metrics), cb["z"][:n_real]
+
+    def q_metrics(self, l1: torch.Tensor, l2: torch.Tensor, cb: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """Q diagnostics per row type, :data:`CRITIC_METRICS` [1:]; masked means keep an empty model share at 0."""
+        q1, q2 = self.hl.decode(l1), self.hl.decode(l2)
+        model = cb["is_model"].to(q1.dtype)
+        real = 1.0 - model
+        gap = (q1 - q2).abs()
+        mean_real = (q1 * real).sum() / real.sum()
+        return [mean_real, mean_real, (q1 * model).sum() / model.sum().clamp(min=1.0), gap.mean(), gap.max(),
+                cb["y"].mean(), cb["y"].std(), self.hl.clip_fraction(cb["y"]).to(q1.dtype), cb["reward_mse"]]
+
+
+class MadSAC(SACBase):
     """Encoder, latent model, HL-Gauss twin critic (+ target), actor, temperature and their optimisers.
 
     Args:
@@ -67,245 +221,91 @@ class MadSAC:
 
     def __init__(self, spec: AgentSpec, temperature: TemperatureSpec, obs_dim: int, action_dim: int,
                  device: torch.device, seed: int):
-        self.spec, self.mad, self.device, self.action_dim = spec, spec.mad, device, action_dim
+        super().__init__(spec, action_dim, device)
+        self.mad = spec.mad
         split_sizes(spec.batch_size, spec.mad.proportion_real)  # fail at construction, not at the first update
-        m, act = spec.mad, spec.activation
+        m, act, dev = spec.mad, spec.activation, self.device
         with seeded_init(seed):
-            self.encoder = Encoder(obs_dim, m.encoder_hidden, m.latent_dim, m.simnorm_group, act).to(device)
+            self.encoder = Encoder(obs_dim, m.encoder_hidden, m.latent_dim, m.simnorm_group, act).to(dev)
             self.dynamics = Dynamics(m.latent_dim, action_dim, m.model_hidden, spec.depth, m.simnorm_group,
-                                     act).to(device)
-            self.reward = RewardHead(m.latent_dim, action_dim, m.model_hidden, spec.depth, act).to(device)
+                                     act).to(dev)
+            self.reward = RewardHead(m.latent_dim, action_dim, m.model_hidden, spec.depth, act).to(dev)
             hl = HLGauss(m.vmin, m.vmax, m.num_bins, m.sigma_ratio)
-            self.critic = HLGaussCritic(m.latent_dim, action_dim, spec.hidden, spec.depth, act, hl).to(device)
-            self.actor = TanhGaussianActor(m.latent_dim, action_dim, spec.hidden, spec.depth, act,
-                                           spec.log_std_min, spec.log_std_max).to(device)
+            critic = HLGaussCritic(m.latent_dim, action_dim, spec.hidden, spec.depth, act, hl).to(dev)
+            actor = TanhGaussianActor(m.latent_dim, action_dim, spec.hidden, spec.depth, act,
+                                      spec.log_std_min, spec.log_std_max).to(dev)
+        self._init_sac(actor, critic, temperature, seed)
         self.hl = self.critic.hl
-        self.critic_target = freeze(copy.deepcopy(self.critic))
-        self.temperature = make_temperature(temperature, action_dim).to(device)
-        self.encoder_opt = torch.optim.Adam(self.encoder.parameters(), lr=m.encoder_lr)
-        self.model_opt = torch.optim.Adam(self._model_params(), lr=m.model_lr)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=spec.critic_lr)
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=spec.actor_lr)
-        t_params = [p for p in self.temperature.parameters() if p.requires_grad]
-        self.alpha_opt = torch.optim.Adam(t_params, lr=temperature.lr) if t_params else None
-        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.encoder_opt = make_adam(self.encoder.parameters(), m.encoder_lr, dev)
+        self.model_opt = make_adam(self._model_params(), m.model_lr, dev)
+        self.fn = MadFunctions(self.encoder, self.dynamics, self.reward, self.actor, self.critic, self.temperature,
+                               spec)
+        self.metric_layout = MetricLayout((*CRITIC_METRICS, *alpha_stat_names(self.temperature, "alpha/target"),
+                                           *STEP_METRICS, *alpha_stat_names(self.temperature, "alpha/actor"),
+                                           *MODEL_METRIC_KEYS))
         self.updates = 0  # update() calls so far: drives model_every, checkpointed as a tensor
-        self._model_metrics = {k: torch.zeros((), device=device) for k in MODEL_METRIC_KEYS}
+        self._model_metrics = torch.zeros(len(MODEL_METRIC_KEYS), device=dev)  # the last model step's
 
     def _model_params(self) -> list[torch.nn.Parameter]:
         return [*self.dynamics.parameters(), *self.reward.parameters()]
 
-    # ---- acting ----------------------------------------------------------------------------------
-    def sample_actions(self, z: torch.Tensor) -> torch.Tensor:
-        """Policy samples [B, A] at latents z [B, L] (QED's disagreement estimate; no grad needed)."""
-        return self.actor.sample(z, self.generator)[0]
-
-    def _encode_np(self, obs: np.ndarray) -> torch.Tensor:
-        return self.encoder(torch.as_tensor(obs, dtype=torch.float32, device=self.device))
-
-    @torch.no_grad()
-    def act(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
-        """One action in [-1, 1]^A for an observation [O]: tanh(mu) if deterministic, else a policy sample."""
-        z = self._encode_np(obs).unsqueeze(0)
-        a = self.actor.mode(z) if deterministic else self.actor.sample(z, self.generator)[0]
-        return a.squeeze(0).cpu().numpy()
-
-    @torch.no_grad()
-    def act_batch(self, obs: np.ndarray) -> np.ndarray:
-        """Deterministic actions tanh(mu(enc(obs))) for observations [B, O] -> [B, A]."""
-        return self.actor.mode(self._encode_np(obs)).cpu().numpy()
-
-    @torch.no_grad()
-    def policy_distribution(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Pre-tanh ``(mu, sigma)`` [B, A] at observations [B, O] (float64 numpy, for the KL metric)."""
-        mu, sigma = self.actor.distribution(self._encode_np(obs))
-        return mu.double().cpu().numpy(), sigma.double().cpu().numpy()
-
-    @torch.no_grad()
-    def q_values(self, obs: np.ndarray, action: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Online expected ``(Q1, Q2)`` [B] at (enc(obs) [B, O], action [B, A]) (critic proxy, paper App. A)."""
-        a = torch.as_tensor(action, dtype=torch.float32, device=self.device)
-        q1, q2 = self.critic(self._encode_np(obs), a)
-        return q1.cpu().numpy(), q2.cpu().numpy()
-
-    # ---- targets and batches -----------------------------------------------------------------------
-    @torch.no_grad()
-    def soft_target(self, z_next: torch.Tensor, reward: torch.Tensor, discount: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """MaxEnt TD target y = r + discount (min_j E[Qtarg_j](z', a') - alpha(z') log pi(a'|z')), a' ~ pi.
-
-        alpha(z') comes from the target critic, which produces the target value (DESIGN.md §3).
-
-        Args:
-            z_next: [B, L] next latents.
-            reward: [B].
-            discount: [B] gamma (1 - terminated).
-
-        Returns:
-            ``(y [B], alpha(z') [B])``.
-        """
-        a, logp = self.actor.sample(z_next, self.generator)
-        tq1, tq2 = self.critic_target(z_next, a)
-        alpha = self.temperature.alpha(z_next, self.sample_actions, self.critic_target)
-        return reward + discount * (torch.minimum(tq1, tq2) - alpha * logp), alpha
-
-    def critic_ce(self, l1: torch.Tensor, l2: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """HL-Gauss loss of both heads (logits [B, bins]) against scalar targets y [B]: head1 + head2, 0-d.
-
-        Mean over bins and batch per head, heads summed: MAD's reduction (research note §1.4, M9).
-        """
-        probs = self.hl.encode(y.detach())
-        return cross_entropy(l1, probs).mean() + cross_entropy(l2, probs).mean()
-
-    @torch.no_grad()
-    def critic_batch(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The mixed critic batch (research note §5.3 steps 1-3); no gradient anywhere.
-
-        Rows [0, n_real) are replay transitions with z' = enc(s'). Rows [n_real, B) keep only the real start
-        state s: a_m ~ pi(.|enc(s)) (the generator's first draw here), and (z'_m, r_m) come from the latent
-        model. Model rows inherit the real row's ``terminated`` flag (MAD M6; always 0 on dm_control).
-
-        Args:
-            batch: replay batch: obs [B, O], action [B, A], reward [B], next_obs [B, O], terminated [B].
-
-        Returns:
-            z [B, L] (enc(s)), a [B, A], y [B] soft targets, is_model [B] bool, next_alpha [B] alpha(z'),
-            reward_mse 0-d (reward head on the real rows, a model-quality diagnostic).
-        """
-        obs, act, rew = batch["obs"], batch["action"], batch["reward"]
-        b = obs.shape[0]
-        n_real, _ = split_sizes(b, self.mad.proportion_real)
-        # One encoder call for s (all rows) and s' (real rows only: the model rows' s' is discarded).
-        z_all = self.encoder(torch.cat([obs, batch["next_obs"][:n_real]]))
-        z = z_all[:b]
-        a_m = self.actor.sample(z[n_real:], self.generator)[0]
-        z_next = torch.cat([z_all[b:], self.dynamics(z[n_real:], a_m)[0]])
-        a = torch.cat([act[:n_real], a_m])
-        r_pred = self.reward(z, a)  # model rows' r_m, and the real rows' prediction for the diagnostic
-        r = torch.cat([rew[:n_real], r_pred[n_real:]])
-        y, next_alpha = self.soft_target(z_next, r, self.spec.gamma * (1.0 - batch["terminated"]))
-        reward_mse = (r_pred[:n_real] - rew[:n_real]).pow(2).mean()
-        is_model = torch.arange(b, device=obs.device) >= n_real
-        return {"z": z, "a": a, "y": y, "is_model": is_model, "next_alpha": next_alpha, "reward_mse": reward_mse}
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        """The SimNorm latent the actor and critics read."""
+        return self.encoder(obs)
 
     # ---- learning ----------------------------------------------------------------------------------
-    def model_losses(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The four encoder/model losses on real data (research note §1.6 with the MaxEnt changes of §2.7).
-
-        Gradients reach only encoder, dynamics and reward head: the target critic is frozen, the online critic
-        is frozen by the caller, actions a* = tanh(mu(z')) and soft targets are computed without grad. The
-        "target encoder" is the online encoder under no_grad: MAD re-syncs it after every model step (tau 0,
-        M3), and the encoder changes only in model steps, so the two are always equal.
-
-        Returns:
-            0-d losses: loss/model_reward (MSE), loss/model_latent_ce (self-prediction, mean over latent dims),
-            loss/model_value_aware (target-critic CE through the predicted latent), loss/model_encoder_critic.
-        """
-        obs, act, rew = batch["obs"], batch["action"], batch["reward"]
-        b = obs.shape[0]
-        z = self.encoder(obs)
-        with torch.no_grad():
-            z_next = self.encoder(batch["next_obs"])
-            a_star = self.actor.mode(z_next)  # deterministic: the lowest-variance choice (§2.7)
-            y, _ = self.soft_target(z_next, rew, self.spec.gamma * (1.0 - batch["terminated"]))
-        pred_next, pred_logp = self.dynamics(z, act)
-        smoothed = (1.0 - LATENT_TARGET_SMOOTHING) * z_next + LATENT_TARGET_SMOOTHING / self.mad.simnorm_group
-        # One target-critic call for the target (z', a*) and the prediction (predicted z', a*) rows; only the
-        # prediction half carries gradient (into dynamics and encoder, the critic itself is frozen).
-        v1, v2 = self.critic_target.logits(torch.cat([z_next, pred_next]), torch.cat([a_star, a_star]))
-        t1, t2 = v1[:b].detach().softmax(-1), v2[:b].detach().softmax(-1)
-        value_aware = 0.5 * (cross_entropy(v1[b:], t1).mean() + cross_entropy(v2[b:], t2).mean())
-        l1, l2 = self.critic.logits(z, act)
-        return {"loss/model_reward": (self.reward(z, act) - rew).pow(2).mean(),
-                "loss/model_latent_ce": -(smoothed * pred_logp).mean(),
-                "loss/model_value_aware": value_aware,
-                "loss/model_encoder_critic": self.critic_ce(l1, l2, y)}
-
-    def model_step(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def model_step(self, params: dict[str, Params], target_p: Params, batch: dict[str, torch.Tensor],
+                   eps: torch.Tensor, eps_qed: torch.Tensor) -> torch.Tensor:
         """One Adam step on encoder (lr encoder_lr) and dynamics + reward (lr model_lr), each clipped at 20.
 
         Returns:
-            detached 0-d metrics: the four model losses and both pre-clip gradient norms.
+            [6] detached metrics (:data:`MODEL_METRIC_KEYS`): the four losses and both pre-clip gradient norms.
         """
-        self.critic.requires_grad_(False)  # critic-through-encoder trains the encoder only (§1.6 term 4)
-        losses = self.model_losses(batch)
+        losses = self.fn.model_losses(params, target_p, batch, eps, eps_qed)
         self.encoder_opt.zero_grad(set_to_none=True)
         self.model_opt.zero_grad(set_to_none=True)
-        torch.stack(list(losses.values())).sum().backward()
+        losses.sum().backward()
         clip = self.spec.grad_clip
         enc_norm = torch.nn.utils.clip_grad_norm_(self.encoder.parameters(), clip)
         model_norm = torch.nn.utils.clip_grad_norm_(self._model_params(), clip)
         self.encoder_opt.step()
         self.model_opt.step()
-        self.critic.requires_grad_(True)
-        return {**{k: v.detach() for k, v in losses.items()}, "grad/encoder_norm": enc_norm,
-                "grad/model_norm": model_norm}
+        return torch.cat([losses.detach(), torch.stack([enc_norm, model_norm]).to(losses.dtype)])
 
-    def actor_step(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
-        """SAC actor and temperature steps on detached real latents z [n_real, L] (§2.5-2.6).
-
-        The actor maximises the critic named by ``agent.mad.actor_critic`` (online by default, as in SAC-LN);
-        alpha(s) is read from that same critic.
-        """
-        q_net = self.critic if self.mad.actor_critic == "online" else self.critic_target
-        self.critic.requires_grad_(False)  # the actor loss must not leave gradients on the critic
-        a, logp = self.actor.sample(z, self.generator)
-        q1, q2 = q_net(z, a)
-        alpha = self.temperature.alpha(z, self.sample_actions, q_net)
-        actor_loss = (alpha * logp - torch.minimum(q1, q2)).mean()
-        actor_norm = clip_and_step(self.actor_opt, self.actor.parameters(), actor_loss, self.spec.grad_clip)
-        self.critic.requires_grad_(True)
-        alpha_loss = self.temperature.loss(logp)
-        if self.alpha_opt is not None:
-            self.alpha_opt.zero_grad(set_to_none=True)
-            alpha_loss.backward()
-            self.alpha_opt.step()
-        return {"loss/actor": actor_loss.detach(), "loss/alpha": alpha_loss.detach(), "grad/actor_norm": actor_norm,
-                "policy/entropy": -logp.detach().mean(), **alpha_stats(alpha, self.temperature, "alpha/actor")}
-
-    def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def update(self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None = None) -> torch.Tensor:
         """(0) model step every ``model_every``-th call, (1) mixed critic step, (2) actor + temperature on real
-        rows, (3) Polyak on the target critic (research note §5.3).
+        rows, (3) Polyak on the target critic (MAD-TD's ``mad_td_update_step`` order).
 
         Args:
             batch: replay batch: obs [B, O], action [B, A], reward [B], next_obs [B, O], terminated [B].
+            noise: the fixed-layout block [:meth:`noise_rows`, A]; drawn from the agent's generator when None.
 
         Returns:
-            detached 0-d metric tensors (model metrics are the last model step's when it is skipped).
+            the metric vector (:attr:`metric_layout`); model metrics are the last model step's when it is skipped.
         """
+        e_mt, e_mq, e_model, e_t, e_tq, e_a, e_aq = self.noise_parts(batch, noise)
+        p, target_p = self.params(), params_of(self.critic_target)
         if self.updates % self.mad.model_every == 0:
-            self._model_metrics = self.model_step(batch)
+            self._model_metrics = self.model_step(p, target_p, batch, e_mt, e_mq)
         self.updates += 1
-        cb = self.critic_batch(batch)
-        l1, l2 = self.critic.logits(cb["z"], cb["a"])
-        critic_loss = self.critic_ce(l1, l2, cb["y"])
+        critic_loss, critic_metrics, z_real = self.fn.critic_loss(p, target_p, batch, e_model, e_t, e_tq)
         critic_norm = clip_and_step(self.critic_opt, self.critic.parameters(), critic_loss, self.spec.grad_clip)
-        n_real, _ = split_sizes(cb["z"].shape[0], self.mad.proportion_real)
-        actor_metrics = self.actor_step(cb["z"][:n_real])
-        polyak_update(self.critic_target, self.critic, self.spec.polyak)
-        return {"loss/critic": critic_loss.detach(), "grad/critic_norm": critic_norm, **actor_metrics,
-                **self._q_metrics(l1.detach(), l2.detach(), cb), **self._model_metrics,
-                "alpha/te": self.temperature.floor(),
-                **alpha_stats(cb["next_alpha"], self.temperature, "alpha/target")}
-
-    def _q_metrics(self, l1: torch.Tensor, l2: torch.Tensor, cb: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Q diagnostics per row type; masked means keep an empty model share at 0 instead of NaN."""
-        q1, q2 = self.hl.decode(l1), self.hl.decode(l2)
-        model = cb["is_model"].float()
-        real = 1.0 - model
-        gap = (q1 - q2).abs()
-        mean_real = (q1 * real).sum() / real.sum()
-        return {"q/mean": mean_real, "q/mean_real": mean_real,
-                "q/mean_model": (q1 * model).sum() / model.sum().clamp(min=1.0),
-                "q/abs_diff_mean": gap.mean(), "q/abs_diff_max": gap.max(),
-                "q/target_mean": cb["y"].mean(), "q/target_std": cb["y"].std(),
-                "mad/target_clip_frac": self.hl.clip_fraction(cb["y"]), "mad/model_reward_mse": cb["reward_mse"]}
+        # The actor maximises the critic named by agent.mad.actor_critic (online by default, as in SAC-LN).
+        q_p = p["critic"] if self.mad.actor_critic == "online" else target_p
+        actor_loss, actor_norm, logp, alpha = self.actor_step(p["actor"], q_p, p["temperature"], z_real, e_a, e_aq)
+        alpha_loss = self.temperature_step(p["temperature"], logp)
+        self.polyak()
+        steps = [critic_norm, actor_loss, actor_norm, -logp.mean(), alpha_loss,
+                 self.temperature.floor(p["temperature"])]
+        return torch.cat([critic_metrics, torch.stack(steps),
+                          torch.stack(alpha_stats(alpha, self.temperature, p["temperature"])),
+                          self._model_metrics.to(critic_metrics.dtype)])
 
     def report_warnings(self, metrics: dict[str, float]) -> list[str]:
         """Warning lines for an evaluation interval's mean metrics (the trainer logs them).
 
         Warns when the share of TD targets clipped by the HL-Gauss support exceeds
-        ``agent.mad.clip_warn_fraction`` (research note §2.8: large alpha or action dims push soft values out).
+        ``agent.mad.clip_warn_fraction`` (large alpha or action dims push soft values out of the support).
         """
         frac = metrics.get("mad/target_clip_frac")
         if frac is None or not frac > self.mad.clip_warn_fraction:
@@ -315,28 +315,20 @@ class MadSAC:
                 f"agent.mad.vmin/vmax or lower temperature.alpha_max/init_alpha"]
 
     # ---- state -----------------------------------------------------------------------------------
-    def modules(self) -> dict[str, torch.nn.Module]:
-        """Every module whose parameters or buffers define the agent."""
-        return {"encoder": self.encoder, "dynamics": self.dynamics, "reward": self.reward, "critic": self.critic,
-                "critic_target": self.critic_target, "actor": self.actor, "temperature": self.temperature}
+    def extra_modules(self) -> dict[str, torch.nn.Module]:
+        """Encoder and latent model."""
+        return {"encoder": self.encoder, "dynamics": self.dynamics, "reward": self.reward}
 
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """Every optimiser."""
-        opts = {"encoder_opt": self.encoder_opt, "model_opt": self.model_opt, "critic_opt": self.critic_opt,
-                "actor_opt": self.actor_opt}
-        if self.alpha_opt is not None:
-            opts["alpha_opt"] = self.alpha_opt
-        return opts
+    def extra_optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """Encoder and model optimisers."""
+        return {"encoder_opt": self.encoder_opt, "model_opt": self.model_opt}
 
-    def state_dict(self) -> dict:
-        """Tensors only (loadable with ``weights_only=True``), incl. the update counter and last model metrics."""
-        state = agent_state(self)
-        state["updates"] = torch.tensor(self.updates, dtype=torch.int64)
-        state["model_metrics"] = {k: v.detach().clone() for k, v in self._model_metrics.items()}
-        return state
+    def extra_state(self) -> dict:
+        """The update counter (drives ``model_every`` on resume) and the last model step's metrics."""
+        return {"updates": torch.tensor(self.updates, dtype=torch.int64),
+                "model_metrics": self._model_metrics.detach().clone()}
 
-    def load_state_dict(self, state: dict) -> None:
-        """Inverse of :meth:`state_dict`; raises KeyError naming a missing part."""
-        load_agent_state(self, state)
+    def load_extra_state(self, state: dict) -> None:
+        """Inverse of :meth:`extra_state`."""
         self.updates = int(state["updates"])
-        self._model_metrics = {k: v.to(self.device) for k, v in state["model_metrics"].items()}
+        self._model_metrics = state["model_metrics"].to(self.device)

@@ -1,32 +1,70 @@
-"""SAC-LN: soft actor-critic with LayerNorm twin critics (paper Sec. 5.2, App. B; DESIGN.md §3).
+"""SAC-LN: soft actor-critic with LayerNorm twin critics (paper Sec. 5.2, App. B).
 
-The update is a function of (modules, optimisers, batch, generator) with no host syncs: metrics come back as
-0-d tensors and the trainer reads them at report time (DESIGN.md §5, compiled updates).
+The update is built from pure functions (:class:`SACLNFunctions`) of (parameters, target parameters, temperature
+state, batch, noise). One noise block per update, ``[B * (2 + 2N), A]`` from the agent's own generator, is split
+as next action | QED(s') | action | QED(s) (N = QED's samples per state, 0 for te and fixed). No host syncs:
+the metrics come back as one vector (:attr:`SACLN.metric_layout`) that the trainer reads at report time.
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
-
-import numpy as np
 import torch
 
-from qed_ray.agents import agent_state, load_agent_state
+from qed_ray.agents.base import Params, SACBase, SACFunctions, params_of, seeded_init
 from qed_ray.config import AgentSpec, TemperatureSpec
-from qed_ray.networks import TanhGaussianActor, TwinCritic, clip_and_step, freeze, polyak_update
-from qed_ray.temperature import alpha_stats, make_temperature
+from qed_ray.networks import TanhGaussianActor, TwinCritic, clip_and_step, squashed_sample
+from qed_ray.temperature import alpha_stat_names, alpha_stats
+from qed_ray.update_metrics import MetricLayout
+
+CRITIC_METRICS = ("loss/critic", "q/mean", "q/abs_diff_mean", "q/abs_diff_max", "q/target_mean")
+STEP_METRICS = ("grad/critic_norm", "loss/actor", "grad/actor_norm", "policy/entropy", "loss/alpha", "alpha/te")
 
 
-@contextlib.contextmanager
-def seeded_init(seed: int):
-    """Context in which module construction draws from ``seed`` without touching the global torch RNG."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
+class SACLNFunctions(SACFunctions):
+    """SAC-LN's pure losses (the actor loss is :meth:`SACFunctions.actor_loss`)."""
+
+    def __init__(self, actor, critic, temperature, gamma: float):
+        super().__init__(actor, critic, temperature)
+        self.gamma = gamma
+
+    def noise_sizes(self, b: int) -> tuple[int, int, int, int]:
+        """Rows of the noise block's parts for batch size b: next action, QED(s'), action, QED(s)."""
+        return b, b * self.n_qed, b, b * self.n_qed
+
+    def critic_loss(self, params: dict[str, Params], target_p: Params, batch: dict[str, torch.Tensor],
+                    eps_next: torch.Tensor, eps_qed_next: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Twin-critic TD loss 0.5 * sum_j mean (Q_j(s, a) - y)^2 against the soft target
+        y = r + gamma (1 - d) (min_j Qtarg_j(s', a') - alpha(s') log pi(a'|s')), a' ~ pi(.|s') (paper Eq. 1).
+
+        alpha(s') is read from the target critics, which produce the target value.
+
+        Args:
+            params: ``actor``, ``critic``, ``temperature`` parameters (only the critic gets gradient).
+            target_p: target critic parameters.
+            batch: obs [B, O], action [B, A], reward [B], next_obs [B, O], terminated [B].
+            eps_next: [B, A] noise of a'. eps_qed_next: [B * N, A] noise of QED's samples at s'.
+
+        Returns:
+            ``(loss 0-d, metrics [5 + alpha stats])``: :data:`CRITIC_METRICS` then alpha/target statistics.
+        """
+        obs, act, rew, nxt = batch["obs"], batch["action"], batch["reward"], batch["next_obs"]
+        actor_p, tstate = params["actor"], params["temperature"]
+        with torch.no_grad():
+            dist = self.policy(actor_p, nxt)
+            next_a, next_logp = squashed_sample(*dist, eps_next)
+            tq1, tq2 = self.q_pair(target_p, nxt, next_a)
+            next_alpha = self.alpha(tstate, actor_p, target_p, nxt, eps_qed_next, dist=dist)
+            target = rew + self.gamma * (1.0 - batch["terminated"]) * (torch.minimum(tq1, tq2)
+                                                                        - next_alpha * next_logp)
+        q1, q2 = self.q_pair(params["critic"], obs, act)
+        loss = 0.5 * ((q1 - target).pow(2).mean() + (q2 - target).pow(2).mean())
+        gap = (q1 - q2).detach().abs()
+        metrics = [loss.detach(), q1.detach().mean(), gap.mean(), gap.max(), target.mean(),
+                   *alpha_stats(next_alpha, self.temperature, tstate)]
+        return loss, torch.stack(metrics)
 
 
-class SACLN:
+class SACLN(SACBase):
     """Actor, twin critics, target critics, temperature and their optimisers.
 
     Args:
@@ -43,111 +81,37 @@ class SACLN:
 
     def __init__(self, spec: AgentSpec, temperature: TemperatureSpec, obs_dim: int, action_dim: int,
                  device: torch.device, seed: int):
-        self.spec, self.device, self.action_dim = spec, device, action_dim
+        super().__init__(spec, action_dim, device)
         with seeded_init(seed):
-            self.actor = TanhGaussianActor(obs_dim, action_dim, spec.hidden, spec.depth, spec.activation,
-                                           spec.log_std_min, spec.log_std_max).to(device)
-            self.critic = TwinCritic(obs_dim, action_dim, spec.hidden, spec.depth, spec.activation).to(device)
-        self.critic_target = freeze(copy.deepcopy(self.critic))
-        self.temperature = make_temperature(temperature, action_dim).to(device)
-        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=spec.actor_lr)
-        self.critic_opt = torch.optim.Adam(self.critic.parameters(), lr=spec.critic_lr)
-        t_params = [p for p in self.temperature.parameters() if p.requires_grad]
-        self.alpha_opt = torch.optim.Adam(t_params, lr=temperature.lr) if t_params else None
-        self.generator = torch.Generator(device=device).manual_seed(seed)
+            actor = TanhGaussianActor(obs_dim, action_dim, spec.hidden, spec.depth, spec.activation,
+                                      spec.log_std_min, spec.log_std_max).to(self.device)
+            critic = TwinCritic(obs_dim, action_dim, spec.hidden, spec.depth, spec.activation).to(self.device)
+        self._init_sac(actor, critic, temperature, seed)
+        self.fn = SACLNFunctions(self.actor, self.critic, self.temperature, spec.gamma)
+        self.metric_layout = MetricLayout((*CRITIC_METRICS, *alpha_stat_names(self.temperature, "alpha/target"),
+                                           *STEP_METRICS, *alpha_stat_names(self.temperature, "alpha/actor")))
 
-    # ---- acting ----------------------------------------------------------------------------------
-    def sample_actions(self, obs: torch.Tensor) -> torch.Tensor:
-        """Policy samples for QED's disagreement estimate (no grad)."""
-        return self.actor.sample(obs, self.generator)[0]
+    def update(self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None = None) -> torch.Tensor:
+        """One critic, actor, temperature and Polyak step.
 
-    @torch.no_grad()
-    def act(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
-        """One action in [-1, 1]^A for a single observation: tanh(mu) if deterministic, else a policy sample."""
-        x = torch.as_tensor(obs, dtype=torch.float32, device=self.device).unsqueeze(0)
-        a = self.actor.mode(x) if deterministic else self.actor.sample(x, self.generator)[0]
-        return a.squeeze(0).cpu().numpy()
+        Args:
+            batch: replay batch (see :meth:`SACLNFunctions.critic_loss`).
+            noise: [B (2 + 2N), A] standard-normal block; drawn from the agent's generator when None.
 
-    @torch.no_grad()
-    def act_batch(self, obs: np.ndarray) -> np.ndarray:
-        """Deterministic actions for a batch of observations [B, O] -> [B, A]."""
-        x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
-        return self.actor.mode(x).cpu().numpy()
-
-    @torch.no_grad()
-    def policy_distribution(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Pre-tanh ``(mu, sigma)`` [B, A] at observations [B, O] (float64 numpy, for metrics)."""
-        x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
-        mu, sigma = self.actor.distribution(x)
-        return mu.double().cpu().numpy(), sigma.double().cpu().numpy()
-
-    @torch.no_grad()
-    def q_values(self, obs: np.ndarray, action: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Online ``(Q1, Q2)`` [B] at (obs, action) (critic-proxy analysis, paper App. A)."""
-        x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
-        a = torch.as_tensor(action, dtype=torch.float32, device=self.device)
-        q1, q2 = self.critic(x, a)
-        return q1.cpu().numpy(), q2.cpu().numpy()
-
-    # ---- learning --------------------------------------------------------------------------------
-    def update(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """One critic, actor, temperature and Polyak step; returns detached 0-d metric tensors."""
-        obs, act, rew, nxt = batch["obs"], batch["action"], batch["reward"], batch["next_obs"]
-        discount = self.spec.gamma * (1.0 - batch["terminated"])
-        gen = self.generator
-        with torch.no_grad():
-            next_a, next_logp = self.actor.sample(nxt, gen)
-            tq1, tq2 = self.critic_target(nxt, next_a)
-            # alpha(s') comes from the critics that produce the target value (DESIGN.md §3).
-            next_alpha = self.temperature.alpha(nxt, self.sample_actions, self.critic_target)
-            target = rew + discount * (torch.minimum(tq1, tq2) - next_alpha * next_logp)
-        q1, q2 = self.critic(obs, act)
-        critic_loss = 0.5 * ((q1 - target).pow(2).mean() + (q2 - target).pow(2).mean())
+        Returns:
+            the metric vector (detached, on the agent's device), columns named by :attr:`metric_layout`.
+        """
+        eps_next, eps_qed_next, eps_a, eps_qed = self.noise_parts(batch, noise)
+        p = self.params()
+        critic_loss, critic_metrics = self.fn.critic_loss(p, params_of(self.critic_target), batch, eps_next,
+                                                          eps_qed_next)
         critic_norm = clip_and_step(self.critic_opt, self.critic.parameters(), critic_loss, self.spec.grad_clip)
-
-        self.critic.requires_grad_(False)  # the actor loss must not leave gradients on the critics
-        a, logp = self.actor.sample(obs, gen)
-        pq1, pq2 = self.critic(obs, a)
-        alpha = self.temperature.alpha(obs, self.sample_actions, self.critic)  # online critics for the actor
-        actor_loss = (alpha * logp - torch.minimum(pq1, pq2)).mean()
-        actor_norm = clip_and_step(self.actor_opt, self.actor.parameters(), actor_loss, self.spec.grad_clip)
-        self.critic.requires_grad_(True)
-
-        alpha_loss = self.temperature.loss(logp)
-        if self.alpha_opt is not None:
-            self.alpha_opt.zero_grad(set_to_none=True)
-            alpha_loss.backward()
-            self.alpha_opt.step()
-        polyak_update(self.critic_target, self.critic, self.spec.polyak)
-
-        gap = (q1 - q2).detach().abs()
-        return {
-            "loss/critic": critic_loss.detach(), "loss/actor": actor_loss.detach(), "loss/alpha": alpha_loss.detach(),
-            "grad/critic_norm": critic_norm, "grad/actor_norm": actor_norm,
-            "policy/entropy": -logp.detach().mean(), "q/mean": q1.detach().mean(),
-            "q/abs_diff_mean": gap.mean(), "q/abs_diff_max": gap.max(), "q/target_mean": target.mean(),
-            "alpha/te": self.temperature.floor(),
-            **alpha_stats(alpha, self.temperature, "alpha/actor"),
-            **alpha_stats(next_alpha, self.temperature, "alpha/target"),
-        }
-
-    # ---- state -----------------------------------------------------------------------------------
-    def modules(self) -> dict[str, torch.nn.Module]:
-        """Every module whose parameters or buffers define the agent."""
-        return {"actor": self.actor, "critic": self.critic, "critic_target": self.critic_target,
-                "temperature": self.temperature}
-
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """Every optimiser."""
-        opts = {"actor_opt": self.actor_opt, "critic_opt": self.critic_opt}
-        if self.alpha_opt is not None:
-            opts["alpha_opt"] = self.alpha_opt
-        return opts
-
-    def state_dict(self) -> dict:
-        """Tensors only (loadable with ``weights_only=True``)."""
-        return agent_state(self)
-
-    def load_state_dict(self, state: dict) -> None:
-        """Inverse of :meth:`state_dict`; raises KeyError naming a missing part."""
-        load_agent_state(self, state)
+        # The actor reads the critics just updated (as in SAC), through detached parameters.
+        actor_loss, actor_norm, logp, alpha = self.actor_step(p["actor"], p["critic"], p["temperature"],
+                                                              batch["obs"], eps_a, eps_qed)
+        alpha_loss = self.temperature_step(p["temperature"], logp)
+        self.polyak()
+        steps = [critic_norm, actor_loss, actor_norm, -logp.mean(), alpha_loss,
+                 self.temperature.floor(p["temperature"])]
+        return torch.cat([critic_metrics, torch.stack(steps),
+                          torch.stack(alpha_stats(alpha, self.temperature, p["temperature"]))])

@@ -1,0 +1,310 @@
+"""The agent interface and the SAC chassis both agents share (paper Sec. 2, Sec. 5.2).
+
+:class:`Agent` declares exactly what the trainer, evaluation and analysis call. :class:`SACBase` writes the
+parts SAC-LN and MAD-SAC have in common once: acting through an ``encode`` hook (identity for SAC-LN, the
+SimNorm encoder for MAD-SAC), the actor and temperature steps, noise drawing and state handling.
+:class:`SACFunctions` holds the pure functions both updates are built from: every network is called through
+``torch.func.functional_call`` with parameters passed in, and every random number comes in as noise drawn
+outside, so a loss is a function of (parameters, target parameters, temperature state, batch, noise) only and
+can be vmapped over a leading seed axis of stacked parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import ClassVar, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from qed_ray.config import AgentSpec, TemperatureSpec
+from qed_ray.networks import clip_and_step, freeze, make_adam, polyak_update, require_fp32_matmul, squashed_sample
+from qed_ray.temperature import make_temperature, qed_disagreement, temperature_state
+from qed_ray.update_metrics import MetricLayout
+
+Params = dict[str, torch.Tensor]
+
+
+@runtime_checkable
+class Agent(Protocol):
+    """What the trainer, evaluation and analysis use of an agent."""
+
+    name: str
+    acting_modules: tuple[str, ...]  # the modules a policy snapshot must hold to act and to be compared
+    device: torch.device
+    generator: torch.Generator
+    metric_layout: MetricLayout  # names of the columns of update()'s metric vector
+
+    def act(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
+        """One action [A] in [-1, 1] for one observation [O]."""
+
+    def act_batch(self, obs: np.ndarray) -> np.ndarray:
+        """Deterministic actions [B, A] for observations [B, O]."""
+
+    def policy_distribution(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Pre-tanh (mu, sigma) [B, A], float64."""
+
+    def q_values(self, obs: np.ndarray, action: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Online (Q1, Q2) [B]."""
+
+    def update(self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None = None) -> torch.Tensor:
+        """One learning step; returns the metric vector [K] (``metric_layout``)."""
+
+    def modules(self) -> dict[str, nn.Module]:
+        """Every module whose parameters or buffers define the agent."""
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """Every optimiser."""
+
+    def state_dict(self) -> dict:
+        """Tensors only."""
+
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of state_dict."""
+
+    def report_warnings(self, metrics: dict[str, float]) -> list[str]:
+        """Warning lines for an interval's mean metrics."""
+
+
+@contextlib.contextmanager
+def seeded_init(seed: int):
+    """Context in which module construction draws from ``seed`` without touching the global torch RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def params_of(module: nn.Module) -> Params:
+    """The module's live parameters by name (gradients reach them)."""
+    return dict(module.named_parameters())
+
+
+def call(module: nn.Module, params: Params, *args, **kwargs):
+    """``module(*args, **kwargs)`` computed with ``params`` in place of its parameters (``functional_call``).
+
+    The agents' modules share no weights, so the per-call search for tied weights is skipped.
+    """
+    return functional_call(module, params, args, kwargs, tie_weights=False)
+
+
+def detached(params: Params) -> Params:
+    """Views of ``params`` without gradient: a loss through them leaves no gradient on the module."""
+    return {k: v.detach() for k, v in params.items()}
+
+
+class SACFunctions:
+    """Pure functions of a SAC agent's actor, critic pair and temperature rule.
+
+    The modules given here serve only as structure: each call takes the parameters to use explicitly.
+
+    Args:
+        actor: a :class:`qed_ray.networks.TanhGaussianActor`.
+        critic: a twin critic whose ``forward(states, actions, repeats)`` returns what :meth:`q_pair` reads.
+        temperature: a rule of :mod:`qed_ray.temperature`.
+    """
+
+    def __init__(self, actor: nn.Module, critic: nn.Module, temperature: nn.Module):
+        self.actor, self.critic, self.temperature = actor, critic, temperature
+        self.n_qed = temperature.n_actions  # QED's policy samples per state; 0 for te and fixed
+
+    def policy(self, actor_p: Params, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-tanh ``(mu, log_std)`` [B, A]."""
+        return call(self.actor, actor_p, states)
+
+    def sample(self, actor_p: Params, states: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(action [B, A], log_prob [B])`` with noise ``eps`` [B, A]."""
+        return squashed_sample(*self.policy(actor_p, states), eps)
+
+    def q_pair(self, critic_p: Params, states: torch.Tensor, actions: torch.Tensor, repeats: int = 1
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(Q1, Q2)`` [B * repeats] (scalar critics: the heads' outputs)."""
+        return call(self.critic, critic_p, states, actions, repeats=repeats)
+
+    def alpha(self, tstate: Params, actor_p: Params, critic_p: Params, states: torch.Tensor,
+              eps_qed: torch.Tensor, share_state_terms: bool = True,
+              dist: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """[B] temperatures at ``states``; QED reads the critic pair ``critic_p`` at ``n_qed`` policy samples per
+        state drawn with ``eps_qed`` [B * n_qed, A] (no gradient). ``dist``: the policy's (mu, log_std) at
+        ``states`` if already computed."""
+        delta = None
+        if self.n_qed:
+            delta = qed_disagreement(lambda s: self.policy(actor_p, s),
+                                     lambda s, a, r: self.q_pair(critic_p, s, a, r),
+                                     states, eps_qed, self.n_qed, self.temperature.tau, share_state_terms, dist)
+        return self.temperature.alpha(tstate, states.shape[0], delta)
+
+    def actor_loss(self, actor_p: Params, critic_p: Params, tstate: Params, states: torch.Tensor,
+                   eps: torch.Tensor, eps_qed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """SAC's actor loss (alpha(s) log pi(a|s) - min_j Q_j(s, a)).mean() with a ~ pi(.|s) (paper Eq. 1).
+
+        The critic enters with detached parameters, so gradients reach only the actor; alpha(s) is read from
+        the same critic pair.
+
+        Returns:
+            ``(loss 0-d, log_prob [B], alpha [B])``.
+        """
+        mu, log_std = self.policy(actor_p, states)
+        a, logp = squashed_sample(mu, log_std, eps)
+        q1, q2 = self.q_pair(detached(critic_p), states, a)
+        alpha = self.alpha(tstate, actor_p, critic_p, states, eps_qed, dist=(mu.detach(), log_std.detach()))
+        return (alpha * logp - torch.minimum(q1, q2)).mean(), logp, alpha
+
+
+class SACBase:
+    """Actor, twin critic (+ Polyak target), temperature, their optimisers and the agent's own generator.
+
+    Subclasses build their networks under :func:`seeded_init`, then call :meth:`_init_sac` and set ``fn`` (their
+    :class:`SACFunctions`, with ``noise_sizes(batch_size)``) and ``metric_layout``; they implement ``update``,
+    and may override ``encode``, ``extra_modules``, ``extra_optimizers``, ``extra_state``/``load_extra_state``
+    and ``report_warnings``.
+    """
+
+    name: ClassVar[str]
+    acting_modules: ClassVar[tuple[str, ...]]
+
+    def __init__(self, spec: AgentSpec, action_dim: int, device: torch.device):
+        require_fp32_matmul()  # critic passes feed QED and the TD target (networks.require_fp32_matmul)
+        self.spec, self.action_dim, self.device = spec, action_dim, torch.device(device)
+
+    def _init_sac(self, actor: nn.Module, critic: nn.Module, temperature: TemperatureSpec, seed: int) -> None:
+        self.actor, self.critic = actor, critic
+        self.critic_target = freeze(copy.deepcopy(critic))
+        self.temperature = make_temperature(temperature, self.action_dim).to(self.device)
+        self.actor_opt = make_adam(self.actor.parameters(), self.spec.actor_lr, self.device)
+        self.critic_opt = make_adam(self.critic.parameters(), self.spec.critic_lr, self.device)
+        t_params = list(self.temperature.parameters())
+        self.alpha_opt = make_adam(t_params, temperature.lr, self.device) if t_params else None
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    # ---- acting ----------------------------------------------------------------------------------
+    def encode(self, obs: torch.Tensor) -> torch.Tensor:
+        """What the actor and critics read: the observation itself (SAC-LN)."""
+        return obs
+
+    def _input(self, x: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(x, dtype=torch.float32, device=self.device)
+
+    def noise(self, rows: int) -> torch.Tensor:
+        """Standard-normal noise [rows, A] from the agent's generator, in the parameters' dtype."""
+        dtype = next(self.actor.parameters()).dtype
+        return torch.randn((rows, self.action_dim), generator=self.generator, device=self.device, dtype=dtype)
+
+    def noise_rows(self, batch_size: int) -> int:
+        """Rows of one update's noise block for ``batch_size`` (the sum of ``fn.noise_sizes``)."""
+        return sum(self.fn.noise_sizes(batch_size))
+
+    def noise_parts(self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """The update's noise block split into the agent's parts (``fn.noise_sizes``); the block is drawn from
+        the agent's generator when ``noise`` is None (one draw of fixed shape per update)."""
+        b = batch["obs"].shape[0]
+        if noise is None:
+            noise = self.noise(self.noise_rows(b))
+        return noise.split(self.fn.noise_sizes(b))
+
+    @torch.no_grad()
+    def act(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
+        """One action in [-1, 1]^A for an observation [O]: tanh(mu) if deterministic, else a policy sample
+        (noise [1, A] from the agent's generator)."""
+        x = self.encode(self._input(obs).unsqueeze(0))
+        a = self.actor.mode(x) if deterministic else self.actor.sample(x, self.noise(1))[0]
+        return a.squeeze(0).cpu().numpy()
+
+    @torch.no_grad()
+    def act_batch(self, obs: np.ndarray) -> np.ndarray:
+        """Deterministic actions tanh(mu) for observations [B, O] -> [B, A]."""
+        return self.actor.mode(self.encode(self._input(obs))).cpu().numpy()
+
+    @torch.no_grad()
+    def policy_distribution(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Pre-tanh ``(mu, sigma)`` [B, A] at observations [B, O] (float64 numpy, for the KL metric, App. E)."""
+        mu, sigma = self.actor.distribution(self.encode(self._input(obs)))
+        return mu.double().cpu().numpy(), sigma.double().cpu().numpy()
+
+    @torch.no_grad()
+    def q_values(self, obs: np.ndarray, action: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Online ``(Q1, Q2)`` [B] at (obs [B, O], action [B, A]) (critic-proxy analysis, paper App. D)."""
+        q1, q2 = self.fn.q_pair(params_of(self.critic), self.encode(self._input(obs)), self._input(action))
+        return q1.cpu().numpy(), q2.cpu().numpy()
+
+    # ---- learning steps shared by both agents ------------------------------------------------------
+    def actor_step(self, actor_p: Params, critic_p: Params, tstate: Params, states: torch.Tensor,
+                   eps: torch.Tensor, eps_qed: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """One clipped Adam step on the actor loss (:meth:`SACFunctions.actor_loss`) at ``states``.
+
+        Returns:
+            ``(loss, pre-clip grad norm, log_prob [B] detached, alpha [B])``.
+        """
+        loss, logp, alpha = self.fn.actor_loss(actor_p, critic_p, tstate, states, eps, eps_qed)
+        norm = clip_and_step(self.actor_opt, self.actor.parameters(), loss, self.spec.grad_clip)
+        return loss.detach(), norm, logp.detach(), alpha
+
+    def temperature_step(self, tstate: Params, logp: torch.Tensor) -> torch.Tensor:
+        """One Adam step on the rule's own loss (alpha_TE, paper Eq. 1); returns the loss (0 for fixed)."""
+        loss = self.temperature.loss(tstate, logp)
+        if self.alpha_opt is not None:
+            self.alpha_opt.zero_grad(set_to_none=True)
+            loss.backward()
+            self.alpha_opt.step()
+        return loss.detach()
+
+    def polyak(self) -> None:
+        """Moves the target critic towards the online one (rate ``agent.polyak``)."""
+        polyak_update(self.critic_target, self.critic, self.spec.polyak)
+
+    def report_warnings(self, metrics: dict[str, float]) -> list[str]:
+        """Warning lines for an evaluation interval's mean metrics (none by default)."""
+        return []
+
+    # ---- state -----------------------------------------------------------------------------------
+    def extra_modules(self) -> dict[str, nn.Module]:
+        """Modules beyond the SAC chassis (MAD-SAC: encoder and latent model)."""
+        return {}
+
+    def extra_optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """Optimisers beyond the SAC chassis."""
+        return {}
+
+    def extra_state(self) -> dict:
+        """Tensors beyond modules, optimisers and the generator (MAD-SAC: its update counter)."""
+        return {}
+
+    def load_extra_state(self, state: dict) -> None:
+        """Inverse of :meth:`extra_state`."""
+
+    def modules(self) -> dict[str, nn.Module]:
+        """Every module whose parameters or buffers define the agent."""
+        return {**self.extra_modules(), "actor": self.actor, "critic": self.critic,
+                "critic_target": self.critic_target, "temperature": self.temperature}
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """Every optimiser."""
+        opts = {**self.extra_optimizers(), "actor_opt": self.actor_opt, "critic_opt": self.critic_opt}
+        if self.alpha_opt is not None:
+            opts["alpha_opt"] = self.alpha_opt
+        return opts
+
+    def params(self) -> dict[str, Params]:
+        """Live trainable parameters per module name, and the temperature state (what the losses take)."""
+        out = {k: params_of(m) for k, m in self.modules().items() if k not in ("critic_target", "temperature")}
+        out["temperature"] = temperature_state(self.temperature)
+        return out
+
+    def state_dict(self) -> dict:
+        """Modules, optimisers, the generator and :meth:`extra_state`: tensors only (``weights_only``-loadable)."""
+        state = {k: m.state_dict() for k, m in self.modules().items()}
+        state.update({k: o.state_dict() for k, o in self.optimizers().items()})
+        state["generator"] = self.generator.get_state()
+        state.update(self.extra_state())
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of :meth:`state_dict`; raises KeyError naming a missing part."""
+        for k, m in self.modules().items():
+            m.load_state_dict(state[k])
+        for k, o in self.optimizers().items():
+            o.load_state_dict(state[k])
+        self.generator.set_state(state["generator"])
+        self.load_extra_state(state)

@@ -1,0 +1,295 @@
+"""The pure-function update: same maths as before, noise layout, vmap over seeds, the exact QED rewrite, TF32,
+the metric vector, and a training core that imports without dm_control, Ray or MLflow."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from qed_ray.agents import make_agent
+from qed_ray.agents.base import params_of
+from qed_ray.config import AgentBase, MadSpec, SacLnSpec, TemperatureSpec
+from qed_ray.config import agent_spec as make_agent_spec
+from qed_ray.update_metrics import MetricAccumulator, MetricLayout
+from reference_update import OldMadSAC, OldSACLN
+
+OBS, ACT, B = 5, 2, 16
+TEMPERATURES = {"te": TemperatureSpec(kind="te"), "fixed": TemperatureSpec(kind="fixed", alpha=0.05),
+                "qed": TemperatureSpec(kind="qed", k=0.2, n_actions=4, alpha_max=0.5, init_alpha=0.02)}
+TINY_MAD = {"latent_dim": 16, "encoder_hidden": 16, "model_hidden": 16, "num_bins": 21, "vmin": -10.0,
+            "vmax": 10.0}
+
+
+def agent_spec(name: str, **mad) -> AgentBase:
+    extra = {"mad": MadSpec(**{**TINY_MAD, **mad})} if name == "mad_sac" else {}
+    return make_agent_spec(name=name, hidden=16, batch_size=B, **extra)
+
+
+def batch_of(seed: int, dtype=torch.float32, b: int = B) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"obs": torch.randn(b, OBS, generator=g, dtype=dtype),
+            "action": torch.rand(b, ACT, generator=g, dtype=dtype) * 2 - 1,
+            "reward": torch.rand(b, generator=g, dtype=dtype) * 2,
+            "next_obs": torch.randn(b, OBS, generator=g, dtype=dtype),
+            "terminated": torch.zeros(b, dtype=dtype)}
+
+
+def float64_agent(name: str, temperature: TemperatureSpec, seed: int = 0, **mad):
+    agent = make_agent(agent_spec(name, **mad), temperature, OBS, ACT, torch.device("cpu"), seed)
+    for module in agent.modules().values():
+        module.double()  # in place: the optimisers keep the same parameter objects
+    return agent
+
+
+# ---- the pure update equals the previous implementation ---------------------------------------------------
+@pytest.mark.parametrize("name, kind, mad", [
+    ("sac_ln", "te", {}), ("sac_ln", "fixed", {}), ("sac_ln", "qed", {}),
+    ("mad_sac", "te", {}), ("mad_sac", "fixed", {}), ("mad_sac", "qed", {}),
+    ("mad_sac", "qed", {"model_every": 2, "actor_critic": "target", "proportion_real": 0.75}),
+])
+def test_pure_update_equals_the_previous_maths_for_the_same_noise(name, kind, mad):
+    temperature = TEMPERATURES[kind]
+    new, old_modules = float64_agent(name, temperature, **mad), float64_agent(name, temperature, **mad)
+    old = (OldSACLN if name == "sac_ln" else OldMadSAC)(old_modules, temperature.lr)
+    for k, m in new.modules().items():  # identical initialisation from the same seed
+        assert all(torch.equal(v, old_modules.modules()[k].state_dict()[n]) for n, v in m.state_dict().items())
+    init = {k: {n: v.detach().clone() for n, v in new.modules()[k].named_parameters()} for k in ("actor", "critic")}
+    g = torch.Generator().manual_seed(7)
+    for step in range(10):
+        batch = batch_of(100 + step, torch.float64)
+        noise = torch.randn(new.noise_rows(B), ACT, generator=g, dtype=torch.float64)
+        got = new.metric_layout.as_dict(new.update(batch, noise))
+        want = old.update(batch, noise) if name == "sac_ln" else old.update(batch, noise, new.fn.noise_sizes(B))
+        for key, value in want.items():
+            if key.endswith("_frac_floor"):
+                # The former code compared alpha with the floor after the temperature step, so the share "at
+                # the floor" flipped with the sign of that step; it now uses the floor alpha was clipped at.
+                continue
+            torch.testing.assert_close(got[key], value.to(torch.float64), rtol=1e-6, atol=1e-9, msg=key)
+    if name == "mad_sac":
+        assert new.updates == old.updates == 10
+    for k, m in new.modules().items():
+        other = old_modules.modules()[k].state_dict()
+        for n, v in m.state_dict().items():
+            torch.testing.assert_close(v, other[n], rtol=1e-6, atol=1e-6, msg=f"{k}.{n}")
+    for k, before in init.items():  # and the networks did learn
+        assert all(not torch.equal(v, dict(new.modules()[k].named_parameters())[n]) for n, v in before.items()), k
+
+
+def test_mad_noise_layout_reserves_model_rows_every_update():
+    agent = make_agent(agent_spec("mad_sac", proportion_real=0.75), TEMPERATURES["qed"], OBS, ACT, "cpu", 0)
+    # model a' (B), model QED (B N), model actions (n_model), a' (B), QED (B N), actor a (n_real), QED (n_real N)
+    assert agent.fn.noise_sizes(B) == (16, 64, 4, 16, 64, 12, 48) and agent.noise_rows(B) == 224
+    te = make_agent(agent_spec("mad_sac"), TEMPERATURES["te"], OBS, ACT, "cpu", 0)
+    assert te.fn.noise_sizes(B) == (16, 0, 8, 16, 0, 8, 0)
+    sac = make_agent(agent_spec("sac_ln"), TEMPERATURES["qed"], OBS, ACT, "cpu", 0)
+    assert sac.fn.noise_sizes(B) == (16, 64, 16, 64) and sac.noise_rows(B) == B * (2 + 2 * 4)
+
+
+@pytest.mark.parametrize("name", ["sac_ln", "mad_sac"])
+def test_update_and_act_draw_one_block_each_from_the_agents_generator(name):
+    a = make_agent(agent_spec(name, model_every=2), TEMPERATURES["qed"], OBS, ACT, "cpu", 3)
+    b = make_agent(agent_spec(name, model_every=2), TEMPERATURES["qed"], OBS, ACT, "cpu", 3)
+    g = torch.Generator().manual_seed(3)  # the agent's generator is seeded with the run seed
+    obs = batch_of(0)["obs"][0].numpy()
+    for step in range(3):
+        batch = batch_of(step)
+        assert torch.equal(a.update(batch), b.update(batch, torch.randn(b.noise_rows(B), ACT, generator=g)))
+        action = a.act(obs, deterministic=False)
+        with torch.no_grad():
+            want = b.actor.sample(b.encode(torch.from_numpy(obs)[None]), torch.randn(1, ACT, generator=g))[0][0]
+        assert torch.equal(torch.from_numpy(action), want)
+    assert torch.equal(a.generator.get_state(), g.get_state())
+
+
+# ---- vmap over a leading seed axis ------------------------------------------------------------------------
+def per_seed_losses(agent):
+    """A pure function (params, target, batch, noise) -> (sum of the phase losses, metrics) over ``agent.fn``:
+    what a packed update vmaps, phase by phase."""
+    fn = agent.fn
+
+    def sac_ln(params, target, batch, noise):
+        eps_next, eps_qed_next, eps_a, eps_qed = noise.split(fn.noise_sizes(B))
+        critic_loss, metrics = fn.critic_loss(params, target, batch, eps_next, eps_qed_next)
+        actor_loss, logp, alpha = fn.actor_loss(params["actor"], params["critic"], params["temperature"],
+                                                batch["obs"], eps_a, eps_qed)
+        alpha_loss = agent.temperature.loss(params["temperature"], logp)
+        return critic_loss + actor_loss + alpha_loss, torch.cat([metrics, alpha])
+
+    def mad_sac(params, target, batch, noise):
+        e_mt, e_mq, e_model, e_t, e_tq, e_a, e_aq = noise.split(fn.noise_sizes(B))
+        model = fn.model_losses(params, target, batch, e_mt, e_mq)
+        critic_loss, metrics, z_real = fn.critic_loss(params, target, batch, e_model, e_t, e_tq)
+        actor_loss, logp, alpha = fn.actor_loss(params["actor"], params["critic"], params["temperature"],
+                                                z_real, e_a, e_aq)
+        alpha_loss = agent.temperature.loss(params["temperature"], logp)
+        return model.sum() + critic_loss + actor_loss + alpha_loss, torch.cat([metrics, model, alpha])
+
+    return sac_ln if agent.name == "sac_ln" else mad_sac
+
+
+def stack(trees):
+    if isinstance(trees[0], dict):
+        return {k: stack([t[k] for t in trees]) for k in trees[0]}
+    return torch.stack([t.detach() for t in trees])
+
+
+@pytest.mark.parametrize("name", ["sac_ln", "mad_sac"])
+@pytest.mark.parametrize("kind", ["te", "qed"])
+def test_per_seed_losses_vmap_over_stacked_seeds(name, kind):
+    seeds = [0, 1]
+    agents = [make_agent(agent_spec(name), TEMPERATURES[kind], OBS, ACT, "cpu", s) for s in seeds]
+    batches = [batch_of(10 + s) for s in seeds]
+    noises = [torch.randn(a.noise_rows(B), ACT, generator=torch.Generator().manual_seed(20 + s))
+              for s, a in zip(seeds, agents)]
+    single = []
+    for agent, batch, noise in zip(agents, batches, noises):
+        params = agent.params()
+        loss, metrics = per_seed_losses(agent)(params, params_of(agent.critic_target), batch, noise)
+        grads = torch.autograd.grad(loss, [params["actor"]["net.0.weight"], params["critic"]["q1.0.weight"]])
+        single.append((loss.detach(), metrics, grads))
+    stacked = stack([a.params() for a in agents])
+    leaves = [stacked["actor"]["net.0.weight"].requires_grad_(), stacked["critic"]["q1.0.weight"].requires_grad_()]
+    target = stack([params_of(a.critic_target) for a in agents])
+    losses, metrics = torch.func.vmap(per_seed_losses(agents[0]), randomness="error")(
+        stacked, target, stack(batches), stack(noises))
+    assert losses.shape == (2,)
+    grads = torch.autograd.grad(losses.sum(), leaves)  # the sum: each seed's gradient is exactly its own
+    for s, (loss, m, g) in enumerate(single):
+        torch.testing.assert_close(losses[s], loss, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(metrics[s], m, rtol=1e-5, atol=1e-6)
+        for got, want in zip(grads, g):
+            torch.testing.assert_close(got[s], want, rtol=1e-4, atol=1e-6)
+
+
+def test_vmap_refuses_a_random_draw_inside_the_loss():
+    with pytest.raises(RuntimeError, match="randomness"):
+        torch.func.vmap(lambda x: x + torch.randn(()), randomness="error")(torch.zeros(2))
+
+
+# ---- the exact QED rewrite ------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["sac_ln", "mad_sac"])
+def test_qed_rewrite_gives_the_straightforward_alpha(name):
+    temperature = TemperatureSpec(kind="qed", k=0.1, n_actions=8, alpha_max=1e6, init_alpha=1e-8)
+    extra = {"mad": MadSpec(latent_dim=64, encoder_hidden=64, model_hidden=64)} if name == "mad_sac" else {}
+    spec = make_agent_spec(name=name, hidden=64, batch_size=64, **extra)
+    agent = make_agent(spec, temperature, 17, 6, "cpu", 0)
+    params = agent.params()
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        states = agent.encode(torch.randn(64, 17, generator=g))
+    eps = torch.randn(64 * 8, 6, generator=g)
+    args = (params["temperature"], params["actor"], params["critic"], states, eps)
+    fast, slow = agent.fn.alpha(*args, share_state_terms=True), agent.fn.alpha(*args, share_state_terms=False)
+    assert bool((slow > 1e-6).all())  # above the floor: the comparison reads the disagreement itself
+    rel = ((fast - slow).abs() / slow).max().item()
+    assert rel < 1e-5, rel
+
+
+def test_qed_rewrite_saves_exactly_the_per_state_flops():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    o, a, h, b, n = 5, 2, 16, 4, 3
+    temperature = TemperatureSpec(kind="qed", k=0.1, n_actions=n)
+    agent = make_agent(SacLnSpec(hidden=h, batch_size=b), temperature, o, a, "cpu", 0)
+    p = agent.params()
+    states, eps = torch.randn(b, o), torch.randn(b * n, a)
+    counts = []
+    for share in (False, True):
+        with FlopCounterMode(display=False) as counter:
+            agent.fn.alpha(p["temperature"], p["actor"], p["critic"], states, eps, share_state_terms=share)
+        counts.append(counter.get_total_flops())
+    actor_per_row = 2 * (o * h + h * h + h * 2 * a)  # the actor's three Linear layers
+    critic_state_term = 2 * o * h  # each head's first-layer state term, per row
+    assert counts[0] - counts[1] == (b * n - b) * (actor_per_row + 2 * critic_state_term)
+
+
+# ---- metric vector -------------------------------------------------------------------------------------------
+def test_metric_accumulator_keeps_means_maxima_and_minima():
+    layout = MetricLayout(("loss/a", "q/gap_max", "alpha/x_min", "q/b"))
+    acc = MetricAccumulator(layout, torch.device("cpu"))
+    assert acc.means() == {} and acc.non_finite(("loss/",)) == []
+    acc.add(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    acc.add(torch.tensor([3.0, -1.0, 5.0, 0.5]))
+    acc.add(torch.tensor([5.0, 7.0, -2.0, 1.5]))
+    assert acc.count == 3 and acc.non_finite(("loss/", "q/")) == []
+    assert acc.means() == {"loss/a": 3.0, "q/gap_max": 7.0, "alpha/x_min": -2.0, "q/b": 2.0}
+    assert acc.count == 0 and acc.means() == {}
+    acc.add(torch.tensor([float("nan"), 1.0, 1.0, float("inf")]))
+    acc.add(torch.tensor([1.0, 1.0, 1.0, 1.0]))
+    assert acc.non_finite(("loss/", "q/")) == ["loss/a", "q/b"] and acc.non_finite(("alpha/",)) == []
+    with pytest.raises(ValueError, match=r"duplicated \['q/b'\]"):
+        MetricLayout(("q/b", "q/b"))
+    with pytest.raises(KeyError, match="'q/c' is not one of loss/a"):
+        layout.index("q/c")
+
+
+@pytest.mark.parametrize("name, kind, expected", [
+    ("sac_ln", "te", ("loss/critic", "q/mean", "q/abs_diff_mean", "q/abs_diff_max", "q/target_mean",
+                      "alpha/target_mean", "alpha/target_min", "alpha/target_max", "grad/critic_norm",
+                      "loss/actor", "grad/actor_norm", "policy/entropy", "loss/alpha", "alpha/te",
+                      "alpha/actor_mean", "alpha/actor_min", "alpha/actor_max")),
+    ("mad_sac", "qed", ("loss/critic", "q/mean", "q/mean_real", "q/mean_model", "q/abs_diff_mean",
+                        "q/abs_diff_max", "q/target_mean", "q/target_std", "mad/target_clip_frac",
+                        "mad/model_reward_mse", "alpha/target_mean", "alpha/target_min", "alpha/target_max",
+                        "alpha/target_frac_floor", "alpha/target_frac_cap", "grad/critic_norm", "loss/actor",
+                        "grad/actor_norm", "policy/entropy", "loss/alpha", "alpha/te", "alpha/actor_mean",
+                        "alpha/actor_min", "alpha/actor_max", "alpha/actor_frac_floor", "alpha/actor_frac_cap",
+                        "loss/model_reward", "loss/model_latent_ce", "loss/model_value_aware",
+                        "loss/model_encoder_critic", "grad/encoder_norm", "grad/model_norm")),
+])
+def test_each_agent_declares_its_metric_columns(name, kind, expected):
+    agent = make_agent(agent_spec(name), TEMPERATURES[kind], OBS, ACT, "cpu", 0)
+    assert agent.metric_layout.names == expected
+    assert agent.update(batch_of(0)).shape == (len(expected),)
+
+
+# ---- one interface ----------------------------------------------------------------------------------------
+def test_registry_builds_agents_that_implement_the_protocol():
+    from qed_ray.agents import AGENTS
+    from qed_ray.agents.base import Agent
+
+    assert list(AGENTS) == ["sac_ln", "mad_sac"]
+    for name, acting in (("sac_ln", ("actor",)), ("mad_sac", ("encoder", "actor"))):
+        agent = make_agent(agent_spec(name), TEMPERATURES["te"], OBS, ACT, "cpu", 0)
+        assert isinstance(agent, Agent) and type(agent) is AGENTS[name] and agent.name == name
+        assert agent.acting_modules == acting and set(acting) <= set(agent.modules())
+        assert agent.report_warnings({"mad/target_clip_frac": 0.0}) == []
+    with pytest.raises(ValueError, match="agent.name: unknown agent 'ppo'; allowed: sac_ln, mad_sac"):
+        make_agent(SacLnSpec.model_construct(name="ppo"), TEMPERATURES["te"], OBS, ACT, "cpu", 0)
+
+
+# ---- the training core needs only torch, numpy and pydantic ----------------------------------------------
+def test_training_core_imports_and_updates_with_dm_control_ray_and_mlflow_blocked():
+    code = textwrap.dedent("""
+        import importlib, importlib.abc, sys
+        BLOCKED = ("dm_control", "mujoco", "ray", "mlflow")
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in BLOCKED:
+                    raise ImportError(f"{name} is blocked")
+        sys.meta_path.insert(0, Block())
+        for m in ("qed_ray.agents", "qed_ray.agents.base", "qed_ray.agents.sac_ln", "qed_ray.agents.mad_sac",
+                  "qed_ray.temperature", "qed_ray.networks", "qed_ray.hlgauss", "qed_ray.world_model",
+                  "qed_ray.replay", "qed_ray.update_metrics", "qed_ray.checkpoint", "qed_ray.config",
+                  "qed_ray.trainer"):
+            importlib.import_module(m)
+        import numpy as np, torch
+        from qed_ray.agents import make_agent
+        from qed_ray.config import MadSpec, TemperatureSpec, agent_spec
+        from qed_ray.replay import ReplayBuffer
+        replay = ReplayBuffer(64, 3, 1, np.random.default_rng(0))
+        for i in range(64):
+            replay.add(np.full(3, i, np.float32), np.zeros(1, np.float32), 1.0, np.ones(3, np.float32), False)
+        for name in ("sac_ln", "mad_sac"):
+            extra = {"mad": MadSpec(latent_dim=8, encoder_hidden=8, model_hidden=8)} if name == "mad_sac" else {}
+            spec = agent_spec(name=name, hidden=8, batch_size=8, **extra)
+            agent = make_agent(spec, TemperatureSpec(kind="qed", k=0.2), 3, 1, torch.device("cpu"), 0)
+            assert torch.isfinite(agent.update(replay.sample(8, agent.device))).all()
+        print("loaded:", sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "loaded: []"
