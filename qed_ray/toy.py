@@ -106,6 +106,32 @@ def toy_reward(a: np.ndarray, cfg: ToyConfig | None = None) -> np.ndarray:
     return sum(w * norm * np.exp(-(a - m) ** 2 / (2 * cfg.variance)) for w, m in zip(cfg.mode_weights, cfg.modes))
 
 
+def maxent_objective(mu: np.ndarray, sigma: np.ndarray, alpha: float, cfg: ToyConfig | None = None) -> np.ndarray:
+    """Per-step soft objective ``E_pi[r(a)] + alpha H(pi)`` of the tanh-Gaussian ``(mu, sigma)``, true reward.
+
+    What a policy would maximise with a perfect critic: the toy has one state and the same reward at both
+    steps, so the soft value of a fixed policy is ``(1 + gamma) J`` and its maximiser is the maximiser of
+    ``J``. 96-point Gauss-Hermite quadrature over ``u``.
+
+    Args:
+        mu: pre-tanh means, any shape.
+        sigma: pre-tanh stds (> 0), broadcastable with ``mu``.
+        alpha: temperature >= 0.
+        cfg: toy config.
+
+    Returns:
+        ``J``, the broadcast shape of ``mu`` and ``sigma``.
+    """
+    cfg = cfg or ToyConfig()
+    z, w = np.polynomial.hermite_e.hermegauss(96)
+    mu, sigma = np.broadcast_arrays(np.asarray(mu, dtype=float), np.asarray(sigma, dtype=float))
+    u = mu[..., None] + sigma[..., None] * z
+    log_jac = math.log(cfg.half_width) + 2 * (math.log(2) - u - np.logaddexp(0.0, -2 * u))
+    log_prob = -0.5 * z**2 - np.log(sigma)[..., None] - 0.5 * math.log(2 * math.pi) - log_jac
+    values = toy_reward(cfg.center + cfg.half_width * np.tanh(u), cfg) - alpha * log_prob
+    return (values * w).sum(axis=-1) / w.sum()
+
+
 @dataclass(frozen=True)
 class ToyBuffer:
     """Fixed replay data: ``actions``, ``rewards``, ``steps`` (time index t), each shape ``[N]``."""
@@ -291,9 +317,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--steps", type=int, default=2000, help="gradient updates per run")
     parser.add_argument("--out", default="toy_out")
+    parser.add_argument("--overrides", default="{}", help='ToyConfig fields as JSON, e.g. \'{"hidden": 256}\'')
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # the default run is sized for one core
-    cfg = ToyConfig()
+    try:
+        cfg = ToyConfig(**json.loads(args.overrides))
+    except (json.JSONDecodeError, TypeError, ValueError) as err:  # pydantic's error names the field
+        parser.error(f"--overrides: {err}")
     pairs = [(a, s) for a in args.alphas for s in args.seeds]
     start = time.process_time()
     results = run_toys(cfg, [a for a, _ in pairs], [s for _, s in pairs], args.steps)

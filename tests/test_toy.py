@@ -217,3 +217,39 @@ def test_cli_writes_figures_and_summary(tmp_path, capsys):
     assert [(r["alpha"], r["seed"]) for r in summary["runs"]] == [(0.1, 0), (0.1, 1), (0.15, 0), (0.15, 1)]
     assert all(set(r) == keys for r in summary["runs"])
     assert "mean" in capsys.readouterr().out
+
+
+def test_maxent_objective_matches_the_density_integral():
+    cfg = toy.ToyConfig(grid_points=200_000)
+    actor = toy_learner.ToyActor(cfg, 1)
+    with torch.no_grad():
+        actor.mu[0], actor.raw_log_std[0] = 0.3, -0.2
+    mu, sigma = (float(v[0]) for v in actor.stats())
+    a = toy.action_grid(cfg)
+    p = actor.density(a)[0]
+    log_p = np.log(np.where(p > 0, p, 1.0))  # p log p -> 0 where the density underflows
+    integral = np.sum(p * (toy.toy_reward(a, cfg) - 0.15 * log_p)) * 10 / len(a)
+    assert toy.maxent_objective(mu, sigma, 0.15, cfg) == pytest.approx(integral, abs=1e-5)
+    assert toy.maxent_objective(-mu, sigma, 0.15, cfg) == pytest.approx(integral, abs=1e-5)  # symmetric reward
+
+
+def test_maxent_optimum_sits_on_a_mode_only_at_a_low_temperature():
+    """With a perfect critic, alpha / reward_scale decides between one mode and a broad policy centred at 0."""
+    mu, log_std = np.linspace(-1.0, 1.0, 201)[:, None], np.linspace(-4.0, 1.0, 126)[None]
+    best = {}
+    for scale, alpha in ((1.0, 0.1), (2.0, 0.1), (2.0, 0.15)):
+        j = toy.maxent_objective(mu, np.exp(log_std), alpha, toy.ToyConfig(reward_scale=scale))
+        i = np.unravel_index(j.argmax(), j.shape)
+        best[scale, alpha] = 5 * math.tanh(mu[i[0], 0])  # the policy's median action
+    assert best[2.0, 0.1] == pytest.approx(-2.0, abs=0.05) or best[2.0, 0.1] == pytest.approx(2.0, abs=0.05)
+    assert best[1.0, 0.1] == pytest.approx(0.0, abs=1e-9) and best[2.0, 0.15] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_cli_overrides_set_the_config_and_bad_ones_name_the_field(tmp_path, capsys):
+    toy.main(["--seeds", "0", "--steps", "2", "--out", str(tmp_path),
+              "--overrides", '{"horizon_mode": "state_terminal", "hidden": 8}'])
+    config = json.loads((tmp_path / "toy_summary.json").read_text())["config"]
+    assert config["horizon_mode"] == "state_terminal" and config["hidden"] == 8
+    with pytest.raises(SystemExit):
+        toy.main(["--out", str(tmp_path), "--overrides", '{"hiden": 8}'])
+    assert "hiden" in capsys.readouterr().err
