@@ -317,6 +317,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--steps", type=int, default=2000, help="gradient updates per run")
     parser.add_argument("--out", default="toy_out")
+    parser.add_argument("--dpi", type=int, default=110, help="resolution of the figures")
     parser.add_argument("--overrides", default="{}", help='ToyConfig fields as JSON, e.g. \'{"hidden": 256}\'')
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # the default run is sized for one core
@@ -335,7 +336,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     runs: dict[float, list[dict[str, np.ndarray]]] = {}
     for (a, _), r in zip(pairs, results):
         runs.setdefault(a, []).append(r)
-    plot_panels(runs, cfg, args.out)
+    plot_panels(runs, cfg, args.out, seeds=args.seeds, dpi=args.dpi)
     with open(os.path.join(args.out, "toy_summary.json"), "w") as fh:
         json.dump({"config": cfg.model_dump(), "cpu_s": cpu_s, "runs": rows}, fh, indent=2)
     _print_table(rows)

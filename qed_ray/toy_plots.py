@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 
 def plot_panels(runs: dict[float, list[dict[str, np.ndarray]]], cfg: ToyConfig, out_dir: str,
-                n_cols: int = 6) -> list[str]:
+                n_cols: int = 6, seeds: list[int] | None = None, dpi: int = 110) -> list[str]:
     """Draws Fig. 2 (a) Q landscapes and (b) policy densities; rows = alpha, cols = snapshots.
 
     Args:
@@ -20,6 +20,8 @@ def plot_panels(runs: dict[float, list[dict[str, np.ndarray]]], cfg: ToyConfig, 
         cfg: toy config.
         out_dir: folder for ``fig2a_q_landscapes.png`` and ``fig2b_policy_densities.png``.
         n_cols: number of evenly spaced snapshots shown.
+        seeds: the seed of each run in a row, for the legend (default: their index).
+        dpi: resolution of the PNGs.
 
     Returns:
         The two PNG paths.
@@ -44,12 +46,12 @@ def plot_panels(runs: dict[float, list[dict[str, np.ndarray]]], cfg: ToyConfig, 
                 ax.axvspan(*cfg.buffer_support, color="0.9", label="buffer support")
                 ax.plot(grid, toy_reward(grid, cfg), "k--", lw=1, label="r(a)")
                 for seed_idx, r in enumerate(results):
-                    ax.plot(grid, value(r, k), lw=1, label=f"seed #{seed_idx}")
+                    ax.plot(grid, value(r, k), lw=1, label=f"seed {seeds[seed_idx] if seeds else seed_idx}")
                 ax.set_title(f"alpha={alpha:g}, step {first['snapshot_steps'][k]}", fontsize=8)
             axes[row, 0].set_ylabel(ylabel, fontsize=8)
         axes[0, 0].legend(fontsize=6)
         fig.tight_layout()
         paths.append(os.path.join(out_dir, name))
-        fig.savefig(paths[-1], dpi=110)
+        fig.savefig(paths[-1], dpi=dpi)
         plt.close(fig)
     return paths

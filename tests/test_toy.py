@@ -253,3 +253,15 @@ def test_cli_overrides_set_the_config_and_bad_ones_name_the_field(tmp_path, caps
     with pytest.raises(SystemExit):
         toy.main(["--out", str(tmp_path), "--overrides", '{"hiden": 8}'])
     assert "hiden" in capsys.readouterr().err
+
+
+def test_default_toy_drifts_but_stays_on_the_data():
+    """The default's documented behaviour (docs/toy.md): both temperatures move onto the data's mode at -2;
+    alpha = 0.15 keeps less mass there than 0.1 (a drift), and neither leaves the support."""
+    cfg = toy.ToyConfig(snapshot_every=1000)
+    low, high = (toy.summarize(r, cfg) for r in toy.run_toys(cfg, alphas=[0.1, 0.15], seeds=[0, 0], steps=1000))
+    for s in (low, high):
+        assert toy.stays_on_support(s) and not toy.leaves_support(s, cfg)
+        assert -2.0 < s["final_policy_mean"] < -1.4  # started at 0, the edge of the data
+        assert s["q_max_outside"] < s["q_max_inside"]  # the critic's best value is on the data
+    assert low["mass_support"] - high["mass_support"] > 0.05
