@@ -146,7 +146,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: sweep_dir: {layout.results_json} not found (run the sweep to its gather step first)",
               file=sys.stderr)
         return 2
-    groups = [GroupResult.from_json(g) for g in json.loads(layout.results_json.read_text())["groups"]]
+    try:
+        groups = [GroupResult.from_json(g) for g in json.loads(layout.results_json.read_text())["groups"]]
+    except KeyError as e:
+        print(f"error: sweep_dir: {layout.results_json} lacks {e} (written by an older version); rewrite it with "
+              f"python -m qed_ray.gather {args.sweep_dir}", file=sys.stderr)
+        return 2
     proxy = critic_proxy(groups)
     for row in proxy:
         print(f"{row.agent} {row.variant}: R^2 = {row.r_squared:.3f} over {len(row.tasks)} tasks")

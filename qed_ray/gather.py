@@ -135,12 +135,13 @@ class Gatherer:
         self.refresher: asyncio.Task | None = None
         self.tracker: Tracker | None = None
 
-    async def trial_finished(self, name: str) -> None:
-        """A trial finished (DONE.json written); idempotent."""
+    async def trial_finished(self, name: str, live: bool = True) -> None:
+        """A trial finished (DONE.json written); idempotent. ``live``: it finished now, not before this start."""
         if name in self.group_of and name not in self.finished:
             self.finished.add(name)
             self.failed.pop(name, None)
-            self.seen_at[name] = time.time()
+            if live:
+                self.seen_at[name] = time.time()
             self._start_if_complete(self.group_of[name])
 
     async def trial_failed(self, name: str, error: str) -> None:
@@ -221,7 +222,8 @@ class Gatherer:
 
         Returns:
             ``{"results": SweepResults, "evaluated": [group], "from_cache": [group], "delays_s": {group: s}}``
-            where a delay is the time from a group's last trial finishing to its row in MLflow.
+            where a delay is the time from a group's last trial finishing to its row in MLflow (for groups whose
+            last trial finished while this driver ran).
         """
         for f in failed:
             if f.name in self.group_of and f.name not in self.finished:
@@ -238,8 +240,8 @@ class Gatherer:
         for f in extra:
             self.excluded[f.name] = f
         results = await self._blocking(self._refresh)
-        delays = {k.name: self.logged_at[k] - max(self.seen_at.get(n, self.logged_at[k]) for n in self.plan.groups[k])
-                  for k in self.results if k in self.logged_at}
+        delays = {k.name: self.logged_at[k] - max(self.seen_at[n] for n in self.plan.groups[k] if n in self.seen_at)
+                  for k in self.results if k in self.logged_at and any(n in self.seen_at for n in self.plan.groups[k])}
         return {"results": results, "evaluated": self.evaluated, "from_cache": self.from_cache, "delays_s": delays}
 
 
@@ -264,7 +266,7 @@ def start(plan: GatherPlan, done: list[str]):
     """Starts the sweep's gather actor and hands it the trials already done (their groups start at once)."""
     actor = Gatherer.options(name=actor_name(plan.sweep, plan.sweep_id), namespace=NAMESPACE,
                              lifetime=None).remote(plan)
-    ray.get([actor.trial_finished.remote(n) for n in done])
+    ray.get([actor.trial_finished.remote(n, False) for n in done])
     return actor
 
 

@@ -2,7 +2,6 @@
 trial's record read from its snapshots; the critic-proxy command."""
 
 import json
-import math
 
 import numpy as np
 import pytest
