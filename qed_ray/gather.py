@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import ray
 from ray import tune
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from qed_ray import group_cache, tables
 from qed_ray.layout import SweepDir
@@ -255,17 +256,25 @@ class GatherFeed(tune.Callback):
     def _actor(self):
         return ray.get_actor(self.name, namespace=NAMESPACE)
 
+    def _tell(self, method: str, *args) -> None:
+        try:
+            getattr(self._actor(), method).remote(*args)
+        except ValueError as e:  # the actor is gone: training goes on; the end of the sweep reports it
+            print(f"  gather: cannot reach the gather actor ({e}); results come at the next start", flush=True)
+
     def on_trial_complete(self, iteration: int, trials: list, trial, **info) -> None:
-        self._actor().trial_finished.remote(trial.config["trial"]["name"])
+        self._tell("trial_finished", trial.config["trial"]["name"])
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
-        self._actor().trial_failed.remote(trial.config["trial"]["name"], "failed (see its error.txt)")
+        self._tell("trial_failed", trial.config["trial"]["name"], "failed (see its error.txt)")
 
 
 def start(plan: GatherPlan, done: list[str]):
     """Starts the sweep's gather actor and hands it the trials already done (their groups start at once)."""
+    # On the driver's node: it lives and dies with the driver, never with a worker node the autoscaler removes.
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     actor = Gatherer.options(name=actor_name(plan.sweep, plan.sweep_id), namespace=NAMESPACE,
-                             lifetime=None).remote(plan)
+                             scheduling_strategy=here).remote(plan)
     ray.get([actor.trial_finished.remote(n, False) for n in done])
     return actor
 

@@ -17,6 +17,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: figures are files, never windows
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 
 from qed_ray.analysis import EARLY_INTERVALS  # noqa: E402
 from qed_ray.results import BudgetIqm, CriticProxy, GroupResult, SweepResults  # noqa: E402
@@ -59,6 +60,20 @@ def caption(results: SweepResults) -> str:
             f"bootstrap over seeds, {fe.bootstrap_reps} resamples.")
 
 
+def _readable_log(axis) -> None:
+    """Log-axis ticks at 1, 2 and 5 per decade written as plain numbers (0.02, not 2 x 10^-2)."""
+    axis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_minor_locator(ticker.NullLocator())
+    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+
+
+def _label_points(ax, xs, ys, color, most: int = 8) -> None:
+    """Prints the value beside up to ``most`` evenly spaced points of a line (always the last)."""
+    idx = sorted({round(i) for i in np.linspace(0, len(xs) - 1, min(len(xs), most))})
+    for i in idx:
+        ax.annotate(_g(ys[i]), (xs[i], ys[i]), fontsize=6, color=color, xytext=(3, 2), textcoords="offset points")
+
+
 def _save(fig, path: Path, text: str) -> Path:
     fig.text(0.01, 0.005, _wrap(text, int(14 * fig.get_figwidth())), fontsize=7, ha="left", va="bottom")
     fig.tight_layout(rect=(0, 0.06, 1, 1))
@@ -81,6 +96,7 @@ def pareto(results: SweepResults, path: Path) -> Path:
         ax.annotate(f"{_label(row)}\nV={_g(row.V_mean)}, IQM={_g(row.iqm)}", (row.V_mean, row.iqm), fontsize=7,
                     xytext=(5, 5), textcoords="offset points")
     ax.set_xscale("log")
+    _readable_log(ax.xaxis)
     ax.margins(x=0.3, y=0.15)  # room for the value labels
     _name_axes(ax, f"{V_AXIS}, mean over tasks (log scale; left = seeds behave more alike)",
                "IQM of normalised final return (return / 1000)",
@@ -137,14 +153,14 @@ def v_over_steps(results: SweepResults, path: Path) -> Path:
         pts = np.array([p for p in g.v_curve if math.isfinite(p[1]) and p[1] > 0])
         if len(pts):
             line, = axes[g.task].plot(pts[:, 0], pts[:, 1], marker=".", label=_label(g))
-            axes[g.task].annotate(_g(pts[-1, 1]), tuple(pts[-1]), fontsize=7, color=line.get_color(),
-                                  xytext=(3, 0), textcoords="offset points")
+            _label_points(axes[g.task], pts[:, 0], pts[:, 1], line.get_color())
     for task, ax in axes.items():
         ax.set_title(task, fontsize=9)
         ax.set_xlabel("env steps", fontsize=9)
         ax.set_ylabel("V (log scale)", fontsize=9)
         if ax.lines:
             ax.set_yscale("log")
+            _readable_log(ax.yaxis)
             ax.legend(fontsize=6)
     fig.suptitle(_wrap(f"Behaviour divergence across seeds over training, per task. {V_AXIS}", 100), fontsize=10)
     return _save(fig, path, caption(results))
@@ -163,8 +179,7 @@ def learning_curves(results: SweepResults, path: Path) -> Path:
         ax = axes[g.task]
         line, = ax.plot(steps, ys.mean(0), label=f"{_label(g)} ({len(curves)} seeds)")
         ax.fill_between(steps, ys.min(0), ys.max(0), color=line.get_color(), alpha=0.2)
-        ax.annotate(_g(ys.mean(0)[-1]), (steps[-1], ys.mean(0)[-1]), fontsize=7, color=line.get_color(),
-                    xytext=(3, 0), textcoords="offset points")
+        _label_points(ax, steps, ys.mean(0), line.get_color())
     for task, ax in axes.items():
         ax.set_title(task, fontsize=9)
         ax.set_xlabel("env steps", fontsize=9)
@@ -186,8 +201,7 @@ def iqm_over_steps(results: SweepResults, path: Path) -> Path:
         x = [b.env_steps for b in rows]
         line, = ax.plot(x, [b.iqm for b in rows], marker=".", label=_label(rows[0]))
         ax.fill_between(x, [b.ci_lower for b in rows], [b.ci_upper for b in rows], color=line.get_color(), alpha=0.2)
-        ax.annotate(_g(rows[-1].iqm), (x[-1], rows[-1].iqm), fontsize=7, color=line.get_color(), xytext=(3, 0),
-                    textcoords="offset points")
+        _label_points(ax, x, [b.iqm for b in rows], line.get_color())
     _name_axes(ax, "env steps (training budget so far)", "IQM of normalised evaluation return (return / 1000)",
                "Sample efficiency: IQM of the training-time evaluations over training (band: confidence interval)")
     if ax.lines:

@@ -52,7 +52,8 @@ def trial_state(layout: SweepDir, name: str, budget: int) -> TrialState:
     if error.exists() and error.stat().st_mtime > newest:
         lines = error.read_text(errors="replace").strip().splitlines()
         return TrialState(name, "failed", steps, budget, wall, lines[-1] if lines else "failed")
-    started = bool(snaps) or layout.trial_dir(name).exists()
+    folder = layout.trial_dir(name)  # Tune makes every trial's folder up front, and fills it when it starts
+    started = bool(snaps) or (folder.is_dir() and any(folder.iterdir()))
     return TrialState(name, "running" if started else "not started", steps, budget, wall)
 
 

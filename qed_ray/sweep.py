@@ -205,7 +205,8 @@ def _exists_on(path: str) -> bool:
     return os.path.exists(path)
 
 
-def print_summary(results: SweepResults | None, gathered: dict, failed: list[FailedTrial], uri: str) -> None:
+def print_summary(results: SweepResults | None, gathered: dict, failed: list[FailedTrial], uri: str,
+                  experiment_id: str | None = None) -> None:
     """The closing table (counts, IQM, V and its baseline ratio with CIs), what the gather step did while the sweep
     ran, and every trial left out with its reason."""
     if results is not None:
@@ -218,7 +219,7 @@ def print_summary(results: SweepResults | None, gathered: dict, failed: list[Fai
               f"the cache{timing}")
     for f in failed:
         print(f"FAILED {f.name}: {f.error}")
-    print(f"\nMLflow: {ui_command(uri)}")
+    print(f"\nMLflow: {ui_command(uri, experiment_id)}")
 
 
 def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False) -> int:
@@ -257,7 +258,7 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False) -> int:
         failed.append(FailedTrial("gather", f"{type(e).__name__}: {e}"))
         gather_ok = False
     tracker.end_run(parent, failed_reason="; ".join(f"{f.name}: {f.error}" for f in failed) or None)
-    print_summary(results, gathered, failed, uri)
+    print_summary(results, gathered, failed, uri, tracker.experiment_id)
     return 0 if gather_ok and not failed else 1
 
 

@@ -28,6 +28,7 @@ from qed_ray.results import (Aggregate, BudgetIqm, CriticProxy, FailedTrial, Gro
 from qed_ray.spec import FinalEvalSpec
 
 NAN = math.nan
+MAX_BUDGETS = 20  # budgets per variant in iqm_by_budget (a 2M-step run evaluates 100 times)
 
 
 def _by_agent_variant(groups: Sequence[GroupResult]) -> dict[tuple[str, str], list[GroupResult]]:
@@ -175,16 +176,19 @@ def group_stats(groups: Sequence[GroupResult], final_eval: FinalEvalSpec,
 
 
 def iqm_by_budget(groups: Sequence[GroupResult], final_eval: FinalEvalSpec) -> list[BudgetIqm]:
-    """Per (agent, variant): IQM + CI of the training-time eval return / 1000 at every env-step count that every
-    run of it evaluated at (App. F's learning curves as one number per budget)."""
+    """Per (agent, variant): IQM + CI of the training-time eval return / 1000 at the env-step counts every run of
+    it evaluated at (App. F's learning curves as one number per budget): at most :data:`MAX_BUDGETS` of them,
+    evenly spaced, the last always included (each costs a bootstrap)."""
     fe, out = final_eval, []
     for (agent, variant), gs in _by_agent_variant(groups).items():
-        curves = [dict((int(s), r) for s, r in c) for g in gs for c in g.learning_curves.values()]
+        curves = {(g.task, seed): {int(s): r for s, r in g.learning_curves[seed]} for g in gs for seed in g.seeds
+                  if seed in g.learning_curves}
         if not curves or len(curves) < sum(len(g.seeds) for g in gs):
             continue  # a run without its history: no budget is shared by every run
-        for step in sorted(set.intersection(*(set(c) for c in curves))):
-            per_task = [metrics.normalized_score([dict((int(s), r) for s, r in g.learning_curves[seed])[step]
-                                                  for seed in g.seeds]) for g in gs]
+        shared = sorted(set.intersection(*(set(c) for c in curves.values())))
+        picks = sorted({shared[round(i)] for i in np.linspace(0, len(shared) - 1, min(len(shared), MAX_BUDGETS))})
+        for step in picks:
+            per_task = [metrics.normalized_score([curves[(g.task, seed)][step] for seed in g.seeds]) for g in gs]
             est = bootstrap.iqm_interval(per_task, fe.bootstrap_reps, fe.confidence, fe.seed)
             out.append(BudgetIqm(agent, variant, step, len(gs), sum(len(t) for t in per_task), est["point"],
                                  est["lower"], est["upper"]))

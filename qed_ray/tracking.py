@@ -198,9 +198,14 @@ def sweep_checksums(uri: str, sweep_id: str) -> dict[str, Recorded]:
     return _checksums(runs)
 
 
-def ui_command(uri: str) -> str:
-    """The command that opens the MLflow UI on ``uri``."""
+def ui_command(uri: str, experiment_id: str | None = None) -> str:
+    """The command that opens the MLflow UI on ``uri``, and the address of the experiment's runs.
+
+    MLflow 3.17's UI shows an experiment as its GenAI switch says (remembered per browser, GenAI by default), not
+    as the experiment's kind tag says; ``?workflowType=machine_learning`` opens it on its training runs.
+    """
+    page = f"/#/experiments/{experiment_id}?workflowType=machine_learning" if experiment_id else ""
     if uri.startswith("sqlite:"):
         return (f"{sys.executable} -m mlflow ui --backend-store-uri {uri} --port 5000   "
-                f"# then open http://127.0.0.1:5000")
-    return f"open {uri} in a browser (MLflow tracking server)"
+                f"# then open http://127.0.0.1:5000{page}")
+    return f"open {uri.rstrip('/')}{page} in a browser (MLflow tracking server)"

@@ -33,6 +33,10 @@ def test_trial_states_from_the_folder(sweep_copy):
     assert trial_state(layout, f"{TE}/0", BUDGET) == TrialState(f"{TE}/0", "done", BUDGET, BUDGET, 20.0)
     assert trial_state(layout, f"{QED}/1", BUDGET) == TrialState(f"{QED}/1", "running", 1000, BUDGET, 10.0)
     assert trial_state(layout, f"{QED}/7", BUDGET).state == "not started"
+    layout.trial_dir(f"{QED}/7").mkdir(parents=True)  # Tune creates every trial's folder before it starts
+    assert trial_state(layout, f"{QED}/7", BUDGET).state == "not started"
+    (layout.trial_dir(f"{QED}/7") / "params.json").write_text("{}")
+    assert trial_state(layout, f"{QED}/7", BUDGET).state == "running", "started: no evaluation yet"
     error = layout.trial_dir(f"{QED}/1") / "error.txt"
     error.parent.mkdir(parents=True)
     error.write_text("Traceback ...\nDivergenceError: non-finite loss/critic by env step 1500\n")

@@ -27,6 +27,7 @@ def test_tiny_sweep_end_to_end(tmp_path):
     proc = run_sweep_cli(spec)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "IQM" in proc.stdout and "-m mlflow ui --backend-store-uri sqlite:////" in proc.stdout
+    assert "/#/experiments/1?workflowType=machine_learning" in proc.stdout  # the UI opens on the runs
     assert "gather: 4 group(s) evaluated, 0 taken from the cache" in proc.stdout
     assert proc.stderr == "", "the embedded start prints nothing alarming (token auth stays on)"
     sweep_dir = tmp_path / "results" / "e2e"

@@ -82,7 +82,7 @@ def test_the_baseline_is_the_te_variant_with_the_same_other_settings(variant, va
     assert baseline_of(variant, variants) == want
 
 
-def test_iqm_at_every_shared_budget():
+def test_iqm_at_the_shared_budgets():
     curves = {"a": {0: [[1000, 100.0], [2000, 300.0]], 1: [[1000, 200.0], [2000, 500.0]]},
               "b": {0: [[1000, 0.0], [2000, 900.0]], 1: [[1000, 50.0], [2000, 800.0], [3000, 1.0]]}}
     groups = [group_result(t, learning_curves=c) for t, c in curves.items()]
@@ -91,6 +91,9 @@ def test_iqm_at_every_shared_budget():
     assert rows[0].iqm == pytest.approx(metrics.iqm(np.array([[0.1, 0.0], [0.2, 0.05]])))
     assert rows[1].iqm == pytest.approx(metrics.iqm(np.array([[0.3, 0.9], [0.5, 0.8]])))
     assert all(r.ci_lower <= r.iqm <= r.ci_upper for r in rows)
+    long = group_result("a", learning_curves={s: [[1000 * k, 10.0 * k] for k in range(1, 51)] for s in (0, 1)})
+    steps = [r.env_steps for r in iqm_by_budget([long], FINAL_EVAL)]
+    assert len(steps) == 20 and steps[0] == 1000 and steps[-1] == 50_000, "evenly thinned, the last kept"
 
 
 def _strict_loads(text: str):
