@@ -251,9 +251,11 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False) -> int:
     try:
         gathered = gather.finish(gatherer, failed)
         results = gathered["results"]
-        refused = [f for f in results.failed_trials if f.error.startswith("gather refused")]
-        gather_ok = not refused
-        failed += refused
+        # Left out by the gather step itself (a refused snapshot, no recorded checksum): reported like failures.
+        known = {f.name for f in failed}
+        left_out = [f for f in results.failed_trials if f.name not in known]
+        gather_ok = not left_out
+        failed += left_out
     except Exception as e:  # noqa: BLE001 - report, log what finished, exit non-zero
         failed.append(FailedTrial("gather", f"{type(e).__name__}: {e}"))
         gather_ok = False
