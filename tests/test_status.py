@@ -88,8 +88,5 @@ def test_status_flag_starts_nothing_and_reads_the_folder(sweep_copy, tmp_path):
                                                        "RAY_ADDRESS": "127.0.0.1:1"})  # nothing to reach
     assert proc.returncode == 0, proc.stderr
     assert "trials: 3 done, 1 running" in proc.stdout and proc.stderr == ""
-    missing = tmp_path / "other.yaml"
-    missing.write_text(yaml.safe_dump({**SPEC, "storage_path": str(tmp_path / "none")}))
-    proc = subprocess.run([sys.executable, "-m", "qed_ray.sweep", str(missing), "--status"], capture_output=True,
-                          text=True, timeout=120, env={"MUJOCO_GL": "disable", "PATH": "/usr/bin:/bin"})
-    assert proc.returncode == 0 and "sweep sweep: not started" in proc.stdout
+    nowhere = SweepDir(tmp_path / "none" / "sweep")
+    assert report(_spec(nowhere), nowhere) == f"sweep sweep: not started ({nowhere.root} has no sweep.json)"
