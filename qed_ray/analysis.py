@@ -1,205 +1,55 @@
-"""Cross-seed evaluation of finished trials and the sweep's tables (Ray-free; the gather actor runs these).
+"""Cross-seed evaluation of one group's saved policies (Ray-free; the gather step runs it as a task or in-process).
 
-Per (task, agent, variant) group (:class:`GroupResult`): final scores, inter-run variability V on the states
-pooled from every seed's own evaluation rollouts (paper App. E), cumulative pairwise action distance over 100-step
-rollouts from shared seeds (Sec. 6.2), V at intermediate policy snapshots (App. E, curves as in App. F), and the
-critic-proxy quantities (App. D). Per (agent, variant) across tasks (:class:`Aggregate`): IQM with a stratified
-bootstrap CI, CI width, mean/median V. Results are typed and round-trip through strict JSON (``results.json``).
+Per (task, agent, variant) group (:class:`~qed_ray.results.GroupResult`): final scores, inter-run variability V on
+the states pooled from every seed's own evaluation rollouts (paper App. E), pairwise action distances over
+100-step rollouts from shared seeds (Sec. 6.2), V at intermediate policy snapshots (App. E, curves as in App. F),
+and the critic-proxy quantities (App. D). A trial's record is read from its policy snapshots alone
+(:func:`trial_record`). Tables across groups are :mod:`qed_ray.tables`.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import asdict, dataclass, field, fields
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from qed_ray import metrics
 from qed_ray.agents import load_policy
+from qed_ray.checkpoint import read_manifest
 from qed_ray.evaluate import eval_seeds, rollout_many
+from qed_ray.layout import SweepDir, TrialId
+from qed_ray.results import GroupResult, TrialRecord
 from qed_ray.spec import FinalEvalSpec
 
 EARLY_INTERVALS = 15  # App. D: "the early-training interval (first 15 rollouts)"
 
 
-def strict_json(x):
-    """NaN/inf -> None, dict keys -> str, tuples -> lists, recursively (``json.dumps`` then writes strict JSON)."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {str(k): strict_json(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [strict_json(v) for v in x]
-    return x
+def trial_record(layout: SweepDir, name: str) -> TrialRecord:
+    """A finished trial's record from its policy snapshots (the final one's manifest holds the eval history).
 
-
-def _from_strict(x):
-    """Inverse of :func:`strict_json` for numbers: None -> NaN, recursively (every result value is numeric)."""
-    if x is None:
-        return math.nan
-    if isinstance(x, list):
-        return [_from_strict(v) for v in x]
-    return x
-
-
-class GroupKey(NamedTuple):
-    """One cross-seed group: the seeds of a (task, agent, variant)."""
-
-    task: str
-    agent: str
-    variant: str
-
-
-@dataclass(frozen=True)
-class TrialRecord:
-    """What the gather step needs of one finished trial: paths and a small history, never weights."""
-
-    name: str
-    task: str
-    agent: str
-    variant: str
-    seed: int
-    frame_skip: int
-    policies: dict[int, str]  # env_steps -> policy snapshot folder
-    history: list[dict] = field(default_factory=list)  # per eval: env_steps, eval/return_mean, q/abs_diff_mean
-
-    @property
-    def group(self) -> GroupKey:
-        """The group this trial is a seed of."""
-        return GroupKey(self.task, self.agent, self.variant)
-
-
-@dataclass(frozen=True)
-class GroupResult:
-    """Every per-group number of one (task, agent, variant); self-contained, so a group can be cached alone.
-
-    Shapes (P seeds, ascending; E final-eval episodes): ``returns`` [P][E], ``scores`` [P] (normalised mean
-    return), ``D`` [P][P] pairwise symmetric KL, ``v_curve`` [[env_steps, V]] at the snapshots every seed kept,
-    ``learning_curves`` {seed: [[env_steps, eval return]]}. V, action distance, Q1 dispersion and the early
-    |Q1 - Q2| are NaN where undefined (one seed, or no critic history).
+    Raises:
+        FileNotFoundError / ValueError: no snapshot, or the last one is not at the trial's budget.
     """
-
-    task: str
-    agent: str
-    variant: str
-    seeds: list[int]
-    final_env_steps: int
-    returns: list[list[float]]
-    scores: list[float]
-    V: float
-    D: list[list[float]]
-    action_distance: float
-    v_curve: list[list[float]]
-    q1_dispersion: float
-    early_q_gap: float
-    learning_curves: dict[int, list[list[float]]]
-
-    @property
-    def key(self) -> GroupKey:
-        """(task, agent, variant)."""
-        return GroupKey(self.task, self.agent, self.variant)
-
-    def to_json(self) -> dict:
-        """The ``results.json`` entry (strict JSON: NaN as null, seeds of ``learning_curves`` as strings)."""
-        return strict_json(asdict(self))
-
-    @classmethod
-    def from_json(cls, d: dict) -> "GroupResult":
-        """Inverse of :meth:`to_json`."""
-        raw = {f.name: _from_strict(d[f.name]) for f in fields(cls) if f.name != "learning_curves"}
-        curves = {int(seed): _from_strict(c) for seed, c in d["learning_curves"].items()}
-        return cls(**raw, learning_curves=curves)
-
-
-@dataclass(frozen=True)
-class Aggregate:
-    """One (agent, variant) across tasks: IQM of scores with its stratified-bootstrap CI, V and action distance."""
-
-    agent: str
-    variant: str
-    n_tasks: int
-    n_seeds: int
-    iqm: float
-    ci_lower: float
-    ci_upper: float
-    ci_width: float
-    mean_score: float
-    V_mean: float
-    V_median: float
-    action_distance_mean: float
-
-    def headline(self) -> dict[str, float]:
-        """The numbers the summary table and the sweep's MLflow parent run show."""
-        return {"iqm": self.iqm, "ci_lower": self.ci_lower, "ci_upper": self.ci_upper, "ci_width": self.ci_width,
-                "V_mean": self.V_mean, "V_median": self.V_median, "action_distance_mean": self.action_distance_mean}
-
-    def to_json(self) -> dict:
-        """The ``results.json`` entry (strict JSON); :func:`dataclasses.asdict` is the CSV row."""
-        return strict_json(asdict(self))
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Aggregate":
-        """Inverse of :meth:`to_json`."""
-        return cls(**{f.name: _from_strict(d[f.name]) for f in fields(cls)})
-
-
-@dataclass(frozen=True)
-class CriticProxy:
-    """App. D for one (agent, variant): early |Q1 - Q2| vs final cross-seed Q1 dispersion per task, and R^2."""
-
-    agent: str
-    variant: str
-    tasks: list[str]
-    early_q_gap: list[float]
-    q1_dispersion: list[float]
-    r_squared: float  # NaN with fewer than 3 tasks or no spread
-
-    def to_json(self) -> dict:
-        """The ``results.json`` entry (strict JSON)."""
-        return strict_json(asdict(self))
-
-    @classmethod
-    def from_json(cls, d: dict) -> "CriticProxy":
-        """Inverse of :meth:`to_json`."""
-        return cls(**{f.name: _from_strict(d[f.name]) if f.name != "tasks" else d["tasks"] for f in fields(cls)})
-
-
-@dataclass(frozen=True)
-class FailedTrial:
-    """A trial (or the gather step) that did not finish, with the last line of its error."""
-
-    name: str
-    error: str
-
-
-@dataclass(frozen=True)
-class SweepResults:
-    """Everything the gather step computes for a sweep (``results.json``)."""
-
-    sweep: str
-    final_eval: FinalEvalSpec
-    aggregates: list[Aggregate]
-    groups: list[GroupResult]
-    critic_proxy: list[CriticProxy]
-    failed_trials: list[FailedTrial]
-    n_trials: int
-
-    def to_json(self) -> dict:
-        """``results.json`` (strict JSON)."""
-        return {"sweep": self.sweep, "final_eval": self.final_eval.model_dump(),
-                "aggregates": [a.to_json() for a in self.aggregates], "groups": [g.to_json() for g in self.groups],
-                "critic_proxy": [c.to_json() for c in self.critic_proxy],
-                "failed_trials": [asdict(f) for f in self.failed_trials], "n_trials": self.n_trials}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "SweepResults":
-        """Inverse of :meth:`to_json`."""
-        return cls(d["sweep"], FinalEvalSpec.model_validate(d["final_eval"]),
-                   [Aggregate.from_json(a) for a in d["aggregates"]], [GroupResult.from_json(g) for g in d["groups"]],
-                   [CriticProxy.from_json(c) for c in d["critic_proxy"]],
-                   [FailedTrial(**f) for f in d["failed_trials"]], d["n_trials"])
+    snapshots = layout.snapshots(name)
+    if not snapshots:
+        raise FileNotFoundError(f"{layout.policies(name)}: no complete policy snapshot")
+    final = max(snapshots)
+    manifest = read_manifest(snapshots[final])
+    budget = manifest["run"]["train"]["env_steps"]
+    if final != budget:
+        raise ValueError(f"{layout.policies(name)}: last policy snapshot at {final:,} env steps, the trial's budget "
+                         f"is {budget:,} (finished without a final snapshot)")
+    history = []
+    for e in manifest.get("evals", []):
+        h = {"env_steps": e["env_steps"], "eval/return_mean": e["return_mean"]}
+        if e.get("q_gap_mean") is not None and math.isfinite(e["q_gap_mean"]):
+            h["q/abs_diff_mean"] = e["q_gap_mean"]
+        history.append(h)
+    t = TrialId.from_name(name)
+    return TrialRecord(name, t.task, t.agent, t.variant, t.seed, manifest["run"]["train"]["frame_skip"],
+                       {step: str(path) for step, path in snapshots.items()}, history)
 
 
 def _policies(records: list[TrialRecord], step: int, device: str):
@@ -263,66 +113,16 @@ def evaluate_group(records: Sequence[TrialRecord], final_eval: FinalEvalSpec, de
             curve.append([step, variability(_policies(records, step, device), task, final_eval.curve_episodes,
                                             fs)[0]])
     returns = [r.returns.tolist() for r in rolls]
+    pairs = metrics.pairwise_action_distance(actions) if len(agents) > 1 else np.zeros((1, 1))
     return GroupResult(
         task=task, agent=records[0].agent, variant=records[0].variant, seeds=[r.seed for r in records],
         final_env_steps=final_step, returns=returns,
         scores=metrics.normalized_score([np.mean(x) for x in returns]).tolist(), V=v, D=d.tolist(),
         action_distance=metrics.cumulative_action_distance(actions) if len(agents) > 1 else math.nan,
+        action_distance_pairs=pairs.tolist(),
         v_curve=curve, q1_dispersion=q1_dispersion(agents, pooled), early_q_gap=_early_q_gap(records),
         learning_curves={r.seed: [[h["env_steps"], h["eval/return_mean"]] for h in r.history
                                   if "eval/return_mean" in h] for r in records})
-
-
-def _by_agent_variant(groups: Sequence[GroupResult]) -> dict[tuple[str, str], list[GroupResult]]:
-    """Groups per (agent, variant), keys sorted, groups sorted by task."""
-    out: dict[tuple[str, str], list[GroupResult]] = {}
-    for g in sorted(groups, key=lambda g: (g.agent, g.variant, g.task)):
-        out.setdefault((g.agent, g.variant), []).append(g)
-    return out
-
-
-def aggregate(groups: Sequence[GroupResult], final_eval: FinalEvalSpec) -> list[Aggregate]:
-    """Per (agent, variant) across tasks: IQM + stratified bootstrap CI of scores, CI width, V mean/median."""
-    out = []
-    for (agent, variant), gs in _by_agent_variant(groups).items():
-        n = min(len(g.scores) for g in gs)  # a rectangular (seeds x tasks) matrix: drop extra seeds
-        scores = np.array([g.scores[:n] for g in gs]).T
-        est = metrics.interval_estimate(scores, metrics.iqm, reps=final_eval.bootstrap_reps,
-                                        confidence=final_eval.confidence, seed=final_eval.seed)
-        vs = np.array([g.V for g in gs], dtype=float)
-        dist = np.array([g.action_distance for g in gs], dtype=float)
-        finite_v = vs[np.isfinite(vs)]
-        out.append(Aggregate(
-            agent=agent, variant=variant, n_tasks=len(gs), n_seeds=n,
-            iqm=est["point"], ci_lower=est["lower"], ci_upper=est["upper"], ci_width=est["width"],
-            mean_score=float(scores.mean()),
-            V_mean=float(finite_v.mean()) if finite_v.size else math.nan,
-            V_median=float(np.median(finite_v)) if finite_v.size else math.nan,
-            action_distance_mean=float(np.nanmean(dist)) if np.isfinite(dist).any() else math.nan))
-    return out
-
-
-def critic_proxy(groups: Sequence[GroupResult]) -> list[CriticProxy]:
-    """App. D per (agent, variant): early |Q1 - Q2| vs final cross-seed Q1 dispersion across tasks, with R^2."""
-    out = []
-    for (agent, variant), gs in _by_agent_variant(groups).items():
-        pts = [g for g in gs if math.isfinite(g.early_q_gap) and math.isfinite(g.q1_dispersion)]
-        x = np.array([g.early_q_gap for g in pts])
-        y = np.array([g.q1_dispersion for g in pts])
-        r2 = math.nan
-        if len(pts) >= 3 and np.ptp(x) > 0 and np.ptp(y) > 0:
-            r2 = metrics.r_squared(x, y)
-        out.append(CriticProxy(agent, variant, [g.task for g in pts], x.tolist(), y.tolist(), r2))
-    return out
-
-
-def group_rows(groups: Sequence[GroupResult]) -> list[dict]:
-    """Flat per-group table rows (``groups.csv``)."""
-    return [{"task": g.task, "agent": g.agent, "variant": g.variant, "n_seeds": len(g.seeds),
-             "mean_return": float(np.mean([np.mean(r) for r in g.returns])),
-             "std_return_across_seeds": float(np.std([np.mean(r) for r in g.returns])),
-             "V": g.V, "action_distance": g.action_distance, "q1_dispersion": g.q1_dispersion,
-             "early_q_gap": g.early_q_gap} for g in groups]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -337,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     from pathlib import Path
 
     from qed_ray import plots
-    from qed_ray.layout import SweepDir
+    from qed_ray.tables import critic_proxy
 
     p = argparse.ArgumentParser(prog="python -m qed_ray.analysis", description=main.__doc__.splitlines()[0])
     p.add_argument("sweep_dir", type=Path, help="a finished sweep folder (with gather/results.json)")
@@ -347,7 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: sweep_dir: {layout.results_json} not found (run the sweep to its gather step first)",
               file=sys.stderr)
         return 2
-    groups = [GroupResult.from_json(g) for g in json.loads(layout.results_json.read_text())["groups"]]
+    try:
+        groups = [GroupResult.from_json(g) for g in json.loads(layout.results_json.read_text())["groups"]]
+    except KeyError as e:
+        print(f"error: sweep_dir: {layout.results_json} lacks {e} (written by an older version); rewrite it with "
+              f"python -m qed_ray.gather {args.sweep_dir}", file=sys.stderr)
+        return 2
     proxy = critic_proxy(groups)
     for row in proxy:
         print(f"{row.agent} {row.variant}: R^2 = {row.r_squared:.3f} over {len(row.tasks)} tasks")

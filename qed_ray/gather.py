@@ -1,26 +1,37 @@
-"""The gather actor: turns finished trials' policy snapshots into the sweep's metric tables and figures.
+"""The gather step: a sweep's cross-seed metrics while it runs, and its re-analysis command.
 
-A named Ray actor per sweep receives trial records (folder paths, never weights), evaluates each
-(task, agent, variant) group as a Ray task (groups run in parallel over the cluster), aggregates across tasks,
-and writes ``results.json``, CSV tables and figures into the sweep's gather folder (paths from
-:class:`~qed_ray.layout.SweepDir`). The driver then logs that folder to the sweep's MLflow parent run.
+While a sweep runs, one named actor per sweep (:class:`Gatherer`) hears of every trial as it finishes or fails
+(:class:`GatherFeed`, a Tune callback; the driver also hands it the trials already done when it starts). As soon
+as every seed of a (task, agent, variant) group has finished or failed, the group is evaluated as a Ray task with
+its own resources (:func:`group_task_resources`), in parallel with training, and cached
+(:mod:`qed_ray.group_cache`); then the tables and figures are rewritten and logged to the sweep's MLflow parent
+run. A restarted driver finds every unchanged group in the cache and evaluates nothing again.
+
+``python -m qed_ray.gather SWEEP_DIR [--episodes N --bootstrap-reps N ...]`` recomputes the gather outputs from
+the saved policies with other final-evaluation settings, in this process: no Ray, no retraining.
 """
 
 from __future__ import annotations
 
-import csv
-import json
-from dataclasses import asdict
-from pathlib import Path
+import asyncio
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import ray
+from ray import tune
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from qed_ray import analysis, plots
-from qed_ray.analysis import FailedTrial, GroupResult, SweepResults, TrialRecord
+from qed_ray import group_cache, tables
 from qed_ray.layout import SweepDir
+from qed_ray.reanalyze import main, write_results  # main: python -m qed_ray.gather
+from qed_ray.results import FailedTrial, GroupKey, GroupResult, SweepResults
 from qed_ray.spec import FinalEvalSpec
+from qed_ray.tracking import Tracker, metric_key
 
 NAMESPACE = "qed_ray"
+GROUP_METRICS = ("V", "action_distance", "q1_dispersion", "early_q_gap")
 
 
 def actor_name(sweep_name: str, sweep_id: str) -> str:
@@ -28,79 +39,253 @@ def actor_name(sweep_name: str, sweep_id: str) -> str:
     return f"qed-gather-{sweep_name}-{sweep_id}"
 
 
-@ray.remote(num_cpus=1)
-def _evaluate_group_task(records: list[TrialRecord], final_eval: FinalEvalSpec) -> GroupResult:
+@dataclass(frozen=True)
+class GatherPlan:
+    """What the gather actor of one sweep needs; ``parent_run_id`` None: log nothing to MLflow."""
+
+    sweep: str
+    sweep_id: str
+    sweep_dir: str
+    final_eval: FinalEvalSpec
+    groups: dict[GroupKey, list[str]]
+    tracking_uri: str
+    experiment: str
+    parent_run_id: str | None
+    group_resources: dict
+    max_in_flight: int
+
+
+def group_task_resources(nodes: list[dict], trial_cpu: float, trial_gpu: float, n_trials: int,
+                         max_concurrent: int | None) -> tuple[dict, int]:
+    """Ray resources of one group evaluation and how many may run at once, without starving training.
+
+    Where the cluster has CPUs that trials can never use (a GPU node's spare cores, a head with CPUs), group tasks
+    take 1 CPU each, at most as many at once as there are such spare CPUs, so Ray's accounting keeps them off the
+    trials' share. Where trials can fill every CPU (a 2-core laptop running 2 one-CPU trials), a 1-CPU task would
+    wait for the last trial, so it asks for no CPU and runs one at a time on a single thread: one extra busy core
+    while a group is evaluated, and results while the sweep still runs.
+    """
+    fits = 0
+    for node in nodes:
+        res = node.get("Resources", {})
+        by_cpu = math.floor(res.get("CPU", 0) / trial_cpu + 1e-9)
+        by_gpu = math.floor(res.get("GPU", 0) / trial_gpu + 1e-9) if trial_gpu > 0 else by_cpu
+        fits += min(by_cpu, by_gpu)
+    concurrent = min(fits, n_trials, max_concurrent or n_trials)
+    spare = sum(n.get("Resources", {}).get("CPU", 0) for n in nodes) - concurrent * trial_cpu
+    if spare >= 1:
+        return {"num_cpus": 1}, int(spare)
+    return {"num_cpus": 0}, 1
+
+
+@ray.remote
+def _evaluate_group_task(job: group_cache.GroupJob, final_eval: FinalEvalSpec) -> GroupResult:
     import torch
 
     torch.set_num_threads(1)
-    return analysis.evaluate_group(records, final_eval, device="cuda" if torch.cuda.is_available() else "cpu")
+    return group_cache.evaluate(job, final_eval, device="cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _write_csv(rows: list[dict], path: Path) -> None:
-    if not rows:
-        path.write_text("")
-        return
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+def log_rows(tracker: Tracker, run_id: str, results: SweepResults, new_groups: list[GroupResult]) -> None:
+    """Logs the current aggregates (step = groups gathered so far) and each new group's row
+    (``group/<task>/<agent>.<variant>/<V, action_distance, q1_dispersion, early_q_gap, mean_score>``)."""
+    finite = lambda d: {k: v for k, v in d.items() if math.isfinite(v)}  # noqa: E731
+    metrics = {metric_key(f"{a.agent}.{a.variant}", k): v for a in results.aggregates for k, v in a.headline().items()}
+    tracker.log_metrics(run_id, finite(metrics), step=len(results.groups))
+    rows = {metric_key("group", g.task, f"{g.agent}.{g.variant}", k): float(getattr(g, k))
+            for g in new_groups for k in GROUP_METRICS}
+    rows.update({metric_key("group", g.task, f"{g.agent}.{g.variant}", "mean_score"): float(sum(g.scores)
+                 / len(g.scores)) for g in new_groups})
+    if rows:
+        tracker.log_metrics(run_id, finite(rows), step=0)
 
 
-def write_results(results: SweepResults, layout: SweepDir) -> None:
-    """``results.json`` (strict JSON), ``aggregates.csv``, ``groups.csv`` and, with groups, the figures."""
-    layout.gather.mkdir(parents=True, exist_ok=True)
-    layout.results_json.write_text(json.dumps(results.to_json(), indent=1))
-    _write_csv([asdict(a) for a in results.aggregates], layout.aggregates_csv)
-    _write_csv(analysis.group_rows(results.groups), layout.groups_csv)
-    if results.groups:
-        plots.all_figures(results.groups, results.aggregates, results.critic_proxy, layout.figures)
+def log_files(tracker: Tracker, run_id: str, layout: SweepDir) -> None:
+    """Uploads the gather tables under ``gather/`` and the figures under ``gather/figures/`` (the cache stays)."""
+    for path in (layout.results_json, layout.aggregates_csv, layout.groups_csv, layout.budgets_csv):
+        tracker.log_artifact(run_id, path, "gather")
+    if layout.figures.is_dir():
+        tracker.log_artifacts(run_id, layout.figures, "gather/figures")
+
+
+def _cause(e: BaseException) -> str:
+    inner = getattr(e, "cause", None) or e  # a Ray task's error carries the original exception as .cause
+    return f"{type(inner).__name__}: {inner}".splitlines()[0]
 
 
 @ray.remote(num_cpus=0)
 class Gatherer:
-    """Collects trial records for one sweep and computes its cross-seed metrics.
+    """Gathers one sweep's groups as their trials finish; see the module notes. Async: group evaluations run as
+    Ray tasks concurrently; file and MLflow work runs on one thread, in order."""
 
-    Args:
-        sweep_name: for the tables.
-        final_eval: the sweep's final-evaluation settings.
-        sweep_dir: absolute sweep folder (outputs go to its gather folder).
-        group_resources: Ray resources of each group-evaluation task.
-    """
+    def __init__(self, plan: GatherPlan):
+        self.plan, self.layout = plan, SweepDir(plan.sweep_dir)
+        self.group_of = {n: k for k, names in plan.groups.items() for n in names}
+        self.finished: set[str] = set()
+        self.failed: dict[str, str] = {}
+        self.results: dict[GroupKey, GroupResult] = {}
+        self.excluded: dict[str, FailedTrial] = {}
+        self.jobs: dict[GroupKey, asyncio.Task] = {}
+        self.seen_at: dict[str, float] = {}
+        self.logged_at: dict[GroupKey, float] = {}
+        self.evaluated: list[str] = []
+        self.from_cache: list[str] = []
+        self.io = ThreadPoolExecutor(1)
+        self.slots = asyncio.Semaphore(plan.max_in_flight)
+        self.dirty = False
+        self.refresher: asyncio.Task | None = None
+        self.tracker: Tracker | None = None
 
-    def __init__(self, sweep_name: str, final_eval: FinalEvalSpec, sweep_dir: str,
-                 group_resources: dict | None = None):
-        self.sweep_name, self.final_eval, self.layout = sweep_name, final_eval, SweepDir(sweep_dir)
-        self.group_resources = group_resources or {"num_cpus": 1}
-        self.records: dict[str, TrialRecord] = {}
+    async def trial_finished(self, name: str, live: bool = True) -> None:
+        """A trial finished (DONE.json written); idempotent. ``live``: it finished now, not before this start."""
+        if name in self.group_of and name not in self.finished:
+            self.finished.add(name)
+            self.failed.pop(name, None)
+            if live:
+                self.seen_at[name] = time.time()
+            self._start_if_complete(self.group_of[name])
 
-    def add(self, record: TrialRecord) -> int:
-        """Adds (or replaces, keyed by trial name, so retries never double-count) a record; returns the count."""
-        self.records[record.name] = record
-        return len(self.records)
+    async def trial_failed(self, name: str, error: str) -> None:
+        """A trial failed for good (no retries left); it is left out of its group."""
+        if name in self.group_of and name not in self.finished:
+            self.failed[name] = error
+            self.seen_at[name] = time.time()
+            self._start_if_complete(self.group_of[name])
 
-    def compute(self, failed: list[FailedTrial] | None = None) -> SweepResults:
-        """Evaluates every group, aggregates, writes outputs; returns the results."""
-        by_group: dict[analysis.GroupKey, list[TrialRecord]] = {}
-        for r in self.records.values():
-            by_group.setdefault(r.group, []).append(r)
-        task = _evaluate_group_task.options(**self.group_resources)
-        groups = ray.get([task.remote(recs, self.final_eval) for _, recs in sorted(by_group.items())])
-        results = SweepResults(
-            sweep=self.sweep_name, final_eval=self.final_eval,
-            aggregates=analysis.aggregate(groups, self.final_eval) if groups else [], groups=groups,
-            critic_proxy=analysis.critic_proxy(groups), failed_trials=list(failed or []),
-            n_trials=len(self.records))
+    def _start_if_complete(self, key: GroupKey) -> None:
+        names = self.plan.groups[key]
+        if key not in self.jobs and all(n in self.finished or n in self.failed for n in names):
+            self.jobs[key] = asyncio.get_running_loop().create_task(self._gather(key))
+
+    async def _blocking(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.io, fn, *args)
+
+    async def _gather(self, key: GroupKey) -> None:
+        names = self.plan.groups[key]
+        for n in names:
+            if n in self.failed:
+                self.excluded[n] = FailedTrial(n, self.failed[n])
+        finished = [n for n in names if n in self.finished]
+        try:
+            job = await self._blocking(self._prepare, key, finished)
+            result = await self._blocking(group_cache.load, self.layout, job.key) if job.records else None
+            if result is not None:
+                self.from_cache.append(key.name)
+            elif job.records:
+                async with self.slots:
+                    task = _evaluate_group_task.options(**self.plan.group_resources)
+                    result = await task.remote(job, self.plan.final_eval)
+                await self._blocking(group_cache.store, self.layout, job.key, result)
+                self.evaluated.append(key.name)
+            if result is not None:
+                self.results[key] = result
+        except Exception as e:  # noqa: BLE001 - a refused or broken group is left out, flagged with the reason
+            for n in finished:
+                self.excluded[n] = FailedTrial(n, f"gather refused {key.name}: {_cause(e)}")
+        self.dirty = True
+        if self.refresher is None or self.refresher.done():
+            self.refresher = asyncio.get_running_loop().create_task(self._refresh_loop())
+
+    def _prepare(self, key: GroupKey, finished: list[str]) -> group_cache.GroupJob:
+        recorded = self._tracker().recorded_checksums()
+        job = group_cache.prepare(self.layout, key, finished, recorded, self.plan.final_eval)
+        for f in job.excluded:
+            self.excluded[f.name] = f
+        return job
+
+    def _tracker(self) -> Tracker:
+        if self.tracker is None:
+            p = self.plan
+            self.tracker = Tracker(p.tracking_uri, p.experiment, p.sweep_id)
+        return self.tracker
+
+    async def _refresh_loop(self) -> None:
+        while self.dirty:  # groups landing during a refresh are covered by the next one, not one each
+            self.dirty = False
+            await self._blocking(self._refresh)
+
+    def _refresh(self) -> SweepResults:
+        p = self.plan
+        results = tables.sweep_results(p.sweep, p.final_eval, list(self.results.values()),
+                                       sorted(self.excluded.values(), key=lambda f: f.name), len(self.group_of))
+        new = [g for g in results.groups if g.key not in self.logged_at]
+        if p.parent_run_id is not None:  # the rows first: figures take seconds to draw
+            log_rows(self._tracker(), p.parent_run_id, results, new)
+        now = time.time()
+        self.logged_at.update({g.key: now for g in new})
         write_results(results, self.layout)
+        if p.parent_run_id is not None:
+            log_files(self._tracker(), p.parent_run_id, self.layout)
         return results
 
+    async def finish(self, failed: list[FailedTrial]) -> dict:
+        """The sweep ended: the given failures are final, unfinished trials are left out, every group is gathered.
 
-def gather(sweep_name: str, sweep_id: str, records: list[TrialRecord], final_eval: FinalEvalSpec,
-           layout: SweepDir, failed: list[FailedTrial], group_resources: dict | None = None) -> SweepResults:
-    """Starts (or reuses) the sweep's named actor, hands it the records, returns its results."""
-    actor = Gatherer.options(name=actor_name(sweep_name, sweep_id), namespace=NAMESPACE,
-                             get_if_exists=True).remote(sweep_name, final_eval, str(layout.root), group_resources)
-    ray.get([actor.add.remote(r) for r in records])
+        Returns:
+            ``{"results": SweepResults, "evaluated": [group], "from_cache": [group], "delays_s": {group: s}}``
+            where a delay is the time from a group's last trial finishing to its row in MLflow (for groups whose
+            last trial finished while this driver ran).
+        """
+        for f in failed:
+            if f.name in self.group_of and f.name not in self.finished:
+                self.failed[f.name] = f.error
+        for name in self.group_of:
+            if name not in self.finished and name not in self.failed:
+                self.failed[name] = "did not finish"
+        for key in self.plan.groups:
+            self._start_if_complete(key)
+        await asyncio.gather(*self.jobs.values())
+        if self.refresher is not None:
+            await self.refresher
+        extra = [f for f in failed if f.name not in self.group_of]  # e.g. a failure of the gather step itself
+        for f in extra:
+            self.excluded[f.name] = f
+        results = await self._blocking(self._refresh)
+        delays = {k.name: self.logged_at[k] - max(self.seen_at[n] for n in self.plan.groups[k] if n in self.seen_at)
+                  for k in self.results if k in self.logged_at and any(n in self.seen_at for n in self.plan.groups[k])}
+        return {"results": results, "evaluated": self.evaluated, "from_cache": self.from_cache, "delays_s": delays}
+
+
+class GatherFeed(tune.Callback):
+    """Tells the sweep's gather actor (looked up by name, so a restored Tuner's pickled copy still finds the live
+    one) about every trial that finishes or fails for good."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def _actor(self):
+        return ray.get_actor(self.name, namespace=NAMESPACE)
+
+    def _tell(self, method: str, *args) -> None:
+        try:
+            getattr(self._actor(), method).remote(*args)
+        except ValueError as e:  # the actor is gone: training goes on; the end of the sweep reports it
+            print(f"  gather: cannot reach the gather actor ({e}); results come at the next start", flush=True)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial, **info) -> None:
+        self._tell("trial_finished", trial.config["trial"]["name"])
+
+    def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
+        self._tell("trial_failed", trial.config["trial"]["name"], "failed (see its error.txt)")
+
+
+def start(plan: GatherPlan, done: list[str]):
+    """Starts the sweep's gather actor and hands it the trials already done (their groups start at once)."""
+    # On the driver's node: it lives and dies with the driver, never with a worker node the autoscaler removes.
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    actor = Gatherer.options(name=actor_name(plan.sweep, plan.sweep_id), namespace=NAMESPACE,
+                             scheduling_strategy=here).remote(plan)
+    ray.get([actor.trial_finished.remote(n, False) for n in done])
+    return actor
+
+
+def finish(actor, failed: list[FailedTrial]) -> dict:
+    """Waits for every group, writes the final outputs, stops the actor; see :meth:`Gatherer.finish`."""
     try:
-        return ray.get(actor.compute.remote(failed))
+        return ray.get(actor.finish.remote(failed))
     finally:
         ray.kill(actor)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

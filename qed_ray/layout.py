@@ -29,7 +29,9 @@ DOCUMENTED: dict[str, str] = {
     "gather/results.json": "results_json",
     "gather/aggregates.csv": "aggregates_csv",
     "gather/groups.csv": "groups_csv",
+    "gather/iqm_by_budget.csv": "budgets_csv",
     "gather/figures/": "figures",
+    "gather/cache/<key>.json": "cached_group",
     "gather/behaviour/": "behaviour",
     "mlflow.db": "mlflow_db",
     "mlartifacts/": "mlartifacts",
@@ -135,9 +137,23 @@ class SweepDir:
         return self.gather / "groups.csv"
 
     @property
+    def budgets_csv(self) -> Path:
+        """``gather/iqm_by_budget.csv``: one row per (agent, variant, env-step budget)."""
+        return self.gather / "iqm_by_budget.csv"
+
+    @property
     def figures(self) -> Path:
-        """``gather/figures/``: the sweep's PNG figures."""
+        """``gather/figures/``: the sweep's figures (PNG, and SVG beside each)."""
         return self.gather / "figures"
+
+    @property
+    def group_cache(self) -> Path:
+        """``gather/cache/``: every evaluated group, one file per cache key."""
+        return self.gather / "cache"
+
+    def cached_group(self, key: str) -> Path:
+        """The cached evaluation of one group under its key (see :mod:`qed_ray.group_cache`)."""
+        return self.group_cache / f"{key}.json"
 
     @property
     def behaviour(self) -> Path:

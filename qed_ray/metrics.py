@@ -258,6 +258,11 @@ def iqm(scores) -> float:
     return float(_trimmed_mean_last_axis(_check_scores(scores).ravel()))
 
 
+def iqm_rows(samples) -> np.ndarray:
+    """IQM of every row of a (R, N) array at once (bootstrap replicates of pooled scores); shape (R,)."""
+    return _trimmed_mean_last_axis(np.asarray(samples, dtype=np.float64))
+
+
 def _check_bootstrap_args(reps: int, confidence: float, seed: int) -> None:
     """Validates the bootstrap settings."""
     if not isinstance(reps, (int, np.integer)) or reps < 1:
@@ -388,6 +393,28 @@ def cumulative_action_distance(actions) -> float:
         and over trajectories.
     """
     return float(per_step_pairwise_distance(actions).sum(axis=1).mean())
+
+
+def pairwise_action_distance(actions) -> np.ndarray:
+    """Cumulative action distance of every pair of policies (Sec. 6.2), the matrix behind its bootstrap CI.
+
+    Args:
+        actions: array of shape (P, T, L, D), P >= 2, as in `cumulative_action_distance`.
+
+    Returns:
+        float64 (P, P), symmetric, 0 on the diagonal: entry (i, j) is the L2 distance between the actions of
+        policies i and j summed over the L steps, averaged over the T trajectories. The mean of its off-diagonal
+        entries equals `cumulative_action_distance(actions)`.
+    """
+    arr = _as_float_array("actions", actions, ndim=4).astype(np.float64)
+    n_pol = arr.shape[0]
+    if n_pol < 2:
+        raise ValueError(f"actions: need at least 2 policies (P >= 2) to compare, got shape {arr.shape}")
+    out = np.zeros((n_pol, n_pol))
+    for i in range(n_pol - 1):
+        gaps = arr[i + 1 :] - arr[i]
+        out[i, i + 1 :] = np.sqrt(np.einsum("ptld,ptld->ptl", gaps, gaps)).sum(axis=2).mean(axis=1)
+    return out + out.T
 
 
 def normalized_score(returns) -> np.ndarray:

@@ -1,102 +1,175 @@
-"""Figures of a sweep (matplotlib, Agg) from the gather step's typed results; each function writes one PNG.
+"""Figures of a sweep (matplotlib, Agg) from the gather step's typed results; each is written as PNG and SVG.
 
-Fig. 3a (KL vs IQM Pareto), Fig. 3b (CI widths), Fig. 5 (action distance), App. F (V over env steps, learning
-curves), App. D (critic proxy).
+Fig. 3a (IQM vs V), Fig. 3b (CI widths of the IQM), Fig. 4 (action distance), App. F (V over env steps,
+learning curves, IQM over env steps), App. D (critic proxy). Every figure says in its title what it plots, names
+its axes in words, prints the value of every point or bar, and carries a caption with the tasks x seeds behind it.
 """
 
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
+from typing import Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")  # headless: figures are files, never windows
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 
-from qed_ray.analysis import EARLY_INTERVALS, Aggregate, CriticProxy, GroupResult  # noqa: E402
+from qed_ray.analysis import EARLY_INTERVALS  # noqa: E402
+from qed_ray.results import BudgetIqm, CriticProxy, GroupResult, SweepResults  # noqa: E402
+
+V_AXIS = "inter-run variability V: symmetric KL between seeds' pre-tanh policies"
 
 
-def _label(row: Aggregate | GroupResult | CriticProxy) -> str:
+def _label(row) -> str:
     return f"{row.agent} {row.variant}"
 
 
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
+def _wrap(text: str, width: int) -> str:
+    return textwrap.fill(text, width)
+
+
+def _name_axes(ax, x: str, y: str, title: str) -> None:
+    """Axis names and title in words, wrapped to fit the figure."""
+    ax.set_xlabel(_wrap(x, 80), fontsize=9)
+    ax.set_ylabel(_wrap(y, 45), fontsize=9)
+    ax.set_title(_wrap(title, 70), fontsize=10)
+
+
+def _g(v: float) -> str:
+    return f"{v:.3g}"
+
+
+def caption(results: SweepResults) -> str:
+    """``"2 tasks x 3 seeds (12 runs; 1 trial left out). Final evaluation: 4 episodes per seed."``"""
+    groups = results.groups
+    per_task: dict[str, int] = {}
+    for g in groups:
+        per_task[g.task] = max(per_task.get(g.task, 0), len(g.seeds))
+    counts = sorted({len(g.seeds) for g in groups})
+    seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    left_out = sum(1 for f in results.failed_trials if f.group is not None)
+    runs = sum(len(g.seeds) for g in groups)
+    fe = results.final_eval
+    return (f"{len(per_task)} tasks x {seeds} seeds ({runs} runs; {left_out} trial{'s' * (left_out != 1)} left "
+            f"out). Final evaluation: {fe.episodes} episodes per seed; intervals: {100 * fe.confidence:g}% "
+            f"bootstrap over seeds, {fe.bootstrap_reps} resamples.")
+
+
+def _readable_log(axis) -> None:
+    """Log-axis ticks at 1, 2 and 5 per decade written as plain numbers (0.02, not 2 x 10^-2)."""
+    axis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_minor_locator(ticker.NullLocator())
+    axis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+
+
+def _label_points(ax, xs, ys, color, most: int = 8) -> None:
+    """Prints the value beside up to ``most`` evenly spaced points of a line (always the last)."""
+    idx = sorted({round(i) for i in np.linspace(0, len(xs) - 1, min(len(xs), most))})
+    for i in idx:
+        ax.annotate(_g(ys[i]), (xs[i], ys[i]), fontsize=6, color=color, xytext=(3, 2), textcoords="offset points")
+
+
+def _save(fig, path: Path, text: str) -> Path:
+    fig.text(0.01, 0.005, _wrap(text, int(14 * fig.get_figwidth())), fontsize=7, ha="left", va="bottom")
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(path, dpi=110)
+    fig.savefig(path.with_suffix(".svg"))
     plt.close(fig)
     return path
 
 
-def pareto(aggregates: list[Aggregate], path: Path) -> Path:
-    """IQM of normalised return (95% CI bars) against mean inter-run V (log x), one point per agent-variant."""
-    fig, ax = plt.subplots(figsize=(6, 4.2))
-    for row in aggregates:
-        x = row.V_mean if math.isfinite(row.V_mean) and row.V_mean > 0 else np.nan
+def pareto(results: SweepResults, path: Path) -> Path:
+    """IQM of normalised return against mean V (log x), both with their CIs, one labelled point per variant."""
+    fig, ax = plt.subplots(figsize=(8, 5.2))
+    for row in results.aggregates:
+        if not (math.isfinite(row.V_mean) and row.V_mean > 0):
+            continue
+        xerr = [[max(row.V_mean - row.V_mean_ci_lower, 0)], [max(row.V_mean_ci_upper - row.V_mean, 0)]]
         yerr = [[row.iqm - row.ci_lower], [row.ci_upper - row.iqm]]
-        ax.errorbar([x], [row.iqm], yerr=yerr, fmt="o", capsize=3, label=_label(row))
+        ax.errorbar([row.V_mean], [row.iqm], xerr=np.nan_to_num(xerr), yerr=yerr, fmt="o", capsize=3,
+                    label=_label(row))
+        ax.annotate(f"{_label(row)}\nV={_g(row.V_mean)}, IQM={_g(row.iqm)}", (row.V_mean, row.iqm), fontsize=7,
+                    xytext=(5, 5), textcoords="offset points")
     ax.set_xscale("log")
-    ax.set_xlabel("inter-run variability V (symmetric pre-tanh KL, mean over tasks)")
-    ax.set_ylabel("IQM normalised return")
-    ax.set_title("Return vs behaviour consistency")
-    ax.legend(fontsize=7)
-    return _save(fig, path)
+    _readable_log(ax.xaxis)
+    ax.margins(x=0.3, y=0.15)  # room for the value labels
+    _name_axes(ax, f"{V_AXIS}, mean over tasks (log scale; left = seeds behave more alike)",
+               "IQM of normalised final return (return / 1000)",
+               "Final return vs behaviour consistency across seeds (error bars: confidence intervals)")
+    if ax.lines:
+        ax.legend(fontsize=7)
+    return _save(fig, path, caption(results))
 
 
-def _bars(aggregates: list[Aggregate], values: list[float], ylabel: str, title: str, path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(max(4, 0.9 * len(aggregates) + 2), 3.6))
-    labels = [_label(r) for r in aggregates]
-    ax.bar(range(len(aggregates)), values, color="tab:blue")
-    ax.set_xticks(range(len(aggregates)), labels, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    return _save(fig, path)
+def _bars(results: SweepResults, values: Sequence[float], errors, ylabel: str, title: str, path: Path) -> Path:
+    rows = results.aggregates
+    fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(rows) + 2), 4.6))
+    bars = ax.bar(range(len(rows)), np.nan_to_num(values), yerr=errors, capsize=3, color="tab:blue")
+    for bar, v in zip(bars, values):
+        ax.annotate(_g(v), (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                    fontsize=8, xytext=(0, 2), textcoords="offset points")
+    ax.set_xticks(range(len(rows)), [_label(r) for r in rows], rotation=30, ha="right", fontsize=8)
+    _name_axes(ax, "agent and temperature variant", ylabel, title)
+    return _save(fig, path, caption(results))
 
 
-def ci_widths(aggregates: list[Aggregate], path: Path) -> Path:
-    """Width of the 95% bootstrap CI of the IQM per agent-variant (Fig. 3b)."""
-    return _bars(aggregates, [a.ci_width for a in aggregates], "95% CI width of IQM",
-                 "Return variance across seeds", path)
+def ci_widths(results: SweepResults, path: Path) -> Path:
+    """Width of the bootstrap CI of the IQM per agent-variant (Fig. 3b): how far the return estimate could move."""
+    pct = f"{100 * results.final_eval.confidence:g}%"
+    return _bars(results, [a.ci_width for a in results.aggregates], None,
+                 f"width of the {pct} CI of the IQM (normalised return)",
+                 f"Uncertainty of the IQM: width of its {pct} bootstrap CI (narrower = steadier returns)", path)
 
 
-def action_distance(aggregates: list[Aggregate], path: Path) -> Path:
-    """Cumulative pairwise L2 action distance, mean over tasks (Fig. 5)."""
-    return _bars(aggregates, [a.action_distance_mean for a in aggregates], "cumulative pairwise L2 action distance",
-                 "Rollout-level behaviour differences", path)
+def action_distance(results: SweepResults, path: Path) -> Path:
+    """Cumulative pairwise L2 action distance, mean over tasks with its CI (Fig. 4)."""
+    rows = results.aggregates
+    err = np.nan_to_num([[max(a.action_distance_mean - a.action_distance_ci_lower, 0) for a in rows],
+                         [max(a.action_distance_ci_upper - a.action_distance_mean, 0) for a in rows]])
+    return _bars(results, [a.action_distance_mean for a in rows], err,
+                 f"L2 distance between seeds' actions, summed over {results.final_eval.action_steps} steps",
+                 "How differently seeds act from the same start states (mean over tasks and seed pairs)", path)
 
 
-def _grid(groups: list[GroupResult]):
+def _grid(groups: Sequence[GroupResult]):
     tasks = sorted({g.task for g in groups})
     cols = min(3, len(tasks))
     rows = math.ceil(len(tasks) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.0 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows + 0.6), squeeze=False)
     for ax in axes.flat[len(tasks):]:
         ax.set_visible(False)
     return fig, {t: axes.flat[i] for i, t in enumerate(tasks)}
 
 
-def v_over_steps(groups: list[GroupResult], path: Path) -> Path:
-    """V at the kept policy snapshots over env steps, per task and agent-variant (log y)."""
-    fig, axes = _grid(groups)
-    for g in groups:
+def v_over_steps(results: SweepResults, path: Path) -> Path:
+    """V at the kept policy snapshots over env steps, per task and agent-variant (log y, last value printed)."""
+    fig, axes = _grid(results.groups)
+    for g in results.groups:
         pts = np.array([p for p in g.v_curve if math.isfinite(p[1]) and p[1] > 0])
         if len(pts):
-            axes[g.task].plot(pts[:, 0], pts[:, 1], marker=".", label=_label(g))
+            line, = axes[g.task].plot(pts[:, 0], pts[:, 1], marker=".", label=_label(g))
+            _label_points(axes[g.task], pts[:, 0], pts[:, 1], line.get_color())
     for task, ax in axes.items():
         ax.set_title(task, fontsize=9)
-        ax.set_xlabel("env steps")
-        ax.set_ylabel("V")
+        ax.set_xlabel("env steps", fontsize=9)
+        ax.set_ylabel("V (log scale)", fontsize=9)
         if ax.lines:
             ax.set_yscale("log")
+            _readable_log(ax.yaxis)
             ax.legend(fontsize=6)
-    return _save(fig, path)
+    fig.suptitle(_wrap(f"Behaviour divergence across seeds over training, per task. {V_AXIS}", 100), fontsize=10)
+    return _save(fig, path, caption(results))
 
 
-def learning_curves(groups: list[GroupResult], path: Path) -> Path:
-    """Eval return over env steps per task: mean over seeds with the min-max spread shaded."""
-    fig, axes = _grid(groups)
-    for g in groups:
+def learning_curves(results: SweepResults, path: Path) -> Path:
+    """Eval return over env steps per task: mean over seeds as the line, the min-max range over seeds shaded."""
+    fig, axes = _grid(results.groups)
+    for g in results.groups:
         curves = [np.array(c) for c in g.learning_curves.values() if len(c)]
         if not curves:
             continue
@@ -104,38 +177,66 @@ def learning_curves(groups: list[GroupResult], path: Path) -> Path:
         steps = curves[0][:n, 0]
         ys = np.stack([c[:n, 1] for c in curves])
         ax = axes[g.task]
-        line, = ax.plot(steps, ys.mean(0), label=_label(g))
+        line, = ax.plot(steps, ys.mean(0), label=f"{_label(g)} ({len(curves)} seeds)")
         ax.fill_between(steps, ys.min(0), ys.max(0), color=line.get_color(), alpha=0.2)
+        _label_points(ax, steps, ys.mean(0), line.get_color())
     for task, ax in axes.items():
         ax.set_title(task, fontsize=9)
-        ax.set_xlabel("env steps")
-        ax.set_ylabel("eval return")
+        ax.set_xlabel("env steps", fontsize=9)
+        ax.set_ylabel("evaluation return (0-1000)", fontsize=9)
         if ax.lines:
             ax.legend(fontsize=6)
-    return _save(fig, path)
+    fig.suptitle("Evaluation return over training: line = mean over seeds, shaded band = min to max over seeds",
+                 fontsize=10)
+    return _save(fig, path, caption(results))
 
 
-def critic_proxy(proxy: list[CriticProxy], path: Path) -> Path:
-    """Early within-run |Q1 - Q2| against final cross-seed Q1 dispersion, one point per task (App. D)."""
-    fig, ax = plt.subplots(figsize=(5.5, 4.2))
+def iqm_over_steps(results: SweepResults, path: Path) -> Path:
+    """IQM of the training-time evaluation returns at every shared budget with its CI band (sample efficiency)."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    series: dict[tuple[str, str], list[BudgetIqm]] = {}
+    for b in results.iqm_by_budget:
+        series.setdefault((b.agent, b.variant), []).append(b)
+    for rows in series.values():
+        x = [b.env_steps for b in rows]
+        line, = ax.plot(x, [b.iqm for b in rows], marker=".", label=_label(rows[0]))
+        ax.fill_between(x, [b.ci_lower for b in rows], [b.ci_upper for b in rows], color=line.get_color(), alpha=0.2)
+        _label_points(ax, x, [b.iqm for b in rows], line.get_color())
+    _name_axes(ax, "env steps (training budget so far)", "IQM of normalised evaluation return (return / 1000)",
+               "Sample efficiency: IQM of the training-time evaluations over training (band: confidence interval)")
+    if ax.lines:
+        ax.legend(fontsize=7)
+    return _save(fig, path, caption(results))
+
+
+def critic_proxy(proxy: Sequence[CriticProxy], path: Path, text: str = "") -> Path:
+    """Early within-run |Q1 - Q2| against final cross-seed Q1 dispersion, one point per task, R^2 per variant."""
+    fig, ax = plt.subplots(figsize=(8, 5.2))
     for row in proxy:
-        if row.early_q_gap:
-            r2 = row.r_squared
-            tag = f" (R²={r2:.2f})" if math.isfinite(r2) else ""
-            ax.scatter(row.early_q_gap, row.q1_dispersion, label=_label(row) + tag)
-    ax.set_xlabel(f"early within-run |Q1 - Q2| (first {EARLY_INTERVALS} evals)")
-    ax.set_ylabel("final cross-seed Q1 dispersion")
-    ax.set_title("Critic disagreement as a proxy for cross-run disagreement")
+        if not row.early_q_gap:
+            continue
+        r2 = f"R² = {row.r_squared:.2f}" if math.isfinite(row.r_squared) else "R²: needs 3+ tasks"
+        pts = ax.scatter(row.early_q_gap, row.q1_dispersion, label=f"{_label(row)} ({r2})")
+        for task, x, y in zip(row.tasks, row.early_q_gap, row.q1_dispersion):
+            ax.annotate(task, (x, y), fontsize=6, color=pts.get_facecolor()[0], xytext=(3, 3),
+                        textcoords="offset points")
+    ax.margins(0.15)
+    _name_axes(ax, f"early within-run critic gap |Q1 - Q2| (mean over the first {EARLY_INTERVALS} evaluations)",
+               "final cross-seed dispersion of Q1 (mean over seed pairs)",
+               "Does one run's critic disagreement predict disagreement across runs? One point per task (App. D)")
     if ax.collections:
         ax.legend(fontsize=7)
-    return _save(fig, path)
+    return _save(fig, path, text or "one point per task")
 
 
-def all_figures(groups: list[GroupResult], aggregates: list[Aggregate], proxy: list[CriticProxy],
-                out: Path) -> list[Path]:
-    """Writes every sweep figure into ``out``; returns the paths."""
+FIGURES = ("pareto_kl_vs_iqm", "ci_width", "action_distance", "v_over_env_steps", "learning_curves",
+           "iqm_over_env_steps", "critic_proxy")
+
+
+def all_figures(results: SweepResults, out: Path) -> list[Path]:
+    """Writes every sweep figure into ``out`` (``<name>.png`` and ``<name>.svg``); returns the PNG paths."""
     out.mkdir(parents=True, exist_ok=True)
-    return [pareto(aggregates, out / "pareto_kl_vs_iqm.png"), ci_widths(aggregates, out / "ci_width.png"),
-            action_distance(aggregates, out / "action_distance.png"),
-            v_over_steps(groups, out / "v_over_env_steps.png"), learning_curves(groups, out / "learning_curves.png"),
-            critic_proxy(proxy, out / "critic_proxy.png")]
+    draw = [pareto, ci_widths, action_distance, v_over_steps, learning_curves, iqm_over_steps]
+    paths = [f(results, out / f"{name}.png") for f, name in zip(draw, FIGURES)]
+    return paths + [critic_proxy(results.critic_proxy, out / "critic_proxy.png", caption(results))]
+

@@ -9,6 +9,7 @@ file mode 0600, before and after. It imports nothing from Ray and never invents,
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import warnings
@@ -67,3 +68,23 @@ def private_ray_token(env: Mapping[str, str] | None = None, home: Path | None = 
     finally:
         if path is not None and path.exists():
             restrict(path)
+
+
+class _OptOutNotice(logging.Filter):
+    """Drops Ray's notice that token auth is on "by default" (its only advice: how to switch it off)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(OPT_OUT_NOTICE)
+
+
+OPT_OUT_NOTICE = "Token authentication is enabled for this Ray cluster"
+RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def quiet_opt_out_notice() -> None:
+    """Silences Ray 2.60's start-up warning "Token authentication is enabled ... Set RAY_AUTH_MODE=disabled to opt
+    out", logged whenever ``ray.init()`` turns token auth on by itself. Auth stays exactly as Ray chose it; every
+    other message of that logger (e.g. that auth is *disabled*) still shows. Idempotent."""
+    logger = logging.getLogger(RAY_AUTH_LOGGER)
+    if not any(isinstance(f, _OptOutNotice) for f in logger.filters):
+        logger.addFilter(_OptOutNotice())

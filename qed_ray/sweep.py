@@ -1,9 +1,10 @@
 """The sweep service: ``python -m qed_ray.sweep SPEC`` (or ``ray job submit -- python -m qed_ray.sweep SPEC``).
 
 Joins the Ray cluster it finds (``RAY_ADDRESS`` / a running ``ray start``) or starts an embedded one, runs every
-trial of the spec as a Ray Tune trial (resuming the same sweep when run again), gathers the finished policies in
-a named actor for the cross-seed metrics, and logs everything to MLflow (one parent run per sweep, one child run
-per trial). Exit code 0 only when every trial finished and gathering succeeded.
+trial of the spec as a Ray Tune trial (resuming the same sweep when run again), gathers each group of finished
+policies while the sweep runs (a named actor, :mod:`qed_ray.gather`) for the cross-seed metrics, and logs
+everything to MLflow (one parent run per sweep, one child run per trial). Exit code 0 only when every trial
+finished and gathering succeeded. ``--status`` prints a sweep's progress from its folder (:mod:`qed_ray.status`).
 
 This module is the driver; what runs inside a trial's Ray worker is :mod:`qed_ray.trial`, and every path in the
 sweep folder comes from :class:`qed_ray.layout.SweepDir`.
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import sys
@@ -24,11 +24,11 @@ from pathlib import Path
 import ray
 from ray import tune
 
-from qed_ray.analysis import Aggregate, FailedTrial, TrialRecord
-from qed_ray.config import RunSpec
-from qed_ray.gather import gather
-from qed_ray.layout import SweepDir, TrialId, trial_dirname
-from qed_ray.ray_token import private_ray_token
+from qed_ray import gather, status, tables
+from qed_ray.group_cache import plan_groups
+from qed_ray.layout import SweepDir, trial_dirname
+from qed_ray.ray_token import private_ray_token, quiet_opt_out_notice
+from qed_ray.results import FailedTrial, SweepResults
 from qed_ray.spec import SpecError, SweepSpec, load_spec
 from qed_ray.tracking import Tracker, default_tracking_uri, ui_command
 from qed_ray.trial import TrialContext, train_trial
@@ -128,7 +128,7 @@ def dry_run(spec: SweepSpec) -> int:
     return 0
 
 
-def build_tuner(spec: SweepSpec, context: TrialContext, fresh_start: bool):
+def build_tuner(spec: SweepSpec, context: TrialContext, fresh_start: bool, callbacks: list):
     """A new Tuner over the grid, or the restored one when this sweep already has experiment state.
 
     The context is bound with ``tune.with_parameters`` here, on every start, so a restored sweep runs with the
@@ -151,29 +151,18 @@ def build_tuner(spec: SweepSpec, context: TrialContext, fresh_start: bool):
             name=root.name, storage_path=str(root.parent), verbose=0,
             failure_config=tune.FailureConfig(max_failures=spec.max_retries),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-            callbacks=[Progress(sum(r.train.env_steps for r in runs))]))
+            callbacks=[Progress(sum(r.train.env_steps for r in runs)), *callbacks]))
 
 
-def trial_records(result_grid, layout: SweepDir) -> tuple[list[TrialRecord], list[FailedTrial]]:
-    """Finished trials as gather records; failed ones with the last line of their error."""
-    records, failed = [], []
+def failed_trials(result_grid) -> list[FailedTrial]:
+    """The trials Tune gave up on, each with the last line of its error."""
+    failed = []
     for result in result_grid:
-        spec = RunSpec.model_validate(result.config["trial"]["run"])
-        name = result.config["trial"]["name"]
         if result.error is not None:
             lines = str(result.error).strip().splitlines()
-            failed.append(FailedTrial(name, lines[-1] if lines else type(result.error).__name__))
-            continue
-        policies = {step: str(path) for step, path in layout.snapshots(name).items()}
-        if spec.train.env_steps not in policies:
-            failed.append(FailedTrial(name, "finished without a final policy snapshot"))
-            continue
-        df = result.metrics_dataframe
-        cols = [c for c in ("env_steps", "eval/return_mean", "q/abs_diff_mean") if df is not None and c in df]
-        history = df[cols].to_dict("records") if cols else []
-        records.append(TrialRecord(name, spec.task, spec.agent.name, TrialId.from_name(name).variant, spec.seed,
-                                   spec.train.frame_skip, policies, history))
-    return records, failed
+            failed.append(FailedTrial(result.config["trial"]["name"],
+                                      lines[-1] if lines else type(result.error).__name__))
+    return failed
 
 
 def check_cluster(spec: SweepSpec, sweep_dir: Path, uri: str) -> None:
@@ -216,18 +205,21 @@ def _exists_on(path: str) -> bool:
     return os.path.exists(path)
 
 
-def print_summary(aggregates: list[Aggregate], failed: list[FailedTrial], uri: str) -> None:
-    """The closing table: per agent-variant IQM [95% CI], CI width, V mean/median, action distance."""
-    print(f"\n{'agent':8s} {'variant':9s} {'tasks':>5s} {'seeds':>5s} {'IQM':>6s} {'95% CI':>15s} {'width':>6s} "
-          f"{'V mean':>9s} {'V median':>9s} {'act.dist':>9s}")
-    fmt = lambda v, p=3: f"{v:.{p}g}"  # noqa: E731 - NaN prints as "nan"
-    for a in aggregates:
-        ci = f"[{fmt(a.ci_lower)}, {fmt(a.ci_upper)}]"
-        print(f"{a.agent:8s} {a.variant:9s} {a.n_tasks:5d} {a.n_seeds:5d} {fmt(a.iqm):>6s} {ci:>15s} "
-              f"{fmt(a.ci_width):>6s} {fmt(a.V_mean):>9s} {fmt(a.V_median):>9s} {fmt(a.action_distance_mean):>9s}")
+def print_summary(results: SweepResults | None, gathered: dict, failed: list[FailedTrial], uri: str,
+                  experiment_id: str | None = None) -> None:
+    """The closing table (counts, IQM, V and its baseline ratio with CIs), what the gather step did while the sweep
+    ran, and every trial left out with its reason."""
+    if results is not None:
+        print("\n" + tables.format_table(results.aggregates, results.final_eval.confidence))
+    if gathered:
+        delays = sorted(gathered["delays_s"][g] for g in gathered["evaluated"] if g in gathered["delays_s"])
+        timing = (f"; from a group's last trial to its row in MLflow: median {delays[len(delays) // 2]:.0f} s, "
+                  f"longest {delays[-1]:.0f} s") if delays else ""
+        print(f"\ngather: {len(gathered['evaluated'])} group(s) evaluated, {len(gathered['from_cache'])} taken from "
+              f"the cache{timing}")
     for f in failed:
         print(f"FAILED {f.name}: {f.error}")
-    print(f"\nMLflow: {ui_command(uri)}")
+    print(f"\nMLflow: {ui_command(uri, experiment_id)}")
 
 
 def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False) -> int:
@@ -236,10 +228,12 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False) -> int:
     state = sweep_state(layout, spec, fresh)
     fresh_start = not any(layout.root.glob("experiment_state-*.json"))
     if not ray.is_initialized():
+        quiet_opt_out_notice()  # auth stays on; only Ray's advice to switch it off is not printed
         with private_ray_token():  # Ray writes a new ~/.ray/auth_token with the umask (0644): keep it 0600
             ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     check_cluster(spec, layout.root, uri)
     tracker = Tracker(uri, experiment, state["sweep_id"], artifact_location=str(layout.mlartifacts))
+    tracker.mark_training_experiment()  # also on an experiment a resumed sweep created with an older version
     parent = tracker.parent_run(spec.name, spec.model_dump(mode="json", exclude={"agents"}),
                                 {"qed.spec_path": str(spec_path), "qed.git_sha": _git_sha()})
     tracker.log_artifact(parent, spec_path, "spec")
@@ -247,30 +241,38 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False) -> int:
                            experiment=experiment, parent_run_id=parent, keep_every=spec.final_eval.keep_every,
                            gpu_fraction=spec.resources.gpu)
     print(f"sweep {spec.name}: {len(spec.runs())} trials, results in {layout.root}", flush=True)
-    result_grid = build_tuner(spec, context, fresh_start).fit()
-    records, failed = trial_records(result_grid, layout)
+    gatherer = start_gather(spec, layout, state["sweep_id"], uri, experiment, parent)
+    feed = gather.GatherFeed(gather.actor_name(spec.name, state["sweep_id"]))
+    result_grid = build_tuner(spec, context, fresh_start, [feed]).fit()
+    failed = failed_trials(result_grid)
     for f in failed:  # never leave a run RUNNING: a trial lost with its worker could not close its own
         tracker.close_failed_trial(f.name, f.error)
-    aggregates: list[Aggregate] = []
+    results, gathered, gather_ok = None, {}, True
     try:
-        aggregates = gather(spec.name, state["sweep_id"], records, spec.final_eval, layout, failed).aggregates
-        gather_ok = True
+        gathered = gather.finish(gatherer, failed)
+        results = gathered["results"]
+        # Left out by the gather step itself (a refused snapshot, no recorded checksum): reported like failures.
+        known = {f.name for f in failed}
+        left_out = [f for f in results.failed_trials if f.name not in known]
+        gather_ok = not left_out
+        failed += left_out
     except Exception as e:  # noqa: BLE001 - report, log what finished, exit non-zero
         failed.append(FailedTrial("gather", f"{type(e).__name__}: {e}"))
         gather_ok = False
-    _log_parent(tracker, parent, aggregates, layout, failed)
-    print_summary(aggregates, failed, uri)
+    tracker.end_run(parent, failed_reason="; ".join(f"{f.name}: {f.error}" for f in failed) or None)
+    print_summary(results, gathered, failed, uri, tracker.experiment_id)
     return 0 if gather_ok and not failed else 1
 
 
-def _log_parent(tracker: Tracker, parent: str, aggregates: list[Aggregate], layout: SweepDir,
-                failed: list[FailedTrial]) -> None:
-    for a in aggregates:
-        tracker.log_metrics(parent, {f"{a.agent}.{a.variant}/{k}": v for k, v in a.headline().items()
-                                     if math.isfinite(v)}, step=0)
-    if layout.gather.exists():
-        tracker.log_artifacts(parent, layout.gather, "gather")
-    tracker.end_run(parent, failed_reason="; ".join(f"{f.name}: {f.error}" for f in failed) or None)
+def start_gather(spec: SweepSpec, layout: SweepDir, sweep_id: str, uri: str, experiment: str, parent: str):
+    """Starts the sweep's gather actor for the whole sweep, handing it the trials that are already done."""
+    names = [t.name for t in spec.trials()]
+    resources, in_flight = gather.group_task_resources(
+        [n for n in ray.nodes() if n.get("Alive")], spec.resources.cpu, spec.resources.gpu, len(names),
+        spec.max_concurrent_trials)
+    plan = gather.GatherPlan(spec.name, sweep_id, str(layout.root), spec.final_eval, plan_groups(names), uri,
+                             experiment, parent, resources, in_flight)
+    return gather.start(plan, [n for n in names if layout.done_marker(n).exists()])
 
 
 def _git_sha() -> str:
@@ -289,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("spec", type=Path, help="sweep YAML (see sweeps/ and the README's field table)")
     p.add_argument("--dry-run", action="store_true", help="print the expanded trials and resources, run nothing")
     p.add_argument("--fresh", action="store_true", help="start a new sweep (the old folder is moved aside)")
+    p.add_argument("--status", action="store_true", help="print the sweep's progress and partial results from its "
+                   "folder; starts nothing")
     args = p.parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "disable")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0 the legacy reporter prints no tables
@@ -298,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_spec(args.spec)
         if args.dry_run:
             return dry_run(spec)
+        if args.status:
+            print(status.report(spec, resolve_paths(spec)[0]))
+            return 0
         return run_sweep(spec, args.spec.resolve(), args.fresh)
     except SpecError as e:
         for line in str(e).splitlines():

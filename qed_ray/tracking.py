@@ -8,7 +8,9 @@ instead of creating a duplicate (``shared/research/ray_mlflow.md`` §2.2). Runs 
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -18,13 +20,25 @@ from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
+from qed_ray.checksums import Recorded
 from qed_ray.layout import SweepDir
 
 SWEEP_TAG = "qed.sweep_id"
 TRIAL_TAG = "qed.trial"
 ROLE_TAG = "qed.role"
 REASON_TAG = "qed.failure_reason"
+POLICY_SHA_TAG = "qed.policy_sha256"  # the final snapshot's state.pt SHA-256, set by the trial at its end
+SNAPSHOTS_SHA_TAG = "qed.snapshots_sha256"  # the digest of all its snapshots (qed_ray.checksums)
+# MLflow 3's UI opens an experiment on its GenAI overview ("Traces") unless this tag says it holds training runs;
+# the values are the UI's ExperimentKind enum (mlflow/server/js: CUSTOM_MODEL_DEVELOPMENT).
+EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 MAX_PARAM_LEN = 6000
+_BAD_KEY_CHARS = re.compile(r"[^\w.\- :]")  # MLflow metric names: alphanumerics, _ - . space : and /
+
+
+def metric_key(*parts: str) -> str:
+    """A metric name from parts joined by ``/``; characters MLflow refuses (``+``, ``=`` of variant labels) -> ``_``."""
+    return "/".join(_BAD_KEY_CHARS.sub("_", str(p)) for p in parts)
 
 
 def default_tracking_uri(sweep_dir: Path) -> str:
@@ -56,12 +70,18 @@ class Tracker:
 
     def __init__(self, uri: str, experiment: str, sweep_id: str, artifact_location: str | None = None):
         self.uri, self.sweep_id = uri, sweep_id
+        # A new SQLite store announces its schema set-up at INFO on stderr: routine, not worth a user's attention.
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
         self.client = MlflowClient(tracking_uri=uri)
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
             self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifact_location)
         else:
             self.experiment_id = exp.experiment_id
+
+    def mark_training_experiment(self) -> None:
+        """Tags the experiment so the MLflow UI opens on its runs, not on an empty GenAI overview."""
+        self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
 
     # ---- runs ------------------------------------------------------------------------------------
     def _find(self, filter_string: str):
@@ -145,6 +165,14 @@ class Tracker:
         """Logs a matplotlib figure as an image artifact."""
         self.client.log_figure(run_id, figure, name)
 
+    def record_checksums(self, run_id: str, recorded: Recorded) -> None:
+        """Records a finished trial's policy checksums in its run (what the gather step checks snapshots against)."""
+        self.set_tags(run_id, {POLICY_SHA_TAG: recorded.policy_sha256, SNAPSHOTS_SHA_TAG: recorded.snapshots_sha256})
+
+    def recorded_checksums(self) -> dict[str, Recorded]:
+        """``{trial name: Recorded}`` of this sweep's trial runs that recorded their checksums."""
+        return _checksums(self.runs())
+
     # ---- queries (tests, summaries) --------------------------------------------------------------
     def runs(self) -> list:
         """Every run of this sweep (parent and children)."""
@@ -152,9 +180,32 @@ class Tracker:
                                        max_results=50000)
 
 
-def ui_command(uri: str) -> str:
-    """The command that opens the MLflow UI on ``uri``."""
+def _checksums(runs) -> dict[str, Recorded]:
+    out = {}
+    for r in runs:
+        tags = r.data.tags
+        if TRIAL_TAG in tags and POLICY_SHA_TAG in tags and SNAPSHOTS_SHA_TAG in tags:
+            out[tags[TRIAL_TAG]] = Recorded(tags[POLICY_SHA_TAG], tags[SNAPSHOTS_SHA_TAG])
+    return out
+
+
+def sweep_checksums(uri: str, sweep_id: str) -> dict[str, Recorded]:
+    """The recorded checksums of sweep ``sweep_id``'s trials in any experiment of the store at ``uri``."""
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+    client = MlflowClient(tracking_uri=uri)
+    ids = [e.experiment_id for e in client.search_experiments()]
+    runs = client.search_runs(ids, filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_id}'", max_results=50000) if ids else []
+    return _checksums(runs)
+
+
+def ui_command(uri: str, experiment_id: str | None = None) -> str:
+    """The command that opens the MLflow UI on ``uri``, and the address of the experiment's runs.
+
+    MLflow 3.17's UI shows an experiment as its GenAI switch says (remembered per browser, GenAI by default), not
+    as the experiment's kind tag says; ``?workflowType=machine_learning`` opens it on its training runs.
+    """
+    page = f"/#/experiments/{experiment_id}?workflowType=machine_learning" if experiment_id else ""
     if uri.startswith("sqlite:"):
         return (f"{sys.executable} -m mlflow ui --backend-store-uri {uri} --port 5000   "
-                f"# then open http://127.0.0.1:5000")
-    return f"open {uri} in a browser (MLflow tracking server)"
+                f"# then open http://127.0.0.1:5000{page}")
+    return f"open {uri.rstrip('/')}{page} in a browser (MLflow tracking server)"

@@ -24,6 +24,9 @@ from qed_ray.spec import SpecError, load_yaml
 from qed_ray.trainer import DivergenceError, build_trainer
 
 
+HEARTBEAT_S = 15.0  # seconds between progress lines before and between evaluations
+
+
 class DirReporter:
     """CLI reporter: one checkpoint folder (atomically replaced), ``metrics.jsonl`` and a progress line."""
 
@@ -43,11 +46,23 @@ class DirReporter:
 
     def _progress(self, m: dict[str, float]) -> None:
         steps = int(m["env_steps"])
-        eta = (self.total - steps) / m["perf/env_steps_per_s"]  # at the last interval's speed
         alpha = m.get("alpha/actor_mean", float("nan"))
         print(f"[{steps:>9,d}/{self.total:,d} env steps] eval return {m['eval/return_mean']:7.1f} "
               f"± {m['eval/return_std']:5.1f}  alpha {alpha:.4f}  {m['perf/updates_per_s']:6.1f} upd/s  "
-              f"ETA {eta / 60:5.1f} min", flush=True)
+              f"ETA {format_eta(m.get('perf/eta_s'))}", flush=True)
+
+    def heartbeat(self, h: dict) -> None:
+        """A progress line between evaluations (the trainer calls it at the start and every ``heartbeat_s``)."""
+        phase = "warm-up (uniform random actions)" if h["warmup"] else "training"
+        print(f"[{h['env_steps']:>9,d}/{h['total_env_steps']:,d} env steps] {phase}, "
+              f"{h['wall_s'] / 60:.1f} min so far, ETA {format_eta(h['eta_s'])}", flush=True)
+
+
+def format_eta(seconds: float | None) -> str:
+    """``12.3 min`` (warm-up, training and evaluation time left), or a note while a cost is still unmeasured."""
+    if seconds is None or seconds != seconds:
+        return "after the first updates"
+    return f"{seconds / 60:.1f} min"
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[Flag]]:
@@ -84,8 +99,10 @@ def run(spec: RunSpec, out: Path) -> dict:
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     (out / "run.json").write_text(spec.model_dump_json(indent=1))
-    trainer = build_trainer(spec, DirReporter(out, spec.train.env_steps), replay_dir=out / "replay",
-                            log=lambda line: print(line, file=sys.stderr) if "WARNING" in line else None)
+    reporter = DirReporter(out, spec.train.env_steps)
+    trainer = build_trainer(spec, reporter, replay_dir=out / "replay",
+                            log=lambda line: print(line, file=sys.stderr) if "WARNING" in line else None,
+                            heartbeat=reporter.heartbeat, heartbeat_s=HEARTBEAT_S)
     ckpt = out / "checkpoint"
     if (ckpt / MANIFEST_FILE).exists():
         m = trainer.restore(ckpt)

@@ -20,7 +20,7 @@ import torch
 from qed_ray.agents import make_agent
 from qed_ray.agents.base import Agent
 from qed_ray.checkpoint import load_checkpoint, save_checkpoint
-from qed_ray.config import RunSpec
+from qed_ray.config import RunSpec, TrainSpec
 from qed_ray.envs import DMCEnv, make_env
 from qed_ray.evaluate import eval_seeds, rollout
 from qed_ray.networks import require_fp32_matmul
@@ -57,20 +57,44 @@ def resolve_device(name: str) -> torch.device:
 
 @dataclass(frozen=True)
 class EvalRecord:
-    """One evaluation of a run: env steps, mean deterministic eval return, mean actor alpha of its interval."""
+    """One evaluation of a run: env steps, mean deterministic eval return, and two interval means of its updates:
+    the actor's alpha and the double-critic gap |Q1 - Q2| (the critic proxy's x, paper App. D)."""
 
     env_steps: int
     return_mean: float
     alpha_mean: float  # NaN when the interval had no update (all warm-up)
+    q_gap_mean: float = math.nan  # ditto
 
     def to_json(self) -> dict:
-        """``{"env_steps", "return_mean", "alpha_mean"}`` (as stored in manifests and ``summary.json``)."""
-        return {"env_steps": self.env_steps, "return_mean": self.return_mean, "alpha_mean": self.alpha_mean}
+        """``{"env_steps", "return_mean", "alpha_mean", "q_gap_mean"}`` (in manifests and ``summary.json``)."""
+        return {"env_steps": self.env_steps, "return_mean": self.return_mean, "alpha_mean": self.alpha_mean,
+                "q_gap_mean": self.q_gap_mean}
 
     @classmethod
     def from_json(cls, d: dict) -> "EvalRecord":
-        """Inverse of :meth:`to_json`."""
-        return cls(int(d["env_steps"]), float(d["return_mean"]), float(d["alpha_mean"]))
+        """Inverse of :meth:`to_json` (a record written before ``q_gap_mean`` existed reads it as NaN: unknown)."""
+        return cls(int(d["env_steps"]), float(d["return_mean"]), float(d["alpha_mean"]),
+                   float(d.get("q_gap_mean", math.nan)))
+
+
+def remaining_s(train: TrainSpec, decisions: int, evals_done: int, warmup_s_per_decision: float | None,
+                train_s_per_decision: float | None, eval_s_per_eval: float | None) -> float | None:
+    """Seconds left to finish a run: its warm-up, training and evaluation decisions at their measured costs.
+
+    Warm-up decisions (no updates) are much cheaper than training ones and every evaluation rolls out
+    ``eval_episodes`` whole episodes, so one overall rate would be wrong in both directions. Before the first
+    evaluation its cost is estimated as that many episodes at the warm-up cost per decision (stepping the physics
+    dominates both). None while a needed cost is still unmeasured.
+    """
+    warm_left = max(0, train.warmup_decisions - decisions)
+    train_left = train.decisions - max(decisions, train.warmup_decisions)
+    evals_left = train.decisions // train.eval_every_decisions - evals_done
+    if eval_s_per_eval is None and warmup_s_per_decision is not None:
+        eval_s_per_eval = train.eval_episodes * train.episode_decisions * warmup_s_per_decision
+    parts = [(warm_left, warmup_s_per_decision), (train_left, train_s_per_decision), (evals_left, eval_s_per_eval)]
+    if any(n > 0 and cost is None for n, cost in parts):
+        return None
+    return float(sum(n * cost for n, cost in parts if n > 0))
 
 
 @dataclass
@@ -80,9 +104,25 @@ class Progress:
     decisions: int = 0
     updates: int = 0
     episodes: int = 0
-    wall_s: float = 0.0
+    wall_s: float = 0.0  # real time inside run(), summed over every start of the run
     evals: list[EvalRecord] = field(default_factory=list)
     train_returns: list = field(default_factory=list)  # returns of finished training episodes this interval
+    warmup_s: float = 0.0  # time spent in warm-up decisions
+    train_s: float = 0.0  # time spent in decisions with updates
+    eval_s: float = 0.0  # time spent evaluating and reporting (checkpoints, snapshots, logging)
+
+    def to_json(self) -> dict:
+        """The ``progress`` entry of a checkpoint manifest."""
+        return {"decisions": self.decisions, "updates": self.updates, "episodes": self.episodes,
+                "wall_s": self.wall_s, "evals": [e.to_json() for e in self.evals], "warmup_s": self.warmup_s,
+                "train_s": self.train_s, "eval_s": self.eval_s}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Progress":
+        """Inverse of :meth:`to_json` (timings a checkpoint written before they existed lack read as 0)."""
+        return cls(d["decisions"], d["updates"], d["episodes"], d["wall_s"],
+                   [EvalRecord.from_json(e) for e in d["evals"]], [],
+                   d.get("warmup_s", 0.0), d.get("train_s", 0.0), d.get("eval_s", 0.0))
 
 
 class Trainer:
@@ -101,10 +141,13 @@ class Trainer:
 
     def __init__(self, spec: RunSpec, env: DMCEnv, agent: Agent, replay: ReplayBuffer, reporter: Reporter,
                  rng: np.random.Generator, replay_dir: Path | None = None,
-                 log: Callable[[str], None] = lambda s: None):
+                 log: Callable[[str], None] = lambda s: None,
+                 heartbeat: Callable[[dict], None] | None = None, heartbeat_s: float = 30.0):
         self.spec, self.env, self.agent, self.replay = spec, env, agent, replay
         self.reporter, self.rng, self.replay_dir, self.log = reporter, rng, replay_dir, log
+        self.heartbeat, self.heartbeat_s = heartbeat, heartbeat_s
         self.p = Progress()
+        self._wall_base, self._t_start, self._t_mark = 0.0, None, time.perf_counter()  # _t_start: set in run()
         self.resumed_from: int | None = None
         self._acc = MetricAccumulator(agent.metric_layout, agent.device)  # interval sums/max/min on the device
         self.last_metrics: dict[str, float] = {}
@@ -129,8 +172,11 @@ class Trainer:
             if unknown:
                 raise ValueError(f"modules: {unknown} are not modules of {self.spec.agent.name} ({sorted(have)})")
             state = {k: m.state_dict() for k, m in have.items() if k in modules}
+            # The evaluation history and wall time ride along, so the gather step and --status read a finished
+            # or running trial from its snapshots alone (learning curves, critic-proxy x of App. D, cost so far).
             manifest = {**self.identity(), "env_steps": self.p.decisions * self.spec.train.frame_skip,
-                        "run": self.spec.model_dump(mode="json"), "policy_only": True, "modules": sorted(state)}
+                        "run": self.spec.model_dump(mode="json"), "policy_only": True, "modules": sorted(state),
+                        "evals": [e.to_json() for e in self.p.evals], "wall_s": self.wall_s()}
             save_checkpoint(directory, state, manifest)
             return
         replay_loc = self.replay_dir if self.replay_dir is not None else Path(directory) / "replay"
@@ -138,8 +184,7 @@ class Trainer:
         manifest = {
             **self.identity(), "env_steps": self.p.decisions * self.spec.train.frame_skip,
             "run": self.spec.model_dump(mode="json"),
-            "progress": {"decisions": self.p.decisions, "updates": self.p.updates, "episodes": self.p.episodes,
-                         "wall_s": self.p.wall_s, "evals": [e.to_json() for e in self.p.evals]},
+            "progress": {**self.p.to_json(), "wall_s": self.wall_s()},
             "rng": {"warmup": self.rng.bit_generator.state, "replay": self.replay.rng_state(),
                     "env": self.env.random_state()},
             "replay": {"added": self.replay.added, "external": self.replay_dir is not None},
@@ -150,9 +195,7 @@ class Trainer:
         """Loads a checkpoint written by :meth:`save`; returns its manifest."""
         state, m = load_checkpoint(directory, expect=self.identity(), map_location=self.agent.device)
         self.agent.load_state_dict(state)
-        pr = m["progress"]
-        self.p = Progress(pr["decisions"], pr["updates"], pr["episodes"], pr["wall_s"],
-                          [EvalRecord.from_json(e) for e in pr["evals"]], [])
+        self.p = Progress.from_json(m["progress"])
         self.rng.bit_generator.state = m["rng"]["warmup"]
         self.replay.set_rng_state(m["rng"]["replay"])
         self.env.set_random_state(m["rng"]["env"])
@@ -161,15 +204,64 @@ class Trainer:
         self.resumed_from = m["env_steps"]
         return m
 
+    # ---- time ------------------------------------------------------------------------------------
+    def wall_s(self) -> float:
+        """Real time inside :meth:`run` so far, over every start of this run (resumes add up)."""
+        if self._t_start is None:
+            return self.p.wall_s
+        return self._wall_base + time.perf_counter() - self._t_start
+
+    def _flush_phase_time(self) -> None:
+        """Books the time since the last mark to warm-up or training, whichever the decisions since were."""
+        now = time.perf_counter()
+        if self.p.decisions <= self.spec.train.warmup_decisions:
+            self.p.warmup_s += now - self._t_mark
+        else:
+            self.p.train_s += now - self._t_mark
+        self._t_mark = now
+
+    def eta_s(self) -> float | None:
+        """Seconds to the end of the run at the costs measured so far (see :func:`remaining_s`)."""
+        t, p = self.spec.train, self.p
+        warm_done = min(p.decisions, t.warmup_decisions)
+        return remaining_s(t, p.decisions, len(p.evals),
+                           p.warmup_s / warm_done if warm_done and p.warmup_s > 0 else None,
+                           p.train_s / (p.decisions - t.warmup_decisions) if p.decisions > t.warmup_decisions
+                           and p.train_s > 0 else None,
+                           p.eval_s / len(p.evals) if p.evals and p.eval_s > 0 else None)
+
+    def _beat(self) -> None:
+        self._flush_phase_time()
+        t = self.spec.train
+        self.heartbeat({"env_steps": self.p.decisions * t.frame_skip, "total_env_steps": t.env_steps,
+                        "warmup": self.p.decisions < t.warmup_decisions, "eta_s": self.eta_s(),
+                        "wall_s": self.wall_s()})
+
     # ---- loop ------------------------------------------------------------------------------------
     def run(self) -> dict:
-        """Trains to ``spec.train.env_steps``; returns the final summary. Raises DivergenceError on NaN/inf."""
+        """Trains to ``spec.train.env_steps``; returns the final summary. Raises DivergenceError on NaN/inf.
+
+        With a ``heartbeat``, it is called at the start and then every ``heartbeat_s`` seconds between
+        evaluations with ``{env_steps, total_env_steps, warmup, eta_s, wall_s}``.
+        """
+        self._wall_base, self._t_start = self.p.wall_s, time.perf_counter()
+        self._t_mark = self._t_start
+        try:
+            self._loop()
+        finally:  # a stopped run (divergence) still reports its real wall time
+            self.p.wall_s, self._t_start = self.wall_s(), None
+        return self.summary()
+
+    def _loop(self) -> None:
         t = self.spec.train
         require_fp32_matmul()  # every critic pass feeding QED or the TD target stays FP32 (no TF32)
         obs = None  # episodes start lazily so a checkpoint taken at an episode end holds the pre-reset env RNG
         ep_return = 0.0
         interval_start = time.perf_counter()
         interval_updates = 0
+        last_beat = time.perf_counter()
+        if self.heartbeat is not None:
+            self._beat()
         while self.p.decisions < t.decisions:
             env_steps = (self.p.decisions + 1) * t.frame_skip
             if t.debug_crash_at_env_step is not None and env_steps == t.debug_crash_at_env_step \
@@ -190,6 +282,8 @@ class Trainer:
             self.p.decisions += 1
             if self.p.decisions > t.warmup_decisions:
                 interval_updates += self._update(env_steps)
+            elif self.p.decisions == t.warmup_decisions:
+                self._flush_phase_time()  # the cheap warm-up decisions end here
             if step.terminated or step.truncated:
                 self.p.train_returns.append(ep_return)
                 self.p.episodes += 1
@@ -201,7 +295,11 @@ class Trainer:
                 elapsed = time.perf_counter() - interval_start
                 self._evaluate_and_report(env_steps, elapsed, interval_updates)
                 interval_start, interval_updates = time.perf_counter(), 0
-        return self.summary()
+                last_beat = interval_start
+            elif self.heartbeat is not None and self.p.decisions % 100 == 0 \
+                    and time.perf_counter() - last_beat >= self.heartbeat_s:
+                last_beat = time.perf_counter()
+                self._beat()
 
     def _update(self, env_steps: int) -> int:
         spec = self.spec
@@ -222,13 +320,14 @@ class Trainer:
     def _evaluate_and_report(self, env_steps: int, elapsed: float, interval_updates: int) -> None:
         t = self.spec.train
         self._check_finite(env_steps)
-        self.p.wall_s += elapsed
+        self._flush_phase_time()
         t0 = time.perf_counter()
         ev = rollout(self.agent.act_batch, self.spec.task, eval_seeds(t.eval_episodes), frame_skip=t.frame_skip)
         eval_s = time.perf_counter() - t0
         mean = float(ev.returns.mean())
         interval = self._acc.means()
-        self.p.evals.append(EvalRecord(env_steps, mean, interval.get("alpha/actor_mean", math.nan)))
+        self.p.evals.append(EvalRecord(env_steps, mean, interval.get("alpha/actor_mean", math.nan),
+                                       interval.get("q/abs_diff_mean", math.nan)))
         metrics = {
             "env_steps": env_steps, "decisions": self.p.decisions, "updates": self.p.updates,
             "episodes": self.p.episodes,
@@ -236,16 +335,23 @@ class Trainer:
             "eval/return_min": float(ev.returns.min()), "eval/return_max": float(ev.returns.max()),
             "perf/updates_per_s": interval_updates / max(elapsed, 1e-9),
             "perf/env_steps_per_s": t.eval_every / max(elapsed, 1e-9), "perf/eval_s": eval_s,
-            "perf/wall_s": self.p.wall_s,
+            "perf/wall_s": self.wall_s(),
         }
         if self.p.train_returns:
             metrics["train/episode_return"] = float(np.mean(self.p.train_returns))
         metrics.update(interval)
         self.p.train_returns = []
+        # The eval time includes this report (checkpoint, snapshot, logging) only from the next evaluation on:
+        # the checkpoint written here must already hold the count of evaluations it belongs to.
+        self.p.eval_s += time.perf_counter() - t0
+        metrics["perf/eta_s"] = self.eta_s() if self.p.decisions < t.decisions else 0.0
         self.last_metrics = metrics
         for warning in self.agent.report_warnings(metrics):
             self.log(f"WARNING {self.spec.name} at env step {env_steps}: {warning}")
+        t_report = time.perf_counter()
         self.reporter(metrics, self.save)
+        self.p.eval_s += time.perf_counter() - t_report
+        self._t_mark = time.perf_counter()
         self.log(f"{self.spec.name} env_steps={env_steps} eval={mean:.1f} "
                  f"alpha={metrics.get('alpha/actor_mean', float('nan')):.4f} "
                  f"ups={metrics['perf/updates_per_s']:.1f}")
@@ -260,8 +366,9 @@ class Trainer:
             "name": self.spec.name, "task": self.spec.task, "agent": self.spec.agent.name,
             "variant": self.spec.variant, "seed": self.spec.seed, "status": "finished",
             "env_steps": self.p.decisions * t.frame_skip, "decisions": self.p.decisions,
-            "updates": self.p.updates, "wall_s": self.p.wall_s,
-            "updates_per_s": self.p.updates / self.p.wall_s if self.p.wall_s else math.nan,
+            "updates": self.p.updates, "wall_s": self.p.wall_s, "warmup_s": self.p.warmup_s,
+            "train_s": self.p.train_s, "eval_s": self.p.eval_s,
+            "updates_per_s": self.p.updates / self.p.train_s if self.p.train_s else math.nan,
             "final_eval_return_mean": evals[-1].return_mean if evals else math.nan,
             "final_eval_return_std": last.get("eval/return_std", math.nan),
             "alpha_mean_over_training": float(np.mean(alphas)) if alphas else math.nan,
@@ -271,7 +378,8 @@ class Trainer:
 
 
 def build_trainer(spec: RunSpec, reporter: Reporter, replay_dir: Path | None,
-                  log: Callable[[str], None] = print) -> Trainer:
+                  log: Callable[[str], None] = print, heartbeat: Callable[[dict], None] | None = None,
+                  heartbeat_s: float = 30.0) -> Trainer:
     """Builds env, agent, replay, RNG and device for ``spec`` and injects them into a :class:`Trainer`."""
     torch.set_num_threads(spec.train.threads)
     device = resolve_device(spec.train.device)
@@ -281,4 +389,4 @@ def build_trainer(spec: RunSpec, reporter: Reporter, replay_dir: Path | None,
     # Independent streams for the buffer sampler and warm-up actions, derived from the run seed.
     replay_rng, warmup_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(spec.seed).spawn(2))
     replay = ReplayBuffer(capacity, env.obs_dim, env.action_dim, replay_rng)
-    return Trainer(spec, env, agent, replay, reporter, warmup_rng, replay_dir, log)
+    return Trainer(spec, env, agent, replay, reporter, warmup_rng, replay_dir, log, heartbeat, heartbeat_s)

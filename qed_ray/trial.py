@@ -19,9 +19,10 @@ import ray
 from pydantic import Field
 from ray import tune
 
+from qed_ray.checksums import recorded_values
 from qed_ray.config import Frozen, RunSpec, TrainSpec
 from qed_ray.layout import SweepDir
-from qed_ray.tracking import Tracker
+from qed_ray.tracking import POLICY_SHA_TAG, Tracker
 from qed_ray.trainer import SaveFn, build_trainer
 
 
@@ -109,6 +110,8 @@ def train_trial(config: dict, context: TrialContext) -> None:
     done = layout.done_marker(name)
     if done.exists():
         # Finished before the driver died, but Tune's state did not record it: report, never re-train.
+        if POLICY_SHA_TAG not in tracker.tags(run_id):  # it died before recording its checksums
+            tracker.record_checksums(run_id, recorded_values(layout, name))
         tune.report(json.loads(done.read_text()))
         tracker.end_run(run_id)
         return
@@ -125,6 +128,8 @@ def train_trial(config: dict, context: TrialContext) -> None:
                 trainer.restore(Path(d))
             tracker.set_tags(run_id, {"qed.resumed_from_env_step": trainer.resumed_from})
         summary = trainer.run()
+        # Recorded before the run ends, so a finished trial always has them when the gather step looks.
+        tracker.record_checksums(run_id, recorded_values(layout, name))
         tracker.set_tags(run_id, {"qed.status": summary["status"]})
         tracker.end_run(run_id)
     except BaseException as e:  # noqa: BLE001 - record any failure, then let Tune retry or mark the trial errored

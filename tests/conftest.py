@@ -43,3 +43,30 @@ def tiny_run():
         return RunSpec.model_validate(raw)
 
     return make
+
+
+TEMPLATE_FINISHED = ["cartpole-balance/sac_ln/te/0", "cartpole-balance/sac_ln/te/1", "cartpole-balance/sac_ln/qed0.2/0"]
+TEMPLATE_RUNNING = {"cartpole-balance/sac_ln/qed0.2/1": 1000}
+
+
+@pytest.fixture(scope="session")
+def sweep_template(tmp_path_factory):
+    """A hand-built sweep folder (tests/folder_helpers.py): cartpole-balance sac_ln te seeds 0, 1 and qed0.2 seed 0
+    finished, qed0.2 seed 1 at 1000 of 2000 env steps; copy it before changing it."""
+    from folder_helpers import new_sweep
+
+    from qed_ray.layout import SweepDir
+
+    layout = SweepDir(tmp_path_factory.mktemp("template") / "sweep")
+    new_sweep(layout, TEMPLATE_FINISHED, TEMPLATE_RUNNING)
+    return layout.root
+
+
+@pytest.fixture
+def sweep_copy(sweep_template, tmp_path):
+    """A private copy of the hand-built sweep folder."""
+    import shutil
+
+    from qed_ray.layout import SweepDir
+
+    return SweepDir(shutil.copytree(sweep_template, tmp_path / "sweep"))

@@ -80,13 +80,14 @@ def test_readme_table_lists_exactly_what_layout_builds(tmp_path):
         attr = getattr(layout, member)
         if callable(attr):
             params = list(inspect.signature(attr).parameters)
-            attr = attr(name, steps) if params == ["name", "env_steps"] else attr(name)
+            attr = attr(name, steps) if params == ["name", "env_steps"] else attr("<key>") if params == ["key"] \
+                else attr(name)
         rel = attr.relative_to(tmp_path).as_posix() + ("/" if pattern.endswith("/") else "")
         assert rel == _expand(pattern, name, steps), (pattern, member)
     # Every path-building member of SweepDir is documented (the queries and the parents of documented paths aside).
     members = {n for n in vars(SweepDir) if not n.startswith("_") and n != "root"}
     assert members - set(DOCUMENTED.values()) == {"policies_root", "policies", "gather", "snapshots", "final_snapshot",
-                                                  "trials"}
+                                                  "trials", "group_cache"}
 
 
 def test_snapshots_are_the_complete_step_folders(tmp_path):

@@ -93,3 +93,18 @@ def test_embedded_ray_init_leaves_its_generated_token_owner_only():
         token = home / ".ray" / "auth_token"
         assert len(token.read_text().strip()) == 64  # Ray's own token (32 random bytes, hex)
         assert (mode(token), mode(token.parent)) == (0o600, 0o700)
+
+
+def test_only_rays_opt_out_advice_is_silenced(caplog):
+    import logging
+
+    from qed_ray.ray_token import RAY_AUTH_LOGGER, quiet_opt_out_notice
+
+    logger = logging.getLogger(RAY_AUTH_LOGGER)
+    quiet_opt_out_notice()
+    quiet_opt_out_notice()  # idempotent: one filter
+    assert len(logger.filters) == 1
+    with caplog.at_level(logging.WARNING, logger=RAY_AUTH_LOGGER):
+        logger.warning("Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out.")
+        logger.warning("Token authentication is disabled for this Ray cluster. Anyone with network access ...")
+    assert [r.getMessage()[:44] for r in caplog.records] == ["Token authentication is disabled for this Ra"]

@@ -21,12 +21,15 @@ def _children(runs):
 
 
 def test_tiny_sweep_end_to_end(tmp_path):
-    spec = tiny_spec(tmp_path, "e2e", tasks=["cartpole-balance", "pendulum-swingup"],
-                     agents=[{"name": "sac_ln", "overrides": {"hidden": 16, "batch_size": 16},
-                              "temperatures": [{"kind": "te"}, {"kind": "qed", "k": 0.2}]}])
+    agents = [{"name": "sac_ln", "overrides": {"hidden": 16, "batch_size": 16},
+               "temperatures": [{"kind": "te"}, {"kind": "qed", "k": 0.2}]}]
+    spec = tiny_spec(tmp_path, "e2e", tasks=["cartpole-balance", "pendulum-swingup"], agents=agents)
     proc = run_sweep_cli(spec)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "IQM" in proc.stdout and "-m mlflow ui --backend-store-uri sqlite:////" in proc.stdout
+    assert "/#/experiments/1?workflowType=machine_learning" in proc.stdout  # the UI opens on the runs
+    assert "gather: 4 group(s) evaluated, 0 taken from the cache" in proc.stdout
+    assert proc.stderr == "", "the embedded start prints nothing alarming (token auth stays on)"
     sweep_dir = tmp_path / "results" / "e2e"
 
     tracker, runs = sweep_runs(sweep_dir, "e2e")
@@ -47,8 +50,12 @@ def test_tiny_sweep_end_to_end(tmp_path):
     arts = {a.path for a in tracker.client.list_artifacts(pid, "gather")}
     assert {"gather/results.json", "gather/aggregates.csv", "gather/groups.csv", "gather/figures"} <= arts
     figs = {a.path for a in tracker.client.list_artifacts(pid, "gather/figures")}
-    assert "gather/figures/pareto_kl_vs_iqm.png" in figs and len(figs) == 6
+    assert "gather/figures/pareto_kl_vs_iqm.png" in figs and "gather/figures/pareto_kl_vs_iqm.svg" in figs
+    assert len(figs) == 14 and "gather/iqm_by_budget.csv" in arts
     assert "iqm" in "".join(tracker.client.get_run(pid).data.metrics)
+    experiment = tracker.client.get_experiment(tracker.experiment_id)
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on the runs
+    _groups_land_while_the_sweep_runs(tracker, pid, children, SweepDir(sweep_dir))
 
     layout = SweepDir(sweep_dir)
     results = json.loads(layout.results_json.read_text())
@@ -65,9 +72,45 @@ def test_tiny_sweep_end_to_end(tmp_path):
     for png in layout.figures.glob("*.png"):
         assert png.stat().st_size > 5000
 
-    again = run_sweep_cli(spec)  # running the same command again resumes: nothing is re-trained
+    again = run_sweep_cli(spec)  # running the same command again resumes: nothing is re-trained or re-evaluated
     assert again.returncode == 0 and "resuming sweep" in again.stdout
+    assert "gather: 0 group(s) evaluated, 4 taken from the cache" in again.stdout
     assert len(_children(sweep_runs(sweep_dir, "e2e")[1])) == 8
+
+    more = tiny_spec(tmp_path, "e2e", tasks=["cartpole-balance", "pendulum-swingup"], agents=agents,
+                     final_eval={"episodes": 3, "action_rollouts": 2, "action_steps": 20, "curve_episodes": 1,
+                                 "bootstrap_reps": 200})
+    third = run_sweep_cli(more)  # other evaluation settings: every group is evaluated again, nothing retrained
+    assert third.returncode == 0 and "gather: 4 group(s) evaluated, 0 taken from the cache" in third.stdout
+    assert all(len(r) == 3 for g in json.loads(layout.results_json.read_text())["groups"] for r in g["returns"])
+
+    status = subprocess.run([sys.executable, "-m", "qed_ray.sweep", str(more), "--status"], cwd=ROOT, env=cli_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0 and "trials: 8 done, 0 running, 0 failed, 0 not started" in status.stdout
+    assert "env steps: 16,000 of 16,000 (100%)" in status.stdout and "results: 4 of 4 groups gathered" in status.stdout
+
+
+def _groups_land_while_the_sweep_runs(tracker, parent_id: str, children: list, layout: SweepDir) -> None:
+    """Each group's row reaches the parent run after its own trials ended; the first one before the sweep's last
+    trial ended; every trial recorded its final policy checksum."""
+    end = {r.data.tags["qed.trial"]: r.info.end_time / 1000 for r in children}
+    for r in children:
+        name = r.data.tags["qed.trial"]
+        manifest = json.loads((layout.final_snapshot(name) / "manifest.json").read_text())
+        assert r.data.tags["qed.policy_sha256"] == manifest["state_sha256"]
+    delays = {}
+    for group in {n.rsplit("/", 1)[0] for n in end}:
+        task, agent, variant = group.split("/")
+        (row,) = tracker.client.get_metric_history(parent_id, f"group/{task}/{agent}.{variant}/V")
+        last = max(t for n, t in end.items() if n.startswith(group + "/"))
+        delays[group] = row.timestamp / 1000 - last
+        assert delays[group] > 0, "a group is gathered only after its seeds finished"
+    first = min(delays, key=lambda g: delays[g] + max(t for n, t in end.items() if n.startswith(g + "/")))
+    landed = delays[first] + max(t for n, t in end.items() if n.startswith(first + "/"))
+    assert landed < max(end.values()), f"{first} reached MLflow only after the last trial ended"
+    cached = sorted(p.stat().st_mtime for p in layout.group_cache.glob("*.json"))
+    assert len(cached) == 4 and cached[0] < max(layout.done_marker(n).stat().st_mtime for n in end)
+    print(f"\nseconds from a group's last trial ending to its row in MLflow: {delays}")
 
 
 def test_crashing_trial_is_retried_from_its_checkpoint(tmp_path):

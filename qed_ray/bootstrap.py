@@ -1,0 +1,147 @@
+"""Bootstrap intervals over seeds for the cross-seed statistics (pure numpy), as rliable does for returns.
+
+The IQM's interval (paper Sec. 6, :func:`qed_ray.metrics.stratified_bootstrap_ci`) resamples runs within each
+task. The same idea gives intervals for the behaviour statistics: V (App. E) and the action distance (Sec. 6.2)
+are means over *pairs of seeds* of a pairwise matrix, so a resample draws seeds with replacement and takes the
+pair mean over the draws. Two draws of the same seed are not a pair of independent runs (their divergence is 0
+by construction), so such pairs are left out: with draw counts ``c`` the replicate is
+``sum_{i != j} c_i c_j M[i, j] / sum_{i != j} c_i c_j``, and a resample that drew a single seed (no pair at all)
+is drawn again, i.e. the bootstrap is conditional on at least two distinct seeds.
+
+Across tasks the bootstrap is stratified (tasks fixed, seeds resampled within each task, independently), and
+tasks may have different seed counts: each task keeps its own count in every resample.
+
+Letters: I seeds of a group, R bootstrap replicates, K tasks, N runs pooled over tasks.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from qed_ray import metrics
+
+_MAX_REDRAWS = 1000  # P(one seed only) <= 1/2 per resample, so 1000 rounds leave ~2^-1000 of them
+
+
+def rng_for(seed: int, *keys: str) -> np.random.Generator:
+    """An independent, reproducible stream per (seed, keys), e.g. ``rng_for(0, "V", "cheetah-run", "qed0.2")``."""
+    return np.random.default_rng([int(seed), *(zlib.crc32(k.encode()) for k in keys)])
+
+
+def seed_counts(n_seeds: int, reps: int, rng: np.random.Generator, min_distinct: int = 1) -> np.ndarray:
+    """Draw counts of ``reps`` resamples of ``n_seeds`` seeds with replacement, shape (R, I).
+
+    Rows with fewer than ``min_distinct`` distinct seeds are drawn again (``min_distinct=2`` for pair statistics).
+    Row ``r`` says how often each seed was drawn; every row sums to I.
+    """
+    if n_seeds < 1 or reps < 1:
+        raise ValueError(f"n_seeds, reps: expected >= 1, got {n_seeds}, {reps}")
+    if n_seeds < min_distinct:
+        raise ValueError(f"n_seeds: {n_seeds} seeds cannot give {min_distinct} distinct draws")
+    counts = rng.multinomial(n_seeds, np.full(n_seeds, 1.0 / n_seeds), size=reps)
+    for _ in range(_MAX_REDRAWS):
+        bad = np.count_nonzero(counts, axis=1) < min_distinct
+        if not bad.any():
+            return counts
+        counts[bad] = rng.multinomial(n_seeds, np.full(n_seeds, 1.0 / n_seeds), size=int(bad.sum()))
+    raise RuntimeError("seed_counts: could not draw enough distinct seeds")  # unreachable in practice
+
+
+def pair_mean(matrix, counts=None) -> np.ndarray | float:
+    """Mean of a pairwise matrix over ordered pairs of distinct seeds, optionally weighted by draw counts.
+
+    Args:
+        matrix: (I, I) pairwise values (symmetric, e.g. D of App. E); the diagonal is never used.
+        counts: (R, I) draw counts from :func:`seed_counts` (min_distinct=2), or None for the plain mean.
+
+    Returns:
+        float (counts None): mean over i != j, i.e. V for the matrix D; else (R,) replicates
+        ``sum_{i != j} c_i c_j M[i, j] / sum_{i != j} c_i c_j``.
+    """
+    m = np.asarray(matrix, dtype=np.float64)
+    if m.ndim != 2 or m.shape[0] != m.shape[1] or m.shape[0] < 2:
+        raise ValueError(f"matrix: expected a square (I, I) matrix with I >= 2, got shape {m.shape}")
+    off = np.where(np.eye(m.shape[0], dtype=bool), 0.0, m)
+    if counts is None:
+        return float(off.sum() / (m.shape[0] * (m.shape[0] - 1)))
+    c = np.asarray(counts, dtype=np.float64)
+    num = np.einsum("ri,ij,rj->r", c, off, c)
+    den = c.sum(axis=1) ** 2 - (c * c).sum(axis=1)
+    return num / den
+
+
+def pair_mean_replicates(matrix, reps: int, rng: np.random.Generator) -> np.ndarray:
+    """(R,) bootstrap replicates of :func:`pair_mean` over seeds (self-pairs left out, see the module notes)."""
+    n = np.shape(matrix)[0]
+    return pair_mean(matrix, seed_counts(n, reps, rng, min_distinct=2))
+
+
+def seed_replicates(values, statistic: Callable[[np.ndarray], np.ndarray], reps: int,
+                    rng: np.random.Generator) -> np.ndarray:
+    """(R,) replicates of a per-seed statistic: ``statistic`` maps (R, I) resampled values to (R,)."""
+    v = np.asarray(values, dtype=np.float64)
+    idx = rng.integers(0, v.shape[0], size=(reps, v.shape[0]))
+    return statistic(v[idx])
+
+
+def across_seed_variance(samples: np.ndarray) -> np.ndarray:
+    """Sample variance (ddof 1) over the last axis, shape ``samples.shape[:-1]``; needs at least 2 values."""
+    s = np.asarray(samples, dtype=np.float64)
+    if s.shape[-1] < 2:
+        raise ValueError(f"samples: the variance across seeds needs at least 2 seeds, got shape {s.shape}")
+    return s.var(axis=-1, ddof=1)
+
+
+def percentile_interval(replicates, confidence: float) -> tuple[float, float]:
+    """The (1 - c)/2 and (1 + c)/2 percentiles of the finite replicates (NaN, NaN if there are none)."""
+    r = np.asarray(replicates, dtype=np.float64)
+    r = r[np.isfinite(r)]
+    if r.size == 0:
+        return float("nan"), float("nan")
+    tail = 100.0 * (1.0 - float(confidence)) / 2.0
+    lo, hi = np.percentile(r, [tail, 100.0 - tail])
+    return float(lo), float(hi)
+
+
+def pair_mean_interval(matrix, reps: int, confidence: float, rng: np.random.Generator) -> tuple[float, float, float]:
+    """(point, lower, upper) of a group's pair mean (V or action distance) over its seeds.
+
+    Two seeds have a single pair, so their interval is that one value: the width says nothing about the spread
+    then, and tables show the seed count beside it.
+    """
+    return (pair_mean(matrix), *percentile_interval(pair_mean_replicates(matrix, reps, rng), confidence))
+
+
+def iqm_interval(per_task: Sequence[np.ndarray], reps: int, confidence: float, seed: int) -> dict[str, float]:
+    """IQM of the runs pooled over tasks with its stratified-bootstrap interval; tasks may differ in seed count.
+
+    Args:
+        per_task: K arrays, task k holding its n_k >= 1 normalised scores (one per seed).
+        reps, confidence, seed: as :func:`qed_ray.metrics.interval_estimate`.
+
+    Returns:
+        ``{"point", "lower", "upper", "width"}``. With equal counts this is exactly
+        :func:`qed_ray.metrics.interval_estimate` on the (seeds, tasks) matrix (rliable's estimate); with unequal
+        counts each resample redraws task k's n_k scores from its own n_k, and the IQM pools all N = sum n_k.
+    """
+    cols = [np.asarray(t, dtype=np.float64).ravel() for t in per_task]
+    if not cols or any(c.size == 0 for c in cols):
+        raise ValueError("per_task: expected at least one task, each with at least one score")
+    if len({c.size for c in cols}) == 1:
+        return metrics.interval_estimate(np.stack(cols, axis=1), metrics.iqm, reps, confidence, seed)
+    rng = np.random.default_rng(seed)
+    samples = np.concatenate([c[rng.integers(0, c.size, size=(reps, c.size))] for c in cols], axis=1)
+    stats = metrics.iqm_rows(samples)
+    lower, upper = percentile_interval(stats, confidence)
+    point = metrics.iqm(np.concatenate(cols)[None, :])
+    return {"point": point, "lower": lower, "upper": upper, "width": upper - lower}
+
+
+def stratified_mean_replicates(per_task_replicates: Sequence[np.ndarray]) -> np.ndarray:
+    """(R,) replicates of the mean over tasks, from K arrays of (R,) per-task replicates drawn independently."""
+    if not per_task_replicates:
+        raise ValueError("per_task_replicates: expected at least one task")
+    return np.mean(np.stack([np.asarray(r, dtype=np.float64) for r in per_task_replicates]), axis=0)

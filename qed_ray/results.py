@@ -1,0 +1,293 @@
+"""The gather step's typed results and their strict-JSON form (``gather/results.json``, the group cache).
+
+:class:`GroupResult` is what evaluating one (task, agent, variant) group's saved policies gives (expensive: it
+rolls policies out); everything else here is computed from group results in :mod:`qed_ray.tables` (cheap, pure
+numpy): :class:`GroupStats` (per-group intervals), :class:`Aggregate` (per agent-variant across tasks),
+:class:`BudgetIqm` (IQM at intermediate budgets), :class:`CriticProxy` (App. D). :class:`FailedTrial` is a trial
+left out of the tables, with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import NamedTuple
+
+from qed_ray.spec import FinalEvalSpec
+
+
+def strict_json(x):
+    """NaN/inf -> None, dict keys -> str, tuples -> lists, recursively (``json.dumps`` then writes strict JSON)."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {str(k): strict_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [strict_json(v) for v in x]
+    return x
+
+
+def _from_strict(x):
+    """Inverse of :func:`strict_json` for numbers: None -> NaN, recursively (every result value is numeric)."""
+    if x is None:
+        return math.nan
+    if isinstance(x, list):
+        return [_from_strict(v) for v in x]
+    return x
+
+
+def _numeric_from_json(cls, d: dict, text: tuple[str, ...] = ()):
+    return cls(**{f.name: d[f.name] if f.name in text else _from_strict(d[f.name]) for f in fields(cls)})
+
+
+class GroupKey(NamedTuple):
+    """One cross-seed group: the seeds of a (task, agent, variant)."""
+
+    task: str
+    agent: str
+    variant: str
+
+    @property
+    def name(self) -> str:
+        """``task/agent/variant`` (a trial name without its seed)."""
+        return "/".join(self)
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """What the gather step needs of one finished trial: paths and a small history, never weights."""
+
+    name: str
+    task: str
+    agent: str
+    variant: str
+    seed: int
+    frame_skip: int
+    policies: dict[int, str]  # env_steps -> policy snapshot folder
+    history: list[dict] = field(default_factory=list)  # per eval: env_steps, eval/return_mean, q/abs_diff_mean
+
+    @property
+    def group(self) -> GroupKey:
+        """The group this trial is a seed of."""
+        return GroupKey(self.task, self.agent, self.variant)
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """Every evaluated number of one (task, agent, variant); self-contained, so a group is cached alone.
+
+    Shapes (P seeds, ascending; E final-eval episodes): ``returns`` [P][E], ``scores`` [P] (normalised mean
+    return), ``D`` [P][P] pairwise symmetric KL, ``action_distance_pairs`` [P][P] pairwise cumulative action
+    distance, ``v_curve`` [[env_steps, V]] at the snapshots every seed kept, ``learning_curves``
+    {seed: [[env_steps, eval return]]}. V, action distance, Q1 dispersion and the early |Q1 - Q2| are NaN where
+    undefined (one seed, or no critic history).
+    """
+
+    task: str
+    agent: str
+    variant: str
+    seeds: list[int]
+    final_env_steps: int
+    returns: list[list[float]]
+    scores: list[float]
+    V: float
+    D: list[list[float]]
+    action_distance: float
+    v_curve: list[list[float]]
+    q1_dispersion: float
+    early_q_gap: float
+    learning_curves: dict[int, list[list[float]]]
+    action_distance_pairs: list[list[float]]
+
+    @property
+    def key(self) -> GroupKey:
+        """(task, agent, variant)."""
+        return GroupKey(self.task, self.agent, self.variant)
+
+    def to_json(self) -> dict:
+        """The ``results.json`` entry (strict JSON: NaN as null, seeds of ``learning_curves`` as strings)."""
+        return strict_json(asdict(self))
+
+    @classmethod
+    def from_json(cls, d: dict) -> "GroupResult":
+        """Inverse of :meth:`to_json`."""
+        raw = {f.name: _from_strict(d[f.name]) for f in fields(cls) if f.name != "learning_curves"}
+        curves = {int(seed): _from_strict(c) for seed, c in d["learning_curves"].items()}
+        return cls(**raw, learning_curves=curves)
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    """Per-group numbers that depend on the bootstrap settings (a row of ``groups.csv`` beyond the evaluation).
+
+    ``n_failed`` counts the group's trials left out (see :class:`FailedTrial`). Intervals are percentile
+    intervals of a bootstrap over the group's seeds (:mod:`qed_ray.bootstrap`); ``score_var`` is the across-seed
+    sample variance (ddof 1) of the normalised scores.
+    """
+
+    task: str
+    agent: str
+    variant: str
+    n_seeds: int
+    n_failed: int
+    V_ci_lower: float
+    V_ci_upper: float
+    action_distance_ci_lower: float
+    action_distance_ci_upper: float
+    score_var: float
+
+    def to_json(self) -> dict:
+        """The ``results.json`` entry (strict JSON)."""
+        return strict_json(asdict(self))
+
+    @classmethod
+    def from_json(cls, d: dict) -> "GroupStats":
+        """Inverse of :meth:`to_json`."""
+        return _numeric_from_json(cls, d, ("task", "agent", "variant"))
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """One (agent, variant) across tasks: IQM with its stratified-bootstrap CI, V, action distance, variance.
+
+    The first twelve fields are the original ``aggregates.csv`` columns; the rest were added after them. Ratios
+    are ``baseline / this`` over the tasks both have (NaN for the baseline itself or without one), so a ratio of
+    100 means 100 times less divergence (or return variance) than the baseline.
+    """
+
+    agent: str
+    variant: str
+    n_tasks: int
+    n_seeds: int  # the smallest seed count over tasks (every seed is used; see n_runs)
+    iqm: float
+    ci_lower: float
+    ci_upper: float
+    ci_width: float
+    mean_score: float
+    V_mean: float
+    V_median: float
+    action_distance_mean: float
+    n_runs: int
+    n_failed: int
+    V_mean_ci_lower: float
+    V_mean_ci_upper: float
+    action_distance_ci_lower: float
+    action_distance_ci_upper: float
+    score_var_mean: float
+    score_var_ci_lower: float
+    score_var_ci_upper: float
+    baseline: str
+    V_ratio: float
+    V_ratio_ci_lower: float
+    V_ratio_ci_upper: float
+    score_var_ratio: float
+    score_var_ratio_ci_lower: float
+    score_var_ratio_ci_upper: float
+
+    def headline(self) -> dict[str, float]:
+        """The numbers the summary table and the sweep's MLflow parent run show."""
+        return {k: getattr(self, k) for k in (
+            "iqm", "ci_lower", "ci_upper", "ci_width", "V_mean", "V_median", "action_distance_mean", "n_runs",
+            "n_failed", "V_mean_ci_lower", "V_mean_ci_upper", "V_ratio", "score_var_mean", "score_var_ratio")}
+
+    def to_json(self) -> dict:
+        """The ``results.json`` entry (strict JSON); :func:`dataclasses.asdict` is the CSV row."""
+        return strict_json(asdict(self))
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Aggregate":
+        """Inverse of :meth:`to_json`."""
+        return _numeric_from_json(cls, d, ("agent", "variant", "baseline"))
+
+
+@dataclass(frozen=True)
+class BudgetIqm:
+    """IQM of the training-time evaluation returns / 1000 at one env-step budget (sample efficiency, App. F)."""
+
+    agent: str
+    variant: str
+    env_steps: int
+    n_tasks: int
+    n_runs: int
+    iqm: float
+    ci_lower: float
+    ci_upper: float
+
+    def to_json(self) -> dict:
+        """The ``results.json`` entry (strict JSON)."""
+        return strict_json(asdict(self))
+
+    @classmethod
+    def from_json(cls, d: dict) -> "BudgetIqm":
+        """Inverse of :meth:`to_json`."""
+        return _numeric_from_json(cls, d, ("agent", "variant"))
+
+
+@dataclass(frozen=True)
+class CriticProxy:
+    """App. D for one (agent, variant): early |Q1 - Q2| vs final cross-seed Q1 dispersion per task, and R^2."""
+
+    agent: str
+    variant: str
+    tasks: list[str]
+    early_q_gap: list[float]
+    q1_dispersion: list[float]
+    r_squared: float  # NaN with fewer than 3 tasks or no spread
+
+    def to_json(self) -> dict:
+        """The ``results.json`` entry (strict JSON)."""
+        return strict_json(asdict(self))
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CriticProxy":
+        """Inverse of :meth:`to_json`."""
+        return _numeric_from_json(cls, d, ("agent", "variant", "tasks"))
+
+
+@dataclass(frozen=True)
+class FailedTrial:
+    """A trial left out of the tables (failed for good, diverged, unfinished, or refused by the gather step), or
+    ``gather`` itself, with the last line of the error."""
+
+    name: str
+    error: str
+
+    @property
+    def group(self) -> GroupKey | None:
+        """The trial's group (None for an entry that is not a trial name ``task/agent/variant/seed``)."""
+        parts = self.name.split("/")
+        return GroupKey(*parts[:3]) if len(parts) == 4 else None
+
+
+@dataclass(frozen=True)
+class SweepResults:
+    """Everything the gather step computes for a sweep (``results.json``)."""
+
+    sweep: str
+    final_eval: FinalEvalSpec
+    aggregates: list[Aggregate]
+    groups: list[GroupResult]
+    critic_proxy: list[CriticProxy]
+    failed_trials: list[FailedTrial]
+    n_trials: int
+    group_stats: list[GroupStats] = field(default_factory=list)
+    iqm_by_budget: list[BudgetIqm] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        """``results.json`` (strict JSON)."""
+        return {"sweep": self.sweep, "final_eval": self.final_eval.model_dump(),
+                "aggregates": [a.to_json() for a in self.aggregates], "groups": [g.to_json() for g in self.groups],
+                "critic_proxy": [c.to_json() for c in self.critic_proxy],
+                "failed_trials": [asdict(f) for f in self.failed_trials], "n_trials": self.n_trials,
+                "group_stats": [s.to_json() for s in self.group_stats],
+                "iqm_by_budget": [b.to_json() for b in self.iqm_by_budget]}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "SweepResults":
+        """Inverse of :meth:`to_json`."""
+        return cls(d["sweep"], FinalEvalSpec.model_validate(d["final_eval"]),
+                   [Aggregate.from_json(a) for a in d["aggregates"]], [GroupResult.from_json(g) for g in d["groups"]],
+                   [CriticProxy.from_json(c) for c in d["critic_proxy"]],
+                   [FailedTrial(**f) for f in d["failed_trials"]], d["n_trials"],
+                   [GroupStats.from_json(s) for s in d["group_stats"]],
+                   [BudgetIqm.from_json(b) for b in d["iqm_by_budget"]])

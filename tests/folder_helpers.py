@@ -1,0 +1,97 @@
+"""Sweep folders built by hand for the gather, re-analysis and status tests: real policy snapshots of untrained tiny
+agents where a sweep writes them, DONE markers, and a real SQLite MLflow store with the checksums trials record."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import torch
+
+from qed_ray.agents import make_agent
+from qed_ray.checkpoint import save_checkpoint
+from qed_ray.checksums import recorded_values
+from qed_ray.config import RunSpec
+from qed_ray.layout import SweepDir, TrialId
+
+SWEEP_ID = "0123456789ab"
+TEMPERATURES = {"te": {"kind": "te"}, "qed0.2": {"kind": "qed", "k": 0.2}}
+BUDGET, EVAL_EVERY = 2000, 1000
+
+
+def run_spec(name: str) -> RunSpec:
+    """The RunSpec a trial of this name would have (tiny actor and critics)."""
+    t = TrialId.from_name(name)
+    return RunSpec.model_validate({"task": t.task, "seed": t.seed, "agent": {"hidden": 16},
+                                   "temperature": TEMPERATURES[t.variant],
+                                   "train": {"env_steps": BUDGET, "eval_every": EVAL_EVERY}})
+
+
+def evals_until(step: int, seed: int) -> list[dict]:
+    """An evaluation history up to ``step``: returns 100 * (eval index + seed), critic gap 0.1 * (index + 1)."""
+    return [{"env_steps": s, "return_mean": 100.0 * (i + 1 + seed), "alpha_mean": 0.1, "q_gap_mean": 0.1 * (i + 1)}
+            for i, s in enumerate(range(EVAL_EVERY, step + 1, EVAL_EVERY))]
+
+
+def save_snapshot(layout: SweepDir, name: str, step: int, init_seed: int) -> None:
+    """A policy snapshot at ``step`` as the trainer writes it: weights from ``init_seed``, history, wall time."""
+    spec = run_spec(name)
+    agent = make_agent(spec.agent, spec.temperature, 5, 1, torch.device("cpu"), init_seed)
+    seed = TrialId.from_name(name).seed
+    save_checkpoint(layout.snapshot(name, step), {k: m.state_dict() for k, m in agent.modules().items()},
+                    {"task": spec.task, "agent": spec.agent.name, "variant": spec.variant, "seed": seed,
+                     "obs_dim": 5, "action_dim": 1, "env_steps": step, "run": spec.model_dump(mode="json"),
+                     "policy_only": True, "modules": sorted(agent.modules()), "evals": evals_until(step, seed),
+                     "wall_s": 10.0 * step / EVAL_EVERY})
+
+
+def finished_trial(layout: SweepDir, name: str) -> None:
+    """Snapshots at every evaluation and the DONE marker of a trial that finished."""
+    seed = TrialId.from_name(name).seed
+    for step in range(EVAL_EVERY, BUDGET + 1, EVAL_EVERY):
+        save_snapshot(layout, name, step, init_seed=100 * seed + step // EVAL_EVERY)
+    layout.done_marker(name).write_text(json.dumps({"env_steps": BUDGET, "perf/wall_s": 20.0}))
+
+
+def new_sweep(layout: SweepDir, finished: list[str], running: dict[str, int]) -> None:
+    """``sweep.json``, finished trials, running trials (``name: env steps reached``) and an MLflow store in which
+    every finished trial recorded its checksums."""
+    from qed_ray.tracking import Tracker, default_tracking_uri
+
+    layout.root.mkdir(parents=True, exist_ok=True)
+    layout.state_file.write_text(json.dumps({"sweep_id": SWEEP_ID, "fingerprint": "x", "created": 0.0}))
+    for name in finished:
+        finished_trial(layout, name)
+    for name, step in running.items():
+        save_snapshot(layout, name, step, init_seed=7)
+    tracker = Tracker(default_tracking_uri(layout.root), "exp", SWEEP_ID, str(layout.mlartifacts))
+    parent = tracker.parent_run("exp", {}, {})
+    for name in [*finished, *running]:
+        run = tracker.trial_run(parent, name, {})
+        if name in finished:
+            tracker.record_checksums(run, recorded_values(layout, name))
+
+
+def is_nan(x) -> bool:
+    """None (strict JSON's NaN) or a float NaN."""
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def group_result(task="a", agent="sac_ln", variant="te", scores=(0.1, 0.2), V=1.0, action_distance=5.0,
+                 early_q_gap=1.0, q1_dispersion=2.0, **kw):
+    """A GroupResult with the given numbers: returns consistent with the scores, D and the action-distance matrix
+    constant off the diagonal (so their pair means are V and action_distance), the rest small and fixed."""
+    from qed_ray.results import GroupResult
+
+    n = len(scores)
+    seeds = list(range(n))
+
+    def pairs(value):
+        return [[0.0 if i == j else value for j in range(n)] for i in range(n)]
+
+    fields = dict(task=task, agent=agent, variant=variant, seeds=seeds, final_env_steps=2000,
+                  returns=[[1000 * s, 1000 * s] for s in scores], scores=list(scores), V=V, D=pairs(V),
+                  action_distance=action_distance, v_curve=[[1000, 2 * V], [2000, V]], q1_dispersion=q1_dispersion,
+                  early_q_gap=early_q_gap, learning_curves={s: [[1000, 10.0], [2000, 20.0]] for s in seeds},
+                  action_distance_pairs=pairs(action_distance))
+    return GroupResult(**{**fields, **kw})

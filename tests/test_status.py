@@ -1,0 +1,92 @@
+"""``--status`` from the sweep folder alone, on a hand-built folder: unfinished, failed, finished."""
+
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from folder_helpers import BUDGET, finished_trial, save_snapshot
+
+from qed_ray.layout import SweepDir
+from qed_ray.reanalyze import main as reanalyze
+from qed_ray.spec import SweepSpec
+from qed_ray.status import TrialState, projected_wall_s, report, trial_state
+
+TE, QED = "cartpole-balance/sac_ln/te", "cartpole-balance/sac_ln/qed0.2"
+SPEC = {"name": "sweep", "tasks": ["cartpole-balance"], "seeds": 2,
+        "agents": [{"name": "sac_ln", "overrides": {"hidden": 16},
+                    "temperatures": [{"kind": "te"}, {"kind": "qed", "k": 0.2}]}],
+        "train": {"env_steps": BUDGET, "eval_every": 1000, "warmup_decisions": 100},
+        "final_eval": {"episodes": 1, "action_rollouts": 1, "action_steps": 10, "curve_episodes": 1,
+                       "bootstrap_reps": 100},
+        "resources": {"cpu": 1, "gpu": 0.5}}
+
+
+def _spec(layout: SweepDir) -> SweepSpec:
+    return SweepSpec.model_validate({**SPEC, "storage_path": str(layout.root.parent)})
+
+
+def test_trial_states_from_the_folder(sweep_copy):
+    layout = sweep_copy
+    assert trial_state(layout, f"{TE}/0", BUDGET) == TrialState(f"{TE}/0", "done", BUDGET, BUDGET, 20.0)
+    assert trial_state(layout, f"{QED}/1", BUDGET) == TrialState(f"{QED}/1", "running", 1000, BUDGET, 10.0)
+    assert trial_state(layout, f"{QED}/7", BUDGET).state == "not started"
+    layout.trial_dir(f"{QED}/7").mkdir(parents=True)  # Tune creates every trial's folder before it starts
+    assert trial_state(layout, f"{QED}/7", BUDGET).state == "not started"
+    (layout.trial_dir(f"{QED}/7") / "params.json").write_text("{}")
+    assert trial_state(layout, f"{QED}/7", BUDGET).state == "running", "started: no evaluation yet"
+    error = layout.trial_dir(f"{QED}/1") / "error.txt"
+    error.parent.mkdir(parents=True)
+    error.write_text("Traceback ...\nDivergenceError: non-finite loss/critic by env step 1500\n")
+    failed = trial_state(layout, f"{QED}/1", BUDGET)
+    assert failed.state == "failed" and failed.error == "DivergenceError: non-finite loss/critic by env step 1500"
+    time.sleep(0.01)  # a newer snapshot means the trial was retried and runs again
+    save_snapshot(layout, f"{QED}/1", 2000, 3)
+    assert trial_state(layout, f"{QED}/1", BUDGET).state == "running"
+
+
+def test_projection_scales_each_trial_to_its_budget():
+    states = [TrialState("a", "done", 100, 100, 50.0), TrialState("b", "running", 20, 100, 20.0),
+              TrialState("c", "not started", 0, 100, math.nan)]
+    # a: 50 s as it took; b: 1 s per step -> 100 s; c: the median pace (0.5 and 1.0 -> 0.75) -> 75 s
+    assert projected_wall_s(states) == pytest.approx(225.0)
+    assert math.isnan(projected_wall_s([TrialState("c", "not started", 0, 100, math.nan)]))
+
+
+def test_status_of_an_unfinished_then_finished_sweep(sweep_copy, capsys):
+    layout = sweep_copy
+    spec = _spec(layout)
+    text = report(spec, layout)
+    assert "trials: 3 done, 1 running, 0 failed, 0 not started" in text
+    assert "env steps: 7,000 of 8,000 (88%)" in text
+    # spent: 20 + 20 + 20 + 10 s of trial wall time; projected: 60 s done + 10 s/1000 steps x 2000 = 80 s
+    assert f"GPU-hours: {70 * 0.5 / 3600:.3g} spent, {80 * 0.5 / 3600:.3g} projected" in text
+    assert f"CPU-hours: {70 / 3600:.3g} spent, {80 / 3600:.3g} projected" in text
+    assert "results: 0 of 2 groups gathered" in text and "IQM" not in text
+
+    assert reanalyze([str(layout.root), "--episodes", "1", "--action-rollouts", "1", "--action-steps", "10",
+                      "--curve-episodes", "1", "--bootstrap-reps", "100"]) == 0
+    capsys.readouterr()
+    text = report(spec, layout)
+    assert "results: 1 of 2 groups gathered" in text, "the te group is complete and cached; qed0.2 still runs"
+    table = text.split("results: ", 1)[1].splitlines()
+    assert table[3].split()[:5] == ["sac_ln", "te", "1", "2", "0"]  # agent variant tasks runs left-out
+
+    finished_trial(layout, f"{QED}/1")
+    text = report(spec, layout)
+    assert "trials: 4 done, 0 running, 0 failed, 0 not started" in text and "env steps: 8,000 of 8,000" in text
+    assert "results: 1 of 2 groups gathered" in text, "qed0.2's cache key changed with its new seed"
+
+
+def test_status_flag_starts_nothing_and_reads_the_folder(sweep_copy, tmp_path):
+    spec_path = tmp_path / "sweep.yaml"
+    spec_path.write_text(yaml.safe_dump({**SPEC, "storage_path": str(sweep_copy.root.parent)}))
+    proc = subprocess.run([sys.executable, "-m", "qed_ray.sweep", str(spec_path), "--status"], capture_output=True,
+                          text=True, timeout=120, env={"MUJOCO_GL": "disable", "PATH": "/usr/bin:/bin",
+                                                       "RAY_ADDRESS": "127.0.0.1:1"})  # nothing to reach
+    assert proc.returncode == 0, proc.stderr
+    assert "trials: 3 done, 1 running" in proc.stdout and proc.stderr == ""
+    nowhere = SweepDir(tmp_path / "none" / "sweep")
+    assert report(_spec(nowhere), nowhere) == f"sweep sweep: not started ({nowhere.root} has no sweep.json)"
