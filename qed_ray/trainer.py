@@ -45,7 +45,7 @@ class DivergenceError(RuntimeError):
 
 
 class InjectedCrash(RuntimeError):
-    """Raised by ``train.debug_crash_at_env_step`` (fault-injection tests)."""
+    """Raised by ``train.debug.crash_at_env_step`` (fault-injection tests)."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -172,8 +172,7 @@ class Trainer:
         interval_updates = 0
         while self.p.decisions < t.decisions:
             env_steps = (self.p.decisions + 1) * t.frame_skip
-            if t.debug_crash_at_env_step is not None and env_steps == t.debug_crash_at_env_step \
-                    and self.resumed_from is None:
+            if env_steps == t.debug.crash_at_env_step and self.resumed_from is None:
                 raise InjectedCrash(f"injected crash at env step {env_steps}")
             if obs is None:
                 obs = self.env.reset()
@@ -207,7 +206,7 @@ class Trainer:
         spec = self.spec
         for _ in range(spec.agent.utd):
             batch = self.replay.sample(spec.agent.batch_size, self.agent.device)
-            if spec.train.debug_nan_at_env_step == env_steps:
+            if spec.train.debug.nan.hits(spec.seed, env_steps):
                 batch["reward"][0] = float("nan")  # a real NaN that flows into the critic loss
             self._acc.add(self.agent.update(batch))  # one metric vector, folded in on the device
             self.p.updates += 1
