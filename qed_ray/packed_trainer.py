@@ -230,7 +230,8 @@ class PackedTrainer:
         pack = {"format": PACK_FORMAT, "pack": self.name, "names": [r.name for r in self.runs],
                 "seeds": [r.spec.seed for r in self.runs], "pack_size": self.n, "env_steps": env_steps,
                 "decisions": self.decisions, "updates": self.updates, "wall_s": self.wall_s,
-                "status": [self._status(r) for r in self.runs], "reasons": [r.reason for r in self.runs]}
+                "status": [self._status(r) for r in self.runs], "reasons": [r.reason for r in self.runs],
+                "stopped_at": [r.stopped_at for r in self.runs]}
 
         def write() -> None:
             for chunk in chunks:
@@ -280,29 +281,28 @@ class PackedTrainer:
             states.append(state), manifests.append(m)
         self.agent.load_seed_state_dicts(states)
         for i, (run, m) in enumerate(zip(self.runs, manifests)):
-            self._restore_seed(i, run, m, pack["status"][i], pack["reasons"][i], states[i], directory)
+            self._restore_seed(i, run, m, states[i], directory)
+            if pack["status"][i] == "diverged":
+                run.status, run.reason, run.stopped_at = "diverged", pack["reasons"][i], tuple(pack["stopped_at"][i])
+                self.active[i] = False
+                self.agent.freeze(i)
         self.decisions, self.updates, self.wall_s = pack["decisions"], pack["updates"], pack["wall_s"]
         self.resumed_from = pack["env_steps"]
         return pack
 
-    def _restore_seed(self, i: int, run: SeedRun, m: dict | None, status: str, reason: str | None,
-                      state: dict | None, directory: Path) -> None:
-        if m is not None:
-            pr = m["progress"]
-            run.episodes, run.evals = pr["episodes"], [EvalRecord.from_json(e) for e in pr["evals"]]
-            run.warmup_rng.bit_generator.state = m["rng"]["warmup"]
-            self.replay.set_rng_state(i, m["rng"]["replay"])
-            self.pool.set_random_state(i, m["rng"]["env"])
-            src = self.replay_dirs[i] if m["replay"]["external"] else directory / seed_dir(run.spec.seed) / "replay"
-            self.replay.load(i, src, m["replay"]["added"])
-            keep = ("format_version", "versions", "state_sha256")  # save_checkpoint adds these again
-            run.saved = (state, {k: v for k, v in m.items() if k not in keep})
-        if status == "diverged":
-            run.status, run.reason = status, reason
-            progress = m["progress"] if m is not None else {"decisions": 0, "updates": 0}
-            run.stopped_at = (progress["decisions"], progress["updates"])
-            self.active[i] = False
-            self.agent.freeze(i)
+    def _restore_seed(self, i: int, run: SeedRun, m: dict | None, state: dict | None, directory: Path) -> None:
+        """Seed ``i``'s counters, history, random streams and replay from its manifest (None: it has none)."""
+        if m is None:
+            return
+        pr = m["progress"]
+        run.episodes, run.evals = pr["episodes"], [EvalRecord.from_json(e) for e in pr["evals"]]
+        run.warmup_rng.bit_generator.state = m["rng"]["warmup"]
+        self.replay.set_rng_state(i, m["rng"]["replay"])
+        self.pool.set_random_state(i, m["rng"]["env"])
+        src = self.replay_dirs[i] if m["replay"]["external"] else directory / seed_dir(run.spec.seed) / "replay"
+        self.replay.load(i, src, m["replay"]["added"])
+        rewritten = ("format_version", "versions", "state_sha256")  # save_checkpoint writes these afresh
+        run.saved = (state, {k: v for k, v in m.items() if k not in rewritten})
 
     # ---- results -------------------------------------------------------------------------------------------
     def summaries(self) -> list[dict]:

@@ -106,7 +106,7 @@ def test_each_seed_of_a_pack_has_the_files_of_a_single_seed_trial(packs):
     assert s["straight"][0]["evals"] != s["straight"][1]["evals"]  # two different seeds
 
 
-def test_a_nan_in_one_seed_stops_only_that_seed(packs):
+def test_a_nan_in_one_seed_stops_only_that_seed(packs, tmp_path):
     root, s = packs
     seed0, seed1 = s["nan"]
     assert seed1["status"] == "diverged" and seed1["decisions"] == 150
@@ -124,6 +124,12 @@ def test_a_nan_in_one_seed_stops_only_that_seed(packs):
     pack = json.loads((root / "nan" / "checkpoint" / PACK_FILE).read_text())
     assert pack["status"] == ["finished", "diverged"] and pack["reasons"][1] == seed1["reason"]
     assert_same_tensors(seed_states(root / "nan" / "checkpoint")[1], seed_states(root / "half" / "checkpoint")[1])
+    # resuming keeps it stopped, also when it diverged before its first checkpoint (no seed folder)
+    shutil.copytree(root / "nan", tmp_path / "nan")
+    shutil.rmtree(tmp_path / "nan" / "checkpoint" / seed_dir(1))
+    again = run_pack(pack_specs(debug={"nan": {"seed": 1, "env_step": 1500}}), tmp_path / "nan", log=quiet)
+    assert again[1]["status"] == "diverged" and again[1]["reason"] == seed1["reason"]
+    assert again[1]["decisions"] == 150 and again[0]["evals"] == seed0["evals"]
 
 
 def test_a_seed_checkpoint_from_a_pack_continues_in_the_single_seed_trainer(packs):

@@ -240,8 +240,12 @@ class PackedAgent:
             self.generators[i].set_state(s["generator"])
         for name, opt in self.opts.items():
             current = opt.state_dict()
-            per_seed = [s[name] if s is not None else slice_optimizer_state(current, i) for i, s in enumerate(states)]
-            opt.load_state_dict(stack_optimizer_states(per_seed))
+            # A seed given no state keeps its moments; if it has none yet (a stopped seed that never reached a
+            # checkpoint), it takes a given seed's: it is frozen, so they never move anything.
+            keep = [slice_optimizer_state(current, i) if current["state"] else given[0][1][name]
+                    for i in range(self.n)]
+            opt.load_state_dict(stack_optimizer_states([s[name] if s is not None else k
+                                                        for s, k in zip(states, keep)]))
         learner = [self.template.read_learner_state(s) for _, s in given]
         counts = sorted({u for u, _ in learner})
         if len(counts) > 1:
