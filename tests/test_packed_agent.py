@@ -224,3 +224,23 @@ def test_packed_replay_persists_each_seed_in_the_single_seed_chunk_format(tmp_pa
     assert half_empty.indices(3, np.array([True, False])).tolist() == [[0, 0, 0], [0, 0, 0]]
     with pytest.raises(RuntimeError, match="empty buffer of pack seed 1"):
         half_empty.indices(2, ON)
+
+
+def test_the_pack_benchmark_times_whole_decisions_of_a_pack_and_of_the_single_seed_path():
+    import argparse
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "benchmarks" / "bench_pack.py"
+    spec = importlib.util.spec_from_file_location("bench_pack", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.BUFFER = 64  # synthetic transitions per seed (10,000 in a real run)
+    base = dict(agent="mad_sac", temperature="qed", device="cpu", hidden=8, batch=8, min_time=0.0,
+                min_decisions=2, warmup=1, threads=1)
+    packed = bench.run_cell(argparse.Namespace(**base, seeds=2, mode="packed"))
+    single = bench.run_cell(argparse.Namespace(**base, seeds=1, mode="single"))
+    assert (packed["seeds"], packed["decisions"], single["seeds"], single["decisions"]) == (2, 2, 1, 2)
+    assert packed["seed_decisions_per_s"] == pytest.approx(2 * 2 / packed["wall_s"])
+    assert packed["seed_decisions_per_cpu_s"] == pytest.approx(2 * 2 / packed["cpu_s"])
+    assert packed["peak_kind"] == "rss" and packed["peak_mib"] > 0
