@@ -1,4 +1,5 @@
-"""The only training loop (DESIGN.md §1-§4): warm-up, act, step, update, evaluate, checkpoint, report.
+"""The single-seed training loop: warm-up, act, step, update, evaluate, checkpoint, report (a pack of seeds runs
+the same steps for S seeds at once in :mod:`qed_ray.packed_trainer`).
 
 Everything is injected: env, agent, replay, reporter, RNG, device; :func:`build_trainer` is the one place a run's
 objects are built. The reporter receives the metrics of each evaluation interval and a ``save`` callable that

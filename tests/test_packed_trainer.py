@@ -172,3 +172,17 @@ def test_a_mad_sac_pack_trains_and_its_seed_state_loads_into_the_single_seed_age
     agent.load_state_dict(state)
     assert manifest["pack_index"] == 1 and agent.updates == 20  # the shared model_every counter
     assert torch.isfinite(agent.memo["model_metrics"]).all() and agent.memo["model_metrics"].shape == (6,)
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--seeds", "0", "0"], "pack.seeds: [0, 0] repeats a seed"),
+    (["--seeds", "0", "1", "--env-workers", "-1"], "--env-workers: -1 must be >= 0"),
+    (["--seeds", "0", "--k", "0.2"], "temperature.k: applies only to kind 'qed'"),
+])
+def test_pack_cli_refuses_bad_input_before_building_anything(tmp_path, capsys, flags, needle):
+    from qed_ray.pack_run import main
+
+    assert main(["--task", "cartpole-balance", "--out", str(tmp_path / "out"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and needle in err
+    assert not (tmp_path / "out").exists()
