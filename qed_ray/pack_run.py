@@ -15,7 +15,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from pydantic import ValidationError
 
@@ -79,7 +79,7 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def run_pack(specs: Sequence[RunSpec], out: Path, names: Sequence[str] | None = None, env_workers: int = 0,
-             log=print) -> list[dict]:
+             log: Callable[[str], None] = print) -> list[dict]:
     """Trains the pack ``specs`` in ``out`` (resuming from ``out/checkpoint``); writes each seed's summary.json
     and returns the summaries."""
     layout = SweepDir(Path(out).resolve())
