@@ -158,6 +158,38 @@ def agent_spec(data: dict | None = None, **fields) -> AgentBase:
     return _AGENT_ADAPTER.validate_python({**(data or {}), **fields})
 
 
+class NanInjection(Frozen):
+    """A NaN written into the first replay reward of an update, so that it flows into the critic loss."""
+
+    env_step: int | None = Field(None, ge=1, description="testing: inject NaN into the critic loss at this env step")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="testing: only the run of this seed (none: every "
+                                                                  "run; in a pack, the other seeds go on)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "NanInjection":
+        if self.seed is not None and self.env_step is None:
+            raise ValueError(f"seed: {self.seed} names the run to poison, but env_step is not set (set "
+                             f"env_step, or drop seed)")
+        return self
+
+    def hits(self, seed: int, env_step: int) -> bool:
+        """Whether the run of ``seed`` gets the NaN at ``env_step``."""
+        return self.env_step == env_step and self.seed in (None, seed)
+
+
+class DebugSpec(Frozen):
+    """Fault injection for end-to-end tests. Config is the only channel into a Ray worker, so the hooks live in
+    the run spec, grouped here so that nothing else reads like a production setting."""
+
+    crash_at_env_step: int | None = Field(None, ge=1, description="testing: raise once at this env step unless "
+                                                                  "resumed from a checkpoint")
+    nan: NanInjection = Field(NanInjection(), description="testing: NaN injected into one seed's critic loss")
+
+
+# TrainSpec fields before ``debug`` grouped them; a before-validator moves them into ``debug``.
+LEGACY_DEBUG_FIELDS = ("debug_crash_at_env_step", "debug_nan_at_env_step")
+
+
 class TrainSpec(Frozen):
     """Training budget and loop settings. Budgets count env (control) steps; decisions = env steps / frame_skip."""
 
@@ -172,9 +204,21 @@ class TrainSpec(Frozen):
     device: str = Field("auto", description="'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'")
     threads: int = Field(1, ge=1, le=1024, description="torch CPU threads")
     nan_check_every: int = Field(50, ge=1, le=10**9, description="decisions between non-finite loss checks")
-    debug_crash_at_env_step: int | None = Field(None, ge=1, description="testing: raise once at this env step "
-                                                "unless resumed from a checkpoint")
-    debug_nan_at_env_step: int | None = Field(None, ge=1, description="testing: inject NaN into the critic loss")
+    debug: DebugSpec = Field(DebugSpec(), description="fault injection for end-to-end tests")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _upgrade_debug_fields(cls, data: Any) -> Any:
+        # Runs written before the debug fields were grouped (manifests, policy snapshots, old YAML) still load.
+        if not isinstance(data, dict) or not any(k in data for k in LEGACY_DEBUG_FIELDS):
+            return data
+        data, debug = dict(data), dict(data.get("debug") or {})
+        crash, nan = data.pop("debug_crash_at_env_step", None), data.pop("debug_nan_at_env_step", None)
+        if crash is not None:
+            debug["crash_at_env_step"] = crash
+        if nan is not None:
+            debug["nan"] = {**dict(debug.get("nan") or {}), "env_step": nan}
+        return {**data, "debug": debug} if debug else data
 
     @field_validator("device")
     @classmethod

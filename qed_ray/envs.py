@@ -93,6 +93,11 @@ class DMCEnv:
         self._env.task.random.set_state((state["name"], np.asarray(state["keys"], dtype=np.uint32),
                                          state["pos"], state["has_gauss"], state["cached"]))
 
+    def reseed(self, seed: int) -> None:
+        """Reseeds the task RNG as ``task_kwargs={"random": seed}`` seeds a new env, so the next ``reset`` draws
+        the initial state a freshly built env of ``seed`` would (an env can be reused instead of rebuilt)."""
+        self._env.task.random.seed(seed)
+
     def close(self) -> None:
         """Frees the MuJoCo physics."""
         self._env.physics.free()

@@ -7,11 +7,14 @@ rolled out with the same seeds start from identical initial states and can be co
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from qed_ray.envs import make_env
+
+if TYPE_CHECKING:
+    from qed_ray.env_pool import EnvPool
 
 PolicyFn = Callable[[np.ndarray], np.ndarray]  # obs [B, O] -> deterministic actions [B, A]
 
@@ -101,3 +104,40 @@ def rollout_many(policies: Sequence[PolicyFn], task: str, seeds: Sequence[int], 
             envs[p].close()
     return [Rollouts(np.asarray(d["returns"]), np.stack(d["obs"]), np.stack(d["actions"]),
                      np.stack(d["phys"]) if record_physics else None) for d in per_pol]
+
+
+def rollout_lockstep(policy: Callable[[np.ndarray], np.ndarray], pool: "EnvPool", env_index: np.ndarray,
+                     seeds: Sequence[int], active: np.ndarray | None = None) -> np.ndarray:
+    """Deterministic episodes of P policies x E seeds, all in lock-step on a pool's envs, one policy call per step.
+
+    Instead of building an env per episode, env ``env_index[p, e]`` is reseeded to ``seeds[e]`` and reset, which
+    draws exactly the initial state a freshly built env of that seed draws (:meth:`DMCEnv.reseed`), so every
+    policy's episode e starts where :func:`rollout`'s episode e starts.
+
+    Args:
+        policy: observations [P, E, O] -> actions [P, E, A] (row p is policy p's; rows of inactive policies and of
+            finished episodes hold stale observations and their actions are ignored).
+        pool: the envs.
+        env_index: [P, E] pool indices of the envs to use.
+        seeds: the E episodes' env seeds (:func:`eval_seeds`).
+        active: [P] policies to roll out (default: all).
+
+    Returns:
+        [P, E] episode returns (sums of rewards, in :func:`rollout`'s order); NaN rows for inactive policies.
+    """
+    n_pol, n_ep = env_index.shape
+    active = np.ones(n_pol, bool) if active is None else np.asarray(active, bool)
+    live = env_index[active].ravel()
+    pool.reseed(live, list(seeds) * int(active.sum()))
+    obs = np.zeros((n_pol, n_ep, pool.obs_dim), np.float32)
+    obs[active] = pool.reset(live).reshape(-1, n_ep, pool.obs_dim)
+    returns = np.zeros((n_pol, n_ep))
+    returns[~active] = np.nan
+    running = np.repeat(active[:, None], n_ep, axis=1)
+    while running.any():
+        actions = np.asarray(policy(obs))
+        step = pool.step(env_index[running], actions[running])
+        returns[running] += step.reward
+        obs[running] = step.obs
+        running[running.copy()] = ~(step.terminated | step.truncated)
+    return returns

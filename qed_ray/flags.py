@@ -19,7 +19,10 @@ from qed_ray.naming import format_value
 from qed_ray.tasks import TASKS
 
 # Flag names that are not simply the setting's name (which is ambiguous or unhelpful on its own).
-RENAMES = {("agent", "name"): "agent", ("temperature", "kind"): "temperature", ("temperature", "lr"): "alpha_lr"}
+RENAMES = {("agent", "name"): "agent", ("temperature", "kind"): "temperature", ("temperature", "lr"): "alpha_lr",
+           ("train", "debug", "crash_at_env_step"): "debug_crash_at_env_step",
+           ("train", "debug", "nan", "env_step"): "debug_nan_at_env_step",
+           ("train", "debug", "nan", "seed"): "debug_nan_seed"}
 
 
 @dataclass(frozen=True)

@@ -131,12 +131,15 @@ class TwinCritic(nn.Module):
                 mlp_state_action(self.q2, x, a, repeats).squeeze(-1))
 
 
-@torch.no_grad()
 def polyak_update(target: nn.Module, online: nn.Module, rate: float) -> None:
     """target <- (1 - rate) * target + rate * online, in place (one fused foreach call)."""
-    t = [p for p in target.parameters()]
-    o = [p for p in online.parameters()]
-    torch._foreach_lerp_(t, o, rate)
+    polyak_lerp_(list(target.parameters()), list(online.parameters()), rate)
+
+
+@torch.no_grad()
+def polyak_lerp_(target: list[torch.Tensor], online: list[torch.Tensor], rate: float) -> None:
+    """:func:`polyak_update` over tensor lists (element-wise, so stacked seeds stay independent)."""
+    torch._foreach_lerp_(target, online, rate)
 
 
 def freeze(module: nn.Module) -> nn.Module:
@@ -154,13 +157,28 @@ def make_adam(params, lr: float, device: torch.device) -> torch.optim.Adam:
     return torch.optim.Adam(params, lr=lr, foreach=True)
 
 
-def clip_and_step(optimizer: torch.optim.Optimizer, params, loss: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """zero_grad -> backward -> global-norm clip (paper App. B: 20) -> step; returns the pre-clip grad norm."""
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    optimizer.step()
-    return norm
+@torch.no_grad()
+def per_seed_clip_(grads: list[torch.Tensor | None], max_norm: float) -> torch.Tensor:
+    """Clips the gradients of S stacked seeds in place, each seed by its own global norm over all its tensors.
+
+    ``torch.nn.utils.clip_grad_norm_`` over stacked [S, ...] tensors would compute one norm across the seeds and
+    couple them; here seed s is scaled by min(1, max_norm / (norm_s + 1e-6)) exactly as ``clip_grad_norm_``
+    scales a single seed's gradients (paper App. B: 20).
+
+    Args:
+        grads: gradients [S, ...] of one optimiser's stacked parameters (None entries are skipped).
+        max_norm: the clip.
+
+    Returns:
+        [S] pre-clip global gradient norms.
+    """
+    present = [g for g in grads if g is not None]
+    norms = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in present]),
+                                     dim=0)
+    coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    for g in present:
+        g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
+    return norms
 
 
 def require_fp32_matmul() -> None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -65,39 +67,19 @@ class ReplayBuffer:
 
         Chunks past ``self.added`` (left by a run that crashed after its last checkpoint) are deleted first.
         """
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        chunks = list_chunks(directory)
-        saved = 0
-        for start, end, path in chunks:
-            if end > self.added:
-                path.unlink()
-            else:
-                saved = max(saved, end)
-        if saved == self.added:
-            return 0
-        if self.added - saved > self.capacity:
-            saved = self.added - self.capacity  # older transitions are gone from the ring anyway
-        idx = np.arange(saved, self.added) % self.capacity
-        path = directory / f"chunk_{saved:010d}_{self.added:010d}.npz"
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, **{k: v[idx] for k, v in self.data.items()})
-        os.replace(tmp, path)
-        return path.stat().st_size
+        return plan_chunk(directory, self.added, self.capacity, self.rows).write()
+
+    def rows(self, idx: np.ndarray) -> dict[str, np.ndarray]:
+        """Copies of the fields at ring positions ``idx``."""
+        return {k: v[idx] for k, v in self.data.items()}
 
     def load_incremental(self, directory: str | os.PathLike, added: int) -> None:
         """Rebuilds the buffer from chunks covering transitions [0, added) (later chunks are ignored)."""
-        chunks = [(s, e, p) for s, e, p in list_chunks(Path(directory)) if e <= added]
-        covered = max((e for _, e, _ in chunks), default=0)
-        if covered != added:
-            raise FileNotFoundError(f"{directory}: replay chunks cover {covered} transitions, checkpoint needs "
-                                    f"{added}")
+        chunks = read_chunks(directory, added, self.capacity)
         self.added = 0
-        for start, end, path in chunks:
-            with np.load(path) as z:
-                idx = np.arange(start, end) % self.capacity
-                for k in FIELDS:
-                    self.data[k][idx] = z[k]
+        for idx, fields in chunks:
+            for k in FIELDS:
+                self.data[k][idx] = fields[k]
         self.added = added
 
     def rng_state(self) -> dict:
@@ -118,3 +100,70 @@ def list_chunks(directory: Path) -> list[tuple[int, int, Path]]:
             if m:
                 out.append((int(m.group(1)), int(m.group(2)), p))
     return sorted(out)
+
+
+@dataclass
+class ChunkWrite:
+    """One replay chunk ready to be written: the fields already copied, so the writing may happen on another
+    thread while training goes on (:func:`plan_chunk`)."""
+
+    directory: Path
+    start: int
+    end: int
+    fields: dict[str, np.ndarray] | None  # None: nothing new since the last chunk
+    stale: list[Path]  # chunks past ``end`` left by a run that crashed after its last checkpoint
+
+    def write(self) -> int:
+        """Deletes the stale chunks and writes this one (atomically: temp file, then rename); returns bytes."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for path in self.stale:
+            path.unlink(missing_ok=True)
+        if self.fields is None:
+            return 0
+        path = self.directory / f"chunk_{self.start:010d}_{self.end:010d}.npz"
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, **self.fields)
+        os.replace(tmp, path)
+        return path.stat().st_size
+
+
+def plan_chunk(directory: str | os.PathLike, added: int, capacity: int,
+               rows: Callable[[np.ndarray], dict[str, np.ndarray]]) -> ChunkWrite:
+    """The chunk that brings ``directory`` up to ``added`` transitions, its rows copied now by ``rows(ring idx)``.
+
+    Args:
+        directory: the buffer's chunk folder.
+        added: transitions ever added to the buffer.
+        capacity: its ring size (older transitions are gone from the ring and are not written).
+        rows: copies of the fields (:data:`FIELDS`) at the given ring positions.
+    """
+    directory = Path(directory)
+    saved, stale = 0, []
+    for start, end, path in list_chunks(directory):
+        if end > added:
+            stale.append(path)
+        else:
+            saved = max(saved, end)
+    if saved == added:
+        return ChunkWrite(directory, saved, added, None, stale)
+    saved = max(saved, added - capacity)
+    return ChunkWrite(directory, saved, added, rows(np.arange(saved, added) % capacity), stale)
+
+
+def read_chunks(directory: str | os.PathLike, added: int, capacity: int
+                ) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
+    """``(ring idx, fields)`` of the chunks covering transitions [0, added), in order, each read when reached.
+
+    Raises:
+        FileNotFoundError: the chunks do not reach ``added`` (checked before anything is read).
+    """
+    chunks = [(s, e, p) for s, e, p in list_chunks(Path(directory)) if e <= added]
+    covered = max((e for _, e, _ in chunks), default=0)
+    if covered != added:
+        raise FileNotFoundError(f"{directory}: replay chunks cover {covered} transitions, checkpoint needs {added}")
+    return (_read_chunk(path, start, end, capacity) for start, end, path in chunks)
+
+
+def _read_chunk(path: Path, start: int, end: int, capacity: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    with np.load(path) as z:
+        return np.arange(start, end) % capacity, {k: z[k] for k in FIELDS}

@@ -1,4 +1,5 @@
-"""The only training loop (DESIGN.md §1-§4): warm-up, act, step, update, evaluate, checkpoint, report.
+"""The single-seed training loop: warm-up, act, step, update, evaluate, checkpoint, report (a pack of seeds runs
+the same steps for S seeds at once in :mod:`qed_ray.packed_trainer`).
 
 Everything is injected: env, agent, replay, reporter, RNG, device; :func:`build_trainer` is the one place a run's
 objects are built. The reporter receives the metrics of each evaluation interval and a ``save`` callable that
@@ -45,7 +46,7 @@ class DivergenceError(RuntimeError):
 
 
 class InjectedCrash(RuntimeError):
-    """Raised by ``train.debug_crash_at_env_step`` (fault-injection tests)."""
+    """Raised by ``train.debug.crash_at_env_step`` (fault-injection tests)."""
 
 
 def resolve_device(name: str) -> torch.device:
@@ -264,8 +265,7 @@ class Trainer:
             self._beat()
         while self.p.decisions < t.decisions:
             env_steps = (self.p.decisions + 1) * t.frame_skip
-            if t.debug_crash_at_env_step is not None and env_steps == t.debug_crash_at_env_step \
-                    and self.resumed_from is None:
+            if env_steps == t.debug.crash_at_env_step and self.resumed_from is None:
                 raise InjectedCrash(f"injected crash at env step {env_steps}")
             if obs is None:
                 obs = self.env.reset()
@@ -305,7 +305,7 @@ class Trainer:
         spec = self.spec
         for _ in range(spec.agent.utd):
             batch = self.replay.sample(spec.agent.batch_size, self.agent.device)
-            if spec.train.debug_nan_at_env_step == env_steps:
+            if spec.train.debug.nan.hits(spec.seed, env_steps):
                 batch["reward"][0] = float("nan")  # a real NaN that flows into the critic loss
             self._acc.add(self.agent.update(batch))  # one metric vector, folded in on the device
             self.p.updates += 1

@@ -52,19 +52,24 @@ class MetricLayout:
 
 
 class MetricAccumulator:
-    """Interval statistics of metric vectors [..., K] on ``device``: running sums, maxima and minima.
+    """Interval statistics of metric vectors [K] (or [S, K], one row per seed of a pack) on ``device``: running
+    sums, maxima and minima.
 
     Args:
         layout: the column names.
         device: where the buffer lives (the agent's device).
         dtype: buffer dtype.
+        seeds: None for one run's vectors [K]; S for a pack's [S, K] (read with the ``*_per_seed`` methods).
     """
 
-    def __init__(self, layout: MetricLayout, device: torch.device, dtype: torch.dtype = torch.float32):
+    def __init__(self, layout: MetricLayout, device: torch.device, dtype: torch.dtype = torch.float32,
+                 seeds: int | None = None):
         self.layout = layout
         kinds = torch.tensor(layout.kinds, device=device)
         self._is_max, self._is_min = kinds == MAX, kinds == MIN
         self._empty = torch.where(self._is_max, -math.inf, torch.where(self._is_min, math.inf, 0.0)).to(dtype)
+        if seeds is not None:
+            self._empty = self._empty.expand(seeds, -1).clone()
         self.total = self._empty.clone()
         self.count = 0
 
@@ -92,6 +97,24 @@ class MetricAccumulator:
         vals = np.where(kinds == MEAN, vals / self.count, vals)
         self.reset()
         return {k: float(v) for k, v in zip(self.layout.names, vals)}
+
+    def non_finite_per_seed(self, prefixes: tuple[str, ...]) -> list[list[str]]:
+        """:meth:`non_finite` of each seed's row of a pack's accumulator (one host sync)."""
+        if not self.count:
+            return [[] for _ in range(self.total.shape[0])]
+        cols = [i for i, n in enumerate(self.layout.names) if n.startswith(prefixes)]
+        flags = torch.isfinite(self.total[:, cols]).cpu().numpy()
+        return [[self.layout.names[c] for c, ok in zip(cols, row) if not ok] for row in flags]
+
+    def means_per_seed(self) -> list[dict[str, float]]:
+        """:meth:`means` of each seed's row of a pack's accumulator, then resets; [{}, ...] if empty."""
+        if not self.count:
+            return [{} for _ in range(self.total.shape[0])]
+        vals = self.total.double().cpu().numpy()
+        kinds = np.asarray(self.layout.kinds)
+        vals = np.where(kinds == MEAN, vals / self.count, vals)
+        self.reset()
+        return [{k: float(v) for k, v in zip(self.layout.names, row)} for row in vals]
 
     def reset(self) -> None:
         """Starts a new interval."""

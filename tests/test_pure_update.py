@@ -274,7 +274,8 @@ def test_training_core_imports_and_updates_with_dm_control_ray_and_mlflow_blocke
         for m in ("qed_ray.agents", "qed_ray.agents.base", "qed_ray.agents.sac_ln", "qed_ray.agents.mad_sac",
                   "qed_ray.temperature", "qed_ray.networks", "qed_ray.hlgauss", "qed_ray.world_model",
                   "qed_ray.replay", "qed_ray.update_metrics", "qed_ray.checkpoint", "qed_ray.config",
-                  "qed_ray.trainer"):
+                  "qed_ray.trainer", "qed_ray.agents.learner", "qed_ray.agents.packed", "qed_ray.packed_replay",
+                  "qed_ray.writer", "qed_ray.env_pool", "qed_ray.packed_trainer"):
             importlib.import_module(m)
         import numpy as np, torch
         from qed_ray.agents import make_agent

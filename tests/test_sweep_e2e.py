@@ -116,7 +116,7 @@ def _groups_land_while_the_sweep_runs(tracker, parent_id: str, children: list, l
 def test_crashing_trial_is_retried_from_its_checkpoint(tmp_path):
     spec = tiny_spec(tmp_path, "crash", seeds=1,
                      train={"env_steps": 3000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100,
-                            "debug_crash_at_env_step": 2500})
+                            "debug": {"crash_at_env_step": 2500}})
     proc = run_sweep_cli(spec)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     tracker, runs = sweep_runs(tmp_path / "results" / "crash", "crash")
@@ -168,7 +168,7 @@ def test_diverging_trials_fail_loudly_with_their_reason_recorded(tmp_path):
                      agents=[{"name": "sac_ln", "overrides": {"hidden": 16, "batch_size": 16},
                               "temperatures": [{"kind": "te"}, {"kind": "fixed", "alpha": 0.1}]}],
                      train={"env_steps": 2000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100,
-                            "debug_nan_at_env_step": 1500, "nan_check_every": 10})
+                            "debug": {"nan": {"env_step": 1500}}, "nan_check_every": 10})
     proc = run_sweep_cli(spec)
     assert proc.returncode == 1
     failed = [line for line in proc.stdout.splitlines() if line.startswith("FAILED cartpole-balance/sac_ln/te/0: ")]

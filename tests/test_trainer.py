@@ -10,7 +10,7 @@ from qed_ray.trainer import InjectedCrash
 
 
 def test_nan_in_loss_stops_run_with_reason(tiny_run, tmp_path):
-    spec = tiny_run(train={"env_steps": 2000, "debug_nan_at_env_step": 600, "nan_check_every": 10})
+    spec = tiny_run(train={"env_steps": 2000, "debug": {"nan": {"env_step": 600}}, "nan_check_every": 10})
     summary = run(spec, tmp_path)
     assert summary["status"] == "diverged"
     assert "non-finite loss/critic" in summary["reason"] and "env step" in summary["reason"]
@@ -20,7 +20,7 @@ def test_nan_in_loss_stops_run_with_reason(tiny_run, tmp_path):
 
 
 def test_injected_crash_only_on_fresh_start(tiny_run, tmp_path):
-    spec = tiny_run(train={"env_steps": 4000, "debug_crash_at_env_step": 3000})
+    spec = tiny_run(train={"env_steps": 4000, "debug": {"crash_at_env_step": 3000}})
     with pytest.raises(InjectedCrash):
         run(spec, tmp_path)
     summary = run(spec, tmp_path)  # resumes from the 2000-step checkpoint, so no crash
@@ -188,3 +188,19 @@ def test_tf32_is_off_for_critic_passes_once_the_trainer_runs(tiny_run, tmp_path)
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = True
         torch.set_float32_matmul_precision("highest")
+
+
+def test_debug_settings_are_grouped_and_the_old_names_still_load():
+    from pydantic import ValidationError
+
+    from qed_ray.config import TrainSpec, format_validation_error
+
+    legacy = TrainSpec.model_validate({"debug_crash_at_env_step": 3000, "debug_nan_at_env_step": 600})
+    assert legacy == TrainSpec.model_validate({"debug": {"crash_at_env_step": 3000, "nan": {"env_step": 600}}})
+    assert "debug_nan_at_env_step" not in legacy.model_dump() and TrainSpec().debug.nan.env_step is None
+    nan = TrainSpec.model_validate({"debug": {"nan": {"seed": 1, "env_step": 600}}}).debug.nan
+    assert nan.hits(1, 600) and not nan.hits(0, 600) and not nan.hits(1, 602)
+    assert TrainSpec.model_validate({"debug": {"nan": {"env_step": 600}}}).debug.nan.hits(5, 600)  # every seed
+    with pytest.raises(ValidationError) as e:
+        TrainSpec.model_validate({"debug": {"nan": {"seed": 1}}})
+    assert format_validation_error(e.value, "train.").startswith("train.debug.nan.seed: 1 names the run to poison")

@@ -13,19 +13,19 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import ClassVar, Protocol, runtime_checkable
+from typing import Callable, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call
 
+from qed_ray.agents.learner import Learner, Params
 from qed_ray.config import AgentSpec, TemperatureSpec
-from qed_ray.networks import clip_and_step, freeze, make_adam, polyak_update, require_fp32_matmul, squashed_sample
-from qed_ray.temperature import make_temperature, qed_disagreement, temperature_state
+from qed_ray.networks import freeze, make_adam, polyak_update, require_fp32_matmul, squashed_sample
+from qed_ray.temperature import alpha_stats, make_temperature, qed_disagreement, temperature_state
 from qed_ray.update_metrics import MetricLayout
 
-Params = dict[str, torch.Tensor]
 
 
 @runtime_checkable
@@ -67,6 +67,11 @@ class Agent(Protocol):
 
     def report_warnings(self, metrics: dict[str, float]) -> list[str]:
         """Warning lines for an interval's mean metrics."""
+
+
+def draw_noise(generator: torch.Generator, rows: int, action_dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """Standard-normal noise [rows, A] from ``generator`` on its device: the one way an agent draws noise."""
+    return torch.randn((rows, action_dim), generator=generator, device=generator.device, dtype=dtype)
 
 
 @contextlib.contextmanager
@@ -157,9 +162,10 @@ class SACBase:
     """Actor, twin critic (+ Polyak target), temperature, their optimisers and the agent's own generator.
 
     Subclasses build their networks under :func:`seeded_init`, then call :meth:`_init_sac` and set ``fn`` (their
-    :class:`SACFunctions`, with ``noise_sizes(batch_size)``) and ``metric_layout``; they implement ``update``,
-    and may override ``encode``, ``extra_modules``, ``extra_optimizers``, ``extra_state``/``load_extra_state``
-    and ``report_warnings``.
+    :class:`SACFunctions`, with ``noise_sizes(batch_size)``) and ``metric_layout``; they implement
+    ``learn(learner, batch, noise_parts)``, their update rule against a :class:`Learner`, and may override
+    ``encode``/``encode_with``, ``extra_modules``, ``extra_optimizers``, ``extra_state``/``load_extra_state`` and
+    ``report_warnings``. The agent is itself the :class:`Learner` of its own (single-seed) update.
     """
 
     name: ClassVar[str]
@@ -168,6 +174,8 @@ class SACBase:
     def __init__(self, spec: AgentSpec, action_dim: int, device: torch.device):
         require_fp32_matmul()  # critic passes feed QED and the TD target (networks.require_fp32_matmul)
         self.spec, self.action_dim, self.device = spec, action_dim, torch.device(device)
+        self.updates = 0
+        self.memo: dict[str, torch.Tensor] = {}
 
     def _init_sac(self, actor: nn.Module, critic: nn.Module, temperature: TemperatureSpec, seed: int) -> None:
         self.actor, self.critic = actor, critic
@@ -189,8 +197,7 @@ class SACBase:
 
     def noise(self, rows: int) -> torch.Tensor:
         """Standard-normal noise [rows, A] from the agent's generator, in the parameters' dtype."""
-        dtype = next(self.actor.parameters()).dtype
-        return torch.randn((rows, self.action_dim), generator=self.generator, device=self.device, dtype=dtype)
+        return draw_noise(self.generator, rows, self.action_dim, next(self.actor.parameters()).dtype)
 
     def noise_rows(self, batch_size: int) -> int:
         """Rows of one update's noise block for ``batch_size`` (the sum of ``fn.noise_sizes``)."""
@@ -229,30 +236,85 @@ class SACBase:
         q1, q2 = self.fn.q_pair(params_of(self.critic), self.encode(self._input(obs)), self._input(action))
         return q1.cpu().numpy(), q2.cpu().numpy()
 
-    # ---- learning steps shared by both agents ------------------------------------------------------
-    def actor_step(self, actor_p: Params, critic_p: Params, tstate: Params, states: torch.Tensor,
+    def encode_with(self, params: dict[str, Params], obs: torch.Tensor) -> torch.Tensor:
+        """:meth:`encode` computed with ``params`` (a pure function, mapped over the seeds of a pack)."""
+        return obs
+
+    def sample_with(self, params: dict[str, Params], obs: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+        """Policy sample [B, A] at observations [B, O] with noise ``eps`` [B, A], computed with ``params``."""
+        return self.fn.sample(params["actor"], self.encode_with(params, obs), eps)[0]
+
+    def mode_with(self, params: dict[str, Params], obs: torch.Tensor) -> torch.Tensor:
+        """Deterministic action tanh(mu) [B, A] at observations [B, O], computed with ``params``."""
+        return torch.tanh(self.fn.policy(params["actor"], self.encode_with(params, obs))[0])
+
+    # ---- the agent as the Learner of its own update ---------------------------------------------------
+    def update(self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None = None) -> torch.Tensor:
+        """One learning step (the subclass's ``learn``) on this agent's parameters.
+
+        Args:
+            batch: replay batch: obs [B, O], action [B, A], reward [B], next_obs [B, O], terminated [B].
+            noise: the update's block [:meth:`noise_rows`, A]; drawn from the agent's generator when None.
+
+        Returns:
+            the metric vector [K] (detached, on the agent's device), columns named by ``metric_layout``.
+        """
+        return self.learn(self, batch, self.noise_parts(batch, noise))
+
+    def per_seed(self, fn: Callable) -> Callable:
+        """One seed: ``fn`` itself."""
+        return fn
+
+    def target_params(self) -> Params:
+        """The target critic's parameters."""
+        return params_of(self.critic_target)
+
+    def step(self, loss: torch.Tensor, *groups: tuple[str, float | None]) -> list[torch.Tensor]:
+        """zero_grad -> backward -> global-norm clip per group (paper App. B: 20) -> Adam step per group."""
+        opts = self.optimizers()
+        for name, _ in groups:
+            opts[name].zero_grad(set_to_none=True)
+        loss.sum().backward()
+        norms = [torch.nn.utils.clip_grad_norm_(opts[name].param_groups[0]["params"], clip)
+                 for name, clip in groups if clip is not None]
+        for name, _ in groups:
+            opts[name].step()
+        return norms
+
+    def polyak(self, rate: float) -> None:
+        """target <- (1 - rate) target + rate online."""
+        polyak_update(self.critic_target, self.critic, rate)
+
+    # ---- learning steps shared by both agents, against a Learner ---------------------------------------
+    def actor_step(self, x: Learner, actor_p: Params, critic_p: Params, tstate: Params, states: torch.Tensor,
                    eps: torch.Tensor, eps_qed: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """One clipped Adam step on the actor loss (:meth:`SACFunctions.actor_loss`) at ``states``.
 
         Returns:
-            ``(loss, pre-clip grad norm, log_prob [B] detached, alpha [B])``.
+            ``(loss, pre-clip grad norm, log_prob [B] detached, alpha [B])`` (each with a leading seed axis in a
+            pack).
         """
-        loss, logp, alpha = self.fn.actor_loss(actor_p, critic_p, tstate, states, eps, eps_qed)
-        norm = clip_and_step(self.actor_opt, self.actor.parameters(), loss, self.spec.grad_clip)
+        loss, logp, alpha = x.per_seed(self.fn.actor_loss)(actor_p, critic_p, tstate, states, eps, eps_qed)
+        (norm,) = x.step(loss, ("actor_opt", self.spec.grad_clip))
         return loss.detach(), norm, logp.detach(), alpha
 
-    def temperature_step(self, tstate: Params, logp: torch.Tensor) -> torch.Tensor:
+    def temperature_step(self, x: Learner, tstate: Params, logp: torch.Tensor) -> torch.Tensor:
         """One Adam step on the rule's own loss (alpha_TE, paper Eq. 1); returns the loss (0 for fixed)."""
-        loss = self.temperature.loss(tstate, logp)
+        loss = x.per_seed(self.temperature.loss)(tstate, logp)
         if self.alpha_opt is not None:
-            self.alpha_opt.zero_grad(set_to_none=True)
-            loss.backward()
-            self.alpha_opt.step()
+            x.step(loss, ("alpha_opt", None))
         return loss.detach()
 
-    def polyak(self) -> None:
-        """Moves the target critic towards the online one (rate ``agent.polyak``)."""
-        polyak_update(self.critic_target, self.critic, self.spec.polyak)
+    def step_metrics(self, x: Learner, critic_norm: torch.Tensor, actor_loss: torch.Tensor,
+                     actor_norm: torch.Tensor, logp: torch.Tensor, alpha_loss: torch.Tensor, alpha: torch.Tensor,
+                     tstate: Params) -> torch.Tensor:
+        """The metric columns after the critic's: :data:`STEP_METRICS` of the agents, then the actor's alpha
+        statistics ([..., 6 + alpha stats])."""
+        steps = [critic_norm, actor_loss, actor_norm, -logp.mean(-1), alpha_loss, self.temperature.floor(tstate)]
+        return torch.cat([torch.stack(steps, -1), x.per_seed(self._alpha_stats)(alpha, tstate)], -1)
+
+    def _alpha_stats(self, alpha: torch.Tensor, tstate: Params) -> torch.Tensor:
+        return torch.stack(alpha_stats(alpha, self.temperature, tstate))
 
     def report_warnings(self, metrics: dict[str, float]) -> list[str]:
         """Warning lines for an evaluation interval's mean metrics (none by default)."""
@@ -268,11 +330,21 @@ class SACBase:
         return {}
 
     def extra_state(self) -> dict:
-        """Tensors beyond modules, optimisers and the generator (MAD-SAC: its update counter)."""
-        return {}
+        """Tensors beyond modules, optimisers and the generator: :meth:`learner_state` of this agent."""
+        return self.learner_state(self.updates, self.memo)
 
     def load_extra_state(self, state: dict) -> None:
         """Inverse of :meth:`extra_state`."""
+        self.updates, memo = self.read_learner_state(state)
+        self.memo = {k: v.to(self.device) for k, v in memo.items()}
+
+    def learner_state(self, updates: int, memo: dict[str, torch.Tensor]) -> dict:
+        """The checkpoint entries of a learner's ``updates`` and ``memo`` (one seed's; none for SAC-LN)."""
+        return {}
+
+    def read_learner_state(self, state: dict) -> tuple[int, dict[str, torch.Tensor]]:
+        """Inverse of :meth:`learner_state`: ``(updates, memo)``."""
+        return 0, {}
 
     def modules(self) -> dict[str, nn.Module]:
         """Every module whose parameters or buffers define the agent."""

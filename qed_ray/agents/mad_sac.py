@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from qed_ray.agents.base import Params, SACBase, SACFunctions, call, detached, params_of, seeded_init
+from qed_ray.agents.base import Learner, Params, SACBase, SACFunctions, call, detached, seeded_init
 from qed_ray.config import AgentSpec, TemperatureSpec
 from qed_ray.hlgauss import HLGauss, cross_entropy
-from qed_ray.networks import TanhGaussianActor, clip_and_step, make_adam, squashed_sample
+from qed_ray.networks import TanhGaussianActor, make_adam, squashed_sample
 from qed_ray.temperature import alpha_stat_names, alpha_stats
 from qed_ray.update_metrics import MetricLayout
 from qed_ray.world_model import Dynamics, Encoder, HLGaussCritic, RewardHead
@@ -243,8 +243,9 @@ class MadSAC(SACBase):
         self.metric_layout = MetricLayout((*CRITIC_METRICS, *alpha_stat_names(self.temperature, "alpha/target"),
                                            *STEP_METRICS, *alpha_stat_names(self.temperature, "alpha/actor"),
                                            *MODEL_METRIC_KEYS))
-        self.updates = 0  # update() calls so far: drives model_every, checkpointed as a tensor
-        self._model_metrics = torch.zeros(len(MODEL_METRIC_KEYS), device=dev)  # the last model step's
+        # update() calls so far (self.updates, SACBase) drive model_every and are checkpointed as a tensor; the
+        # last model step's metrics stand in for the model columns of an update that skips it.
+        self.memo["model_metrics"] = torch.zeros(len(MODEL_METRIC_KEYS), device=dev)
 
     def _model_params(self) -> list[torch.nn.Parameter]:
         return [*self.dynamics.parameters(), *self.reward.parameters()]
@@ -254,52 +255,53 @@ class MadSAC(SACBase):
         return self.encoder(obs)
 
     # ---- learning ----------------------------------------------------------------------------------
-    def model_step(self, params: dict[str, Params], target_p: Params, batch: dict[str, torch.Tensor],
+    def encode_with(self, params: dict[str, Params], obs: torch.Tensor) -> torch.Tensor:
+        """The SimNorm latent computed with ``params["encoder"]``."""
+        return self.fn.encode(params["encoder"], obs)
+
+    def model_step(self, x: Learner, params: dict[str, Params], target_p: Params, batch: dict[str, torch.Tensor],
                    eps: torch.Tensor, eps_qed: torch.Tensor) -> torch.Tensor:
         """One Adam step on encoder (lr encoder_lr) and dynamics + reward (lr model_lr), each clipped at 20.
 
         Returns:
             [6] detached metrics (:data:`MODEL_METRIC_KEYS`): the four losses and both pre-clip gradient norms.
         """
-        losses = self.fn.model_losses(params, target_p, batch, eps, eps_qed)
-        self.encoder_opt.zero_grad(set_to_none=True)
-        self.model_opt.zero_grad(set_to_none=True)
-        losses.sum().backward()
+        losses = x.per_seed(self.fn.model_losses)(params, target_p, batch, eps, eps_qed)
         clip = self.spec.grad_clip
-        enc_norm = torch.nn.utils.clip_grad_norm_(self.encoder.parameters(), clip)
-        model_norm = torch.nn.utils.clip_grad_norm_(self._model_params(), clip)
-        self.encoder_opt.step()
-        self.model_opt.step()
-        return torch.cat([losses.detach(), torch.stack([enc_norm, model_norm]).to(losses.dtype)])
+        enc_norm, model_norm = x.step(losses, ("encoder_opt", clip), ("model_opt", clip))
+        return torch.cat([losses.detach(), torch.stack([enc_norm, model_norm], -1).to(losses.dtype)], -1)
 
-    def update(self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None = None) -> torch.Tensor:
+    def learn(self, x: Learner, batch: dict[str, torch.Tensor], noise: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """(0) model step every ``model_every``-th call, (1) mixed critic step, (2) actor + temperature on real
-        rows, (3) Polyak on the target critic (MAD-TD's ``mad_td_update_step`` order).
+        rows, (3) Polyak on the target critic (MAD-TD's ``mad_td_update_step`` order), on the learner's
+        parameters (this agent's, or a pack's).
 
         Args:
-            batch: replay batch: obs [B, O], action [B, A], reward [B], next_obs [B, O], terminated [B].
-            noise: the fixed-layout block [:meth:`noise_rows`, A]; drawn from the agent's generator when None.
+            x: the :class:`~qed_ray.agents.base.Learner` whose parameters move.
+            batch: replay batch: obs [B, O], action [B, A], reward [B], next_obs [B, O], terminated [B] (a leading
+                seed axis in a pack).
+            noise: the update's block split by :meth:`MadFunctions.noise_sizes`.
 
         Returns:
             the metric vector (:attr:`metric_layout`); model metrics are the last model step's when it is skipped.
         """
-        e_mt, e_mq, e_model, e_t, e_tq, e_a, e_aq = self.noise_parts(batch, noise)
-        p, target_p = self.params(), params_of(self.critic_target)
-        if self.updates % self.mad.model_every == 0:
-            self._model_metrics = self.model_step(p, target_p, batch, e_mt, e_mq)
-        self.updates += 1
-        critic_loss, critic_metrics, z_real = self.fn.critic_loss(p, target_p, batch, e_model, e_t, e_tq)
-        critic_norm = clip_and_step(self.critic_opt, self.critic.parameters(), critic_loss, self.spec.grad_clip)
+        e_mt, e_mq, e_model, e_t, e_tq, e_a, e_aq = noise
+        p, target_p = x.params(), x.target_params()
+        if x.updates % self.mad.model_every == 0:
+            x.memo["model_metrics"] = self.model_step(x, p, target_p, batch, e_mt, e_mq)
+        x.updates += 1
+        critic_loss, critic_metrics, z_real = x.per_seed(self.fn.critic_loss)(p, target_p, batch, e_model, e_t,
+                                                                              e_tq)
+        (critic_norm,) = x.step(critic_loss, ("critic_opt", self.spec.grad_clip))
         # The actor maximises the critic named by agent.mad.actor_critic (online by default, as in SAC-LN).
         q_p = p["critic"] if self.mad.actor_critic == "online" else target_p
-        actor_loss, actor_norm, logp, alpha = self.actor_step(p["actor"], q_p, p["temperature"], z_real, e_a, e_aq)
-        alpha_loss = self.temperature_step(p["temperature"], logp)
-        self.polyak()
-        steps = [critic_norm, actor_loss, actor_norm, -logp.mean(), alpha_loss,
-                 self.temperature.floor(p["temperature"])]
-        return torch.cat([critic_metrics, torch.stack(steps),
-                          torch.stack(alpha_stats(alpha, self.temperature, p["temperature"])),
-                          self._model_metrics.to(critic_metrics.dtype)])
+        actor_loss, actor_norm, logp, alpha = self.actor_step(x, p["actor"], q_p, p["temperature"], z_real, e_a,
+                                                              e_aq)
+        alpha_loss = self.temperature_step(x, p["temperature"], logp)
+        x.polyak(self.spec.polyak)
+        return torch.cat([critic_metrics, self.step_metrics(x, critic_norm, actor_loss, actor_norm, logp, alpha_loss,
+                                                            alpha, p["temperature"]),
+                          x.memo["model_metrics"].to(critic_metrics.dtype)], -1)
 
     def report_warnings(self, metrics: dict[str, float]) -> list[str]:
         """Warning lines for an evaluation interval's mean metrics (the trainer logs them).
@@ -323,12 +325,11 @@ class MadSAC(SACBase):
         """Encoder and model optimisers."""
         return {"encoder_opt": self.encoder_opt, "model_opt": self.model_opt}
 
-    def extra_state(self) -> dict:
+    def learner_state(self, updates: int, memo: dict[str, torch.Tensor]) -> dict:
         """The update counter (drives ``model_every`` on resume) and the last model step's metrics."""
-        return {"updates": torch.tensor(self.updates, dtype=torch.int64),
-                "model_metrics": self._model_metrics.detach().clone()}
+        return {"updates": torch.tensor(updates, dtype=torch.int64),
+                "model_metrics": memo["model_metrics"].detach().clone()}
 
-    def load_extra_state(self, state: dict) -> None:
-        """Inverse of :meth:`extra_state`."""
-        self.updates = int(state["updates"])
-        self._model_metrics = state["model_metrics"].to(self.device)
+    def read_learner_state(self, state: dict) -> tuple[int, dict[str, torch.Tensor]]:
+        """Inverse of :meth:`learner_state`."""
+        return int(state["updates"]), {"model_metrics": state["model_metrics"]}

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from qed_ray.agents.base import Params, SACBase, SACFunctions, params_of, seeded_init
+from qed_ray.agents.base import Learner, Params, SACBase, SACFunctions, seeded_init
 from qed_ray.config import AgentSpec, TemperatureSpec
-from qed_ray.networks import TanhGaussianActor, TwinCritic, clip_and_step, squashed_sample
+from qed_ray.networks import TanhGaussianActor, TwinCritic, squashed_sample
 from qed_ray.temperature import alpha_stat_names, alpha_stats
 from qed_ray.update_metrics import MetricLayout
 
@@ -91,27 +91,26 @@ class SACLN(SACBase):
         self.metric_layout = MetricLayout((*CRITIC_METRICS, *alpha_stat_names(self.temperature, "alpha/target"),
                                            *STEP_METRICS, *alpha_stat_names(self.temperature, "alpha/actor")))
 
-    def update(self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None = None) -> torch.Tensor:
-        """One critic, actor, temperature and Polyak step.
+    def learn(self, x: Learner, batch: dict[str, torch.Tensor], noise: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """One critic, actor, temperature and Polyak step on the learner's parameters (this agent's, or a pack's).
 
         Args:
-            batch: replay batch (see :meth:`SACLNFunctions.critic_loss`).
-            noise: [B (2 + 2N), A] standard-normal block; drawn from the agent's generator when None.
+            x: the :class:`~qed_ray.agents.base.Learner` whose parameters move.
+            batch: replay batch (see :meth:`SACLNFunctions.critic_loss`; a leading seed axis in a pack).
+            noise: the update's noise block split by :meth:`SACLNFunctions.noise_sizes`.
 
         Returns:
-            the metric vector (detached, on the agent's device), columns named by :attr:`metric_layout`.
+            the metric vector [K] ([S, K] in a pack), detached, columns named by :attr:`metric_layout`.
         """
-        eps_next, eps_qed_next, eps_a, eps_qed = self.noise_parts(batch, noise)
-        p = self.params()
-        critic_loss, critic_metrics = self.fn.critic_loss(p, params_of(self.critic_target), batch, eps_next,
-                                                          eps_qed_next)
-        critic_norm = clip_and_step(self.critic_opt, self.critic.parameters(), critic_loss, self.spec.grad_clip)
+        eps_next, eps_qed_next, eps_a, eps_qed = noise
+        p = x.params()
+        critic_loss, critic_metrics = x.per_seed(self.fn.critic_loss)(p, x.target_params(), batch, eps_next,
+                                                                      eps_qed_next)
+        (critic_norm,) = x.step(critic_loss, ("critic_opt", self.spec.grad_clip))
         # The actor reads the critics just updated (as in SAC), through detached parameters.
-        actor_loss, actor_norm, logp, alpha = self.actor_step(p["actor"], p["critic"], p["temperature"],
+        actor_loss, actor_norm, logp, alpha = self.actor_step(x, p["actor"], p["critic"], p["temperature"],
                                                               batch["obs"], eps_a, eps_qed)
-        alpha_loss = self.temperature_step(p["temperature"], logp)
-        self.polyak()
-        steps = [critic_norm, actor_loss, actor_norm, -logp.mean(), alpha_loss,
-                 self.temperature.floor(p["temperature"])]
-        return torch.cat([critic_metrics, torch.stack(steps),
-                          torch.stack(alpha_stats(alpha, self.temperature, p["temperature"]))])
+        alpha_loss = self.temperature_step(x, p["temperature"], logp)
+        x.polyak(self.spec.polyak)
+        return torch.cat([critic_metrics, self.step_metrics(x, critic_norm, actor_loss, actor_norm, logp, alpha_loss,
+                                                            alpha, p["temperature"])], -1)

@@ -1,0 +1,89 @@
+"""What a pack is: S runs of one (task, agent, variant) that differ only in seed, trained together.
+
+The pack's name and validation, what it keeps per seed (:class:`SeedRun`), and the layout of a pack checkpoint:
+``pack.json`` (the pack, its shared counters and each seed's status; written last, so its presence marks a
+complete checkpoint) and one ``seed_<seed>/`` folder per seed in the single-seed checkpoint layout.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from qed_ray.checkpoint import CheckpointError
+from qed_ray.config import RunSpec
+from qed_ray.trainer import EvalRecord
+
+PACK_FILE = "pack.json"  # written last into a pack checkpoint: its presence marks a complete one
+PACK_FORMAT = 1
+
+
+def seed_dir(seed: int) -> str:
+    """The folder of one seed's checkpoint inside a pack checkpoint."""
+    return f"seed_{seed}"
+
+
+def pack_name(specs: Sequence[RunSpec]) -> str:
+    """``task/agent/variant/s0-9`` (consecutive seeds) or ``task/agent/variant/s0+3+7``."""
+    seeds = [s.seed for s in specs]
+    ids = f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[0] + len(seeds))) and len(seeds) > 1 \
+        else "+".join(map(str, seeds))
+    return f"{specs[0].task}/{specs[0].agent.name}/{specs[0].variant}/s{ids}"
+
+
+def check_pack(specs: Sequence[RunSpec]) -> None:
+    """Raises ValueError unless the runs differ only in their (distinct) seeds."""
+    if not specs:
+        raise ValueError("pack: no runs")
+    seeds = [s.seed for s in specs]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"pack.seeds: {seeds} repeats a seed")
+    base = specs[0].model_dump(exclude={"seed"})
+    for s in specs[1:]:
+        other = s.model_dump(exclude={"seed"})
+        if other != base:
+            diff = sorted(k for k in base if base[k] != other[k])
+            raise ValueError(f"pack: run of seed {s.seed} differs from seed {seeds[0]}'s in {', '.join(diff)}; a "
+                             f"pack holds the seeds of one task, agent and variant")
+
+
+def read_pack(directory: Path, seeds: Sequence[int]) -> dict:
+    """Reads a pack checkpoint's pack.json and checks it is the pack of ``seeds`` (in this order).
+
+    Raises:
+        CheckpointError: missing, corrupt, another format, other seeds or another pack size.
+    """
+    path = Path(directory) / PACK_FILE
+    if not path.exists():
+        raise CheckpointError(f"{path}: missing (incomplete or not a pack checkpoint)")
+    try:
+        pack = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: corrupt ({e})") from e
+    for key, value in {"format": PACK_FORMAT, "seeds": list(seeds), "pack_size": len(seeds)}.items():
+        if pack.get(key) != value:
+            raise CheckpointError(f"{path}: mismatched {key}: checkpoint has {pack.get(key)!r}, this pack needs "
+                                  f"{value!r} (resume a pack with the seeds and pack size it was written with)")
+    return pack
+
+
+@dataclass
+class SeedRun:
+    """What a pack keeps per seed besides its slices of the agent and the replay."""
+
+    spec: RunSpec
+    name: str
+    warmup_rng: np.random.Generator
+    status: str = "running"  # then "finished" or "diverged"
+    reason: str | None = None
+    stopped_at: tuple[int, int] | None = None  # (decisions, updates) when it diverged
+    episodes: int = 0
+    ep_return: float = 0.0
+    evals: list[EvalRecord] = field(default_factory=list)
+    train_returns: list = field(default_factory=list)
+    last_metrics: dict = field(default_factory=dict)
+    saved: tuple[dict, dict] | None = None  # (state, manifest) of its last checkpoint, kept once it diverges
