@@ -9,7 +9,6 @@ and writes ``results.json``, CSV tables and figures into the sweep's gather fold
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import asdict
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import ray
 
 from qed_ray import analysis, plots
 from qed_ray.analysis import FailedTrial, GroupResult, SweepResults, TrialRecord
+from qed_ray.atomic import atomic_file, write_json
 from qed_ray.layout import SweepDir
 from qed_ray.spec import FinalEvalSpec
 
@@ -37,19 +37,17 @@ def _evaluate_group_task(records: list[TrialRecord], final_eval: FinalEvalSpec) 
 
 
 def _write_csv(rows: list[dict], path: Path) -> None:
-    if not rows:
-        path.write_text("")
-        return
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    with atomic_file(path) as tmp, open(tmp, "w", newline="") as f:
+        if rows:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
 
 
 def write_results(results: SweepResults, layout: SweepDir) -> None:
     """``results.json`` (strict JSON), ``aggregates.csv``, ``groups.csv`` and, with groups, the figures."""
     layout.gather.mkdir(parents=True, exist_ok=True)
-    layout.results_json.write_text(json.dumps(results.to_json(), indent=1))
+    write_json(layout.results_json, results.to_json(), indent=1)
     _write_csv([asdict(a) for a in results.aggregates], layout.aggregates_csv)
     _write_csv(analysis.group_rows(results.groups), layout.groups_csv)
     if results.groups:

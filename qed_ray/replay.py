@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import os
 import re
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from qed_ray.atomic import TMP_MARK, atomic_file
+from qed_ray.checkpoint import CheckpointError
 
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
 CHUNK_RE = re.compile(r"chunk_(\d{10})_(\d{10})\.npz$")
@@ -45,7 +49,7 @@ class ReplayBuffer:
 
     def add(self, obs: np.ndarray, action: np.ndarray, reward: float, next_obs: np.ndarray,
             terminated: bool) -> None:
-        """Appends one transition (time-limit truncations are not terminations: DESIGN.md §3)."""
+        """Appends one transition (time-limit truncations are not terminations: docs/definitions.md)."""
         i = self.added % self.capacity
         d = self.data
         d["obs"][i], d["action"][i], d["reward"][i] = obs, action, reward
@@ -80,24 +84,26 @@ class ReplayBuffer:
             saved = self.added - self.capacity  # older transitions are gone from the ring anyway
         idx = np.arange(saved, self.added) % self.capacity
         path = directory / f"chunk_{saved:010d}_{self.added:010d}.npz"
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, **{k: v[idx] for k, v in self.data.items()})
-        os.replace(tmp, path)
+        with atomic_file(path) as tmp:
+            np.savez(tmp, **{k: v[idx] for k, v in self.data.items()})
         return path.stat().st_size
 
     def load_incremental(self, directory: str | os.PathLike, added: int) -> None:
-        """Rebuilds the buffer from chunks covering transitions [0, added) (later chunks are ignored)."""
+        """Rebuilds the buffer from chunks covering transitions [0, added) (later chunks are ignored).
+
+        Raises:
+            CheckpointError: a chunk is missing (naming the folder and the coverage) or damaged (naming the file).
+        """
         chunks = [(s, e, p) for s, e, p in list_chunks(Path(directory)) if e <= added]
         covered = max((e for _, e, _ in chunks), default=0)
         if covered != added:
-            raise FileNotFoundError(f"{directory}: replay chunks cover {covered} transitions, checkpoint needs "
-                                    f"{added}")
+            raise CheckpointError(f"{directory}: replay chunks cover {covered} transitions, checkpoint needs "
+                                  f"{added}")
         self.added = 0
         for start, end, path in chunks:
-            with np.load(path) as z:
-                idx = np.arange(start, end) % self.capacity
-                for k in FIELDS:
-                    self.data[k][idx] = z[k]
+            idx = np.arange(start, end) % self.capacity
+            for k, v in _read_chunk(path, end - start).items():
+                self.data[k][idx] = v
         self.added = added
 
     def rng_state(self) -> dict:
@@ -107,6 +113,38 @@ class ReplayBuffer:
     def set_rng_state(self, state: dict) -> None:
         """Restores :meth:`rng_state`."""
         self.rng.bit_generator.state = state
+
+
+def _read_chunk(path: Path, rows: int) -> dict[str, np.ndarray]:
+    """A chunk's arrays; a truncated, corrupt (zip CRC) or incomplete chunk raises CheckpointError naming it."""
+    try:
+        with np.load(path) as z:
+            arrays = {k: z[k] for k in FIELDS}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        raise CheckpointError(f"{path}: damaged replay chunk ({type(e).__name__}: {e})") from e
+    bad = [k for k, v in arrays.items() if len(v) != rows]
+    if bad:
+        raise CheckpointError(f"{path}: damaged replay chunk ({bad[0]} has {len(arrays[bad[0]])} rows, the name "
+                              f"says {rows})")
+    return arrays
+
+
+def prune_chunks(directory: str | os.PathLike) -> int:
+    """Deletes a finished run's replay chunks (and leftover temporary files), then the folder if that empties it.
+
+    Only files this module writes are removed; anything else in the folder stays. Returns the bytes freed.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return 0
+    freed = 0
+    for p in directory.iterdir():
+        if p.is_file() and (CHUNK_RE.search(p.name) or (p.name.startswith(".chunk_") and TMP_MARK in p.name)):
+            freed += p.stat().st_size
+            p.unlink()
+    if not any(directory.iterdir()):
+        directory.rmdir()
+    return freed
 
 
 def list_chunks(directory: Path) -> list[tuple[int, int, Path]]:
