@@ -1,21 +1,27 @@
 """The sweep service: ``python -m qed_ray.sweep SPEC`` (or ``ray job submit -- python -m qed_ray.sweep SPEC``).
 
 Joins the Ray cluster it finds (``RAY_ADDRESS`` / a running ``ray start``) or starts an embedded one, runs every
-trial of the spec as a Ray Tune trial (resuming the same sweep when run again), gathers the finished policies in
-a named actor for the cross-seed metrics, and logs everything to MLflow (one parent run per sweep, one child run
-per trial). Exit code 0 only when every trial finished and gathering succeeded.
+trial of the spec as a Ray Tune trial, gathers the finished policies in a named actor for the cross-seed metrics,
+and logs everything to MLflow (one parent run per sweep, one child run per trial).
 
-This module is the driver; what runs inside a trial's Ray worker is :mod:`qed_ray.trial`, and every path in the
-sweep folder comes from :class:`qed_ray.layout.SweepDir`.
+The sweep folder is the source of truth, not Tune's saved state: each start checks the folder and the spec
+(:mod:`qed_ray.sweep_state`), takes the sweep's lock (:mod:`qed_ray.lock`), and builds a *fresh* Tuner over the
+trials that are neither done nor diverged, each resuming from its own newest checkpoint in the folder. So running
+the same command again resumes, a grown spec (more seeds, tasks, variants) trains only the new trials, and the
+context (tracking URI, folder, parent run) always comes from this start. Nothing is unpickled from the folder.
+
+Exit codes: 0 every trial finished and gathering succeeded; 1 a trial failed (or gathering did); 2 a bad spec,
+a refused folder or another driver running this sweep; 130 stopped by Ctrl-C (SIGINT) and 143 by SIGTERM
+(``ray job stop``): the trials stopped cleanly, their runs are KILLED, and the same command resumes them.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import shutil
+import signal
+import subprocess
 import sys
 import time
 import uuid
@@ -24,13 +30,16 @@ from pathlib import Path
 import ray
 from ray import tune
 
-from qed_ray.analysis import Aggregate, FailedTrial, TrialRecord
-from qed_ray.config import RunSpec
+from qed_ray.analysis import Aggregate, FailedTrial
 from qed_ray.gather import gather
-from qed_ray.layout import SweepDir, TrialId, trial_dirname
+from qed_ray.layout import SweepDir, trial_dirname
+from qed_ray.lock import LockHeld, SweepLock
 from qed_ray.ray_token import private_ray_token
-from qed_ray.spec import SpecError, SweepSpec, load_spec
-from qed_ray.tracking import Tracker, default_tracking_uri, ui_command
+from qed_ray.replay import prune_chunks
+from qed_ray.spec import SpecError, SweepSpec, Trial, load_spec
+from qed_ray.sweep_state import check_folder, collect, move_aside, plan, resolve_paths, sync_runs, \
+    write_state
+from qed_ray.tracking import Tracker, artifact_location, ui_command
 from qed_ray.trial import TrialContext, train_trial
 
 
@@ -39,14 +48,51 @@ def trial_name(trial) -> str:
     return trial.config["trial"]["name"]
 
 
-class Progress(tune.Callback):
-    """A concise progress view (instead of Tune's tables): trials done/running/failed, env steps, ETA."""
+def error_summary(error_txt: str) -> str:
+    """One line of a Tune ``error.txt``: a traceback's last line (``InjectedCrash: ...``), else the first line after
+    the ``Failure # n`` header (a worker killed by Ray: ``1 worker(s) were killed due to ... low on memory ...``)."""
+    lines = [ln.strip() for ln in error_txt.splitlines() if ln.strip() and not ln.startswith("Failure # ")]
+    if not lines:
+        return "failed (no error message)"
+    return lines[-1] if "Traceback (most recent call last):" in error_txt else lines[0]
 
-    def __init__(self, total_env_steps: int, every_s: float = 15.0):
-        self.total, self.every_s = total_env_steps, every_s
+
+class Interrupt(tune.Stopper):
+    """Ctrl-C (SIGINT) or ``ray job stop`` (SIGTERM): stop every trial cleanly (Tune's stopper); a second signal
+    exits at once. Tune's own SIGINT handler is disabled (``TUNE_DISABLE_SIGINT_HANDLER``) so both signals take
+    this one path."""
+
+    def __init__(self):
+        self.signum: int | None = None
+
+    def install(self) -> None:
+        """Handles SIGINT and SIGTERM from now on (after ``ray.init``, which sets its own SIGTERM handler)."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(f"\n{signal.Signals(signum).name}: stopping the trials (checkpoints are kept; run the same command "
+              f"to resume). Press Ctrl-C again to exit at once.", flush=True)
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return self.signum is not None
+
+
+class Progress(tune.Callback):
+    """A concise progress view (instead of Tune's tables) that also records trials Tune gave up on."""
+
+    def __init__(self, total_env_steps: int, interrupt: Interrupt | None = None, every_s: float = 15.0):
+        self.total, self.interrupt, self.every_s = total_env_steps, interrupt, every_s
         self.t0 = time.time()
         self.last = 0.0
         self.start_steps: int | None = None
+        self.failed: dict[str, str] = {}  # trial -> last line of its error, once it has no retries left
 
     def on_step_end(self, iteration: int, trials: list, **info) -> None:
         now = time.time()
@@ -58,10 +104,18 @@ class Progress(tune.Callback):
         print(f"  trial {trial_name(trial)} failed; retrying from its last checkpoint", flush=True)
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
+        text = Path(trial.error_file).read_text() if trial.error_file and Path(trial.error_file).exists() else ""
+        self.failed[trial_name(trial)] = error_summary(text)
         print(f"  trial {trial_name(trial)} failed and has no retries left", flush=True)
 
     def on_experiment_end(self, trials: list, **info) -> None:
-        print(self.line(trials), flush=True)
+        if not self.stopped:
+            print(self.line(trials), flush=True)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the sweep is being interrupted (Tune then reports the stopped trials as done)."""
+        return self.interrupt is not None and self.interrupt.signum is not None
 
     def line(self, trials: list) -> str:
         """One status line."""
@@ -79,109 +133,104 @@ class Progress(tune.Callback):
                 f"({100 * steps / max(self.total, 1):.0f}%) | ETA {eta}")
 
 
-def resolve_paths(spec: SweepSpec) -> tuple[SweepDir, str, str]:
-    """The sweep folder, tracking URI and experiment (env vars override the spec's storage and URI)."""
-    raw = os.environ.get("QED_STORAGE_PATH") or spec.storage_path
-    if "://" in raw:
-        # Policy snapshots, replay chunks and DONE markers are plain files read by every node; object stores
-        # would need a filesystem layer this version does not have.
-        field = "QED_STORAGE_PATH" if os.environ.get("QED_STORAGE_PATH") else "storage_path"
-        raise SpecError(f"{field}: {raw!r} is a URI; give a filesystem path (on a cluster: a shared mount such as "
-                        f"EFS/NFS, Filestore or a ReadWriteMany volume, mounted at the same path on every node)")
-    layout = SweepDir(Path(raw).expanduser().resolve() / spec.name)
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or spec.tracking.uri or default_tracking_uri(layout.root)
-    return layout, uri, spec.tracking.experiment or spec.name
-
-
-def sweep_state(layout: SweepDir, spec: SweepSpec, fresh: bool) -> dict:
-    """Reads or creates ``sweep.json`` (the sweep's stable id); refuses a changed grid without ``--fresh``."""
-    path, root = layout.state_file, layout.root
-    if path.exists() and fresh:
-        backup = root.with_name(f"{root.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
-        shutil.move(str(root), backup)
-        print(f"--fresh: moved the previous sweep to {backup}")
-    if path.exists():
-        state = json.loads(path.read_text())
-        if state["fingerprint"] != spec.fingerprint():
-            raise SpecError(f"{root}: the spec's grid changed since this sweep started; run with --fresh "
-                            f"(the old sweep is kept aside) or change 'name'")
-        return state
-    root.mkdir(parents=True, exist_ok=True)
-    state = {"sweep_id": uuid.uuid4().hex[:12], "fingerprint": spec.fingerprint(), "created": time.time()}
-    path.write_text(json.dumps(state))
-    return state
-
-
 def dry_run(spec: SweepSpec) -> int:
-    """Prints the expanded trial list and the resources it needs; starts nothing."""
-    trials = spec.trials()
-    runs = [t.run for t in trials]
+    """Prints the trials, what a run would do with each (from the folder on disk) and the resources; starts
+    nothing. A spec that a real run would refuse is refused the same way (exit 2)."""
     layout, uri, exp = resolve_paths(spec)
-    print(f"sweep {spec.name}: {len(runs)} trials -> {layout.root}  (MLflow {uri}, experiment {exp})")
+    p = plan(check_folder(layout, spec), spec)
+    trials = spec.trials()
+    print(f"sweep {spec.name}: {len(trials)} trials -> {layout.root}  (MLflow {uri}, experiment {exp})")
     for t in trials:
         r = t.run
-        print(f"  {t.name:48s} env_steps={r.train.env_steps:,} hidden={r.agent.hidden} batch={r.agent.batch_size}")
+        print(f"  {t.name:48s} env_steps={r.train.env_steps:,} hidden={r.agent.hidden} batch={r.agent.batch_size}"
+              f"  [{_what_next(layout, t, p.new)}]")
     res = spec.resources
-    total = sum(r.train.env_steps for r in runs)
-    print(f"per trial: {res.cpu:g} CPU, {res.gpu:g} GPU; all trials at once: {res.cpu * len(runs):g} CPU, "
-          f"{res.gpu * len(runs):g} GPU; total env steps {total:,}")
+    total = sum(t.run.train.env_steps for t in trials)
+    print(f"per trial: {res.cpu:g} CPU, {res.gpu:g} GPU; all trials at once: {res.cpu * len(trials):g} CPU, "
+          f"{res.gpu * len(trials):g} GPU; total env steps {total:,}")
+    _refuse(p.problems)
     return 0
 
 
-def build_tuner(spec: SweepSpec, context: TrialContext, fresh_start: bool):
-    """A new Tuner over the grid, or the restored one when this sweep already has experiment state.
+def _what_next(layout: SweepDir, trial: Trial, new: list[str]) -> str:
+    if trial.name in new:
+        return "new"
+    state = layout.trial_state(trial.name)
+    if state != "pending":
+        return state
+    steps = layout.checkpoint_steps(trial.name)
+    return f"resume from env step {max(steps):,}" if steps else "start"
 
-    The context is bound with ``tune.with_parameters`` here, on every start, so a restored sweep runs with the
-    driver's current context instead of one pickled into Tune's experiment state.
+
+def build_tuner(spec: SweepSpec, context: TrialContext, trials: list[Trial], start: str,
+                callbacks: list, stopper: tune.Stopper) -> tune.Tuner:
+    """A fresh Tuner over ``trials``; Tune's folder for this start is ``tune/<start>/`` (logs only).
+
+    The context is bound with ``tune.with_parameters``; trials resume from their own checkpoints in the sweep
+    folder, so nothing of an earlier Tuner is needed (or read).
     """
-    root = context.layout.root
     trainable = tune.with_resources(tune.with_parameters(train_trial, context=context),
                                     {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
-    if not fresh_start and tune.Tuner.can_restore(str(root)):
-        print(f"resuming sweep from {root}", flush=True)
-        return tune.Tuner.restore(str(root), trainable, resume_unfinished=True, resume_errored=True)
-    runs = spec.runs()
-    grid = [{"name": t.name, "run": t.run.model_dump(mode="json")} for t in spec.trials()]
+    grid = [{"name": t.name, "run": t.run.model_dump(mode="json")} for t in trials]
     return tune.Tuner(
         trainable, param_space={"trial": tune.grid_search(grid)},
         tune_config=tune.TuneConfig(trial_name_creator=trial_name,
                                     trial_dirname_creator=lambda t: trial_dirname(trial_name(t)),
                                     max_concurrent_trials=spec.max_concurrent_trials),
-        run_config=tune.RunConfig(
-            name=root.name, storage_path=str(root.parent), verbose=0,
-            failure_config=tune.FailureConfig(max_failures=spec.max_retries),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-            callbacks=[Progress(sum(r.train.env_steps for r in runs))]))
+        run_config=tune.RunConfig(name=start, storage_path=str(context.layout.tune_root), verbose=0, stop=stopper,
+                                  failure_config=tune.FailureConfig(max_failures=spec.max_retries),
+                                  callbacks=callbacks))
 
 
-def trial_records(result_grid, layout: SweepDir) -> tuple[list[TrialRecord], list[FailedTrial]]:
-    """Finished trials as gather records; failed ones with the last line of their error."""
-    records, failed = [], []
-    for result in result_grid:
-        spec = RunSpec.model_validate(result.config["trial"]["run"])
-        name = result.config["trial"]["name"]
-        if result.error is not None:
-            lines = str(result.error).strip().splitlines()
-            failed.append(FailedTrial(name, lines[-1] if lines else type(result.error).__name__))
-            continue
-        policies = {step: str(path) for step, path in layout.snapshots(name).items()}
-        if spec.train.env_steps not in policies:
-            failed.append(FailedTrial(name, "finished without a final policy snapshot"))
-            continue
-        df = result.metrics_dataframe
-        cols = [c for c in ("env_steps", "eval/return_mean", "q/abs_diff_mean") if df is not None and c in df]
-        history = df[cols].to_dict("records") if cols else []
-        records.append(TrialRecord(name, spec.task, spec.agent.name, TrialId.from_name(name).variant, spec.seed,
-                                   spec.train.frame_skip, policies, history))
-    return records, failed
+def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt) -> dict[str, str]:
+    """Trains the trials that are not done (nor diverged) until each is, or Tune gave up on it; returns
+    ``{trial: error}`` of the latter.
+
+    A trial worker killed from outside (Ray's memory monitor) surfaces in Tune 2.60 as an error its actor manager
+    does not handle ("Caught unexpected exception"), which ends ``fit()``. The trials are then started again in a
+    fresh Tuner, each from its newest checkpoint, as often as that makes progress: after ``max_retries`` such
+    restarts in a row without a new checkpoint anywhere, the remaining trials are left unfinished.
+    """
+    layout, stamp = context.layout, time.strftime("%Y%m%d-%H%M%S")
+    failed: dict[str, str] = {}
+    streak, mark = 0, _progress_mark(layout, spec)
+    for attempt in range(10**6):
+        pending = [t for t in spec.trials() if layout.trial_state(t.name) == "pending" and t.name not in failed]
+        if not pending or interrupt.signum is not None:
+            break
+        progress = Progress(sum(t.run.train.env_steps for t in pending), interrupt)
+        try:
+            build_tuner(spec, context, pending, f"{stamp}-{attempt}", [progress], interrupt).fit()
+            failed.update(progress.failed)
+            break
+        except RuntimeError as e:
+            if not isinstance(e.__cause__, ray.exceptions.RayError):
+                raise
+            failed.update(progress.failed)
+            now = _progress_mark(layout, spec)
+            streak, mark = (0 if now > mark else streak + 1), max(now, mark)
+            cause = " ".join(str(e.__cause__).split())[:300]
+            if streak > spec.max_retries:
+                print(f"a trial worker was killed from outside {streak} times without progress ({cause}); "
+                      f"leaving the unfinished trials for the next start", flush=True)
+                break
+            print(f"a trial worker was killed from outside ({type(e.__cause__).__name__}: {cause}); restarting "
+                  f"the unfinished trials from their checkpoints", flush=True)
+    return failed
+
+
+def _progress_mark(layout: SweepDir, spec: SweepSpec) -> int:
+    """Env steps checkpointed over all trials (grows whenever any trial saves or finishes)."""
+    return sum(max(layout.checkpoint_steps(t.name), default=0) for t in spec.trials())
 
 
 def check_cluster(spec: SweepSpec, sweep_dir: Path, uri: str) -> None:
     """Refusals that save a multi-node sweep from failing late.
 
-    On more than one node, every node must see the storage folder (a marker written here is looked for by a
-    task pinned to each node), a SQLite MLflow store must be reachable by every node the same way, and some
-    node must be able to hold one trial's resources (else Tune would pend forever, ray#19985).
+    Some node must be able to hold one trial's resources (else Tune would pend forever, ray#19985). On more than
+    one node every node must see the storage folder (a marker written here is looked for by a task pinned to each
+    node). A SQLite MLflow store is refused once the nodes span more than one machine (SQLite's locking is not
+    reliable over NFS, and every node would write to it); on one machine it must still be visible to every node.
     """
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     need = {"CPU": spec.resources.cpu, "GPU": spec.resources.gpu}
@@ -192,6 +241,9 @@ def check_cluster(spec: SweepSpec, sweep_dir: Path, uri: str) -> None:
                         f"that much (nodes: {'; '.join(have)})")
     if len(nodes) < 2:
         return
+    problem = sqlite_on_many_machines(uri, nodes)
+    if problem:
+        raise SpecError(problem)
     checks = [("storage_path", sweep_dir)]
     if uri.startswith("sqlite:"):
         checks.append(("tracking.uri", Path(uri.removeprefix("sqlite:///")).parent))
@@ -209,6 +261,17 @@ def check_cluster(spec: SweepSpec, sweep_dir: Path, uri: str) -> None:
             raise SpecError(f"{field}: {folder} is local to the driver's node; nodes {', '.join(blind)} cannot "
                             f"reach it. Use a shared filesystem mounted at the same path on every node or, for "
                             f"MLflow, a tracking server (MLFLOW_TRACKING_URI=http://head:5000)")
+
+
+def sqlite_on_many_machines(uri: str, nodes: list[dict]) -> str | None:
+    """The refusal of a SQLite store when Ray's ``nodes`` span more than one machine (SQLite's locking is not
+    reliable over NFS); None otherwise (one machine: its nodes share a local disk)."""
+    hosts = sorted({n.get("NodeManagerAddress", "") for n in nodes})
+    if not uri.startswith("sqlite:") or len(hosts) < 2:
+        return None
+    return (f"tracking.uri: a SQLite store ({uri}) on a cluster of {len(hosts)} machines: every node would write to "
+            f"one SQLite file over the network, where its locking is not reliable; run an MLflow tracking server and "
+            f"set MLFLOW_TRACKING_URI=http://<head>:5000 (see cluster/README.md)")
 
 
 @ray.remote(num_cpus=0)
@@ -230,53 +293,94 @@ def print_summary(aggregates: list[Aggregate], failed: list[FailedTrial], uri: s
     print(f"\nMLflow: {ui_command(uri)}")
 
 
-def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False) -> int:
-    """Runs (or resumes) the sweep end to end; returns the exit code."""
+def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_partial: bool = False) -> int:
+    """Runs (or resumes, or grows) the sweep end to end; returns the exit code."""
     layout, uri, experiment = resolve_paths(spec)
-    state = sweep_state(layout, spec, fresh)
-    fresh_start = not any(layout.root.glob("experiment_state-*.json"))
+    state = check_folder(layout, spec)
+    if not fresh:  # refused before anything is written; checked again under the lock
+        _refuse(plan(state, spec).problems)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    with SweepLock(layout.lock_file):
+        if fresh and layout.state_file.exists():
+            print(f"--fresh: moved the previous sweep to {move_aside(layout)}", flush=True)
+        p = plan(check_folder(layout, spec), spec)
+        _refuse(p.problems)
+        write_state(layout, p.state)
+        return _run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial)
+
+
+def _refuse(problems: list[str]) -> None:
+    if problems:
+        raise SpecError("\n".join(problems))
+
+
+def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, experiment: str, state: dict,
+                new: list[str], gather_partial: bool) -> int:
+    done = [t.name for t in spec.trials() if layout.trial_state(t.name) == "done"]
+    if not spec.keep_replay:
+        for name in done:  # finished while a driver died before it pruned them
+            prune_chunks(layout.replay(name))
     if not ray.is_initialized():
         with private_ray_token():  # Ray writes a new ~/.ray/auth_token with the umask (0644): keep it 0600
             ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    interrupt = Interrupt()
+    interrupt.install()
     check_cluster(spec, layout.root, uri)
-    tracker = Tracker(uri, experiment, state["sweep_id"], artifact_location=str(layout.mlartifacts))
+    tracker = Tracker(uri, experiment, state["sweep_id"], artifact_location=artifact_location(uri, layout))
     parent = tracker.parent_run(spec.name, spec.model_dump(mode="json", exclude={"agents"}),
                                 {"qed.spec_path": str(spec_path), "qed.git_sha": _git_sha()})
     tracker.log_artifact(parent, spec_path, "spec")
     context = TrialContext(sweep_id=state["sweep_id"], sweep_dir=layout.root, tracking_uri=uri,
                            experiment=experiment, parent_run_id=parent, keep_every=spec.final_eval.keep_every,
-                           gpu_fraction=spec.resources.gpu)
-    print(f"sweep {spec.name}: {len(spec.runs())} trials, results in {layout.root}", flush=True)
-    result_grid = build_tuner(spec, context, fresh_start).fit()
-    records, failed = trial_records(result_grid, layout)
-    for f in failed:  # never leave a run RUNNING: a trial lost with its worker could not close its own
-        tracker.close_failed_trial(f.name, f.error)
+                           gpu_fraction=spec.resources.gpu, keep_replay=spec.keep_replay)
+    print(f"sweep {spec.name}: {len(spec.trials())} trials ({len(done)} done, {len(new)} new), results in "
+          f"{layout.root}", flush=True)
+    failed = train_pending(spec, context, interrupt)
+    records, failures, unfinished = collect(layout, spec, failed)
+    sync_runs(tracker, context.parent_run_id, layout, spec, failures, unfinished)
+    if interrupt.signum is not None and not gather_partial:
+        _best_effort(tracker.end_run, parent, killed=True)
+        print(f"stopped: {len(records)} trials finished, {len(unfinished)} unfinished (resumed by the same command); "
+              f"nothing gathered (--gather-partial gathers what finished)", flush=True)
+        return 128 + interrupt.signum
     aggregates: list[Aggregate] = []
+    gather_ok = True
     try:
-        aggregates = gather(spec.name, state["sweep_id"], records, spec.final_eval, layout, failed).aggregates
-        gather_ok = True
+        aggregates = gather(spec.name, state["sweep_id"], records, spec.final_eval, layout, failures).aggregates
     except Exception as e:  # noqa: BLE001 - report, log what finished, exit non-zero
-        failed.append(FailedTrial("gather", f"{type(e).__name__}: {e}"))
+        failures.append(FailedTrial("gather", f"{type(e).__name__}: {e}"))
         gather_ok = False
-    _log_parent(tracker, parent, aggregates, layout, failed)
-    print_summary(aggregates, failed, uri)
-    return 0 if gather_ok and not failed else 1
+    failures += [FailedTrial(n, "unfinished (its worker kept being killed); run the sweep again to resume it")
+                 for n in unfinished if interrupt.signum is None]
+    _best_effort(_log_parent, tracker, parent, aggregates, layout, failures, killed=interrupt.signum is not None)
+    print_summary(aggregates, failures, uri)
+    if interrupt.signum is not None:
+        return 128 + interrupt.signum
+    return 0 if gather_ok and not failures else 1
 
 
 def _log_parent(tracker: Tracker, parent: str, aggregates: list[Aggregate], layout: SweepDir,
-                failed: list[FailedTrial]) -> None:
+                failed: list[FailedTrial], killed: bool) -> None:
     for a in aggregates:
         tracker.log_metrics(parent, {f"{a.agent}.{a.variant}/{k}": v for k, v in a.headline().items()
                                      if math.isfinite(v)}, step=0)
     if layout.gather.exists():
         tracker.log_artifacts(parent, layout.gather, "gather")
-    tracker.end_run(parent, failed_reason="; ".join(f"{f.name}: {f.error}" for f in failed) or None)
+    reason = "; ".join(f"{f.name}: {f.error}" for f in failed) or None
+    tracker.end_run(parent, failed_reason=None if killed else reason, killed=killed)
+
+
+def _best_effort(call, *args, **kwargs) -> None:
+    """The sweep's closing MLflow calls: a tracking server that is down costs a warning, not the exit code."""
+    try:
+        call(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - the results are in the sweep folder either way
+        print(f"WARNING: MLflow failed at the end of the sweep ({type(e).__name__}: {e}); the results are in the "
+              f"sweep folder", flush=True)
 
 
 def _git_sha() -> str:
     try:
-        import subprocess
-
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
                               cwd=Path(__file__).parent).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
@@ -284,25 +388,30 @@ def _git_sha() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point."""
+    """CLI entry point (exit codes in the module docstring)."""
     p = argparse.ArgumentParser(prog="python -m qed_ray.sweep", description=__doc__.splitlines()[0])
     p.add_argument("spec", type=Path, help="sweep YAML (see sweeps/ and the README's field table)")
-    p.add_argument("--dry-run", action="store_true", help="print the expanded trials and resources, run nothing")
-    p.add_argument("--fresh", action="store_true", help="start a new sweep (the old folder is moved aside)")
+    p.add_argument("--dry-run", action="store_true", help="print the trials, what a run would do with each and the "
+                                                          "resources; run nothing (refuses what a run would refuse)")
+    p.add_argument("--fresh", action="store_true", help="start a new sweep (this sweep's folder is moved aside)")
+    p.add_argument("--gather-partial", action="store_true", help="when stopped by Ctrl-C/SIGTERM, still gather the "
+                                                                 "trials that finished")
     args = p.parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "disable")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0 the legacy reporter prints no tables
-    # Snapshots forced by num_to_keep are what make a restore precise; their warning is noise here.
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Interrupt handles SIGINT and SIGTERM alike
     try:
         spec = load_spec(args.spec)
         if args.dry_run:
             return dry_run(spec)
-        return run_sweep(spec, args.spec.resolve(), args.fresh)
-    except SpecError as e:
+        return run_sweep(spec, args.spec.resolve(), args.fresh, args.gather_partial)
+    except (SpecError, LockHeld) as e:
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":
