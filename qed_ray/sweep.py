@@ -37,7 +37,7 @@ from qed_ray.lock import LockHeld, SweepLock
 from qed_ray.ray_token import private_ray_token
 from qed_ray.replay import prune_chunks
 from qed_ray.spec import SpecError, SweepSpec, Trial, load_spec
-from qed_ray.sweep_state import check_folder, collect, move_aside, plan, resolve_paths, sync_runs, \
+from qed_ray.sweep_state import check_folder, collect, dry_run, move_aside, plan, resolve_paths, sync_runs, \
     write_state
 from qed_ray.tracking import Tracker, artifact_location, ui_command
 from qed_ray.trial import TrialContext, train_trial
@@ -131,35 +131,6 @@ class Progress(tune.Callback):
                 f"{counts.get('RUNNING', 0)} running, {counts.get('PENDING', 0)} pending, "
                 f"{counts.get('ERROR', 0)} failed | env steps {steps:,}/{self.total:,} "
                 f"({100 * steps / max(self.total, 1):.0f}%) | ETA {eta}")
-
-
-def dry_run(spec: SweepSpec) -> int:
-    """Prints the trials, what a run would do with each (from the folder on disk) and the resources; starts
-    nothing. A spec that a real run would refuse is refused the same way (exit 2)."""
-    layout, uri, exp = resolve_paths(spec)
-    p = plan(check_folder(layout, spec), spec)
-    trials = spec.trials()
-    print(f"sweep {spec.name}: {len(trials)} trials -> {layout.root}  (MLflow {uri}, experiment {exp})")
-    for t in trials:
-        r = t.run
-        print(f"  {t.name:48s} env_steps={r.train.env_steps:,} hidden={r.agent.hidden} batch={r.agent.batch_size}"
-              f"  [{_what_next(layout, t, p.new)}]")
-    res = spec.resources
-    total = sum(t.run.train.env_steps for t in trials)
-    print(f"per trial: {res.cpu:g} CPU, {res.gpu:g} GPU; all trials at once: {res.cpu * len(trials):g} CPU, "
-          f"{res.gpu * len(trials):g} GPU; total env steps {total:,}")
-    _refuse(p.problems)
-    return 0
-
-
-def _what_next(layout: SweepDir, trial: Trial, new: list[str]) -> str:
-    if trial.name in new:
-        return "new"
-    state = layout.trial_state(trial.name)
-    if state != "pending":
-        return state
-    steps = layout.checkpoint_steps(trial.name)
-    return f"resume from env step {max(steps):,}" if steps else "start"
 
 
 def build_tuner(spec: SweepSpec, context: TrialContext, trials: list[Trial], start: str,
@@ -298,15 +269,24 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
     layout, uri, experiment = resolve_paths(spec)
     state = check_folder(layout, spec)
     if not fresh:  # refused before anything is written; checked again under the lock
-        _refuse(plan(state, spec).problems)
+        _refuse(plan(state, spec, layout).problems)
     layout.root.mkdir(parents=True, exist_ok=True)
     with SweepLock(layout.lock_file):
         if fresh and layout.state_file.exists():
             print(f"--fresh: moved the previous sweep to {move_aside(layout)}", flush=True)
-        p = plan(check_folder(layout, spec), spec)
+        p = plan(check_folder(layout, spec), spec, layout)
         _refuse(p.problems)
         write_state(layout, p.state)
         return _run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial)
+
+
+def _prune_finished(layout: SweepDir, spec: SweepSpec) -> list[str]:
+    """Deletes finished trials' replay chunks (unless ``keep_replay``), also of trials whose worker ended before it
+    could; returns the finished trials."""
+    done = [t.name for t in spec.trials() if layout.trial_state(t.name) == "done"]
+    for name in done if not spec.keep_replay else []:
+        prune_chunks(layout.replay(name))
+    return done
 
 
 def _refuse(problems: list[str]) -> None:
@@ -316,10 +296,7 @@ def _refuse(problems: list[str]) -> None:
 
 def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, experiment: str, state: dict,
                 new: list[str], gather_partial: bool) -> int:
-    done = [t.name for t in spec.trials() if layout.trial_state(t.name) == "done"]
-    if not spec.keep_replay:
-        for name in done:  # finished while a driver died before it pruned them
-            prune_chunks(layout.replay(name))
+    done = _prune_finished(layout, spec)
     if not ray.is_initialized():
         with private_ray_token():  # Ray writes a new ~/.ray/auth_token with the umask (0644): keep it 0600
             ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
@@ -336,6 +313,7 @@ def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, ex
     print(f"sweep {spec.name}: {len(spec.trials())} trials ({len(done)} done, {len(new)} new), results in "
           f"{layout.root}", flush=True)
     failed = train_pending(spec, context, interrupt)
+    _prune_finished(layout, spec)
     records, failures, unfinished = collect(layout, spec, failed)
     sync_runs(tracker, context.parent_run_id, layout, spec, failures, unfinished)
     if interrupt.signum is not None and not gather_partial:

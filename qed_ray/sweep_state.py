@@ -31,7 +31,7 @@ from qed_ray.analysis import FailedTrial, TrialRecord
 from qed_ray.atomic import write_json
 from qed_ray.layout import SweepDir, TrialId
 from qed_ray.naming import identity, identity_changes, parse_variant, show_setting
-from qed_ray.spec import SpecError, SweepSpec
+from qed_ray.spec import SpecError, SweepSpec, Trial
 from qed_ray.tracking import Tracker, TrialRun, default_tracking_uri
 
 STATE_FORMAT = 2
@@ -162,8 +162,12 @@ class Plan:
     problems: list[str] = field(default_factory=list)  # refusals, one line each, each naming its field
 
 
-def plan(state: dict | None, spec: SweepSpec) -> Plan:
-    """Compares the spec with ``sweep.json`` (None: a new sweep); the returned state records every trial."""
+def plan(state: dict | None, spec: SweepSpec, layout: SweepDir | None = None) -> Plan:
+    """Compares the spec with ``sweep.json`` (None: a new sweep); the returned state records every trial.
+
+    With ``layout``, recorded trials that never started (nothing of theirs in the folder, say after a start that
+    was refused by a cluster check) are not held to their recorded identity: they may change or be dropped.
+    """
     current = trial_identities(spec)
     if state is None:
         state = {"sweep_id": uuid.uuid4().hex[:12], "created": time.time(), "trials": {}}
@@ -174,10 +178,18 @@ def plan(state: dict | None, spec: SweepSpec) -> Plan:
                                          "sweep.json predates per-trial identities, so the change cannot be "
                                          "named; restore the spec, or start over with --fresh or another name"])
         recorded = dict(current)
+    if layout is not None:
+        recorded = {n: i for n, i in recorded.items() if _started(layout, n)}
     new = [n for n in current if n not in recorded]
     state = {**state, "format": STATE_FORMAT, "name": spec.name, "fingerprint": spec.fingerprint(),
              "trials": {**recorded, **{n: current[n] for n in new}}}
     return Plan(state, new, _problems(recorded, current, spec))
+
+
+def _started(layout: SweepDir, name: str) -> bool:
+    """Whether the trial left anything in the folder (a Tune folder, a checkpoint, a policy or replay folder)."""
+    return bool(layout.trial_dirs(name)) or any(p.exists() for p in (layout.checkpoints(name), layout.policies(name),
+                                                                     layout.replay(name)))
 
 
 def _problems(recorded: dict, current: dict, spec: SweepSpec) -> list[str]:
@@ -249,6 +261,37 @@ def _dropped_field(trial: TrialId, spec: SweepSpec) -> str:
     if trial.seed not in spec.seeds:
         return "seeds"
     return "agents"
+
+
+# ---- --dry-run ----------------------------------------------------------------------------------------------
+def dry_run(spec: SweepSpec) -> int:
+    """Prints the trials, what a run would do with each (from the folder on disk) and the resources; starts
+    nothing. A spec that a real run would refuse is refused the same way (exit 2)."""
+    layout, uri, exp = resolve_paths(spec)
+    p = plan(check_folder(layout, spec), spec, layout)
+    trials = spec.trials()
+    print(f"sweep {spec.name}: {len(trials)} trials -> {layout.root}  (MLflow {uri}, experiment {exp})")
+    for t in trials:
+        r = t.run
+        print(f"  {t.name:48s} env_steps={r.train.env_steps:,} hidden={r.agent.hidden} batch={r.agent.batch_size}"
+              f"  [{_what_next(layout, t, p.new)}]")
+    res = spec.resources
+    total = sum(t.run.train.env_steps for t in trials)
+    print(f"per trial: {res.cpu:g} CPU, {res.gpu:g} GPU; all trials at once: {res.cpu * len(trials):g} CPU, "
+          f"{res.gpu * len(trials):g} GPU; total env steps {total:,}")
+    if p.problems:
+        raise SpecError("\n".join(p.problems))
+    return 0
+
+
+def _what_next(layout: SweepDir, trial: Trial, new: list[str]) -> str:
+    if trial.name in new:
+        return "new"
+    state = layout.trial_state(trial.name)
+    if state != "pending":
+        return state
+    steps = layout.checkpoint_steps(trial.name)
+    return f"resume from env step {max(steps):,}" if steps else "start"
 
 
 # ---- what the folder holds after training ---------------------------------------------------------------

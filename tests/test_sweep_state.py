@@ -16,6 +16,7 @@ from qed_ray.spec import SweepSpec
 from qed_ray.sweep_state import check_folder, collect, move_aside, plan, sync_runs, write_state
 from qed_ray.tracking import Tracker
 
+SEED0 = "cartpole-balance/sac_ln/te/0"
 BASE = {"name": "s", "tasks": ["cartpole-balance"], "seeds": 2,
         "agents": [{"name": "sac_ln", "overrides": {"hidden": 16}, "temperatures": [{"kind": "te"}]}],
         "train": {"env_steps": 2000, "eval_every": 1000, "warmup_decisions": 100}}
@@ -295,3 +296,13 @@ def test_failed_trials_are_summed_up_by_the_line_that_says_why():
     assert sqlite_on_many_machines("http://head:5000", two_machines) is None
     assert sqlite_on_many_machines("sqlite:////shared/mlflow.db", two_machines).startswith(
         "tracking.uri: a SQLite store (sqlite:////shared/mlflow.db) on a cluster of 2 machines")
+
+
+def test_trials_that_never_started_may_still_change_or_go(tmp_path):
+    layout = SweepDir(tmp_path / "s")
+    state = plan(None, _spec(seeds=3)).state  # recorded by a start that a cluster check then refused, say
+    layout.checkpoint(SEED0, 1000).mkdir(parents=True)  # only seed 0 got anywhere
+    fewer = plan(state, _spec(seeds=1), layout)
+    assert not fewer.problems and sorted(fewer.state["trials"]) == [SEED0]
+    changed = plan(state, _spec(seeds=1, train={**BASE["train"], "warmup_decisions": 200}), layout)
+    assert [p.split(":")[0] for p in changed.problems] == ["train.warmup_decisions"], "a started trial still may not"
