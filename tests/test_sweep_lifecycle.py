@@ -85,7 +85,8 @@ def test_second_driver_outage_ctrl_c_then_growth_against_a_moved_server(tmp_path
                                             "heartbeat": time.time(), "token": "stale"}))
     finished_files = _files(layout.policies(SEED(0))) | _files(layout.checkpoints(SEED(0)))
     finished_run = by_trial[SEED(0)]
-    spec.write_text(yaml.safe_dump({**yaml.safe_load(spec.read_text()), "seeds": 3}))
+    # (Two trials at a time now: how many run at once is not part of what a trial is.)
+    spec.write_text(yaml.safe_dump({**yaml.safe_load(spec.read_text()), "seeds": 3, "max_concurrent_trials": 2}))
     proc = run_sweep_cli(spec, env=cli_env(MLFLOW_TRACKING_URI=server.url))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"taking over the sweep's stale lock: its driver (pid {dead.pid} on this host) is gone" in proc.stdout
