@@ -97,11 +97,9 @@ def test_resume_checks_the_settings_and_a_finished_run_keeps_its_summary(tmp_pat
                              f"<default>, this run gives 0.98")
     assert main([*TINY[:2], "--env-steps", "1000", *TINY[4:], "--out", str(out)]) == 2
     assert "train.env_steps: 1,000 is below the 2,000 env steps" in capsys.readouterr().err
-    # A larger budget (and another device or thread count) continues the same run.
-    assert main([*TINY[:2], "--env-steps", "3000", *TINY[4:], "--threads", "2", "--out", str(out)]) == 0
-    assert "resumed cartpole-balance/sac_ln/te/0" in capsys.readouterr().out
-    assert [json.loads(x)["env_steps"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1000, 2000,
-                                                                                                       3000]
-    assert json.loads((out / "summary.json").read_text())["env_steps"] == 3000
+    # How the run executes is not what it is: another thread count passes the check (and finds the run finished;
+    # a larger --env-steps continuing it is test_checkpoint.py's exact-resume case).
+    assert main([*TINY, "--threads", "2", "--out", str(out)]) == 0
+    assert "already finished" in capsys.readouterr().out and (out / "summary.json").read_bytes() == summary
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "metrics.jsonl", "replay", "run.json",
                                                      "summary.json"], "no staging or old checkpoint folder is left"
