@@ -11,7 +11,8 @@ Every refusal here happens before anything is created on disk or a cluster is jo
 (:func:`qed_ray.naming.identity`: task, agent, seed and each non-default setting). A later start compares the
 spec's trials with it: new trials (more seeds, tasks, temperature values, agents, any grid value) are added;
 a trial whose settings changed, a trial whose name changed (a setting became or stopped being a grid axis) and a
-trial the spec no longer has are refused, each problem naming its field.
+trial the spec no longer has are refused, each problem naming its field (a trial that never started holds nothing
+and may still change or go). :func:`dry_run` shows the same refusals and what a run would do with each trial.
 
 After training, :func:`collect` reads the outcome of every trial from the folder (``DONE.json``, ``DIVERGED.json``,
 the history) and :func:`sync_runs` brings the MLflow runs in line with it.
