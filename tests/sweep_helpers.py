@@ -121,34 +121,16 @@ class MlflowServer:
             return False
 
     def stop(self) -> None:
-        """Stops the server and its workers (SIGTERM, then SIGKILL)."""
-        if self.proc is None or self.proc.poll() is not None:
+        """Stops the server and everything in its process group (SIGTERM, then SIGKILL for whatever is left)."""
+        if self.proc is None:
             return
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.proc.pid, sig)
-                self.proc.wait(timeout=30)
-                return
-            except ProcessLookupError:
-                return
-            except subprocess.TimeoutExpired:
-                continue
-
-
-def sweep_runs(sweep_dir: Path, experiment: str, uri: str | None = None):
-    """All MLflow runs of the sweep in ``sweep_dir`` (its SQLite store, or the tracking server at ``uri``), via the
-    project's tracker."""
-    from qed_ray.tracking import Tracker
-
-    layout = SweepDir(sweep_dir)
-    state = json.loads(layout.state_file.read_text())
-    tracker = Tracker(uri or f"sqlite:///{layout.mlflow_db}", experiment, state["sweep_id"])
-    return tracker, tracker.runs()
-
-
-def done_markers(sweep_dir: Path) -> list[Path]:
-    """The DONE markers of the sweep's finished trials, sorted (none before any trial saved a policy)."""
-    layout = SweepDir(sweep_dir)
-    if not layout.policies_root.is_dir():
-        return []
-    return sorted(p for p in (layout.done_marker(t.name) for t in layout.trials()) if p.exists())
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # workers that outlived the server
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
