@@ -134,3 +134,22 @@ class MlflowServer:
         except ProcessLookupError:
             pass
         self.proc.wait()
+
+
+def sweep_runs(sweep_dir: Path, experiment: str, uri: str | None = None):
+    """All MLflow runs of the sweep in ``sweep_dir`` (its SQLite store, or the tracking server at ``uri``), via the
+    project's tracker."""
+    from qed_ray.tracking import Tracker
+
+    layout = SweepDir(sweep_dir)
+    state = json.loads(layout.state_file.read_text())
+    tracker = Tracker(uri or f"sqlite:///{layout.mlflow_db}", experiment, state["sweep_id"])
+    return tracker, tracker.runs()
+
+
+def done_markers(sweep_dir: Path) -> list[Path]:
+    """The DONE markers of the sweep's finished trials, sorted (none before any trial saved a policy)."""
+    layout = SweepDir(sweep_dir)
+    if not layout.policies_root.is_dir():
+        return []
+    return sorted(p for p in (layout.done_marker(t.name) for t in layout.trials()) if p.exists())

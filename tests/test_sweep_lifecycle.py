@@ -41,8 +41,15 @@ def _steps(tracker, run) -> list[int]:
     return sorted(m.step for m in tracker.client.get_metric_history(run.info.run_id, "eval/return_mean"))
 
 
-def test_second_driver_outage_ctrl_c_then_growth_against_a_moved_server(tmp_path):
+@pytest.fixture
+def server(tmp_path):
+    """A real tracking server, stopped at the end whatever happens."""
     server = MlflowServer(tmp_path / "mlflow").start()
+    yield server
+    server.stop()
+
+
+def test_second_driver_outage_ctrl_c_then_growth_against_a_moved_server(tmp_path, server):
     spec = tiny_spec(tmp_path, "life", seeds=2, max_concurrent_trials=1, train=TRAIN)
     layout = SweepDir(tmp_path / "results" / "life")
     driver = start_sweep(spec, tmp_path / "start1.log", env=cli_env(MLFLOW_TRACKING_URI=server.url))
@@ -125,7 +132,6 @@ def test_second_driver_outage_ctrl_c_then_growth_against_a_moved_server(tmp_path
     assert refused.returncode == 2 and line.startswith("error: train.eval_episodes: this sweep's 3 trial(s) ran with "
                                                        "1 (e.g. cartpole-balance/sac_ln/te/0), the spec now gives 2")
     assert line.count("eval_episodes") == 1 and layout.state_file.read_text() == state
-    server.stop()
 
 
 def _meminfo() -> tuple[int, int]:
