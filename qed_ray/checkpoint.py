@@ -11,11 +11,12 @@ import hashlib
 import json
 import os
 import platform
-import shutil
 from importlib import metadata
 from pathlib import Path
 
 import torch
+
+from qed_ray.atomic import atomic_file, write_json
 
 STATE_FILE = "state.pt"
 MANIFEST_FILE = "manifest.json"
@@ -69,12 +70,11 @@ def save_checkpoint(directory: str | os.PathLike, agent_state: dict, manifest: d
     if missing:
         raise ValueError(f"manifest: missing fields {missing}")
     state_path = directory / STATE_FILE
-    torch.save(agent_state, state_path)
+    with atomic_file(state_path) as tmp:
+        torch.save(agent_state, tmp)
     full = {**manifest, "format_version": FORMAT_VERSION, "versions": package_versions(),
             "state_sha256": _sha256(state_path)}
-    tmp = directory / (MANIFEST_FILE + ".tmp")
-    tmp.write_text(json.dumps(full, indent=1))
-    os.replace(tmp, directory / MANIFEST_FILE)  # the manifest last: its presence marks a complete checkpoint
+    write_json(directory / MANIFEST_FILE, full, indent=1)  # the manifest last: it marks a complete checkpoint
     return directory
 
 
@@ -142,16 +142,3 @@ def load_checkpoint(directory: str | os.PathLike, expect: dict | None = None,
     except Exception as e:  # noqa: BLE001 - any unpickling failure means the same thing to the user
         raise CheckpointError(f"{state_path}: cannot be loaded ({type(e).__name__}: {e})") from e
     return state, manifest
-
-
-def replace_dir(src: str | os.PathLike, dst: str | os.PathLike) -> None:
-    """Moves a finished checkpoint folder over ``dst`` so readers never see a half-written one."""
-    dst = Path(dst)
-    old = dst.with_name(dst.name + ".old")
-    if old.exists():
-        shutil.rmtree(old)
-    if dst.exists():
-        os.replace(dst, old)
-    os.replace(src, dst)
-    if old.exists():
-        shutil.rmtree(old)

@@ -6,17 +6,26 @@ manifest catches corruption, not someone who rewrites both. So at its end a tria
 ``state.pt`` and a digest of every snapshot it kept (:func:`recorded_values`). Before using a trial's snapshots
 the gather step hashes the files again and compares (:func:`verify`); a mismatch refuses the group and names the
 file.
+
+The trial also writes the same values into its ``DONE.json`` (under :data:`DONE_KEY`) before it tries MLflow: the
+tracking server may be down when the trial ends, and the driver then records them from there when it answers
+(:func:`done_checksums`). They are fixed at the trial's end either way; what the gather step trusts is only ever
+the value in MLflow.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from qed_ray.checkpoint import MANIFEST_FILE, STATE_FILE, read_manifest
 from qed_ray.layout import SweepDir
 from qed_ray.results import TrialRecord
+
+
+DONE_KEY = "checksums"  # DONE.json: the final metrics and, under this key, the checksums to record
 
 
 class TamperedSnapshotError(RuntimeError):
@@ -54,6 +63,15 @@ def recorded_values(layout: SweepDir, name: str) -> Recorded:
     if not checksums:
         raise FileNotFoundError(f"{layout.policies(name)}: no complete policy snapshot to record")
     return Recorded(checksums[max(checksums)], digest(checksums))
+
+
+def done_checksums(layout: SweepDir, name: str) -> Recorded:
+    """What a finished trial records: the values it wrote into its ``DONE.json`` at its end, or, for a trial that
+    finished before ``DONE.json`` kept them, the values its snapshot manifests state."""
+    stored = json.loads(layout.done_marker(name).read_text()).get(DONE_KEY)
+    if isinstance(stored, dict) and {"policy_sha256", "snapshots_sha256"} <= set(stored):
+        return Recorded(str(stored["policy_sha256"]), str(stored["snapshots_sha256"]))
+    return recorded_values(layout, name)
 
 
 def verify(record: TrialRecord, recorded: Recorded) -> None:

@@ -1,11 +1,15 @@
 """The gather step: a sweep's cross-seed metrics while it runs, and its re-analysis command.
 
-While a sweep runs, one named actor per sweep (:class:`Gatherer`) hears of every trial as it finishes or fails
-(:class:`GatherFeed`, a Tune callback; the driver also hands it the trials already done when it starts). As soon
-as every seed of a (task, agent, variant) group has finished or failed, the group is evaluated as a Ray task with
-its own resources (:func:`group_task_resources`), in parallel with training, and cached
-(:mod:`qed_ray.group_cache`); then the tables and figures are rewritten and logged to the sweep's MLflow parent
-run. A restarted driver finds every unchanged group in the cache and evaluates nothing again.
+While a driver start runs, one named actor per sweep (:class:`Gatherer`) hears of every trial as it finishes or
+fails (:class:`GatherFeed`, a Tune callback added to every Tuner of this start, so the actor outlives a Tuner that
+is restarted after Ray killed a worker; the driver also hands it the trials the folder shows done or diverged when
+it starts). What a trial's ending means is read from the folder (``DONE.json``, ``DIVERGED.json``): a trial Tune
+calls complete because the sweep was stopped is neither. As soon as every seed of a (task, agent, variant) group
+has finished or failed, the group is evaluated as a Ray task with its own resources (:func:`group_task_resources`),
+in parallel with training, and cached (:mod:`qed_ray.group_cache`); then the tables and figures are rewritten and
+logged to the sweep's MLflow parent run (best-effort: the files in ``gather/`` are the record). A restarted driver
+finds every unchanged group in the cache and evaluates nothing again. A group that left a finished trial out
+because its checksums were not (yet) in MLflow is gathered again at the end, after the driver has recorded them.
 
 ``python -m qed_ray.gather SWEEP_DIR [--episodes N --bootstrap-reps N ...]`` recomputes the gather outputs from
 the saved policies with other final-evaluation settings, in this process: no Ray, no retraining.
@@ -27,7 +31,7 @@ from qed_ray import group_cache, tables
 from qed_ray.layout import SweepDir
 from qed_ray.reanalyze import main, write_results  # main: python -m qed_ray.gather
 from qed_ray.results import FailedTrial, GroupKey, GroupResult, SweepResults
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.spec import FinalEvalSpec, SweepSpec
 from qed_ray.tracking import Tracker, metric_key
 
 NAMESPACE = "qed_ray"
@@ -135,21 +139,31 @@ class Gatherer:
         self.dirty = False
         self.refresher: asyncio.Task | None = None
         self.tracker: Tracker | None = None
+        self.retry: set[GroupKey] = set()  # groups to gather again at the end (checksums not recorded yet)
+        self.mlflow_down = False
 
     async def trial_finished(self, name: str, live: bool = True) -> None:
-        """A trial finished (DONE.json written); idempotent. ``live``: it finished now, not before this start."""
-        if name in self.group_of and name not in self.finished:
+        """A trial ended; the folder says how (idempotent). ``DONE.json``: it finished; ``DIVERGED.json``: it failed
+        for good; neither (stopped with the sweep): nothing, a later start resumes it. ``live``: it ended now, not
+        before this start."""
+        if name not in self.group_of or name in self.finished:
+            return
+        state = self.layout.trial_state(name)
+        if state == "diverged":
+            await self.trial_failed(name, self.layout.diverged_reason(name), live)
+        elif state == "done":
             self.finished.add(name)
             self.failed.pop(name, None)
             if live:
                 self.seen_at[name] = time.time()
             self._start_if_complete(self.group_of[name])
 
-    async def trial_failed(self, name: str, error: str) -> None:
-        """A trial failed for good (no retries left); it is left out of its group."""
+    async def trial_failed(self, name: str, error: str, live: bool = True) -> None:
+        """A trial failed for good (no retries left, or diverged); it is left out of its group."""
         if name in self.group_of and name not in self.finished:
             self.failed[name] = error
-            self.seen_at[name] = time.time()
+            if live:
+                self.seen_at[name] = time.time()
             self._start_if_complete(self.group_of[name])
 
     def _start_if_complete(self, key: GroupKey) -> None:
@@ -187,7 +201,13 @@ class Gatherer:
             self.refresher = asyncio.get_running_loop().create_task(self._refresh_loop())
 
     def _prepare(self, key: GroupKey, finished: list[str]) -> group_cache.GroupJob:
-        recorded = self._tracker().recorded_checksums()
+        try:
+            recorded = self._tracker().recorded_checksums()
+        except Exception:
+            self.retry.add(key)  # MLflow unreachable: the snapshots cannot be checked now
+            raise
+        if any(n not in recorded for n in finished):
+            self.retry.add(key)  # a trial whose MLflow run was down at its end: the driver records it later
         job = group_cache.prepare(self.layout, key, finished, recorded, self.plan.final_eval)
         for f in job.excluded:
             self.excluded[f.name] = f
@@ -209,14 +229,42 @@ class Gatherer:
         results = tables.sweep_results(p.sweep, p.final_eval, list(self.results.values()),
                                        sorted(self.excluded.values(), key=lambda f: f.name), len(self.group_of))
         new = [g for g in results.groups if g.key not in self.logged_at]
-        if p.parent_run_id is not None:  # the rows first: figures take seconds to draw
-            log_rows(self._tracker(), p.parent_run_id, results, new)
-        now = time.time()
-        self.logged_at.update({g.key: now for g in new})
+        # The rows first (figures take seconds to draw); MLflow is a mirror: gather/ is written either way.
+        if self._mirror(log_rows, results, new):
+            now = time.time()
+            self.logged_at.update({g.key: now for g in new})
         write_results(results, self.layout)
-        if p.parent_run_id is not None:
-            log_files(self._tracker(), p.parent_run_id, self.layout)
+        self._mirror(log_files, self.layout)
         return results
+
+    def _mirror(self, log, *args) -> bool:
+        """One logging call to the parent run, best-effort (one warning per outage); False if it failed."""
+        if self.plan.parent_run_id is None:
+            return False
+        try:
+            log(self._tracker(), self.plan.parent_run_id, *args)
+        except Exception as e:  # noqa: BLE001 - any failure of the tracking store; the next refresh tries again
+            if not self.mlflow_down:
+                print(f"WARNING: gather: MLflow failed ({_cause(e)}); the results are in {self.layout.gather} and "
+                      f"are logged when it answers again", flush=True)
+            self.mlflow_down = True
+            return False
+        self.mlflow_down = False
+        return True
+
+    def _again(self, key: GroupKey) -> None:
+        """Forgets a gathered group's outcome and gathers it again."""
+        self.retry.discard(key)
+        for n in self.plan.groups[key]:
+            if n in self.finished:
+                self.excluded.pop(n, None)
+        self.results.pop(key, None)
+        self.logged_at.pop(key, None)
+        for done in (self.evaluated, self.from_cache):
+            if key.name in done:
+                done.remove(key.name)
+        del self.jobs[key]
+        self._start_if_complete(key)
 
     async def finish(self, failed: list[FailedTrial]) -> dict:
         """The sweep ended: the given failures are final, unfinished trials are left out, every group is gathered.
@@ -226,14 +274,19 @@ class Gatherer:
             where a delay is the time from a group's last trial finishing to its row in MLflow (for groups whose
             last trial finished while this driver ran).
         """
-        for f in failed:
+        for f in failed:  # the driver's reasons are the final ones (the callback only knew that Tune gave up)
             if f.name in self.group_of and f.name not in self.finished:
                 self.failed[f.name] = f.error
+                if f.name in self.excluded:
+                    self.excluded[f.name] = f
         for name in self.group_of:
             if name not in self.finished and name not in self.failed:
                 self.failed[name] = "did not finish"
         for key in self.plan.groups:
             self._start_if_complete(key)
+        await asyncio.gather(*self.jobs.values())
+        for key in sorted(self.retry):  # once, now that the driver has recorded what MLflow missed
+            self._again(key)
         await asyncio.gather(*self.jobs.values())
         if self.refresher is not None:
             await self.refresher
@@ -247,8 +300,8 @@ class Gatherer:
 
 
 class GatherFeed(tune.Callback):
-    """Tells the sweep's gather actor (looked up by name, so a restored Tuner's pickled copy still finds the live
-    one) about every trial that finishes or fails for good."""
+    """Tells the sweep's gather actor about every trial that ends or fails for good; the actor is looked up by name
+    at each call, so the feed of every Tuner of a driver start reaches the one live actor."""
 
     def __init__(self, name: str):
         self.name = name
@@ -269,8 +322,19 @@ class GatherFeed(tune.Callback):
         self._tell("trial_failed", trial.config["trial"]["name"], "failed (see its error.txt)")
 
 
+def launch(spec: SweepSpec, layout: SweepDir, sweep_id: str, uri: str, experiment: str, parent_run_id: str):
+    """Starts the sweep's gather actor for this driver start, handing it the trials the folder shows ended."""
+    names = [t.name for t in spec.trials()]
+    resources, in_flight = group_task_resources(
+        [n for n in ray.nodes() if n.get("Alive")], spec.resources.cpu, spec.resources.gpu, len(names),
+        spec.max_concurrent_trials)
+    plan = GatherPlan(spec.name, sweep_id, str(layout.root), spec.final_eval, group_cache.plan_groups(names), uri,
+                      experiment, parent_run_id, resources, in_flight)
+    return start(plan, [n for n in names if layout.trial_state(n) != "pending"])
+
+
 def start(plan: GatherPlan, done: list[str]):
-    """Starts the sweep's gather actor and hands it the trials already done (their groups start at once)."""
+    """Starts the sweep's gather actor and hands it the trials already done or diverged (groups start at once)."""
     # On the driver's node: it lives and dies with the driver, never with a worker node the autoscaler removes.
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     actor = Gatherer.options(name=actor_name(plan.sweep, plan.sweep_id), namespace=NAMESPACE,
@@ -285,6 +349,12 @@ def finish(actor, failed: list[FailedTrial]) -> dict:
         return ray.get(actor.finish.remote(failed))
     finally:
         ray.kill(actor)
+
+
+def stop(actor) -> None:
+    """Stops the actor without a final gather (the sweep was interrupted): the groups it gathered stay cached and
+    their rows and figures stay in ``gather/`` and MLflow; evaluations in flight are dropped (redone next start)."""
+    ray.kill(actor)
 
 
 if __name__ == "__main__":

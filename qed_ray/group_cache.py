@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 
 from qed_ray.analysis import evaluate_group, trial_record
+from qed_ray.atomic import write_json
 from qed_ray.checkpoint import CheckpointError, read_manifest
 from qed_ray.checksums import Recorded, verify
 from qed_ray.layout import SweepDir, TrialId
@@ -45,12 +45,8 @@ def load(layout: SweepDir, key: str) -> GroupResult | None:
 
 
 def store(layout: SweepDir, key: str, result: GroupResult) -> None:
-    """Writes the evaluation under ``key`` (atomically: a reader never sees half a file)."""
-    path = layout.cached_group(key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"key": key, "analysis_version": ANALYSIS_VERSION, "group": result.to_json()}))
-    os.replace(tmp, path)
+    """Writes the evaluation under ``key`` (atomically and durably: a reader never sees half a file)."""
+    write_json(layout.cached_group(key), {"key": key, "analysis_version": ANALYSIS_VERSION, "group": result.to_json()})
 
 
 def plan_groups(names: list[str]) -> dict[GroupKey, list[str]]:

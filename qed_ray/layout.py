@@ -8,6 +8,7 @@ name ``task__agent__variant__sSEED`` and back. The README's "Where results land"
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -22,10 +23,14 @@ SNAPSHOT_DIGITS = 10  # policy snapshot folders are zero-padded env steps, so th
 # the SweepDir member that builds it; tests/test_layout.py checks the README and the members against this.
 DOCUMENTED: dict[str, str] = {
     "sweep.json": "state_file",
-    "<task>__<agent>__<variant>__s<seed>/": "trial_dir",
+    "sweep.lock": "lock_file",
+    "checkpoints/<trial>/<env_steps>/": "checkpoint",
     "policies/<trial>/<env_steps>/": "snapshot",
+    "policies/<trial>/history.json": "history",
     "policies/<trial>/DONE.json": "done_marker",
+    "policies/<trial>/DIVERGED.json": "diverged_marker",
     "replay/<trial>/": "replay",
+    "tune/<start>/<task>__<agent>__<variant>__s<seed>/": "trial_dir",
     "gather/results.json": "results_json",
     "gather/aggregates.csv": "aggregates_csv",
     "gather/groups.csv": "groups_csv",
@@ -108,8 +113,18 @@ class SweepDir:
     # ---- the sweep --------------------------------------------------------------------------------------
     @property
     def state_file(self) -> Path:
-        """``sweep.json``: the sweep's stable id and grid fingerprint."""
+        """``sweep.json``: the sweep's stable id, name and the identity of every trial it holds."""
         return self.root / "sweep.json"
+
+    @property
+    def lock_file(self) -> Path:
+        """``sweep.lock``: held by the one driver running this sweep (host, pid, start, heartbeat)."""
+        return self.root / "sweep.lock"
+
+    @property
+    def tune_root(self) -> Path:
+        """``tune/``: Ray Tune's folders, one per driver start (logs only; never read back to resume)."""
+        return self.root / "tune"
 
     @property
     def policies_root(self) -> Path:
@@ -171,9 +186,28 @@ class SweepDir:
         return self.root / "mlartifacts"
 
     # ---- one trial ---------------------------------------------------------------------------------------
-    def trial_dir(self, name: str) -> Path:
-        """Tune's folder of the trial (progress.csv, result.json, its last checkpoints, error.txt)."""
-        return self.root / trial_dirname(name)
+    def trial_dir(self, name: str, start: str) -> Path:
+        """Tune's folder of the trial in driver start ``start`` (progress.csv, result.json, error.txt)."""
+        return self.tune_root / start / trial_dirname(name)
+
+    def trial_dirs(self, name: str) -> list[Path]:
+        """Tune's folders of the trial, one per driver start that ran it, oldest start first."""
+        if not self.tune_root.is_dir():
+            return []
+        return [d / trial_dirname(name) for d in sorted(self.tune_root.iterdir())
+                if (d / trial_dirname(name)).is_dir()]
+
+    def checkpoints(self, name: str) -> Path:
+        """The trial's full checkpoints (the newest two are kept): what a resumed or retried trial restores."""
+        return self.root / "checkpoints" / trial_dirname(name)
+
+    def checkpoint(self, name: str, env_steps: int) -> Path:
+        """The trial's full checkpoint at ``env_steps`` (zero-padded, so folders sort by step)."""
+        return self.checkpoints(name) / f"{int(env_steps):0{SNAPSHOT_DIGITS}d}"
+
+    def checkpoint_steps(self, name: str) -> dict[int, Path]:
+        """``{env_steps: folder}`` of the trial's complete full checkpoints (manifest present), ascending."""
+        return _complete_steps(self.checkpoints(name))
 
     def policies(self, name: str) -> Path:
         """The trial's policy snapshot folder."""
@@ -187,18 +221,41 @@ class SweepDir:
         """Written (atomically) with the final metrics when the trial has finished."""
         return self.policies(name) / "DONE.json"
 
+    def diverged_marker(self, name: str) -> Path:
+        """Written when the trial diverged (NaN/inf): its reason and env step. The trial is final, never retried."""
+        return self.policies(name) / "DIVERGED.json"
+
+    def history(self, name: str) -> Path:
+        """The trial's metrics at every evaluation so far, each with the time it was recorded: what its MLflow run
+        mirrors. (The gather step and ``--status`` read the evaluation history in the snapshot manifests.)"""
+        return self.policies(name) / "history.json"
+
+    def read_history(self, name: str) -> list[dict]:
+        """The trial's recorded evaluations, oldest first: ``[{"time_ms": ..., "metrics": {...}}]`` (``[]``
+        before its first one)."""
+        path = self.history(name)
+        return json.loads(path.read_text()) if path.exists() else []
+
+    def diverged_reason(self, name: str) -> str:
+        """The reason ``DIVERGED.json`` records (``diverged`` if it cannot be read)."""
+        try:
+            return str(json.loads(self.diverged_marker(name).read_text()).get("reason", "diverged"))
+        except (OSError, ValueError, AttributeError):
+            return "diverged"
+
+    def trial_state(self, name: str) -> str:
+        """``done`` (DONE.json), ``diverged`` (DIVERGED.json) or ``pending`` (to train or resume)."""
+        if self.done_marker(name).exists():
+            return "done"
+        return "diverged" if self.diverged_marker(name).exists() else "pending"
+
     def replay(self, name: str) -> Path:
         """The trial's replay chunks (append-only; a checkpoint never rewrites the buffer)."""
         return self.root / "replay" / trial_dirname(name)
 
     def snapshots(self, name: str) -> dict[int, Path]:
         """``{env_steps: folder}`` of the trial's complete snapshots (a checkpoint manifest present), ascending."""
-        root = self.policies(name)
-        if not root.is_dir():
-            return {}
-        found = {int(d.name): d for d in root.iterdir()
-                 if d.is_dir() and d.name.isdigit() and (d / MANIFEST_FILE).exists()}
-        return dict(sorted(found.items()))
+        return _complete_steps(self.policies(name))
 
     def final_snapshot(self, name: str) -> Path:
         """The trial's snapshot with the most env steps; raises FileNotFoundError if it has none."""
@@ -220,3 +277,12 @@ class SweepDir:
             except ValueError:
                 continue
         return out
+
+
+def _complete_steps(root: Path) -> dict[int, Path]:
+    """``{env_steps: folder}`` of the step folders under ``root`` that hold a manifest (staging folders, named
+    ``.<step>.tmp-*``, never count), ascending."""
+    if not root.is_dir():
+        return {}
+    found = {int(d.name): d for d in root.iterdir() if d.is_dir() and d.name.isdigit() and (d / MANIFEST_FILE).exists()}
+    return dict(sorted(found.items()))

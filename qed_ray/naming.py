@@ -11,6 +11,7 @@ whole sweep shares belong to the sweep's identity, not to every trial's name.
 from __future__ import annotations
 
 import functools
+import json
 import re
 from typing import Any, Iterable
 
@@ -134,3 +135,21 @@ def parse_variant(label: str) -> dict[str, dict[str, Any]]:
             node = node.setdefault(key, {})
         node[leaf] = parse_value(text)
     return out
+
+
+# How a run executes, not what it learns: a resume may change these freely.
+EXECUTION_SETTINGS = frozenset({"train.device", "train.threads"})
+DEFAULT = "<default>"  # shown for a setting an identity leaves out (it is at its default)
+
+
+def identity_changes(old: dict[str, Any], new: dict[str, Any],
+                     ignore: frozenset[str] = EXECUTION_SETTINGS) -> dict[str, tuple[Any, Any]]:
+    """``{setting: (old value, new value)}`` of two identities (from :func:`identity`), sorted by setting, without
+    the ``ignore``d ones; a side that leaves a setting out has it at its default and shows :data:`DEFAULT`."""
+    keys = sorted((set(old) | set(new)) - ignore)
+    return {k: (old.get(k, DEFAULT), new.get(k, DEFAULT)) for k in keys if old.get(k, DEFAULT) != new.get(k, DEFAULT)}
+
+
+def show_setting(value: Any) -> str:
+    """A setting's value as JSON (``0.1``, ``"te"``), or :data:`DEFAULT` as it is."""
+    return value if value == DEFAULT else json.dumps(value)

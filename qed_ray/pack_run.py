@@ -19,10 +19,11 @@ from typing import Callable, Sequence
 
 from pydantic import ValidationError
 
-from qed_ray.checkpoint import CheckpointError, replace_dir
+from qed_ray.atomic import replace_dir, write_json
+from qed_ray.checkpoint import CheckpointError
 from qed_ray.config import RunSpec, TrainSpec, format_validation_error
 from qed_ray.flags import add_run_flags
-from qed_ray.layout import SweepDir
+from qed_ray.layout import SweepDir, trial_dirname
 from qed_ray.pack import PACK_FILE, check_pack
 from qed_ray.packed_trainer import PackSaveFn, build_packed_trainer
 from qed_ray.spec import SpecError
@@ -34,6 +35,12 @@ def snapshot_modules(env_steps: int, train: TrainSpec, acting: Sequence[str], ev
     paper App. E), and every module at the final evaluation (the critic-proxy analysis reads the final critics,
     paper App. D)."""
     return tuple(every) if env_steps >= train.env_steps else tuple(acting)
+
+
+def seed_run_dir(layout: SweepDir, name: str) -> Path:
+    """A seed's own folder in a pack run's output, ``<trial>/`` (``metrics.jsonl``, ``summary.json``); a sweep keeps
+    these in Tune's per-start folders and MLflow instead."""
+    return layout.root / trial_dirname(name)
 
 
 class PackDirReporter:
@@ -62,20 +69,13 @@ class PackDirReporter:
         ckpt = self.layout.root / "checkpoint"
         self.writer.submit(ckpt, lambda: replace_dir(staging, ckpt))  # after the write: the queue is in order
         for i, m in metrics.items():
-            folder = self.layout.trial_dir(self.names[i])
+            folder = seed_run_dir(self.layout, self.names[i])
             folder.mkdir(parents=True, exist_ok=True)
             with open(folder / "metrics.jsonl", "a") as f:
                 f.write(json.dumps(m) + "\n")
             if int(m["env_steps"]) >= self.train.env_steps:
                 self.writer.submit(self.layout.done_marker(self.names[i]),
-                                   lambda d=self.layout.done_marker(self.names[i]), m=m: _write_json(d, m))
-
-
-def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
+                                   lambda d=self.layout.done_marker(self.names[i]), m=m: write_json(d, m))
 
 
 def run_pack(specs: Sequence[RunSpec], out: Path, names: Sequence[str] | None = None, env_workers: int = 0,
@@ -101,7 +101,7 @@ def run_pack(specs: Sequence[RunSpec], out: Path, names: Sequence[str] | None = 
         trainer.close()
         writer.close()
     for name, summary in zip(names, summaries):
-        _write_json(layout.trial_dir(name) / "summary.json", summary)
+        write_json(seed_run_dir(layout, name) / "summary.json", summary)
     return summaries
 
 

@@ -15,9 +15,7 @@ last checkpoint stays the last one written before it diverged. The other seeds g
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 from concurrent.futures import Future
 from pathlib import Path
@@ -27,6 +25,7 @@ import numpy as np
 import torch
 
 from qed_ray.agents.packed import PackedAgent, make_packed_agent
+from qed_ray.atomic import write_json
 from qed_ray.checkpoint import MANIFEST_FILE, load_checkpoint, save_checkpoint
 from qed_ray.config import RunSpec
 from qed_ray.env_pool import EnvPool
@@ -239,9 +238,7 @@ class PackedTrainer:
                 chunk.write()
             for sub, state, manifest in seeds:
                 save_checkpoint(sub, state, manifest)
-            tmp = directory / (PACK_FILE + ".tmp")
-            tmp.write_text(json.dumps(pack, indent=1))
-            os.replace(tmp, directory / PACK_FILE)
+            write_json(directory / PACK_FILE, pack, indent=1)  # last: it marks a complete pack checkpoint
 
         return self.writer.submit(directory, write)
 

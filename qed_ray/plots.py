@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
 from qed_ray.analysis import EARLY_INTERVALS  # noqa: E402
+from qed_ray.atomic import atomic_file  # noqa: E402
 from qed_ray.results import BudgetIqm, CriticProxy, GroupResult, SweepResults  # noqa: E402
 
 V_AXIS = "inter-run variability V: symmetric KL between seeds' pre-tanh policies"
@@ -77,8 +78,10 @@ def _label_points(ax, xs, ys, color, most: int = 8) -> None:
 def _save(fig, path: Path, text: str) -> Path:
     fig.text(0.01, 0.005, _wrap(text, int(14 * fig.get_figwidth())), fontsize=7, ha="left", va="bottom")
     fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=110)
-    fig.savefig(path.with_suffix(".svg"))
+    with atomic_file(path) as tmp:  # rewritten while the sweep runs: a reader never sees half a figure
+        fig.savefig(tmp, dpi=110)
+    with atomic_file(path.with_suffix(".svg")) as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
     return path
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from qed_ray import group_cache, plots, tables
+from qed_ray.atomic import atomic_file, write_json
 from qed_ray.checksums import Recorded
 from qed_ray.config import format_validation_error
 from qed_ray.layout import SweepDir
@@ -34,22 +35,18 @@ FLAGS = ("episodes", "action_rollouts", "action_steps", "curve_episodes", "boots
 
 
 def _write_csv(rows: list[dict], path: Path) -> None:
-    if not rows:
-        path.write_text("")
-        return
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    with atomic_file(path) as tmp, open(tmp, "w", newline="") as f:
+        if rows:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
 
 
 def write_results(results: SweepResults, layout: SweepDir) -> None:
-    """``results.json`` (strict JSON, replaced atomically), ``aggregates.csv``, ``groups.csv``,
-    ``iqm_by_budget.csv`` and, with groups, the figures (PNG and SVG)."""
+    """``results.json`` (strict JSON), ``aggregates.csv``, ``groups.csv``, ``iqm_by_budget.csv`` and, with groups,
+    the figures (PNG and SVG), each replaced atomically: the live gather rewrites them while the sweep runs."""
     layout.gather.mkdir(parents=True, exist_ok=True)
-    tmp = layout.results_json.with_name(f".results.json.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(results.to_json(), indent=1))
-    os.replace(tmp, layout.results_json)
+    write_json(layout.results_json, results.to_json(), indent=1)
     _write_csv([asdict(a) for a in results.aggregates], layout.aggregates_csv)
     _write_csv(tables.group_rows(results.groups, results.group_stats), layout.groups_csv)
     _write_csv([asdict(b) for b in results.iqm_by_budget], layout.budgets_csv)

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import os
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
 import torch
+
+from qed_ray.atomic import TMP_MARK, atomic_file
+from qed_ray.checkpoint import CheckpointError
 
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
 CHUNK_RE = re.compile(r"chunk_(\d{10})_(\d{10})\.npz$")
@@ -74,7 +78,11 @@ class ReplayBuffer:
         return {k: v[idx] for k, v in self.data.items()}
 
     def load_incremental(self, directory: str | os.PathLike, added: int) -> None:
-        """Rebuilds the buffer from chunks covering transitions [0, added) (later chunks are ignored)."""
+        """Rebuilds the buffer from chunks covering transitions [0, added) (later chunks are ignored).
+
+        Raises:
+            CheckpointError: a chunk is missing (naming the folder and the coverage) or damaged (naming the file).
+        """
         chunks = read_chunks(directory, added, self.capacity)
         self.added = 0
         for idx, fields in chunks:
@@ -114,16 +122,15 @@ class ChunkWrite:
     stale: list[Path]  # chunks past ``end`` left by a run that crashed after its last checkpoint
 
     def write(self) -> int:
-        """Deletes the stale chunks and writes this one (atomically: temp file, then rename); returns bytes."""
+        """Deletes the stale chunks and writes this one (atomically: temp file, fsync, rename); returns bytes."""
         self.directory.mkdir(parents=True, exist_ok=True)
         for path in self.stale:
             path.unlink(missing_ok=True)
         if self.fields is None:
             return 0
         path = self.directory / f"chunk_{self.start:010d}_{self.end:010d}.npz"
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, **self.fields)
-        os.replace(tmp, path)
+        with atomic_file(path) as tmp:
+            np.savez(tmp, **self.fields)
         return path.stat().st_size
 
 
@@ -155,15 +162,43 @@ def read_chunks(directory: str | os.PathLike, added: int, capacity: int
     """``(ring idx, fields)`` of the chunks covering transitions [0, added), in order, each read when reached.
 
     Raises:
-        FileNotFoundError: the chunks do not reach ``added`` (checked before anything is read).
+        CheckpointError: the chunks do not reach ``added`` (checked before anything is read, naming the folder
+            and the coverage), or a chunk is damaged (when it is reached, naming the file).
     """
     chunks = [(s, e, p) for s, e, p in list_chunks(Path(directory)) if e <= added]
     covered = max((e for _, e, _ in chunks), default=0)
     if covered != added:
-        raise FileNotFoundError(f"{directory}: replay chunks cover {covered} transitions, checkpoint needs {added}")
-    return (_read_chunk(path, start, end, capacity) for start, end, path in chunks)
+        raise CheckpointError(f"{directory}: replay chunks cover {covered} transitions, checkpoint needs {added}")
+    return ((np.arange(start, end) % capacity, _read_chunk(path, end - start)) for start, end, path in chunks)
 
 
-def _read_chunk(path: Path, start: int, end: int, capacity: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    with np.load(path) as z:
-        return np.arange(start, end) % capacity, {k: z[k] for k in FIELDS}
+def _read_chunk(path: Path, rows: int) -> dict[str, np.ndarray]:
+    """A chunk's arrays; a truncated, corrupt (zip CRC) or incomplete chunk raises CheckpointError naming it."""
+    try:
+        with np.load(path) as z:
+            arrays = {k: z[k] for k in FIELDS}
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
+        raise CheckpointError(f"{path}: damaged replay chunk ({type(e).__name__}: {e})") from e
+    bad = [k for k, v in arrays.items() if len(v) != rows]
+    if bad:
+        raise CheckpointError(f"{path}: damaged replay chunk ({bad[0]} has {len(arrays[bad[0]])} rows, the name "
+                              f"says {rows})")
+    return arrays
+
+
+def prune_chunks(directory: str | os.PathLike) -> int:
+    """Deletes a finished run's replay chunks (and leftover temporary files), then the folder if that empties it.
+
+    Only files this module writes are removed; anything else in the folder stays. Returns the bytes freed.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return 0
+    freed = 0
+    for p in directory.iterdir():
+        if p.is_file() and (CHUNK_RE.search(p.name) or (p.name.startswith(".chunk_") and TMP_MARK in p.name)):
+            freed += p.stat().st_size
+            p.unlink()
+    if not any(directory.iterdir()):
+        directory.rmdir()
+    return freed

@@ -213,6 +213,8 @@ class SweepSpec(Frozen):
     max_retries: int = Field(2, ge=0, le=1000)
     max_concurrent_trials: int | None = Field(None, ge=1, le=MAX_TRIALS)
     storage_path: str = Field("results", description="sweep output root (QED_STORAGE_PATH overrides)")
+    keep_replay: bool = Field(False, description="keep finished trials' replay chunks (resume and gather never "
+                                                 "read them once a trial is done)")
     tracking: TrackingSpec = TrackingSpec()
 
     @field_validator("tasks", mode="before")

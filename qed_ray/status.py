@@ -1,60 +1,113 @@
 """``python -m qed_ray.sweep SPEC --status``: a sweep's progress and partial results, read from its folder alone.
 
-Starts nothing (no Ray, no MLflow): ``DONE.json`` says a trial finished; its newest policy snapshot's manifest how
-far it got and how long it has run; Tune's ``error.txt``, newer than its last snapshot, that it failed; the group
-cache (``gather/cache/``) gives the partial table for the spec's final-evaluation settings.
+Starts nothing (no Ray, no MLflow) and reads what the sweep folder records (:class:`~qed_ray.layout.SweepDir`):
+``sweep.lock`` whether a driver runs the sweep now (and which); ``DONE.json`` that a trial finished and
+``DIVERGED.json`` that it failed for good; its newest full checkpoint (``checkpoints/<trial>/``, else its newest
+policy snapshot) how far it got and how long it has run; an ``error.txt`` in its Tune folder of the latest start
+that ran it, newer than that checkpoint, that Tune gave up on it in that start (the next start retries it); the
+group cache (``gather/cache/``) the partial table for the spec's final-evaluation settings.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import socket
 import statistics
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from qed_ray import group_cache, tables
 from qed_ray.checkpoint import MANIFEST_FILE, CheckpointError, read_manifest
 from qed_ray.layout import SweepDir
+from qed_ray.lock import STALE_AFTER_S, read_lock, stale_reason
 from qed_ray.results import FailedTrial, SweepResults
 from qed_ray.spec import SweepSpec
 
-STATES = ("done", "running", "failed", "not started")
+STATES = ("done", "running", "stopped", "failed", "not started")
 
 
 @dataclass(frozen=True)
 class TrialState:
-    """One trial as its folder shows it. ``wall_s`` is NaN where no snapshot recorded it."""
+    """One trial as its folder shows it. ``wall_s`` is NaN where no checkpoint or snapshot recorded it."""
 
     name: str
-    state: str  # one of STATES; "running": started and not finished (also when its sweep was stopped)
+    state: str  # one of STATES; "running"/"stopped": started, not finished, while a driver runs / none does
     env_steps: int
     budget: int
     wall_s: float
     error: str = ""
 
 
-def trial_state(layout: SweepDir, name: str, budget: int) -> TrialState:
-    """Reads one trial's state from DONE.json, its newest snapshot and Tune's error file."""
-    snaps = layout.snapshots(name)
-    steps, wall, newest = 0, math.nan, 0.0
-    if snaps:
+def driver(layout: SweepDir, now: float | None = None) -> str | None:
+    """Who runs the sweep now, from its lock (``pid 12 on host h (started ..., last heartbeat 3 s ago)``); None
+    when no driver holds a live lock (none, or its holder is gone: the next start takes it over)."""
+    info = read_lock(layout.lock_file)
+    try:
+        mtime = layout.lock_file.stat().st_mtime
+    except OSError:
+        return None
+    now = time.time() if now is None else now
+    if stale_reason(info, mtime, now, socket.gethostname(), STALE_AFTER_S) is not None:
+        return None
+    return info.describe(now) if info is not None else "a driver that is starting"
+
+
+def _progress(layout: SweepDir, name: str) -> tuple[int, float, float]:
+    """``(env steps, wall seconds, mtime)`` of the trial's newest full checkpoint or, past it, policy snapshot."""
+    steps, wall, mtime = 0, math.nan, 0.0
+    for found, read_wall in ((layout.checkpoint_steps(name), lambda m: m["progress"]["wall_s"]),
+                             (layout.snapshots(name), lambda m: m.get("wall_s", math.nan))):
+        if not found or max(found) < steps:
+            continue
+        folder = found[max(found)]
         try:
-            m = read_manifest(snaps[max(snaps)])
-            steps, wall = int(m["env_steps"]), float(m.get("wall_s", math.nan))
-            newest = (snaps[max(snaps)] / MANIFEST_FILE).stat().st_mtime
+            m = read_manifest(folder)
+            steps, wall = int(m["env_steps"]), float(read_wall(m))
+            mtime = max(mtime, (folder / MANIFEST_FILE).stat().st_mtime)
         except (CheckpointError, KeyError, ValueError, OSError):
             pass
-    done = layout.done_marker(name)
-    if done.exists():
-        metrics = json.loads(done.read_text())
+    return steps, wall, mtime
+
+
+def error_summary(error_txt: str) -> str:
+    """One line of a Tune ``error.txt``: a traceback's last line (``InjectedCrash: ...``), else the first line after
+    the ``Failure # n`` header (a worker killed by Ray: ``1 worker(s) were killed due to ... low on memory ...``)."""
+    lines = [ln.strip() for ln in error_txt.splitlines() if ln.strip() and not ln.startswith("Failure # ")]
+    if not lines:
+        return "failed (no error message)"
+    return lines[-1] if any(ln.startswith("Traceback") for ln in lines) else lines[0]
+
+
+def _last_error(layout: SweepDir, name: str, newer_than: float) -> str | None:
+    """The last line of the ``error.txt`` Tune wrote for the trial in the latest start that ran it, if it is newer
+    than ``newer_than`` (a later checkpoint means the trial was retried and ran on)."""
+    dirs = layout.trial_dirs(name)
+    error = dirs[-1] / "error.txt" if dirs else None
+    if error is None or not error.exists() or error.stat().st_mtime <= newer_than:
+        return None
+    return error_summary(error.read_text(errors="replace"))
+
+
+def trial_state(layout: SweepDir, name: str, budget: int, live: bool = False) -> TrialState:
+    """Reads one trial's state from its markers, its newest checkpoint and Tune's error file; ``live``: a driver
+    runs the sweep now (a started, unfinished trial is "running", else "stopped")."""
+    steps, wall, newest = _progress(layout, name)
+    if layout.done_marker(name).exists():
+        metrics = json.loads(layout.done_marker(name).read_text())
         return TrialState(name, "done", budget, budget, float(metrics.get("perf/wall_s", wall)))
-    error = layout.trial_dir(name) / "error.txt"
-    if error.exists() and error.stat().st_mtime > newest:
-        lines = error.read_text(errors="replace").strip().splitlines()
-        return TrialState(name, "failed", steps, budget, wall, lines[-1] if lines else "failed")
-    folder = layout.trial_dir(name)  # Tune makes every trial's folder up front, and fills it when it starts
-    started = bool(snaps) or (folder.is_dir() and any(folder.iterdir()))
-    return TrialState(name, "running" if started else "not started", steps, budget, wall)
+    if layout.diverged_marker(name).exists():
+        return TrialState(name, "failed", steps, budget, wall, f"{layout.diverged_reason(name)} (final)")
+    error = _last_error(layout, name, newest)
+    if error is not None:
+        return TrialState(name, "failed", steps, budget, wall, f"{error} (the next start retries it)")
+    started = steps > 0 or any(_non_empty(d) for d in layout.trial_dirs(name))
+    return TrialState(name, ("running" if live else "stopped") if started else "not started", steps, budget, wall)
+
+
+def _non_empty(folder: Path) -> bool:
+    return folder.is_dir() and any(folder.iterdir())
 
 
 def projected_wall_s(states: list[TrialState]) -> float:
@@ -94,14 +147,16 @@ def report(spec: SweepSpec, layout: SweepDir) -> str:
     trials = spec.trials()
     if not layout.state_file.exists():
         return f"sweep {spec.name}: not started ({layout.root} has no {layout.state_file.name})"
-    states = [trial_state(layout, t.name, t.run.train.env_steps) for t in trials]
+    holder = driver(layout)
+    states = [trial_state(layout, t.name, t.run.train.env_steps, holder is not None) for t in trials]
     counts = {k: sum(s.state == k for s in states) for k in STATES}
     steps, budget = sum(s.env_steps for s in states), sum(s.budget for s in states)
     spent = sum(s.wall_s for s in states if math.isfinite(s.wall_s))
     res = spec.resources
     lines = [f"sweep {spec.name}: {len(trials)} trials in {layout.root}",
-             "trials: " + ", ".join(f"{counts[k]} {k}" for k in STATES)
-             + "  (running = started, not finished; also the unfinished trials of a stopped sweep)",
+             f"driver: {holder}" if holder else "driver: none running (started trials resume from their newest "
+                                                "checkpoint at the next start)",
+             "trials: " + ", ".join(f"{counts[k]} {k}" for k in STATES),
              f"env steps: {steps:,} of {budget:,} ({100 * steps / max(budget, 1):.0f}%)"]
     projected = projected_wall_s(states)
     for unit, share in (("GPU", res.gpu), ("CPU", res.cpu)):

@@ -1,21 +1,32 @@
 """The sweep service: ``python -m qed_ray.sweep SPEC`` (or ``ray job submit -- python -m qed_ray.sweep SPEC``).
 
 Joins the Ray cluster it finds (``RAY_ADDRESS`` / a running ``ray start``) or starts an embedded one, runs every
-trial of the spec as a Ray Tune trial (resuming the same sweep when run again), gathers each group of finished
-policies while the sweep runs (a named actor, :mod:`qed_ray.gather`) for the cross-seed metrics, and logs
-everything to MLflow (one parent run per sweep, one child run per trial). Exit code 0 only when every trial
-finished and gathering succeeded. ``--status`` prints a sweep's progress from its folder (:mod:`qed_ray.status`).
+trial of the spec as a Ray Tune trial, gathers each group of finished policies while the sweep runs (a named
+actor, :mod:`qed_ray.gather`) for the cross-seed metrics, and logs everything to MLflow (one parent run per sweep,
+one child run per trial). ``--status`` prints a sweep's progress from its folder (:mod:`qed_ray.status`).
+
+The sweep folder is the source of truth, not Tune's saved state: each start checks the folder and the spec
+(:mod:`qed_ray.sweep_state`), takes the sweep's lock (:mod:`qed_ray.lock`), and builds a *fresh* Tuner over the
+trials that are neither done nor diverged, each resuming from its own newest checkpoint in the folder. So running
+the same command again resumes, a grown spec (more seeds, tasks, variants) trains only the new trials, and the
+context (tracking URI, folder, parent run) always comes from this start. Nothing is unpickled from the folder.
+The gather actor lives for the whole start, across the fresh Tuners started after Ray killed a worker; it is
+handed the trials already done at the start, and the others as they end.
 
 This module is the driver; what runs inside a trial's Ray worker is :mod:`qed_ray.trial`, and every path in the
 sweep folder comes from :class:`qed_ray.layout.SweepDir`.
+
+Exit codes: 0 every trial finished and gathering succeeded; 1 a trial failed, or gathering failed or left a
+finished trial out (a snapshot that does not match its recorded checksum, say); 2 a bad spec,
+a refused folder or another driver running this sweep; 130 stopped by Ctrl-C (SIGINT) and 143 by SIGTERM
+(``ray job stop``): the trials stopped cleanly, their runs are KILLED, and the same command resumes them.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
+import signal
 import sys
 import time
 import uuid
@@ -25,12 +36,15 @@ import ray
 from ray import tune
 
 from qed_ray import gather, status, tables
-from qed_ray.group_cache import plan_groups
 from qed_ray.layout import SweepDir, trial_dirname
+from qed_ray.lock import LockHeld, SweepLock
 from qed_ray.ray_token import private_ray_token, quiet_opt_out_notice
 from qed_ray.results import FailedTrial, SweepResults
-from qed_ray.spec import SpecError, SweepSpec, load_spec
-from qed_ray.tracking import Tracker, default_tracking_uri, ui_command
+from qed_ray.spec import SpecError, SweepSpec, Trial, load_spec
+from qed_ray.status import error_summary
+from qed_ray.sweep_state import check_folder, dry_run, git_sha, move_aside, outcome, plan, prune_finished, \
+    resolve_paths, sqlite_on_many_machines, sync_runs, write_state
+from qed_ray.tracking import Tracker, artifact_location, ui_command
 from qed_ray.trial import TrialContext, train_trial
 
 
@@ -39,14 +53,42 @@ def trial_name(trial) -> str:
     return trial.config["trial"]["name"]
 
 
-class Progress(tune.Callback):
-    """A concise progress view (instead of Tune's tables): trials done/running/failed, env steps, ETA."""
+class Interrupt(tune.Stopper):
+    """Ctrl-C (SIGINT) or ``ray job stop`` (SIGTERM): stop every trial cleanly (Tune's stopper); a second signal
+    exits at once. Tune's own SIGINT handler is disabled (``TUNE_DISABLE_SIGINT_HANDLER``) so both signals take
+    this one path."""
 
-    def __init__(self, total_env_steps: int, every_s: float = 15.0):
-        self.total, self.every_s = total_env_steps, every_s
+    def __init__(self):
+        self.signum: int | None = None
+
+    def install(self) -> None:
+        """Handles SIGINT and SIGTERM from now on (after ``ray.init``, which sets its own SIGTERM handler)."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(f"\n{signal.Signals(signum).name}: stopping the trials (checkpoints are kept; run the same command "
+              f"to resume). Press Ctrl-C again to exit at once.", flush=True)
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return self.signum is not None
+
+
+class Progress(tune.Callback):
+    """A concise progress view (instead of Tune's tables) that also records trials Tune gave up on."""
+
+    def __init__(self, total_env_steps: int, interrupt: Interrupt | None = None, every_s: float = 15.0):
+        self.total, self.interrupt, self.every_s = total_env_steps, interrupt, every_s
         self.t0 = time.time()
         self.last = 0.0
         self.start_steps: int | None = None
+        self.failed: dict[str, str] = {}  # trial -> last line of its error, once it has no retries left
 
     def on_step_end(self, iteration: int, trials: list, **info) -> None:
         now = time.time()
@@ -58,10 +100,18 @@ class Progress(tune.Callback):
         print(f"  trial {trial_name(trial)} failed; retrying from its last checkpoint", flush=True)
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
+        text = Path(trial.error_file).read_text() if trial.error_file and Path(trial.error_file).exists() else ""
+        self.failed[trial_name(trial)] = error_summary(text)
         print(f"  trial {trial_name(trial)} failed and has no retries left", flush=True)
 
     def on_experiment_end(self, trials: list, **info) -> None:
-        print(self.line(trials), flush=True)
+        if not self.stopped:
+            print(self.line(trials), flush=True)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the sweep is being interrupted (Tune then reports the stopped trials as done)."""
+        return self.interrupt is not None and self.interrupt.signum is not None
 
     def line(self, trials: list) -> str:
         """One status line."""
@@ -79,98 +129,75 @@ class Progress(tune.Callback):
                 f"({100 * steps / max(self.total, 1):.0f}%) | ETA {eta}")
 
 
-def resolve_paths(spec: SweepSpec) -> tuple[SweepDir, str, str]:
-    """The sweep folder, tracking URI and experiment (env vars override the spec's storage and URI)."""
-    raw = os.environ.get("QED_STORAGE_PATH") or spec.storage_path
-    if "://" in raw:
-        # Policy snapshots, replay chunks and DONE markers are plain files read by every node; object stores
-        # would need a filesystem layer this version does not have.
-        field = "QED_STORAGE_PATH" if os.environ.get("QED_STORAGE_PATH") else "storage_path"
-        raise SpecError(f"{field}: {raw!r} is a URI; give a filesystem path (on a cluster: a shared mount such as "
-                        f"EFS/NFS, Filestore or a ReadWriteMany volume, mounted at the same path on every node)")
-    layout = SweepDir(Path(raw).expanduser().resolve() / spec.name)
-    uri = os.environ.get("MLFLOW_TRACKING_URI") or spec.tracking.uri or default_tracking_uri(layout.root)
-    return layout, uri, spec.tracking.experiment or spec.name
+def build_tuner(spec: SweepSpec, context: TrialContext, trials: list[Trial], start: str,
+                callbacks: list, stopper: tune.Stopper) -> tune.Tuner:
+    """A fresh Tuner over ``trials``; Tune's folder for this start is ``tune/<start>/`` (logs only).
 
-
-def sweep_state(layout: SweepDir, spec: SweepSpec, fresh: bool) -> dict:
-    """Reads or creates ``sweep.json`` (the sweep's stable id); refuses a changed grid without ``--fresh``."""
-    path, root = layout.state_file, layout.root
-    if path.exists() and fresh:
-        backup = root.with_name(f"{root.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
-        shutil.move(str(root), backup)
-        print(f"--fresh: moved the previous sweep to {backup}")
-    if path.exists():
-        state = json.loads(path.read_text())
-        if state["fingerprint"] != spec.fingerprint():
-            raise SpecError(f"{root}: the spec's grid changed since this sweep started; run with --fresh "
-                            f"(the old sweep is kept aside) or change 'name'")
-        return state
-    root.mkdir(parents=True, exist_ok=True)
-    state = {"sweep_id": uuid.uuid4().hex[:12], "fingerprint": spec.fingerprint(), "created": time.time()}
-    path.write_text(json.dumps(state))
-    return state
-
-
-def dry_run(spec: SweepSpec) -> int:
-    """Prints the expanded trial list and the resources it needs; starts nothing."""
-    trials = spec.trials()
-    runs = [t.run for t in trials]
-    layout, uri, exp = resolve_paths(spec)
-    print(f"sweep {spec.name}: {len(runs)} trials -> {layout.root}  (MLflow {uri}, experiment {exp})")
-    for t in trials:
-        r = t.run
-        print(f"  {t.name:48s} env_steps={r.train.env_steps:,} hidden={r.agent.hidden} batch={r.agent.batch_size}")
-    res = spec.resources
-    total = sum(r.train.env_steps for r in runs)
-    print(f"per trial: {res.cpu:g} CPU, {res.gpu:g} GPU; all trials at once: {res.cpu * len(runs):g} CPU, "
-          f"{res.gpu * len(runs):g} GPU; total env steps {total:,}")
-    return 0
-
-
-def build_tuner(spec: SweepSpec, context: TrialContext, fresh_start: bool, callbacks: list):
-    """A new Tuner over the grid, or the restored one when this sweep already has experiment state.
-
-    The context is bound with ``tune.with_parameters`` here, on every start, so a restored sweep runs with the
-    driver's current context instead of one pickled into Tune's experiment state.
+    The context is bound with ``tune.with_parameters``; trials resume from their own checkpoints in the sweep
+    folder, so nothing of an earlier Tuner is needed (or read).
     """
-    root = context.layout.root
     trainable = tune.with_resources(tune.with_parameters(train_trial, context=context),
                                     {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
-    if not fresh_start and tune.Tuner.can_restore(str(root)):
-        print(f"resuming sweep from {root}", flush=True)
-        return tune.Tuner.restore(str(root), trainable, resume_unfinished=True, resume_errored=True)
-    runs = spec.runs()
-    grid = [{"name": t.name, "run": t.run.model_dump(mode="json")} for t in spec.trials()]
+    grid = [{"name": t.name, "run": t.run.model_dump(mode="json")} for t in trials]
     return tune.Tuner(
         trainable, param_space={"trial": tune.grid_search(grid)},
         tune_config=tune.TuneConfig(trial_name_creator=trial_name,
                                     trial_dirname_creator=lambda t: trial_dirname(trial_name(t)),
                                     max_concurrent_trials=spec.max_concurrent_trials),
-        run_config=tune.RunConfig(
-            name=root.name, storage_path=str(root.parent), verbose=0,
-            failure_config=tune.FailureConfig(max_failures=spec.max_retries),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-            callbacks=[Progress(sum(r.train.env_steps for r in runs)), *callbacks]))
+        run_config=tune.RunConfig(name=start, storage_path=str(context.layout.tune_root), verbose=0, stop=stopper,
+                                  failure_config=tune.FailureConfig(max_failures=spec.max_retries),
+                                  callbacks=callbacks))
 
 
-def failed_trials(result_grid) -> list[FailedTrial]:
-    """The trials Tune gave up on, each with the last line of its error."""
-    failed = []
-    for result in result_grid:
-        if result.error is not None:
-            lines = str(result.error).strip().splitlines()
-            failed.append(FailedTrial(result.config["trial"]["name"],
-                                      lines[-1] if lines else type(result.error).__name__))
+def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, callbacks: list) -> dict[str, str]:
+    """Trains the trials that are not done (nor diverged) until each is, or Tune gave up on it; returns
+    ``{trial: error}`` of the latter. ``callbacks`` join every Tuner of this start (the gather feed).
+
+    A trial worker killed from outside (Ray's memory monitor) surfaces in Tune 2.60 as an error its actor manager
+    does not handle ("Caught unexpected exception"), which ends ``fit()``. The trials are then started again in a
+    fresh Tuner, each from its newest checkpoint, as often as that makes progress: after ``max_retries`` such
+    restarts in a row without a new checkpoint anywhere, the remaining trials are left unfinished.
+    """
+    layout, stamp = context.layout, time.strftime("%Y%m%d-%H%M%S")
+    failed: dict[str, str] = {}
+    streak, mark = 0, _progress_mark(layout, spec)
+    for attempt in range(10**6):
+        pending = [t for t in spec.trials() if layout.trial_state(t.name) == "pending" and t.name not in failed]
+        if not pending or interrupt.signum is not None:
+            break
+        progress = Progress(sum(t.run.train.env_steps for t in pending), interrupt)
+        try:
+            build_tuner(spec, context, pending, f"{stamp}-{attempt}", [progress, *callbacks], interrupt).fit()
+            failed.update(progress.failed)
+            break
+        except RuntimeError as e:
+            if not isinstance(e.__cause__, ray.exceptions.RayError):
+                raise
+            failed.update(progress.failed)
+            now = _progress_mark(layout, spec)
+            streak, mark = (0 if now > mark else streak + 1), max(now, mark)
+            cause = " ".join(str(e.__cause__).split())[:300]
+            if streak > spec.max_retries:
+                print(f"a trial worker was killed from outside {streak} times without progress ({cause}); "
+                      f"leaving the unfinished trials for the next start", flush=True)
+                break
+            print(f"a trial worker was killed from outside ({type(e.__cause__).__name__}: {cause}); restarting "
+                  f"the unfinished trials from their checkpoints", flush=True)
     return failed
+
+
+def _progress_mark(layout: SweepDir, spec: SweepSpec) -> int:
+    """Env steps checkpointed over all trials (grows whenever any trial saves or finishes)."""
+    return sum(max(layout.checkpoint_steps(t.name), default=0) for t in spec.trials())
 
 
 def check_cluster(spec: SweepSpec, sweep_dir: Path, uri: str) -> None:
     """Refusals that save a multi-node sweep from failing late.
 
-    On more than one node, every node must see the storage folder (a marker written here is looked for by a
-    task pinned to each node), a SQLite MLflow store must be reachable by every node the same way, and some
-    node must be able to hold one trial's resources (else Tune would pend forever, ray#19985).
+    Some node must be able to hold one trial's resources (else Tune would pend forever, ray#19985). On more than
+    one node every node must see the storage folder (a marker written here is looked for by a task pinned to each
+    node). A SQLite MLflow store is refused once the nodes span more than one machine (SQLite's locking is not
+    reliable over NFS, and every node would write to it); on one machine it must still be visible to every node.
     """
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     need = {"CPU": spec.resources.cpu, "GPU": spec.resources.gpu}
@@ -181,6 +208,9 @@ def check_cluster(spec: SweepSpec, sweep_dir: Path, uri: str) -> None:
                         f"that much (nodes: {'; '.join(have)})")
     if len(nodes) < 2:
         return
+    problem = sqlite_on_many_machines(uri, nodes)
+    if problem:
+        raise SpecError(problem)
     checks = [("storage_path", sweep_dir)]
     if uri.startswith("sqlite:"):
         checks.append(("tracking.uri", Path(uri.removeprefix("sqlite:///")).parent))
@@ -222,82 +252,124 @@ def print_summary(results: SweepResults | None, gathered: dict, failed: list[Fai
     print(f"\nMLflow: {ui_command(uri, experiment_id)}")
 
 
-def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False) -> int:
-    """Runs (or resumes) the sweep end to end; returns the exit code."""
+def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_partial: bool = False) -> int:
+    """Runs (or resumes, or grows) the sweep end to end; returns the exit code."""
     layout, uri, experiment = resolve_paths(spec)
-    state = sweep_state(layout, spec, fresh)
-    fresh_start = not any(layout.root.glob("experiment_state-*.json"))
+    state = check_folder(layout, spec)
+    if not fresh:  # refused before anything is written; checked again under the lock
+        _refuse(plan(state, spec, layout).problems)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    with SweepLock(layout.lock_file):
+        if fresh and layout.state_file.exists():
+            print(f"--fresh: moved the previous sweep to {move_aside(layout)}", flush=True)
+        p = plan(check_folder(layout, spec), spec, layout)
+        _refuse(p.problems)
+        write_state(layout, p.state)
+        return _run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial)
+
+
+def _refuse(problems: list[str]) -> None:
+    if problems:
+        raise SpecError("\n".join(problems))
+
+
+def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, experiment: str, state: dict,
+                new: list[str], gather_partial: bool) -> int:
+    done = prune_finished(layout, spec)
     if not ray.is_initialized():
         quiet_opt_out_notice()  # auth stays on; only Ray's advice to switch it off is not printed
         with private_ray_token():  # Ray writes a new ~/.ray/auth_token with the umask (0644): keep it 0600
             ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    interrupt = Interrupt()
+    interrupt.install()
     check_cluster(spec, layout.root, uri)
-    tracker = Tracker(uri, experiment, state["sweep_id"], artifact_location=str(layout.mlartifacts))
+    tracker = Tracker(uri, experiment, state["sweep_id"], artifact_location=artifact_location(uri, layout))
     tracker.mark_training_experiment()  # also on an experiment a resumed sweep created with an older version
     parent = tracker.parent_run(spec.name, spec.model_dump(mode="json", exclude={"agents"}),
-                                {"qed.spec_path": str(spec_path), "qed.git_sha": _git_sha()})
+                                {"qed.spec_path": str(spec_path), "qed.git_sha": git_sha()})
     tracker.log_artifact(parent, spec_path, "spec")
     context = TrialContext(sweep_id=state["sweep_id"], sweep_dir=layout.root, tracking_uri=uri,
                            experiment=experiment, parent_run_id=parent, keep_every=spec.final_eval.keep_every,
-                           gpu_fraction=spec.resources.gpu)
-    print(f"sweep {spec.name}: {len(spec.runs())} trials, results in {layout.root}", flush=True)
-    gatherer = start_gather(spec, layout, state["sweep_id"], uri, experiment, parent)
-    feed = gather.GatherFeed(gather.actor_name(spec.name, state["sweep_id"]))
-    result_grid = build_tuner(spec, context, fresh_start, [feed]).fit()
-    failed = failed_trials(result_grid)
-    for f in failed:  # never leave a run RUNNING: a trial lost with its worker could not close its own
-        tracker.close_failed_trial(f.name, f.error)
+                           gpu_fraction=spec.resources.gpu, keep_replay=spec.keep_replay)
+    print(f"sweep {spec.name}: {len(spec.trials())} trials ({len(done)} done, {len(new)} new), results in "
+          f"{layout.root}", flush=True)
+    # MLflow in line with the folder before the gather step reads it (checksums an earlier start could not record).
+    sync_runs(tracker, parent, layout, spec, *outcome(layout, spec, {}))
+    launch = lambda: gather.launch(spec, layout, state["sweep_id"], uri, experiment, parent)  # noqa: E731
+    gatherer = launch()
+    failed = train_pending(spec, context, interrupt, [gather.GatherFeed(gather.actor_name(spec.name,
+                                                                                          state["sweep_id"]))])
+    prune_finished(layout, spec)
+    failures, unfinished = outcome(layout, spec, failed)
+    sync_runs(tracker, parent, layout, spec, failures, unfinished)  # also records checksums the trials could not
+    if interrupt.signum is not None and not gather_partial:
+        gather.stop(gatherer)
+        _best_effort(tracker.end_run, parent, killed=True)
+        print(f"stopped: {len(spec.trials()) - len(unfinished) - len(failures)} trials finished, {len(unfinished)} "
+              f"unfinished (resumed by the same command); nothing gathered at the stop (groups complete before it "
+              f"stay gathered; --gather-partial gathers what finished)", flush=True)
+        return 128 + interrupt.signum
+    return _finish(tracker, parent, gatherer, launch, failures, unfinished, interrupt.signum, uri)
+
+
+def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[FailedTrial], unfinished: list[str],
+            signum: int | None, uri: str) -> int:
+    """The final gather (every group; the unfinished trials left out), the parent run's end, the summary; returns
+    the exit code. A gather actor that died meanwhile (killed with its node's memory, say) is started again: the
+    groups it gathered are in the cache."""
+    why = ("stopped before it finished; the same command resumes it" if signum is not None else
+           "unfinished (its worker kept being killed); run the sweep again to resume it")
+    failures = failures + [FailedTrial(n, why) for n in unfinished]
     results, gathered, gather_ok = None, {}, True
     try:
-        gathered = gather.finish(gatherer, failed)
+        try:
+            gathered = gather.finish(gatherer, failures)
+        except ray.exceptions.RayActorError as e:
+            print(f"the gather actor died ({type(e).__name__}); gathering again from the cache", flush=True)
+            gathered = gather.finish(launch(), failures)
         results = gathered["results"]
         # Left out by the gather step itself (a refused snapshot, no recorded checksum): reported like failures.
-        known = {f.name for f in failed}
+        known = {f.name for f in failures}
         left_out = [f for f in results.failed_trials if f.name not in known]
         gather_ok = not left_out
-        failed += left_out
+        failures += left_out
     except Exception as e:  # noqa: BLE001 - report, log what finished, exit non-zero
-        failed.append(FailedTrial("gather", f"{type(e).__name__}: {e}"))
+        failures.append(FailedTrial("gather", f"{type(e).__name__}: {e}"))
         gather_ok = False
-    tracker.end_run(parent, failed_reason="; ".join(f"{f.name}: {f.error}" for f in failed) or None)
-    print_summary(results, gathered, failed, uri, tracker.experiment_id)
-    return 0 if gather_ok and not failed else 1
+    reason = "; ".join(f"{f.name}: {f.error}" for f in failures) or None
+    _best_effort(tracker.end_run, parent, failed_reason=None if signum is not None else reason,
+                 killed=signum is not None)
+    print_summary(results, gathered, [f for f in failures if signum is None or f.name not in unfinished], uri,
+                  tracker.experiment_id)
+    if signum is not None:
+        return 128 + signum
+    return 0 if gather_ok and not failures else 1
 
 
-def start_gather(spec: SweepSpec, layout: SweepDir, sweep_id: str, uri: str, experiment: str, parent: str):
-    """Starts the sweep's gather actor for the whole sweep, handing it the trials that are already done."""
-    names = [t.name for t in spec.trials()]
-    resources, in_flight = gather.group_task_resources(
-        [n for n in ray.nodes() if n.get("Alive")], spec.resources.cpu, spec.resources.gpu, len(names),
-        spec.max_concurrent_trials)
-    plan = gather.GatherPlan(spec.name, sweep_id, str(layout.root), spec.final_eval, plan_groups(names), uri,
-                             experiment, parent, resources, in_flight)
-    return gather.start(plan, [n for n in names if layout.done_marker(n).exists()])
-
-
-def _git_sha() -> str:
+def _best_effort(call, *args, **kwargs) -> None:
+    """The sweep's closing MLflow calls: a tracking server that is down costs a warning, not the exit code."""
     try:
-        import subprocess
-
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                              cwd=Path(__file__).parent).stdout.strip() or "unknown"
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+        call(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - the results are in the sweep folder either way
+        print(f"WARNING: MLflow failed at the end of the sweep ({type(e).__name__}: {e}); the results are in the "
+              f"sweep folder", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point."""
+    """CLI entry point (exit codes in the module docstring)."""
     p = argparse.ArgumentParser(prog="python -m qed_ray.sweep", description=__doc__.splitlines()[0])
     p.add_argument("spec", type=Path, help="sweep YAML (see sweeps/ and the README's field table)")
-    p.add_argument("--dry-run", action="store_true", help="print the expanded trials and resources, run nothing")
-    p.add_argument("--fresh", action="store_true", help="start a new sweep (the old folder is moved aside)")
+    p.add_argument("--dry-run", action="store_true", help="print the trials, what a run would do with each and the "
+                                                          "resources; run nothing (refuses what a run would refuse)")
+    p.add_argument("--fresh", action="store_true", help="start a new sweep (this sweep's folder is moved aside)")
+    p.add_argument("--gather-partial", action="store_true", help="when stopped by Ctrl-C/SIGTERM, still gather the "
+                                                                 "trials that finished")
     p.add_argument("--status", action="store_true", help="print the sweep's progress and partial results from its "
                    "folder; starts nothing")
     args = p.parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "disable")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0 the legacy reporter prints no tables
-    # Snapshots forced by num_to_keep are what make a restore precise; their warning is noise here.
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Interrupt handles SIGINT and SIGTERM alike
     try:
         spec = load_spec(args.spec)
         if args.dry_run:
@@ -305,11 +377,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.status:
             print(status.report(spec, resolve_paths(spec)[0]))
             return 0
-        return run_sweep(spec, args.spec.resolve(), args.fresh)
-    except SpecError as e:
+        return run_sweep(spec, args.spec.resolve(), args.fresh, args.gather_partial)
+    except (SpecError, LockHeld) as e:
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -2,8 +2,12 @@
 
 Run identity is deterministic: a sweep's parent run carries the tag ``qed.sweep_id`` and a trial's run the tags
 ``qed.sweep_id`` + ``qed.trial``; re-opening a sweep or retrying/restoring a trial finds and continues the same run
-instead of creating a duplicate (``shared/research/ray_mlflow.md`` §2.2). Runs are driven through an explicit
-``MlflowClient`` and run ids, never through MLflow's process-global active run.
+instead of creating a duplicate (a run id kept in Tune's state would be lost with it). Runs are driven through an
+explicit ``MlflowClient`` and run ids, never through MLflow's process-global active run.
+
+MLflow mirrors the sweep folder, it is not the record: a trial's metrics are written to its history file first and
+:class:`TrialRun` copies every evaluation not yet in MLflow, so an outage of the tracking server costs a warning,
+never a trial, and each evaluation is logged exactly once when the server is back.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
@@ -27,12 +31,15 @@ SWEEP_TAG = "qed.sweep_id"
 TRIAL_TAG = "qed.trial"
 ROLE_TAG = "qed.role"
 REASON_TAG = "qed.failure_reason"
+NODES_TAG = "qed.node_ids"
 POLICY_SHA_TAG = "qed.policy_sha256"  # the final snapshot's state.pt SHA-256, set by the trial at its end
 SNAPSHOTS_SHA_TAG = "qed.snapshots_sha256"  # the digest of all its snapshots (qed_ray.checksums)
 # MLflow 3's UI opens an experiment on its GenAI overview ("Traces") unless this tag says it holds training runs;
 # the values are the UI's ExperimentKind enum (mlflow/server/js: CUSTOM_MODEL_DEVELOPMENT).
 EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
+STEP_KEY = "eval/return_mean"  # logged at every evaluation: its last step is how far a run's metrics got
 MAX_PARAM_LEN = 6000
+LOCAL_SCHEMES = ("sqlite:", "file:")
 _BAD_KEY_CHARS = re.compile(r"[^\w.\- :]")  # MLflow metric names: alphanumerics, _ - . space : and /
 
 
@@ -44,6 +51,23 @@ def metric_key(*parts: str) -> str:
 def default_tracking_uri(sweep_dir: Path) -> str:
     """``sqlite:////abs/<sweep_dir>/mlflow.db`` (4 slashes: absolute; relative URIs break inside Ray trials)."""
     return f"sqlite:///{SweepDir(Path(sweep_dir).resolve()).mlflow_db}"
+
+
+def artifact_location(uri: str, layout: SweepDir) -> str | None:
+    """Where a new experiment keeps artifacts: the sweep folder for a local store (``sqlite:``/``file:``), else
+    None, so that a tracking server decides (its proxied artifact store) and clients never write to local disk."""
+    return str(layout.mlartifacts) if uri.startswith(LOCAL_SCHEMES) else None
+
+
+def limit_http_retries(max_retries: int = 2, timeout_s: int = 20) -> None:
+    """Bounds how long one MLflow HTTP call may block this process (unless the user set these variables).
+
+    MLflow's defaults (7 retries with exponential backoff, 120 s timeouts) would stall a trial's training for
+    minutes per call while a tracking server is down; a trial retries at its next evaluation instead.
+    """
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(max_retries))
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(timeout_s))
 
 
 def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -69,7 +93,7 @@ class Tracker:
     """
 
     def __init__(self, uri: str, experiment: str, sweep_id: str, artifact_location: str | None = None):
-        self.uri, self.sweep_id = uri, sweep_id
+        self.uri, self.experiment, self.sweep_id = uri, experiment, sweep_id
         # A new SQLite store announces its schema set-up at INFO on stderr: routine, not worth a user's attention.
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
         self.client = MlflowClient(tracking_uri=uri)
@@ -89,29 +113,35 @@ class Tracker:
                                        order_by=["attributes.start_time ASC"])
         return runs[0] if runs else None
 
+    def reopen(self, run) -> str:
+        """Sets a found run RUNNING again and drops a failure reason left by an earlier attempt; returns its id."""
+        self.client.update_run(run.info.run_id, status="RUNNING")
+        if REASON_TAG in run.data.tags:
+            self.client.delete_tag(run.info.run_id, REASON_TAG)
+        return run.info.run_id
+
     def parent_run(self, name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
         """Finds or creates the sweep's parent run; returns its id (status set to RUNNING)."""
         run = self._find(f"tags.`{SWEEP_TAG}` = '{self.sweep_id}' and tags.`{ROLE_TAG}` = 'sweep'")
         if run is not None:
-            self.client.update_run(run.info.run_id, status="RUNNING")
-            return run.info.run_id
+            return self.reopen(run)
         run = self.client.create_run(self.experiment_id, run_name=name,
                                      tags={SWEEP_TAG: self.sweep_id, ROLE_TAG: "sweep", **tags})
         self._log_params(run.info.run_id, params)
         return run.info.run_id
 
-    def close_failed_trial(self, trial: str, reason: str) -> None:
-        """Marks a trial's run FAILED with ``reason`` unless it finished (a worker killed with its node cannot)."""
-        run = self._find(f"tags.`{SWEEP_TAG}` = '{self.sweep_id}' and tags.`{TRIAL_TAG}` = '{trial}'")
-        if run is not None and run.info.status != "FINISHED":
-            self.end_run(run.info.run_id, failed_reason=reason)
+    def trial_runs(self) -> dict[str, Any]:
+        """``{trial name: run}`` of this sweep's child runs (one query)."""
+        runs = self.client.search_runs([self.experiment_id], max_results=50000, filter_string=(
+            f"tags.`{SWEEP_TAG}` = '{self.sweep_id}' and tags.`{ROLE_TAG}` = 'trial'"))
+        return {r.data.tags[TRIAL_TAG]: r for r in runs if TRIAL_TAG in r.data.tags}
 
     def trial_run(self, parent_id: str, trial: str, params: Mapping[str, Any]) -> str:
-        """Finds or creates the child run of ``trial`` (so a retried or restored trial continues its own run)."""
+        """Finds (and reopens) or creates the child run of ``trial``, so a retried, resumed or restarted trial
+        continues its own run."""
         run = self._find(f"tags.`{SWEEP_TAG}` = '{self.sweep_id}' and tags.`{TRIAL_TAG}` = '{trial}'")
         if run is not None:
-            self.client.update_run(run.info.run_id, status="RUNNING")
-            return run.info.run_id
+            return self.reopen(run)
         run = self.client.create_run(self.experiment_id, run_name=trial, tags={
             SWEEP_TAG: self.sweep_id, TRIAL_TAG: trial, ROLE_TAG: "trial", MLFLOW_PARENT_RUN_ID: parent_id,
             MLFLOW_RUN_NAME: trial})
@@ -124,14 +154,36 @@ class Tracker:
             self.client.log_batch(run_id, params=flat[i:i + 100])
 
     def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int) -> None:
-        """One batched call; ``step`` is env steps (DESIGN.md: every x-axis counts env steps)."""
+        """One batched call; ``step`` is env steps (every x-axis counts env steps: docs/definitions.md)."""
         ts = int(time.time() * 1000)
         batch = [Metric(k, float(v), ts, int(step)) for k, v in metrics.items()
                  if isinstance(v, (int, float)) and not isinstance(v, bool)]
         for i in range(0, len(batch), 1000):
             self.client.log_batch(run_id, metrics=batch[i:i + 1000])
 
-    def last_step(self, run_id: str, key: str) -> int:
+    def log_history(self, run_id: str, entries: Sequence[Mapping[str, Any]], after_step: int) -> int:
+        """Logs the history entries (``{"time_ms", "metrics"}``, step = ``metrics["env_steps"]``) past
+        ``after_step``, oldest first, in batches of whole evaluations; returns the last step now logged.
+
+        Each point keeps the time it was recorded, so logging an entry again (after a call whose answer was lost)
+        adds nothing: MLflow drops a metric identical in key, step, time and value.
+        """
+        todo = sorted((e for e in entries if int(e["metrics"]["env_steps"]) > after_step),
+                      key=lambda e: int(e["metrics"]["env_steps"]))
+        batch: list[Metric] = []
+        for entry in todo:
+            step = int(entry["metrics"]["env_steps"])
+            metrics = [Metric(k, float(v), int(entry["time_ms"]), step) for k, v in entry["metrics"].items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if batch and len(batch) + len(metrics) > 1000:  # MLflow's cap per batch
+                self.client.log_batch(run_id, metrics=batch)
+                batch = []
+            batch += metrics
+        if batch:
+            self.client.log_batch(run_id, metrics=batch)
+        return int(todo[-1]["metrics"]["env_steps"]) if todo else after_step
+
+    def last_step(self, run_id: str, key: str = STEP_KEY) -> int:
         """Largest step logged for ``key`` in the run (-1 if none)."""
         history = self.client.get_metric_history(run_id, key)
         return max((m.step for m in history), default=-1)
@@ -145,12 +197,12 @@ class Tracker:
         for k, v in tags.items():
             self.client.set_tag(run_id, k, str(v))
 
-    def end_run(self, run_id: str, failed_reason: str | None = None) -> None:
-        """Ends FINISHED, or FAILED with the reason as a tag (never left RUNNING)."""
+    def end_run(self, run_id: str, failed_reason: str | None = None, killed: bool = False) -> None:
+        """Ends FINISHED, FAILED with the reason as a tag, or KILLED (stopped before the end, to be resumed)."""
         if failed_reason is not None:
             self.client.set_tag(run_id, REASON_TAG, failed_reason[:5000])
-        status = RunStatus.to_string(RunStatus.FAILED if failed_reason is not None else RunStatus.FINISHED)
-        self.client.set_terminated(run_id, status=status)
+        status = RunStatus.FAILED if failed_reason is not None else RunStatus.KILLED if killed else RunStatus.FINISHED
+        self.client.set_terminated(run_id, status=RunStatus.to_string(status))
 
     # ---- artifacts -------------------------------------------------------------------------------
     def log_artifact(self, run_id: str, path: str | os.PathLike, artifact_path: str | None = None) -> None:
@@ -167,7 +219,7 @@ class Tracker:
 
     def record_checksums(self, run_id: str, recorded: Recorded) -> None:
         """Records a finished trial's policy checksums in its run (what the gather step checks snapshots against)."""
-        self.set_tags(run_id, {POLICY_SHA_TAG: recorded.policy_sha256, SNAPSHOTS_SHA_TAG: recorded.snapshots_sha256})
+        self.set_tags(run_id, checksum_tags(recorded))
 
     def recorded_checksums(self) -> dict[str, Recorded]:
         """``{trial name: Recorded}`` of this sweep's trial runs that recorded their checksums."""
@@ -178,6 +230,11 @@ class Tracker:
         """Every run of this sweep (parent and children)."""
         return self.client.search_runs([self.experiment_id], filter_string=f"tags.`{SWEEP_TAG}` = '{self.sweep_id}'",
                                        max_results=50000)
+
+
+def checksum_tags(recorded: Recorded) -> dict[str, str]:
+    """The run tags that record a trial's policy checksums."""
+    return {POLICY_SHA_TAG: recorded.policy_sha256, SNAPSHOTS_SHA_TAG: recorded.snapshots_sha256}
 
 
 def _checksums(runs) -> dict[str, Recorded]:
@@ -196,6 +253,87 @@ def sweep_checksums(uri: str, sweep_id: str) -> dict[str, Recorded]:
     ids = [e.experiment_id for e in client.search_experiments()]
     runs = client.search_runs(ids, filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_id}'", max_results=50000) if ids else []
     return _checksums(runs)
+
+
+class TrialRun:
+    """A trial's child run, kept in step with the trial's history on disk; every call is best-effort.
+
+    Nothing here raises: a call that fails (server down, database locked, network gone) prints one warning per
+    outage and returns False, and the next :meth:`sync` catches up on every evaluation not yet logged (the history
+    is the buffer, ``last_step`` where MLflow got to). The run is found or created on the first call that reaches
+    the server, reopened (RUNNING, an old failure reason dropped) and, with ``node_id``, tagged with where this
+    attempt runs.
+
+    Args:
+        uri, experiment, sweep_id: the sweep's tracking store (from this driver start, never from saved state).
+        parent_run_id: the sweep's parent run.
+        trial: the trial name.
+        params: the trial's run settings (logged when the run is created).
+        node_id: this attempt's Ray node, appended to the ``qed.node_ids`` tag.
+        log: where warnings go (the trial's log).
+    """
+
+    def __init__(self, uri: str, experiment: str, sweep_id: str, parent_run_id: str, trial: str,
+                 params: Mapping[str, Any], node_id: str | None = None,
+                 log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)):
+        self.uri, self.experiment, self.sweep_id, self.parent_run_id = uri, experiment, sweep_id, parent_run_id
+        self.trial, self.params, self.node_id, self.log = trial, params, node_id, log
+        self.tracker: Tracker | None = None
+        self.run_id: str | None = None
+        self.logged_up_to = -1
+        self.pending_tags: dict[str, str] = {}
+        self.down = False
+
+    def _connect(self) -> Tracker:
+        if self.tracker is None:
+            tracker = Tracker(self.uri, self.experiment, self.sweep_id)
+            run_id = tracker.trial_run(self.parent_run_id, self.trial, self.params)
+            if self.node_id:
+                seen = tracker.tags(run_id).get(NODES_TAG, "")
+                tracker.set_tags(run_id, {NODES_TAG: ",".join(filter(None, [seen, self.node_id]))})
+            self.logged_up_to = tracker.last_step(run_id)
+            self.tracker, self.run_id = tracker, run_id
+        return self.tracker
+
+    def sync(self, history: Sequence[Mapping[str, Any]], tags: Mapping[str, Any] | None = None) -> bool:
+        """Logs the history entries MLflow does not have yet and any pending tags; False if MLflow failed."""
+        self.pending_tags.update({k: str(v) for k, v in (tags or {}).items()})
+        try:
+            tracker = self._connect()
+            if self.pending_tags:
+                tracker.set_tags(self.run_id, self.pending_tags)
+                self.pending_tags = {}
+            self.logged_up_to = tracker.log_history(self.run_id, history, self.logged_up_to)
+        except Exception as e:  # noqa: BLE001 - any failure of the tracking store: keep training, retry later
+            if not self.down:
+                self.log(f"WARNING: MLflow at {self.uri} failed for {self.trial} ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:300]}); training goes on, metrics are kept and logged "
+                         f"when it answers again")
+            self.down = True
+            return False
+        if self.down:
+            self.log(f"MLflow at {self.uri} answers again: {self.trial} logged up to env step {self.logged_up_to}")
+            self.down = False
+        return True
+
+    def finish(self, history: Sequence[Mapping[str, Any]], failed_reason: str | None = None, killed: bool = False,
+               tags: Mapping[str, Any] | None = None, timeout_s: float = 300.0, retry_s: float = 5.0) -> bool:
+        """Syncs (with ``tags``) and ends the run (FINISHED, FAILED with the reason, or KILLED), retrying for up to
+        ``timeout_s``; False if MLflow stayed unreachable (the driver syncs the run again at the sweep's end)."""
+        deadline = time.monotonic() + timeout_s
+        tags = dict(tags or {})
+        while True:
+            if self.sync(history, tags):
+                try:
+                    self.tracker.end_run(self.run_id, failed_reason=failed_reason, killed=killed)
+                    return True
+                except Exception as e:  # noqa: BLE001 - as in sync
+                    self.log(f"WARNING: MLflow could not end the run of {self.trial}: {type(e).__name__}: {e}")
+            if time.monotonic() + retry_s > deadline:
+                self.log(f"WARNING: gave up ending the MLflow run of {self.trial} after {timeout_s:.0f} s; its "
+                         f"metrics are in the sweep folder and are logged at the next sweep start")
+                return False
+            time.sleep(retry_s)
 
 
 def ui_command(uri: str, experiment_id: str | None = None) -> str:

@@ -1,29 +1,52 @@
 """The worker side of a sweep trial: what runs inside a Ray Tune worker.
 
-The driver (``sweep.py``) hands every trial a frozen :class:`TrialContext` through ``tune.with_parameters``, so
-the context is given again by the driver on every start (and never pickled into Tune's experiment state), and
-the trial's own config ``{"trial": {"name", "run"}}`` through Tune's param space. :func:`train_trial` validates
-it once, builds the run with :func:`~qed_ray.trainer.build_trainer` and reports each evaluation through
-:class:`TuneReporter`.
+The driver (``sweep.py``) hands every trial a frozen :class:`TrialContext` through ``tune.with_parameters`` (given
+again by the driver on every start, never read back from saved state) and the trial's own config
+``{"trial": {"name", "run"}}`` through Tune's param space. :func:`train_trial` validates it once, builds the run
+with :func:`~qed_ray.trainer.build_trainer` and reports each evaluation through :class:`TuneReporter`.
+
+The sweep folder is the record, not Tune: each evaluation writes, each atomically and in this order, the policy
+snapshot, the full checkpoint (``checkpoints/<trial>/<env_steps>/``, the newest two kept), the metrics history
+and, at the last one, ``DONE.json`` (with the policy checksums the trial records, see below); then it reports to
+Tune and mirrors the history to MLflow. A started,
+retried or resumed trial restores its newest intact checkpoint from that folder (an older one if the newest is
+damaged), so a fresh Tuner at every driver start needs no Tune state.
+
+Failures: a :class:`~qed_ray.trainer.DivergenceError` is final (``DIVERGED.json``, the run FAILED with the reason,
+and the trial returns normally so that Tune does not retry a deterministic continuation); any other exception
+propagates, and Tune retries the trial from its newest checkpoint (``max_retries``); MLflow problems never fail a
+trial (:class:`~qed_ray.tracking.TrialRun`).
+
+Checksums: at its end a trial records in its MLflow run the SHA-256 of its final ``state.pt`` and the digest of
+all its snapshots (:mod:`qed_ray.checksums`), which the gather step checks the snapshots against. The same values
+go into ``DONE.json`` first, so that when MLflow cannot be reached before the trial returns, the driver records
+them in the run when it can (:func:`qed_ray.sweep_state.sync_runs`, at the end of this start or at the next one).
 """
 
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import sys
-import tempfile
+import time
+from dataclasses import asdict
 from pathlib import Path
+from typing import Callable
 
 import ray
 from pydantic import Field
 from ray import tune
 
-from qed_ray.checksums import recorded_values
+from qed_ray.atomic import TMP_MARK, atomic_dir, write_json
+from qed_ray.checkpoint import CheckpointError
+from qed_ray.checksums import DONE_KEY, done_checksums, recorded_values
 from qed_ray.config import Frozen, RunSpec, TrainSpec
 from qed_ray.layout import SweepDir
-from qed_ray.tracking import POLICY_SHA_TAG, Tracker
-from qed_ray.trainer import SaveFn, build_trainer
+from qed_ray.replay import prune_chunks
+from qed_ray.tracking import TrialRun, checksum_tags, limit_http_retries
+from qed_ray.trainer import DivergenceError, SaveFn, Trainer, build_trainer
+
+KEEP_CHECKPOINTS = 2  # the newest two: a damaged newest one still leaves one to resume from
 
 
 class TrialContext(Frozen):
@@ -36,6 +59,9 @@ class TrialContext(Frozen):
     parent_run_id: str = Field(min_length=1, description="the sweep's MLflow parent run")
     keep_every: int = Field(1, ge=1, description="keep a policy snapshot every n-th evaluation (and the last)")
     gpu_fraction: float = Field(0.0, ge=0, le=1, description="this trial's GPU share (caps its GPU memory)")
+    keep_replay: bool = Field(False, description="keep a finished trial's replay chunks (else they are deleted)")
+    mlflow_timeout_s: float = Field(300.0, ge=0, le=86400, description="how long a finishing trial waits for "
+                                                                       "an unreachable MLflow")
 
     @property
     def layout(self) -> SweepDir:
@@ -59,21 +85,22 @@ def snapshot_modules(env_steps: int, train: TrainSpec, keep_every: int, acting: 
 
 
 class TuneReporter:
-    """Persists each evaluation as a Tune checkpoint, keeps policy snapshots, then logs metrics to MLflow.
+    """Persists each evaluation in the sweep folder, reports it to Tune, then mirrors the history to MLflow.
 
     Args:
+        name: the trial name.
         spec: the trial's run.
         context: the sweep's context.
-        tracker: MLflow access; ``run_id`` is the trial's child run.
+        run: the trial's MLflow run (best-effort).
         acting_modules, all_modules: the agent's module names (see :func:`snapshot_modules`).
+        history: the evaluations already recorded (up to the checkpoint this attempt resumed from).
     """
 
-    def __init__(self, name: str, spec: RunSpec, context: TrialContext, tracker: Tracker, run_id: str,
-                 acting_modules: tuple[str, ...], all_modules: tuple[str, ...]):
-        self.name, self.spec, self.context, self.tracker, self.run_id = name, spec, context, tracker, run_id
+    def __init__(self, name: str, spec: RunSpec, context: TrialContext, run: TrialRun,
+                 acting_modules: tuple[str, ...], all_modules: tuple[str, ...], history: list[dict]):
+        self.name, self.spec, self.context, self.run = name, spec, context, run
         self.acting_modules, self.all_modules = tuple(acting_modules), tuple(all_modules)
-        # Steps already in MLflow (a restore can replay an interval whose metrics were logged): never log twice.
-        self.logged_up_to = tracker.last_step(run_id, "eval/return_mean")
+        self.history = list(history)
 
     def __call__(self, metrics: dict, save: SaveFn) -> None:
         step = int(metrics["env_steps"])
@@ -81,18 +108,60 @@ class TuneReporter:
         modules = snapshot_modules(step, self.spec.train, self.context.keep_every, self.acting_modules,
                                    self.all_modules)
         if modules is not None:
-            save(layout.snapshot(name, step), modules=modules)
-        with tempfile.TemporaryDirectory() as d:
-            save(Path(d))
-            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(d))  # copied synchronously
-        # MLflow after the checkpoint is durable: a crash in between re-logs this step, never skips one.
-        if step > self.logged_up_to:
-            self.tracker.log_metrics(self.run_id, metrics, step)
+            with atomic_dir(layout.snapshot(name, step)) as d:
+                save(d, modules=modules)
+        with atomic_dir(layout.checkpoint(name, step)) as d:
+            save(d)
+        prune_checkpoints(layout, name)
+        # The history after the checkpoint: a crash in between re-runs this interval and records it then.
+        self.history = [h for h in self.history if history_step(h) < step]
+        self.history.append({"time_ms": int(time.time() * 1000), "metrics": metrics})
+        write_json(layout.history(name), self.history)
         if step == self.spec.train.env_steps:
-            done = layout.done_marker(name)
-            tmp = done.with_name(done.name + ".tmp")
-            tmp.write_text(json.dumps(metrics))
-            os.replace(tmp, done)
+            # The final snapshot is in place: its checksums are fixed now, before anything can touch the folder.
+            recorded = recorded_values(layout, name)
+            write_json(layout.done_marker(name), {**metrics, DONE_KEY: asdict(recorded)})
+        tune.report(metrics)
+        self.run.sync(self.history)
+
+
+def history_step(entry: dict) -> int:
+    """The env step of one history entry ``{"time_ms", "metrics"}``."""
+    return int(entry["metrics"]["env_steps"])
+
+
+def prune_checkpoints(layout: SweepDir, name: str, keep: int = KEEP_CHECKPOINTS) -> None:
+    """Deletes all but the newest ``keep`` full checkpoints of the trial, and staging folders a crash left."""
+    steps = layout.checkpoint_steps(name)
+    for step in sorted(steps)[:-keep]:
+        shutil.rmtree(steps[step])
+    for leftover in layout.checkpoints(name).glob(f".*{TMP_MARK}*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def restore_latest(trainer: Trainer, layout: SweepDir, name: str, log: Callable[[str], None]) -> int | None:
+    """Restores the trial's newest intact full checkpoint; returns its env step, or None if it has none.
+
+    A checkpoint that cannot be used (corrupt ``state.pt``, a damaged or missing replay chunk) is reported and the
+    next older one is tried; each restore overwrites everything a failed one may have loaded.
+
+    Raises:
+        CheckpointError: every checkpoint is damaged (naming each file).
+    """
+    problems = []
+    for step, folder in sorted(layout.checkpoint_steps(name).items(), reverse=True):
+        try:
+            trainer.restore(folder)
+        except CheckpointError as e:
+            problems.append(str(e))
+            log(f"WARNING {name}: cannot resume from {folder}: {e}")
+            continue
+        if problems:
+            log(f"WARNING {name}: resumed from the older checkpoint at env step {step}")
+        return step
+    if problems:
+        raise CheckpointError(f"{name}: no intact checkpoint: {'; '.join(problems)}")
+    return None
 
 
 def train_trial(config: dict, context: TrialContext) -> None:
@@ -104,37 +173,42 @@ def train_trial(config: dict, context: TrialContext) -> None:
     """
     spec, name = RunSpec.model_validate(config["trial"]["run"]), config["trial"]["name"]
     layout = context.layout
-    tracker = Tracker(context.tracking_uri, context.experiment, context.sweep_id)
-    run_id = tracker.trial_run(context.parent_run_id, name, spec.model_dump(mode="json"))
-    _record_node(tracker, run_id)
-    done = layout.done_marker(name)
-    if done.exists():
-        # Finished before the driver died, but Tune's state did not record it: report, never re-train.
-        if POLICY_SHA_TAG not in tracker.tags(run_id):  # it died before recording its checksums
-            tracker.record_checksums(run_id, recorded_values(layout, name))
-        tune.report(json.loads(done.read_text()))
-        tracker.end_run(run_id)
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731 - the worker's log
+    limit_http_retries()
+    run = TrialRun(context.tracking_uri, context.experiment, context.sweep_id, context.parent_run_id, name,
+                   spec.model_dump(mode="json"), node_id=ray.get_runtime_context().get_node_id(), log=log)
+    if layout.trial_state(name) == "done":
+        # Finished before its worker could return (killed while closing its run): report, never re-train.
+        done = json.loads(layout.done_marker(name).read_text())
+        tune.report({k: v for k, v in done.items() if k != DONE_KEY})
+        run.finish(layout.read_history(name), tags=checksum_tags(done_checksums(layout, name)),
+                   timeout_s=context.mlflow_timeout_s)
         return
     _limit_gpu_memory(context.gpu_fraction)
     # The reporter needs the agent's module names, so it is made right after the trainer that builds the agent.
-    trainer = build_trainer(spec, lambda metrics, save: reporter(metrics, save), layout.replay(name),
-                            log=lambda line: print(line, file=sys.stderr, flush=True))  # the worker's log
+    trainer = build_trainer(spec, lambda metrics, save: reporter(metrics, save), layout.replay(name), log=log)
+    resumed = restore_latest(trainer, layout, name, log)
+    history = [h for h in layout.read_history(name) if resumed is not None and history_step(h) <= resumed]
     agent = trainer.agent
-    reporter = TuneReporter(name, spec, context, tracker, run_id, agent.acting_modules, tuple(agent.modules()))
+    reporter = TuneReporter(name, spec, context, run, agent.acting_modules, tuple(agent.modules()), history)
+    run.sync(history, tags={} if resumed is None else {"qed.resumed_from_env_step": resumed})
     try:
-        checkpoint = tune.get_checkpoint()
-        if checkpoint is not None:
-            with checkpoint.as_directory() as d:
-                trainer.restore(Path(d))
-            tracker.set_tags(run_id, {"qed.resumed_from_env_step": trainer.resumed_from})
         summary = trainer.run()
-        # Recorded before the run ends, so a finished trial always has them when the gather step looks.
-        tracker.record_checksums(run_id, recorded_values(layout, name))
-        tracker.set_tags(run_id, {"qed.status": summary["status"]})
-        tracker.end_run(run_id)
-    except BaseException as e:  # noqa: BLE001 - record any failure, then let Tune retry or mark the trial errored
-        tracker.end_run(run_id, failed_reason=f"{type(e).__name__}: {e}")
+    except DivergenceError as e:
+        reason = f"DivergenceError: {e}"
+        write_json(layout.diverged_marker(name), {"reason": reason, "env_steps": trainer.p.decisions
+                                                  * spec.train.frame_skip})
+        log(f"{name}: {reason}; the trial is final (a deterministic continuation would diverge again)")
+        run.finish(reporter.history, failed_reason=reason, timeout_s=context.mlflow_timeout_s)
+        return
+    except Exception as e:  # noqa: BLE001 - note it on the run (best-effort), then let Tune retry the trial
+        run.sync(reporter.history, tags={"qed.last_error": f"{type(e).__name__}: {e}"[:5000]})
         raise
+    # The checksums go with the run's end; if MLflow stays down they wait in DONE.json for the driver.
+    run.finish(reporter.history, tags={"qed.status": summary["status"], **checksum_tags(done_checksums(layout, name))},
+               timeout_s=context.mlflow_timeout_s)
+    if not context.keep_replay:
+        prune_chunks(layout.replay(name))  # resume never needs them after DONE.json, the gather step never reads them
 
 
 def _limit_gpu_memory(fraction: float) -> None:
@@ -143,10 +217,3 @@ def _limit_gpu_memory(fraction: float) -> None:
 
     if 0 < fraction < 1 and torch.cuda.is_available():
         torch.cuda.set_per_process_memory_fraction(fraction)
-
-
-def _record_node(tracker: Tracker, run_id: str) -> None:
-    """Appends this worker's Ray node id to the run's ``qed.node_ids`` tag (where each attempt ran)."""
-    node = ray.get_runtime_context().get_node_id()
-    seen = tracker.tags(run_id).get("qed.node_ids", "")
-    tracker.set_tags(run_id, {"qed.node_ids": ",".join(filter(None, [seen, node]))})

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import yaml
@@ -43,19 +47,103 @@ def cli_env(**extra) -> dict:
     return env
 
 
-def run_sweep_cli(spec: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    """Runs ``python -m qed_ray.sweep SPEC`` as a user would."""
-    return subprocess.run([sys.executable, "-m", "qed_ray.sweep", str(spec), *args], cwd=ROOT, env=cli_env(),
+def run_sweep_cli(spec: Path, *args: str, timeout: float = 900, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Runs ``python -m qed_ray.sweep SPEC`` as a user would (``env``: a whole environment, default :func:`cli_env`)."""
+    return subprocess.run([sys.executable, "-m", "qed_ray.sweep", str(spec), *args], cwd=ROOT, env=env or cli_env(),
                           capture_output=True, text=True, timeout=timeout)
 
 
-def sweep_runs(sweep_dir: Path, experiment: str):
-    """All MLflow runs of the sweep in ``sweep_dir`` (SQLite store), via the project's tracker."""
+def start_sweep(spec: Path, log: Path, env: dict | None = None) -> subprocess.Popen:
+    """Starts ``python -m qed_ray.sweep SPEC`` in its own session (so a signal can reach its whole process group, as
+    Ctrl-C in a terminal does), output to ``log``."""
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "qed_ray.sweep", str(spec)], cwd=ROOT, env=env or cli_env(),
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for(condition, timeout: float, what: str, poll_s: float = 0.2, alive: subprocess.Popen | None = None):
+    """Polls ``condition()`` until it returns something truthy (returned); fails naming ``what`` on timeout or when
+    the ``alive`` process ended first."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = condition()
+        if value:
+            return value
+        assert alive is None or alive.poll() is None, f"the process ended (rc {alive.returncode}) before: {what}"
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for: {what}")
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """A real ``mlflow server`` on localhost (SQLite backend and proxied artifacts under ``root``) that a test can
+    stop and start again, on the same port or a new one, keeping its store. Its process group is its own."""
+
+    def __init__(self, root: Path):
+        self.root, self.port, self.proc = root, None, None
+        root.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def artifacts(self) -> Path:
+        """Where the server stores artifacts (clients upload through it)."""
+        return self.root / "artifacts"
+
+    def start(self, port: int | None = None) -> "MlflowServer":
+        """Starts the server (on ``port``, else a free one) and waits for its health endpoint."""
+        self.port = port or free_port()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+        env["MLFLOW_BACKEND_STORE_URI"] = f"sqlite:///{self.root / 'store.db'}"
+        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"  # no job runner: starts several seconds sooner
+        with open(self.root / "server.log", "a") as log:
+            self.proc = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "server", "--host",
+                                          "127.0.0.1", "--port", str(self.port), "--workers", "1",
+                                          "--artifacts-destination", str(self.artifacts)],
+                                         env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for(self._healthy, 180, f"mlflow server on port {self.port}", poll_s=0.5, alive=self.proc)
+        return self
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        """Stops the server and everything in its process group (SIGTERM, then SIGKILL for whatever is left)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # workers that outlived the server
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+
+def sweep_runs(sweep_dir: Path, experiment: str, uri: str | None = None):
+    """All MLflow runs of the sweep in ``sweep_dir`` (its SQLite store, or the tracking server at ``uri``), via the
+    project's tracker."""
     from qed_ray.tracking import Tracker
 
     layout = SweepDir(sweep_dir)
     state = json.loads(layout.state_file.read_text())
-    tracker = Tracker(f"sqlite:///{layout.mlflow_db}", experiment, state["sweep_id"])
+    tracker = Tracker(uri or f"sqlite:///{layout.mlflow_db}", experiment, state["sweep_id"])
     return tracker, tracker.runs()
 
 

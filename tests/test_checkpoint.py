@@ -1,6 +1,8 @@
 """Checkpoints: round-trip, exact resume, clear errors on corrupt, mismatched or outdated files."""
 
 import json
+import struct
+import zipfile
 from importlib import metadata
 from pathlib import Path
 
@@ -12,7 +14,8 @@ from qed_ray.agents import make_agent
 from qed_ray.checkpoint import (FORMAT_VERSION, CheckpointError, CheckpointVersionError, load_checkpoint,
                                 save_checkpoint)
 from qed_ray.config import RunSpec
-from qed_ray.replay import ReplayBuffer, list_chunks
+from qed_ray.replay import ReplayBuffer, list_chunks, prune_chunks
+from qed_ray.spec import SpecError
 from qed_ray.train import main, run
 
 
@@ -78,8 +81,14 @@ def test_resuming_with_another_variant_is_refused(tiny_run, tmp_path):
     run(spec, tmp_path / "r")
     other = spec.model_copy(update={"temperature": spec.temperature.model_copy(update={"kind": "fixed",
                                                                                         "alpha": 0.1})})
-    with pytest.raises(CheckpointError, match="mismatched variant"):
+    with pytest.raises(SpecError) as refused:
         run(other, tmp_path / "r")
+    lines = str(refused.value).splitlines()
+    assert [line.split(":")[0] for line in lines] == ["temperature.alpha", "temperature.kind"]
+    assert 'trained with "te", this run gives "fixed"' in lines[1]
+    # The checkpoint's own identity check still guards direct loads.
+    with pytest.raises(CheckpointError, match="mismatched variant"):
+        load_checkpoint(tmp_path / "r" / "checkpoint", expect={"variant": "fixed0.1"})
 
 
 def test_replay_saves_only_new_transitions(tmp_path):
@@ -98,7 +107,7 @@ def test_replay_saves_only_new_transitions(tmp_path):
     other.load_incremental(tmp_path, 40)
     for k in buf.data:
         np.testing.assert_array_equal(other.data[k][:40], buf.data[k][:40])
-    with pytest.raises(FileNotFoundError, match="cover 30 transitions"):
+    with pytest.raises(CheckpointError, match="cover 30 transitions"):
         ReplayBuffer(100, 3, 2, np.random.default_rng(1)).load_incremental(tmp_path, 35)
 
 
@@ -118,6 +127,7 @@ def test_checkpoint_of_another_format_is_refused_and_kept(tiny_run, tmp_path, ca
     else:
         manifest["format_version"] = version
     (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    (tmp_path / "run.json").write_text("{}")  # a run folder of the CLI's own
     before = {p.name: p.read_bytes() for p in ckpt.iterdir()}
     with pytest.raises(CheckpointVersionError, match=r"manifest\.json: ") as err:
         load_checkpoint(ckpt)
@@ -149,3 +159,39 @@ def test_policy_snapshots_of_format_1_still_load_for_analysis(tmp_path):
     assert not np.array_equal(fresh.act_batch(obs), agent.act_batch(obs))  # the weights came from the file
     with pytest.raises(CheckpointVersionError, match="written by an older version of qed_ray"):
         load_checkpoint(snapshot)  # resuming from it is still refused
+
+
+def test_a_damaged_replay_chunk_is_named_and_pruning_removes_only_chunks(tmp_path):
+    rng = np.random.default_rng(0)
+    buf = ReplayBuffer(100, 3, 2, np.random.default_rng(1))
+    for n in (30, 10):
+        for _ in range(n):
+            buf.add(rng.normal(size=3), rng.normal(size=2), 1.0, rng.normal(size=3), False)
+        buf.save_incremental(tmp_path)
+    (first, second) = [p for _, _, p in list_chunks(tmp_path)]
+    intact = second.read_bytes()
+    second.write_bytes(intact[: len(intact) // 2])  # truncated by a full disk or a crash without fsync
+    with pytest.raises(CheckpointError, match=f"{second}: damaged replay chunk"):
+        ReplayBuffer(100, 3, 2, np.random.default_rng(1)).load_incremental(tmp_path, 40)
+    second.write_bytes(intact)
+    with zipfile.ZipFile(second) as z:
+        info = z.getinfo("obs.npy")
+    name_len, extra_len = struct.unpack("<HH", intact[info.header_offset + 26:info.header_offset + 30])
+    flipped = bytearray(intact)
+    flipped[info.header_offset + 30 + name_len + extra_len + info.compress_size - 1] ^= 0x01
+    second.write_bytes(bytes(flipped))  # one flipped bit in the obs array: its zip CRC no longer matches
+    with pytest.raises(CheckpointError, match=f"{second}: damaged replay chunk"):
+        ReplayBuffer(100, 3, 2, np.random.default_rng(1)).load_incremental(tmp_path, 40)
+    older = ReplayBuffer(100, 3, 2, np.random.default_rng(1))
+    older.load_incremental(tmp_path, 30)  # an older checkpoint needs only the intact first chunk
+    np.testing.assert_array_equal(older.data["obs"][:30], buf.data["obs"][:30])
+
+    (tmp_path / "notes.txt").write_text("not ours")
+    (tmp_path / ".chunk_0000000040_0000000050.tmp-1a2b3c4d.npz").write_bytes(b"left by a crash")
+    ours = sum(p.stat().st_size for p in tmp_path.iterdir() if p.name != "notes.txt")
+    assert prune_chunks(tmp_path) == ours
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+    (tmp_path / "notes.txt").unlink()
+    buf.save_incremental(tmp_path / "again")
+    prune_chunks(tmp_path / "again")
+    assert not (tmp_path / "again").exists(), "an emptied replay folder goes too"

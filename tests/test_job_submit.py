@@ -1,5 +1,7 @@
 """`ray job submit --working-dir . -- python -m qed_ray.sweep SPEC` against a real `ray start --head` (slow).
 
+A spec with a relative `storage_path` is refused there (its folder would be Ray's per-job package cache).
+
 The head runs with token auth (the session's throwaway token from conftest.py), as the clusters in cluster/ do; the
 same cluster also shows that the job API and the GCS refuse a client without the right token.
 """
@@ -92,6 +94,12 @@ def test_job_submit_runs_the_sweep_where_the_spec_says(tmp_path):
                 break
             time.sleep(10)
         refused = _refusals(env, dash, gcs)
+        # A relative storage_path would land in Ray's per-job package cache (the job's working folder): refused.
+        relative = subprocess.run(
+            [str(BIN / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", ".",
+             "--", "python", "-m", "qed_ray.sweep", str(tiny_spec(tmp_path, "jobrel", seeds=1,
+                                                                   storage_path="results"))],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     finally:
         _kill_cluster(temp_dir)
     # Without the cluster's token nobody gets in: not the job API (remote code execution by design), not the GCS.
@@ -100,6 +108,8 @@ def test_job_submit_runs_the_sweep_where_the_spec_says(tmp_path):
     assert "authentication" in refused["gcs_wrong"].stderr.lower(), refused["gcs_wrong"].stderr[-2000:]
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "succeeded" in proc.stdout and "IQM" in proc.stdout
+    assert relative.returncode != 0 and "error: storage_path: 'results' is relative, and this driver runs as a Ray " \
+        "job whose working folder is Ray's per-job package cache" in relative.stdout, relative.stdout[-3000:]
     sweep_dir = tmp_path / "results" / "job"  # where the spec's absolute storage_path says
     results = json.loads(SweepDir(sweep_dir).results_json.read_text())
     assert [(g["task"], g["variant"], g["seeds"]) for g in results["groups"]] == [("cartpole-balance", "te", [0])]

@@ -65,9 +65,10 @@ def _readme_rows() -> list[str]:
     return [span for row in table for span in re.findall(r"`([^`]+)`", row.split(" | ")[0])]
 
 
-def _expand(pattern: str, name: str, env_steps: int) -> str:
+def _expand(pattern: str, name: str, env_steps: int, start: str) -> str:
     trial = TrialId.from_name(name)
     return (pattern.replace("<trial>", trial.dirname).replace("<env_steps>", f"{env_steps:010d}")
+            .replace("<start>", start)
             .replace("<task>", trial.task).replace("<agent>", trial.agent).replace("<variant>", trial.variant)
             .replace("<seed>", str(trial.seed)))
 
@@ -75,19 +76,19 @@ def _expand(pattern: str, name: str, env_steps: int) -> str:
 def test_readme_table_lists_exactly_what_layout_builds(tmp_path):
     assert _readme_rows() == list(DOCUMENTED), "README 'Where results land' and layout.DOCUMENTED differ"
     layout = SweepDir(tmp_path)
-    name, steps = "finger-turn_easy/mad_sac/k=0.2+alpha_max=0.3/4", 120000
+    name, steps, start = "finger-turn_easy/mad_sac/k=0.2+alpha_max=0.3/4", 120000, "20260101-120000-0"
     for pattern, member in DOCUMENTED.items():
         attr = getattr(layout, member)
         if callable(attr):
-            params = list(inspect.signature(attr).parameters)
-            attr = attr(name, steps) if params == ["name", "env_steps"] else attr("<key>") if params == ["key"] \
-                else attr(name)
+            args = {"name": name, "env_steps": steps, "start": start, "key": "<key>"}
+            attr = attr(*(args[p] for p in inspect.signature(attr).parameters))
         rel = attr.relative_to(tmp_path).as_posix() + ("/" if pattern.endswith("/") else "")
-        assert rel == _expand(pattern, name, steps), (pattern, member)
+        assert rel == _expand(pattern, name, steps, start), (pattern, member)
     # Every path-building member of SweepDir is documented (the queries and the parents of documented paths aside).
     members = {n for n in vars(SweepDir) if not n.startswith("_") and n != "root"}
     assert members - set(DOCUMENTED.values()) == {"policies_root", "policies", "gather", "snapshots", "final_snapshot",
-                                                  "trials", "group_cache"}
+                                                  "trials", "group_cache", "tune_root", "trial_dirs", "checkpoints",
+                                                  "checkpoint_steps", "read_history", "diverged_reason", "trial_state"}
 
 
 def test_snapshots_are_the_complete_step_folders(tmp_path):
@@ -125,3 +126,28 @@ def test_layout_is_frozen_and_compares_by_root(tmp_path):
     with pytest.raises(AttributeError):
         layout.root = tmp_path / "x"
     assert L.SNAPSHOT_DIGITS == 10 and layout.state_file.parent == layout.root
+
+
+def test_trial_state_history_checkpoints_and_tune_folders(tmp_path):
+    layout = SweepDir(tmp_path)
+    name = "cartpole-balance/sac_ln/qed0.2/3"
+    assert layout.trial_state(name) == "pending" and layout.read_history(name) == []
+    assert layout.checkpoint_steps(name) == {} and layout.trial_dirs(name) == []
+    for steps in (1000, 3000):
+        layout.checkpoint(name, steps).mkdir(parents=True)
+        (layout.checkpoint(name, steps) / MANIFEST_FILE).write_text("{}")
+    (layout.checkpoints(name) / ".0000004000.tmp-1a2b3c").mkdir()  # a checkpoint being written
+    layout.checkpoint(name, 5000).mkdir()  # no manifest: incomplete
+    assert layout.checkpoint_steps(name) == {1000: layout.checkpoint(name, 1000), 3000: layout.checkpoint(name, 3000)}
+    layout.policies(name).mkdir(parents=True)
+    layout.history(name).write_text('[{"time_ms": 5, "metrics": {"env_steps": 1000}}]')
+    assert layout.read_history(name) == [{"time_ms": 5, "metrics": {"env_steps": 1000}}]
+    layout.diverged_marker(name).write_text("{}")
+    assert layout.trial_state(name) == "diverged"
+    layout.done_marker(name).write_text("{}")
+    assert layout.trial_state(name) == "done"
+    for start in ("20260102-000000-0", "20260101-000000-1", "20260101-000000-0"):
+        layout.trial_dir(name, start).mkdir(parents=True)
+    (layout.tune_root / "20260103-000000-0").mkdir()  # a start that did not run this trial
+    assert [d.parent.name for d in layout.trial_dirs(name)] == ["20260101-000000-0", "20260101-000000-1",
+                                                                "20260102-000000-0"]

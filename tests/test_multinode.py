@@ -238,12 +238,13 @@ def trial_nodes(db: Path) -> dict[str, list[str]]:
     return {trial: nodes.split(",") for trial, nodes in rows}
 
 
-def reported(trial_dir: Path) -> list[dict]:
-    """The results Tune's driver has recorded for a trial (its ``result.json`` rows, incl. the trial's ``pid``):
-    a row there means the driver also holds that result's checkpoint."""
+def reported(layout: SweepDir, trial: str) -> list[dict]:
+    """The results Tune's driver has recorded for a trial in this start (its ``result.json`` rows, incl. the trial's
+    ``pid``): a row there means the trial's checkpoint of that step is in the sweep folder."""
     rows = []
-    if (trial_dir / "result.json").exists():
-        for line in (trial_dir / "result.json").read_text().splitlines():
+    dirs = layout.trial_dirs(trial)
+    if dirs and (dirs[-1] / "result.json").exists():
+        for line in (dirs[-1] / "result.json").read_text().splitlines():
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError:  # the line being written
@@ -257,7 +258,7 @@ def running_trial_with_checkpoint(sweep_dir: Path, names: dict[str, str], worker
     layout = SweepDir(sweep_dir)
     nodes = trial_nodes(layout.mlflow_db)
     for trial in names.values():
-        rows = reported(layout.trial_dir(trial))
+        rows = reported(layout, trial)
         ran_on = nodes.get(trial, [])
         if rows and rows[-1]["env_steps"] < TRAIN["env_steps"] - TRAIN["eval_every"] and ran_on \
                 and ran_on[-1] in workers and not layout.done_marker(trial).exists():

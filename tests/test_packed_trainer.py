@@ -16,7 +16,7 @@ from qed_ray.agents import load_policy
 from qed_ray.checkpoint import CheckpointError
 from qed_ray.config import RunSpec
 from qed_ray.layout import SweepDir
-from qed_ray.pack_run import run_pack
+from qed_ray.pack_run import run_pack, seed_run_dir
 from qed_ray.pack import PACK_FILE, seed_dir
 from qed_ray.packed_trainer import build_packed_trainer
 from qed_ray.trainer import build_trainer
@@ -73,7 +73,7 @@ def test_a_resumed_pack_continues_bit_exactly(packs):
         assert resumed["updates"] == straight["updates"] == 150 and resumed["status"] == "finished"
     for a, b in zip(seed_states(root / "straight" / "checkpoint"), seed_states(root / "resumed" / "checkpoint")):
         assert_same_tensors(a, b)  # every module, optimiser moment and generator state
-    name = SweepDir(root / "resumed").trial_dir(pack_specs()[0].name)
+    name = seed_run_dir(SweepDir(root / "resumed"), pack_specs()[0].name)
     assert [json.loads(x)["env_steps"] for x in (name / "metrics.jsonl").read_text().splitlines()] == [1000, 2000]
     again = run_pack(pack_specs(), root / "resumed", log=quiet)  # a finished pack resumes to its end: no training
     assert [x["evals"] for x in again] == [x["evals"] for x in s["straight"]]
@@ -90,7 +90,7 @@ def test_each_seed_of_a_pack_has_the_files_of_a_single_seed_trial(packs):
             "actor", "critic", "critic_target", "temperature"]
         done = json.loads(layout.done_marker(spec.name).read_text())
         assert done["env_steps"] == 2000 and done["eval/return_mean"] == s["straight"][i]["evals"][-1]["return_mean"]
-        summary = json.loads((layout.trial_dir(spec.name) / "summary.json").read_text())
+        summary = json.loads((seed_run_dir(layout, spec.name) / "summary.json").read_text())
         assert summary["status"] == "finished" and summary["seed"] == spec.seed and summary["name"] == spec.name
         manifest = json.loads((root / "straight" / "checkpoint" / seed_dir(spec.seed) / "manifest.json").read_text())
         assert (manifest["pack"], manifest["pack_size"], manifest["pack_index"]) == (

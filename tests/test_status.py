@@ -1,18 +1,24 @@
-"""``--status`` from the sweep folder alone, on a hand-built folder: unfinished, failed, finished."""
+"""``--status`` from the sweep folder alone, on a hand-built folder: unfinished, failed, finished, and the driver
+holding the sweep's lock."""
 
+import json
 import math
+import os
+import socket
 import subprocess
 import sys
 import time
 
 import pytest
 import yaml
-from folder_helpers import BUDGET, finished_trial, save_snapshot
+from folder_helpers import BUDGET, finished_trial
 
+from qed_ray.checkpoint import FORMAT_VERSION
 from qed_ray.layout import SweepDir
+from qed_ray.lock import SweepLock
 from qed_ray.reanalyze import main as reanalyze
 from qed_ray.spec import SweepSpec
-from qed_ray.status import TrialState, projected_wall_s, report, trial_state
+from qed_ray.status import TrialState, driver, projected_wall_s, report, trial_state
 
 TE, QED = "cartpole-balance/sac_ln/te", "cartpole-balance/sac_ln/qed0.2"
 SPEC = {"name": "sweep", "tasks": ["cartpole-balance"], "seeds": 2,
@@ -28,23 +34,54 @@ def _spec(layout: SweepDir) -> SweepSpec:
     return SweepSpec.model_validate({**SPEC, "storage_path": str(layout.root.parent)})
 
 
+def _checkpoint(layout: SweepDir, name: str, step: int, wall_s: float) -> None:
+    """A full checkpoint's manifest (all --status reads of it) at ``step``."""
+    folder = layout.checkpoint(name, step)
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "env_steps": step,
+                                                      "progress": {"wall_s": wall_s}}))
+
+
 def test_trial_states_from_the_folder(sweep_copy):
-    layout = sweep_copy
+    layout, start = sweep_copy, "20260101-120000-0"
     assert trial_state(layout, f"{TE}/0", BUDGET) == TrialState(f"{TE}/0", "done", BUDGET, BUDGET, 20.0)
-    assert trial_state(layout, f"{QED}/1", BUDGET) == TrialState(f"{QED}/1", "running", 1000, BUDGET, 10.0)
+    assert trial_state(layout, f"{QED}/1", BUDGET) == TrialState(f"{QED}/1", "stopped", 1000, BUDGET, 10.0)
+    assert trial_state(layout, f"{QED}/1", BUDGET, live=True).state == "running", "a driver runs the sweep"
+    _checkpoint(layout, f"{QED}/1", 1500, 15.0)  # full checkpoints come at every evaluation, snapshots may not
+    assert trial_state(layout, f"{QED}/1", BUDGET) == TrialState(f"{QED}/1", "stopped", 1500, BUDGET, 15.0)
     assert trial_state(layout, f"{QED}/7", BUDGET).state == "not started"
-    layout.trial_dir(f"{QED}/7").mkdir(parents=True)  # Tune creates every trial's folder before it starts
+    layout.trial_dir(f"{QED}/7", start).mkdir(parents=True)  # Tune creates every trial's folder before it starts
     assert trial_state(layout, f"{QED}/7", BUDGET).state == "not started"
-    (layout.trial_dir(f"{QED}/7") / "params.json").write_text("{}")
-    assert trial_state(layout, f"{QED}/7", BUDGET).state == "running", "started: no evaluation yet"
-    error = layout.trial_dir(f"{QED}/1") / "error.txt"
+    (layout.trial_dir(f"{QED}/7", start) / "params.json").write_text("{}")
+    assert trial_state(layout, f"{QED}/7", BUDGET).state == "stopped", "started: no evaluation yet"
+    time.sleep(0.01)
+    error = layout.trial_dir(f"{QED}/1", start) / "error.txt"
     error.parent.mkdir(parents=True)
-    error.write_text("Traceback ...\nDivergenceError: non-finite loss/critic by env step 1500\n")
+    error.write_text("Failure # 1\nTraceback ...\nInjectedCrash: injected crash at env step 1700\n")
     failed = trial_state(layout, f"{QED}/1", BUDGET)
-    assert failed.state == "failed" and failed.error == "DivergenceError: non-finite loss/critic by env step 1500"
-    time.sleep(0.01)  # a newer snapshot means the trial was retried and runs again
-    save_snapshot(layout, f"{QED}/1", 2000, 3)
-    assert trial_state(layout, f"{QED}/1", BUDGET).state == "running"
+    assert failed.state == "failed" and failed.error == ("InjectedCrash: injected crash at env step 1700 (the next "
+                                                         "start retries it)"), "Tune gave up on it in that start"
+    time.sleep(0.01)  # a newer checkpoint means the trial was retried and runs again
+    _checkpoint(layout, f"{QED}/1", 2000 - 1, 19.0)
+    assert trial_state(layout, f"{QED}/1", BUDGET).state == "stopped"
+    layout.diverged_marker(f"{QED}/1").write_text(json.dumps({"reason": "DivergenceError: non-finite loss/critic"}))
+    assert trial_state(layout, f"{QED}/1", BUDGET) == TrialState(
+        f"{QED}/1", "failed", 1999, BUDGET, 19.0, "DivergenceError: non-finite loss/critic (final)")
+
+
+def test_the_lock_shows_whether_and_which_driver_runs_the_sweep(sweep_copy):
+    layout, spec = sweep_copy, _spec(sweep_copy)
+    assert driver(layout) is None and "driver: none running" in report(spec, layout)
+    with SweepLock(layout.lock_file):
+        holder = driver(layout)
+        assert holder.startswith(f"pid {os.getpid()} on host {socket.gethostname()} (started ")
+        text = report(spec, layout)
+        assert f"driver: {holder}" in text and "trials: 3 done, 1 running, 0 stopped, 0 failed" in text
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    layout.lock_file.write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "started": 1.0,
+                                            "heartbeat": time.time(), "token": "x"}))
+    assert driver(layout) is None, "a lock whose driver is gone is stale: nobody runs the sweep"
 
 
 def test_projection_scales_each_trial_to_its_budget():
@@ -59,7 +96,7 @@ def test_status_of_an_unfinished_then_finished_sweep(sweep_copy, capsys):
     layout = sweep_copy
     spec = _spec(layout)
     text = report(spec, layout)
-    assert "trials: 3 done, 1 running, 0 failed, 0 not started" in text
+    assert "trials: 3 done, 0 running, 1 stopped, 0 failed, 0 not started" in text
     assert "env steps: 7,000 of 8,000 (88%)" in text
     # spent: 20 + 20 + 20 + 10 s of trial wall time; projected: 60 s done + 10 s/1000 steps x 2000 = 80 s
     assert f"GPU-hours: {70 * 0.5 / 3600:.3g} spent, {80 * 0.5 / 3600:.3g} projected" in text
@@ -76,7 +113,7 @@ def test_status_of_an_unfinished_then_finished_sweep(sweep_copy, capsys):
 
     finished_trial(layout, f"{QED}/1")
     text = report(spec, layout)
-    assert "trials: 4 done, 0 running, 0 failed, 0 not started" in text and "env steps: 8,000 of 8,000" in text
+    assert "trials: 4 done, 0 running, 0 stopped, 0 failed, 0 not started" in text and "env steps: 8,000 of 8,000" in text
     assert "results: 1 of 2 groups gathered" in text, "qed0.2's cache key changed with its new seed"
 
 
@@ -87,6 +124,6 @@ def test_status_flag_starts_nothing_and_reads_the_folder(sweep_copy, tmp_path):
                           text=True, timeout=120, env={"MUJOCO_GL": "disable", "PATH": "/usr/bin:/bin",
                                                        "RAY_ADDRESS": "127.0.0.1:1"})  # nothing to reach
     assert proc.returncode == 0, proc.stderr
-    assert "trials: 3 done, 1 running" in proc.stdout and proc.stderr == ""
+    assert "trials: 3 done, 0 running, 1 stopped" in proc.stdout and proc.stderr == ""
     nowhere = SweepDir(tmp_path / "none" / "sweep")
     assert report(_spec(nowhere), nowhere) == f"sweep sweep: not started ({nowhere.root} has no sweep.json)"

@@ -73,9 +73,10 @@ def test_tiny_sweep_end_to_end(tmp_path):
         assert png.stat().st_size > 5000
 
     again = run_sweep_cli(spec)  # running the same command again resumes: nothing is re-trained or re-evaluated
-    assert again.returncode == 0 and "resuming sweep" in again.stdout
+    assert again.returncode == 0 and "8 trials (8 done, 0 new)" in again.stdout
     assert "gather: 0 group(s) evaluated, 4 taken from the cache" in again.stdout
     assert len(_children(sweep_runs(sweep_dir, "e2e")[1])) == 8
+    assert len(list(layout.tune_root.iterdir())) == 1, "no Tuner was started for finished trials"
 
     more = tiny_spec(tmp_path, "e2e", tasks=["cartpole-balance", "pendulum-swingup"], agents=agents,
                      final_eval={"episodes": 3, "action_rollouts": 2, "action_steps": 20, "curve_episodes": 1,
@@ -86,7 +87,7 @@ def test_tiny_sweep_end_to_end(tmp_path):
 
     status = subprocess.run([sys.executable, "-m", "qed_ray.sweep", str(more), "--status"], cwd=ROOT, env=cli_env(),
                             capture_output=True, text=True, timeout=120)
-    assert status.returncode == 0 and "trials: 8 done, 0 running, 0 failed, 0 not started" in status.stdout
+    assert status.returncode == 0 and "trials: 8 done, 0 running, 0 stopped, 0 failed, 0 not started" in status.stdout
     assert "env steps: 16,000 of 16,000 (100%)" in status.stdout and "results: 4 of 4 groups gathered" in status.stdout
 
 
@@ -125,8 +126,8 @@ def test_crashing_trial_is_retried_from_its_checkpoint(tmp_path):
     assert child.data.tags["qed.resumed_from_env_step"] == "2000", "resumed from the 2000-step checkpoint"
     hist = tracker.client.get_metric_history(child.info.run_id, "eval/return_mean")
     assert sorted(m.step for m in hist) == [1000, 2000, 3000]
-    error_file = SweepDir(tmp_path / "results" / "crash").trial_dir("cartpole-balance/sac_ln/te/0") / "error.txt"
-    assert "injected crash at env step 2500" in error_file.read_text()  # Tune's error file in the trial folder
+    (tune_dir,) = SweepDir(tmp_path / "results" / "crash").trial_dirs("cartpole-balance/sac_ln/te/0")
+    assert "injected crash at env step 2500" in (tune_dir / "error.txt").read_text()  # Tune's error file
 
 
 def test_killed_driver_resumes_without_retraining(tmp_path):
@@ -152,7 +153,9 @@ def test_killed_driver_resumes_without_retraining(tmp_path):
             pass
     proc = run_sweep_cli(spec)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "resuming sweep" in proc.stdout
+    # The killed driver's lock is stale (its pid is gone on this host): taken over, not a refusal.
+    assert f"taking over the sweep's stale lock: its driver (pid {driver.pid} on this host) is gone" in proc.stdout
+    assert f"3 trials ({len(done_before)} done, 0 new)" in proc.stdout
     assert {p: p.stat().st_mtime_ns for p in snapshots} == snapshots, "finished trials were not re-trained"
     tracker, runs = sweep_runs(sweep_dir, "kill")
     children = _children(runs)
@@ -163,8 +166,8 @@ def test_killed_driver_resumes_without_retraining(tmp_path):
     assert len(done_markers(sweep_dir)) == 3
 
 
-def test_diverging_trials_fail_loudly_with_their_reason_recorded(tmp_path):
-    spec = tiny_spec(tmp_path, "nan", seeds=1, max_retries=0,
+def test_diverging_trials_fail_loudly_with_their_reason_recorded_and_are_not_retried(tmp_path):
+    spec = tiny_spec(tmp_path, "nan", seeds=1, max_retries=2,
                      agents=[{"name": "sac_ln", "overrides": {"hidden": 16, "batch_size": 16},
                               "temperatures": [{"kind": "te"}, {"kind": "fixed", "alpha": 0.1}]}],
                      train={"env_steps": 2000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100,
@@ -175,8 +178,17 @@ def test_diverging_trials_fail_loudly_with_their_reason_recorded(tmp_path):
     assert failed and "DivergenceError: non-finite loss/critic" in failed[0] and "by env step 1500" in failed[0]
     tracker, runs = sweep_runs(tmp_path / "results" / "nan", "nan")
     by_trial = {r.data.tags.get("qed.trial"): r for r in _children(runs)}
+    layout = SweepDir(tmp_path / "results" / "nan")
     for trial in ("cartpole-balance/sac_ln/te/0", "cartpole-balance/sac_ln/fixed0.1/0"):
         assert by_trial[trial].info.status == "FAILED"
         assert "non-finite loss/critic" in by_trial[trial].data.tags["qed.failure_reason"]
+        # Final: recorded in the folder, and not retried from the same checkpoint (max_retries 2 notwithstanding).
+        marker = json.loads(layout.diverged_marker(trial).read_text())
+        assert marker["reason"].startswith("DivergenceError: non-finite loss/critic") and marker["env_steps"] == 1500
+        assert len(by_trial[trial].data.tags["qed.node_ids"].split(",")) == 1, "one attempt only"
+        assert not (layout.trial_dirs(trial)[0] / "error.txt").exists(), "Tune saw a trial that ended, not an error"
     parent = [r for r in runs if r.data.tags.get("qed.role") == "sweep"][0]
     assert parent.info.status == "FAILED" and "DivergenceError" in parent.data.tags["qed.failure_reason"]
+    again = run_sweep_cli(spec)  # a rerun does not retry diverged trials either: they are final
+    assert again.returncode == 1 and "2 trials (0 done, 0 new)" in again.stdout
+    assert len(list(layout.tune_root.iterdir())) == 1

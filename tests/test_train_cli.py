@@ -1,5 +1,7 @@
 """The single-run CLI refuses bad or silently-wrong settings before anything is built or written."""
 
+import json
+
 import pytest
 
 from qed_ray.train import main
@@ -50,3 +52,54 @@ def test_missing_task_and_missing_budget(tmp_path, capsys):
     spec = spec_from_args(args, flags)
     assert (spec.temperature.kind, spec.temperature.k, spec.seed) == ("qed", 0.3, 4), "flags override the config"
     assert "note: --env-steps not given: training for the default 2,000,000 env steps" in capsys.readouterr().out
+
+
+TINY = ["--task", "cartpole-balance", "--env-steps", "2000", "--eval-every", "1000", "--eval-episodes", "1",
+        "--warmup-decisions", "100", "--hidden", "16", "--batch-size", "16"]
+
+
+def test_folders_the_cli_did_not_make_are_refused_and_left_alone(tmp_path, capsys):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "data.csv").write_text("1,2")
+    mine = tmp_path / "mine"  # a run folder whose checkpoint/ is not ours (no manifest)
+    (mine / "checkpoint").mkdir(parents=True)
+    (mine / "run.json").write_text("{}")
+    (mine / "checkpoint" / "notes.txt").write_text("keep me")
+    expected = {a_file: f"error: --out: {a_file} is a file, not a folder",
+                foreign: f"error: --out: {foreign} is not empty and holds no run.json, so it is not a run folder of "
+                         f"this CLI; refusing to write into it (give a new or empty folder)",
+                mine: f"error: --out: {mine / 'checkpoint'} exists but holds no manifest.json, so it is not a "
+                      f"checkpoint of this CLI; refusing to replace it (move it away, or give another --out)"}
+    for out, line in expected.items():
+        assert main([*TINY, "--out", str(out)]) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == line
+    assert a_file.read_text() == "x" and [p.name for p in foreign.iterdir()] == ["data.csv"]
+    assert sorted(p.name for p in mine.rglob("*")) == ["checkpoint", "notes.txt", "run.json"]
+
+
+def test_resume_checks_the_settings_and_a_finished_run_keeps_its_summary(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*TINY, "--out", str(out)]) == 0
+    summary = (out / "summary.json").read_bytes()
+    capsys.readouterr()
+    # Same command again: reported, not retrained, summary.json untouched (no NaN figures from an empty interval).
+    assert main([*TINY, "--out", str(out)]) == 0
+    assert "already finished" in capsys.readouterr().out and (out / "summary.json").read_bytes() == summary
+    assert [json.loads(x)["env_steps"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1000, 2000]
+    # Other settings would continue a different run: refused, naming each changed setting once.
+    assert main([*TINY, "--gamma", "0.98", "--hidden", "32", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert [line.split(": ")[1] for line in err] == ["agent.gamma", "agent.hidden"], err
+    assert err[0].startswith(f"error: agent.gamma: the checkpoint in {out / 'checkpoint'} was trained with "
+                             f"<default>, this run gives 0.98")
+    assert main([*TINY[:2], "--env-steps", "1000", *TINY[4:], "--out", str(out)]) == 2
+    assert "train.env_steps: 1,000 is below the 2,000 env steps" in capsys.readouterr().err
+    # How the run executes is not what it is: another thread count passes the check (and finds the run finished;
+    # a larger --env-steps continuing it is test_checkpoint.py's exact-resume case).
+    assert main([*TINY, "--threads", "2", "--out", str(out)]) == 0
+    assert "already finished" in capsys.readouterr().out and (out / "summary.json").read_bytes() == summary
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "metrics.jsonl", "replay", "run.json",
+                                                     "summary.json"], "no staging or old checkpoint folder is left"

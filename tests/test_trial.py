@@ -39,3 +39,41 @@ def test_snapshots_keep_acting_modules_every_kth_eval_and_everything_at_the_end(
     kept = {s: snapshot_modules(s, train, 4, acting, every) for s in range(1000, 7000, 1000)}
     assert kept == {1000: None, 2000: None, 3000: None, 4000: acting, 5000: None, 6000: every}
     assert all(snapshot_modules(s, train, 1, acting, every) == acting for s in range(1000, 6000, 1000))
+
+
+def test_a_trial_resumes_from_its_newest_intact_checkpoint_in_the_sweep_folder(tmp_path, tiny_run):
+    from qed_ray.atomic import atomic_dir
+    from qed_ray.checkpoint import CheckpointError
+    from qed_ray.replay import list_chunks
+    from qed_ray.trainer import build_trainer
+    from qed_ray.trial import prune_checkpoints, restore_latest
+
+    spec = tiny_run(agent={"hidden": 16, "batch_size": 16}, train={"env_steps": 3000, "eval_every": 1000,
+                                                                   "warmup_decisions": 100})
+    layout, name = SweepDir(tmp_path), "cartpole-balance/sac_ln/te/0"
+
+    def keep(metrics, save):  # what TuneReporter does with each evaluation's full checkpoint
+        with atomic_dir(layout.checkpoint(name, metrics["env_steps"])) as d:
+            save(d)
+        prune_checkpoints(layout, name)
+
+    build_trainer(spec, keep, layout.replay(name), log=lambda s: None).run()
+    assert list(layout.checkpoint_steps(name)) == [2000, 3000], "the newest two are kept"
+    assert restore_latest(build_trainer(spec, keep, layout.replay(name)), layout, name, print) == 3000
+
+    newest_chunk = list_chunks(layout.replay(name))[-1][2]  # only the 3000-step checkpoint needs it
+    newest_chunk.write_bytes(newest_chunk.read_bytes()[:100])
+    said = []
+    trainer = build_trainer(spec, keep, layout.replay(name))
+    assert restore_latest(trainer, layout, name, said.append) == 2000
+    assert trainer.p.decisions == 1000 and trainer.replay.added == 1000 and trainer.resumed_from == 2000
+    assert said[0].startswith(f"WARNING {name}: cannot resume from {layout.checkpoint(name, 3000)}: {newest_chunk}: "
+                              f"damaged replay chunk")
+    assert said[1] == f"WARNING {name}: resumed from the older checkpoint at env step 2000"
+
+    (layout.checkpoint(name, 2000) / "state.pt").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match=f"{name}: no intact checkpoint: .*damaged replay chunk.*state.pt: "
+                                              f"corrupt"):
+        restore_latest(build_trainer(spec, keep, layout.replay(name)), layout, name, said.append)
+    assert restore_latest(build_trainer(spec, keep, tmp_path / "none"), SweepDir(tmp_path / "other"), name,
+                          print) is None, "a new trial starts from scratch"

@@ -1,0 +1,197 @@
+"""One driver per sweep: an exclusive lock file in the sweep folder, kept fresh by a heartbeat.
+
+Two drivers on one sweep (a job resubmitted after Ctrl-C only stopped its log tail, a second terminal) would run
+every trial twice in the same folders and delete each other's replay chunks. The driver therefore creates
+``sweep.lock`` with ``O_CREAT | O_EXCL`` (atomic on local filesystems and on NFSv3+), holding its host, pid,
+start time and a heartbeat that a daemon thread rewrites (atomically) every 30 s. A second driver finds the file
+and is refused, naming the holder. A lock is *stale*, and is taken over, when its host is this host and its pid
+is gone, or when its heartbeat is older than two minutes (a driver on another machine that died with it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from qed_ray.atomic import write_json
+
+HEARTBEAT_S = 30.0
+STALE_AFTER_S = 120.0
+
+
+class LockHeld(RuntimeError):
+    """Another live driver holds the sweep's lock; the message names it."""
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """The content of a lock file."""
+
+    host: str
+    pid: int
+    started: float
+    heartbeat: float
+    token: str
+
+    def describe(self, now: float) -> str:
+        """``pid 123 on host h (started 2026-01-01 12:00:00, last heartbeat 12 s ago)``."""
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
+        return (f"pid {self.pid} on host {self.host} (started {started}, last heartbeat "
+                f"{max(now - self.heartbeat, 0):.0f} s ago)")
+
+
+def read_lock(path: Path) -> LockInfo | None:
+    """The lock file's content; None if it is missing or not (yet) a complete lock record."""
+    try:
+        raw = json.loads(path.read_text())
+        return LockInfo(str(raw["host"]), int(raw["pid"]), float(raw["started"]), float(raw["heartbeat"]),
+                        str(raw["token"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def stale_reason(info: LockInfo | None, mtime: float, now: float, host: str, stale_after_s: float) -> str | None:
+    """Why a lock may be taken over, or None while its holder may still be running.
+
+    A file that is not a complete record (a holder between ``O_EXCL`` create and its first write) counts as held
+    until its modification time is older than ``stale_after_s``.
+    """
+    if info is None:
+        return f"an unreadable lock file, untouched for {now - mtime:.0f} s" if now - mtime > stale_after_s else None
+    if info.host == host and not pid_alive(info.pid):
+        return f"its driver (pid {info.pid} on this host) is gone"
+    if now - info.heartbeat > stale_after_s:
+        return f"its driver (pid {info.pid} on host {info.host}) sent no heartbeat for {now - info.heartbeat:.0f} s"
+    return None
+
+
+class SweepLock:
+    """The exclusive lock of one sweep folder, held from :meth:`acquire` to :meth:`release` (or a ``with`` block).
+
+    Args:
+        path: the lock file (``SweepDir.lock_file``).
+        heartbeat_s: seconds between heartbeats.
+        stale_after_s: a heartbeat older than this makes the lock stale.
+        log: where takeovers and a lost lock are reported.
+    """
+
+    def __init__(self, path: str | os.PathLike, heartbeat_s: float = HEARTBEAT_S,
+                 stale_after_s: float = STALE_AFTER_S, log: Callable[[str], None] = print):
+        self.path, self.heartbeat_s, self.stale_after_s, self.log = Path(path), heartbeat_s, stale_after_s, log
+        self.host = socket.gethostname()
+        self.info: LockInfo | None = None
+        self.lost = threading.Event()  # set when another driver took the lock over (this one was presumed dead)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "SweepLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        """Creates the lock file, taking over a stale one; raises :class:`LockHeld` naming a live holder."""
+        now = time.time()
+        self.info = LockInfo(self.host, os.getpid(), now, now, uuid.uuid4().hex)
+        for _ in range(5):  # a takeover race with a third driver may need a second look
+            if self._create():
+                self._start_heartbeat()
+                return
+            self._take_over_if_stale()
+        raise LockHeld(f"{self.path}: could not be created (other drivers keep taking it)")
+
+    def release(self) -> None:
+        """Stops the heartbeat and removes the file if it is still ours."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self.info is not None and self._owns():
+            self.path.unlink(missing_ok=True)
+        self.info = None
+
+    # ---- internals ---------------------------------------------------------------------------------------
+    def _create(self) -> bool:
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(asdict(self.info)))
+            f.flush()
+            os.fsync(f.fileno())
+        return True
+
+    def _take_over_if_stale(self) -> None:
+        try:
+            seen, mtime = self.path.read_bytes(), self.path.stat().st_mtime
+        except FileNotFoundError:
+            return  # released meanwhile: try to create it again
+        holder = read_lock(self.path)
+        now = time.time()
+        reason = stale_reason(holder, mtime, now, self.host, self.stale_after_s)
+        if reason is None:
+            raise LockHeld(f"{self.path}: this sweep is being run by another driver, "
+                           f"{holder.describe(now) if holder else 'which is starting'}; wait for it to end, or "
+                           f"stop it (Ctrl-C in its terminal, or `ray job stop` for a submitted job)")
+        aside = self.path.with_name(f".{self.path.name}.stale-{uuid.uuid4().hex[:8]}")
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return
+        if aside.read_bytes() != seen:  # a new holder replaced the stale file between our look and the rename
+            try:
+                os.link(aside, self.path)
+            except FileExistsError:
+                pass
+            aside.unlink(missing_ok=True)
+            raise LockHeld(f"{self.path}: another driver took this sweep over just now; wait for it to end")
+        aside.unlink(missing_ok=True)
+        self.log(f"taking over the sweep's stale lock: {reason}")
+
+    def _owns(self) -> bool:
+        current = read_lock(self.path)
+        return current is not None and self.info is not None and current.token == self.info.token
+
+    def _start_heartbeat(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._beat, name="qed-sweep-lock-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.heartbeat_s) and self.beat():
+            pass
+
+    def beat(self) -> bool:
+        """One heartbeat: rewrites the file with the current time; False (and :attr:`lost` set) if another driver
+        has taken the lock over meanwhile (it presumed this one dead: no heartbeat for ``stale_after_s``)."""
+        if not self._owns():
+            self.lost.set()
+            self.log(f"WARNING: {self.path} now belongs to another driver (this one was presumed dead); stop this "
+                     f"driver")
+            return False
+        self.info = LockInfo(**{**asdict(self.info), "heartbeat": time.time()})
+        try:
+            write_json(self.path, asdict(self.info))
+        except OSError as e:  # a full or unreachable disk: the next beat tries again
+            self.log(f"WARNING: could not refresh {self.path}: {e}")
+        return True

@@ -1,0 +1,114 @@
+"""One driver per sweep: the O_EXCL lock file, its heartbeat, and when a lock is stale and taken over."""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from qed_ray.lock import LockHeld, SweepLock, read_lock
+
+
+def _write(path, **fields):
+    now = time.time()
+    record = {"host": socket.gethostname(), "pid": os.getpid(), "started": now, "heartbeat": now, "token": "t0",
+              **fields}
+    path.write_text(json.dumps(record))
+    return record
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_second_holder_is_refused_naming_the_first_and_release_frees_it(tmp_path):
+    path = tmp_path / "sweep.lock"
+    first = SweepLock(path)
+    first.acquire()
+    info = read_lock(path)
+    assert (info.host, info.pid) == (socket.gethostname(), os.getpid())
+    assert abs(info.heartbeat - time.time()) < 5 and info.started == info.heartbeat
+    with pytest.raises(LockHeld) as held:
+        SweepLock(path).acquire()
+    message = str(held.value)
+    assert f"pid {os.getpid()} on host {socket.gethostname()}" in message
+    assert re.search("last heartbeat [0-4] s ago", message), message
+    assert read_lock(path) == info, "a refused driver leaves the holder's lock alone"
+    first.release()
+    assert not path.exists()
+    with SweepLock(path):
+        assert read_lock(path).token != info.token
+    assert not path.exists()
+
+
+def test_lock_of_a_dead_driver_on_this_host_is_taken_over(tmp_path):
+    path = tmp_path / "sweep.lock"
+    dead = _dead_pid()
+    _write(path, pid=dead)
+    said = []
+    with SweepLock(path, log=said.append) as lock:
+        assert read_lock(path).pid == os.getpid() and read_lock(path).token == lock.info.token
+    assert said == [f"taking over the sweep's stale lock: its driver (pid {dead} on this host) is gone"]
+    assert not list(tmp_path.iterdir()), "no stale copy is left behind"
+
+
+def test_lock_on_another_host_is_stale_only_when_its_heartbeat_is_old(tmp_path):
+    path = tmp_path / "sweep.lock"
+    _write(path, host="other-node", pid=1, heartbeat=time.time() - 30)  # pid 1 exists here, but on another host
+    with pytest.raises(LockHeld, match=r"pid 1 on host other-node .*last heartbeat 3\d s ago"):
+        SweepLock(path).acquire()
+    _write(path, host="other-node", pid=1, heartbeat=time.time() - 121)
+    said = []
+    with SweepLock(path, log=said.append):
+        assert read_lock(path).host == socket.gethostname()
+    assert len(said) == 1 and re.fullmatch(r"taking over the sweep's stale lock: its driver \(pid 1 on host "
+                                           r"other-node\) sent no heartbeat for 12\d s", said[0]), said
+
+
+def test_a_live_driver_on_this_host_is_never_stale_by_pid(tmp_path):
+    path = tmp_path / "sweep.lock"
+    _write(path, pid=os.getppid(), heartbeat=time.time() - 60)  # alive, heartbeat recent enough
+    with pytest.raises(LockHeld, match=f"pid {os.getppid()} on host"):
+        SweepLock(path).acquire()
+
+
+def test_a_half_written_lock_counts_as_held_until_it_is_old(tmp_path):
+    path = tmp_path / "sweep.lock"
+    path.write_text("")  # a holder between its O_EXCL create and its first write
+    with pytest.raises(LockHeld, match="which is starting"):
+        SweepLock(path).acquire()
+    old = time.time() - 300
+    os.utime(path, (old, old))
+    said = []
+    with SweepLock(path, log=said.append):
+        pass
+    assert said and said[0].startswith("taking over the sweep's stale lock: an unreadable lock file, untouched for")
+
+
+def test_heartbeat_refreshes_the_file(tmp_path):
+    path = tmp_path / "sweep.lock"
+    with SweepLock(path, heartbeat_s=0.05) as lock:
+        first = read_lock(path)
+        time.sleep(0.5)
+        later = read_lock(path)
+        assert later.heartbeat > first.heartbeat and later.token == first.token and later.started == first.started
+        assert not lock.lost.is_set()
+
+
+def test_a_heartbeat_notices_that_another_driver_took_over(tmp_path):
+    path = tmp_path / "sweep.lock"
+    said = []
+    lock = SweepLock(path, heartbeat_s=3600, log=said.append)  # beats only when called here
+    lock.acquire()
+    assert lock.beat() and not said
+    _write(path, token="someone-else")  # another driver presumed this one dead and took the lock
+    assert not lock.beat() and lock.lost.is_set()
+    assert said == [f"WARNING: {path} now belongs to another driver (this one was presumed dead); stop this driver"]
+    lock.release()
+    assert read_lock(path).token == "someone-else", "release never removes another driver's lock"

@@ -1,0 +1,219 @@
+"""A sweep's life on a real local Ray cluster and a real ``mlflow server`` (slow: marked, run in CI).
+
+One sweep is started, meets a second driver, loses its tracking server for 20 s, is stopped with Ctrl-C, is
+resumed against a tracking server that moved to another port while growing from 2 to 3 seeds, and is finally
+refused a changed training setting. A second sweep has one trial worker SIGKILLed and another killed by Ray's
+memory monitor while the driver runs on. Each scenario is one sweep, so that every start earns its seconds.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from qed_ray.layout import SweepDir
+from sweep_helpers import MlflowServer, cli_env, run_sweep_cli, start_sweep, sweep_runs, tiny_spec, wait_for
+
+pytestmark = pytest.mark.slow
+
+TRAIN = {"env_steps": 3000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100}
+STEPS = [1000, 2000, 3000]
+SEED = "cartpole-balance/sac_ln/te/{}".format
+
+
+def _error_line(stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if ln.startswith("error: ")]
+    assert len(lines) == 1, stderr[-3000:]
+    return lines[0]
+
+
+def _files(root) -> dict:
+    return {p: p.stat().st_mtime_ns for p in root.rglob("*") if p.is_file()}
+
+
+def _steps(tracker, run) -> list[int]:
+    return sorted(m.step for m in tracker.client.get_metric_history(run.info.run_id, "eval/return_mean"))
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A real tracking server, stopped at the end whatever happens."""
+    server = MlflowServer(tmp_path / "mlflow").start()
+    yield server
+    server.stop()
+
+
+def test_second_driver_outage_ctrl_c_then_growth_against_a_moved_server(tmp_path, server):
+    spec = tiny_spec(tmp_path, "life", seeds=2, max_concurrent_trials=1, train=TRAIN)
+    layout = SweepDir(tmp_path / "results" / "life")
+    driver = start_sweep(spec, tmp_path / "start1.log", env=cli_env(MLFLOW_TRACKING_URI=server.url))
+    try:
+        # One driver per sweep: a second one is refused at once, naming the first.
+        wait_for(layout.lock_file.exists, 300, "the first driver's lock", alive=driver)
+        second = run_sweep_cli(spec, env=cli_env(MLFLOW_TRACKING_URI=server.url))
+        assert second.returncode == 2 and _error_line(second.stderr).startswith(
+            f"error: {layout.lock_file}: this sweep is being run by another driver, pid {driver.pid} on host "
+            f"{socket.gethostname()} (started ")
+        # The tracking server goes away for 20 s right after the first trial's first evaluation.
+        wait_for(lambda: layout.checkpoint_steps(SEED(0)), 300, "seed 0's first checkpoint", alive=driver)
+        server.stop()
+        time.sleep(20)
+        server.start(server.port)
+        # Ctrl-C (SIGINT to the whole process group, as a terminal sends it) once seed 1 is under way.
+        wait_for(lambda: layout.checkpoint_steps(SEED(1)), 300, "seed 1's first checkpoint", alive=driver)
+        os.killpg(driver.pid, signal.SIGINT)
+        rc = driver.wait(timeout=120)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    log = (tmp_path / "start1.log").read_text()
+    assert rc == 130, log[-4000:]
+    assert "SIGINT: stopping the trials" in log and "nothing gathered" in log and not layout.gather.exists()
+    assert not layout.lock_file.exists()
+    tracker, runs = sweep_runs(layout.root, "life", server.url)
+    by_trial = {r.data.tags.get("qed.trial"): r for r in runs}
+    assert {t: r.info.status for t, r in by_trial.items()} == {None: "KILLED", SEED(0): "FINISHED",
+                                                               SEED(1): "KILLED"}, "no FAILED run"
+    assert _steps(tracker, by_trial[SEED(0)]) == STEPS, "the outage lost no evaluation and logged none twice"
+    assert not any("qed.failure_reason" in r.data.tags for r in runs)
+
+    # The second start: the server moved to another port, a stale lock lies around, the spec grew to 3 seeds.
+    server.stop()
+    server.start()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    layout.lock_file.write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "started": 1.0,
+                                            "heartbeat": time.time(), "token": "stale"}))
+    finished_files = _files(layout.policies(SEED(0))) | _files(layout.checkpoints(SEED(0)))
+    finished_run = by_trial[SEED(0)]
+    # (Two trials at a time now: how many run at once is not part of what a trial is.)
+    spec.write_text(yaml.safe_dump({**yaml.safe_load(spec.read_text()), "seeds": 3, "max_concurrent_trials": 2}))
+    proc = run_sweep_cli(spec, env=cli_env(MLFLOW_TRACKING_URI=server.url))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"taking over the sweep's stale lock: its driver (pid {dead.pid} on this host) is gone" in proc.stdout
+    assert "3 trials (1 done, 1 new)" in proc.stdout
+    # Exactly the unfinished and the new trial ran in this start; the finished one was not touched.
+    (start2,) = sorted(set(layout.tune_root.iterdir()) - {d.parent for d in layout.trial_dirs(SEED(0))})
+    assert sorted(d.name for d in start2.iterdir() if d.is_dir()) == [
+        "cartpole-balance__sac_ln__te__s1", "cartpole-balance__sac_ln__te__s2"]
+    assert _files(layout.policies(SEED(0))) | _files(layout.checkpoints(SEED(0))) == finished_files
+    tracker, runs = sweep_runs(layout.root, "life", server.url)  # the moved server has every run
+    by_trial = {r.data.tags.get("qed.trial"): r for r in runs}
+    assert {t: r.info.status for t, r in by_trial.items()} == {None: "FINISHED", SEED(0): "FINISHED",
+                                                               SEED(1): "FINISHED", SEED(2): "FINISHED"}
+    again = by_trial[SEED(0)]
+    assert (again.info.run_id, again.info.end_time, again.data.metrics) == (
+        finished_run.info.run_id, finished_run.info.end_time, finished_run.data.metrics)
+    assert all(_steps(tracker, by_trial[SEED(s)]) == STEPS for s in range(3))
+    assert int(by_trial[SEED(1)].data.tags["qed.resumed_from_env_step"]) in STEPS[:-1]
+    assert "qed.resumed_from_env_step" not in by_trial[SEED(2)].data.tags
+    # Finished trials keep what gather and a rerun need, not their replay chunks.
+    assert all(layout.trial_state(SEED(s)) == "done" and not layout.replay(SEED(s)).exists() for s in range(3))
+    assert all(3000 in layout.snapshots(SEED(s)) for s in range(3))
+    results = json.loads(layout.results_json.read_text())
+    assert [g["seeds"] for g in results["groups"]] == [[0, 1, 2]]
+    # Artifacts went through the tracking server, not to a client-side folder.
+    parent = by_trial[None].info.run_id
+    assert "gather/results.json" in {a.path for a in tracker.client.list_artifacts(parent, "gather")}
+    assert list(server.artifacts.rglob("results.json")) and not layout.mlartifacts.exists()
+
+    # A changed training setting is refused, naming it once; the folder is left as it was.
+    state = layout.state_file.read_text()
+    changed = yaml.safe_load(spec.read_text())
+    spec.write_text(yaml.safe_dump({**changed, "train": {**changed["train"], "eval_episodes": 2}}))
+    refused = run_sweep_cli(spec, env=cli_env(MLFLOW_TRACKING_URI=server.url))
+    line = _error_line(refused.stderr)
+    assert refused.returncode == 2 and line.startswith("error: train.eval_episodes: this sweep's 3 trial(s) ran with "
+                                                       "1 (e.g. cartpole-balance/sac_ln/te/0), the spec now gives 2")
+    assert line.count("eval_episodes") == 1 and layout.state_file.read_text() == state
+
+
+def _meminfo() -> tuple[int, int]:
+    fields = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in open("/proc/meminfo")}
+    return fields["MemTotal"], fields["MemTotal"] - fields["MemAvailable"]
+
+
+def _trial_worker(driver_pid: int, layout: SweepDir, name: str):
+    """The pid of the Ray worker running trial ``name`` (the only trial running: max_concurrent_trials 1), once the
+    trial has a checkpoint and is not done; None before."""
+    if not layout.checkpoint_steps(name) or layout.trial_state(name) != "pending":
+        return None
+    found = [pid for pid in _descendants(driver_pid) if _cmdline(pid).startswith("ray::ImplicitFunc")]
+    return found[0] if len(found) == 1 else None
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _descendants(root: int) -> set[int]:
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    found, grew = {root}, True
+    while grew:
+        children = {p for p, pp in parents.items() if pp in found} - found
+        found |= children
+        grew = bool(children)
+    return found - {root}
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_trial_workers_killed_from_outside_are_retried_while_the_driver_runs_on(tmp_path):
+    # Ray's memory monitor, made sensitive: it kills a worker once the node uses 4 GB more than now. A helper
+    # process then takes 6 GB while a trial runs (as another program on a node would), until the kill.
+    total, used = _meminfo()
+    env = cli_env(RAY_memory_usage_threshold=f"{(used + 4e9) / total:.4f}", RAY_memory_monitor_refresh_ms="100")
+    spec = tiny_spec(tmp_path, "killed", seeds=2, max_concurrent_trials=1, max_retries=2, train=TRAIN)
+    layout = SweepDir(tmp_path / "results" / "killed")
+    driver = start_sweep(spec, tmp_path / "driver.log", env=env)
+    hog = None
+    try:
+        # 1. A SIGKILLed trial worker (frozen first, so it cannot finish before the kill).
+        pid = wait_for(lambda: _trial_worker(driver.pid, layout, SEED(0)), 300, "seed 0 running", alive=driver)
+        os.kill(pid, signal.SIGSTOP)
+        os.kill(pid, signal.SIGKILL)
+        # 2. A trial worker killed by Ray's memory monitor.
+        pid = wait_for(lambda: _trial_worker(driver.pid, layout, SEED(1)), 300, "seed 1 running", alive=driver)
+        os.kill(pid, signal.SIGSTOP)
+        hog = subprocess.Popen([sys.executable, "-c", "import numpy, time; a = numpy.ones(int(6e9 // 8)); "
+                                                      "time.sleep(600)"])
+        wait_for(lambda: _gone(pid), 180, "Ray's memory monitor killing seed 1", poll_s=0.05, alive=driver)
+        hog.kill()
+        rc = driver.wait(timeout=600)
+    finally:
+        if hog is not None and hog.poll() is None:
+            hog.kill()
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+    log = (tmp_path / "driver.log").read_text()
+    assert rc == 0, log[-4000:]
+    assert "Trial task failed for trial cartpole-balance/sac_ln/te/0" in log  # Tune retried the SIGKILLed one
+    assert "killed due to the node running low on memory" in log  # ... and the driver outlived the memory monitor
+    tracker, runs = sweep_runs(layout.root, "killed")
+    trials = {r.data.tags["qed.trial"]: r for r in runs if r.data.tags.get("qed.role") == "trial"}
+    assert sorted(trials) == [SEED(0), SEED(1)] and all(r.info.status == "FINISHED" for r in trials.values())
+    for run in trials.values():
+        assert _steps(tracker, run) == STEPS
+        assert int(run.data.tags["qed.resumed_from_env_step"]) in STEPS[:-1], "resumed from its checkpoint"
+        assert len(run.data.tags["qed.node_ids"].split(",")) >= 2, "a second attempt"

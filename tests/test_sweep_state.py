@@ -1,0 +1,321 @@
+"""The sweep folder before and after training, without Ray: refusals (exit 2, the field named once, nothing created),
+growing sweeps and the identity checks behind them, --dry-run against the folder, and the folder as the record
+that MLflow is brought in line with."""
+
+import json
+import os
+import re
+import time
+import uuid
+
+import pytest
+import yaml
+
+from qed_ray.checksums import Recorded
+from qed_ray.layout import SweepDir
+from qed_ray.results import FailedTrial
+from qed_ray.spec import SweepSpec
+from qed_ray.sweep_state import check_folder, move_aside, outcome, plan, sync_runs, write_state
+from qed_ray.tracking import Tracker
+
+SEED0 = "cartpole-balance/sac_ln/te/0"
+BASE = {"name": "s", "tasks": ["cartpole-balance"], "seeds": 2,
+        "agents": [{"name": "sac_ln", "overrides": {"hidden": 16}, "temperatures": [{"kind": "te"}]}],
+        "train": {"env_steps": 2000, "eval_every": 1000, "warmup_decisions": 100}}
+
+
+def _spec(**changes) -> SweepSpec:
+    return SweepSpec.model_validate({**BASE, **changes})
+
+
+@pytest.fixture
+def cli(monkeypatch, tmp_path, capsys):
+    """Runs ``python -m qed_ray.sweep`` in-process; returns ``(exit code, stderr)``."""
+    for key in ("TUNE_DISABLE_SIGINT_HANDLER", "RAY_AIR_NEW_OUTPUT", "QED_STORAGE_PATH", "QED_STORAGE_ROOT",
+                "RAY_JOB_CONFIG_JSON_ENV_VAR", "MLFLOW_TRACKING_URI"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("TUNE_DISABLE_SIGINT_HANDLER", "0")  # restored after the test (main() sets it)
+    monkeypatch.setenv("RAY_AIR_NEW_OUTPUT", "0")
+    from qed_ray.sweep import main
+
+    def run(spec: dict, *flags: str):
+        path = tmp_path / f"spec-{uuid.uuid4().hex[:6]}.yaml"
+        path.write_text(yaml.safe_dump(spec))
+        capsys.readouterr()
+        code = main([str(path), *flags])
+        out = capsys.readouterr()
+        return code, out.err, out.out
+
+    return run
+
+
+def _error_line(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.startswith("error: ")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("storage, field, says", [
+    ("/", "storage_path", "resolves to /, the filesystem root"),
+    ("/etc", "storage_path", "resolves to /etc, a system folder"),
+    ("/usr/share/qed", "storage_path", "resolves to /usr/share/qed, inside the system folder /usr"),
+    ("/home", "storage_path", "resolves to /home, a system folder"),
+    ("~", "storage_path", "your home folder itself"),
+    ("s3://bucket/qed", "storage_path", "is a URI; give a filesystem path"),
+])
+def test_storage_in_system_folders_is_refused_before_anything_exists(cli, tmp_path, monkeypatch, storage, field,
+                                                                     says):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    name = f"qedtest-{uuid.uuid4().hex[:8]}"
+    for flags in ((), ("--dry-run",)):
+        code, err, _ = cli({**BASE, "name": name, "storage_path": storage}, *flags)
+        line = _error_line(err)
+        assert code == 2 and line.startswith(f"error: {field}: ") and says in line, line
+        assert line.count("storage_path") == 1
+    for parent in ("/", "/etc", "/usr/share/qed", "/home", str(tmp_path / "home")):
+        assert not os.path.exists(os.path.join(parent, name))
+
+
+def test_env_override_is_named_and_checked_too(cli, monkeypatch, tmp_path):
+    monkeypatch.setenv("QED_STORAGE_PATH", "/var/tmp/qed-results")
+    code, err, _ = cli({**BASE, "storage_path": str(tmp_path)}, "--dry-run")
+    assert code == 2 and _error_line(err).startswith(
+        "error: QED_STORAGE_PATH: '/var/tmp/qed-results' resolves to /var/tmp/qed-results, inside the system folder "
+        "/var")
+
+
+def test_relative_storage_under_ray_job_submit_is_refused_or_resolved_against_the_stable_root(cli, monkeypatch,
+                                                                                             tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")  # what Ray's job supervisor gives the driver
+    code, err, _ = cli({**BASE, "storage_path": "results"})
+    line = _error_line(err)
+    assert code == 2 and line.startswith("error: storage_path: 'results' is relative, and this driver runs as a Ray "
+                                         "job") and "QED_STORAGE_ROOT" in line and line.count("storage_path") == 1
+    assert not (tmp_path / "results").exists()
+    monkeypatch.setenv("QED_STORAGE_ROOT", str(tmp_path / "stable"))
+    code, err, out = cli({**BASE, "storage_path": "results"}, "--dry-run")
+    assert code == 0, err
+    assert f"-> {tmp_path / 'stable' / 'results' / 's'}  (MLflow sqlite:///{tmp_path}/stable/results/s/mlflow.db" in out
+    monkeypatch.setenv("QED_STORAGE_ROOT", "relative/root")
+    code, err, _ = cli({**BASE, "storage_path": "results"}, "--dry-run")
+    assert code == 2 and _error_line(err) == "error: QED_STORAGE_ROOT: 'relative/root' must be an absolute path"
+
+
+def test_a_folder_that_is_not_this_sweeps_is_never_written_or_moved(cli, tmp_path):
+    storage = tmp_path / "results"
+    (storage / "s").mkdir(parents=True)
+    (storage / "s" / "notes.txt").write_text("mine")
+    for flags in ((), ("--fresh",), ("--dry-run",)):
+        code, err, _ = cli({**BASE, "storage_path": str(storage)}, *flags)
+        assert code == 2 and _error_line(err) == (
+            f"error: storage_path: {storage / 's'} already holds files but no sweep.json, so it is not a sweep folder; "
+            f"refusing to write into it (choose another name or storage_path)")
+    assert [p.name for p in (storage / "s").iterdir()] == ["notes.txt"]
+    # A folder holding another sweep (a --fresh backup, say) is not this one either, --fresh or not.
+    other = SweepDir(storage / "s.old-20260101-000000")
+    write_state(other, plan(None, _spec()).state)
+    for flags in ((), ("--fresh",)):
+        code, err, _ = cli({**BASE, "name": "s.old-20260101-000000", "storage_path": str(storage)}, *flags)
+        assert code == 2 and _error_line(err).startswith(
+            f"error: name: {other.root} holds the sweep 's', not 's.old-20260101-000000'")
+    assert [p.name for p in other.root.iterdir()] == ["sweep.json"]
+    assert sorted(p.name for p in storage.iterdir()) == ["s", "s.old-20260101-000000"]
+
+
+def test_a_changed_trial_is_refused_by_the_run_and_the_dry_run_naming_the_field_once(cli, tmp_path):
+    storage = tmp_path / "results"
+    layout = SweepDir(storage / "s")
+    write_state(layout, plan(None, _spec()).state)
+    layout.done_marker("cartpole-balance/sac_ln/te/0").parent.mkdir(parents=True)
+    layout.done_marker("cartpole-balance/sac_ln/te/0").write_text("{}")
+    (layout.checkpoint("cartpole-balance/sac_ln/te/1", 1000) / "manifest.json").parent.mkdir(parents=True)
+    (layout.checkpoint("cartpole-balance/sac_ln/te/1", 1000) / "manifest.json").write_text("{}")
+    before = {p: p.stat().st_mtime_ns for p in storage.rglob("*")}
+    changed = {**BASE, "storage_path": str(storage), "seeds": 3,
+               "train": {**BASE["train"], "warmup_decisions": 200}}
+    for flags in ((), ("--dry-run",)):
+        code, err, out = cli(changed, *flags)
+        line = _error_line(err)
+        assert code == 2 and line == (
+            "error: train.warmup_decisions: this sweep's 2 trial(s) ran with 100 (e.g. cartpole-balance/sac_ln/te/0), "
+            "the spec now gives 200; a sweep's trials cannot change: restore the value, or start over with --fresh or "
+            "another name")
+    assert {p: p.stat().st_mtime_ns for p in storage.rglob("*")} == before, "nothing written, no lock left"
+    # The dry run shows what a run would do with each trial, from the folder.
+    code, err, out = cli({**BASE, "storage_path": str(storage), "seeds": 3}, "--dry-run")
+    assert code == 0, err
+    assert f"sweep s: 3 trials -> {layout.root}" in out
+    status = dict(re.findall(r"^  (\S+) .*\[(.*)\]$", out, re.M))
+    assert status == {"cartpole-balance/sac_ln/te/0": "done", "cartpole-balance/sac_ln/te/1": "resume from env step "
+                      "1,000", "cartpole-balance/sac_ln/te/2": "new"}
+
+
+def test_growing_adds_only_new_trials_and_keeps_the_sweeps_identity():
+    first = plan(None, _spec())
+    assert first.new == ["cartpole-balance/sac_ln/te/0", "cartpole-balance/sac_ln/te/1"] and not first.problems
+    grown = plan(first.state, _spec(seeds=3, tasks=["cartpole-balance", "pendulum-swingup"],
+                                    agents=[{"name": "sac_ln", "overrides": {"hidden": 16},
+                                             "temperatures": [{"kind": "te"}, {"kind": "qed", "k": [0.2, 0.3]}]}]))
+    assert not grown.problems and len(grown.new) == 2 * 3 * 3 - 2
+    assert grown.state["sweep_id"] == first.state["sweep_id"] and grown.state["created"] == first.state["created"]
+    assert set(grown.state["trials"]) == set(first.state["trials"]) | set(grown.new)
+    assert grown.state["trials"]["cartpole-balance/sac_ln/qed0.3/2"]["temperature.k"] == 0.3
+    # How a trial executes is not what it is: a device or thread count may change.
+    again = plan(grown.state, _spec(seeds=3, tasks=["cartpole-balance", "pendulum-swingup"],
+                                    train={**BASE["train"], "device": "cpu", "threads": 2},
+                                    agents=[{"name": "sac_ln", "overrides": {"hidden": 16},
+                                             "temperatures": [{"kind": "te"}, {"kind": "qed", "k": [0.2, 0.3]}]}]))
+    assert not again.problems and not again.new
+
+
+def test_renamed_and_dropped_trials_are_refused_naming_the_setting():
+    state = plan(None, _spec()).state
+    axis = plan(state, _spec(agents=[{"name": "sac_ln", "overrides": {"hidden": [16, 32]},
+                                      "temperatures": [{"kind": "te"}]}]))
+    assert axis.problems == [
+        "agent.hidden: now a grid axis, so 2 trial(s) of this sweep would be renamed (e.g. "
+        "cartpole-balance/sac_ln/te/0 -> cartpole-balance/sac_ln/te+hidden=16/0) and lose their checkpoints and MLflow "
+        "runs; keep agent.hidden as it was for this sweep, or start over with --fresh or another name"]
+    fewer = plan(state, _spec(seeds=[1]))
+    assert fewer.problems == ["seeds: the spec no longer has 1 trial(s) of this sweep (e.g. cartpole-balance/sac_ln/"
+                              "te/0); a sweep only grows: add them back, or start over with --fresh or another name"]
+    replaced = plan(state, _spec(agents=[{"name": "sac_ln", "overrides": {"hidden": 16},
+                                          "temperatures": [{"kind": "fixed", "alpha": 0.1}]}]))
+    assert [p.split(":")[0] for p in replaced.problems] == ["temperature.alpha", "temperature.kind"]
+
+
+def test_a_sweep_json_from_before_trial_identities_is_upgraded_only_if_its_grid_is_unchanged():
+    spec = _spec()
+    old = {"sweep_id": "abc123abc123", "fingerprint": spec.fingerprint(), "created": 1.0}
+    upgraded = plan(old, _spec(seeds=3))
+    assert upgraded.problems and upgraded.problems[0].startswith("trials: the spec's grid changed")
+    same = plan(old, spec)
+    assert not same.problems and not same.new and same.state["sweep_id"] == "abc123abc123"
+    assert sorted(same.state["trials"]) == ["cartpole-balance/sac_ln/te/0", "cartpole-balance/sac_ln/te/1"]
+
+
+def test_damaged_sweep_json_gives_the_way_out(tmp_path):
+    layout = SweepDir(tmp_path / "s")
+    layout.root.mkdir()
+    layout.state_file.write_text('{"sweep_id": "ab')
+    with pytest.raises(Exception, match=r"sweep.json: .* is damaged .*start over with --fresh"):
+        check_folder(layout, _spec())
+
+
+def test_fresh_moves_everything_but_the_lock_aside(tmp_path):
+    layout = SweepDir(tmp_path / "s")
+    write_state(layout, plan(None, _spec()).state)
+    (layout.root / "policies").mkdir()
+    layout.lock_file.write_text("{}")
+    backup = move_aside(layout)
+    assert backup.name.startswith("s.old-") and sorted(p.name for p in backup.iterdir()) == ["policies", "sweep.json"]
+    assert [p.name for p in layout.root.iterdir()] == ["sweep.lock"]
+    assert check_folder(layout, _spec()) is None, "a folder holding only the lock is a new sweep's"
+
+
+def _fake_trial(layout: SweepDir, name: str, steps: list[int], done: bool, checksums: dict | None = None):
+    for s in steps:
+        (layout.snapshot(name, s)).mkdir(parents=True)
+        (layout.snapshot(name, s) / "manifest.json").write_text("{}")
+    history = [{"time_ms": 1000 + s, "metrics": {"env_steps": s, "eval/return_mean": s / 10.0, "q/abs_diff_mean": 0.5,
+                                                 "perf/eval_s": 1.0}} for s in steps]
+    layout.history(name).write_text(json.dumps(history))
+    if done:
+        layout.done_marker(name).write_text(json.dumps({**history[-1]["metrics"], "checksums": checksums}))
+
+
+SHA = {"policy_sha256": "a" * 64, "snapshots_sha256": "b" * 64}
+
+
+def test_the_folder_is_the_record_and_mlflow_is_brought_in_line(tmp_path):
+    spec = _spec(seeds=5)
+    layout = SweepDir(tmp_path / "s")
+    names = [t.name for t in spec.trials()]
+    _fake_trial(layout, names[0], [1000, 2000], done=True, checksums=SHA)  # finished, its run never reached MLflow
+    _fake_trial(layout, names[1], [1000, 2000], done=True, checksums=SHA)  # finished and FINISHED in MLflow
+    _fake_trial(layout, names[2], [1000], done=False)        # interrupted: RUNNING in MLflow
+    layout.policies(names[3]).mkdir(parents=True)
+    layout.diverged_marker(names[3]).write_text(json.dumps({"reason": "DivergenceError: non-finite loss/critic"}))
+    _fake_trial(layout, names[4], [1000, 2000], done=True, checksums=SHA)  # FINISHED, MLflow down as it recorded
+    failures, unfinished = outcome(layout, spec, failed={})
+    assert unfinished == [names[2]]
+    assert [(f.name, f.error) for f in failures] == [(names[3], "DivergenceError: non-finite loss/critic")]
+
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "s", "sweep0000001")
+    parent = tracker.parent_run("s", {}, {})
+    finished = tracker.trial_run(parent, names[1], {})
+    tracker.log_history(finished, layout.read_history(names[1]), -1)
+    tracker.record_checksums(finished, Recorded(SHA["policy_sha256"], SHA["snapshots_sha256"]))
+    tracker.end_run(finished)
+    unrecorded = tracker.trial_run(parent, names[4], {})
+    tracker.log_history(unrecorded, layout.read_history(names[4]), -1)
+    tracker.end_run(unrecorded)
+    running = tracker.trial_run(parent, names[2], {})
+    end_before = tracker.client.get_run(finished).info.end_time
+    time.sleep(0.01)
+    sync_runs(tracker, parent, layout, spec, failures, unfinished)
+    runs = tracker.trial_runs()
+    assert {n: r.info.status for n, r in runs.items()} == {names[0]: "FINISHED", names[1]: "FINISHED",
+                                                           names[2]: "KILLED", names[3]: "FAILED",
+                                                           names[4]: "FINISHED"}
+    assert runs[names[1]].info.end_time == end_before, "a FINISHED run with its checksums is not touched"
+    assert runs[names[2]].info.run_id == running and "qed.failure_reason" not in runs[names[2]].data.tags
+    assert runs[names[3]].data.tags["qed.failure_reason"] == "DivergenceError: non-finite loss/critic"
+    steps = [m.step for m in tracker.client.get_metric_history(runs[names[0]].info.run_id, "eval/return_mean")]
+    assert sorted(steps) == [1000, 2000], "the missing run was created with every evaluation once"
+    # The checksums a finished trial could not record in MLflow come from its DONE.json (what the gather step needs).
+    assert tracker.recorded_checksums() == {n: Recorded(SHA["policy_sha256"], SHA["snapshots_sha256"])
+                                            for n in (names[0], names[1], names[4])}
+    assert runs[names[4]].info.run_id == unrecorded and "qed.policy_sha256" not in runs[names[2]].data.tags
+    assert outcome(layout, spec, failed={names[2]: "InjectedCrash: boom"}) == (
+        [FailedTrial(names[2], "InjectedCrash: boom"), failures[0]], []), "given up by Tune in this start"
+
+
+def test_ctrl_c_and_sigterm_stop_the_trials_once_then_exit_at_once():
+    import signal
+
+    from qed_ray.sweep import Interrupt
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    interrupt = Interrupt()
+    try:
+        interrupt.install()
+        assert not interrupt.stop_all()
+        os.kill(os.getpid(), signal.SIGTERM)  # `ray job stop`
+        assert interrupt.signum == signal.SIGTERM and interrupt.stop_all() and not interrupt("trial", {})
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)  # a second signal: exit now
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def test_failed_trials_are_summed_up_by_the_line_that_says_why():
+    from qed_ray.sweep import error_summary, sqlite_on_many_machines
+
+    traceback = ("Failure # 1 (occurred at 2026-01-01_00-00-00)\nray::ImplicitFunc.train() (pid=1, ip=10.0.0.1)\n"
+                 "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n"
+                 "qed_ray.trainer.InjectedCrash: injected crash at env step 2500\n")
+    assert error_summary(traceback) == "qed_ray.trainer.InjectedCrash: injected crash at env step 2500"
+    oom = ("Failure # 2 (occurred at 2026-01-01_00-00-00)\n1 worker(s) were killed due to the node running low on "
+           "memory.\nObject store memory usage: [...]\nRefer to the documentation on how to address it.\n")
+    assert error_summary(oom) == "1 worker(s) were killed due to the node running low on memory."
+    assert error_summary("") == "failed (no error message)"
+    one_machine = [{"NodeManagerAddress": "10.0.0.1"}, {"NodeManagerAddress": "10.0.0.1"}]
+    two_machines = [{"NodeManagerAddress": "10.0.0.1"}, {"NodeManagerAddress": "10.0.0.2"}]
+    assert sqlite_on_many_machines("sqlite:////shared/mlflow.db", one_machine) is None
+    assert sqlite_on_many_machines("http://head:5000", two_machines) is None
+    assert sqlite_on_many_machines("sqlite:////shared/mlflow.db", two_machines).startswith(
+        "tracking.uri: a SQLite store (sqlite:////shared/mlflow.db) on a cluster of 2 machines")
+
+
+def test_trials_that_never_started_may_still_change_or_go(tmp_path):
+    layout = SweepDir(tmp_path / "s")
+    state = plan(None, _spec(seeds=3)).state  # recorded by a start that a cluster check then refused, say
+    layout.checkpoint(SEED0, 1000).mkdir(parents=True)  # only seed 0 got anywhere
+    fewer = plan(state, _spec(seeds=1), layout)
+    assert not fewer.problems and sorted(fewer.state["trials"]) == [SEED0]
+    changed = plan(state, _spec(seeds=1, train={**BASE["train"], "warmup_decisions": 200}), layout)
+    assert [p.split(":")[0] for p in changed.problems] == ["train.warmup_decisions"], "a started trial still may not"

@@ -1,0 +1,91 @@
+"""MLflow as a mirror of the sweep folder, on a real SQLite store: each evaluation logged once across attempts and
+outages, reopened runs lose stale failure reasons, an unreachable server costs a warning, never an exception."""
+
+import os
+import socket
+
+import pytest
+
+from qed_ray.layout import SweepDir
+from qed_ray.tracking import Tracker, TrialRun, artifact_location, limit_http_retries
+
+
+def _history(*steps):
+    return [{"time_ms": 1_000_000 + s, "metrics": {"env_steps": s, "eval/return_mean": s / 100, "flag": True}}
+            for s in steps]
+
+
+def _steps(tracker, run_id, key="eval/return_mean"):
+    return sorted(m.step for m in tracker.client.get_metric_history(run_id, key))
+
+
+@pytest.fixture
+def store(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    tracker = Tracker(uri, "exp", "sweep0000001", artifact_location=str(tmp_path / "art"))
+    return tracker, tracker.parent_run("exp", {}, {})
+
+
+def test_each_evaluation_is_logged_once_across_attempts_and_retries(store):
+    tracker, parent = store
+    first = TrialRun(tracker.uri, "exp", "sweep0000001", parent, "t/sac_ln/te/0", {"seed": 0}, node_id="n1")
+    assert first.sync(_history(1000, 2000))
+    assert _steps(tracker, first.run_id) == [1000, 2000] and first.logged_up_to == 2000
+    # A retried attempt (new process) resumed from the 2000 checkpoint: it finds the same run and continues it.
+    second = TrialRun(tracker.uri, "exp", "sweep0000001", parent, "t/sac_ln/te/0", {"seed": 0}, node_id="n2")
+    assert second.sync(_history(1000, 2000, 3000), tags={"qed.resumed_from_env_step": 2000})
+    assert second.run_id == first.run_id and _steps(tracker, first.run_id) == [1000, 2000, 3000]
+    # Logging entries again (an answer lost in transit) adds nothing: the points keep their recorded time.
+    tracker.log_history(first.run_id, _history(1000, 2000, 3000), -1)
+    assert _steps(tracker, first.run_id) == [1000, 2000, 3000]
+    tags = tracker.tags(first.run_id)
+    assert tags["qed.node_ids"] == "n1,n2" and tags["qed.resumed_from_env_step"] == "2000"
+    assert "flag" not in tracker.client.get_run(first.run_id).data.metrics, "booleans are not metrics"
+    assert second.finish(_history(1000, 2000, 3000), tags={"qed.status": "finished"})
+    run = tracker.client.get_run(first.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["qed.status"] == "finished"
+    assert len(tracker.trial_runs()) == 1
+
+
+def test_a_reopened_run_drops_the_failure_reason_of_an_earlier_attempt(store):
+    tracker, parent = store
+    run_id = tracker.trial_run(parent, "t/sac_ln/te/1", {})
+    tracker.end_run(run_id, failed_reason="InjectedCrash: boom")
+    assert tracker.tags(run_id)["qed.failure_reason"] == "InjectedCrash: boom"
+    again = TrialRun(tracker.uri, "exp", "sweep0000001", parent, "t/sac_ln/te/1", {})
+    assert again.sync([])
+    run = tracker.client.get_run(run_id)
+    assert run.info.status == "RUNNING" and "qed.failure_reason" not in run.data.tags
+    assert again.finish([], killed=True) and tracker.client.get_run(run_id).info.status == "KILLED"
+
+
+def test_an_unreachable_server_costs_one_warning_and_no_exception(monkeypatch):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    said = []
+    run = TrialRun(f"http://127.0.0.1:{port}", "exp", "sweep0000001", "parent", "t/sac_ln/te/0", {}, log=said.append)
+    assert not run.sync(_history(1000)) and not run.sync(_history(1000, 2000))
+    assert len(said) == 1 and said[0].startswith(f"WARNING: MLflow at http://127.0.0.1:{port} failed for "
+                                                 f"t/sac_ln/te/0 (") and "metrics are kept" in said[0]
+    assert not run.finish(_history(1000, 2000), timeout_s=0, retry_s=0)
+    assert said[-1].startswith("WARNING: gave up ending the MLflow run of t/sac_ln/te/0 after 0 s")
+
+
+def test_artifacts_stay_local_only_for_a_local_store(tmp_path):
+    layout = SweepDir(tmp_path / "s")
+    assert artifact_location(f"sqlite:///{tmp_path}/mlflow.db", layout) == str(layout.mlartifacts)
+    assert artifact_location(f"file://{tmp_path}/mlruns", layout) == str(layout.mlartifacts)
+    assert artifact_location("http://head:5000", layout) is None
+    assert artifact_location("https://mlflow.example.org", layout) is None
+
+
+def test_http_retries_are_bounded_unless_the_user_chose(monkeypatch):
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", raising=False)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "90")
+    limit_http_retries()
+    assert (os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"], os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"],
+            os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"]) == ("2", "1", "90")
