@@ -1,4 +1,4 @@
-"""Deterministic evaluation rollouts (paper Sec. 6.1-6.2, App. C).
+"""Deterministic evaluation rollouts (paper Sec. 6.1-6.2, App. E).
 
 Policies act with tanh(mu). Every episode starts from an env built with its own seed, so several policies
 rolled out with the same seeds start from identical initial states and can be compared step by step.

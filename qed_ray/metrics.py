@@ -1,6 +1,6 @@
 """Behaviour-consistency and aggregate-performance metrics (pure numpy).
 
-Definitions follow DESIGN.md section 3 and the paper's App. C (policy-divergence protocol),
+Definitions follow docs/definitions.md (Metrics) and the paper's App. E (policy-divergence protocol),
 Sec. 6.1 (IQM with stratified-bootstrap CIs, after Agarwal et al. 2021) and Sec. 6.2 (action
 distance). Shapes use the letters: I policies (seeds), S pooled states, A action dimensions,
 P policies in a rollout comparison, T trajectories, L steps, D vector dimensions.
@@ -12,14 +12,14 @@ import numpy as np
 
 SIGMA_FLOOR = 1e-6
 """Smallest pre-tanh standard deviation used inside the KL. The actor bounds log-std to about
-[-5, 2] (DESIGN.md section 3), so this only guards against a collapsed head dividing by ~0."""
+[-5, 2] (docs/definitions.md, Actor), so this only guards against a collapsed head dividing by ~0."""
 
 DEFAULT_CHUNK_ELEMENTS = 1 << 18
 """Float64 elements per temporary in `pairwise_policy_divergence` (2 MiB each): small chunks stay
 in cache and ran faster than 8-32 MiB ones (chunk sweep in benchmarks/bench_metrics.py)."""
 
 DMC_MAX_RETURN = 1000.0
-"""dm_control episodes are 1000 control steps with rewards in [0, 1] (DESIGN.md section 3)."""
+"""dm_control episodes are 1000 control steps with rewards in [0, 1] (docs/definitions.md, Environment)."""
 
 _RETURN_TOLERANCE = 1e-3  # float32 reward sums may overshoot 1000 by rounding
 
@@ -69,7 +69,7 @@ def _sym_kl_terms(mu_p, sigma_p, mu_q, sigma_q) -> np.ndarray:
 
 
 def symmetric_kl(mu_p, sigma_p, mu_q, sigma_q) -> np.ndarray:
-    """Symmetric KL between diagonal Gaussians in pre-tanh space, per state (App. C).
+    """Symmetric KL between diagonal Gaussians in pre-tanh space, per state (App. E).
 
     Computes 0.5 * (KL(p||q) + KL(q||p)) with
     KL(p||q) = sum_j [log(s_q/s_p) + (s_p^2 + (m_p - m_q)^2) / (2 s_q^2) - 1/2].
@@ -113,7 +113,7 @@ def _check_policy_stack(mus, sigmas) -> tuple[np.ndarray, np.ndarray]:
 
 
 def pairwise_policy_divergence(mus, sigmas, *, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> np.ndarray:
-    """Matrix of mean symmetric KL between every pair of policies on a pooled state set (App. C).
+    """Matrix of mean symmetric KL between every pair of policies on a pooled state set (App. E).
 
     D(i, j) = mean over the S pooled states of symmetric_kl(policy i, policy j). Work is done in
     chunks of states, looping over i only, so no (I, I, S, A) array is ever built: temporaries
@@ -149,7 +149,7 @@ def pairwise_policy_divergence(mus, sigmas, *, chunk_elements: int = DEFAULT_CHU
 
 
 def variability_from_matrix(divergence) -> float:
-    """Inter-run variability V from a precomputed divergence matrix (App. C, Def. 1).
+    """Inter-run variability V from a precomputed divergence matrix (App. E, Def. 1).
 
     Args:
         divergence: array of shape (I, I), I >= 2, finite and >= 0 (only i != j entries used).
@@ -171,7 +171,7 @@ def variability_from_matrix(divergence) -> float:
 
 
 def inter_run_variability(mus, sigmas, *, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> float:
-    """Inter-run variability V of one method on one task (App. C; DESIGN.md section 3).
+    """Inter-run variability V of one method on one task (App. E; docs/definitions.md, Inter-run variability V).
 
     Args:
         mus: pre-tanh means of the I seeds' policies on the pooled states, shape (I, S, A), I >= 2.
@@ -192,7 +192,7 @@ def inter_run_variability(mus, sigmas, *, chunk_elements: int = DEFAULT_CHUNK_EL
 
 
 def pool_states(per_policy_states: Sequence[np.ndarray]) -> np.ndarray:
-    """Pools the states visited by every seed's evaluation rollouts into one set (App. C).
+    """Pools the states visited by every seed's evaluation rollouts into one set (App. E).
 
     Args:
         per_policy_states: one array per seed of shape (..., obs_dim), e.g. (episodes, steps,
@@ -418,7 +418,7 @@ def pairwise_action_distance(actions) -> np.ndarray:
 
 
 def normalized_score(returns) -> np.ndarray:
-    """DMC return divided by 1000, so scores lie in [0, 1] (DESIGN.md section 3).
+    """DMC return divided by 1000, so scores lie in [0, 1] (docs/definitions.md, Normalised score).
 
     Args:
         returns: array of any shape of episode returns in [0, 1000].
@@ -449,7 +449,7 @@ def _check_xy(x, y) -> tuple[np.ndarray, np.ndarray]:
 
 
 def linear_fit(x, y) -> tuple[float, float]:
-    """Least-squares line y ~ intercept + slope * x (critic-proxy check, App. A).
+    """Least-squares line y ~ intercept + slope * x (critic-proxy check, App. D).
 
     Args:
         x: array of shape (N,), N >= 2, not constant.
@@ -465,7 +465,7 @@ def linear_fit(x, y) -> tuple[float, float]:
 
 
 def r_squared(x, y) -> float:
-    """Coefficient of determination of the least-squares line y ~ a + b x (App. A).
+    """Coefficient of determination of the least-squares line y ~ a + b x (App. D).
 
     Equals the squared Pearson correlation: S_xy^2 / (S_xx * S_yy).
 

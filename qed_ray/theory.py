@@ -2,11 +2,11 @@
 
 Two results are checked on finite action sets with plain numpy:
 
-* Theorem 1 (pairwise KL control): two Boltzmann policies built from
+* Theorem 4.1 (pairwise KL control): two Boltzmann policies built from
   action-value vectors ``q1``, ``q2`` at the shared temperature
-  ``alpha = max(alpha_min, ||q1 - q2||_inf / kappa)`` (Eq. 2) are within
+  ``alpha = max(alpha_min, ||q1 - q2||_inf / kappa)`` (Eq. 3) are within
   ``2 kappa`` in directed KL, hence also in symmetric KL (App. A, "Symmetric KL").
-* Theorem 2 (convergence): coupled soft value iteration with that shared,
+* Theorem 4.2 (convergence): coupled soft value iteration with that shared,
   state-dependent temperature stays within the stated distance of the
   unregularised ``Q*`` and the two runs' disagreement contracts as
   ``gamma^t Delta_0``.
@@ -84,7 +84,7 @@ def kl_categorical(log_p: np.ndarray, log_q: np.ndarray) -> np.ndarray:
 
 def disagreement_temperature(q1: np.ndarray, q2: np.ndarray, kappa: np.ndarray,
                              alpha_min: np.ndarray) -> np.ndarray:
-    """Shared temperature ``max(alpha_min, ||q1 - q2||_inf / kappa)`` (Eq. 2).
+    """Shared temperature ``max(alpha_min, ||q1 - q2||_inf / kappa)`` (Eq. 3).
 
     Args:
         q1: first action-value vectors, shape ``[..., A]``.
@@ -110,7 +110,7 @@ def _theorem1_group(rng: np.random.Generator, n: int, n_actions: int,
     """Draws ``n`` random cases with ``n_actions`` actions and returns their KLs.
 
     Q scales, disagreement scales, kappa and alpha_min are log-uniform over
-    several decades so both regimes of Eq. 2 (floor active / disagreement
+    several decades so both regimes of Eq. 3 (floor active / disagreement
     active) occur. Half the cases use a sign pattern ``q2 = q1 ± delta``, which
     is where the bound is nearly tight for large kappa.
 
@@ -133,13 +133,13 @@ def _theorem1_group(rng: np.random.Generator, n: int, n_actions: int,
 
 def theorem1_check(n_cases: int, rng: np.random.Generator, temperature_scale: float = 1.0,
                    max_actions: int = 64) -> dict[str, np.ndarray | float]:
-    """Checks Theorem 1 (``KL <= 2 kappa``) on random Q-vector pairs.
+    """Checks Theorem 4.1 (``KL <= 2 kappa``) on random Q-vector pairs.
 
     Args:
         n_cases: number of random cases, >= 1.
         rng: numpy generator (the only randomness source).
         temperature_scale: factor multiplying the prescribed temperature of
-            Eq. 2; values < 1 use a *smaller* temperature than the theorem
+            Eq. 3; values < 1 use a *smaller* temperature than the theorem
             allows, so violations become possible.
         max_actions: largest action-set size; each case draws ``|A|`` uniformly
             in ``[2, max_actions]``.
@@ -254,7 +254,7 @@ def coupled_soft_iteration(mdp: FiniteMDP, q1: np.ndarray, q2: np.ndarray, kappa
 
 def theorem2_bound(err0: np.ndarray, delta0: float, gamma: float, alpha_min: float,
                    kappa: float, n_actions: int, n_iters: int) -> np.ndarray:
-    """Right-hand side of Theorem 2 for ``t = 0..T``.
+    """Right-hand side of Theorem 4.2 for ``t = 0..T``.
 
     Args:
         err0: ``||Q_0^(i) - Q*||_inf`` per run, shape ``[R]``.
@@ -290,7 +290,7 @@ def _theorem2_case(rng: np.random.Generator, n_iters: int) -> dict[str, np.ndarr
 
 
 def theorem2_check(n_mdps: int, rng: np.random.Generator, n_iters: int = 150) -> dict[str, object]:
-    """Checks Theorem 2 and the disagreement contraction on random MDPs.
+    """Checks Theorem 4.2 and the disagreement contraction on random MDPs.
 
     Each case draws S in [2, 12], |A| in [2, 8], gamma in [0.5, 0.97], kappa and
     alpha_min log-uniform, and two Gaussian initialisations of random scale.
@@ -337,7 +337,7 @@ def _plot_theorem1(res: dict, control: dict, path: str) -> None:
                label="KL at alpha x 0.05 (control)")
     lims = [res["bound"].min(), res["bound"].max()]
     ax.plot(lims, lims, "k--", label="bound 2 kappa")
-    ax.set(xscale="log", yscale="log", xlabel="2 kappa", ylabel="KL", title="Theorem 1")
+    ax.set(xscale="log", yscale="log", xlabel="2 kappa", ylabel="KL", title="Theorem 4.1")
     ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -374,8 +374,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         The printed worst ratios keyed by name.
     """
     parser = argparse.ArgumentParser(prog="python -m qed_ray.theory", description=__doc__.splitlines()[0])
-    parser.add_argument("--cases", type=int, default=10_000, help="random Q-pairs for Theorem 1")
-    parser.add_argument("--mdps", type=int, default=50, help="random MDPs for Theorem 2")
+    parser.add_argument("--cases", type=int, default=10_000, help="random Q-pairs for Theorem 4.1")
+    parser.add_argument("--mdps", type=int, default=50, help="random MDPs for Theorem 4.2")
     parser.add_argument("--iters", type=int, default=150, help="soft value-iteration steps per MDP")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="theory_out", help="folder for the plots")

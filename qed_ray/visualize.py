@@ -9,7 +9,7 @@ Outputs (default ``<sweep_dir>/gather/behaviour/``), per variant ``behaviour_<ta
 spread [L], colors [L, 4], frame_steps [F]), plus ``behaviour_<task>_<agent>.json`` (spread per step per variant).
 
 Rendering is headless: an explicit ``MUJOCO_GL`` is respected; unset, EGL is used when a probe context works (Mesa
-llvmpipe needs no GPU: shared/research/env_feasibility.md §3), else OSMesa (needs the package libosmesa6).
+llvmpipe needs no GPU), else OSMesa (needs the package libosmesa6).
 dm_control fixes the backend at its first import, so :func:`main` picks it before that import.
 """
 
@@ -26,6 +26,7 @@ from typing import Callable, Mapping, MutableMapping, Sequence
 
 import numpy as np
 
+from qed_ray.atomic import write_json
 from qed_ray.checkpoint import CheckpointError
 from qed_ray.layout import SweepDir
 from qed_ray.metrics import per_step_pairwise_distance
@@ -171,7 +172,7 @@ def frame_steps(steps: int, frames: int) -> np.ndarray:
 
 # ---- rendering and figures -------------------------------------------------------------------------------
 def _plain_scene(physics, scene) -> None:
-    """Shadows and reflections off: about 4x faster software rendering (env_feasibility.md §3)."""
+    """Shadows and reflections off: about 4x faster software rendering (llvmpipe)."""
     import mujoco
 
     scene.flags[mujoco.mjtRndFlag.mjRND_SHADOW] = 0
@@ -321,7 +322,7 @@ def run(args: argparse.Namespace, selected: dict[str, list[tuple[int, Path]]], s
         summary[v] = {"seeds": seeds, "snapshots": [str(d) for _, d in selected[v]], "spread": spreads[v].tolist(),
                       "spread_sum": float(spreads[v].sum())}
     paths.append(out / f"behaviour_{args.task}_{args.agent}.json")
-    paths[-1].write_text(json.dumps({**meta, "vmin": vmin, "vmax": vmax, "variants": summary}, indent=1))
+    write_json(paths[-1], {**meta, "vmin": vmin, "vmax": vmax, "variants": summary}, indent=1)
     return paths
 
 

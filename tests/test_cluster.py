@@ -524,7 +524,7 @@ def _mlflow_script(m, edit):
     ("listens on localhost", lambda m, cr: _mlflow_script(m, lambda a: a.replace("--host=0.0.0.0", "--host=127.0.0.1")),
      "bind 0.0.0.0"),
 ])
-def test_broken_kuberay_mlflow_wiring_is_rejected(ray_cr, name, mutate, message):
+def test_broken_kuberay_tracking_wiring_is_rejected(ray_cr, name, mutate, message):
     manifests = load_docs(ROOT / KUBERAY_MLFLOW)
     assert mlflow_reachability_problems(ray_cr, manifests) == []
     mutate(manifests, ray_cr)

@@ -1,4 +1,4 @@
-"""The dm_control layer: every task loads and obeys the wrapper contract (DESIGN.md §3)."""
+"""The dm_control layer: every task loads and obeys the wrapper contract (docs/definitions.md, Environment)."""
 
 import numpy as np
 import pytest

@@ -46,7 +46,7 @@ def test_hlgauss_support_matches_mad_defaults():
     centre = math.erf(2 / (3 * math.sqrt(2)))
     assert hl.encode(torch.tensor([0.0]))[0, 75].item() == pytest.approx(centre, abs=1e-6)
     prior = hl.zero_prior()
-    assert prior[75].item() == pytest.approx(17 * centre, abs=1e-5)  # the "+8.4" of research note §1.3
+    assert prior[75].item() == pytest.approx(17 * centre, abs=1e-5)  # the "+8.4" of docs/mad_sac.md (zero prior)
     assert prior[74].item() == pytest.approx(prior[76].item()) == pytest.approx(3.9056, abs=1e-4)
 
 

@@ -1,4 +1,4 @@
-"""Temperature rules: the expectile, QED's clipping and scaling, gradient isolation (DESIGN.md §3, paper Sec. 5.1)."""
+"""Temperature rules: the expectile, QED's clipping and scaling, gradient isolation (docs/definitions.md, paper Sec. 5.1)."""
 
 import numpy as np
 import pytest

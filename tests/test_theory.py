@@ -1,4 +1,4 @@
-"""Tests for qed_ray.theory: Theorems 1-2 (paper Sec. 4, App. A) on finite action sets."""
+"""Tests for qed_ray.theory: Theorems 4.1-4.2 (paper Sec. 4, App. A) on finite action sets."""
 
 import math
 
