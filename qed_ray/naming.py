@@ -27,12 +27,13 @@ _INT_RE = re.compile(r"-?\d+")
 
 
 def format_value(value: Any) -> str:
-    """Shortest text that reads back as ``value``: ``0.2``, ``1e-05``, ``512``, ``true``, ``relu``."""
+    """Shortest text that reads back as ``value``: ``0.2``, ``1e-05``, ``1e6``, ``512``, ``true``, ``relu``."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
         short = format(value, "g")
-        return short if float(short) == value else repr(value)
+        # "+" separates a label's settings, so a large value's exponent is written without it (1e+06 -> 1e6)
+        return re.sub(r"e\+0*", "e", short if float(short) == value else repr(value))
     text = str(value)
     if any(bad in text for bad in _FORBIDDEN):
         raise ValueError(f"{text!r} cannot appear in a trial name (it contains one of {' '.join(_FORBIDDEN)})")

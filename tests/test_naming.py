@@ -31,6 +31,7 @@ def _spec(tmp_path, agents, train=TRAIN, seeds=1):
     ({"kind": "qed", "k": 0.2, "alpha_max": 0.3}, "qed0.2+alpha_max=0.3"),
     ({"kind": "qed", "k": 0.4, "tau": 0.75, "n_actions": 16}, "qed0.4+n_actions=16+tau=0.75"),
     ({"kind": "te", "init_alpha": 1.0, "lr": 1e-05}, "te+init_alpha=1+lr=1e-05"),
+    ({"kind": "qed", "k": 0.2, "alpha_max": 1e6}, "qed0.2+alpha_max=1e6"),  # no "+" inside a value
 ])
 def test_temperature_labels_name_every_non_default_setting_and_parse_back(settings, label):
     spec = TemperatureSpec.model_validate(settings)
@@ -55,7 +56,7 @@ def test_variant_labels_with_axes_round_trip():
 
 
 @pytest.mark.parametrize("value", [0.1, 0.2, 1e-05, 3e-4, 0.30000000000000004, 123456789.0, -5.0, 512, 0, True, False,
-                                   "relu", "cuda:1"])
+                                   "relu", "cuda:1", 1e6, 1e22, -2.5e17, 1234567.5])
 def test_values_format_and_parse_back_exactly(value):
     text = format_value(value)
     back = parse_value(text)
