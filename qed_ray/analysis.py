@@ -17,7 +17,7 @@ import numpy as np
 
 from qed_ray import metrics
 from qed_ray.agents import load_policy
-from qed_ray.checkpoint import read_manifest
+from qed_ray.checkpoint import SNAPSHOT_FORMATS, read_manifest
 from qed_ray.evaluate import eval_seeds, rollout_many
 from qed_ray.layout import SweepDir, TrialId
 from qed_ray.results import GroupResult, TrialRecord
@@ -36,7 +36,7 @@ def trial_record(layout: SweepDir, name: str) -> TrialRecord:
     if not snapshots:
         raise FileNotFoundError(f"{layout.policies(name)}: no complete policy snapshot")
     final = max(snapshots)
-    manifest = read_manifest(snapshots[final])
+    manifest = read_manifest(snapshots[final], SNAPSHOT_FORMATS)
     budget = manifest["run"]["train"]["env_steps"]
     if final != budget:
         raise ValueError(f"{layout.policies(name)}: last policy snapshot at {final:,} env steps, the trial's budget "

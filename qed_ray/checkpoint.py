@@ -23,6 +23,9 @@ MANIFEST_FILE = "manifest.json"
 # 2: agents draw one noise block per update (the random streams changed), temperature state is ``log_alpha``,
 # metrics are one vector. A checkpoint of another version cannot continue the same run exactly.
 FORMAT_VERSION = 2
+# Policy snapshots only feed evaluation: their module weights load from format 1 too (agents.load_policy upgrades
+# the few renamed parameters), so every reader of a snapshot accepts these; resuming needs FORMAT_VERSION.
+SNAPSHOT_FORMATS = (1, FORMAT_VERSION)
 IDENTITY_FIELDS = ("task", "agent", "variant", "seed", "obs_dim", "action_dim")
 
 

@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from qed_ray.checkpoint import MANIFEST_FILE, STATE_FILE, read_manifest
+from qed_ray.checkpoint import MANIFEST_FILE, SNAPSHOT_FORMATS, STATE_FILE, read_manifest
 from qed_ray.layout import SweepDir
 from qed_ray.results import TrialRecord
 
@@ -54,7 +54,8 @@ def digest(checksums: dict[int, str]) -> str:
 
 def manifest_checksums(layout: SweepDir, name: str) -> dict[int, str]:
     """``{env_steps: state.pt SHA-256}`` of the trial's snapshots as their manifests state them."""
-    return {step: read_manifest(path)["state_sha256"] for step, path in layout.snapshots(name).items()}
+    snapshots = layout.snapshots(name)
+    return {step: read_manifest(path, SNAPSHOT_FORMATS)["state_sha256"] for step, path in snapshots.items()}
 
 
 def recorded_values(layout: SweepDir, name: str) -> Recorded:
@@ -91,7 +92,7 @@ def verify(record: TrialRecord, recorded: Recorded) -> None:
     if digest(actual) == recorded.snapshots_sha256:
         return
     for step, path in sorted(record.policies.items()):
-        stated = read_manifest(path).get("state_sha256")
+        stated = read_manifest(path, SNAPSHOT_FORMATS).get("state_sha256")
         if stated != actual[step]:
             raise TamperedSnapshotError(f"{Path(path) / STATE_FILE}: SHA-256 differs from its {MANIFEST_FILE}")
     folder = Path(record.policies[final]).parent

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from qed_ray.analysis import evaluate_group, trial_record
 from qed_ray.atomic import write_json
-from qed_ray.checkpoint import CheckpointError, read_manifest
+from qed_ray.checkpoint import SNAPSHOT_FORMATS, CheckpointError, read_manifest
 from qed_ray.checksums import Recorded, verify
 from qed_ray.layout import SweepDir, TrialId
 from qed_ray.results import FailedTrial, GroupKey, GroupResult, TrialRecord
@@ -87,7 +87,7 @@ def prepare(layout: SweepDir, group: GroupKey, finished: list[str], recorded: di
             continue
         records.append(record)
     policies = {r.seed: recorded[r.name].policy_sha256 if recorded is not None
-                else read_manifest(r.policies[max(r.policies)])["state_sha256"] for r in records}
+                else read_manifest(r.policies[max(r.policies)], SNAPSHOT_FORMATS)["state_sha256"] for r in records}
     return GroupJob(group, records, recorded, cache_key(group, policies, final_eval), excluded)
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qed_ray import group_cache, tables
-from qed_ray.checkpoint import MANIFEST_FILE, CheckpointError, read_manifest
+from qed_ray.checkpoint import MANIFEST_FILE, SNAPSHOT_FORMATS, CheckpointError, read_manifest
 from qed_ray.layout import SweepDir
 from qed_ray.lock import STALE_AFTER_S, read_lock, stale_reason
 from qed_ray.results import FailedTrial, SweepResults
@@ -63,7 +63,7 @@ def _progress(layout: SweepDir, name: str) -> tuple[int, float, float]:
             continue
         folder = found[max(found)]
         try:
-            m = read_manifest(folder)
+            m = read_manifest(folder, SNAPSHOT_FORMATS)  # progress only: an older run's files tell it too
             steps, wall = int(m["env_steps"]), float(read_wall(m))
             mtime = max(mtime, (folder / MANIFEST_FILE).stat().st_mtime)
         except (CheckpointError, KeyError, ValueError, OSError):

@@ -38,7 +38,7 @@ from pydantic import Field
 from ray import tune
 
 from qed_ray.atomic import TMP_MARK, atomic_dir, write_json
-from qed_ray.checkpoint import CheckpointError
+from qed_ray.checkpoint import CheckpointError, CheckpointVersionError
 from qed_ray.checksums import DONE_KEY, done_checksums, recorded_values
 from qed_ray.config import Frozen, RunSpec, TrainSpec
 from qed_ray.layout import SweepDir
@@ -143,22 +143,28 @@ def restore_latest(trainer: Trainer, layout: SweepDir, name: str, log: Callable[
     """Restores the trial's newest intact full checkpoint; returns its env step, or None if it has none.
 
     A checkpoint that cannot be used (corrupt ``state.pt``, a damaged or missing replay chunk) is reported and the
-    next older one is tried; each restore overwrites everything a failed one may have loaded.
+    next older one is tried; each restore overwrites everything a failed one may have loaded. When every checkpoint
+    was written by an older qed_ray (another format version: its random streams differ, so it cannot continue the
+    same run) the trial starts over, saying so.
 
     Raises:
         CheckpointError: every checkpoint is damaged (naming each file).
     """
-    problems = []
+    problems, outdated = [], 0
     for step, folder in sorted(layout.checkpoint_steps(name).items(), reverse=True):
         try:
             trainer.restore(folder)
         except CheckpointError as e:
             problems.append(str(e))
+            outdated += isinstance(e, CheckpointVersionError)
             log(f"WARNING {name}: cannot resume from {folder}: {e}")
             continue
         if problems:
             log(f"WARNING {name}: resumed from the older checkpoint at env step {step}")
         return step
+    if problems and outdated == len(problems):
+        log(f"WARNING {name}: every checkpoint was written by an older qed_ray; starting this trial over")
+        return None
     if problems:
         raise CheckpointError(f"{name}: no intact checkpoint: {'; '.join(problems)}")
     return None

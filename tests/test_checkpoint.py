@@ -157,6 +157,11 @@ def test_policy_snapshots_of_format_1_still_load_for_analysis(tmp_path):
     fresh = _agent(RunSpec.model_validate({**manifest["run"], "agent": {"name": "sac_ln", "hidden": 16,
                                                                         "batch_size": 16}}))
     assert not np.array_equal(fresh.act_batch(obs), agent.act_batch(obs))  # the weights came from the file
+    assert RunSpec.model_validate(manifest["run"]).agent.hidden == 16, "the manifest's run is upgraded (visualize)"
+    from qed_ray.checkpoint import SNAPSHOT_FORMATS, read_manifest
+    import hashlib
+    stated = read_manifest(snapshot, SNAPSHOT_FORMATS)["state_sha256"]  # what gather and its checksums read
+    assert stated == hashlib.sha256((snapshot / "state.pt").read_bytes()).hexdigest()
     with pytest.raises(CheckpointVersionError, match="written by an older version of qed_ray"):
         load_checkpoint(snapshot)  # resuming from it is still refused
 

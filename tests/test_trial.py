@@ -77,3 +77,13 @@ def test_a_trial_resumes_from_its_newest_intact_checkpoint_in_the_sweep_folder(t
         restore_latest(build_trainer(spec, keep, layout.replay(name)), layout, name, said.append)
     assert restore_latest(build_trainer(spec, keep, tmp_path / "none"), SweepDir(tmp_path / "other"), name,
                           print) is None, "a new trial starts from scratch"
+
+    import json
+    for step in (2000, 3000):  # an older qed_ray wrote both: they cannot continue this run, so the trial starts over
+        manifest = layout.checkpoint(name, step) / "manifest.json"
+        manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "format_version": 1}))
+    said.clear()
+    fresh = build_trainer(spec, keep, layout.replay(name))
+    assert restore_latest(fresh, layout, name, said.append) is None and fresh.p.decisions == 0
+    assert said[-1] == f"WARNING {name}: every checkpoint was written by an older qed_ray; starting this trial over"
+    assert all("older version of qed_ray" in s or "format" in s for s in said[:-1]), said

@@ -13,13 +13,13 @@ import torch
 from qed_ray.agents.base import Agent, SACBase
 from qed_ray.agents.mad_sac import MadSAC
 from qed_ray.agents.sac_ln import SACLN
-from qed_ray.checkpoint import FORMAT_VERSION, load_checkpoint
+from qed_ray.checkpoint import SNAPSHOT_FORMATS, load_checkpoint
 from qed_ray.config import AgentSpec, RunSpec, TemperatureSpec
 
 AGENTS: dict[str, type[SACBase]] = {SACLN.name: SACLN, MadSAC.name: MadSAC}
 # Module weights are laid out as in format 1 except QED's log alpha_TE, which was a submodule's parameter. A
 # snapshot's weights do not depend on the random streams that changed in format 2, so older ones still load.
-POLICY_FORMATS = (1, FORMAT_VERSION)
+POLICY_FORMATS = SNAPSHOT_FORMATS
 FORMAT1_RENAMES = {"temperature": {"te.log_alpha": "log_alpha"}}
 
 
@@ -40,7 +40,8 @@ def load_policy(directory: str | os.PathLike, device: str | torch.device = "cpu"
     initialisation. Snapshots of checkpoint format 1 load too (their module weights are upgraded).
 
     Returns:
-        ``(agent, manifest)``; the agent acts with ``act_batch`` and exposes ``policy_distribution``.
+        ``(agent, manifest)``; the agent acts with ``act_batch`` and exposes ``policy_distribution``; the
+        manifest's ``run`` is upgraded to today's settings, so ``RunSpec.model_validate(manifest["run"])`` holds.
 
     Raises:
         CheckpointError: unreadable, corrupt or outdated files. ValueError: a snapshot without the modules
@@ -59,7 +60,7 @@ def load_policy(directory: str | os.PathLike, device: str | torch.device = "cpu"
     for name, module in agent.modules().items():
         if name in state:
             module.load_state_dict(state[name])
-    return agent, manifest
+    return agent, {**manifest, "run": run}
 
 
 def _upgrade_format1_run(run: dict) -> dict:
