@@ -139,7 +139,7 @@ class MadSacSpec(AgentBase):
     mad: MadSpec = MadSpec()
 
 
-# The one registry of agent names: spec class per name (agents.AGENT_CLASSES maps the same names to code).
+# The one registry of agent names: spec class per name (agents.AGENTS maps the same names to code).
 AGENT_SPECS: dict[str, type[AgentBase]] = {"sac_ln": SacLnSpec, "mad_sac": MadSacSpec}
 
 

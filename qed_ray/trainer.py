@@ -4,7 +4,7 @@ the same steps for S seeds at once in :mod:`qed_ray.packed_trainer`).
 Everything is injected: env, agent, replay, reporter, RNG, device; :func:`build_trainer` is the one place a run's
 objects are built. The reporter receives the metrics of each evaluation interval and a ``save`` callable that
 writes the checkpoint (or a policy snapshot of the modules it names) into a folder of the reporter's choice (the
-CLI keeps one folder; Ray Tune hands a temporary folder to ``tune.report``).
+CLI keeps one folder; a sweep trial keeps its newest two under the sweep folder's ``checkpoints/<trial>/``).
 """
 
 from __future__ import annotations
