@@ -57,11 +57,16 @@ def resolve_mode(mode: str, device: torch.device, agent: PackedAgent) -> tuple[s
                          f"use one of auto, off, compile")
     if mode == "auto":
         mode = "graph" if device.type == "cuda" else "off"
-    every = getattr(getattr(agent.spec, "mad", None), "model_every", 1)
+    every = model_every(agent)
     if mode == "graph" and every > 1:
         return "off", (f"agent.mad.model_every={every} branches on the host every update; one CUDA graph cannot "
                        f"hold both branches, so the update runs eagerly")
     return mode, {"off": "eager", "compile": "torch.compile", "graph": "one CUDA graph per update"}[mode]
+
+
+def model_every(agent: PackedAgent) -> int:
+    """MAD-SAC's ``agent.mad.model_every`` (1 for agents without a model)."""
+    return getattr(getattr(agent.spec, "mad", None), "model_every", 1)
 
 
 class PackUpdater:
@@ -81,6 +86,9 @@ class PackUpdater:
             raise ValueError(f"PackUpdater mode: {mode!r} is not one of off, compile, graph (resolve 'auto' first)")
         if mode == "graph" and agent.device.type != "cuda":
             raise ValueError(f"PackUpdater mode 'graph' needs a CUDA agent (it is on {agent.device})")
+        if mode == "graph" and model_every(agent) > 1:
+            raise ValueError(f"PackUpdater mode 'graph': agent.mad.model_every={model_every(agent)} needs the eager "
+                             f"update (one graph holds one branch); resolve_mode chooses it")
         self.agent, self.replay, self.acc, self.mode = agent, replay, acc, mode
         self.calls, self.graph = 0, None
         dev = agent.device

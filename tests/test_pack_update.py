@@ -107,6 +107,9 @@ def test_modes_resolve_from_the_switch_and_the_device():
         resolve_mode("fast", cpu, sac)
     with pytest.raises(ValueError, match="PackUpdater mode 'graph' needs a CUDA agent"):
         setup("sac_ln", "te", cpu, "graph")
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="model_every=2 needs the eager update"):
+            setup("mad_sac", "te", torch.device("cuda"), "graph", model_every=2)
 
 
 def test_the_switch_is_a_train_setting_with_named_choices():
