@@ -71,7 +71,8 @@ def grid(sweep: dict) -> dict:
     t = sweep["train"]
     decisions = t["env_steps"] // t["frame_skip"]
     evals = t["eval_episodes"] * (CONTROL_STEPS_PER_EPISODE // t["frame_skip"]) / (t["eval_every"] / t["frame_skip"])
-    return {"trials": trials, "tasks": list(tasks), "decisions": decisions, "eval_share": evals}
+    return {"trials": trials, "tasks": list(tasks), "seeds": sweep["seeds"], "decisions": decisions,
+            "eval_share": evals}
 
 
 def gpu_rate(table: Throughput, agent: str, kind: str, layout: Layout) -> tuple[float, float, bool] | None:
@@ -135,12 +136,20 @@ def pack_memory_mib(table: Throughput, costs: dict, layout: Layout) -> float:
     return max(peaks, default=0.0) + layout.seeds * REPLAY_TRANSITIONS * width * 4 / 2**20
 
 
+def pack_mode(table: Throughput) -> str:
+    """The packs' update mode of the table: ``graph`` when measured (CUDA), else ``off`` (a CPU table)."""
+    return "graph" if any(e["mode"] == "graph" for e in table.entries) else "off"
+
+
 def best(table: Throughput, costs: dict, g: dict, vcpus: int, gpu_mib: float) -> tuple[Layout, dict] | None:
-    """The fitting layout with the fewest GPU-hours over measured S, Q in {1, 2, 3}, W in {1, 2, 3, 4}."""
-    sizes = sorted({e["seeds"] for e in table.entries if e["mode"] == "graph"})
+    """The fitting layout with the fewest GPU-hours over measured S (at most the sweep's seeds), Q in {1, 2, 3} and
+    W in {1, 2, 3, 4}."""
+    mode = pack_mode(table)
+    # A pack holds seeds of one configuration: S up to the sweep's seeds per configuration.
+    sizes = sorted({e["seeds"] for e in table.entries if e["mode"] == mode and e["seeds"] <= g["seeds"]})
     found = None
     for s, q, w in itertools.product(sizes, (1, 2, 3), (1, 2, 3, 4)):
-        layout = Layout(s, q, w)
+        layout = Layout(s, q, w, mode)
         if q * (1 + w) > vcpus or q * pack_memory_mib(table, costs, layout) > gpu_mib:
             continue
         h = hours(table, costs, g, layout)
@@ -149,18 +158,19 @@ def best(table: Throughput, costs: dict, g: dict, vcpus: int, gpu_mib: float) ->
     return found
 
 
-def report(table: Throughput, costs: dict, g: dict, vcpus: int, gpu_mib: float, label: str) -> list[str]:
-    """The printed lines."""
+def report(table: Throughput, costs: dict, g: dict, vcpus: int, gpu_mib: float, label: str,
+           unit: str = "GPU-hours") -> list[str]:
+    """The printed lines (``unit``: what the hours are hours of)."""
     n = sum(g["trials"].values())
     lines = [f"{label}: {table.card} ({table.device}, {table.date}); {n} trials x {g['decisions']:,} decisions, "
              f"evaluation adds {g['eval_share']:.2f} env decisions per training decision; env costs measured on "
              f"{costs['machine']} (load {costs['load_avg_1m']:.1f})"]
     base = as_is_hours(table, costs, g)
     lines.append("as is (single-seed, 10 trials per GPU): " +
-                 (f"{base['total']:,.0f} GPU-hours" if base else "not measured (no 'single' cells)"))
-    default = hours(table, costs, g, Layout(10, 2, 3))
+                 (f"{base['total']:,.0f} {unit}" if base else "not measured (no 'single' cells)"))
+    default = hours(table, costs, g, Layout(10, 2, 3, pack_mode(table)))
     lines.append("default layout S=10, 2 packs per GPU, 3 env workers per pack: " +
-                 (f"{default['total']:,.0f} GPU-hours" + (" (sharing scaled from sac_ln qed S=10)"
+                 (f"{default['total']:,.0f} {unit}" + (" (sharing scaled from sac_ln qed S=10)"
                                                           if default["scaled"] else "")
                   if default else "a needed cell was not measured"))
     found = best(table, costs, g, vcpus, gpu_mib)
@@ -170,11 +180,11 @@ def report(table: Throughput, costs: dict, g: dict, vcpus: int, gpu_mib: float, 
     layout, h = found
     mem = pack_memory_mib(table, costs, layout)
     lines.append(f"best layout: S={layout.seeds} seeds per pack, {layout.packs} packs per GPU, {layout.workers} env "
-                 f"workers per pack -> {h['total']:,.0f} GPU-hours"
+                 f"workers per pack -> {h['total']:,.0f} {unit}"
                  + (" (sharing scaled from sac_ln qed S=10)" if h["scaled"] else ""))
     lines.append(f"  per pack: {1 + layout.workers} vCPUs, GPU share {1 / layout.packs:.2f}, GPU memory "
                  f"{mem / 1024:.1f} GiB (peak + replay of 1M transitions per seed on the largest task)")
-    lines += [f"  {k}: {v:,.0f} GPU-hours" for k, v in h["per"].items()]
+    lines += [f"  {k}: {v:,.0f} {unit}" for k, v in h["per"].items()]
     return lines
 
 
@@ -189,6 +199,7 @@ def main(argv: list[str] | None = None) -> None:
     g = grid(yaml.safe_load(args.sweep.read_text()))
     costs = json.loads(args.env_costs.read_text())
     table = load_throughput(args.throughput)
+    unit = "GPU-hours"
     if table is not None:
         label = "GPU-hours"
     else:
@@ -199,8 +210,8 @@ def main(argv: list[str] | None = None) -> None:
         table = parse_throughput(json.loads(args.throughput.read_text()))
         if not table.entries:
             return
-        label = "CPU-measured device-hours (NOT GPU-hours: the table was measured on a CPU)"
-    print("\n".join(report(table, costs, g, args.vcpus_per_gpu, args.gpu_gib * 1024, label)))
+        label, unit = "CPU-measured device-hours (NOT GPU-hours: the table was measured on a CPU)", "CPU-device-hours"
+    print("\n".join(report(table, costs, g, args.vcpus_per_gpu, args.gpu_gib * 1024, label, unit)))
 
 
 if __name__ == "__main__":

@@ -62,6 +62,7 @@ def test_the_best_layout_respects_the_vcpus_and_gpu_memory_of_a_node():
     layout, h = GH.best(TABLE, COSTS, g, vcpus=16, gpu_mib=80 * 1024)
     assert (layout.seeds, layout.packs) == (10, 2) and layout.workers == 4  # more workers: less env time
     assert h["total"] == pytest.approx(GH.hours(TABLE, COSTS, g, layout)["total"])
+    assert GH.best(TABLE, COSTS, {**g, "seeds": 5}, vcpus=16, gpu_mib=80 * 1024) is None  # S=10 > 5 seeds
     layout, _ = GH.best(TABLE, COSTS, g, vcpus=4, gpu_mib=80 * 1024)  # 2 packs need 2 x (1 + W) vCPUs
     assert layout.packs * (1 + layout.workers) <= 4
     replay_mib = 10 * 1_000_000 * (2 * 17 + 6 + 2) * 4 / 2**20
