@@ -203,6 +203,9 @@ class TrainSpec(Frozen):
                                         description="replay size in transitions; none: the whole run (never evicts)")
     device: str = Field("auto", description="'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'")
     threads: int = Field(1, ge=1, le=1024, description="torch CPU threads")
+    compile: Literal["auto", "off", "compile", "graph"] = Field(
+        "auto", description="a pack's update: 'auto' (graph on CUDA, off elsewhere), 'off' (eager), 'compile' "
+                            "(torch.compile), 'graph' (one CUDA graph replayed per update; CUDA only)")
     nan_check_every: int = Field(50, ge=1, le=10**9, description="decisions between non-finite loss checks")
     debug: DebugSpec = Field(DebugSpec(), description="fault injection for end-to-end tests")
 

@@ -97,8 +97,12 @@ class PackedReplay:
     def gather(self, idx: np.ndarray) -> dict[str, torch.Tensor]:
         """The batch at positions ``idx`` [S, B]: obs [S, B, O], action [S, B, A], reward [S, B], next_obs,
         terminated [S, B] on :attr:`device`."""
-        i = torch.from_numpy(idx).to(self.storage.device)
-        rows = torch.gather(self.storage, 1, i.unsqueeze(-1).expand(-1, -1, self.width)).to(self.device)
+        return self.gather_tensor(torch.from_numpy(idx).to(self.storage.device))
+
+    def gather_tensor(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        """:meth:`gather` at positions ``idx`` [S, B] (int64, on the storage's device): device work only, no host
+        sync, so a CUDA graph can capture it when the storage lives on the agent's device."""
+        rows = torch.gather(self.storage, 1, idx.unsqueeze(-1).expand(-1, -1, self.width)).to(self.device)
         out = {k: rows[..., c].contiguous() for k, c in self.columns.items()}
         out["reward"], out["terminated"] = out["reward"].squeeze(-1), out["terminated"].squeeze(-1)
         return out

@@ -32,6 +32,7 @@ from qed_ray.env_pool import EnvPool
 from qed_ray.evaluate import eval_seeds, rollout_lockstep
 from qed_ray.networks import require_fp32_matmul
 from qed_ray.pack import PACK_FILE, PACK_FORMAT, SeedRun, check_pack, pack_name, read_pack, seed_dir
+from qed_ray.pack_update import PackUpdater, resolve_mode
 from qed_ray.packed_replay import PackedReplay, replay_bytes, replay_device
 from qed_ray.trainer import EvalRecord, InjectedCrash, resolve_device
 from qed_ray.update_metrics import MetricAccumulator
@@ -75,6 +76,9 @@ class PackedTrainer:
         self.wall_s = 0.0
         self.resumed_from: int | None = None
         self.acc = MetricAccumulator(agent.metric_layout, agent.device, seeds=self.n)
+        mode, why = resolve_mode(self.t.compile, agent.device, agent)
+        self.updater = PackUpdater(agent, replay, self.acc, mode, agent.spec.batch_size)
+        log(f"pack {self.name}: update mode {mode} ({why})")
         self.eval_index = self.n + np.arange(self.n * self.t.eval_episodes).reshape(self.n, -1)
 
     # ---- loop --------------------------------------------------------------------------------------------
@@ -136,11 +140,15 @@ class PackedTrainer:
     def _update(self, env_steps: int) -> int:
         b = self.agent.spec.batch_size
         for _ in range(self.agent.spec.utd):
-            batch = self.replay.sample(b, self.active)
-            for i in np.flatnonzero(self.active):
-                if self.t.debug.nan.hits(self.runs[i].spec.seed, env_steps):
-                    batch["reward"][i, 0] = float("nan")  # a real NaN that flows into seed i's critic loss
-            self.acc.add(self.agent.update(batch, self.agent.noise(b, self.active)))
+            idx = self.replay.indices(b, self.active)
+            poisoned = [i for i in np.flatnonzero(self.active) if self.t.debug.nan.hits(self.runs[i].spec.seed,
+                                                                                          env_steps)]
+            if poisoned:  # fault injection: a real NaN that flows into seed i's critic loss (an eager update)
+                batch = self.replay.gather(idx)
+                batch["reward"][poisoned, 0] = float("nan")
+                self.updater.eager(batch, self.agent.noise(b, self.active))
+            else:
+                self.updater(idx, self.agent.noise(b, self.active))
             self.updates += 1
         return self.agent.spec.utd
 

@@ -75,10 +75,19 @@ class MetricAccumulator:
 
     def add(self, values: torch.Tensor) -> None:
         """Folds one update's vector into the interval, in place (one expression, no host sync)."""
+        self.fold(values)
+        self.count += 1
+
+    def fold(self, values: torch.Tensor) -> None:
+        """The device half of :meth:`add`: folds ``values`` into :attr:`total` in place without counting it (a
+        CUDA graph replays this part; its caller counts each replay with :meth:`counted`)."""
         acc = self.total
         acc.copy_(torch.where(self._is_max, torch.maximum(acc, values),
                               torch.where(self._is_min, torch.minimum(acc, values), acc + values)))
-        self.count += 1
+
+    def counted(self, n: int = 1) -> None:
+        """The host half of :meth:`add`: ``n`` more updates were folded in."""
+        self.count += n
 
     def non_finite(self, prefixes: tuple[str, ...]) -> list[str]:
         """Names starting with one of ``prefixes`` whose interval value is NaN/inf (one host sync); [] if empty."""

@@ -70,3 +70,9 @@ def sweep_copy(sweep_template, tmp_path):
     from qed_ray.layout import SweepDir
 
     return SweepDir(shutil.copytree(sweep_template, tmp_path / "sweep"))
+
+
+@pytest.fixture
+def device():
+    """The torch device of the ``torch_only`` tests: ``QED_TEST_DEVICE`` (default cpu; the GPU check sets cuda)."""
+    return torch.device(os.environ.get("QED_TEST_DEVICE", "cpu"))

@@ -30,6 +30,7 @@ from qed_ray.config import AgentSpec, TemperatureSpec
 from qed_ray.networks import make_adam, per_seed_clip_, polyak_lerp_
 
 TARGET, TEMPERATURE = "critic_target", "temperature"
+RECOMPILE_LIMIT = 64  # compiled per-seed functions per process (compile_losses)
 
 
 def host(t: torch.Tensor) -> torch.Tensor:
@@ -91,6 +92,7 @@ class PackedAgent:
         self.updates = t.updates
         self.memo = {k: torch.stack([a.memo[k] for a in agents]) for k in t.memo}
         self._frozen: dict[int, list[torch.Tensor]] = {}
+        self._compiled: dict[Callable, Callable] | None = None  # compile_losses()
         self.load_seed_state_dicts([None if not any(o.state for o in a.optimizers().values()) else a.state_dict()
                                     for a in agents])
         for i, a in enumerate(agents):  # each slice is exactly the seeded single-seed agent
@@ -121,8 +123,24 @@ class PackedAgent:
         return {n: self.state[TARGET][n] for n in self.param_names[TARGET]}
 
     def per_seed(self, fn: Callable) -> Callable:
-        """``fn`` mapped over the leading seed axis; a random draw inside raises."""
-        return torch.func.vmap(fn, randomness="error")
+        """``fn`` mapped over the leading seed axis; a random draw inside raises. After :meth:`compile_losses`,
+        the mapped function is compiled once per ``fn`` (``torch.compile``) and reused."""
+        if self._compiled is None:
+            return torch.func.vmap(fn, randomness="error")
+        if fn not in self._compiled:
+            self._compiled[fn] = torch.compile(torch.func.vmap(fn, randomness="error"))
+        return self._compiled[fn]
+
+    def compile_losses(self) -> None:
+        """From now on every per-seed function (losses, their backward, metrics) runs ``torch.compile``d; the
+        optimiser steps, per-seed clip and Polyak stay the eager multi-tensor kernels (compiling the optimiser
+        costs minutes of inductor time per agent and saves little: it is already one fused kernel per group)."""
+        if self._compiled is None:
+            self._compiled = {}
+            # Every vmapped function shares functorch's wrapper code object, and dynamo counts recompilations per
+            # code object: with the default limit (8) an agent's later loss functions would silently run eager.
+            limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+            torch._dynamo.config.recompile_limit = limit
 
     def step(self, loss: torch.Tensor, *groups: tuple[str, float | None]) -> list[torch.Tensor]:
         """Backward of the sum of the per-seed losses, per-seed clipping, one Adam step per group; [S] norms."""
@@ -157,10 +175,16 @@ class PackedAgent:
         Returns:
             [S, K] metric vectors (``metric_layout``); a stopped seed's row is meaningless.
         """
-        parts = noise.split(self.template.fn.noise_sizes(batch["obs"].shape[1]), dim=1)
-        metrics = self.template.learn(self, batch, parts)
+        metrics = self.learn(batch, noise)
         self._hold_frozen()
         return metrics
+
+    def learn(self, batch: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
+        """:meth:`update` without holding stopped seeds: only device work on tensors that stay put (parameters,
+        moments, target and memo are updated in place; no host sync), so a CUDA graph can capture it
+        (:mod:`qed_ray.pack_update`). The caller holds stopped seeds afterwards (:meth:`hold_frozen`)."""
+        parts = noise.split(self.template.fn.noise_sizes(batch["obs"].shape[1]), dim=1)
+        return self.template.learn(self, batch, parts)
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, active: np.ndarray) -> np.ndarray:
@@ -180,8 +204,13 @@ class PackedAgent:
         p = self.params()
         return {m: p[m] for m in self.acting_modules}
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The parameters' dtype (the noise's)."""
+        return self.state["actor"][self.param_names["actor"][0]].dtype
+
     def _per_seed_noise(self, rows: int, active: np.ndarray) -> torch.Tensor:
-        dtype = self.state["actor"][self.param_names["actor"][0]].dtype
+        dtype = self.dtype
         zeros = torch.zeros((rows, self.action_dim), device=self.device, dtype=dtype)
         return torch.stack([draw_noise(g, rows, self.action_dim, dtype) if on else zeros
                             for g, on in zip(self.generators, active)])
@@ -196,6 +225,10 @@ class PackedAgent:
 
     def _stacked(self) -> list[torch.Tensor]:
         return [t for m in self.state.values() for t in m.values()] + list(self.memo.values())
+
+    def hold_frozen(self) -> None:
+        """Puts every stopped seed's tensors back to their values at :meth:`freeze` (after :meth:`learn`)."""
+        self._hold_frozen()
 
     @torch.no_grad()
     def _hold_frozen(self) -> None:

@@ -1,0 +1,170 @@
+"""The pack's update runner (qed_ray.pack_update): eager, compiled and CUDA-graphed updates are the same update.
+
+torch + numpy + pydantic only: these tests run on the GPU machine too (``QED_TEST_DEVICE=cuda``, marker
+``torch_only``), where the graph tests run instead of being skipped.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from qed_ray.agents.packed import make_packed_agent
+from qed_ray.config import MadSpec, TemperatureSpec, TrainSpec, agent_spec
+from qed_ray.pack_update import PackUpdater, make_capturable, resolve_mode
+from qed_ray.packed_replay import PackedReplay
+from qed_ray.update_metrics import MetricAccumulator
+
+pytestmark = pytest.mark.torch_only
+
+OBS, ACT, B, ROWS = 5, 2, 16, 64
+SEEDS = (3, 7)
+TEMPS = {"qed": TemperatureSpec(kind="qed", k=0.2, n_actions=4, alpha_max=0.5, init_alpha=0.02),
+         "te": TemperatureSpec(kind="te")}
+ON = np.ones(2, bool)
+
+
+def spec_of(name: str, model_every: int = 1):
+    mad = MadSpec(latent_dim=16, encoder_hidden=16, model_hidden=16, num_bins=21, vmin=-10.0, vmax=10.0,
+                  model_every=model_every)
+    return agent_spec(name=name, hidden=16, batch_size=B, **({"mad": mad} if name == "mad_sac" else {}))
+
+
+def setup(name: str, kind: str, device: torch.device, mode: str = "off", model_every: int = 1):
+    """A pack with a filled replay (same rows and sampling streams every call) and its updater."""
+    agent = make_packed_agent(spec_of(name, model_every), TEMPS[kind], OBS, ACT, device, SEEDS)
+    rngs = [np.random.default_rng(s) for s in SEEDS]
+    replay = PackedReplay(ROWS, OBS, ACT, rngs, device)
+    data = np.random.default_rng(0)
+    for _ in range(ROWS):
+        replay.add(data.normal(size=(2, OBS)), data.uniform(-1, 1, (2, ACT)), data.normal(size=2),
+                   data.normal(size=(2, OBS)), np.zeros(2, bool), ON)
+    acc = MetricAccumulator(agent.metric_layout, agent.device, seeds=2)
+    return agent, replay, acc, PackUpdater(agent, replay, acc, mode, B)
+
+
+def tensors(agent) -> dict[str, torch.Tensor]:
+    """Every tensor that defines the pack: parameters, buffers, memo and optimiser moments."""
+    out = {f"{m}.{k}": v for m, sd in agent.state.items() for k, v in sd.items()}
+    out.update({f"memo.{k}": v for k, v in agent.memo.items()})
+    for name, opt in agent.opts.items():
+        for i, p in enumerate(opt.param_groups[0]["params"]):
+            out.update({f"{name}.{i}.{k}": v for k, v in opt.state[p].items() if k != "step"})
+    return out
+
+
+@pytest.mark.parametrize("name,model_every", [("sac_ln", 1), ("mad_sac", 2)])
+def test_the_eager_runner_is_exactly_the_packs_update_on_the_gathered_batch(name, model_every, device):
+    agent, replay, acc, run = setup(name, "qed", device, "off", model_every)
+    ref, ref_replay, ref_acc, _ = setup(name, "qed", device, "off", model_every)
+    for _ in range(3):
+        run(replay.indices(B, ON), agent.noise(B, ON))
+        ref_acc.add(ref.update(ref_replay.sample(B, ON), ref.noise(B, ON)))
+    a, r = tensors(agent), tensors(ref)
+    assert a.keys() == r.keys()
+    for k in a:
+        assert torch.equal(a[k], r[k]), k
+    assert torch.equal(acc.total, ref_acc.total) and acc.count == ref_acc.count == 3
+    assert agent.updates == ref.updates == (3 if name == "mad_sac" else 0)
+
+
+def test_an_eager_update_on_a_given_batch_keeps_the_memo_tensor_a_graph_writes(device):
+    agent, replay, acc, run = setup("mad_sac", "te", device)
+    memo = agent.memo["model_metrics"]
+    batch = replay.gather(replay.indices(B, ON))
+    batch["reward"][1, 0] = float("nan")
+    metrics = run.eager(batch, agent.noise(B, ON))
+    assert agent.memo["model_metrics"] is memo
+    k = len(memo[0])
+    torch.testing.assert_close(memo, metrics[:, -k:], rtol=0, atol=0, equal_nan=True)
+    assert acc.count == 1
+    assert torch.isfinite(metrics[0]).all() and not torch.isfinite(metrics[1]).all()  # the NaN stays in seed 1
+
+
+def test_a_frozen_seed_is_held_by_the_runner(device):
+    agent, replay, _, run = setup("sac_ln", "te", device)
+    agent.freeze(0)
+    before = {k: v.clone() for k, v in tensors(agent).items() if not k.startswith(("actor_opt", "critic_opt",
+                                                                                     "alpha_opt"))}
+    run(replay.indices(B, ON), agent.noise(B, ON))
+    after = tensors(agent)
+    assert all(torch.equal(after[k][0], v[0]) for k, v in before.items())
+    moved = [k for k, v in before.items() if not torch.equal(after[k][1], v[1])]
+    assert "actor.net.0.weight" in moved and "critic.q1.0.weight" in moved
+
+
+def test_modes_resolve_from_the_switch_and_the_device():
+    agent, *_ = setup("mad_sac", "te", torch.device("cpu"), model_every=2)
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert resolve_mode("auto", cpu, agent)[0] == "off"
+    assert resolve_mode("compile", cpu, agent)[0] == "compile"
+    mode, why = resolve_mode("auto", cuda, agent)  # model_every=2: two branches, no single graph
+    assert mode == "off" and "model_every=2" in why
+    sac, *_ = setup("sac_ln", "te", cpu)
+    assert resolve_mode("auto", cuda, sac) == ("graph", "one CUDA graph per update")
+    with pytest.raises(ValueError, match="train.compile: 'graph' needs a CUDA device .*auto, off, compile"):
+        resolve_mode("graph", cpu, sac)
+    with pytest.raises(ValueError, match="train.compile: 'fast' is not one of auto, off, compile, graph"):
+        resolve_mode("fast", cpu, sac)
+    with pytest.raises(ValueError, match="PackUpdater mode 'graph' needs a CUDA agent"):
+        setup("sac_ln", "te", cpu, "graph")
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="model_every=2 needs the eager update"):
+            setup("mad_sac", "te", torch.device("cuda"), "graph", model_every=2)
+
+
+def test_the_switch_is_a_train_setting_with_named_choices():
+    assert TrainSpec().compile == "auto"
+    assert TrainSpec(compile="off").compile == "off"
+    with pytest.raises(ValueError, match="compile\n.*'auto', 'off', 'compile' or 'graph'"):
+        TrainSpec(compile="fast")
+
+
+def test_make_capturable_sets_the_flag_and_keeps_step_counters_beside_their_parameters():
+    p = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.Adam([p], lr=0.1, foreach=True)
+    p.grad = torch.ones(3)
+    opt.step()
+    make_capturable(opt)
+    assert opt.param_groups[0]["capturable"] is True
+    assert opt.state[p]["step"].device == p.device and float(opt.state[p]["step"]) == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,kind", [("sac_ln", "te"), ("mad_sac", "qed")])
+def test_the_compiled_update_equals_the_eager_one(name, kind, device):
+    """inductor (C++ on the CPU) against eager over 3 updates with the same batches and noise. Each agent once and
+    each temperature once (the te step's optimiser, QED's disagreement): an inductor compile costs ~15 s per
+    variant on an idle core, and the CPU form of benchmarks/gpu_check.sh compiles SAC-LN with QED as well."""
+    agent, replay, acc, run = setup(name, kind, device, "compile", 2)
+    ref, ref_replay, ref_acc, ref_run = setup(name, kind, device, "off", 2)
+    for _ in range(3):
+        run(replay.indices(B, ON), agent.noise(B, ON))
+        ref_run(ref_replay.indices(B, ON), ref.noise(B, ON))
+    a, r = tensors(agent), tensors(ref)
+    for k in a:
+        torch.testing.assert_close(a[k], r[k], rtol=1e-4, atol=1e-5, msg=k)
+    torch.testing.assert_close(acc.total, ref_acc.total, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["sac_ln", "mad_sac"])
+def test_the_graphed_update_equals_the_eager_one_without_a_host_sync(name, device):
+    """CUDA only: 12 updates (3 warm-up, 1 capture, 8 replays) against eager, the replays under sync-debug 'error'."""
+    if device.type != "cuda":
+        pytest.skip("CUDA graphs need a CUDA device (QED_TEST_DEVICE=cuda)")
+    agent, replay, acc, run = setup(name, "qed", device, "graph")
+    ref, ref_replay, ref_acc, ref_run = setup(name, "qed", device, "off")
+    for i in range(12):
+        idx, noise = replay.indices(B, ON), agent.noise(B, ON)
+        ref_run(ref_replay.indices(B, ON), ref.noise(B, ON))
+        if i >= 5:
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            run(idx, noise)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    assert run.graph is not None and agent.updates == ref.updates
+    a, r = tensors(agent), tensors(ref)
+    for k in a:
+        torch.testing.assert_close(a[k], r[k], rtol=1e-4, atol=1e-5, msg=k)
+    assert acc.count == 12
+    torch.testing.assert_close(acc.total, ref_acc.total, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,54 @@
+"""The throughput table's reader (qed_ray.throughput): schema, lookups and the no-GPU-yet case."""
+
+import json
+
+import pytest
+
+from qed_ray.throughput import DEFAULT_PATH, load_throughput, parse_throughput
+
+pytestmark = pytest.mark.torch_only
+
+ENTRY = {"agent": "sac_ln", "temperature": "qed", "seeds": 10, "packs": 2, "mode": "graph",
+         "seed_decisions_per_s": 1500.0, "peak_mib": 700.0}
+
+
+def table(**over):
+    raw = {"schema": 1, "device": "cuda", "card": "NVIDIA H100 80GB HBM3", "date": "2026-11-26T10:00:00+00:00",
+           "entries": [ENTRY, {**ENTRY, "packs": 1, "seed_decisions_per_s": 2000.0}], "checks": {}}
+    return {**raw, **over}
+
+
+def test_a_gpu_table_gives_the_rate_of_the_whole_gpu_for_a_measured_cell(tmp_path):
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table()))
+    t = load_throughput(path)
+    assert t.card == "NVIDIA H100 80GB HBM3"
+    assert t.decisions_per_s("sac_ln", "qed", 10, packs_per_gpu=2) == 3000.0  # 2 packs x 1500 each
+    assert t.decisions_per_s("sac_ln", "qed", 10) == 2000.0
+    assert t.decisions_per_s("sac_ln", "te", 10) is None  # not measured: no guess
+    assert t.decisions_per_s("sac_ln", "qed", 10, mode="off") is None
+    with pytest.raises(ValueError, match="mode: 'fast' is not one of graph, compile, off, single"):
+        t.decisions_per_s("sac_ln", "qed", 10, mode="fast")
+
+
+def test_no_file_a_cpu_table_or_the_committed_placeholder_mean_no_gpu_measurement_yet(tmp_path):
+    assert load_throughput(tmp_path / "missing.json") is None
+    cpu = tmp_path / "cpu.json"
+    cpu.write_text(json.dumps(table(device="cpu", card="cpu")))
+    assert load_throughput(cpu) is None
+    assert parse_throughput(json.loads(cpu.read_text())).decisions_per_s("sac_ln", "qed", 10) == 2000.0
+    assert load_throughput(DEFAULT_PATH) is None  # until the GPU run's table is committed
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"schema": 2}, "schema 2, this reader reads schema 1"),
+    ({"entries": [{"agent": "sac_ln"}]}, r"entries\[0\] lacks temperature, seeds, packs, mode"),
+    ({"entries": [{**ENTRY, "mode": "fast"}]}, r"entries\[0\].mode 'fast' is not one of graph, compile, off"),
+])
+def test_a_malformed_table_is_refused_naming_the_field(change, message):
+    with pytest.raises(ValueError, match=message):
+        parse_throughput(table(**change))
+    raw = table()
+    del raw["card"]
+    with pytest.raises(ValueError, match="field 'card' is missing"):
+        parse_throughput(raw)
