@@ -64,6 +64,12 @@ def resolve_mode(mode: str, device: torch.device, agent: PackedAgent) -> tuple[s
     return mode, {"off": "eager", "compile": "torch.compile", "graph": "one CUDA graph per update"}[mode]
 
 
+def same_device(a: torch.device | str, b: torch.device | str) -> bool:
+    """Whether two device names mean one device (``cuda`` is the current CUDA device, so it equals ``cuda:0``
+    there; comparing ``torch.device`` objects says they differ)."""
+    return torch.empty(0, device=a).device == torch.empty(0, device=b).device
+
+
 def model_every(agent: PackedAgent) -> int:
     """MAD-SAC's ``agent.mad.model_every`` (1 for agents without a model)."""
     return getattr(getattr(agent.spec, "mad", None), "model_every", 1)
@@ -92,8 +98,13 @@ class PackUpdater:
         self.agent, self.replay, self.acc, self.mode = agent, replay, acc, mode
         self.calls, self.graph = 0, None
         dev = agent.device
-        self.gather_inside = replay.storage.device == dev
+        self.gather_inside = same_device(replay.storage.device, dev)
         self.idx = torch.zeros((agent.n, batch_size), dtype=torch.int64, device=replay.storage.device)
+        # Indices reach a CUDA device through pinned host buffers (a copy from pageable memory waits for the
+        # device); two of them, each reused only once its last copy is done (an event, so no stream sync).
+        pinned = self.idx.device.type == "cuda"
+        self._staging = [torch.zeros(self.idx.shape, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
+        self._copied = [torch.cuda.Event() if pinned else None for _ in range(2)]
         rows = agent.template.noise_rows(batch_size)
         self.noise = torch.zeros((agent.n, rows, agent.action_dim), device=dev, dtype=agent.dtype)
         self.batch = None if self.gather_inside else {k: v.clone() for k, v in replay.gather(
@@ -141,7 +152,13 @@ class PackUpdater:
     # ---- the update as a function of the static buffers --------------------------------------------------
     def _load(self, idx: np.ndarray, noise: torch.Tensor) -> None:
         if self.gather_inside:
-            self.idx.copy_(torch.from_numpy(np.ascontiguousarray(idx, np.int64)), non_blocking=True)
+            k = self.calls % 2
+            if self._copied[k] is not None:
+                self._copied[k].synchronize()  # done long ago in a training loop: acting reads actions back
+            self._staging[k].numpy()[...] = idx
+            self.idx.copy_(self._staging[k], non_blocking=True)
+            if self._copied[k] is not None:
+                self._copied[k].record()
         else:
             for k, v in self.replay.gather(idx).items():
                 self.batch[k].copy_(v, non_blocking=True)

@@ -168,3 +168,11 @@ def test_the_graphed_update_equals_the_eager_one_without_a_host_sync(name, devic
         torch.testing.assert_close(a[k], r[k], rtol=1e-4, atol=1e-5, msg=k)
     assert acc.count == 12
     torch.testing.assert_close(acc.total, ref_acc.total, rtol=1e-4, atol=1e-5)
+
+
+def test_device_names_that_mean_one_device_are_the_same_device():
+    from qed_ray.pack_update import same_device
+
+    assert same_device("cpu", torch.device("cpu")) and not same_device("cpu", "meta")
+    if torch.cuda.is_available():  # the graph path gathers inside the graph only when replay and agent share one
+        assert same_device("cuda", f"cuda:{torch.cuda.current_device()}")
