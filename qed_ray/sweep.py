@@ -324,7 +324,9 @@ def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[Fail
     try:
         try:
             gathered = gather.finish(gatherer, failures)
-        except ray.exceptions.RayActorError as e:
+        except (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError) as e:
+            # Ray's memory monitor may take the gather actor along with a trial worker (it kills several workers
+            # at once); a call on an actor it killed raises OutOfMemoryError rather than RayActorError.
             print(f"the gather actor died ({type(e).__name__}); gathering again from the cache", flush=True)
             gathered = gather.finish(launch(), failures)
         results = gathered["results"]
