@@ -12,7 +12,7 @@ It also prints the sweep's wall time and its CPU time (the sweep process and eve
 sampled from /proc every 2 s: a lower bound, as a process that lives less than 2 s is missed).
 
 Run: ``MUJOCO_GL=disable nice -n 15 .venv/bin/python benchmarks/bench_replication.py`` (defaults:
-cartpole-balance, 5 seeds, width 64, batch 64, 40,000 env steps). ``--out`` holds the spec, the sweep folder
+cartpole-balance, 5 seeds, width 64, batch 64, 20,000 env steps). ``--out`` holds the spec, the sweep folder
 and ``replication.json`` (the printed numbers); benchmarks/out/ is git-ignored.
 """
 
@@ -153,8 +153,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--hidden", type=int, default=64, help="SAC-LN width")
     p.add_argument("--batch", type=int, default=64, help="SAC-LN batch size")
     p.add_argument("--k", type=float, default=0.2, help="QED's k")
-    p.add_argument("--env-steps", type=int, default=40_000, help="training budget per trial, control steps")
-    p.add_argument("--eval-every", type=int, default=10_000, help="env steps between evaluations")
+    p.add_argument("--env-steps", type=int, default=20_000, help="training budget per trial, control steps")
+    p.add_argument("--eval-every", type=int, default=5_000, help="env steps between evaluations")
     p.add_argument("--warmup", type=int, default=1000, help="uniform-random decisions before updates")
     p.add_argument("--episodes", type=int, default=10, help="final-eval episodes and action-distance rollouts")
     p.add_argument("--bootstrap-reps", type=int, default=50_000)
