@@ -126,21 +126,26 @@ def table(results: dict) -> list[str]:
 
     lines = ["| variant | seeds | IQM [95% CI] | CI width | mean score | V [95% CI] | action distance [95% CI] | "
              "return variance across seeds [95% CI] |", "|---|---:|---|---:|---:|---|---|---|"]
+
+    def ci(a: dict, stat: str, lo: str, hi: str) -> str:
+        return _ci(f(a, stat), f(a, lo), f(a, hi))
+
     for name, a in aggs.items():
-        lines.append(f"| {name} | {a['n_runs']} | {_ci(f(a, 'iqm'), f(a, 'ci_lower'), f(a, 'ci_upper'))} | "
+        lines.append(f"| {name} | {a['n_runs']} | {ci(a, 'iqm', 'ci_lower', 'ci_upper')} | "
                      f"{f(a, 'ci_width'):.3g} | {f(a, 'mean_score'):.3g} | "
-                     f"{_ci(f(a, 'V_mean'), f(a, 'V_mean_ci_lower'), f(a, 'V_mean_ci_upper'))} | "
-                     f"{_ci(f(a, 'action_distance_mean'), f(a, 'action_distance_ci_lower'), f(a, 'action_distance_ci_upper'))} | "
-                     f"{_ci(f(a, 'score_var_mean'), f(a, 'score_var_ci_lower'), f(a, 'score_var_ci_upper'))} |")
+                     f"{ci(a, 'V_mean', 'V_mean_ci_lower', 'V_mean_ci_upper')} | "
+                     f"{ci(a, 'action_distance_mean', 'action_distance_ci_lower', 'action_distance_ci_upper')} | "
+                     f"{ci(a, 'score_var_mean', 'score_var_ci_lower', 'score_var_ci_upper')} |")
     te = aggs.get("te")
     for name, a in aggs.items():
         if name == "te" or te is None:
             continue
         iqm_ratio = f(a, "iqm") / f(te, "iqm") if f(te, "iqm") else nan
         lines.append("")
-        lines.append(f"te/{name}: V ratio {_ci(f(a, 'V_ratio'), f(a, 'V_ratio_ci_lower'), f(a, 'V_ratio_ci_upper'))}"
-                     f"; return-variance ratio {_ci(f(a, 'score_var_ratio'), f(a, 'score_var_ratio_ci_lower'), f(a, 'score_var_ratio_ci_upper'))}"
-                     f"; IQM {name}/te {iqm_ratio:.3f}; action distance te/{name} "
+        lines.append(f"te/{name}: V ratio {ci(a, 'V_ratio', 'V_ratio_ci_lower', 'V_ratio_ci_upper')}; "
+                     f"return-variance ratio "
+                     f"{ci(a, 'score_var_ratio', 'score_var_ratio_ci_lower', 'score_var_ratio_ci_upper')}; "
+                     f"IQM {name}/te {iqm_ratio:.3f}; action distance te/{name} "
                      f"{f(te, 'action_distance_mean') / f(a, 'action_distance_mean'):.3g}")
     return lines
 

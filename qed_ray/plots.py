@@ -57,10 +57,10 @@ def caption(results: SweepResults) -> str:
     seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
     left_out = sum(1 for f in results.failed_trials if f.group is not None)
     runs = sum(len(g.seeds) for g in groups)
-    fe = results.final_eval
+    fe, policy = results.final_eval, POLICY_TEXT.get(results.policy, results.policy)
     return (f"{len(per_task)} tasks x {seeds} seeds ({runs} runs; {left_out} trial{'s' * (left_out != 1)} left "
-            f"out). Final evaluation: {fe.episodes} episodes per seed, {POLICY_TEXT.get(results.policy, results.policy)}"
-            f"; intervals: {100 * fe.confidence:g}% bootstrap over seeds, {fe.bootstrap_reps} resamples.")
+            f"out). Final evaluation: {fe.episodes} episodes per seed, {policy}; intervals: "
+            f"{100 * fe.confidence:g}% bootstrap over seeds, {fe.bootstrap_reps} resamples.")
 
 
 def _readable_log(axis) -> None:

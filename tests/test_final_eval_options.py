@@ -125,7 +125,8 @@ def test_every_policy_gets_its_tables_and_figures(tmp_path):
     assert SweepResults.from_json(json.loads(layout.results_json.read_text())).to_json() == results.to_json()
     folder = policy_dir(layout, "sample")
     assert (folder / "aggregates.csv").exists() and (folder / "figures" / "mean_return_vs_kl.svg").exists()
-    assert "sampled from the policy (noise shared across seeds per episode)" in (folder / "figures" / "ci_width.svg").read_text()
+    caption = (folder / "figures" / "ci_width.svg").read_text()
+    assert "sampled from the policy (noise shared across seeds per episode)" in caption
     assert "deterministic tanh(mu)" in (layout.figures / "ci_width.svg").read_text()
 
 
