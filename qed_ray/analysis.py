@@ -3,12 +3,15 @@
 Per (task, agent, variant) group (:class:`~qed_ray.results.GroupResult`): final scores, inter-run variability V on
 the states pooled from every seed's own evaluation rollouts (paper App. E), pairwise action distances over
 100-step rollouts from shared seeds (Sec. 6.2), V at intermediate policy snapshots (App. E, curves as in App. F),
-and the critic-proxy quantities (App. D). A trial's record is read from its policy snapshots alone
-(:func:`trial_record`). Tables across groups are :mod:`qed_ray.tables`.
+and the critic-proxy quantities (App. D). Returns, V's state sets and action distances come from each evaluation
+policy of ``final_eval.policies`` in turn (:func:`qed_ray.evaluate.eval_policy`; the paper does not say which it
+used). A trial's record is read from its policy snapshots alone (:func:`trial_record`). Tables across groups are
+:mod:`qed_ray.tables`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from typing import Sequence
@@ -18,12 +21,10 @@ import numpy as np
 from qed_ray import metrics
 from qed_ray.agents import load_policy
 from qed_ray.checkpoint import SNAPSHOT_FORMATS, read_manifest
-from qed_ray.evaluate import eval_seeds, rollout_many
+from qed_ray.evaluate import EvalPolicy, eval_policy, eval_seeds, rollout_many
 from qed_ray.layout import SweepDir, TrialId
 from qed_ray.results import GroupResult, TrialRecord
 from qed_ray.spec import FinalEvalSpec
-
-EARLY_INTERVALS = 15  # App. D: "the early-training interval (first 15 rollouts)"
 
 
 def trial_record(layout: SweepDir, name: str) -> TrialRecord:
@@ -56,9 +57,11 @@ def _policies(records: list[TrialRecord], step: int, device: str):
     return [load_policy(r.policies[step], device)[0] for r in records]
 
 
-def variability(agents, task: str, episodes: int, frame_skip: int) -> tuple[float, np.ndarray, list]:
-    """V and the pairwise matrix D on the states of every agent's own eval rollouts (pooled), and the rollouts."""
-    rolls = rollout_many([a.act_batch for a in agents], task, eval_seeds(episodes), frame_skip=frame_skip)
+def variability(agents, task: str, episodes: int, frame_skip: int, policy: EvalPolicy = "mean"
+                ) -> tuple[float, np.ndarray, list]:
+    """V and the pairwise matrix D on the states of every agent's own eval rollouts (pooled) under the evaluation
+    policy ``policy``, and the rollouts."""
+    rolls = rollout_many([eval_policy(a, policy) for a in agents], task, eval_seeds(episodes), frame_skip=frame_skip)
     pooled = metrics.pool_states([r.pooled_obs() for r in rolls])
     dists = [a.policy_distribution(pooled) for a in agents]
     mus, sigmas = np.stack([d[0] for d in dists]), np.stack([d[1] for d in dists])
@@ -68,15 +71,18 @@ def variability(agents, task: str, episodes: int, frame_skip: int) -> tuple[floa
     return metrics.variability_from_matrix(d), d, rolls
 
 
-def action_rollouts(agents, rolls: list, task: str, n: int, steps: int, frame_skip: int) -> np.ndarray:
-    """Actions [P, T, L, A] of every agent from the same ``n`` initial states for ``steps`` decisions (Sec. 6.2).
+def action_rollouts(agents, rolls: list, task: str, n: int, steps: int, frame_skip: int,
+                    policy: EvalPolicy = "mean") -> np.ndarray:
+    """Actions [P, T, L, A] of every agent from the same ``n`` initial states for ``steps`` decisions (Sec. 6.2),
+    under the evaluation policy ``policy`` (``rolls`` are that policy's eval rollouts).
 
-    Deterministic policies from the shared eval seeds repeat the eval episodes exactly, so when the eval
-    rollouts cover them their first ``steps`` actions are reused instead of rolling out again.
+    From the shared eval seeds a policy repeats its eval episodes exactly (tanh(mu) is deterministic, and a
+    sampling policy's noise is fixed by the episode's seed), so when the eval rollouts cover them their first
+    ``steps`` actions are reused instead of rolling out again.
     """
     if n <= rolls[0].actions.shape[0] and steps <= rolls[0].actions.shape[1]:
         return np.stack([r.actions[:n, :steps] for r in rolls])
-    act = rollout_many([a.act_batch for a in agents], task, eval_seeds(n), max_decisions=steps,
+    act = rollout_many([eval_policy(a, policy) for a in agents], task, eval_seeds(n), max_decisions=steps,
                        frame_skip=frame_skip)
     return np.stack([r.actions for r in act])
 
@@ -88,21 +94,32 @@ def q1_dispersion(agents, pooled: np.ndarray) -> float:
     return float(np.mean([abs(x - y) for x, y in pairs])) if pairs else math.nan
 
 
-def _early_q_gap(records: Sequence[TrialRecord]) -> float:
-    """Mean within-run |Q1 - Q2| over each seed's first :data:`EARLY_INTERVALS` evaluations, then over seeds."""
-    early = [np.mean([h["q/abs_diff_mean"] for h in r.history[:EARLY_INTERVALS] if "q/abs_diff_mean" in h])
+def _early_q_gap(records: Sequence[TrialRecord], window: int) -> float:
+    """Mean within-run |Q1 - Q2| over each seed's first ``window`` evaluations, then over seeds (App. D's
+    "early-training interval (first 15 rollouts)", read as evaluations: ``final_eval.proxy_window``)."""
+    early = [np.mean([h["q/abs_diff_mean"] for h in r.history[:window] if "q/abs_diff_mean" in h])
              for r in records if any("q/abs_diff_mean" in h for h in r.history)]
     return float(np.mean(early)) if early else math.nan
 
 
 def evaluate_group(records: Sequence[TrialRecord], final_eval: FinalEvalSpec, device: str = "cpu") -> GroupResult:
-    """All per-group numbers of one (task, agent, variant) from its seeds' records (any order)."""
+    """All per-group numbers of one (task, agent, variant) from its seeds' records (any order): the first
+    evaluation policy's, with every other policy's in ``other_policies``."""
     records = sorted(records, key=lambda r: r.seed)
+    agents = _policies(records, max(records[0].policies), device)
+    first, *others = final_eval.policies
+    result = _evaluate_policy(records, agents, final_eval, device, first)
+    return dataclasses.replace(result, other_policies={
+        p: _evaluate_policy(records, agents, final_eval, device, p) for p in others})
+
+
+def _evaluate_policy(records: Sequence[TrialRecord], agents: list, final_eval: FinalEvalSpec, device: str,
+                     policy: EvalPolicy) -> GroupResult:
+    """One evaluation policy's numbers of a group (records sorted by seed, ``agents`` their final policies)."""
     task, fs = records[0].task, records[0].frame_skip
     final_step = max(records[0].policies)
-    agents = _policies(records, final_step, device)
-    v, d, rolls = variability(agents, task, final_eval.episodes, fs)
-    actions = action_rollouts(agents, rolls, task, final_eval.action_rollouts, final_eval.action_steps, fs)
+    v, d, rolls = variability(agents, task, final_eval.episodes, fs, policy)
+    actions = action_rollouts(agents, rolls, task, final_eval.action_rollouts, final_eval.action_steps, fs, policy)
     pooled = metrics.pool_states([r.pooled_obs() for r in rolls])
     common = sorted(set.intersection(*(set(r.policies) for r in records)))
     curve = []
@@ -111,7 +128,7 @@ def evaluate_group(records: Sequence[TrialRecord], final_eval: FinalEvalSpec, de
             curve.append([step, v])
         elif len(records) > 1:
             curve.append([step, variability(_policies(records, step, device), task, final_eval.curve_episodes,
-                                            fs)[0]])
+                                            fs, policy)[0]])
     returns = [r.returns.tolist() for r in rolls]
     pairs = metrics.pairwise_action_distance(actions) if len(agents) > 1 else np.zeros((1, 1))
     return GroupResult(
@@ -120,16 +137,18 @@ def evaluate_group(records: Sequence[TrialRecord], final_eval: FinalEvalSpec, de
         scores=metrics.normalized_score([np.mean(x) for x in returns]).tolist(), V=v, D=d.tolist(),
         action_distance=metrics.cumulative_action_distance(actions) if len(agents) > 1 else math.nan,
         action_distance_pairs=pairs.tolist(),
-        v_curve=curve, q1_dispersion=q1_dispersion(agents, pooled), early_q_gap=_early_q_gap(records),
+        v_curve=curve, q1_dispersion=q1_dispersion(agents, pooled),
+        early_q_gap=_early_q_gap(records, final_eval.proxy_window),
         learning_curves={r.seed: [[h["env_steps"], h["eval/return_mean"]] for h in r.history
-                                  if "eval/return_mean" in h] for r in records})
+                                  if "eval/return_mean" in h] for r in records}, policy=policy)
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m qed_ray.analysis SWEEP_DIR``: the critic-proxy table (App. D) of a gathered sweep.
 
-    Reads ``SWEEP_DIR/gather/results.json``, prints per agent-variant the early within-run |Q1 - Q2| and the final
-    cross-seed Q1 dispersion per task with the R^2 of the line through them, and redraws the scatter plot.
+    Reads ``SWEEP_DIR/gather/results.json``, prints per agent-variant the early within-run |Q1 - Q2| (over the
+    gather's ``final_eval.proxy_window`` first evaluations) and the final cross-seed Q1 dispersion per task with the
+    R^2 of the line through them, and redraws the scatter plot.
     """
     import argparse
     import json
@@ -148,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        groups = [GroupResult.from_json(g) for g in json.loads(layout.results_json.read_text())["groups"]]
+        raw = json.loads(layout.results_json.read_text())
+        groups = [GroupResult.from_json(g) for g in raw["groups"]]
+        window = FinalEvalSpec.model_validate(raw.get("final_eval", {})).proxy_window
     except KeyError as e:
         print(f"error: sweep_dir: {layout.results_json} lacks {e} (written by an older version); rewrite it with "
               f"python -m qed_ray.gather {args.sweep_dir}", file=sys.stderr)
@@ -159,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         for task, x, y in zip(row.tasks, row.early_q_gap, row.q1_dispersion):
             print(f"  {task:18s} early |Q1-Q2| {x:9.4f}   final cross-seed Q1 dispersion {y:9.4f}")
     layout.figures.mkdir(parents=True, exist_ok=True)
-    print(f"figure: {plots.critic_proxy(proxy, layout.figures / 'critic_proxy.png')}")
+    print(f"figure: {plots.critic_proxy(proxy, layout.figures / 'critic_proxy.png', window=window)}")
     return 0
 
 

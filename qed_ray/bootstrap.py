@@ -140,6 +140,29 @@ def iqm_interval(per_task: Sequence[np.ndarray], reps: int, confidence: float, s
     return {"point": point, "lower": lower, "upper": upper, "width": upper - lower}
 
 
+def mean_interval(per_task: Sequence[np.ndarray], reps: int, confidence: float, seed: int) -> dict[str, float]:
+    """Mean of the runs pooled over tasks with its stratified-bootstrap interval (the "mean return" the paper
+    plots in Sec. 6.3): each resample redraws task k's n_k scores from its own n_k, as :func:`iqm_interval` does.
+
+    Args:
+        per_task: K arrays, task k holding its n_k >= 1 normalised scores (one per seed).
+        reps, confidence, seed: as :func:`iqm_interval`.
+
+    Returns:
+        ``{"point", "lower", "upper", "width"}``; with a single score per task and task the interval is a point.
+    """
+    cols = [np.asarray(t, dtype=np.float64).ravel() for t in per_task]
+    if not cols or any(c.size == 0 for c in cols):
+        raise ValueError("per_task: expected at least one task, each with at least one score")
+    rng = np.random.default_rng(seed)
+    total = np.zeros(reps)
+    for c in cols:  # sums per task, so memory stays (R,) whatever the seed count
+        total += c[rng.integers(0, c.size, size=(reps, c.size))].sum(axis=1)
+    lower, upper = percentile_interval(total / sum(c.size for c in cols), confidence)
+    point = float(np.concatenate(cols).mean())
+    return {"point": point, "lower": lower, "upper": upper, "width": upper - lower}
+
+
 def stratified_mean_replicates(per_task_replicates: Sequence[np.ndarray]) -> np.ndarray:
     """(R,) replicates of the mean over tasks, from K arrays of (R,) per-task replicates drawn independently."""
     if not per_task_replicates:

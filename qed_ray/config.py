@@ -42,11 +42,14 @@ class TemperatureSpec(Frozen):
     n_actions: int = Field(8, ge=2, le=1024, description="QED: policy actions per state for the expectile")
     tau: float = Field(0.9, gt=0, lt=1, description="QED: expectile level of |Q1 - Q2|")
     alpha_max: float = Field(0.2, gt=0, le=1e6, description="QED: upper clip of alpha(s)")
+    target_alpha: Literal["qed", "floor"] = Field(
+        "qed", description="QED: alpha in the TD target: 'qed' = alpha(s') from the target critics, 'floor' = "
+                           "alpha_TE (QED only in the actor loss; no QED pass at s')")
 
     # Which fields each kind reads: a value set on a field the kind ignores would train something else than
     # the user asked for (e.g. ``{kind: te, k: 0.2}`` silently trains the baseline).
     FIELDS_OF_KIND: ClassVar[dict[str, tuple[str, ...]]] = {"te": ("init_alpha", "lr"), "fixed": ("alpha",),
-                      "qed": ("k", "n_actions", "tau", "alpha_max", "init_alpha", "lr")}
+                      "qed": ("k", "n_actions", "tau", "alpha_max", "target_alpha", "init_alpha", "lr")}
 
     @model_validator(mode="after")
     def _check_kind_fields(self) -> "TemperatureSpec":
@@ -71,8 +74,27 @@ class TemperatureSpec(Frozen):
         return temperature_label(self)
 
 
-class MadSpec(Frozen):
-    """MAD-SAC specifics (paper Sec. 5.2, App. B; docs/mad_sac.md)."""
+class HLGaussSpec(Frozen):
+    """The support of HL-Gauss critic heads (MAD-TD's binned critic): bins, range and smoothing.
+
+    MAD-SAC's :class:`MadSpec` extends it (its settings stay at ``agent.mad.vmin`` and so on); SAC-LN reads it
+    under ``agent.hl`` when ``agent.critic`` is ``hlgauss``.
+    """
+
+    vmin: float = Field(-300.0, ge=-1e6, le=1e6, description="lowest HL-Gauss bin centre")
+    vmax: float = Field(300.0, ge=-1e6, le=1e6, description="highest HL-Gauss bin centre")
+    num_bins: int = Field(151, ge=3, le=10_000, description="HL-Gauss bins")
+    sigma_ratio: float = Field(0.75, gt=0, le=100, description="HL-Gauss sigma as a multiple of the bin width")
+
+    @model_validator(mode="after")
+    def _check_support(self) -> "HLGaussSpec":
+        if self.vmin >= self.vmax:
+            raise ValueError(f"vmin: need vmin < vmax, got {self.vmin} >= {self.vmax}")
+        return self
+
+
+class MadSpec(HLGaussSpec):
+    """MAD-SAC specifics (paper Sec. 5.2, App. B; docs/mad_sac.md); the critic support is :class:`HLGaussSpec`'s."""
 
     latent_dim: int = Field(512, ge=8, le=65536, description="encoder output size; a multiple of simnorm_group")
     simnorm_group: int = Field(8, ge=2, le=1024, description="features per SimNorm simplex")
@@ -83,18 +105,15 @@ class MadSpec(Frozen):
     proportion_real: float = Field(0.5, gt=0, le=1, description="share of real rows in a critic batch (paper: 0.5)")
     model_every: int = Field(1, ge=1, le=1_000_000, description="model/encoder step every n-th update "
                                                                 "(MAD-TD: once per env step)")
-    vmin: float = Field(-300.0, ge=-1e6, le=1e6, description="lowest HL-Gauss bin centre")
-    vmax: float = Field(300.0, ge=-1e6, le=1e6, description="highest HL-Gauss bin centre")
-    num_bins: int = Field(151, ge=3, le=10_000, description="HL-Gauss bins")
-    sigma_ratio: float = Field(0.75, gt=0, le=100, description="HL-Gauss sigma as a multiple of the bin width")
     clip_warn_fraction: float = Field(0.01, ge=0, le=1, description="warn when this share of TD targets is clipped")
     actor_critic: Literal["online", "target"] = Field(
         "online", description="critic the actor maximises: 'online' (SAC) or 'target' (MAD-TD)")
+    actor_rows: Literal["real", "all"] = Field(
+        "real", description="critic-batch rows the actor and alpha_TE steps use: 'real' (the proportion_real "
+                            "share) or 'all' (MAD-TD: every row's real start state)")
 
     @model_validator(mode="after")
     def _check(self) -> "MadSpec":
-        if self.vmin >= self.vmax:
-            raise ValueError(f"vmin: need vmin < vmax, got {self.vmin} >= {self.vmax}")
         if self.latent_dim % self.simnorm_group:
             raise ValueError(f"latent_dim: {self.latent_dim} is not a multiple of simnorm_group {self.simnorm_group}")
         return self
@@ -104,6 +123,7 @@ class AgentBase(Frozen):
     """Hyper-parameters shared by every agent (MAD-TD code defaults, paper App. B)."""
 
     depth: int = Field(2, ge=1, le=64, description="hidden layers per MLP")
+    critic_depth: int | None = Field(None, ge=1, le=64, description="hidden layers per critic head (none: depth)")
     activation: Literal["mish", "relu"] = Field("mish", description="hidden activation")
     actor_lr: float = Field(3e-4, gt=0, le=1, description="Adam learning rate of the actor")
     critic_lr: float = Field(3e-4, gt=0, le=1, description="Adam learning rate of the critics")
@@ -121,6 +141,11 @@ class AgentBase(Frozen):
                              f"{self.log_std_max}")
         return self
 
+    @property
+    def critic_layers(self) -> int:
+        """Hidden layers per critic head: ``critic_depth``, else ``depth``."""
+        return self.critic_depth or self.depth
+
 
 class SacLnSpec(AgentBase):
     """SAC-LN (paper Sec. 5.2): twin LayerNorm critics, tanh-Gaussian actor; the standard DMC SAC size."""
@@ -128,6 +153,17 @@ class SacLnSpec(AgentBase):
     name: Literal["sac_ln"] = Field("sac_ln", description="base agent")
     hidden: int = Field(256, ge=1, le=65536, description="width of every hidden layer")
     batch_size: int = Field(256, ge=2, le=1_000_000, description="replay rows per update")
+    critic: Literal["mse", "hlgauss"] = Field(
+        "mse", description="critic heads: 'mse' (scalar, squared TD error) or 'hlgauss' (binned, cross-entropy; "
+                           "MAD-TD's model-free configuration)")
+    hl: HLGaussSpec = Field(HLGaussSpec(), description="the HL-Gauss support (critic hlgauss only)")
+
+    @model_validator(mode="after")
+    def _check_critic(self) -> "SacLnSpec":
+        if self.critic == "mse" and self.hl != HLGaussSpec():
+            raise ValueError("hl: applies only to critic 'hlgauss', but critic is 'mse' (set critic: hlgauss, or "
+                             "drop hl)")
+        return self
 
 
 class MadSacSpec(AgentBase):
@@ -207,6 +243,10 @@ class TrainSpec(Frozen):
         "auto", description="a pack's update: 'auto' (graph on CUDA, off elsewhere), 'off' (eager), 'compile' "
                             "(torch.compile), 'graph' (one CUDA graph replayed per update; CUDA only)")
     nan_check_every: int = Field(50, ge=1, le=10**9, description="decisions between non-finite loss checks")
+    holdout_fraction: float = Field(0.0, ge=0, lt=1, description="share of transitions held out of the replay, "
+                                                                "never trained on (MAD-TD: 0.05)")
+    mask_time_limits: bool = Field(False, description="keep each episode's time-limit transition out of the replay "
+                                                      "and so out of every loss (MAD-TD masks it)")
     debug: DebugSpec = Field(DebugSpec(), description="fault injection for end-to-end tests")
 
     @model_validator(mode="before")

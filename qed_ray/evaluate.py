@@ -1,13 +1,16 @@
-"""Deterministic evaluation rollouts (paper Sec. 6.1-6.2, App. E).
+"""Evaluation rollouts (paper Sec. 6.1-6.2, App. E).
 
-Policies act with tanh(mu). Every episode starts from an env built with its own seed, so several policies
-rolled out with the same seeds start from identical initial states and can be compared step by step.
+Policies act with tanh(mu) (the ``mean`` evaluation policy, used for every evaluation during training), or, for
+the final evaluation's ``sample`` policy, draw a ~ pi(.|s) with noise from a stream fixed by the episode's env seed
+(:class:`SamplingPolicy`), so every seed's policy meets the same noise. Every episode starts from an env built
+with its own seed, so several policies rolled out with the same seeds start from identical initial states and can
+be compared step by step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
 import numpy as np
 
@@ -16,14 +19,57 @@ from qed_ray.envs import make_env
 if TYPE_CHECKING:
     from qed_ray.env_pool import EnvPool
 
-PolicyFn = Callable[[np.ndarray], np.ndarray]  # obs [B, O] -> deterministic actions [B, A]
+PolicyFn = Callable[[np.ndarray], np.ndarray]  # obs [B, O] -> actions [B, A]
+DistributionFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]  # obs [B, O] -> pre-tanh (mu, sigma) [B, A]
+EvalPolicy = Literal["mean", "sample"]
 
 EVAL_SEED_BASE = 1_000_000  # eval env seeds never collide with training seeds (0..N)
+EVAL_NOISE_KEY = 0xE7A1  # keys the sampling noise of an episode apart from the env's own use of its seed
 
 
 def eval_seeds(n: int, base: int = EVAL_SEED_BASE) -> list[int]:
     """The shared env seeds of ``n`` evaluation episodes (identical for every training seed)."""
     return [base + i for i in range(n)]
+
+
+def episode_noise(seed: int) -> np.random.Generator:
+    """The standard-normal stream of the evaluation episode with env seed ``seed``; the same for every policy."""
+    return np.random.default_rng([EVAL_NOISE_KEY, seed])
+
+
+class SamplingPolicy:
+    """Acts with a policy sample a = tanh(mu(s) + sigma(s) eps), eps [1, A] per decision from the current episode's
+    :func:`episode_noise`: policies rolled out from the same eval seeds see the same noise, step by step, and a
+    rollout is reproducible.
+
+    Args:
+        distribution: pre-tanh (mu, sigma) [B, A] of observations [B, O] (an agent's ``policy_distribution``).
+    """
+
+    def __init__(self, distribution: DistributionFn):
+        self.distribution = distribution
+        self.rng: np.random.Generator | None = None
+
+    def start_episode(self, seed: int) -> None:
+        """Restarts the noise at the stream of the episode with env seed ``seed`` (:func:`rollout_many` calls it)."""
+        self.rng = episode_noise(seed)
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        """Actions [B, A] (float32) for observations [B, O]."""
+        if self.rng is None:
+            raise RuntimeError("SamplingPolicy: start_episode(seed) was not called before the first action")
+        mu, sigma = self.distribution(obs)
+        return np.tanh(mu + sigma * self.rng.standard_normal(mu.shape)).astype(np.float32)
+
+
+def eval_policy(agent, kind: EvalPolicy) -> PolicyFn:
+    """The evaluation policy ``kind`` of ``agent``: ``mean``, tanh(mu) (``agent.act_batch``), or ``sample``
+    (:class:`SamplingPolicy` over ``agent.policy_distribution``)."""
+    if kind == "mean":
+        return agent.act_batch
+    if kind == "sample":
+        return SamplingPolicy(agent.policy_distribution)
+    raise ValueError(f"final_eval.policies: {kind!r} is not one of 'mean', 'sample'")
 
 
 @dataclass
@@ -49,10 +95,11 @@ class Rollouts:
 
 def rollout(policy: PolicyFn, task: str, seeds: Sequence[int], max_decisions: int | None = None,
             frame_skip: int = 2, record_physics: bool = False) -> Rollouts:
-    """Runs one deterministic episode per seed (optionally truncated to ``max_decisions``).
+    """Runs one episode per seed (optionally truncated to ``max_decisions``).
 
     Args:
-        policy: maps observations [B, O] to actions [B, A] (called with B = 1 per step).
+        policy: maps observations [B, O] to actions [B, A] (called with B = 1 per step); see :func:`rollout_many`
+            for policies with a ``start_episode`` method.
         task: task name.
         seeds: env seeds, one episode each.
         max_decisions: stop each episode after this many decisions (default: the full episode).
@@ -70,7 +117,8 @@ def rollout_many(policies: Sequence[PolicyFn], task: str, seeds: Sequence[int], 
     """Rolls out every policy from the same seeds, stepping all policies' envs in lock-step.
 
     Stepping in lock-step lets a batch of policies be queried at once per step and guarantees that policy p's
-    episode i starts from the same initial state as every other policy's episode i.
+    episode i starts from the same initial state as every other policy's episode i. A policy with a
+    ``start_episode(seed)`` method (:class:`SamplingPolicy`) is told each episode's env seed before its first step.
 
     Returns:
         one :class:`Rollouts` per policy.
@@ -80,6 +128,9 @@ def rollout_many(policies: Sequence[PolicyFn], task: str, seeds: Sequence[int], 
     for seed in seeds:
         envs = [make_env(task, seed, frame_skip) for _ in range(n_pol)]
         obs = [env.reset() for env in envs]
+        for policy in policies:
+            if hasattr(policy, "start_episode"):
+                policy.start_episode(seed)
         ep = [dict(ret=0.0, obs=[], act=[], phys=[]) for _ in range(n_pol)]
         done = False
         t = 0

@@ -22,7 +22,9 @@ from qed_ray.tasks import TASKS
 RENAMES = {("agent", "name"): "agent", ("temperature", "kind"): "temperature", ("temperature", "lr"): "alpha_lr",
            ("train", "debug", "crash_at_env_step"): "debug_crash_at_env_step",
            ("train", "debug", "nan", "env_step"): "debug_nan_at_env_step",
-           ("train", "debug", "nan", "seed"): "debug_nan_seed"}
+           ("train", "debug", "nan", "seed"): "debug_nan_seed",
+           # SAC-LN's HL-Gauss support; MAD-SAC's (agent.mad.vmin, ...) keeps the plain names it had first
+           **{("agent", "hl", f): f"hl_{f}" for f in ("vmin", "vmax", "num_bins", "sigma_ratio")}}
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,13 @@
 re-analysis command and ``--status``.
 
 A group's evaluation depends on its seeds' final policies, the final-evaluation settings that change rollouts
-and on the analysis code. The cache key is the SHA-256 of exactly those: :data:`ANALYSIS_VERSION`, the group,
-each seed's final ``state.pt`` SHA-256 as its trial recorded it, and the :data:`EVAL_FIELDS` of ``final_eval``
-(the bootstrap settings only change the tables, which are recomputed from cached groups). A restarted driver
-finds every unchanged group under ``gather/cache/<key>.json`` and evaluates nothing again; a retrained seed or
-another ``final_eval.episodes`` is another key.
+or per-group numbers, and on the analysis code. The cache key is the SHA-256 of exactly those:
+:data:`ANALYSIS_VERSION`, the group, each seed's final ``state.pt`` SHA-256 as its trial recorded it, the
+:data:`EVAL_FIELDS` of ``final_eval`` and, where they differ from their defaults, its :data:`OPTIONAL_EVAL_FIELDS`
+(the evaluation policies and the critic-proxy window: keys written before they existed stay valid). The bootstrap
+settings only change the tables, which are recomputed from cached groups. A restarted driver finds every unchanged
+group under ``gather/cache/<key>.json`` and evaluates nothing again; a retrained seed, another
+``final_eval.episodes`` or another evaluation policy is another key.
 """
 
 from __future__ import annotations
@@ -25,13 +27,16 @@ from qed_ray.spec import FinalEvalSpec
 
 ANALYSIS_VERSION = 2  # bump whenever evaluate_group gives other numbers for the same policies and settings
 EVAL_FIELDS = ("episodes", "action_rollouts", "action_steps", "curve_episodes")
+OPTIONAL_EVAL_FIELDS = ("policies", "proxy_window")
 
 
 def cache_key(group: GroupKey, policies: dict[int, str], final_eval: FinalEvalSpec) -> str:
     """The hex key of a group's evaluation: version, group, ``{seed: final state.pt SHA-256}``, eval settings."""
+    settings = {f: getattr(final_eval, f) for f in EVAL_FIELDS}
+    settings.update({f: getattr(final_eval, f) for f in OPTIONAL_EVAL_FIELDS
+                     if getattr(final_eval, f) != FinalEvalSpec.model_fields[f].default})
     payload = {"analysis_version": ANALYSIS_VERSION, "group": list(group),
-               "policies": {str(seed): sha for seed, sha in sorted(policies.items())},
-               "final_eval": {f: getattr(final_eval, f) for f in EVAL_FIELDS}}
+               "policies": {str(seed): sha for seed, sha in sorted(policies.items())}, "final_eval": settings}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 

@@ -34,6 +34,7 @@ from qed_ray.networks import require_fp32_matmul
 from qed_ray.pack import PACK_FILE, PACK_FORMAT, SeedRun, check_pack, pack_name, read_pack, seed_dir
 from qed_ray.pack_update import PackUpdater, resolve_mode
 from qed_ray.packed_replay import PackedReplay, replay_bytes, replay_device
+from qed_ray.replay import keeps_transition
 from qed_ray.trainer import EvalRecord, InjectedCrash, resolve_device
 from qed_ray.update_metrics import MetricAccumulator
 from qed_ray.writer import BackgroundWriter
@@ -132,7 +133,10 @@ class PackedTrainer:
             step.terminated | step.truncated
         for i in on[~np.isfinite(step.obs).all(axis=1)]:
             self._stop(i, f"non-finite observation at env step {env_steps}")
-        self.replay.add(obs, actions, reward, nxt, terminated, self.active)
+        truncated = done & ~terminated
+        keep = [keeps_transition(self.t, run.spec.seed, self.decisions, bool(truncated[i]))
+                for i, run in enumerate(self.runs)]
+        self.replay.add(obs, actions, reward, nxt, terminated, self.active & np.array(keep))
         for i in np.flatnonzero(self.active):
             self.runs[i].ep_return += reward[i]
         return nxt, done

@@ -1,8 +1,9 @@
 """Figures of a sweep (matplotlib, Agg) from the gather step's typed results; each is written as PNG and SVG.
 
-Fig. 3a (IQM vs V), Fig. 3b (CI widths of the IQM), Fig. 4 (action distance), App. F (V over env steps,
-learning curves, IQM over env steps), App. D (critic proxy). Every figure says in its title what it plots, names
-its axes in words, prints the value of every point or bar, and carries a caption with the tasks x seeds behind it.
+Fig. 3a (IQM vs V), Fig. 3b (CI widths of the IQM), Fig. 4 (action distance), Fig. 5 (Sec. 6.3: mean return vs
+V, the IQM beside it), App. F (V over env steps, learning curves, IQM over env steps), App. D (critic proxy). Every
+figure says in its title what it plots, names its axes in words, prints the value of every point or bar, and
+carries a caption with the tasks x seeds and the evaluation policy behind it.
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 
-from qed_ray.analysis import EARLY_INTERVALS  # noqa: E402
 from qed_ray.atomic import atomic_file  # noqa: E402
-from qed_ray.results import BudgetIqm, CriticProxy, GroupResult, SweepResults  # noqa: E402
+from qed_ray.results import Aggregate, BudgetIqm, CriticProxy, GroupResult, SweepResults  # noqa: E402
 
 V_AXIS = "inter-run variability V: symmetric KL between seeds' pre-tanh policies"
+POLICY_TEXT = {"mean": "deterministic tanh(mu) actions",
+               "sample": "actions sampled from the policy (noise shared across seeds per episode)"}
 
 
 def _label(row) -> str:
@@ -46,7 +48,8 @@ def _g(v: float) -> str:
 
 
 def caption(results: SweepResults) -> str:
-    """``"2 tasks x 3 seeds (12 runs; 1 trial left out). Final evaluation: 4 episodes per seed."``"""
+    """``"2 tasks x 3 seeds (12 runs; 1 trial left out). Final evaluation: 4 episodes per seed, deterministic
+    tanh(mu) actions; intervals: ..."``"""
     groups = results.groups
     per_task: dict[str, int] = {}
     for g in groups:
@@ -55,10 +58,10 @@ def caption(results: SweepResults) -> str:
     seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
     left_out = sum(1 for f in results.failed_trials if f.group is not None)
     runs = sum(len(g.seeds) for g in groups)
-    fe = results.final_eval
+    fe, policy = results.final_eval, POLICY_TEXT.get(results.policy, results.policy)
     return (f"{len(per_task)} tasks x {seeds} seeds ({runs} runs; {left_out} trial{'s' * (left_out != 1)} left "
-            f"out). Final evaluation: {fe.episodes} episodes per seed; intervals: {100 * fe.confidence:g}% "
-            f"bootstrap over seeds, {fe.bootstrap_reps} resamples.")
+            f"out). Final evaluation: {fe.episodes} episodes per seed, {policy}; intervals: "
+            f"{100 * fe.confidence:g}% bootstrap over seeds, {fe.bootstrap_reps} resamples.")
 
 
 def _readable_log(axis) -> None:
@@ -86,26 +89,47 @@ def _save(fig, path: Path, text: str) -> Path:
     return path
 
 
-def pareto(results: SweepResults, path: Path) -> Path:
-    """IQM of normalised return against mean V (log x), both with their CIs, one labelled point per variant."""
-    fig, ax = plt.subplots(figsize=(8, 5.2))
-    for row in results.aggregates:
+def _return_vs_v(ax, rows: Sequence[Aggregate], stat: str, name: str) -> None:
+    """One point per variant: ``stat`` (``iqm`` or ``mean_score``) with its CI against mean V with its CI (log x)."""
+    lo, hi = {"iqm": ("ci_lower", "ci_upper"), "mean_score": ("mean_score_ci_lower", "mean_score_ci_upper")}[stat]
+    for row in rows:
         if not (math.isfinite(row.V_mean) and row.V_mean > 0):
             continue
+        y = getattr(row, stat)
         xerr = [[max(row.V_mean - row.V_mean_ci_lower, 0)], [max(row.V_mean_ci_upper - row.V_mean, 0)]]
-        yerr = [[row.iqm - row.ci_lower], [row.ci_upper - row.iqm]]
-        ax.errorbar([row.V_mean], [row.iqm], xerr=np.nan_to_num(xerr), yerr=yerr, fmt="o", capsize=3,
+        yerr = [[max(y - getattr(row, lo), 0)], [max(getattr(row, hi) - y, 0)]]
+        ax.errorbar([row.V_mean], [y], xerr=np.nan_to_num(xerr), yerr=np.nan_to_num(yerr), fmt="o", capsize=3,
                     label=_label(row))
-        ax.annotate(f"{_label(row)}\nV={_g(row.V_mean)}, IQM={_g(row.iqm)}", (row.V_mean, row.iqm), fontsize=7,
+        ax.annotate(f"{_label(row)}\nV={_g(row.V_mean)}, {name}={_g(y)}", (row.V_mean, y), fontsize=7,
                     xytext=(5, 5), textcoords="offset points")
     ax.set_xscale("log")
     _readable_log(ax.xaxis)
     ax.margins(x=0.3, y=0.15)  # room for the value labels
+    if ax.lines:
+        ax.legend(fontsize=7)
+
+
+def pareto(results: SweepResults, path: Path) -> Path:
+    """IQM of normalised return against mean V (log x), both with their CIs, one labelled point per variant."""
+    fig, ax = plt.subplots(figsize=(8, 5.2))
+    _return_vs_v(ax, results.aggregates, "iqm", "IQM")
     _name_axes(ax, f"{V_AXIS}, mean over tasks (log scale; left = seeds behave more alike)",
                "IQM of normalised final return (return / 1000)",
                "Final return vs behaviour consistency across seeds (error bars: confidence intervals)")
-    if ax.lines:
-        ax.legend(fontsize=7)
+    return _save(fig, path, caption(results))
+
+
+def mean_return_vs_kl(results: SweepResults, path: Path) -> Path:
+    """Sec. 6.3's figure (fixed alpha vs QED): the MEAN normalised return against mean V, as the paper draws it,
+    and the IQM against mean V beside it; every point with its CIs."""
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.2), sharex=True)
+    for ax, stat, name, what in ((axes[0], "mean_score", "mean", "Mean"), (axes[1], "iqm", "IQM", "IQM")):
+        _return_vs_v(ax, results.aggregates, stat, name)
+        _name_axes(ax, f"{V_AXIS}, mean over tasks (log scale; left = seeds behave more alike)",
+                   f"{what} of normalised final return (return / 1000)",
+                   f"{what} final return vs behaviour consistency across seeds")
+    fig.suptitle("Return vs consistency, as Sec. 6.3 draws it (left: mean return; right: IQM); error bars: "
+                 "confidence intervals", fontsize=10)
     return _save(fig, path, caption(results))
 
 
@@ -212,8 +236,9 @@ def iqm_over_steps(results: SweepResults, path: Path) -> Path:
     return _save(fig, path, caption(results))
 
 
-def critic_proxy(proxy: Sequence[CriticProxy], path: Path, text: str = "") -> Path:
-    """Early within-run |Q1 - Q2| against final cross-seed Q1 dispersion, one point per task, R^2 per variant."""
+def critic_proxy(proxy: Sequence[CriticProxy], path: Path, text: str = "", window: int = 15) -> Path:
+    """Early within-run |Q1 - Q2| (over the first ``window`` evaluations) against final cross-seed Q1 dispersion,
+    one point per task, R^2 per variant."""
     fig, ax = plt.subplots(figsize=(8, 5.2))
     for row in proxy:
         if not row.early_q_gap:
@@ -224,7 +249,7 @@ def critic_proxy(proxy: Sequence[CriticProxy], path: Path, text: str = "") -> Pa
             ax.annotate(task, (x, y), fontsize=6, color=pts.get_facecolor()[0], xytext=(3, 3),
                         textcoords="offset points")
     ax.margins(0.15)
-    _name_axes(ax, f"early within-run critic gap |Q1 - Q2| (mean over the first {EARLY_INTERVALS} evaluations)",
+    _name_axes(ax, f"early within-run critic gap |Q1 - Q2| (mean over the first {window} evaluations)",
                "final cross-seed dispersion of Q1 (mean over seed pairs)",
                "Does one run's critic disagreement predict disagreement across runs? One point per task (App. D)")
     if ax.collections:
@@ -232,14 +257,15 @@ def critic_proxy(proxy: Sequence[CriticProxy], path: Path, text: str = "") -> Pa
     return _save(fig, path, text or "one point per task")
 
 
-FIGURES = ("pareto_kl_vs_iqm", "ci_width", "action_distance", "v_over_env_steps", "learning_curves",
-           "iqm_over_env_steps", "critic_proxy")
+FIGURES = ("pareto_kl_vs_iqm", "mean_return_vs_kl", "ci_width", "action_distance", "v_over_env_steps",
+           "learning_curves", "iqm_over_env_steps", "critic_proxy")
 
 
 def all_figures(results: SweepResults, out: Path) -> list[Path]:
     """Writes every sweep figure into ``out`` (``<name>.png`` and ``<name>.svg``); returns the PNG paths."""
     out.mkdir(parents=True, exist_ok=True)
-    draw = [pareto, ci_widths, action_distance, v_over_steps, learning_curves, iqm_over_steps]
+    draw = [pareto, mean_return_vs_kl, ci_widths, action_distance, v_over_steps, learning_curves, iqm_over_steps]
     paths = [f(results, out / f"{name}.png") for f, name in zip(draw, FIGURES)]
-    return paths + [critic_proxy(results.critic_proxy, out / "critic_proxy.png", caption(results))]
+    return paths + [critic_proxy(results.critic_proxy, out / "critic_proxy.png", caption(results),
+                                 results.final_eval.proxy_window)]
 

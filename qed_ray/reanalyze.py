@@ -31,7 +31,8 @@ from qed_ray.results import FailedTrial, GroupResult, SweepResults
 from qed_ray.spec import FinalEvalSpec
 
 # Settings of the final evaluation a re-analysis may change (keep_every decided which snapshots exist: fixed).
-FLAGS = ("episodes", "action_rollouts", "action_steps", "curve_episodes", "bootstrap_reps", "confidence", "seed")
+FLAGS = ("policies", "episodes", "action_rollouts", "action_steps", "curve_episodes", "bootstrap_reps",
+         "confidence", "seed", "proxy_window")
 
 
 def _write_csv(rows: list[dict], path: Path) -> None:
@@ -42,16 +43,32 @@ def _write_csv(rows: list[dict], path: Path) -> None:
             w.writerows(rows)
 
 
+def policy_dir(layout: SweepDir, policy: str) -> Path:
+    """``gather/policy_<name>/``: the tables and figures of a further evaluation policy (``final_eval.policies``
+    after the first), laid out as ``gather/`` lays out the first one's."""
+    return layout.gather / f"policy_{policy}"
+
+
 def write_results(results: SweepResults, layout: SweepDir) -> None:
-    """``results.json`` (strict JSON), ``aggregates.csv``, ``groups.csv``, ``iqm_by_budget.csv`` and, with groups,
-    the figures (PNG and SVG), each replaced atomically: the live gather rewrites them while the sweep runs."""
+    """``results.json`` (strict JSON, every evaluation policy's tables in it), ``aggregates.csv``, ``groups.csv``,
+    ``iqm_by_budget.csv`` and, with groups, the figures (PNG and SVG), each replaced atomically (the live gather
+    rewrites them while the sweep runs); the same tables and figures of each further evaluation policy under
+    :func:`policy_dir`."""
     layout.gather.mkdir(parents=True, exist_ok=True)
     write_json(layout.results_json, results.to_json(), indent=1)
-    _write_csv([asdict(a) for a in results.aggregates], layout.aggregates_csv)
-    _write_csv(tables.group_rows(results.groups, results.group_stats), layout.groups_csv)
-    _write_csv([asdict(b) for b in results.iqm_by_budget], layout.budgets_csv)
+    _write_tables(results, layout.gather, layout)
+    for policy, other in results.other_policies.items():
+        _write_tables(other, policy_dir(layout, policy), layout)
+
+
+def _write_tables(results: SweepResults, folder: Path, layout: SweepDir) -> None:
+    """The CSV tables and figures of one evaluation policy in ``folder`` (file names as in ``gather/``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    _write_csv([asdict(a) for a in results.aggregates], folder / layout.aggregates_csv.name)
+    _write_csv(tables.group_rows(results.groups, results.group_stats), folder / layout.groups_csv.name)
+    _write_csv([asdict(b) for b in results.iqm_by_budget], folder / layout.budgets_csv.name)
     if results.groups:
-        plots.all_figures(results, layout.figures)
+        plots.all_figures(results, folder / layout.figures.name)
 
 
 def previous_results(layout: SweepDir) -> dict:
@@ -136,15 +153,21 @@ def _recorded(layout: SweepDir, uri: str | None) -> dict[str, Recorded]:
     return sweep_checksums(uri, sweep_id)
 
 
+def _name_list(text: str) -> list[str]:
+    """``mean,sample`` -> ``["mean", "sample"]`` (the model checks the names)."""
+    return [part.strip() for part in text.split(",")]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command-line flags: the sweep folder, the final-evaluation settings to change, verification."""
     p = argparse.ArgumentParser(prog="python -m qed_ray.gather", description=__doc__.splitlines()[0])
     p.add_argument("sweep_dir", type=Path, help="the sweep folder (with sweep.json and policies/)")
     for name in FLAGS:
         info = FinalEvalSpec.model_fields[name]
-        kind = float if info.annotation is float else int
+        kind = {float: float, int: int}.get(info.annotation, _name_list)
+        default = ",".join(info.default) if isinstance(info.default, tuple) else info.default
         p.add_argument(f"--{name.replace('_', '-')}", type=kind, help=f"{info.description} (default: the "
-                       f"sweep's last gather, else {info.default})")
+                       f"sweep's last gather, else {default})".replace("%", "%%"))
     p.add_argument("--workers", type=int, default=1, help="local processes evaluating groups (default 1)")
     p.add_argument("--tracking-uri", help="MLflow store with the trials' recorded checksums (default: "
                    "MLFLOW_TRACKING_URI, else the sweep folder's mlflow.db)")
@@ -175,6 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"re-analysing {layout.root} with final_eval {final_eval.model_dump()}", flush=True)
     results, refused = reanalyze(layout, final_eval, recorded, args.workers)
     print("\n" + tables.format_table(results.aggregates, final_eval.confidence))
+    for policy, other in results.other_policies.items():
+        print(f"\nevaluation policy {policy} ({policy_dir(layout, policy)}):")
+        print(tables.format_table(other.aggregates, final_eval.confidence))
     for f in results.failed_trials:
         print(f"LEFT OUT {f.name}: {f.error}")
     print(f"\nwrote {layout.gather}")

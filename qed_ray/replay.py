@@ -1,7 +1,8 @@
 """Uniform replay ring buffer with its own generator, and append-only persistence.
 
-Persistence writes only the transitions added since the previous save, as numbered ``.npz`` chunks, so a
-checkpoint never rewrites the whole buffer. A chunk holds ``n * (2 * obs_dim + action_dim + 2) * 4`` bytes
+What enters the buffer is decided by :func:`keeps_transition` (MAD-TD's held-out share and time-limit masking,
+both off by default). Persistence writes only the transitions added since the previous save, as numbered ``.npz``
+chunks, so a checkpoint never rewrites the whole buffer. A chunk holds ``n * (2 * obs_dim + action_dim + 2) * 4`` bytes
 (float32); a 1M-decision run on cheetah-run (17/6) stores about 168 MB, on quadruped (78/12) about 680 MB.
 """
 
@@ -22,6 +23,40 @@ from qed_ray.checkpoint import CheckpointError
 
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
 CHUNK_RE = re.compile(r"chunk_(\d{10})_(\d{10})\.npz$")
+_MASK64 = (1 << 64) - 1
+HOLDOUT_KEY = 0x5EED_0D0E_4E1D_0005  # keeps the hold-out draw apart from every other use of the run seed
+
+
+def holdout_draw(seed: int, decision: int) -> float:
+    """A uniform number in [0, 1) fixed by (run seed, decision index): splitmix64 of both, no generator state.
+
+    Stateless, so a resumed run and every seed of a pack hold out exactly the transitions a single uninterrupted
+    run holds out, without a random stream to checkpoint.
+    """
+    z = (HOLDOUT_KEY ^ (seed << 32) ^ decision) & _MASK64
+    for shift, mult in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+        z = ((z ^ (z >> shift)) * mult) & _MASK64
+    return ((z ^ (z >> 31)) >> 11) / float(1 << 53)
+
+
+def keeps_transition(train, seed: int, decision: int, truncated: bool) -> bool:
+    """Whether the transition of ``decision`` (0-based) of the run of ``seed`` enters its replay buffer.
+
+    Two MAD-TD details, off by default (then every transition is kept): ``train.holdout_fraction`` of the
+    transitions is held out and never trained on (MAD-TD sends 5% to an evaluation buffer; nothing here reads
+    them, so they are dropped), and with ``train.mask_time_limits`` the transition that ends an episode at its
+    time limit is dropped, so no loss ever sees it (MAD-TD stores it with loss weight 0; dropping it differs only
+    in that MAD-TD's actor step still reads its start state, one row in 500).
+
+    Args:
+        train: the run's :class:`~qed_ray.config.TrainSpec`.
+        seed: the run seed.
+        decision: the transition's decision index within the run.
+        truncated: whether the episode ended at its time limit with this transition.
+    """
+    if train.mask_time_limits and truncated:
+        return False
+    return not (train.holdout_fraction and holdout_draw(seed, decision) < train.holdout_fraction)
 
 
 class ReplayBuffer:

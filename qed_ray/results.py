@@ -9,6 +9,7 @@ left out of the tables, with the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import NamedTuple
@@ -37,7 +38,8 @@ def _from_strict(x):
 
 
 def _numeric_from_json(cls, d: dict, text: tuple[str, ...] = ()):
-    return cls(**{f.name: d[f.name] if f.name in text else _from_strict(d[f.name]) for f in fields(cls)})
+    # A numeric column added after a file was written reads as NaN (unknown), so older results.json files load.
+    return cls(**{f.name: d[f.name] if f.name in text else _from_strict(d.get(f.name)) for f in fields(cls)})
 
 
 class GroupKey(NamedTuple):
@@ -79,8 +81,10 @@ class GroupResult:
     Shapes (P seeds, ascending; E final-eval episodes): ``returns`` [P][E], ``scores`` [P] (normalised mean
     return), ``D`` [P][P] pairwise symmetric KL, ``action_distance_pairs`` [P][P] pairwise cumulative action
     distance, ``v_curve`` [[env_steps, V]] at the snapshots every seed kept, ``learning_curves``
-    {seed: [[env_steps, eval return]]}. V, action distance, Q1 dispersion and the early |Q1 - Q2| are NaN where
-    undefined (one seed, or no critic history).
+    {seed: [[env_steps, eval return]]} (training-time evaluations, always tanh(mu)). V, action distance, Q1
+    dispersion and the early |Q1 - Q2| are NaN where undefined (one seed, or no critic history). ``policy`` is the
+    evaluation policy behind returns, V and the action distance (``mean`` or ``sample``);
+    ``other_policies`` holds the same group under each further policy of ``final_eval.policies``.
     """
 
     task: str
@@ -98,22 +102,28 @@ class GroupResult:
     early_q_gap: float
     learning_curves: dict[int, list[list[float]]]
     action_distance_pairs: list[list[float]]
+    policy: str = "mean"
+    other_policies: dict[str, "GroupResult"] = field(default_factory=dict)
 
     @property
     def key(self) -> GroupKey:
         """(task, agent, variant)."""
         return GroupKey(self.task, self.agent, self.variant)
 
-    def to_json(self) -> dict:
-        """The ``results.json`` entry (strict JSON: NaN as null, seeds of ``learning_curves`` as strings)."""
-        return strict_json(asdict(self))
+    def to_json(self, with_others: bool = True) -> dict:
+        """The cache and ``results.json`` entry (strict JSON: NaN as null, seeds of ``learning_curves`` as
+        strings); ``with_others`` False leaves ``other_policies`` empty (``results.json`` lists them apart)."""
+        d = asdict(dataclasses.replace(self, other_policies={}) if not with_others else self)
+        return strict_json(d)
 
     @classmethod
     def from_json(cls, d: dict) -> "GroupResult":
-        """Inverse of :meth:`to_json`."""
-        raw = {f.name: _from_strict(d[f.name]) for f in fields(cls) if f.name != "learning_curves"}
+        """Inverse of :meth:`to_json` (an entry written before ``policy`` existed is the ``mean`` policy's)."""
+        special = ("learning_curves", "policy", "other_policies")
+        raw = {f.name: _from_strict(d[f.name]) for f in fields(cls) if f.name not in special}
         curves = {int(seed): _from_strict(c) for seed, c in d["learning_curves"].items()}
-        return cls(**raw, learning_curves=curves)
+        others = {p: cls.from_json(g) for p, g in d.get("other_policies", {}).items()}
+        return cls(**raw, learning_curves=curves, policy=d.get("policy", "mean"), other_policies=others)
 
 
 @dataclass(frozen=True)
@@ -148,7 +158,8 @@ class GroupStats:
 
 @dataclass(frozen=True)
 class Aggregate:
-    """One (agent, variant) across tasks: IQM with its stratified-bootstrap CI, V, action distance, variance.
+    """One (agent, variant) across tasks: IQM and mean score with their stratified-bootstrap CIs, V, action
+    distance, variance.
 
     The first twelve fields are the original ``aggregates.csv`` columns; the rest were added after them. Ratios
     are ``baseline / this`` over the tasks both have (NaN for the baseline itself or without one), so a ratio of
@@ -183,6 +194,8 @@ class Aggregate:
     score_var_ratio: float
     score_var_ratio_ci_lower: float
     score_var_ratio_ci_upper: float
+    mean_score_ci_lower: float = math.nan
+    mean_score_ci_upper: float = math.nan
 
     def headline(self) -> dict[str, float]:
         """The numbers the summary table and the sweep's MLflow parent run show."""
@@ -261,7 +274,8 @@ class FailedTrial:
 
 @dataclass(frozen=True)
 class SweepResults:
-    """Everything the gather step computes for a sweep (``results.json``)."""
+    """Everything the gather step computes for a sweep (``results.json``), under the evaluation policy ``policy``
+    (the first of ``final_eval.policies``); ``other_policies`` holds the same tables under each further one."""
 
     sweep: str
     final_eval: FinalEvalSpec
@@ -272,15 +286,19 @@ class SweepResults:
     n_trials: int
     group_stats: list[GroupStats] = field(default_factory=list)
     iqm_by_budget: list[BudgetIqm] = field(default_factory=list)
+    policy: str = "mean"
+    other_policies: dict[str, "SweepResults"] = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        """``results.json`` (strict JSON)."""
-        return {"sweep": self.sweep, "final_eval": self.final_eval.model_dump(),
-                "aggregates": [a.to_json() for a in self.aggregates], "groups": [g.to_json() for g in self.groups],
+        """``results.json`` (strict JSON); each group once, under the policy whose tables it is in."""
+        return {"sweep": self.sweep, "final_eval": self.final_eval.model_dump(mode="json"),
+                "aggregates": [a.to_json() for a in self.aggregates],
+                "groups": [g.to_json(with_others=False) for g in self.groups],
                 "critic_proxy": [c.to_json() for c in self.critic_proxy],
                 "failed_trials": [asdict(f) for f in self.failed_trials], "n_trials": self.n_trials,
                 "group_stats": [s.to_json() for s in self.group_stats],
-                "iqm_by_budget": [b.to_json() for b in self.iqm_by_budget]}
+                "iqm_by_budget": [b.to_json() for b in self.iqm_by_budget], "policy": self.policy,
+                "other_policies": {p: r.to_json() for p, r in self.other_policies.items()}}
 
     @classmethod
     def from_json(cls, d: dict) -> "SweepResults":
@@ -290,4 +308,5 @@ class SweepResults:
                    [CriticProxy.from_json(c) for c in d["critic_proxy"]],
                    [FailedTrial(**f) for f in d["failed_trials"]], d["n_trials"],
                    [GroupStats.from_json(s) for s in d["group_stats"]],
-                   [BudgetIqm.from_json(b) for b in d["iqm_by_budget"]])
+                   [BudgetIqm.from_json(b) for b in d["iqm_by_budget"]], d.get("policy", "mean"),
+                   {p: cls.from_json(r) for p, r in d.get("other_policies", {}).items()})

@@ -16,7 +16,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
@@ -162,9 +162,16 @@ def _names_field(line: str) -> bool:
     return bool(sep) and re.fullmatch(r"[\w.]+", head) is not None
 
 
+EVAL_POLICIES = ("mean", "sample")
+
+
 class FinalEvalSpec(Frozen):
     """Cross-seed evaluation of finished trials (paper Sec. 6.1-6.2, App. E)."""
 
+    policies: tuple[Literal["mean", "sample"], ...] = Field(
+        ("mean",), description="evaluation policies: 'mean' acts with tanh(mu), 'sample' draws from the policy "
+                               "with noise shared across seeds per eval episode; the first gives the main tables "
+                               "and figures, each other one its own set (gather/policy_<name>/)")
     episodes: int = Field(20, ge=1, le=10_000, description="eval rollouts per policy (states pooled for V)")
     action_rollouts: int = Field(20, ge=1, le=10_000, description="trajectories for the action distance")
     action_steps: int = Field(100, ge=1, le=500, description="decisions per action-distance trajectory")
@@ -173,6 +180,23 @@ class FinalEvalSpec(Frozen):
     bootstrap_reps: int = Field(2000, ge=100, le=10**6, description="stratified bootstrap resamples")
     confidence: float = Field(0.95, gt=0, lt=1, description="confidence level of the intervals")
     seed: int = Field(0, ge=0, le=MAX_SEED, description="bootstrap RNG seed")
+    proxy_window: int = Field(15, ge=1, le=10_000, description="critic proxy (App. D): the first n evaluations "
+                                                               "whose |Q1 - Q2| make its x")
+
+    @field_validator("policies", mode="before")
+    @classmethod
+    def _policy_list(cls, v: Any) -> Any:
+        # YAML and JSON give a list (or one name); the frozen model keeps a tuple, so it stays hashable.
+        if isinstance(v, str):
+            v = [v]
+        if isinstance(v, list):
+            v = tuple(v)
+        if isinstance(v, tuple):
+            if not v:
+                raise ValueError(f"need at least one of {', '.join(EVAL_POLICIES)}")
+            if len(set(v)) != len(v):
+                raise ValueError(f"{list(v)} names a policy twice")
+        return v
 
 
 class ResourcesSpec(Frozen):

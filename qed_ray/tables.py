@@ -14,6 +14,7 @@ Tasks keep all their remaining seeds (no cut to the smallest count).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import Counter
@@ -125,13 +126,14 @@ def baseline_of(variant: str, variants: Sequence[str]) -> str:
 
 def aggregate(groups: Sequence[GroupResult], final_eval: FinalEvalSpec,
               failed: Sequence[FailedTrial] = ()) -> list[Aggregate]:
-    """Per (agent, variant) across tasks: IQM + CI over every seed, V / action distance / return variance with
-    intervals, ratios to the target-entropy baseline, seed and failure counts."""
+    """Per (agent, variant) across tasks: IQM and mean score + CI over every seed, V / action distance / return
+    variance with intervals, ratios to the target-entropy baseline, seed and failure counts."""
     fe, reps, n_failed = final_eval, _Replicates(final_eval), failed_counts(failed)
     by_av = _by_agent_variant(groups)
     out = []
     for (agent, variant), gs in by_av.items():
         est = bootstrap.iqm_interval([g.scores for g in gs], fe.bootstrap_reps, fe.confidence, fe.seed)
+        mean = bootstrap.mean_interval([g.scores for g in gs], fe.bootstrap_reps, fe.confidence, fe.seed)
         vs = np.array([g.V for g in gs], dtype=float)
         finite_v = vs[np.isfinite(vs)]
         dist = np.array([g.action_distance for g in gs], dtype=float)
@@ -156,7 +158,8 @@ def aggregate(groups: Sequence[GroupResult], final_eval: FinalEvalSpec,
             score_var_mean=var, score_var_ci_lower=var_lo, score_var_ci_upper=var_hi, baseline=base,
             V_ratio=v_ratio[0], V_ratio_ci_lower=v_ratio[1], V_ratio_ci_upper=v_ratio[2],
             score_var_ratio=var_ratio[0], score_var_ratio_ci_lower=var_ratio[1],
-            score_var_ratio_ci_upper=var_ratio[2]))
+            score_var_ratio_ci_upper=var_ratio[2], mean_score_ci_lower=mean["lower"],
+            mean_score_ci_upper=mean["upper"]))
     return out
 
 
@@ -227,12 +230,23 @@ def group_rows(groups: Sequence[GroupResult], stats: Sequence[GroupStats]) -> li
 
 def sweep_results(sweep: str, final_eval: FinalEvalSpec, groups: Sequence[GroupResult],
                   failed: Sequence[FailedTrial], n_trials: int) -> SweepResults:
-    """Every table of a sweep from its evaluated groups (any subset: partial results while the sweep runs)."""
+    """Every table of a sweep from its evaluated groups (any subset: partial results while the sweep runs): under
+    the first evaluation policy of ``final_eval.policies``, and under each other one in ``other_policies`` (from
+    the groups' own ``other_policies``)."""
+    first, *others = final_eval.policies
+    return dataclasses.replace(
+        _tables(sweep, final_eval, groups, failed, n_trials, first),
+        other_policies={p: _tables(sweep, final_eval, [g.other_policies[p] for g in groups if p in g.other_policies],
+                                   failed, n_trials, p) for p in others})
+
+
+def _tables(sweep: str, final_eval: FinalEvalSpec, groups: Sequence[GroupResult], failed: Sequence[FailedTrial],
+            n_trials: int, policy: str) -> SweepResults:
     groups = sorted(groups, key=lambda g: g.key)
     failed = list(failed)
     return SweepResults(sweep, final_eval, aggregate(groups, final_eval, failed) if groups else [], groups,
                         critic_proxy(groups), failed, n_trials, group_stats(groups, final_eval, failed),
-                        iqm_by_budget(groups, final_eval))
+                        iqm_by_budget(groups, final_eval), policy)
 
 
 def _g(v: float, p: int = 3) -> str:

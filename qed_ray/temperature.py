@@ -6,7 +6,9 @@ parameters) and a stack of seeds (stacked parameters under ``torch.func.vmap``):
 
 - ``floor(state)``: the scalar alpha_TE (or the constant);
 - ``alpha(state, batch, disagreement)``: [B] temperatures; only QED reads ``disagreement`` (its ``n_actions`` > 0);
-- ``loss(state, log_prob)``: the loss of the rule's trainable part.
+- ``loss(state, log_prob)``: the loss of the rule's trainable part;
+- ``n_target_actions``: QED's samples per next state for the TD target's alpha(s'); 0 when the target uses
+  the floor (every rule but QED, and QED with ``target_alpha: floor``).
 
 :func:`qed_disagreement` computes QED's Delta(s) from a policy and a critic pair, both passed as functions.
 """
@@ -89,7 +91,7 @@ def temperature_state(rule: nn.Module) -> State:
 class FixedTemperature(nn.Module):
     """A constant alpha (paper Sec. 6.3 ablation)."""
 
-    n_actions = 0
+    n_actions = n_target_actions = 0
 
     def __init__(self, alpha: float):
         super().__init__()
@@ -111,7 +113,7 @@ class FixedTemperature(nn.Module):
 class TargetEntropyTemperature(nn.Module):
     """SAC's learned scalar alpha_TE (paper Eq. 1) with H_target = -action_dim."""
 
-    n_actions = 0
+    n_actions = n_target_actions = 0
 
     def __init__(self, action_dim: int, init_alpha: float):
         super().__init__()
@@ -137,12 +139,15 @@ class QEDTemperature(TargetEntropyTemperature):
     alpha(s) = clip(expectile_tau(|Q1(s,a_i) - Q2(s,a_i)|, a_i ~ pi(.|s)) / (k * action_dim), alpha_TE, alpha_max).
     alpha_TE keeps training as in SAC and is the floor; if alpha_TE ever exceeds alpha_max the floor wins,
     so QED never runs colder than plain target-entropy SAC ("QED reduces to SAC with regular entropy tuning").
+    The paper does not say which alpha enters the TD target: ``spec.target_alpha`` 'qed' measures alpha(s') (the
+    agents read it from the target critics), 'floor' puts alpha_TE there and skips QED at s' altogether.
     """
 
     def __init__(self, action_dim: int, spec: TemperatureSpec):
         super().__init__(action_dim, spec.init_alpha)
         self.scale = 1.0 / (spec.k * action_dim)
         self.n_actions = spec.n_actions
+        self.n_target_actions = spec.n_actions if spec.target_alpha == "qed" else 0
         self.tau = spec.tau
         self.alpha_max = spec.alpha_max
 

@@ -25,7 +25,7 @@ from qed_ray.config import RunSpec, TrainSpec
 from qed_ray.envs import DMCEnv, make_env
 from qed_ray.evaluate import eval_seeds, rollout
 from qed_ray.networks import require_fp32_matmul
-from qed_ray.replay import ReplayBuffer
+from qed_ray.replay import ReplayBuffer, keeps_transition
 from qed_ray.update_metrics import MetricAccumulator
 
 
@@ -276,7 +276,8 @@ class Trainer:
             step = self.env.step(action)
             if not np.all(np.isfinite(step.obs)):
                 raise DivergenceError(f"non-finite observation at env step {env_steps}")
-            self.replay.add(obs, action, step.reward, step.obs, step.terminated)
+            if keeps_transition(t, self.spec.seed, self.p.decisions, step.truncated):
+                self.replay.add(obs, action, step.reward, step.obs, step.terminated)
             ep_return += step.reward
             obs = step.obs
             self.p.decisions += 1

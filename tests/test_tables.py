@@ -103,12 +103,14 @@ def _strict_loads(text: str):
 
 
 GROUP_KEYS = ["task", "agent", "variant", "seeds", "final_env_steps", "returns", "scores", "V", "D",
-              "action_distance", "v_curve", "q1_dispersion", "early_q_gap", "learning_curves", "action_distance_pairs"]
+              "action_distance", "v_curve", "q1_dispersion", "early_q_gap", "learning_curves", "action_distance_pairs",
+              "policy", "other_policies"]
 AGGREGATE_KEYS = ["agent", "variant", "n_tasks", "n_seeds", "iqm", "ci_lower", "ci_upper", "ci_width", "mean_score",
                   "V_mean", "V_median", "action_distance_mean", "n_runs", "n_failed", "V_mean_ci_lower",
                   "V_mean_ci_upper", "action_distance_ci_lower", "action_distance_ci_upper", "score_var_mean",
                   "score_var_ci_lower", "score_var_ci_upper", "baseline", "V_ratio", "V_ratio_ci_lower",
-                  "V_ratio_ci_upper", "score_var_ratio", "score_var_ratio_ci_lower", "score_var_ratio_ci_upper"]
+                  "V_ratio_ci_upper", "score_var_ratio", "score_var_ratio_ci_lower", "score_var_ratio_ci_upper",
+                  "mean_score_ci_lower", "mean_score_ci_upper"]
 GROUP_COLUMNS = ["task", "agent", "variant", "n_seeds", "mean_return", "std_return_across_seeds", "V",
                  "action_distance", "q1_dispersion", "early_q_gap", "n_failed", "V_ci_lower", "V_ci_upper",
                  "action_distance_ci_lower", "action_distance_ci_upper", "score_var"]
@@ -122,7 +124,7 @@ def test_typed_results_round_trip_through_strict_json():
     text = json.dumps(results.to_json(), indent=1)
     raw = _strict_loads(text)  # NaN is written as null
     assert list(raw) == ["sweep", "final_eval", "aggregates", "groups", "critic_proxy", "failed_trials", "n_trials",
-                         "group_stats", "iqm_by_budget"]
+                         "group_stats", "iqm_by_budget", "policy", "other_policies"]
     assert [list(g) for g in raw["groups"]] == [GROUP_KEYS] * 2 and list(raw["aggregates"][0]) == AGGREGATE_KEYS
     assert list(raw["critic_proxy"][0]) == ["agent", "variant", "tasks", "early_q_gap", "q1_dispersion", "r_squared"]
     assert raw["groups"][1]["V"] is None and raw["groups"][1]["v_curve"] == [[2000, None]]
@@ -164,7 +166,7 @@ def test_gather_writes_results_and_tables_with_fixed_columns(tmp_path):
     assert list(rows[0]) == ["agent", "variant", "env_steps", "n_tasks", "n_runs", "iqm", "ci_lower", "ci_upper"]
     figures = sorted(p.name for p in layout.figures.iterdir())
     names = ["action_distance", "ci_width", "critic_proxy", "iqm_over_env_steps", "learning_curves",
-             "pareto_kl_vs_iqm", "v_over_env_steps"]
+             "mean_return_vs_kl", "pareto_kl_vs_iqm", "v_over_env_steps"]
     assert figures == sorted(f"{n}.{ext}" for n in names for ext in ("png", "svg"))
     svg = (layout.figures / "ci_width.svg").read_text()
     assert "<svg" in svg and "3 tasks x 2 seeds (12 runs; 0 trials left out)" in svg  # the caption, as text

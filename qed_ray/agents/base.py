@@ -114,6 +114,7 @@ class SACFunctions:
     def __init__(self, actor: nn.Module, critic: nn.Module, temperature: nn.Module):
         self.actor, self.critic, self.temperature = actor, critic, temperature
         self.n_qed = temperature.n_actions  # QED's policy samples per state; 0 for te and fixed
+        self.n_qed_target = temperature.n_target_actions  # the same at s' for the TD target; 0: alpha_TE there
 
     def policy(self, actor_p: Params, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-tanh ``(mu, log_std)`` [B, A]."""
@@ -140,6 +141,15 @@ class SACFunctions:
                                      lambda s, a, r: self.q_pair(critic_p, s, a, r),
                                      states, eps_qed, self.n_qed, self.temperature.tau, share_state_terms, dist)
         return self.temperature.alpha(tstate, states.shape[0], delta)
+
+    def target_alpha(self, tstate: Params, actor_p: Params, target_p: Params, next_states: torch.Tensor,
+                     eps_qed: torch.Tensor, dist: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """[B] alpha of the TD target at ``next_states``: :meth:`alpha` read from the target critics, or, when the
+        rule's ``n_target_actions`` is 0 under QED (``temperature.target_alpha: floor``), alpha_TE with no QED pass
+        (``eps_qed`` is then empty)."""
+        if self.n_qed and not self.n_qed_target:
+            return self.temperature.floor(tstate).expand(next_states.shape[0])
+        return self.alpha(tstate, actor_p, target_p, next_states, eps_qed, dist=dist)
 
     def actor_loss(self, actor_p: Params, critic_p: Params, tstate: Params, states: torch.Tensor,
                    eps: torch.Tensor, eps_qed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

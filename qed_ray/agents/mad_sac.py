@@ -10,7 +10,9 @@ The losses are pure functions (:class:`MadFunctions`) of (parameters, target par
 batch, noise). One noise block per update, of a fixed size (:meth:`MadFunctions.noise_sizes`), holds in order:
 the model step's soft target (a', QED(z')), the critic batch's model actions, its soft target (a', QED(z')),
 and the actor step (a, QED(z)). The model-step rows are drawn even when ``model_every`` skips the model step, so
-the block's shape never changes. The only Python branch is the ``model_every`` check on an integer counter.
+the block's shape never changes. The only Python branch is the ``model_every`` check on an integer counter; the
+settings that change the block (``temperature.target_alpha: floor`` drops the QED(z') rows,
+``agent.mad.actor_rows: all`` sizes the actor rows to the whole batch) are fixed per configuration.
 """
 
 from __future__ import annotations
@@ -63,12 +65,18 @@ class MadFunctions(SACFunctions):
         self.hl, self.gamma, self.mad = critic.hl, spec.gamma, spec.mad
 
     def noise_sizes(self, b: int) -> tuple[int, ...]:
-        """Rows of the noise block's parts for batch size b, in draw order (N = QED samples per state):
-        model step a' (B), QED(z') (B N); critic batch model actions (n_model), a' (B), QED(z') (B N);
-        actor a (n_real), QED(z) (n_real N)."""
-        n_real, n_model = split_sizes(b, self.mad.proportion_real)
-        n = self.n_qed
-        return b, b * n, n_model, b, b * n, n_real, n_real * n
+        """Rows of the noise block's parts for batch size b, in draw order (N = QED samples per state, N' the same
+        at z' for the target, 0 with ``target_alpha: floor``): model step a' (B), QED(z') (B N'); critic batch
+        model actions (n_model), a' (B), QED(z') (B N'); actor a (n_actor), QED(z) (n_actor N), where n_actor is
+        :meth:`actor_rows`."""
+        _, n_model = split_sizes(b, self.mad.proportion_real)
+        n, n_target, n_actor = self.n_qed, self.n_qed_target, self.actor_rows(b)
+        return b, b * n_target, n_model, b, b * n_target, n_actor, n_actor * n
+
+    def actor_rows(self, b: int) -> int:
+        """Critic-batch rows the actor and temperature steps read: the n_real real rows (``agent.mad.actor_rows:
+        real``) or all B (``all``, MAD-TD's actor update: a model row's start state is a real replay state too)."""
+        return b if self.mad.actor_rows == "all" else split_sizes(b, self.mad.proportion_real)[0]
 
     def q_pair(self, critic_p: Params, states: torch.Tensor, actions: torch.Tensor, repeats: int = 1
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,8 +107,8 @@ class MadFunctions(SACFunctions):
                     dist: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """MaxEnt TD target y = r + discount (min_j E[Qtarg_j](z', a') - alpha(z') log pi(a'|z')), a' ~ pi.
 
-        alpha(z') comes from the target critic, which produces the target value. ``dist``: the policy's
-        (mu, log_std) at z' if already computed.
+        alpha(z') comes from the target critic, which produces the target value (or is alpha_TE, see
+        :meth:`SACFunctions.target_alpha`). ``dist``: the policy's (mu, log_std) at z' if already computed.
 
         Returns:
             ``(y [B], alpha(z') [B])``.
@@ -108,7 +116,7 @@ class MadFunctions(SACFunctions):
         dist = self.policy(actor_p, z_next) if dist is None else dist
         a, logp = squashed_sample(*dist, eps)
         tq1, tq2 = self.q_pair(target_p, z_next, a)
-        alpha = self.alpha(tstate, actor_p, target_p, z_next, eps_qed, dist=dist)
+        alpha = self.target_alpha(tstate, actor_p, target_p, z_next, eps_qed, dist=dist)
         return reward + discount * (torch.minimum(tq1, tq2) - alpha * logp), alpha
 
     def model_losses(self, params: dict[str, Params], target_p: Params, batch: dict[str, torch.Tensor],
@@ -182,16 +190,16 @@ class MadFunctions(SACFunctions):
         """HL-Gauss critic loss on the mixed batch; gradient reaches only ``params["critic"]``.
 
         Returns:
-            ``(loss 0-d, metrics, z_real [n_real, L])``: metrics are :data:`CRITIC_METRICS` then the
-            alpha/target statistics; z_real are the real rows' latents (the actor step's states).
+            ``(loss 0-d, metrics, z_actor [n_actor, L])``: metrics are :data:`CRITIC_METRICS` then the
+            alpha/target statistics; z_actor are the latents of the first :meth:`actor_rows` rows (the actor
+            step's states: the real rows, or all rows).
         """
         cb = self.critic_batch(params, target_p, batch, eps_model, eps, eps_qed)
         l1, l2 = self.logits(params["critic"], cb["z"], cb["a"])
         loss = self.critic_ce(l1, l2, cb["y"])
         metrics = [loss.detach(), *self.q_metrics(l1.detach(), l2.detach(), cb),
                    *alpha_stats(cb["next_alpha"], self.temperature, params["temperature"])]
-        n_real, _ = split_sizes(cb["z"].shape[0], self.mad.proportion_real)
-        return loss, torch.stack(metrics), cb["z"][:n_real]
+        return loss, torch.stack(metrics), cb["z"][:self.actor_rows(cb["z"].shape[0])]
 
     def q_metrics(self, l1: torch.Tensor, l2: torch.Tensor, cb: dict[str, torch.Tensor]) -> list[torch.Tensor]:
         """Q diagnostics per row type, :data:`CRITIC_METRICS` [1:]; masked means keep an empty model share at 0."""
@@ -231,7 +239,7 @@ class MadSAC(SACBase):
                                      act).to(dev)
             self.reward = RewardHead(m.latent_dim, action_dim, m.model_hidden, spec.depth, act).to(dev)
             hl = HLGauss(m.vmin, m.vmax, m.num_bins, m.sigma_ratio)
-            critic = HLGaussCritic(m.latent_dim, action_dim, spec.hidden, spec.depth, act, hl).to(dev)
+            critic = HLGaussCritic(m.latent_dim, action_dim, spec.hidden, spec.critic_layers, act, hl).to(dev)
             actor = TanhGaussianActor(m.latent_dim, action_dim, spec.hidden, spec.depth, act,
                                       spec.log_std_min, spec.log_std_max).to(dev)
         self._init_sac(actor, critic, temperature, seed)
@@ -272,9 +280,9 @@ class MadSAC(SACBase):
         return torch.cat([losses.detach(), torch.stack([enc_norm, model_norm], -1).to(losses.dtype)], -1)
 
     def learn(self, x: Learner, batch: dict[str, torch.Tensor], noise: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """(0) model step every ``model_every``-th call, (1) mixed critic step, (2) actor + temperature on real
-        rows, (3) Polyak on the target critic (MAD-TD's ``mad_td_update_step`` order), on the learner's
-        parameters (this agent's, or a pack's).
+        """(0) model step every ``model_every``-th call, (1) mixed critic step, (2) actor + temperature on the real
+        rows (or all rows, ``agent.mad.actor_rows``), (3) Polyak on the target critic (MAD-TD's
+        ``mad_td_update_step`` order), on the learner's parameters (this agent's, or a pack's).
 
         Args:
             x: the :class:`~qed_ray.agents.base.Learner` whose parameters move.
@@ -290,12 +298,12 @@ class MadSAC(SACBase):
         if x.updates % self.mad.model_every == 0:
             x.memo["model_metrics"] = self.model_step(x, p, target_p, batch, e_mt, e_mq)
         x.updates += 1
-        critic_loss, critic_metrics, z_real = x.per_seed(self.fn.critic_loss)(p, target_p, batch, e_model, e_t,
-                                                                              e_tq)
+        critic_loss, critic_metrics, z_actor = x.per_seed(self.fn.critic_loss)(p, target_p, batch, e_model, e_t,
+                                                                               e_tq)
         (critic_norm,) = x.step(critic_loss, ("critic_opt", self.spec.grad_clip))
         # The actor maximises the critic named by agent.mad.actor_critic (online by default, as in SAC-LN).
         q_p = p["critic"] if self.mad.actor_critic == "online" else target_p
-        actor_loss, actor_norm, logp, alpha = self.actor_step(x, p["actor"], q_p, p["temperature"], z_real, e_a,
+        actor_loss, actor_norm, logp, alpha = self.actor_step(x, p["actor"], q_p, p["temperature"], z_actor, e_a,
                                                               e_aq)
         alpha_loss = self.temperature_step(x, p["temperature"], logp)
         x.polyak(self.spec.polyak)
