@@ -22,6 +22,7 @@ from qed_ray import group_cache, tables
 from qed_ray.checkpoint import MANIFEST_FILE, CheckpointError, read_manifest
 from qed_ray.layout import SweepDir
 from qed_ray.lock import STALE_AFTER_S, read_lock, stale_reason
+from qed_ray.packing import Pack, form_packs, pack_of, seed_checkpoint
 from qed_ray.results import FailedTrial, SweepResults
 from qed_ray.spec import SweepSpec
 
@@ -54,16 +55,23 @@ def driver(layout: SweepDir, now: float | None = None) -> str | None:
     return info.describe(now) if info is not None else "a driver that is starting"
 
 
-def _progress(layout: SweepDir, name: str) -> tuple[int, float, float]:
-    """``(env steps, wall seconds, mtime)`` of the trial's newest full checkpoint or, past it, policy snapshot."""
+def _progress(layout: SweepDir, name: str, pack: Pack | None = None) -> tuple[int, float, float]:
+    """``(env steps, wall seconds, mtime)`` of the trial's newest full checkpoint (in a pack: its seed's part of the
+    pack's newest checkpoint) or, past it, policy snapshot."""
     steps, wall, mtime = 0, math.nan, 0.0
-    for found, read_wall in ((layout.checkpoint_steps(name), lambda m: m["progress"]["wall_s"]),
+    checkpoints = layout.checkpoint_steps(name)
+    if pack is not None:
+        seed = seed_checkpoint(layout, pack.id, name)
+        checkpoints = {0: seed} if seed is not None and (seed / MANIFEST_FILE).exists() else {}
+    for found, read_wall in ((checkpoints, lambda m: m["progress"]["wall_s"]),
                              (layout.snapshots(name), lambda m: m.get("wall_s", math.nan))):
         if not found or max(found) < steps:
             continue
         folder = found[max(found)]
         try:
             m = read_manifest(folder)
+            if int(m["env_steps"]) < steps:
+                continue
             steps, wall = int(m["env_steps"]), float(read_wall(m))
             mtime = max(mtime, (folder / MANIFEST_FILE).stat().st_mtime)
         except (CheckpointError, KeyError, ValueError, OSError):
@@ -80,29 +88,31 @@ def error_summary(error_txt: str) -> str:
     return lines[-1] if any(ln.startswith("Traceback") for ln in lines) else lines[0]
 
 
-def _last_error(layout: SweepDir, name: str, newer_than: float) -> str | None:
-    """The last line of the ``error.txt`` Tune wrote for the trial in the latest start that ran it, if it is newer
-    than ``newer_than`` (a later checkpoint means the trial was retried and ran on)."""
-    dirs = layout.trial_dirs(name)
+def _last_error(layout: SweepDir, name: str, newer_than: float, pack: Pack | None = None) -> str | None:
+    """The last line of the ``error.txt`` Tune wrote for the trial (or its pack) in the latest start that ran it, if
+    it is newer than ``newer_than`` (a later checkpoint means the trial was retried and ran on)."""
+    dirs = layout.trial_dirs(name) if pack is None else layout.pack_dirs(pack.id)
     error = dirs[-1] / "error.txt" if dirs else None
     if error is None or not error.exists() or error.stat().st_mtime <= newer_than:
         return None
     return error_summary(error.read_text(errors="replace"))
 
 
-def trial_state(layout: SweepDir, name: str, budget: int, live: bool = False) -> TrialState:
+def trial_state(layout: SweepDir, name: str, budget: int, live: bool = False, pack: Pack | None = None) -> TrialState:
     """Reads one trial's state from its markers, its newest checkpoint and Tune's error file; ``live``: a driver
-    runs the sweep now (a started, unfinished trial is "running", else "stopped")."""
-    steps, wall, newest = _progress(layout, name)
+    runs the sweep now (a started, unfinished trial is "running", else "stopped"); ``pack``: the pack that trains
+    it (its checkpoints and Tune folders are the pack's)."""
+    steps, wall, newest = _progress(layout, name, pack)
     if layout.done_marker(name).exists():
         metrics = json.loads(layout.done_marker(name).read_text())
         return TrialState(name, "done", budget, budget, float(metrics.get("perf/wall_s", wall)))
     if layout.diverged_marker(name).exists():
         return TrialState(name, "failed", steps, budget, wall, f"{layout.diverged_reason(name)} (final)")
-    error = _last_error(layout, name, newest)
+    error = _last_error(layout, name, newest, pack)
     if error is not None:
         return TrialState(name, "failed", steps, budget, wall, f"{error} (the next start retries it)")
-    started = steps > 0 or any(_non_empty(d) for d in layout.trial_dirs(name))
+    tune_dirs = layout.trial_dirs(name) if pack is None else layout.pack_dirs(pack.id)
+    started = steps > 0 or any(_non_empty(d) for d in tune_dirs)
     return TrialState(name, ("running" if live else "stopped") if started else "not started", steps, budget, wall)
 
 
@@ -148,7 +158,10 @@ def report(spec: SweepSpec, layout: SweepDir) -> str:
     if not layout.state_file.exists():
         return f"sweep {spec.name}: not started ({layout.root} has no {layout.state_file.name})"
     holder = driver(layout)
-    states = [trial_state(layout, t.name, t.run.train.env_steps, holder is not None) for t in trials]
+    packs = sweep_packs(spec, layout)
+    in_pack = pack_of(packs)
+    states = [trial_state(layout, t.name, t.run.train.env_steps, holder is not None, in_pack.get(t.name))
+              for t in trials]
     counts = {k: sum(s.state == k for s in states) for k in STATES}
     steps, budget = sum(s.env_steps for s in states), sum(s.budget for s in states)
     spent = sum(s.wall_s for s in states if math.isfinite(s.wall_s))
@@ -168,5 +181,29 @@ def report(spec: SweepSpec, layout: SweepDir) -> str:
                  f"for this spec's final_eval)")
     if results.aggregates:
         lines += ["", tables.format_table(results.aggregates, spec.final_eval.confidence)]
-    lines += [f"FAILED {s.name}: {s.error}" for s in states if s.state == "failed"]
+    if packs:
+        by_name = {s.name: s for s in states}
+        lines += ["", f"packs ({len(packs)}, up to {spec.pack.seeds} seeds each): seed: state [env steps]"]
+        lines += [f"  {p.name}  " + "  ".join(_seed_cell(by_name[t.name], t.run.seed) for t in p.trials)
+                  for p in packs]
+    lines += [f"FAILED {s.name}{_in(in_pack.get(s.name))}: {s.error}" for s in states if s.state == "failed"]
     return "\n".join(lines)
+
+
+def sweep_packs(spec: SweepSpec, layout: SweepDir) -> list[Pack]:
+    """The sweep's packs as its ``sweep.json`` records them (none for an unpacked sweep)."""
+    if spec.pack.seeds == 1:
+        return []
+    try:
+        recorded = json.loads(layout.state_file.read_text()).get("packs") or {}
+    except (OSError, ValueError):
+        recorded = {}
+    return form_packs(spec, recorded)
+
+
+def _seed_cell(s: TrialState, seed: int) -> str:
+    return f"{seed}:{s.state}" + ("" if s.state in ("done", "not started") else f"[{s.env_steps:,}]")
+
+
+def _in(pack: Pack | None) -> str:
+    return f" (pack {pack.name})" if pack is not None else ""
