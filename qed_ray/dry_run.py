@@ -89,5 +89,5 @@ def gpu_hours_line(spec: SweepSpec, packs: Sequence[Pack], table: Throughput | N
     if missing:
         cells = ", ".join(dict.fromkeys(missing))
         return f"GPU-hours: unknown: the throughput table ({where}) has no entry for {cells}"
-    return (f"GPU-hours: {seconds / 3600:,.0f} estimated ({where}; acting and updates only: env stepping, "
+    return (f"GPU-hours: {seconds / 3600:,.1f} estimated ({where}; acting and updates only: env stepping, "
             f"evaluations, checkpoints and the gather step are not counted)")

@@ -52,12 +52,14 @@ def group_of(name: str) -> str:
 
 def form_packs(spec: SweepSpec, recorded: Mapping[str, Sequence[str]] | None = None) -> list[Pack]:
     """The spec's packs: the ``recorded`` ones (``{pack name: trial names}``, kept as they are), then the trials in
-    none of them, per (task, agent, variant) in seed order, in chunks of ``spec.pack.seeds``. Packs come in grid
-    order (of their first trial). Trials of a recorded pack that the spec no longer has are left out (a started
+    none of them, per (task, agent, variant) in seed order, in chunks of ``spec.pack.seeds``. Packs come in the
+    grid order of their (task, agent, variant), then by first seed. Trials of a recorded pack that the spec no longer has are left out (a started
     sweep refuses dropping trials before this matters, :func:`qed_ray.sweep_state.plan`).
     """
     trials = spec.trials()
-    by_name, order = {t.name: t for t in trials}, {t.name: i for i, t in enumerate(trials)}
+    by_name, order = {t.name: t for t in trials}, {}
+    for t in trials:
+        order.setdefault(group_of(t.name), len(order))
     packs, taken = [], set()
     for names in (recorded or {}).values():
         members = [by_name[n] for n in names if n in by_name]
@@ -72,7 +74,7 @@ def form_packs(spec: SweepSpec, recorded: Mapping[str, Sequence[str]] | None = N
     for members in groups.values():
         members = sorted(members, key=lambda t: t.run.seed)
         packs += [_pack(members[i:i + size]) for i in range(0, len(members), size)]
-    return sorted(packs, key=lambda p: min(order[n] for n in p.names))
+    return sorted(packs, key=lambda p: (order[group_of(p.names[0])], p.trials[0].run.seed))
 
 
 def _pack(members: Sequence[Trial]) -> Pack:
