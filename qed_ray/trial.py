@@ -337,7 +337,9 @@ def train_pack(config: dict, context: TrialContext) -> None:
     pack, layout = PackId.of(names), context.layout
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731 - the worker's log
     limit_http_retries()
-    node, tags = ray.get_runtime_context().get_node_id(), pack_tags(pack.name, len(names))
+    # Outside Ray (a test, a local re-run) there is no node to record, and asking would start a Ray instance.
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    tags = pack_tags(pack.name, len(names))
     runs = [TrialRun(context.tracking_uri, context.experiment, context.sweep_id, context.parent_run_id, n,
                      s.model_dump(mode="json"), node_id=node, log=log, run_tags=tags) for n, s in zip(names, specs)]
     _limit_gpu_memory(context.gpu_fraction)
