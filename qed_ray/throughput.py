@@ -1,15 +1,18 @@
-"""The measured throughput table ``qed_ray/data/throughput.json``: seed-decisions per second on one GPU.
+"""The measured throughput table (``throughput.json``): seed-decisions per second of packs on one device.
 
-A minimal reader (the GPU benchmark writes the table; the sweep's ``--dry-run`` turns a grid into GPU-hours with
-it). Layout::
+``benchmarks/gpu_bench.py`` writes it (the GPU run copies it to ``qed_ray/data/throughput.json``); the sweep's
+dry run and ``benchmarks/grid_hours.py`` read it to turn a grid's seed-decisions into GPU-hours. One entry per
+measured cell::
 
-    {"schema": 1, "device": "cuda", "card": "NVIDIA H100 80GB HBM3", "date": "2026-11-26",
-     "entries": [{"agent": "sac_ln", "temperature": "qed", "seeds": 10, "packs": 2, "mode": "graph",
-                  "seed_decisions_per_s": 2400.0}, ...]}
+    {"schema": 1, "device": "cuda", "card": "NVIDIA H100 80GB HBM3", "date": "2026-11-26T10:40:00+00:00",
+     "torch": "2.11.0+cu128", "hidden": 512, "batch": 512, "obs_dim": 17, "action_dim": 6,
+     "entries": [{"agent": "sac_ln", "temperature": "qed", "seeds": 10, "packs": 1, "mode": "graph",
+                  "seed_decisions_per_s": 2400.0, "peak_mib": 900.0, ...}, ...],
+     "checks": {...}}
 
-An entry's ``seed_decisions_per_s`` is one pack's: S x that pack's decisions per second while ``packs`` such packs
-shared the GPU. ``mode`` is how the update ran (``graph``, ``compile``, ``off``), or ``single`` for the
-single-seed code path (S = 1).
+``seed_decisions_per_s`` of an entry is one pack's: S x that pack's decisions per second (act + one update,
+UTD 1, synthetic observations, no envs) while ``packs`` such packs shared the device. ``mode`` is the update's
+(``graph``, ``compile``, ``off``) or ``single`` for the single-seed code path (S = 1).
 """
 
 from __future__ import annotations
@@ -26,46 +29,66 @@ ENTRY_FIELDS = ("agent", "temperature", "seeds", "packs", "mode", "seed_decision
 
 @dataclass(frozen=True)
 class Throughput:
-    """A measured table: the card, when it was measured, and its entries."""
+    """A measured table: the device it was measured on and its entries (see the module docstring)."""
 
     device: str
     card: str
     date: str
     entries: tuple[dict, ...]
 
+    def entry(self, agent: str, temperature_kind: str, seeds_per_pack: int, packs_per_gpu: int = 1,
+              mode: str = "graph") -> dict | None:
+        """The entry of that cell, or None if it was not measured."""
+        for e in self.entries:
+            if (e["agent"], e["temperature"], e["seeds"], e["packs"], e["mode"]) == \
+                    (agent, temperature_kind, seeds_per_pack, packs_per_gpu, mode):
+                return e
+        return None
+
     def decisions_per_s(self, agent: str, temperature_kind: str, seeds_per_pack: int, packs_per_gpu: int = 1,
                         mode: str = "graph") -> float | None:
-        """Seed-decisions per second of one GPU holding ``packs_per_gpu`` packs of ``seeds_per_pack`` seeds of
-        (agent, temperature kind), the update in ``mode``: the measured per-pack rate times the packs; None if that
-        cell was not measured (no interpolation).
+        """Seed-decisions per second of one **GPU** holding ``packs_per_gpu`` packs of ``seeds_per_pack`` seeds of
+        (agent, temperature kind) whose update runs in ``mode``: the measured per-pack rate times the packs; None
+        if that cell was not measured (no interpolation: an estimate says which cell it lacks).
 
         Raises:
             ValueError: a mode that is not one of :data:`MODES`.
         """
         if mode not in MODES:
             raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
-        for e in self.entries:
-            if (e["agent"], e["temperature"], e["seeds"], e["packs"], e["mode"]) == \
-                    (agent, temperature_kind, seeds_per_pack, packs_per_gpu, mode):
-                return float(e["seed_decisions_per_s"]) * packs_per_gpu
-        return None
+        e = self.entry(agent, temperature_kind, seeds_per_pack, packs_per_gpu, mode)
+        return None if e is None else float(e["seed_decisions_per_s"]) * packs_per_gpu
+
+
+def parse_throughput(raw: dict) -> Throughput:
+    """Validates a table read from JSON.
+
+    Raises:
+        ValueError: a wrong schema version, a missing field (named) or a mode outside :data:`MODES`.
+    """
+    if raw.get("schema") != SCHEMA:
+        raise ValueError(f"throughput: schema {raw.get('schema')!r}, this reader reads schema {SCHEMA}")
+    for key in ("device", "card", "date", "entries"):
+        if key not in raw:
+            raise ValueError(f"throughput: field {key!r} is missing")
+    for i, e in enumerate(raw["entries"]):
+        missing = [k for k in ENTRY_FIELDS if k not in e]
+        if missing:
+            raise ValueError(f"throughput: entries[{i}] lacks {', '.join(missing)}")
+        if e["mode"] not in MODES:
+            raise ValueError(f"throughput: entries[{i}].mode {e['mode']!r} is not one of {', '.join(MODES)}")
+    return Throughput(str(raw["device"]), str(raw["card"]), str(raw["date"]), tuple(raw["entries"]))
 
 
 def load_throughput(path: str | Path = DEFAULT_PATH) -> Throughput | None:
-    """The GPU table at ``path``; None when the file is missing or holds no GPU measurement.
+    """The GPU table at ``path``; None when the file is missing or holds no GPU measurement (a CPU table or the
+    committed placeholder): callers then say "no GPU measurement yet".
 
     Raises:
-        ValueError: another schema, or a field missing (named).
+        ValueError: a malformed table (see :func:`parse_throughput`).
     """
     path = Path(path)
     if not path.is_file():
         return None
-    raw = json.loads(path.read_text())
-    if raw.get("schema") != SCHEMA:
-        raise ValueError(f"throughput: {path}: schema {raw.get('schema')!r}, this reader reads schema {SCHEMA}")
-    missing = [k for k in ("device", "card", "date", "entries") if k not in raw]
-    missing += [f"entries[{i}].{k}" for i, e in enumerate(raw.get("entries", [])) for k in ENTRY_FIELDS if k not in e]
-    if missing:
-        raise ValueError(f"throughput: {path}: missing {', '.join(missing)}")
-    table = Throughput(str(raw["device"]), str(raw["card"]), str(raw["date"]), tuple(raw["entries"]))
+    table = parse_throughput(json.loads(path.read_text()))
     return table if table.device.startswith("cuda") and table.entries else None
