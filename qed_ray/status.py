@@ -5,7 +5,9 @@ Starts nothing (no Ray, no MLflow) and reads what the sweep folder records (:cla
 ``DIVERGED.json`` that it failed for good; its newest full checkpoint (``checkpoints/<trial>/``, else its newest
 policy snapshot) how far it got and how long it has run; an ``error.txt`` in its Tune folder of the latest start
 that ran it, newer than that checkpoint, that Tune gave up on it in that start (the next start retries it); the
-group cache (``gather/cache/``) the partial table for the spec's final-evaluation settings.
+group cache (``gather/cache/``) the partial table for the spec's final-evaluation settings. A seed run trained in
+a pack (``pack.seeds`` > 1) is read from its seed's part of the pack's newest checkpoint and its pack's Tune
+folders, and the report lists every pack with the state of each of its seed runs.
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@ context (tracking URI, folder, parent run) always comes from this start. Nothing
 The gather actor lives for the whole start, across the fresh Tuners started after Ray killed a worker; it is
 handed the trials already done at the start, and the others as they end.
 
+With ``pack.seeds`` > 1 the Tune trials are packs (:mod:`qed_ray.packing`): each trains the seed runs of one
+(task, agent, variant) together, and a pack is scheduled while any of its seed runs is pending; everything else
+(outcomes, MLflow runs, the gather step) stays per seed run.
+
 This module is the driver; what runs inside a trial's Ray worker is :mod:`qed_ray.trial`, and every path in the
 sweep folder comes from :class:`qed_ray.layout.SweepDir`.
 

@@ -49,6 +49,7 @@ from qed_ray.checkpoint import MANIFEST_FILE, CheckpointError
 from qed_ray.checksums import DONE_KEY, done_checksums, recorded_values
 from qed_ray.config import Frozen, RunSpec, TrainSpec
 from qed_ray.layout import PACK_FILE, PackId, SweepDir
+from qed_ray.pack import SeedRun
 from qed_ray.packed_trainer import PackedTrainer, PackSaveFn, build_packed_trainer
 from qed_ray.replay import prune_chunks
 from qed_ray.tracking import TrialRun, checksum_tags, limit_http_retries, pack_tags
@@ -144,12 +145,12 @@ def prune_checkpoints(layout: SweepDir, name: str, keep: int = KEEP_CHECKPOINTS)
     prune_steps(layout.checkpoint_steps(name), layout.checkpoints(name), keep)
 
 
-def prune_steps(steps: dict[int, Path], root: Path, keep: int = KEEP_CHECKPOINTS) -> None:
+def prune_steps(steps: dict[int, Path], root: Path, keep: int = KEEP_CHECKPOINTS, leftovers: bool = True) -> None:
     """Deletes all but the newest ``keep`` of the checkpoint folders ``steps`` (``{env_steps: folder}``) under
-    ``root``, and the staging folders a crash left there."""
+    ``root`` and, with ``leftovers``, the staging folders a crash left there."""
     for step in sorted(steps)[:-keep]:
         shutil.rmtree(steps[step])
-    for leftover in root.glob(f".*{TMP_MARK}*"):
+    for leftover in root.glob(f".*{TMP_MARK}*") if leftovers else ():
         shutil.rmtree(leftover, ignore_errors=True)
 
 
@@ -278,7 +279,8 @@ class PackTuneReporter:
                           lambda d, i=i: save(d, modules=modules, index=i))
         self._publish(layout.pack_checkpoint(self.pack, step), PACK_FILE, save)
         root = layout.pack_checkpoints(self.pack)
-        writer.submit(root, lambda: prune_steps(layout.pack_checkpoint_steps(self.pack), root))
+        # Staging folders are left alone here: the next evaluation's may already exist (cleared at the pack's start).
+        writer.submit(root, lambda: prune_steps(layout.pack_checkpoint_steps(self.pack), root, leftovers=False))
         for i, m in metrics.items():
             name = self.names[i]
             self.histories[i] = [h for h in self.histories[i] if history_step(h) < step]
@@ -287,6 +289,8 @@ class PackTuneReporter:
                           write_json(p, h))
             if step == train.env_steps:  # after the final snapshot in the queue: its checksums are fixed by then
                 writer.submit(layout.done_marker(name), lambda n=name, m=m: write_done(layout, n, m))
+        if step == train.env_steps:
+            writer.flush()  # the seeds' ends are on disk before Tune hears of them (it may stop the pack then)
         seed_steps = sum(m["env_steps"] for m in metrics.values()) + sum(
             r.stopped_at[0] * train.frame_skip for r in self.trainer.runs if r.stopped_at is not None)
         tune.report({"env_steps": step, "seed_env_steps": seed_steps, "seeds_running": len(metrics),
@@ -320,6 +324,15 @@ class PackTuneReporter:
             self.runs[i].finish(self.histories[i], failed_reason=reason, timeout_s=timeout_s)
 
 
+def _final_metrics(run: SeedRun, history: list[dict]) -> dict:
+    """A finished seed's final metrics: its last history entry, or, if that was not written, what its checkpoint
+    kept of the final evaluation."""
+    if history and history_step(history[-1]) == run.spec.train.env_steps:
+        return history[-1]["metrics"]
+    last = run.evals[-1]
+    return {"env_steps": last.env_steps, "eval/return_mean": last.return_mean}
+
+
 def write_done(layout: SweepDir, name: str, metrics: dict) -> None:
     """A finished seed run's ``DONE.json``: its final metrics and the policy checksums it records."""
     write_json(layout.done_marker(name), {**metrics, DONE_KEY: asdict(recorded_values(layout, name))})
@@ -347,6 +360,7 @@ def train_pack(config: dict, context: TrialContext) -> None:
     trainer = build_packed_trainer(specs, lambda metrics, save: reporter(metrics, save),
                                    [layout.replay(n) for n in names], names, context.env_workers, log, pack=pack.name)
     try:
+        prune_steps(layout.pack_checkpoint_steps(pack), layout.pack_checkpoints(pack))  # a crash's staging folders
         resumed = restore_latest(trainer, layout, pack.name, log, layout.pack_checkpoint_steps(pack))
         histories = [[h for h in layout.read_history(n) if resumed is not None and history_step(h) <= resumed]
                      for n in names]
@@ -365,9 +379,8 @@ def train_pack(config: dict, context: TrialContext) -> None:
     for i, (name, summary) in enumerate(zip(names, summaries)):
         if summary["status"] != "finished":
             continue
-        last = reporter.histories[i][-1]["metrics"] if reporter.histories[i] else {}
-        if not layout.done_marker(name).exists() and last.get("env_steps") == specs[i].train.env_steps:
-            write_done(layout, name, last)  # its final checkpoint and history were written, then the worker died
+        if not layout.done_marker(name).exists():  # the worker died after the final checkpoint, before DONE.json
+            write_done(layout, name, _final_metrics(trainer.runs[i], reporter.histories[i]))
         runs[i].finish(reporter.histories[i], tags={"qed.status": "finished",
                                                     **checksum_tags(done_checksums(layout, name))},
                        timeout_s=context.mlflow_timeout_s)
