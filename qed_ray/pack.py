@@ -16,7 +16,7 @@ import numpy as np
 
 from qed_ray.checkpoint import CheckpointError
 from qed_ray.config import RunSpec
-from qed_ray.layout import PACK_FILE, PackId, seed_dir
+from qed_ray.layout import PACK_FILE, PackId, seed_dir  # noqa: F401 - PACK_FILE, seed_dir: part of a pack's layout
 from qed_ray.trainer import EvalRecord
 
 PACK_FORMAT = 1

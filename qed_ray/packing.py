@@ -53,8 +53,9 @@ def group_of(name: str) -> str:
 def form_packs(spec: SweepSpec, recorded: Mapping[str, Sequence[str]] | None = None) -> list[Pack]:
     """The spec's packs: the ``recorded`` ones (``{pack name: trial names}``, kept as they are), then the trials in
     none of them, per (task, agent, variant) in seed order, in chunks of ``spec.pack.seeds``. Packs come in the
-    grid order of their (task, agent, variant), then by first seed. Trials of a recorded pack that the spec no longer has are left out (a started
-    sweep refuses dropping trials before this matters, :func:`qed_ray.sweep_state.plan`).
+    grid order of their (task, agent, variant), then by first seed. Trials of a recorded pack that the spec no
+    longer has are left out (a started sweep refuses dropping trials before this matters,
+    :func:`qed_ray.sweep_state.plan`).
     """
     trials = spec.trials()
     by_name, order = {t.name: t for t in trials}, {}

@@ -320,7 +320,8 @@ class PackTuneReporter:
             if run.status != "diverged" or layout.diverged_marker(run.name).exists():
                 continue
             reason = f"DivergenceError: {run.reason}"
-            write_json(layout.diverged_marker(run.name), {"reason": reason, "env_steps": run.stopped_at[0] * frame_skip})
+            marker = {"reason": reason, "env_steps": run.stopped_at[0] * frame_skip}
+            write_json(layout.diverged_marker(run.name), marker)
             self.runs[i].finish(self.histories[i], failed_reason=reason, timeout_s=timeout_s)
 
 

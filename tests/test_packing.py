@@ -46,13 +46,14 @@ def test_packs_are_the_seed_runs_of_one_task_agent_variant_in_seed_order_in_chun
     axes = _spec(tasks=["cartpole-balance"], seeds=2, pack={"seeds": 2},
                  agents=[{"name": "sac_ln", "overrides": {"hidden": [16, 32]},
                           "temperatures": [{"kind": "te"}, {"kind": "qed", "k": 0.2}]}])
-    assert [p.name for p in form_packs(axes)] == [f"cartpole-balance/sac_ln/{v}/pack0-1" for v in
-                                                  ("te+hidden=16", "qed0.2+hidden=16", "te+hidden=32", "qed0.2+hidden=32")]
+    variants = ("te+hidden=16", "qed0.2+hidden=16", "te+hidden=32", "qed0.2+hidden=32")
+    assert [p.name for p in form_packs(axes)] == [f"cartpole-balance/sac_ln/{v}/pack0-1" for v in variants]
 
 
 def test_pack_ids_round_trip_and_are_never_trial_folders():
     pack = PackId.of(["cheetah-run/mad_sac/qed0.2/3", "cheetah-run/mad_sac/qed0.2/4"])
-    assert pack == PackId("cheetah-run", "mad_sac", "qed0.2", (3, 4)) and pack.name == "cheetah-run/mad_sac/qed0.2/pack3-4"
+    assert pack == PackId("cheetah-run", "mad_sac", "qed0.2", (3, 4))
+    assert pack.name == "cheetah-run/mad_sac/qed0.2/pack3-4"
     assert pack.trials == ["cheetah-run/mad_sac/qed0.2/3", "cheetah-run/mad_sac/qed0.2/4"]
     with pytest.raises(ValueError, match="task__agent__variant__sSEED"):
         parse_trial_dirname(pack.dirname)
@@ -89,7 +90,8 @@ def test_membership_is_fixed_when_the_sweep_grows(tmp_path):
     assert grown.state["packs"] == pack_records(grown.packs)
     # A recorded pack that never started (nothing of it in the folder) may re-form with the grown grid.
     unstarted = plan(first.state, _spec(seeds=6, pack={"seeds": 2}), SweepDir(tmp_path / "empty"))
-    assert [p.name for p in unstarted.packs][:3] == [f"cartpole-balance/sac_ln/te/pack{p}" for p in ("0-1", "2-3", "4-5")]
+    assert [p.name for p in unstarted.packs][:3] == [f"cartpole-balance/sac_ln/te/pack{p}"
+                                                     for p in ("0-1", "2-3", "4-5")]
 
 
 def test_unpacked_sweeps_are_exactly_what_they_were():

@@ -5,21 +5,23 @@ import json
 import math
 
 import pytest
+import torch
 
 from qed_ray.config import RunSpec
 from qed_ray.layout import PackId, SweepDir
 from qed_ray.tracking import PACK_SIZE_TAG, PACK_TAG, REASON_TAG, Tracker
+from qed_ray.trainer import InjectedCrash
 from qed_ray.trial import TrialContext, train_pack
 
 NAMES = ["cartpole-balance/sac_ln/te/0", "cartpole-balance/sac_ln/te/1"]
 
 
-def _config(nan_seed: int) -> dict:
+def _config(debug: dict, env_steps: int = 1000) -> dict:
     runs = [RunSpec.model_validate({
         "task": "cartpole-balance", "seed": s, "agent": {"hidden": 16, "batch_size": 16},
         "temperature": {"kind": "te"},
-        "train": {"env_steps": 1000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100,
-                  "nan_check_every": 10, "debug": {"nan": {"seed": nan_seed, "env_step": 600}}}}) for s in (0, 1)]
+        "train": {"env_steps": env_steps, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100,
+                  "nan_check_every": 10, "debug": debug}}) for s in (0, 1)]
     return {"pack": {"name": "cartpole-balance/sac_ln/te/pack0-1",
                      "trials": [{"name": n, "run": r.model_dump(mode="json")} for n, r in zip(NAMES, runs)]}}
 
@@ -33,7 +35,7 @@ def test_a_diverging_seed_fails_alone_and_the_pack_finishes_the_other(tmp_path):
     parent = tracker.parent_run("p", {}, {})
     context = TrialContext(sweep_id="sweep0", sweep_dir=layout.root, tracking_uri=uri, experiment="p",
                            parent_run_id=parent, mlflow_timeout_s=0)
-    train_pack(_config(nan_seed=1), context)
+    train_pack(_config({"nan": {"seed": 1, "env_step": 600}}), context)
 
     marker = json.loads(layout.diverged_marker(NAMES[1]).read_text())
     assert marker["env_steps"] == 600 and marker["reason"].startswith("DivergenceError: non-finite loss/critic")
@@ -54,3 +56,35 @@ def test_a_diverging_seed_fails_alone_and_the_pack_finishes_the_other(tmp_path):
     history = tracker.client.get_metric_history(runs[NAMES[0]].info.run_id, "eval/return_mean")
     assert [(m.step, m.value) for m in history] == [(1000, done["eval/return_mean"])]
     assert runs[NAMES[0]].data.tags["qed.policy_sha256"] == done["checksums"]["policy_sha256"]
+
+
+def _context(tmp_path, name: str) -> tuple[TrialContext, Tracker]:
+    uri = f"sqlite:///{tmp_path / f'{name}.db'}"
+    tracker = Tracker(uri, "p", "sweep0")
+    return TrialContext(sweep_id="sweep0", sweep_dir=tmp_path / name, tracking_uri=uri, experiment="p",
+                        parent_run_id=tracker.parent_run("p", {}, {}), mlflow_timeout_s=0), tracker
+
+
+@pytest.mark.slow  # ~20 s: a pack of two seeds crashed and resumed, against one trained straight through
+@pytest.mark.filterwarnings("ignore:`report` is meant to only be called")
+def test_a_crashed_pack_resumes_from_its_checkpoint_bit_exactly(tmp_path):
+    config = _config({"crash_at_env_step": 1500}, env_steps=2000)
+    straight, _ = _context(tmp_path, "straight")
+    train_pack(_config({}, env_steps=2000), straight)
+    crashed, tracker = _context(tmp_path, "crashed")
+    with pytest.raises(InjectedCrash, match="injected crash at env step 1500"):
+        train_pack(config, crashed)
+    assert all(not crashed.layout.done_marker(n).exists() for n in NAMES)
+    assert sorted(crashed.layout.pack_checkpoint_steps(PackId.of(NAMES))) == [1000]
+    train_pack(config, crashed)  # what Tune's retry runs: the same config, resumed from the newest checkpoint
+    for name in NAMES:  # the same tensors bit for bit (state.pt's own bytes name its staging file)
+        a, b = (torch.load(c.layout.final_snapshot(name) / "state.pt", weights_only=True) for c in (straight, crashed))
+        assert list(a) == list(b) == ["actor", "critic", "critic_target", "temperature"]
+        assert all(torch.equal(a[m][k], b[m][k]) for m in a for k in a[m]), name
+        a, b = (json.loads((c.layout.final_snapshot(name) / "manifest.json").read_text()) for c in (straight, crashed))
+        assert a["env_steps"] == b["env_steps"] == 2000 and a["evals"] == b["evals"]
+    runs = {r.data.tags["qed.trial"]: r for r in tracker.runs() if "qed.trial" in r.data.tags}
+    for name in NAMES:
+        assert runs[name].info.status == "FINISHED" and runs[name].data.tags["qed.resumed_from_env_step"] == "1000"
+        steps = [m.step for m in tracker.client.get_metric_history(runs[name].info.run_id, "eval/return_mean")]
+        assert sorted(steps) == [1000, 2000], "each evaluation logged once"
