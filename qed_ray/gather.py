@@ -33,7 +33,7 @@ from qed_ray.reanalyze import main, write_results  # main: python -m qed_ray.gat
 from qed_ray.results import FailedTrial, GroupKey, GroupResult, SweepResults
 from qed_ray.spec import FinalEvalSpec, SweepSpec
 from qed_ray.tracking import Tracker, metric_key
-from qed_ray.trial import seed_trials
+from qed_ray.packing import seed_trials
 
 NAMESPACE = "qed_ray"
 GROUP_METRICS = ("V", "action_distance", "q1_dispersion", "early_q_gap")

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from qed_ray.layout import PackId, SweepDir, TrialId, seed_dir
+from qed_ray.layout import PackId, SweepDir, TrialId, seed_dir, trial_dirname
 from qed_ray.spec import SweepSpec, Trial
 
 
@@ -43,6 +43,33 @@ class Pack:
     def env_steps(self) -> int:
         """Env steps of its seed runs together."""
         return sum(t.run.train.env_steps for t in self.trials)
+
+
+Unit = Trial | Pack  # what one Tune trial trains: a seed run, or a pack of them (pack.seeds > 1)
+
+
+def members(unit: Unit) -> list[str]:
+    """The seed runs (trial names) a Tune trial trains."""
+    return unit.names if isinstance(unit, Pack) else [unit.name]
+
+
+def seed_trials(config: dict) -> list[str]:
+    """The seed runs (trial names) a Tune trial's config trains: a pack's (``{"pack": {"name", "trials"}}``), or
+    the one of ``{"trial": {"name", "run"}}``."""
+    if "pack" in config:
+        return [t["name"] for t in config["pack"]["trials"]]
+    return [config["trial"]["name"]]
+
+
+def tune_name(config: dict) -> str:
+    """A Tune trial's name from its config (no re-validation): ``task/agent/variant/seed``, or a pack's
+    ``task/agent/variant/pack0-2``."""
+    return (config["pack"] if "pack" in config else config["trial"])["name"]
+
+
+def tune_folder(config: dict) -> str:
+    """A Tune trial's folder name in ``tune/<start>/``: the trial's, or the pack's (:mod:`qed_ray.layout`)."""
+    return PackId.of(seed_trials(config)).dirname if "pack" in config else trial_dirname(tune_name(config))
 
 
 def group_of(name: str) -> str:

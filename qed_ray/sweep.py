@@ -41,38 +41,26 @@ from ray import tune
 
 from qed_ray import gather, status, tables
 from qed_ray.dry_run import dry_run
-from qed_ray.layout import PackId, SweepDir, trial_dirname
+from qed_ray.layout import SweepDir
 from qed_ray.lock import LockHeld, SweepLock
 from qed_ray.ray_token import private_ray_token, quiet_opt_out_notice
 from qed_ray.results import FailedTrial, SweepResults
-from qed_ray.spec import SpecError, SweepSpec, Trial, load_spec
+from qed_ray.spec import SpecError, SweepSpec, load_spec
 from qed_ray.status import error_summary
-from qed_ray.packing import Pack
+from qed_ray.packing import Pack, Unit, members, tune_folder, tune_name
 from qed_ray.sweep_state import check_folder, git_sha, move_aside, outcome, plan, prune_finished, resolve_paths, \
     sqlite_on_many_machines, sync_runs, write_state
 from qed_ray.tracking import Tracker, artifact_location, ui_command
-from qed_ray.trial import TrialContext, seed_trials, train_pack, train_trial
-
-Unit = Trial | Pack  # what one Tune trial trains: a seed run, or a pack of them (pack.seeds > 1)
-
+from qed_ray.trial import TrialContext, train_pack, train_trial
 
 def trial_name(trial) -> str:
-    """A Tune trial's name: ``task/agent/variant/seed``, or a pack's ``task/agent/variant/pack0-2`` (from its
-    config, no re-validation)."""
-    config = trial.config
-    return (config["pack"] if "pack" in config else config["trial"])["name"]
+    """A Tune trial's name: ``task/agent/variant/seed``, or a pack's ``task/agent/variant/pack0-2``."""
+    return tune_name(trial.config)
 
 
 def tune_dirname(trial) -> str:
     """A Tune trial's folder name in ``tune/<start>/`` (:mod:`qed_ray.layout`)."""
-    if "pack" in trial.config:
-        return PackId.of(seed_trials(trial.config)).dirname
-    return trial_dirname(trial_name(trial))
-
-
-def members(unit: Unit) -> list[str]:
-    """The seed runs (trial names) a Tune trial trains."""
-    return unit.names if isinstance(unit, Pack) else [unit.name]
+    return tune_folder(trial.config)
 
 
 class Interrupt(tune.Stopper):

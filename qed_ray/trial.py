@@ -238,14 +238,6 @@ def _limit_gpu_memory(fraction: float) -> None:
 
 
 # ---- packs (pack.seeds > 1): one Tune trial trains the seed runs of one (task, agent, variant) ----------------
-def seed_trials(config: dict) -> list[str]:
-    """The seed runs (trial names) a Tune trial's config trains: a pack's (``{"pack": {"name", "trials"}}``), or
-    the one of ``{"trial": {"name", "run"}}``."""
-    if "pack" in config:
-        return [t["name"] for t in config["pack"]["trials"]]
-    return [config["trial"]["name"]]
-
-
 class PackTuneReporter:
     """A pack's evaluations: per seed what :class:`TuneReporter` records for a trial, written by the pack's writer
     thread in this order: each seed's policy snapshot, the pack checkpoint (``checkpoints/<pack>/<env_steps>/``:

@@ -11,11 +11,10 @@ from pydantic import ValidationError
 from qed_ray.config import format_validation_error
 from qed_ray.dry_run import dry_run
 from qed_ray.layout import PackId, SweepDir, parse_trial_dirname
-from qed_ray.packing import form_packs, pack_records
+from qed_ray.packing import form_packs, pack_records, seed_trials, tune_folder, tune_name
 from qed_ray.spec import SweepSpec
 from qed_ray.sweep_state import plan, write_state
 from qed_ray.tracking import PACK_SIZE_TAG, PACK_TAG, Tracker, TrialRun, pack_tags
-from qed_ray.trial import seed_trials
 
 BASE = {"name": "p", "tasks": ["cartpole-balance", "walker-walk"], "seeds": 5,
         "agents": [{"name": "sac_ln", "overrides": {"hidden": 16}, "temperatures": [{"kind": "te"}]}],
@@ -62,7 +61,11 @@ def test_pack_ids_round_trip_and_are_never_trial_folders():
     with pytest.raises(ValueError, match="repeat a seed"):
         PackId.of(["cheetah-run/mad_sac/qed0.2/3", "cheetah-run/mad_sac/qed0.2/3"])
     config = {"pack": {"name": pack.name, "trials": [{"name": n, "run": {}} for n in pack.trials]}}
-    assert seed_trials(config) == pack.trials and seed_trials({"trial": {"name": "a/b/c/0"}}) == ["a/b/c/0"]
+    assert seed_trials(config) == pack.trials and tune_name(config) == pack.name
+    assert tune_folder(config) == "cheetah-run__mad_sac__qed0.2__pack3-4"
+    single = {"trial": {"name": "cheetah-run/mad_sac/qed0.2/3", "run": {}}}
+    assert seed_trials(single) == ["cheetah-run/mad_sac/qed0.2/3"]
+    assert tune_folder(single) == "cheetah-run__mad_sac__qed0.2__s3"
 
 
 def _started(layout: SweepDir, state: dict, spec: SweepSpec) -> None:

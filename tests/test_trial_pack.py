@@ -58,20 +58,22 @@ def test_a_diverging_seed_fails_alone_and_the_pack_finishes_the_other(tmp_path):
     assert runs[NAMES[0]].data.tags["qed.policy_sha256"] == done["checksums"]["policy_sha256"]
 
 
-def _context(tmp_path, name: str) -> tuple[TrialContext, Tracker]:
+def _context(tmp_path, name: str, env_workers: int = 0) -> tuple[TrialContext, Tracker]:
     uri = f"sqlite:///{tmp_path / f'{name}.db'}"
     tracker = Tracker(uri, "p", "sweep0")
     return TrialContext(sweep_id="sweep0", sweep_dir=tmp_path / name, tracking_uri=uri, experiment="p",
-                        parent_run_id=tracker.parent_run("p", {}, {}), mlflow_timeout_s=0), tracker
+                        parent_run_id=tracker.parent_run("p", {}, {}), mlflow_timeout_s=0,
+                        env_workers=env_workers), tracker
 
 
-@pytest.mark.slow  # ~20 s: a pack of two seeds crashed and resumed, against one trained straight through
+@pytest.mark.slow  # ~20 s: a pack of two seeds crashed and resumed (its envs on a worker process), against one
+# trained straight through in one process
 @pytest.mark.filterwarnings("ignore:`report` is meant to only be called")
 def test_a_crashed_pack_resumes_from_its_checkpoint_bit_exactly(tmp_path):
     config = _config({"crash_at_env_step": 1500}, env_steps=2000)
     straight, _ = _context(tmp_path, "straight")
     train_pack(_config({}, env_steps=2000), straight)
-    crashed, tracker = _context(tmp_path, "crashed")
+    crashed, tracker = _context(tmp_path, "crashed", env_workers=1)  # same bits whatever steps the envs
     with pytest.raises(InjectedCrash, match="injected crash at env step 1500"):
         train_pack(config, crashed)
     assert all(not crashed.layout.done_marker(n).exists() for n in NAMES)
