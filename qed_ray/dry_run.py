@@ -32,8 +32,9 @@ def dry_run(spec: SweepSpec, throughput_path: str | Path = DEFAULT_PATH) -> int:
     trials = spec.trials()
     res = spec.trial_resources()
     packs = p.packs or [None]
-    print(f"sweep {spec.name}: {len(trials)} trials" + (f" in {len(p.packs)} packs (Tune trials) of up to "
-                                                         f"{spec.pack.seeds} seeds" if p.packs else "")
+    plural = "s" if len(p.packs) > 1 else ""
+    print(f"sweep {spec.name}: {len(trials)} trials" + (f" in {len(p.packs)} pack{plural} (Tune trial{plural}) of up "
+                                                         f"to {spec.pack.seeds} seeds" if p.packs else "")
           + f" -> {layout.root}  (MLflow {uri}, experiment {exp})")
     for pack in packs:
         members = pack.trials if pack is not None else trials

@@ -122,17 +122,18 @@ def _non_empty(folder: Path) -> bool:
     return folder.is_dir() and any(folder.iterdir())
 
 
-def projected_wall_s(states: list[TrialState]) -> float:
+def projected_wall_s(states: list[TrialState], shares: list[float] | None = None) -> float:
     """Wall seconds the whole sweep will have cost: done trials as they took, the others scaled to their budget at
-    their own pace so far, trials without a pace at the median pace of the others (NaN if none has one)."""
+    their own pace so far, trials without a pace at the median pace of the others (NaN if none has one).
+    ``shares``: per trial, its share of its Tune trial's wall time (1 / pack size; default 1: unpacked)."""
     paces = [s.wall_s / s.env_steps for s in states if s.env_steps > 0 and math.isfinite(s.wall_s)]
     if not paces:
         return math.nan
     median = statistics.median(paces)
     total = 0.0
-    for s in states:
+    for s, share in zip(states, shares or [1.0] * len(states)):
         own = s.wall_s / s.env_steps if s.env_steps > 0 and math.isfinite(s.wall_s) else median
-        total += s.wall_s if s.state == "done" and math.isfinite(s.wall_s) else own * s.budget
+        total += share * (s.wall_s if s.state == "done" and math.isfinite(s.wall_s) else own * s.budget)
     return total
 
 
@@ -166,18 +167,20 @@ def report(spec: SweepSpec, layout: SweepDir) -> str:
               for t in trials]
     counts = {k: sum(s.state == k for s in states) for k in STATES}
     steps, budget = sum(s.env_steps for s in states), sum(s.budget for s in states)
-    spent = sum(s.wall_s for s in states if math.isfinite(s.wall_s))
-    res = spec.resources
+    # The seed runs of a pack share its wall time (and its resources): each counts 1 / pack size of it.
+    shares = [1 / len(in_pack[s.name].trials) if s.name in in_pack else 1.0 for s in states]
+    spent = sum(w * s.wall_s for s, w in zip(states, shares) if math.isfinite(s.wall_s))
+    res, per = spec.trial_resources(), "pack" if packs else "trial"
     lines = [f"sweep {spec.name}: {len(trials)} trials in {layout.root}",
              f"driver: {holder}" if holder else "driver: none running (started trials resume from their newest "
                                                 "checkpoint at the next start)",
              "trials: " + ", ".join(f"{counts[k]} {k}" for k in STATES),
              f"env steps: {steps:,} of {budget:,} ({100 * steps / max(budget, 1):.0f}%)"]
-    projected = projected_wall_s(states)
-    for unit, share in (("GPU", res.gpu), ("CPU", res.cpu)):
+    projected = projected_wall_s(states, shares)
+    for unit, share in (("GPU", res["gpu"]), ("CPU", res["cpu"])):
         if share > 0:
             lines.append(f"{unit}-hours: {spent * share / 3600:.3g} spent, {projected * share / 3600:.3g} projected "
-                         f"for the whole sweep (trial wall time x {share:g} {unit} per trial)")
+                         f"for the whole sweep ({per} wall time x {share:g} {unit} per {per})")
     results, n_groups = partial_results(spec, layout, states)
     lines.append(f"results: {len(results.groups)} of {n_groups} groups gathered (cached in {layout.group_cache} "
                  f"for this spec's final_eval)")

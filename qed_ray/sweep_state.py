@@ -211,7 +211,8 @@ def _plan_packs(state: dict, spec: SweepSpec, started: bool, layout: SweepDir | 
         recorded = {n: m for n, m in recorded.items() if pack_started(layout, PackId.of(m))}
     if old != spec.pack.seeds and (recorded or (old == 1 and started)):
         was = f"packs of {old} seeds" if old > 1 else "each seed run as its own trial (pack.seeds 1)"
-        return [], [f"pack.seeds: this sweep trains {was}, the spec now gives {spec.pack.seeds}; a started pack's "
+        shown = form_packs(spec) if spec.pack.seeds > 1 else []  # what --dry-run lists beside the refusal
+        return shown, [f"pack.seeds: this sweep trains {was}, the spec now gives {spec.pack.seeds}; a started pack's "
                     f"checkpoint holds its seeds together, so a sweep's pack size cannot change: restore pack.seeds: "
                     f"{old}, or start over with --fresh or another name"]
     return (form_packs(spec, recorded) if spec.pack.seeds > 1 else []), []

@@ -149,6 +149,8 @@ def test_status_shows_each_seed_run_with_its_pack(sweep_copy):
     text = report(spec, layout)
     assert "packs (2, up to 2 seeds each): seed: state [env steps]" in text
     assert f"  {TE}/pack0-1  0:done  1:done\n  {QED}/pack0-1  0:done  1:stopped[1,500]" in text
+    # A pack's seed runs share its wall time: (20 + 20 + 20 + 15) s / 2 seeds per pack x 0.5 GPU.
+    assert "GPU-hours: 0.00521 spent" in text and "(pack wall time x 0.5 GPU per pack)" in text
     time.sleep(0.01)
     error = layout.pack_dir(pack, start) / "error.txt"  # Tune's error file is the pack's
     error.parent.mkdir(parents=True)
