@@ -97,7 +97,7 @@ def test_membership_is_fixed_when_the_sweep_grows(tmp_path):
                                                      for p in ("0-1", "2-3", "4-5")]
 
 
-def test_unpacked_sweeps_are_exactly_what_they_were():
+def test_unpacked_sweeps_are_exactly_what_they_were(tmp_path):
     plain, explicit = _spec(), _spec(pack={"seeds": 1, "env_workers": 0})
     assert plain.pack == explicit.pack and plain.fingerprint() == explicit.fingerprint()
     assert [(t.name, t.run) for t in plain.trials()] == [(t.name, t.run) for t in explicit.trials()]
@@ -105,6 +105,11 @@ def test_unpacked_sweeps_are_exactly_what_they_were():
     p = plan(None, explicit)
     assert p.packs == [] and set(p.state) == {"sweep_id", "created", "trials", "format", "name", "fingerprint"}
     assert explicit.trial_resources() == {"cpu": 1.0, "gpu": 0.0}
+    # A sweep started before packs existed resumes with its sweep.json as it was.
+    layout = SweepDir(tmp_path / "p")
+    _started(layout, p.state, plain)
+    again = plan(json.loads(layout.state_file.read_text()), explicit, layout)
+    assert again.problems == [] and again.new == [] and again.state == json.loads(layout.state_file.read_text())
     assert _spec(pack={"seeds": 5, "env_workers": 3}, resources={"cpu": 2, "gpu": 0.5}).trial_resources() == {
         "cpu": 5.0, "gpu": 0.5}
 
