@@ -321,7 +321,7 @@ def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, ex
                            experiment=experiment, parent_run_id=parent, keep_every=spec.final_eval.keep_every,
                            gpu_fraction=spec.resources.gpu, keep_replay=spec.keep_replay,
                            env_workers=spec.pack.env_workers)
-    in_packs = f" in {len(packs)} packs of up to {spec.pack.seeds} seeds" if packs else ""
+    in_packs = f" in {len(packs)} pack{'s' if len(packs) > 1 else ''} of up to {spec.pack.seeds} seeds" if packs else ""
     print(f"sweep {spec.name}: {len(spec.trials())} trials ({len(done)} done, {len(new)} new){in_packs}, results in "
           f"{layout.root}", flush=True)
     # MLflow in line with the folder before the gather step reads it (checksums an earlier start could not record).
