@@ -44,7 +44,6 @@ from qed_ray.throughput import DEFAULT_PATH, Throughput, load_throughput, parse_
 
 CONTROL_STEPS_PER_EPISODE = 1000
 REPLAY_TRANSITIONS = 1_000_000  # per seed: the whole run (train.replay_capacity: none)
-SHARE_CELL = ("sac_ln", "qed", 10)  # the cell measured with 2 and 3 packs sharing the GPU
 
 
 @dataclass(frozen=True)
@@ -77,21 +76,12 @@ def grid(sweep: dict) -> dict:
 
 def gpu_rate(table: Throughput, agent: str, kind: str, layout: Layout) -> tuple[float, float, bool] | None:
     """(r_Q, r_1, scaled): the GPU's seed-decisions/s with Q packs and one pack alone; scaled when r_Q comes from
-    the sharing efficiency of :data:`SHARE_CELL`. None if the S cell was not measured."""
+    the sharing efficiency of ``throughput.SHARE_CELL``. None if the S cell was not measured."""
     r1 = table.decisions_per_s(agent, kind, layout.seeds, 1, layout.mode)
-    if r1 is None:
+    shared = table.shared_rate(agent, kind, layout.seeds, layout.packs, layout.mode)
+    if r1 is None or shared is None:
         return None
-    if layout.packs == 1:
-        return r1, r1, False
-    rq = table.decisions_per_s(agent, kind, layout.seeds, layout.packs, layout.mode)
-    if rq is not None:
-        return rq, r1, False
-    a, k, s = SHARE_CELL
-    ref_q, ref_1 = (table.decisions_per_s(a, k, s, layout.packs, layout.mode),
-                    table.decisions_per_s(a, k, s, 1, layout.mode))
-    if ref_q is None or ref_1 is None:
-        return None
-    return r1 * ref_q / ref_1, r1, True
+    return shared[0], r1, shared[1]
 
 
 def hours(table: Throughput, costs: dict, g: dict, layout: Layout) -> dict | None:

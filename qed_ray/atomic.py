@@ -83,18 +83,29 @@ def write_json(path: str | os.PathLike, obj: Any, **dumps_kwargs) -> None:
 def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """Yields an empty staging folder beside ``path``; when the block succeeds, every file in it is fsynced and
     the folder takes the place of ``path`` (an existing ``path`` is replaced, see :func:`replace_dir`)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}{TMP_MARK}", dir=path.parent))
+    staging = staging_dir(path)
     try:
         yield staging
-        for dirpath, _, files in os.walk(staging):
-            for name in files:
-                fsync_file(Path(dirpath) / name)
-            fsync_dir(dirpath)
-        replace_dir(staging, path)
+        publish_dir(staging, path)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def staging_dir(path: str | os.PathLike) -> Path:
+    """A new empty staging folder beside ``path`` (named ``.<name>.tmp-*``, so no reader takes it for ``path``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{path.name}{TMP_MARK}", dir=path.parent))
+
+
+def publish_dir(staging: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Fsyncs every file in ``staging`` (from :func:`staging_dir`), then puts it in the place of ``path``: the
+    second half of :func:`atomic_dir`, for a folder written by another thread."""
+    for dirpath, _, files in os.walk(staging):
+        for name in files:
+            fsync_file(Path(dirpath) / name)
+        fsync_dir(dirpath)
+    replace_dir(staging, path)
 
 
 def replace_dir(src: str | os.PathLike, dst: str | os.PathLike) -> None:

@@ -33,6 +33,7 @@ from qed_ray.reanalyze import main, write_results  # main: python -m qed_ray.gat
 from qed_ray.results import FailedTrial, GroupKey, GroupResult, SweepResults
 from qed_ray.spec import FinalEvalSpec, SweepSpec
 from qed_ray.tracking import Tracker, metric_key
+from qed_ray.packing import seed_trials
 
 NAMESPACE = "qed_ray"
 GROUP_METRICS = ("V", "action_distance", "q1_dispersion", "early_q_gap")
@@ -316,17 +317,24 @@ class GatherFeed(tune.Callback):
             print(f"  gather: cannot reach the gather actor ({e}); results come at the next start", flush=True)
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info) -> None:
-        self._tell("trial_finished", trial.config["trial"]["name"])
+        for name in seed_trials(trial.config):  # a pack's seed runs, each as the folder shows it
+            self._tell("trial_finished", name)
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
-        self._tell("trial_failed", trial.config["trial"]["name"], "failed (see its error.txt)")
+        for name in seed_trials(trial.config):
+            if "pack" in trial.config:  # a pack's seed runs that ended before the pack failed are not failures
+                self._tell("trial_finished", name)
+            self._tell("trial_failed", name, "failed (see its error.txt)")
 
 
-def launch(spec: SweepSpec, layout: SweepDir, sweep_id: str, uri: str, experiment: str, parent_run_id: str):
-    """Starts the sweep's gather actor for this driver start, handing it the trials the folder shows ended."""
+def launch(spec: SweepSpec, layout: SweepDir, sweep_id: str, uri: str, experiment: str, parent_run_id: str,
+           n_tune_trials: int | None = None):
+    """Starts the sweep's gather actor for this driver start, handing it the trials the folder shows ended.
+    ``n_tune_trials``: how many Tune trials train them (packs; default one per trial)."""
     names = [t.name for t in spec.trials()]
+    need = spec.trial_resources()
     resources, in_flight = group_task_resources(
-        [n for n in ray.nodes() if n.get("Alive")], spec.resources.cpu, spec.resources.gpu, len(names),
+        [n for n in ray.nodes() if n.get("Alive")], need["cpu"], need["gpu"], n_tune_trials or len(names),
         spec.max_concurrent_trials)
     plan = GatherPlan(spec.name, sweep_id, str(layout.root), spec.final_eval, group_cache.plan_groups(names), uri,
                       experiment, parent_run_id, resources, in_flight)

@@ -2,7 +2,9 @@
 
 A sweep writes everything under ``<storage_path>/<name>/``. :class:`SweepDir` builds every path in it, and
 :func:`trial_dirname` / :func:`parse_trial_dirname` turn a trial name ``task/agent/variant/seed`` into its folder
-name ``task__agent__variant__sSEED`` and back. The README's "Where results land" table lists :data:`DOCUMENTED`
+name ``task__agent__variant__sSEED`` and back. A pack (the seed runs of one task, agent and variant trained in one
+Tune trial) is named by :class:`PackId`: ``task/agent/variant/pack0-2`` (folder ``task__agent__variant__pack0-2``);
+its seeds keep their trial names and folders. The README's "Where results land" table lists :data:`DOCUMENTED`
 (a test compares the two).
 """
 
@@ -11,12 +13,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 from qed_ray.checkpoint import MANIFEST_FILE
 
 SEP = "__"  # between the parts of a trial folder name; never inside a task, agent or variant
 SEED_PREFIX = "s"
+PACK_PREFIX = "pack"
+PACK_FILE = "pack.json"  # written last into a pack checkpoint: its presence marks a complete one
 SNAPSHOT_DIGITS = 10  # policy snapshot folders are zero-padded env steps, so they sort by name
 
 # Each entry of the README's "Where results land" table (relative to the sweep folder, placeholders in <>) with
@@ -25,12 +29,14 @@ DOCUMENTED: dict[str, str] = {
     "sweep.json": "state_file",
     "sweep.lock": "lock_file",
     "checkpoints/<trial>/<env_steps>/": "checkpoint",
+    "checkpoints/<pack>/<env_steps>/": "pack_checkpoint",
     "policies/<trial>/<env_steps>/": "snapshot",
     "policies/<trial>/history.json": "history",
     "policies/<trial>/DONE.json": "done_marker",
     "policies/<trial>/DIVERGED.json": "diverged_marker",
     "replay/<trial>/": "replay",
     "tune/<start>/<task>__<agent>__<variant>__s<seed>/": "trial_dir",
+    "tune/<start>/<task>__<agent>__<variant>__pack<seeds>/": "pack_dir",
     "gather/results.json": "results_json",
     "gather/aggregates.csv": "aggregates_csv",
     "gather/groups.csv": "groups_csv",
@@ -75,6 +81,59 @@ class TrialId(NamedTuple):
             raise ValueError(f"trial name: {name!r}: {' and '.join(bad)} must be non-empty and hold no {SEP!r} "
                              f"(task and agent may not end in '_')")
         return trial
+
+
+def seeds_label(seeds: Sequence[int]) -> str:
+    """``0-9`` for consecutive ascending seeds (``5`` for one), else ``0+3+7``."""
+    seeds = list(seeds)
+    if len(seeds) > 1 and seeds == list(range(seeds[0], seeds[0] + len(seeds))):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return "+".join(map(str, seeds))
+
+
+class PackId(NamedTuple):
+    """A pack: the seed runs ``task/agent/variant/<seed>`` of ``seeds`` trained together in one Tune trial."""
+
+    task: str
+    agent: str
+    variant: str
+    seeds: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        """``task/agent/variant/pack0-2`` (the Tune trial's name, the ``qed.pack`` tag of its seeds' runs)."""
+        return f"{self.task}/{self.agent}/{self.variant}/{PACK_PREFIX}{seeds_label(self.seeds)}"
+
+    @property
+    def dirname(self) -> str:
+        """``task__agent__variant__pack0-2`` (never a trial folder name: it does not end in ``__s<seed>``)."""
+        return SEP.join((self.task, self.agent, self.variant, f"{PACK_PREFIX}{seeds_label(self.seeds)}"))
+
+    @property
+    def trials(self) -> list[str]:
+        """The trial names of its seed runs, in pack order."""
+        return [TrialId(self.task, self.agent, self.variant, s).name for s in self.seeds]
+
+    @classmethod
+    def of(cls, trials: Sequence[str]) -> "PackId":
+        """The pack of these trial names (one task, agent and variant; distinct seeds, in this order); raises
+        ValueError naming what differs."""
+        ids = [TrialId.from_name(n) for n in trials]
+        if not ids:
+            raise ValueError("pack: no trials")
+        groups = {t[:3] for t in ids}
+        if len(groups) > 1:
+            raise ValueError(f"pack: {trials[0]!r} and {next(n for n, t in zip(trials, ids) if t[:3] != ids[0][:3])!r}"
+                             f" are not seeds of one task, agent and variant")
+        seeds = tuple(t.seed for t in ids)
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"pack: seeds {list(seeds)} repeat a seed")
+        return cls(*ids[0][:3], seeds)
+
+
+def seed_dir(seed: int) -> str:
+    """The folder of one seed's checkpoint (the single-seed layout) inside a pack checkpoint."""
+    return f"seed_{seed}"
 
 
 def trial_dirname(name: str) -> str:
@@ -197,6 +256,28 @@ class SweepDir:
         return [d / trial_dirname(name) for d in sorted(self.tune_root.iterdir())
                 if (d / trial_dirname(name)).is_dir()]
 
+    def pack_dir(self, pack: PackId, start: str) -> Path:
+        """Tune's folder of a pack (its Tune trial) in driver start ``start``."""
+        return self.tune_root / start / pack.dirname
+
+    def pack_dirs(self, pack: PackId) -> list[Path]:
+        """Tune's folders of the pack, one per driver start that ran it, oldest start first."""
+        if not self.tune_root.is_dir():
+            return []
+        return [d / pack.dirname for d in sorted(self.tune_root.iterdir()) if (d / pack.dirname).is_dir()]
+
+    def pack_checkpoints(self, pack: PackId) -> Path:
+        """A pack's checkpoints: ``pack.json`` and one ``seed_<seed>/`` per seed in the single-seed layout."""
+        return self.root / "checkpoints" / pack.dirname
+
+    def pack_checkpoint(self, pack: PackId, env_steps: int) -> Path:
+        """A pack's checkpoint at ``env_steps`` (zero-padded, so folders sort by step)."""
+        return self.pack_checkpoints(pack) / f"{int(env_steps):0{SNAPSHOT_DIGITS}d}"
+
+    def pack_checkpoint_steps(self, pack: PackId) -> dict[int, Path]:
+        """``{env_steps: folder}`` of the pack's complete checkpoints (``pack.json`` present), ascending."""
+        return _complete_steps(self.pack_checkpoints(pack), PACK_FILE)
+
     def checkpoints(self, name: str) -> Path:
         """The trial's full checkpoints (the newest two are kept): what a resumed or retried trial restores."""
         return self.root / "checkpoints" / trial_dirname(name)
@@ -279,10 +360,10 @@ class SweepDir:
         return out
 
 
-def _complete_steps(root: Path) -> dict[int, Path]:
-    """``{env_steps: folder}`` of the step folders under ``root`` that hold a manifest (staging folders, named
+def _complete_steps(root: Path, marker: str = MANIFEST_FILE) -> dict[int, Path]:
+    """``{env_steps: folder}`` of the step folders under ``root`` that hold ``marker`` (staging folders, named
     ``.<step>.tmp-*``, never count), ascending."""
     if not root.is_dir():
         return {}
-    found = {int(d.name): d for d in root.iterdir() if d.is_dir() and d.name.isdigit() and (d / MANIFEST_FILE).exists()}
+    found = {int(d.name): d for d in root.iterdir() if d.is_dir() and d.name.isdigit() and (d / marker).exists()}
     return dict(sorted(found.items()))

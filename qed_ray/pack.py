@@ -16,23 +16,16 @@ import numpy as np
 
 from qed_ray.checkpoint import CheckpointError
 from qed_ray.config import RunSpec
+from qed_ray.layout import PACK_FILE, PackId, seed_dir  # noqa: F401 - PACK_FILE, seed_dir: part of a pack's layout
 from qed_ray.trainer import EvalRecord
 
-PACK_FILE = "pack.json"  # written last into a pack checkpoint: its presence marks a complete one
 PACK_FORMAT = 1
 
 
-def seed_dir(seed: int) -> str:
-    """The folder of one seed's checkpoint inside a pack checkpoint."""
-    return f"seed_{seed}"
-
-
 def pack_name(specs: Sequence[RunSpec]) -> str:
-    """``task/agent/variant/s0-9`` (consecutive seeds) or ``task/agent/variant/s0+3+7``."""
-    seeds = [s.seed for s in specs]
-    ids = f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[0] + len(seeds))) and len(seeds) > 1 \
-        else "+".join(map(str, seeds))
-    return f"{specs[0].task}/{specs[0].agent.name}/{specs[0].variant}/s{ids}"
+    """``task/agent/variant/pack0-9`` (consecutive seeds) or ``task/agent/variant/pack0+3+7``
+    (:class:`~qed_ray.layout.PackId`; a sweep names its packs from its trial names, whose variants hold its axes)."""
+    return PackId(specs[0].task, specs[0].agent.name, specs[0].variant, tuple(s.seed for s in specs)).name
 
 
 def check_pack(specs: Sequence[RunSpec]) -> None:

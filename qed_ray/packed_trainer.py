@@ -64,14 +64,15 @@ class PackedTrainer:
         writer: the background writer of checkpoint files.
         replay_dirs: per seed, where its replay chunks persist (None: inside each checkpoint).
         log: progress-line printer.
+        name: the pack's name (default :func:`~qed_ray.pack.pack_name` of the runs; a sweep's names its axes).
     """
 
     def __init__(self, runs: list[SeedRun], pool: EnvPool, agent: PackedAgent, replay: PackedReplay,
                  reporter: PackReporter, writer: BackgroundWriter, replay_dirs: Sequence[Path] | None = None,
-                 log: Callable[[str], None] = lambda s: None):
+                 log: Callable[[str], None] = lambda s: None, name: str | None = None):
         self.runs, self.pool, self.agent, self.replay = runs, pool, agent, replay
         self.reporter, self.writer, self.replay_dirs, self.log = reporter, writer, replay_dirs, log
-        self.t, self.n, self.name = runs[0].spec.train, len(runs), pack_name([r.spec for r in runs])
+        self.t, self.n, self.name = runs[0].spec.train, len(runs), name or pack_name([r.spec for r in runs])
         self.active = np.ones(self.n, bool)
         self.decisions = self.updates = 0
         self.wall_s = 0.0
@@ -223,9 +224,11 @@ class PackedTrainer:
         env_steps = self.decisions * self.t.frame_skip
         if modules is not None:
             state = self.agent.module_state_dicts(index, modules)
+            # As Trainer.save: the evaluation history and wall time ride along for the gather step and --status.
             manifest = {**self.identity(index), "env_steps": env_steps,
                         "run": self.runs[index].spec.model_dump(mode="json"), "policy_only": True,
-                        "modules": sorted(state)}
+                        "modules": sorted(state), "evals": [e.to_json() for e in self.runs[index].evals],
+                        "wall_s": self.wall_s}
             return self.writer.submit(directory, lambda: save_checkpoint(directory, state, manifest))
         seeds, chunks = [], []
         for i, run in enumerate(self.runs):
@@ -349,8 +352,8 @@ class PackedTrainer:
 
 def build_packed_trainer(specs: Sequence[RunSpec], reporter: PackReporter, replay_dirs: Sequence[Path] | None,
                          names: Sequence[str] | None = None, env_workers: int = 0,
-                         log: Callable[[str], None] = print, writer: BackgroundWriter | None = None
-                         ) -> PackedTrainer:
+                         log: Callable[[str], None] = print, writer: BackgroundWriter | None = None,
+                         pack: str | None = None) -> PackedTrainer:
     """Builds the envs, the pack's agent, replay, per-seed RNGs and the writer for ``specs`` (runs that differ
     only in seed) and injects them into a :class:`PackedTrainer`. Every seed's random streams are derived exactly
     as :func:`~qed_ray.trainer.build_trainer` derives them for that seed alone.
@@ -363,6 +366,7 @@ def build_packed_trainer(specs: Sequence[RunSpec], reporter: PackReporter, repla
         env_workers: env worker processes (0: step the envs in this process).
         log: progress-line printer.
         writer: the background writer (default: a new one; :meth:`PackedTrainer.close` flushes it).
+        pack: the pack's name (default: :func:`~qed_ray.pack.pack_name` of ``specs``).
     """
     check_pack(specs)
     spec, t = specs[0], specs[0].train
@@ -379,6 +383,6 @@ def build_packed_trainer(specs: Sequence[RunSpec], reporter: PackReporter, repla
     replay = PackedReplay(capacity, pool.obs_dim, pool.action_dim, [r for r, _ in streams], device,
                           replay_device(device, nbytes))
     runs = [SeedRun(s, n, w) for s, n, (_, w) in zip(specs, names or [s.name for s in specs], streams)]
-    log(f"pack {pack_name(specs)}: {len(seeds)} seeds on {device}, replay {nbytes / 2**20:.1f} MiB on "
+    log(f"pack {pack or pack_name(specs)}: {len(seeds)} seeds on {device}, replay {nbytes / 2**20:.1f} MiB on "
         f"{replay.storage.device}, {env_workers} env workers")
-    return PackedTrainer(runs, pool, agent, replay, reporter, writer or BackgroundWriter(), replay_dirs, log)
+    return PackedTrainer(runs, pool, agent, replay, reporter, writer or BackgroundWriter(), replay_dirs, log, pack)

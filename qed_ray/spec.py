@@ -200,10 +200,11 @@ class FinalEvalSpec(Frozen):
 
 
 class ResourcesSpec(Frozen):
-    """Ray resources per trial (fractional GPUs let ~10 seeds share one GPU)."""
+    """Ray resources per Tune trial: a seed run, or a pack of them (``pack.seeds`` > 1; its env workers add one CPU
+    each, :meth:`SweepSpec.trial_resources`). Fractional GPUs let several trials share one GPU."""
 
-    cpu: float = Field(1.0, ge=0.01, le=1024, description="CPUs per trial")
-    gpu: float = Field(0.0, ge=0, le=1, description="GPU fraction per trial, in [0, 1]")
+    cpu: float = Field(1.0, ge=0.01, le=1024, description="CPUs per trial (pack), env workers not counted")
+    gpu: float = Field(0.0, ge=0, le=1, description="GPU fraction per trial (pack), in [0, 1]")
 
     @field_validator("gpu")
     @classmethod
@@ -215,6 +216,41 @@ class ResourcesSpec(Frozen):
         if 0 < v < 1 and abs(round(1 / v) - 1 / v) > 1e-6:
             raise ValueError(f"{v} does not divide 1 (use e.g. 0.5, 0.25, 0.1)")
         return v
+
+
+MAX_PACK = 1000  # seeds per pack; the paper trains 10
+
+
+class PackSpec(Frozen):
+    """How many seed runs of one (task, agent, variant) one Tune trial trains together (paper App. C trains all 10
+    seeds of a run on one GPU at once), and on how many env worker processes their envs step.
+
+    ``seeds: 1`` (the default) is the unpacked sweep: one Tune trial per seed run, as before packs existed.
+    """
+
+    seeds: int = Field(1, ge=1, le=MAX_PACK, description="seed runs per pack (Tune trial); 1: unpacked")
+    env_workers: int = Field(0, ge=0, le=MAX_PACK, description="env worker processes per pack (0: the pack's own "
+                                                               "process steps its envs); each asks for one more CPU")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(cls.model_fields))
+            if unknown:
+                raise ValueError(f"{unknown[0]}: not a pack field; pack takes seeds (1 to {MAX_PACK}) and env_workers "
+                                 f"(0 to pack.seeds)")
+        return data
+
+    @model_validator(mode="after")
+    def _workers(self) -> "PackSpec":
+        if self.seeds == 1 and self.env_workers:
+            raise ValueError(f"env_workers: {self.env_workers} env workers, but with seeds 1 trials run unpacked "
+                             f"(one env each, stepped in the trial's process): set env_workers 0, or seeds > 1")
+        if self.env_workers > self.seeds:
+            raise ValueError(f"env_workers: {self.env_workers} workers for the {self.seeds} training envs of a pack; "
+                             f"allowed 0 to {self.seeds} (pack.seeds)")
+        return self
 
 
 class TrackingSpec(Frozen):
@@ -234,6 +270,7 @@ class SweepSpec(Frozen):
     train: dict[str, Any] = Field(default_factory=dict, description="TrainSpec settings shared by all trials")
     final_eval: FinalEvalSpec = FinalEvalSpec()
     resources: ResourcesSpec = ResourcesSpec()
+    pack: PackSpec = PackSpec()
     max_retries: int = Field(2, ge=0, le=1000)
     max_concurrent_trials: int | None = Field(None, ge=1, le=MAX_TRIALS)
     storage_path: str = Field("results", description="sweep output root (QED_STORAGE_PATH overrides)")
@@ -315,6 +352,11 @@ class SweepSpec(Frozen):
     def runs(self) -> list[RunSpec]:
         """The runs of :meth:`trials`, in the same order."""
         return [t.run for t in self.trials()]
+
+    def trial_resources(self) -> dict[str, float]:
+        """Ray resources of one Tune trial (a pack, or an unpacked seed run): ``resources.cpu`` for the trainer's
+        process plus one CPU per env worker (``pack.env_workers``), and ``resources.gpu``."""
+        return {"cpu": self.resources.cpu + self.pack.env_workers, "gpu": self.resources.gpu}
 
     def fingerprint(self) -> str:
         """Hash of the trials' identities (non-default settings only: a new defaulted option never changes it)."""

@@ -13,6 +13,10 @@ context (tracking URI, folder, parent run) always comes from this start. Nothing
 The gather actor lives for the whole start, across the fresh Tuners started after Ray killed a worker; it is
 handed the trials already done at the start, and the others as they end.
 
+With ``pack.seeds`` > 1 the Tune trials are packs (:mod:`qed_ray.packing`): each trains the seed runs of one
+(task, agent, variant) together, and a pack is scheduled while any of its seed runs is pending; everything else
+(outcomes, MLflow runs, the gather step) stays per seed run.
+
 This module is the driver; what runs inside a trial's Ray worker is :mod:`qed_ray.trial`, and every path in the
 sweep folder comes from :class:`qed_ray.layout.SweepDir`.
 
@@ -36,21 +40,27 @@ import ray
 from ray import tune
 
 from qed_ray import gather, status, tables
-from qed_ray.layout import SweepDir, trial_dirname
+from qed_ray.dry_run import dry_run
+from qed_ray.layout import SweepDir
 from qed_ray.lock import LockHeld, SweepLock
 from qed_ray.ray_token import private_ray_token, quiet_opt_out_notice
 from qed_ray.results import FailedTrial, SweepResults
-from qed_ray.spec import SpecError, SweepSpec, Trial, load_spec
+from qed_ray.spec import SpecError, SweepSpec, load_spec
 from qed_ray.status import error_summary
-from qed_ray.sweep_state import check_folder, dry_run, git_sha, move_aside, outcome, plan, prune_finished, \
-    resolve_paths, sqlite_on_many_machines, sync_runs, write_state
+from qed_ray.packing import Pack, Unit, members, tune_folder, tune_name
+from qed_ray.sweep_state import check_folder, git_sha, move_aside, outcome, plan, prune_finished, resolve_paths, \
+    sqlite_on_many_machines, sync_runs, write_state
 from qed_ray.tracking import Tracker, artifact_location, ui_command
-from qed_ray.trial import TrialContext, train_trial
-
+from qed_ray.trial import TrialContext, train_pack, train_trial
 
 def trial_name(trial) -> str:
-    """A Tune trial's name ``task/agent/variant/seed`` (from its config, no re-validation)."""
-    return trial.config["trial"]["name"]
+    """A Tune trial's name: ``task/agent/variant/seed``, or a pack's ``task/agent/variant/pack0-2``."""
+    return tune_name(trial.config)
+
+
+def tune_dirname(trial) -> str:
+    """A Tune trial's folder name in ``tune/<start>/`` (:mod:`qed_ray.layout`)."""
+    return tune_folder(trial.config)
 
 
 class Interrupt(tune.Stopper):
@@ -118,7 +128,9 @@ class Progress(tune.Callback):
         counts: dict[str, int] = {}
         for t in trials:
             counts[t.status] = counts.get(t.status, 0) + 1
-        steps = sum(int((t.last_result or {}).get("env_steps", 0)) for t in trials)
+        # A pack reports its seeds' env steps together (seed_env_steps), a seed run its own.
+        steps = sum(int((t.last_result or {}).get("seed_env_steps", (t.last_result or {}).get("env_steps", 0)))
+                    for t in trials)
         if self.start_steps is None:
             self.start_steps = steps
         rate = (steps - self.start_steps) / max(time.time() - self.t0, 1e-9)
@@ -129,29 +141,38 @@ class Progress(tune.Callback):
                 f"({100 * steps / max(self.total, 1):.0f}%) | ETA {eta}")
 
 
-def build_tuner(spec: SweepSpec, context: TrialContext, trials: list[Trial], start: str,
+def build_tuner(spec: SweepSpec, context: TrialContext, units: list[Unit], start: str,
                 callbacks: list, stopper: tune.Stopper) -> tune.Tuner:
-    """A fresh Tuner over ``trials``; Tune's folder for this start is ``tune/<start>/`` (logs only).
+    """A fresh Tuner over ``units`` (seed runs, or packs: all of one kind); Tune's folder for this start is
+    ``tune/<start>/`` (logs only).
 
     The context is bound with ``tune.with_parameters``; trials resume from their own checkpoints in the sweep
-    folder, so nothing of an earlier Tuner is needed (or read).
+    folder, so nothing of an earlier Tuner is needed (or read). Each Tune trial asks for
+    :meth:`SweepSpec.trial_resources <qed_ray.spec.SweepSpec.trial_resources>`.
     """
-    trainable = tune.with_resources(tune.with_parameters(train_trial, context=context),
-                                    {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
-    grid = [{"name": t.name, "run": t.run.model_dump(mode="json")} for t in trials]
+    packed = bool(units) and isinstance(units[0], Pack)
+    trainable = tune.with_resources(tune.with_parameters(train_pack if packed else train_trial, context=context),
+                                    spec.trial_resources())
+    if packed:
+        space = {"pack": tune.grid_search([{"name": u.name, "trials": [
+            {"name": t.name, "run": t.run.model_dump(mode="json")} for t in u.trials]} for u in units])}
+    else:
+        space = {"trial": tune.grid_search([{"name": t.name, "run": t.run.model_dump(mode="json")} for t in units])}
     return tune.Tuner(
-        trainable, param_space={"trial": tune.grid_search(grid)},
-        tune_config=tune.TuneConfig(trial_name_creator=trial_name,
-                                    trial_dirname_creator=lambda t: trial_dirname(trial_name(t)),
+        trainable, param_space=space,
+        tune_config=tune.TuneConfig(trial_name_creator=trial_name, trial_dirname_creator=tune_dirname,
                                     max_concurrent_trials=spec.max_concurrent_trials),
         run_config=tune.RunConfig(name=start, storage_path=str(context.layout.tune_root), verbose=0, stop=stopper,
                                   failure_config=tune.FailureConfig(max_failures=spec.max_retries),
                                   callbacks=callbacks))
 
 
-def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, callbacks: list) -> dict[str, str]:
+def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, callbacks: list,
+                  packs: list[Pack] | None = None) -> dict[str, str]:
     """Trains the trials that are not done (nor diverged) until each is, or Tune gave up on it; returns
-    ``{trial: error}`` of the latter. ``callbacks`` join every Tuner of this start (the gather feed).
+    ``{trial: error}`` of the latter. ``callbacks`` join every Tuner of this start (the gather feed). With
+    ``packs`` the Tune trials are packs (a pack trains while any of its seed runs is pending, and a pack Tune gave
+    up on fails its unfinished seed runs).
 
     A trial worker killed from outside (Ray's memory monitor) surfaces in Tune 2.60 as an error its actor manager
     does not handle ("Caught unexpected exception"), which ends ``fit()``. The trials are then started again in a
@@ -159,13 +180,16 @@ def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, 
     restarts in a row without a new checkpoint anywhere, the remaining trials are left unfinished.
     """
     layout, stamp = context.layout, time.strftime("%Y%m%d-%H%M%S")
+    units: list[Unit] = list(packs) if packs else spec.trials()
     failed: dict[str, str] = {}
-    streak, mark = 0, _progress_mark(layout, spec)
+    streak, mark = 0, _progress_mark(layout, units)
     for attempt in range(10**6):
-        pending = [t for t in spec.trials() if layout.trial_state(t.name) == "pending" and t.name not in failed]
+        pending = [u for u in units if u.name not in failed
+                   and any(layout.trial_state(n) == "pending" for n in members(u))]
         if not pending or interrupt.signum is not None:
             break
-        progress = Progress(sum(t.run.train.env_steps for t in pending), interrupt)
+        progress = Progress(sum(u.env_steps if isinstance(u, Pack) else u.run.train.env_steps for u in pending),
+                            interrupt)
         try:
             build_tuner(spec, context, pending, f"{stamp}-{attempt}", [progress, *callbacks], interrupt).fit()
             failed.update(progress.failed)
@@ -174,7 +198,7 @@ def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, 
             if not isinstance(e.__cause__, ray.exceptions.RayError):
                 raise
             failed.update(progress.failed)
-            now = _progress_mark(layout, spec)
+            now = _progress_mark(layout, units)
             streak, mark = (0 if now > mark else streak + 1), max(now, mark)
             cause = " ".join(str(e.__cause__).split())[:300]
             if streak > spec.max_retries:
@@ -183,12 +207,17 @@ def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, 
                 break
             print(f"a trial worker was killed from outside ({type(e.__cause__).__name__}: {cause}); restarting "
                   f"the unfinished trials from their checkpoints", flush=True)
-    return failed
+    out: dict[str, str] = {}
+    for u in units:
+        if u.name in failed:
+            out.update({n: failed[u.name] for n in members(u) if layout.trial_state(n) == "pending"})
+    return out
 
 
-def _progress_mark(layout: SweepDir, spec: SweepSpec) -> int:
-    """Env steps checkpointed over all trials (grows whenever any trial saves or finishes)."""
-    return sum(max(layout.checkpoint_steps(t.name), default=0) for t in spec.trials())
+def _progress_mark(layout: SweepDir, units: list[Unit]) -> int:
+    """Env steps checkpointed over all Tune trials (grows whenever any of them saves or finishes)."""
+    return sum(max(layout.pack_checkpoint_steps(u.id) if isinstance(u, Pack) else layout.checkpoint_steps(u.name),
+                   default=0) for u in units)
 
 
 def check_cluster(spec: SweepSpec, sweep_dir: Path, uri: str) -> None:
@@ -200,7 +229,7 @@ def check_cluster(spec: SweepSpec, sweep_dir: Path, uri: str) -> None:
     reliable over NFS, and every node would write to it); on one machine it must still be visible to every node.
     """
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    need = {"CPU": spec.resources.cpu, "GPU": spec.resources.gpu}
+    need = {"CPU": spec.trial_resources()["cpu"], "GPU": spec.trial_resources()["gpu"]}
     if not any(all(n["Resources"].get(k, 0) >= v for k, v in need.items() if v > 0) for n in nodes):
         have = sorted({f"CPU={n['Resources'].get('CPU', 0):g}, GPU={n['Resources'].get('GPU', 0):g}"
                        for n in nodes})
@@ -265,7 +294,7 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
         p = plan(check_folder(layout, spec), spec, layout)
         _refuse(p.problems)
         write_state(layout, p.state)
-        return _run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial)
+        return _run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial, p.packs)
 
 
 def _refuse(problems: list[str]) -> None:
@@ -274,7 +303,7 @@ def _refuse(problems: list[str]) -> None:
 
 
 def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, experiment: str, state: dict,
-                new: list[str], gather_partial: bool) -> int:
+                new: list[str], gather_partial: bool, packs: list[Pack]) -> int:
     done = prune_finished(layout, spec)
     if not ray.is_initialized():
         quiet_opt_out_notice()  # auth stays on; only Ray's advice to switch it off is not printed
@@ -290,18 +319,21 @@ def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, ex
     tracker.log_artifact(parent, spec_path, "spec")
     context = TrialContext(sweep_id=state["sweep_id"], sweep_dir=layout.root, tracking_uri=uri,
                            experiment=experiment, parent_run_id=parent, keep_every=spec.final_eval.keep_every,
-                           gpu_fraction=spec.resources.gpu, keep_replay=spec.keep_replay)
-    print(f"sweep {spec.name}: {len(spec.trials())} trials ({len(done)} done, {len(new)} new), results in "
+                           gpu_fraction=spec.resources.gpu, keep_replay=spec.keep_replay,
+                           env_workers=spec.pack.env_workers)
+    in_packs = f" in {len(packs)} pack{'s' if len(packs) > 1 else ''} of up to {spec.pack.seeds} seeds" if packs else ""
+    print(f"sweep {spec.name}: {len(spec.trials())} trials ({len(done)} done, {len(new)} new){in_packs}, results in "
           f"{layout.root}", flush=True)
     # MLflow in line with the folder before the gather step reads it (checksums an earlier start could not record).
-    sync_runs(tracker, parent, layout, spec, *outcome(layout, spec, {}))
-    launch = lambda: gather.launch(spec, layout, state["sweep_id"], uri, experiment, parent)  # noqa: E731
+    sync_runs(tracker, parent, layout, spec, *outcome(layout, spec, {}), packs=packs)
+    launch = lambda: gather.launch(spec, layout, state["sweep_id"], uri, experiment, parent,  # noqa: E731
+                                   len(packs) or len(spec.trials()))
     gatherer = launch()
     failed = train_pending(spec, context, interrupt, [gather.GatherFeed(gather.actor_name(spec.name,
-                                                                                          state["sweep_id"]))])
+                                                                                          state["sweep_id"]))], packs)
     prune_finished(layout, spec)
     failures, unfinished = outcome(layout, spec, failed)
-    sync_runs(tracker, parent, layout, spec, failures, unfinished)  # also records checksums the trials could not
+    sync_runs(tracker, parent, layout, spec, failures, unfinished, packs=packs)  # also checksums trials could not
     if interrupt.signum is not None and not gather_partial:
         gather.stop(gatherer)
         _best_effort(tracker.end_run, parent, killed=True)

@@ -12,7 +12,9 @@ Every refusal here happens before anything is created on disk or a cluster is jo
 spec's trials with it: new trials (more seeds, tasks, temperature values, agents, any grid value) are added;
 a trial whose settings changed, a trial whose name changed (a setting became or stopped being a grid axis) and a
 trial the spec no longer has are refused, each problem naming its field (a trial that never started holds nothing
-and may still change or go). :func:`dry_run` shows the same refusals and what a run would do with each trial.
+and may still change or go). With ``pack.seeds`` > 1 it also records the pack size and every pack's members
+(:mod:`qed_ray.packing`): a changed pack size is refused once anything started, naming ``pack.seeds``.
+:func:`qed_ray.dry_run.dry_run` shows the same refusals and what a run would do with each trial.
 
 Before and after training, :func:`outcome` reads how every trial stands from the folder (``DONE.json``,
 ``DIVERGED.json``) and :func:`sync_runs` brings the MLflow runs in line with it, recording the policy checksums a
@@ -34,14 +36,16 @@ from typing import Any
 from qed_ray.atomic import write_json
 from qed_ray.checkpoint import CheckpointError
 from qed_ray.checksums import done_checksums
-from qed_ray.layout import SweepDir, TrialId
+from qed_ray.layout import PackId, SweepDir, TrialId
 from qed_ray.naming import identity, identity_changes, parse_variant, show_setting
+from qed_ray.packing import Pack, form_packs, pack_of, pack_records, pack_started
 from qed_ray.replay import prune_chunks
 from qed_ray.results import FailedTrial
-from qed_ray.spec import SpecError, SweepSpec, Trial
-from qed_ray.tracking import POLICY_SHA_TAG, Tracker, TrialRun, checksum_tags, default_tracking_uri
+from qed_ray.spec import SpecError, SweepSpec
+from qed_ray.tracking import POLICY_SHA_TAG, Tracker, TrialRun, checksum_tags, default_tracking_uri, pack_tags
 
 STATE_FORMAT = 2
+PACK_SEEDS_KEY, PACKS_KEY = "pack_seeds", "packs"  # in sweep.json only with pack.seeds > 1 (qed_ray.packing)
 STORAGE_ROOT_ENV = "QED_STORAGE_ROOT"  # resolves a relative storage_path (required for one under `ray job submit`)
 STORAGE_PATH_ENV = "QED_STORAGE_PATH"  # overrides the spec's storage_path
 # Folders a sweep must never be put in (nor anywhere inside them), and folders it must not be put directly into.
@@ -167,6 +171,7 @@ class Plan:
     state: dict
     new: list[str] = field(default_factory=list)  # not in the sweep yet
     problems: list[str] = field(default_factory=list)  # refusals, one line each, each naming its field
+    packs: list[Pack] = field(default_factory=list)  # the Tune trials with pack.seeds > 1 (none: unpacked)
 
 
 def plan(state: dict | None, spec: SweepSpec, layout: SweepDir | None = None) -> Plan:
@@ -188,9 +193,29 @@ def plan(state: dict | None, spec: SweepSpec, layout: SweepDir | None = None) ->
     if layout is not None:
         recorded = {n: i for n, i in recorded.items() if _started(layout, n)}
     new = [n for n in current if n not in recorded]
+    packs, pack_problems = _plan_packs(state, spec, bool(recorded), layout)
+    state = {k: v for k, v in state.items() if k not in (PACK_SEEDS_KEY, PACKS_KEY)}
     state = {**state, "format": STATE_FORMAT, "name": spec.name, "fingerprint": spec.fingerprint(),
              "trials": {**recorded, **{n: current[n] for n in new}}}
-    return Plan(state, new, _problems(recorded, current, spec))
+    if spec.pack.seeds > 1:  # an unpacked sweep's sweep.json stays as it was before packs existed
+        state = {**state, PACK_SEEDS_KEY: spec.pack.seeds, PACKS_KEY: pack_records(packs)}
+    return Plan(state, new, _problems(recorded, current, spec) + pack_problems, packs)
+
+
+def _plan_packs(state: dict, spec: SweepSpec, started: bool, layout: SweepDir | None) -> tuple[list[Pack], list[str]]:
+    """The sweep's packs (recorded ones kept as they are, see :mod:`qed_ray.packing`) and the refusal of a changed
+    pack size once anything started. A recorded pack that never started (nothing of it in the folder) may re-form."""
+    old = int(state.get(PACK_SEEDS_KEY, 1))
+    recorded = state.get(PACKS_KEY) or {}
+    if layout is not None:
+        recorded = {n: m for n, m in recorded.items() if pack_started(layout, PackId.of(m))}
+    if old != spec.pack.seeds and (recorded or (old == 1 and started)):
+        was = f"packs of {old} seeds" if old > 1 else "each seed run as its own trial (pack.seeds 1)"
+        shown = form_packs(spec) if spec.pack.seeds > 1 else []  # what --dry-run lists beside the refusal
+        return shown, [f"pack.seeds: this sweep trains {was}, the spec now gives {spec.pack.seeds}; a started pack's "
+                    f"checkpoint holds its seeds together, so a sweep's pack size cannot change: restore pack.seeds: "
+                    f"{old}, or start over with --fresh or another name"]
+    return (form_packs(spec, recorded) if spec.pack.seeds > 1 else []), []
 
 
 def _started(layout: SweepDir, name: str) -> bool:
@@ -270,37 +295,6 @@ def _dropped_field(trial: TrialId, spec: SweepSpec) -> str:
     return "agents"
 
 
-# ---- --dry-run ----------------------------------------------------------------------------------------------
-def dry_run(spec: SweepSpec) -> int:
-    """Prints the trials, what a run would do with each (from the folder on disk) and the resources; starts
-    nothing. A spec that a real run would refuse is refused the same way (exit 2)."""
-    layout, uri, exp = resolve_paths(spec)
-    p = plan(check_folder(layout, spec), spec, layout)
-    trials = spec.trials()
-    print(f"sweep {spec.name}: {len(trials)} trials -> {layout.root}  (MLflow {uri}, experiment {exp})")
-    for t in trials:
-        r = t.run
-        print(f"  {t.name:48s} env_steps={r.train.env_steps:,} hidden={r.agent.hidden} batch={r.agent.batch_size}"
-              f"  [{_what_next(layout, t, p.new)}]")
-    res = spec.resources
-    total = sum(t.run.train.env_steps for t in trials)
-    print(f"per trial: {res.cpu:g} CPU, {res.gpu:g} GPU; all trials at once: {res.cpu * len(trials):g} CPU, "
-          f"{res.gpu * len(trials):g} GPU; total env steps {total:,}")
-    if p.problems:
-        raise SpecError("\n".join(p.problems))
-    return 0
-
-
-def _what_next(layout: SweepDir, trial: Trial, new: list[str]) -> str:
-    if trial.name in new:
-        return "new"
-    state = layout.trial_state(trial.name)
-    if state != "pending":
-        return state
-    steps = layout.checkpoint_steps(trial.name)
-    return f"resume from env step {max(steps):,}" if steps else "start"
-
-
 # ---- what the folder holds after training ---------------------------------------------------------------
 def outcome(layout: SweepDir, spec: SweepSpec, failed: dict[str, str]) -> tuple[list[FailedTrial], list[str]]:
     """From the folder: the failed trials with their reasons (diverged, or given up by Tune in this start:
@@ -338,11 +332,12 @@ def sqlite_on_many_machines(uri: str, nodes: list[dict]) -> str | None:
 
 
 def sync_runs(tracker: Tracker, parent_run_id: str, layout: SweepDir, spec: SweepSpec,
-              failures: list[FailedTrial], unfinished: list[str]) -> None:
+              failures: list[FailedTrial], unfinished: list[str], packs: list[Pack] | None = None) -> None:
     """Brings every trial's MLflow run in line with the folder: finished runs complete (metrics an outage kept
     back, a store that moved, the policy checksums from ``DONE.json`` if the run lacks them), failed ones FAILED
     with the reason, unfinished ones KILLED (to be resumed). Runs already in that state are not touched.
-    Best-effort: if MLflow fails, the next call (the end of this start, or the next start) tries again."""
+    Best-effort: if MLflow fails, the next call (the end of this start, or the next start) tries again. A seed run
+    of one of the ``packs`` carries its pack's tags."""
     try:
         runs = tracker.trial_runs()
     except Exception as e:  # noqa: BLE001 - MLflow is a mirror; the folder keeps everything
@@ -350,6 +345,7 @@ def sync_runs(tracker: Tracker, parent_run_id: str, layout: SweepDir, spec: Swee
               f"start or at the next one", flush=True)
         return
     reasons = {f.name: f.error for f in failures}
+    in_pack = pack_of(packs or [])
     for t in spec.trials():
         run = runs.get(t.name)
         status = run.info.status if run is not None else None
@@ -357,8 +353,10 @@ def sync_runs(tracker: Tracker, parent_run_id: str, layout: SweepDir, spec: Swee
         tags = _missing_checksums(layout, t.name, run) if want == "FINISHED" else {}
         if not tags and (status == want or (want == "KILLED" and status in (None, "FINISHED"))):
             continue
+        pack = in_pack.get(t.name)
         mirror = TrialRun(tracker.uri, tracker.experiment, tracker.sweep_id, parent_run_id, t.name,
-                          t.run.model_dump(mode="json"), log=lambda line: print(line, flush=True))
+                          t.run.model_dump(mode="json"), log=lambda line: print(line, flush=True),
+                          run_tags=pack_tags(pack.name, len(pack.trials)) if pack else None)
         if not mirror.finish(layout.read_history(t.name), failed_reason=reasons.get(t.name),
                              killed=want == "KILLED", tags=tags, timeout_s=30):
             return

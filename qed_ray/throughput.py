@@ -24,6 +24,7 @@ from pathlib import Path
 SCHEMA = 1
 MODES = ("graph", "compile", "off", "single")
 DEFAULT_PATH = Path(__file__).parent / "data" / "throughput.json"
+SHARE_CELL = ("sac_ln", "qed", 10)  # the cell gpu_bench.py measures with 2 and 3 packs sharing the GPU
 ENTRY_FIELDS = ("agent", "temperature", "seeds", "packs", "mode", "seed_decisions_per_s")
 
 
@@ -58,6 +59,22 @@ class Throughput:
             raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
         e = self.entry(agent, temperature_kind, seeds_per_pack, packs_per_gpu, mode)
         return None if e is None else float(e["seed_decisions_per_s"]) * packs_per_gpu
+
+    def shared_rate(self, agent: str, temperature_kind: str, seeds_per_pack: int, packs_per_gpu: int = 1,
+                    mode: str = "graph") -> tuple[float, bool] | None:
+        """(seed-decisions/s of one GPU, scaled): :meth:`decisions_per_s` where that cell was measured; else, for
+        ``packs_per_gpu`` > 1, the one-pack rate times the sharing efficiency measured for the reference cell
+        :data:`SHARE_CELL` (``scaled`` True); None when neither was measured."""
+        rate = self.decisions_per_s(agent, temperature_kind, seeds_per_pack, packs_per_gpu, mode)
+        if rate is not None or packs_per_gpu == 1:
+            return None if rate is None else (rate, False)
+        alone = self.decisions_per_s(agent, temperature_kind, seeds_per_pack, 1, mode)
+        a, k, s = SHARE_CELL
+        ref_shared, ref_alone = (self.decisions_per_s(a, k, s, packs_per_gpu, mode),
+                                 self.decisions_per_s(a, k, s, 1, mode))
+        if alone is None or ref_shared is None or ref_alone is None:
+            return None
+        return alone * ref_shared / ref_alone, True
 
 
 def parse_throughput(raw: dict) -> Throughput:

@@ -34,6 +34,7 @@ REASON_TAG = "qed.failure_reason"
 NODES_TAG = "qed.node_ids"
 POLICY_SHA_TAG = "qed.policy_sha256"  # the final snapshot's state.pt SHA-256, set by the trial at its end
 SNAPSHOTS_SHA_TAG = "qed.snapshots_sha256"  # the digest of all its snapshots (qed_ray.checksums)
+PACK_TAG, PACK_SIZE_TAG = "qed.pack", "qed.pack_size"  # a seed run trained in a pack: the pack's name and size
 # MLflow 3's UI opens an experiment on its GenAI overview ("Traces") unless this tag says it holds training runs;
 # the values are the UI's ExperimentKind enum (mlflow/server/js: CUSTOM_MODEL_DEVELOPMENT).
 EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
@@ -136,15 +137,19 @@ class Tracker:
             f"tags.`{SWEEP_TAG}` = '{self.sweep_id}' and tags.`{ROLE_TAG}` = 'trial'"))
         return {r.data.tags[TRIAL_TAG]: r for r in runs if TRIAL_TAG in r.data.tags}
 
-    def trial_run(self, parent_id: str, trial: str, params: Mapping[str, Any]) -> str:
+    def trial_run(self, parent_id: str, trial: str, params: Mapping[str, Any],
+                  tags: Mapping[str, Any] | None = None) -> str:
         """Finds (and reopens) or creates the child run of ``trial``, so a retried, resumed or restarted trial
-        continues its own run."""
+        continues its own run; ``tags`` (a pack's, :func:`pack_tags`) are set on it either way."""
+        tags = {k: str(v) for k, v in (tags or {}).items()}
         run = self._find(f"tags.`{SWEEP_TAG}` = '{self.sweep_id}' and tags.`{TRIAL_TAG}` = '{trial}'")
         if run is not None:
+            if any(run.data.tags.get(k) != v for k, v in tags.items()):
+                self.set_tags(run.info.run_id, tags)
             return self.reopen(run)
         run = self.client.create_run(self.experiment_id, run_name=trial, tags={
             SWEEP_TAG: self.sweep_id, TRIAL_TAG: trial, ROLE_TAG: "trial", MLFLOW_PARENT_RUN_ID: parent_id,
-            MLFLOW_RUN_NAME: trial})
+            MLFLOW_RUN_NAME: trial, **tags})
         self._log_params(run.info.run_id, params)
         return run.info.run_id
 
@@ -232,6 +237,11 @@ class Tracker:
                                        max_results=50000)
 
 
+def pack_tags(pack: str, size: int) -> dict[str, str]:
+    """The run tags of a seed run trained in a pack: the pack's name (``task/agent/variant/pack0-2``) and size."""
+    return {PACK_TAG: pack, PACK_SIZE_TAG: str(size)}
+
+
 def checksum_tags(recorded: Recorded) -> dict[str, str]:
     """The run tags that record a trial's policy checksums."""
     return {POLICY_SHA_TAG: recorded.policy_sha256, SNAPSHOTS_SHA_TAG: recorded.snapshots_sha256}
@@ -271,13 +281,16 @@ class TrialRun:
         params: the trial's run settings (logged when the run is created).
         node_id: this attempt's Ray node, appended to the ``qed.node_ids`` tag.
         log: where warnings go (the trial's log).
+        run_tags: tags the run always carries (a pack's seed run: :func:`pack_tags`).
     """
 
     def __init__(self, uri: str, experiment: str, sweep_id: str, parent_run_id: str, trial: str,
                  params: Mapping[str, Any], node_id: str | None = None,
-                 log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)):
+                 log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+                 run_tags: Mapping[str, Any] | None = None):
         self.uri, self.experiment, self.sweep_id, self.parent_run_id = uri, experiment, sweep_id, parent_run_id
         self.trial, self.params, self.node_id, self.log = trial, params, node_id, log
+        self.run_tags = dict(run_tags or {})
         self.tracker: Tracker | None = None
         self.run_id: str | None = None
         self.logged_up_to = -1
@@ -287,7 +300,7 @@ class TrialRun:
     def _connect(self) -> Tracker:
         if self.tracker is None:
             tracker = Tracker(self.uri, self.experiment, self.sweep_id)
-            run_id = tracker.trial_run(self.parent_run_id, self.trial, self.params)
+            run_id = tracker.trial_run(self.parent_run_id, self.trial, self.params, self.run_tags)
             if self.node_id:
                 seen = tracker.tags(run_id).get(NODES_TAG, "")
                 tracker.set_tags(run_id, {NODES_TAG: ",".join(filter(None, [seen, self.node_id]))})

@@ -9,7 +9,7 @@ import pytest
 from qed_ray import layout as L
 from qed_ray.checkpoint import MANIFEST_FILE
 from qed_ray.envs import TASKS
-from qed_ray.layout import DOCUMENTED, SweepDir, TrialId, parse_trial_dirname, trial_dirname
+from qed_ray.layout import DOCUMENTED, PackId, SweepDir, TrialId, parse_trial_dirname, trial_dirname
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ["te", "qed0.2", "fixed0.05", "k=0.2+alpha_max=0.3", "hidden=64+kind=qed+k=0.1", "tau=0.95",
@@ -67,7 +67,9 @@ def _readme_rows() -> list[str]:
 
 def _expand(pattern: str, name: str, env_steps: int, start: str) -> str:
     trial = TrialId.from_name(name)
-    return (pattern.replace("<trial>", trial.dirname).replace("<env_steps>", f"{env_steps:010d}")
+    pack = PackId(trial.task, trial.agent, trial.variant, (trial.seed, trial.seed + 1))
+    return (pattern.replace("<trial>", trial.dirname).replace("<pack>", pack.dirname)
+            .replace("<seeds>", f"{trial.seed}-{trial.seed + 1}").replace("<env_steps>", f"{env_steps:010d}")
             .replace("<start>", start)
             .replace("<task>", trial.task).replace("<agent>", trial.agent).replace("<variant>", trial.variant)
             .replace("<seed>", str(trial.seed)))
@@ -80,7 +82,8 @@ def test_readme_table_lists_exactly_what_layout_builds(tmp_path):
     for pattern, member in DOCUMENTED.items():
         attr = getattr(layout, member)
         if callable(attr):
-            args = {"name": name, "env_steps": steps, "start": start, "key": "<key>"}
+            args = {"name": name, "env_steps": steps, "start": start, "key": "<key>",
+                    "pack": PackId("finger-turn_easy", "mad_sac", "k=0.2+alpha_max=0.3", (4, 5))}
             attr = attr(*(args[p] for p in inspect.signature(attr).parameters))
         rel = attr.relative_to(tmp_path).as_posix() + ("/" if pattern.endswith("/") else "")
         assert rel == _expand(pattern, name, steps, start), (pattern, member)
@@ -88,7 +91,8 @@ def test_readme_table_lists_exactly_what_layout_builds(tmp_path):
     members = {n for n in vars(SweepDir) if not n.startswith("_") and n != "root"}
     assert members - set(DOCUMENTED.values()) == {"policies_root", "policies", "gather", "snapshots", "final_snapshot",
                                                   "trials", "group_cache", "tune_root", "trial_dirs", "checkpoints",
-                                                  "checkpoint_steps", "read_history", "diverged_reason", "trial_state"}
+                                                  "checkpoint_steps", "read_history", "diverged_reason", "trial_state",
+                                                  "pack_dirs", "pack_checkpoints", "pack_checkpoint_steps"}
 
 
 def test_snapshots_are_the_complete_step_folders(tmp_path):

@@ -94,7 +94,7 @@ def test_each_seed_of_a_pack_has_the_files_of_a_single_seed_trial(packs):
         assert summary["status"] == "finished" and summary["seed"] == spec.seed and summary["name"] == spec.name
         manifest = json.loads((root / "straight" / "checkpoint" / seed_dir(spec.seed) / "manifest.json").read_text())
         assert (manifest["pack"], manifest["pack_size"], manifest["pack_index"]) == (
-            "cartpole-balance/sac_ln/qed0.2+n_actions=4/s0-1", 2, i)
+            "cartpole-balance/sac_ln/qed0.2+n_actions=4/pack0-1", 2, i)
         assert manifest["seed"] == spec.seed and manifest["progress"]["decisions"] == 200
         assert manifest["replay"] == {"added": 200, "external": True}
         assert len(list(layout.replay(spec.name).glob("chunk_*.npz"))) == 2

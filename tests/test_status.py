@@ -127,3 +127,33 @@ def test_status_flag_starts_nothing_and_reads_the_folder(sweep_copy, tmp_path):
     assert "trials: 3 done, 0 running, 1 stopped" in proc.stdout and proc.stderr == ""
     nowhere = SweepDir(tmp_path / "none" / "sweep")
     assert report(_spec(nowhere), nowhere) == f"sweep sweep: not started ({nowhere.root} has no sweep.json)"
+
+
+def test_status_shows_each_seed_run_with_its_pack(sweep_copy):
+    from qed_ray.layout import PackId
+    from qed_ray.packing import form_packs
+    from qed_ray.sweep_state import write_state
+
+    layout, start = sweep_copy, "20260101-120000-0"
+    spec = SweepSpec.model_validate({**SPEC, "storage_path": str(layout.root.parent), "pack": {"seeds": 2}})
+    state = json.loads(layout.state_file.read_text())
+    write_state(layout, {**state, "pack_seeds": 2, "packs": {p.name: p.names for p in form_packs(spec)}})
+    pack = PackId("cartpole-balance", "sac_ln", "qed0.2", (0, 1))
+    folder = layout.pack_checkpoint(pack, 1500)
+    (folder / "seed_1").mkdir(parents=True)  # the seed's part of the pack's checkpoint: the single-seed manifest
+    (folder / "seed_1" / "manifest.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "env_steps": 1500,
+                                                                 "progress": {"wall_s": 15.0}}))
+    (folder / "pack.json").write_text("{}")
+    (pack_, ) = [p for p in form_packs(spec) if p.id == pack]
+    assert trial_state(layout, f"{QED}/1", BUDGET, pack=pack_) == TrialState(f"{QED}/1", "stopped", 1500, BUDGET, 15.0)
+    text = report(spec, layout)
+    assert "packs (2, up to 2 seeds each): seed: state [env steps]" in text
+    assert f"  {TE}/pack0-1  0:done  1:done\n  {QED}/pack0-1  0:done  1:stopped[1,500]" in text
+    # A pack's seed runs share its wall time: (20 + 20 + 20 + 15) s / 2 seeds per pack x 0.5 GPU.
+    assert "GPU-hours: 0.00521 spent" in text and "(pack wall time x 0.5 GPU per pack)" in text
+    time.sleep(0.01)
+    error = layout.pack_dir(pack, start) / "error.txt"  # Tune's error file is the pack's
+    error.parent.mkdir(parents=True)
+    error.write_text("Failure # 1\nTraceback ...\nInjectedCrash: injected crash at env step 1700\n")
+    assert (f"FAILED {QED}/1 (pack {QED}/pack0-1): InjectedCrash: injected crash at env step 1700 (the next start "
+            f"retries it)") in report(spec, layout)

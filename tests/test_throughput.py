@@ -55,3 +55,13 @@ def test_a_malformed_table_is_refused_naming_the_field(change, message):
     del raw["card"]
     with pytest.raises(ValueError, match="field 'card' is missing"):
         parse_throughput(raw)
+
+
+def test_an_unmeasured_sharing_cell_is_scaled_by_the_reference_cells_sharing_efficiency():
+    mad = {**ENTRY, "agent": "mad_sac", "packs": 1, "seed_decisions_per_s": 400.0}
+    t = parse_throughput(table(entries=[ENTRY, {**ENTRY, "packs": 1, "seed_decisions_per_s": 2000.0}, mad]))
+    assert t.shared_rate("sac_ln", "qed", 10, 2) == (3000.0, False)  # measured: 2 packs x 1500
+    assert t.shared_rate("mad_sac", "qed", 10, 2) == (400.0 * 3000.0 / 2000.0, True)  # scaled by 1.5
+    assert t.shared_rate("mad_sac", "qed", 10, 1) == (400.0, False)
+    assert t.shared_rate("mad_sac", "qed", 10, 3) is None, "no reference cell with 3 packs"
+    assert t.shared_rate("mad_sac", "te", 10, 2) is None, "the one-pack cell itself was not measured"

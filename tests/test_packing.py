@@ -1,0 +1,205 @@
+"""Packs of a sweep without Ray: formed from the spec, membership fixed when the sweep grows, S = 1 unchanged,
+refusals naming the field, --dry-run's packs and GPU-hours, the pack tags of a seed run's MLflow run."""
+
+import json
+import re
+import uuid
+
+import pytest
+from pydantic import ValidationError
+
+from qed_ray.config import format_validation_error
+from qed_ray.dry_run import dry_run
+from qed_ray.layout import PackId, SweepDir, parse_trial_dirname
+from qed_ray.packing import form_packs, pack_records, seed_trials, tune_folder, tune_name
+from qed_ray.spec import SweepSpec
+from qed_ray.sweep_state import plan, write_state
+from qed_ray.tracking import PACK_SIZE_TAG, PACK_TAG, Tracker, TrialRun, pack_tags
+
+BASE = {"name": "p", "tasks": ["cartpole-balance", "walker-walk"], "seeds": 5,
+        "agents": [{"name": "sac_ln", "overrides": {"hidden": 16}, "temperatures": [{"kind": "te"}]}],
+        "train": {"env_steps": 2000, "eval_every": 1000, "warmup_decisions": 100}}
+
+
+def _spec(**changes) -> SweepSpec:
+    return SweepSpec.model_validate({**BASE, **changes})
+
+
+def _names(packs) -> list[tuple[str, list[str]]]:
+    return [(p.name, p.names) for p in packs]
+
+
+def test_packs_are_the_seed_runs_of_one_task_agent_variant_in_seed_order_in_chunks():
+    packs = form_packs(_spec(pack={"seeds": 2}))
+    seeds = [[0, 1], [2, 3], [4]]
+    assert _names(packs) == [(f"{t}/sac_ln/te/pack{'-'.join(map(str, [s[0], s[-1]])) if len(s) > 1 else s[0]}",
+                              [f"{t}/sac_ln/te/{x}" for x in s]) for t in BASE["tasks"] for s in seeds]
+    assert [p.id.dirname for p in packs[:3]] == ["cartpole-balance__sac_ln__te__pack0-1",
+                                                 "cartpole-balance__sac_ln__te__pack2-3",
+                                                 "cartpole-balance__sac_ln__te__pack4"]
+    assert packs[0].env_steps == 4000 and [t.run.seed for t in packs[1].trials] == [2, 3]
+    # Seeds in any order in the spec: packs in seed order; seeds that do not follow each other joined by +.
+    scattered = form_packs(_spec(seeds=[7, 3, 5], tasks=["cartpole-balance"], pack={"seeds": 2}))
+    assert [p.name for p in scattered] == ["cartpole-balance/sac_ln/te/pack3+5", "cartpole-balance/sac_ln/te/pack7"]
+    # Variants never share a pack; a grid axis in the variant is in the pack's name.
+    axes = _spec(tasks=["cartpole-balance"], seeds=2, pack={"seeds": 2},
+                 agents=[{"name": "sac_ln", "overrides": {"hidden": [16, 32]},
+                          "temperatures": [{"kind": "te"}, {"kind": "qed", "k": 0.2}]}])
+    variants = ("te+hidden=16", "qed0.2+hidden=16", "te+hidden=32", "qed0.2+hidden=32")
+    assert [p.name for p in form_packs(axes)] == [f"cartpole-balance/sac_ln/{v}/pack0-1" for v in variants]
+
+
+def test_pack_ids_round_trip_and_are_never_trial_folders():
+    pack = PackId.of(["cheetah-run/mad_sac/qed0.2/3", "cheetah-run/mad_sac/qed0.2/4"])
+    assert pack == PackId("cheetah-run", "mad_sac", "qed0.2", (3, 4))
+    assert pack.name == "cheetah-run/mad_sac/qed0.2/pack3-4"
+    assert pack.trials == ["cheetah-run/mad_sac/qed0.2/3", "cheetah-run/mad_sac/qed0.2/4"]
+    with pytest.raises(ValueError, match="task__agent__variant__sSEED"):
+        parse_trial_dirname(pack.dirname)
+    with pytest.raises(ValueError, match="not seeds of one task, agent and variant"):
+        PackId.of(["cheetah-run/mad_sac/qed0.2/3", "cheetah-run/mad_sac/te/4"])
+    with pytest.raises(ValueError, match="repeat a seed"):
+        PackId.of(["cheetah-run/mad_sac/qed0.2/3", "cheetah-run/mad_sac/qed0.2/3"])
+    config = {"pack": {"name": pack.name, "trials": [{"name": n, "run": {}} for n in pack.trials]}}
+    assert seed_trials(config) == pack.trials and tune_name(config) == pack.name
+    assert tune_folder(config) == "cheetah-run__mad_sac__qed0.2__pack3-4"
+    single = {"trial": {"name": "cheetah-run/mad_sac/qed0.2/3", "run": {}}}
+    assert seed_trials(single) == ["cheetah-run/mad_sac/qed0.2/3"]
+    assert tune_folder(single) == "cheetah-run__mad_sac__qed0.2__s3"
+
+
+def _started(layout: SweepDir, state: dict, spec: SweepSpec) -> None:
+    """Marks every recorded pack as started (a checkpoint folder of its own) and writes sweep.json."""
+    for members in state.get("packs", {}).values():
+        layout.pack_checkpoints(PackId.of(members)).mkdir(parents=True)
+    for name in state["trials"]:
+        layout.policies(name).mkdir(parents=True, exist_ok=True)
+    write_state(layout, state)
+
+
+def test_membership_is_fixed_when_the_sweep_grows(tmp_path):
+    layout = SweepDir(tmp_path / "p")
+    first = plan(None, _spec(seeds=3, pack={"seeds": 2}), layout)
+    assert first.problems == [] and first.state["pack_seeds"] == 2
+    assert first.state["packs"] == pack_records(first.packs) == {
+        f"{t}/sac_ln/te/{p}": [f"{t}/sac_ln/te/{s}" for s in seeds] for t in BASE["tasks"]
+        for p, seeds in (("pack0-1", (0, 1)), ("pack2", (2,)))}
+    _started(layout, first.state, _spec(seeds=3))
+    grown = plan(json.loads(layout.state_file.read_text()), _spec(seeds=6, pack={"seeds": 2}), layout)
+    assert grown.problems == [] and grown.new == [f"{t}/sac_ln/te/{s}" for t in BASE["tasks"] for s in (3, 4, 5)]
+    # Seed 2's pack stays a pack of one; the new seeds form new packs of their own, in chunks of 2.
+    assert [p.name for p in grown.packs] == [f"{t}/sac_ln/te/{p}" for t in BASE["tasks"]
+                                            for p in ("pack0-1", "pack2", "pack3-4", "pack5")]
+    assert grown.state["packs"] == pack_records(grown.packs)
+    # A recorded pack that never started (nothing of it in the folder) may re-form with the grown grid.
+    unstarted = plan(first.state, _spec(seeds=6, pack={"seeds": 2}), SweepDir(tmp_path / "empty"))
+    assert [p.name for p in unstarted.packs][:3] == [f"cartpole-balance/sac_ln/te/pack{p}"
+                                                     for p in ("0-1", "2-3", "4-5")]
+
+
+def test_unpacked_sweeps_are_exactly_what_they_were(tmp_path):
+    plain, explicit = _spec(), _spec(pack={"seeds": 1, "env_workers": 0})
+    assert plain.pack == explicit.pack and plain.fingerprint() == explicit.fingerprint()
+    assert [(t.name, t.run) for t in plain.trials()] == [(t.name, t.run) for t in explicit.trials()]
+    assert plain.fingerprint() == _spec(pack={"seeds": 3}).fingerprint(), "packing never changes a trial's identity"
+    p = plan(None, explicit)
+    assert p.packs == [] and set(p.state) == {"sweep_id", "created", "trials", "format", "name", "fingerprint"}
+    assert explicit.trial_resources() == {"cpu": 1.0, "gpu": 0.0}
+    # A sweep started before packs existed resumes with its sweep.json as it was.
+    layout = SweepDir(tmp_path / "p")
+    _started(layout, p.state, plain)
+    again = plan(json.loads(layout.state_file.read_text()), explicit, layout)
+    assert again.problems == [] and again.new == [] and again.state == json.loads(layout.state_file.read_text())
+    assert _spec(pack={"seeds": 5, "env_workers": 3}, resources={"cpu": 2, "gpu": 0.5}).trial_resources() == {
+        "cpu": 5.0, "gpu": 0.5}
+
+
+@pytest.mark.parametrize("pack, says", [
+    ({"seeds": 0}, "pack.seeds: Input should be greater than or equal to 1 (got 0)"),
+    ({"seeds": 1001}, "pack.seeds: Input should be less than or equal to 1000 (got 1001)"),
+    ({"seeds": "3"}, "pack.seeds: Input should be a valid integer (got '3')"),
+    ({"seeds": 2, "env_workers": -1}, "pack.env_workers: Input should be greater than or equal to 0 (got -1)"),
+    ({"seeds": 2, "env_workers": 3}, "pack.env_workers: 3 workers for the 2 training envs of a pack; allowed 0 to 2 "
+                                     "(pack.seeds)"),
+    ({"env_workers": 2}, "pack.env_workers: 2 env workers, but with seeds 1 trials run unpacked"),
+    ({"seeds": 2, "workers": 2}, "pack.workers: not a pack field; pack takes seeds (1 to 1000) and env_workers "
+                                 "(0 to pack.seeds)"),
+])
+def test_bad_pack_fields_are_refused_naming_the_field_and_what_is_allowed(pack, says):
+    with pytest.raises(ValidationError) as e:
+        _spec(pack=pack)
+    assert says in format_validation_error(e.value)
+
+
+@pytest.mark.parametrize("before, after, says", [
+    (2, 3, "pack.seeds: this sweep trains packs of 2 seeds, the spec now gives 3;"),
+    (2, 1, "pack.seeds: this sweep trains packs of 2 seeds, the spec now gives 1;"),
+    (1, 2, "pack.seeds: this sweep trains each seed run as its own trial (pack.seeds 1), the spec now gives 2;"),
+])
+def test_a_started_sweeps_pack_size_cannot_change(tmp_path, before, after, says):
+    layout = SweepDir(tmp_path / "p")
+    first = plan(None, _spec(pack={"seeds": before}), layout)
+    _started(layout, first.state, _spec())
+    again = plan(json.loads(layout.state_file.read_text()), _spec(pack={"seeds": after}), layout)
+    assert len(again.problems) == 1 and again.problems[0].startswith(says)
+    assert "restore pack.seeds: " + str(before) in again.problems[0]
+    # Before anything started, the pack size may still change.
+    assert plan(first.state, _spec(pack={"seeds": after}), SweepDir(tmp_path / "empty")).problems == []
+
+
+def _dry(tmp_path, capsys, table: dict | None, **changes) -> str:
+    spec = _spec(storage_path=str(tmp_path / "results"), **changes)
+    path = tmp_path / f"throughput-{uuid.uuid4().hex[:6]}.json"
+    if table is not None:
+        path.write_text(json.dumps(table))
+    capsys.readouterr()
+    assert dry_run(spec, path) == 0
+    assert not (tmp_path / "results").exists()
+    return capsys.readouterr().out
+
+
+TABLE = {"schema": 1, "device": "cuda", "card": "NVIDIA H100 80GB HBM3", "date": "2026-11-26",
+         "entries": [{"agent": "sac_ln", "temperature": "te", "seeds": 2, "packs": 2, "mode": "graph",
+                      "seed_decisions_per_s": 0.5},
+                     {"agent": "sac_ln", "temperature": "te", "seeds": 1, "packs": 2, "mode": "graph",
+                      "seed_decisions_per_s": 0.25}]}
+
+
+def test_dry_run_prints_packs_resources_and_gpu_hours_from_the_table(tmp_path, capsys):
+    packed = dict(pack={"seeds": 2, "env_workers": 1}, resources={"cpu": 1, "gpu": 0.5}, seeds=4,
+                  tasks=["cartpole-balance"])
+    out = _dry(tmp_path, capsys, TABLE, **packed)
+    assert out.splitlines()[0].startswith("sweep p: 4 trials in 2 packs (Tune trials) of up to 2 seeds -> ")
+    assert "  pack cartpole-balance/sac_ln/te/pack0-1  (2 seeds)\n    cartpole-balance/sac_ln/te/0 " in out
+    assert "per pack: 2 CPU (1 + 1 env workers), 0.5 GPU; all 2 packs at once: 4 CPU, 1 GPU" in out
+    # Per pack: 2 seeds x 1000 decisions / (0.5 seed-decisions/s per pack x 2 packs per GPU) = 2000 GPU-s; 2 packs.
+    assert "GPU-hours: 1.1 estimated (NVIDIA H100 80GB HBM3, measured 2026-11-26, 2 pack(s) per GPU, mode graph;" in out
+    # A last pack of 1 seed, measured too: + 1 x 1000 / (0.25 x 2) = 2000 GPU-s.
+    assert "GPU-hours: 1.7 estimated" in _dry(tmp_path, capsys, TABLE, **{**packed, "seeds": 5})
+    missing = _dry(tmp_path, capsys, TABLE, **{**packed, "resources": {"cpu": 1, "gpu": 0.25}})
+    assert "GPU-hours: unknown: the throughput table (NVIDIA H100 80GB HBM3, measured 2026-11-26, 4 pack(s) per GPU, " \
+           "mode graph) has no entry for sac_ln/te S=2" in missing
+    assert "GPU-hours: no GPU measurement yet" in _dry(tmp_path, capsys, None, **packed)
+    placeholder = {**TABLE, "device": "none", "card": "no GPU measurement yet", "entries": []}
+    assert "GPU-hours: no GPU measurement yet" in _dry(tmp_path, capsys, placeholder, **packed)
+    assert "GPU-hours: none (resources.gpu is 0" in _dry(tmp_path, capsys, TABLE, pack={"seeds": 2})
+
+
+def test_a_seed_runs_mlflow_run_carries_its_packs_name_and_size(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "p", "sweep0")
+    parent = tracker.parent_run("p", {}, {})
+    name, pack = "cartpole-balance/sac_ln/te/1", "cartpole-balance/sac_ln/te/pack0-2"
+    history = [{"time_ms": 1000, "metrics": {"env_steps": 1000, "eval/return_mean": 5.0}}]
+    # A run the driver created without the pack's tags (synced as KILLED before the pack first ran) gets them.
+    assert TrialRun(uri, "p", "sweep0", parent, name, {"seed": 1}).finish([], killed=True, timeout_s=0)
+    run = TrialRun(uri, "p", "sweep0", parent, name, {"seed": 1}, run_tags=pack_tags(pack, 3))
+    assert run.sync(history)
+    (found,) = [r for r in tracker.runs() if r.data.tags.get("qed.trial") == name]
+    assert found.info.run_name == name and found.data.tags["mlflow.parentRunId"] == parent
+    assert (found.data.tags[PACK_TAG], found.data.tags[PACK_SIZE_TAG]) == (pack, "3")
+    assert found.data.params["seed"] == "1" and found.data.metrics["eval/return_mean"] == 5.0
+    assert len([r for r in tracker.runs() if r.data.tags.get("qed.trial") == name]) == 1
+    fresh = TrialRun(uri, "p", "sweep0", parent, "cartpole-balance/sac_ln/te/2", {}, run_tags=pack_tags(pack, 3))
+    assert fresh.sync(history) and tracker.tags(fresh.run_id)[PACK_SIZE_TAG] == "3"
+    assert re.fullmatch(r"[0-9a-f]+", fresh.run_id)

@@ -1,0 +1,92 @@
+"""A pack's trainable in this process (no Ray: ``tune.report`` outside a Tune session only warns), real dm_control
+physics and a real SQLite MLflow store: a NaN in one seed stops that seed only, with its reason recorded."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from qed_ray.config import RunSpec
+from qed_ray.layout import PackId, SweepDir
+from qed_ray.tracking import PACK_SIZE_TAG, PACK_TAG, REASON_TAG, Tracker
+from qed_ray.trainer import InjectedCrash
+from qed_ray.trial import TrialContext, train_pack
+
+NAMES = ["cartpole-balance/sac_ln/te/0", "cartpole-balance/sac_ln/te/1"]
+
+
+def _config(debug: dict, env_steps: int = 1000) -> dict:
+    runs = [RunSpec.model_validate({
+        "task": "cartpole-balance", "seed": s, "agent": {"hidden": 16, "batch_size": 16},
+        "temperature": {"kind": "te"},
+        "train": {"env_steps": env_steps, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100,
+                  "nan_check_every": 10, "debug": debug}}) for s in (0, 1)]
+    return {"pack": {"name": "cartpole-balance/sac_ln/te/pack0-1",
+                     "trials": [{"name": n, "run": r.model_dump(mode="json")} for n, r in zip(NAMES, runs)]}}
+
+
+@pytest.mark.slow  # ~10 s: a real pack of two seeds trained to 1000 env steps
+@pytest.mark.filterwarnings("ignore:`report` is meant to only be called")
+def test_a_diverging_seed_fails_alone_and_the_pack_finishes_the_other(tmp_path):
+    layout = SweepDir(tmp_path / "sweep")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "p", "sweep0")
+    parent = tracker.parent_run("p", {}, {})
+    context = TrialContext(sweep_id="sweep0", sweep_dir=layout.root, tracking_uri=uri, experiment="p",
+                           parent_run_id=parent, mlflow_timeout_s=0)
+    train_pack(_config({"nan": {"seed": 1, "env_step": 600}}), context)
+
+    marker = json.loads(layout.diverged_marker(NAMES[1]).read_text())
+    assert marker["env_steps"] == 600 and marker["reason"].startswith("DivergenceError: non-finite loss/critic")
+    assert "by env step 600" in marker["reason"] and not layout.done_marker(NAMES[1]).exists()
+    assert layout.snapshots(NAMES[1]) == {}, "it diverged before its first evaluation"
+    done = json.loads(layout.done_marker(NAMES[0]).read_text())
+    assert done["env_steps"] == 1000 and math.isfinite(done["eval/return_mean"])
+    assert list(layout.snapshots(NAMES[0])) == [1000] and not layout.diverged_marker(NAMES[0]).exists()
+    pack = json.loads((layout.pack_checkpoint_steps(PackId.of(NAMES))[1000] / "pack.json").read_text())
+    assert pack["status"] == ["finished", "diverged"] and pack["pack"] == "cartpole-balance/sac_ln/te/pack0-1"
+
+    runs = {r.data.tags["qed.trial"]: r for r in tracker.runs() if "qed.trial" in r.data.tags}
+    assert runs[NAMES[0]].info.status == "FINISHED" and runs[NAMES[1]].info.status == "FAILED"
+    assert runs[NAMES[1]].data.tags[REASON_TAG] == marker["reason"]
+    for name, run in runs.items():
+        assert run.info.run_name == name and run.data.tags["mlflow.parentRunId"] == parent
+        assert (run.data.tags[PACK_TAG], run.data.tags[PACK_SIZE_TAG]) == ("cartpole-balance/sac_ln/te/pack0-1", "2")
+    history = tracker.client.get_metric_history(runs[NAMES[0]].info.run_id, "eval/return_mean")
+    assert [(m.step, m.value) for m in history] == [(1000, done["eval/return_mean"])]
+    assert runs[NAMES[0]].data.tags["qed.policy_sha256"] == done["checksums"]["policy_sha256"]
+
+
+def _context(tmp_path, name: str, env_workers: int = 0) -> tuple[TrialContext, Tracker]:
+    uri = f"sqlite:///{tmp_path / f'{name}.db'}"
+    tracker = Tracker(uri, "p", "sweep0")
+    return TrialContext(sweep_id="sweep0", sweep_dir=tmp_path / name, tracking_uri=uri, experiment="p",
+                        parent_run_id=tracker.parent_run("p", {}, {}), mlflow_timeout_s=0,
+                        env_workers=env_workers), tracker
+
+
+@pytest.mark.slow  # ~20 s: a pack of two seeds crashed and resumed (its envs on a worker process), against one
+# trained straight through in one process
+@pytest.mark.filterwarnings("ignore:`report` is meant to only be called")
+def test_a_crashed_pack_resumes_from_its_checkpoint_bit_exactly(tmp_path):
+    config = _config({"crash_at_env_step": 1500}, env_steps=2000)
+    straight, _ = _context(tmp_path, "straight")
+    train_pack(_config({}, env_steps=2000), straight)
+    crashed, tracker = _context(tmp_path, "crashed", env_workers=1)  # same bits whatever steps the envs
+    with pytest.raises(InjectedCrash, match="injected crash at env step 1500"):
+        train_pack(config, crashed)
+    assert all(not crashed.layout.done_marker(n).exists() for n in NAMES)
+    assert sorted(crashed.layout.pack_checkpoint_steps(PackId.of(NAMES))) == [1000]
+    train_pack(config, crashed)  # what Tune's retry runs: the same config, resumed from the newest checkpoint
+    for name in NAMES:  # the same tensors bit for bit (state.pt's own bytes name its staging file)
+        a, b = (torch.load(c.layout.final_snapshot(name) / "state.pt", weights_only=True) for c in (straight, crashed))
+        assert list(a) == list(b) == ["actor", "critic", "critic_target", "temperature"]
+        assert all(torch.equal(a[m][k], b[m][k]) for m in a for k in a[m]), name
+        a, b = (json.loads((c.layout.final_snapshot(name) / "manifest.json").read_text()) for c in (straight, crashed))
+        assert a["env_steps"] == b["env_steps"] == 2000 and a["evals"] == b["evals"]
+    runs = {r.data.tags["qed.trial"]: r for r in tracker.runs() if "qed.trial" in r.data.tags}
+    for name in NAMES:
+        assert runs[name].info.status == "FINISHED" and runs[name].data.tags["qed.resumed_from_env_step"] == "1000"
+        steps = [m.step for m in tracker.client.get_metric_history(runs[name].info.run_id, "eval/return_mean")]
+        assert sorted(steps) == [1000, 2000], "each evaluation logged once"
