@@ -44,6 +44,7 @@ DOCUMENTED: dict[str, str] = {
     "gather/figures/": "figures",
     "gather/cache/<key>.json": "cached_group",
     "gather/behaviour/": "behaviour",
+    "gather/policy_<policy>/": "policy_gather",
     "mlflow.db": "mlflow_db",
     "mlartifacts/": "mlartifacts",
 }
@@ -233,6 +234,11 @@ class SweepDir:
     def behaviour(self) -> Path:
         """``gather/behaviour/``: the behaviour figures of ``python -m qed_ray.visualize``."""
         return self.gather / "behaviour"
+
+    def policy_gather(self, policy: str) -> Path:
+        """``gather/policy_<policy>/``: the tables and figures of a further evaluation policy
+        (``final_eval.policies`` after the first), laid out as ``gather/`` lays out the first one's."""
+        return self.gather / f"policy_{policy}"
 
     @property
     def mlflow_db(self) -> Path:

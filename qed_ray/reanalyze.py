@@ -44,9 +44,8 @@ def _write_csv(rows: list[dict], path: Path) -> None:
 
 
 def policy_dir(layout: SweepDir, policy: str) -> Path:
-    """``gather/policy_<name>/``: the tables and figures of a further evaluation policy (``final_eval.policies``
-    after the first), laid out as ``gather/`` lays out the first one's."""
-    return layout.gather / f"policy_{policy}"
+    """``gather/policy_<name>/`` (:meth:`SweepDir.policy_gather`)."""
+    return layout.policy_gather(policy)
 
 
 def write_results(results: SweepResults, layout: SweepDir) -> None:

@@ -70,7 +70,7 @@ def _expand(pattern: str, name: str, env_steps: int, start: str) -> str:
     pack = PackId(trial.task, trial.agent, trial.variant, (trial.seed, trial.seed + 1))
     return (pattern.replace("<trial>", trial.dirname).replace("<pack>", pack.dirname)
             .replace("<seeds>", f"{trial.seed}-{trial.seed + 1}").replace("<env_steps>", f"{env_steps:010d}")
-            .replace("<start>", start)
+            .replace("<start>", start).replace("<policy>", "sample")
             .replace("<task>", trial.task).replace("<agent>", trial.agent).replace("<variant>", trial.variant)
             .replace("<seed>", str(trial.seed)))
 
@@ -82,7 +82,7 @@ def test_readme_table_lists_exactly_what_layout_builds(tmp_path):
     for pattern, member in DOCUMENTED.items():
         attr = getattr(layout, member)
         if callable(attr):
-            args = {"name": name, "env_steps": steps, "start": start, "key": "<key>",
+            args = {"name": name, "env_steps": steps, "start": start, "key": "<key>", "policy": "sample",
                     "pack": PackId("finger-turn_easy", "mad_sac", "k=0.2+alpha_max=0.3", (4, 5))}
             attr = attr(*(args[p] for p in inspect.signature(attr).parameters))
         rel = attr.relative_to(tmp_path).as_posix() + ("/" if pattern.endswith("/") else "")
