@@ -617,3 +617,50 @@ def test_image_references_must_be_documented_exact_tags(documented, image, messa
     assert all(p.startswith(f"gcp: image {image!r}") for p in problems), problems
     assert [m for m in messages if not any(m in p for p in problems)] == [], problems
     assert len(problems) == len(messages)
+
+
+# ---- the dmc18 pack layout on the shipped node types (issue 13: measured on an H100) ----------------------------
+# GPU memory of each launcher's worker GPU (the configs name instance types, not cards): g5.4xlarge = 1x A10G 24 GB,
+# g2-standard-16 = 1x L4 24 GB; the KubeRay worker asks for one nvidia.com/gpu of a 24 GB class.
+WORKER_GPU_MIB = {"aws": 24 * 1024, "gcp": 24 * 1024}
+
+
+def _worker_types(cfg: dict) -> list[dict]:
+    return [t["resources"] for name, t in cfg["available_node_types"].items() if name != cfg["head_node_type"]]
+
+
+@pytest.mark.parametrize("provider", ["aws", "gcp"])
+def test_the_dmc18_packs_fit_the_worker_nodes_cpus_gpu_share_and_gpu_memory(provider):
+    import json as _json
+
+    from qed_ray.packed_replay import replay_bytes
+    from qed_ray.spec import load_spec
+    from qed_ray.throughput import load_throughput
+
+    spec = load_spec(ROOT / "sweeps" / "dmc18.yaml")
+    need, per_gpu = spec.trial_resources(), round(1 / spec.resources.gpu)
+    assert spec.pack.seeds == 10 and per_gpu * spec.resources.gpu == pytest.approx(1.0)
+    (node,) = _worker_types(launcher(provider))
+    assert need["cpu"] * per_gpu * node["GPU"] <= node["CPU"], "every pack on a node gets its CPUs"
+    # GPU memory of one pack: the measured peak of the largest agent at S=10 plus the replay of its seeds (1M
+    # transitions each, on the largest task's dimensions), for every pack sharing the card.
+    table = load_throughput()
+    peak = max(table.entry(a, k, spec.pack.seeds, 1, "graph")["peak_mib"] for a in ("sac_ln", "mad_sac")
+               for k in ("te", "qed"))
+    dims = _json.loads((ROOT / "benchmarks" / "env_costs.json").read_text())["tasks"]
+    largest = max(replay_bytes(spec.pack.seeds, 1_000_000, d["obs_dim"], d["action_dim"]) for d in dims.values())
+    assert per_gpu * (peak + largest / 2**20) <= WORKER_GPU_MIB[provider] * 0.9, "10% of the card kept free"
+
+
+def test_the_kuberay_worker_fits_the_dmc18_packs():
+    from qed_ray.spec import load_spec
+
+    spec = load_spec(ROOT / "sweeps" / "dmc18.yaml")
+    need, per_gpu = spec.trial_resources(), round(1 / spec.resources.gpu)
+    workers = [c for doc in load_docs(ROOT / KUBERAY) if doc.get("kind") == "RayCluster"
+               for g in doc["spec"]["workerGroupSpecs"] for c in g["template"]["spec"]["containers"]]
+    assert workers
+    for c in workers:
+        requests = c["resources"]["requests"]
+        gpus = int(requests["nvidia.com/gpu"])
+        assert need["cpu"] * per_gpu * gpus <= float(requests["cpu"]), c["name"]
