@@ -101,7 +101,7 @@ def _refuse_system_folder(path: Path, raw: str, fld: str) -> None:
         what = f"inside the system folder {next(t for t in sorted(trees) if t in path.parents)}"
     if what:
         raise SpecError(f"{fld}: {raw!r} resolves to {path}, {what}; a sweep writes many files into its storage "
-                        f"folder: give a folder of its own (e.g. results, or /shared/qed on a cluster)")
+                        f"folder: give a folder of its own (e.g. results, or /mnt/qed/sweeps on a cluster)")
 
 
 def resolve_paths(spec: SweepSpec) -> tuple[SweepDir, str, str]:

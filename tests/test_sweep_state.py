@@ -305,10 +305,10 @@ def test_failed_trials_are_summed_up_by_the_line_that_says_why():
     assert error_summary("") == "failed (no error message)"
     one_machine = [{"NodeManagerAddress": "10.0.0.1"}, {"NodeManagerAddress": "10.0.0.1"}]
     two_machines = [{"NodeManagerAddress": "10.0.0.1"}, {"NodeManagerAddress": "10.0.0.2"}]
-    assert sqlite_on_many_machines("sqlite:////shared/mlflow.db", one_machine) is None
+    assert sqlite_on_many_machines("sqlite:////mnt/qed/mlflow.db", one_machine) is None
     assert sqlite_on_many_machines("http://head:5000", two_machines) is None
-    assert sqlite_on_many_machines("sqlite:////shared/mlflow.db", two_machines).startswith(
-        "tracking.uri: a SQLite store (sqlite:////shared/mlflow.db) on a cluster of 2 machines")
+    assert sqlite_on_many_machines("sqlite:////mnt/qed/mlflow.db", two_machines).startswith(
+        "tracking.uri: a SQLite store (sqlite:////mnt/qed/mlflow.db) on a cluster of 2 machines")
 
 
 def test_trials_that_never_started_may_still_change_or_go(tmp_path):

@@ -9,13 +9,13 @@ from qed_ray.config import TrainSpec
 from qed_ray.layout import SweepDir
 from qed_ray.trial import TrialContext, snapshot_modules
 
-CONTEXT = {"sweep_id": "0123456789ab", "sweep_dir": "/shared/results/s", "tracking_uri": "http://head:5000",
+CONTEXT = {"sweep_id": "0123456789ab", "sweep_dir": "/mnt/qed/sweeps/s", "tracking_uri": "http://head:5000",
            "experiment": "s", "parent_run_id": "abc", "keep_every": 2, "gpu_fraction": 0.1}
 
 
 def test_context_is_typed_frozen_and_survives_pickling():
     ctx = TrialContext(**CONTEXT)
-    assert ctx.layout == SweepDir("/shared/results/s") and ctx.keep_every == 2
+    assert ctx.layout == SweepDir("/mnt/qed/sweeps/s") and ctx.keep_every == 2
     assert pickle.loads(pickle.dumps(ctx)) == ctx  # how Ray ships it to a worker
     with pytest.raises(ValidationError):
         ctx.keep_every = 3

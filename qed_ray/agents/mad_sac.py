@@ -281,8 +281,8 @@ class MadSAC(SACBase):
 
     def learn(self, x: Learner, batch: dict[str, torch.Tensor], noise: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """(0) model step every ``model_every``-th call, (1) mixed critic step, (2) actor + temperature on the real
-        rows (or all rows, ``agent.mad.actor_rows``), (3) Polyak on the target critic (MAD-TD's
-        ``mad_td_update_step`` order), on the learner's parameters (this agent's, or a pack's).
+        rows (or all rows, ``agent.mad.actor_rows``), (3) Polyak on the target critic (the order of MAD-TD's update
+        step), on the learner's parameters (this agent's, or a pack's).
 
         Args:
             x: the :class:`~qed_ray.agents.base.Learner` whose parameters move.
