@@ -23,6 +23,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from proc_helpers import cmdline, descendants
 
 pytestmark = pytest.mark.slow
 MLFLOW = str(Path(sys.executable).with_name("mlflow"))
@@ -48,29 +49,6 @@ def _request(url: str, method: str = "GET", body: bytes | None = None, auth: tup
         return err.code
     except urllib.error.URLError:
         return -1
-
-
-def _process_tree(root: int) -> list[int]:
-    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-    parent = {}
-    for pid in pids:
-        try:
-            parent[pid] = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            pass
-    tree, grew = {root}, True
-    while grew:
-        children = {p for p, pp in parent.items() if pp in tree} - tree
-        tree |= children
-        grew = bool(children)
-    return sorted(tree)
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +140,7 @@ def test_tracker_logs_through_the_server_with_env_credentials(server, monkeypatc
 
 def test_no_secret_reaches_a_command_line(server):
     """What `ps` shows of the server and its workers: no password, no store URI (read from the environment)."""
-    lines = [_cmdline(pid) for pid in _process_tree(server.pid)]
+    lines = [cmdline(pid) for pid in sorted({server.pid} | descendants(server.pid))]
     assert any("basic-auth" in line for line in lines), lines
     assert not any(server.password in line for line in lines)
     assert not any("mlflow.db" in line or "auth.db" in line for line in lines), lines

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from qed_ray.layout import SweepDir
+from proc_helpers import cmdline, descendants
 from sweep_helpers import MlflowServer, cli_env, run_sweep_cli, start_sweep, sweep_runs, tiny_spec, wait_for
 
 pytestmark = pytest.mark.slow
@@ -144,31 +145,8 @@ def _trial_worker(driver_pid: int, layout: SweepDir, name: str):
     trial has a checkpoint and is not done; None before."""
     if not layout.checkpoint_steps(name) or layout.trial_state(name) != "pending":
         return None
-    found = [pid for pid in _descendants(driver_pid) if _cmdline(pid).startswith("ray::ImplicitFunc")]
+    found = [pid for pid in descendants(driver_pid) if cmdline(pid).startswith("ray::ImplicitFunc")]
     return found[0] if len(found) == 1 else None
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _descendants(root: int) -> set[int]:
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                parents[int(entry)] = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
-    found, grew = {root}, True
-    while grew:
-        children = {p for p, pp in parents.items() if pp in found} - found
-        found |= children
-        grew = bool(children)
-    return found - {root}
 
 
 def _gone(pid: int) -> bool:
