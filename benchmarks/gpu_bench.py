@@ -64,16 +64,6 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def state_tensors(agent) -> dict[str, torch.Tensor]:
-    """Parameters, buffers, memo and Adam moments of a pack."""
-    out = {f"{m}.{k}": v for m, sd in agent.state.items() for k, v in sd.items()}
-    out.update({f"memo.{k}": v for k, v in agent.memo.items()})
-    for name, opt in agent.opts.items():
-        for i, p in enumerate(opt.param_groups[0]["params"]):
-            out.update({f"{name}.{i}.{k}": v for k, v in opt.state[p].items() if k != "step"})
-    return out
-
-
 class Pack:
     """A pack of S seeds on ``device`` with a filled replay and its update runner."""
 
@@ -181,8 +171,8 @@ def deviation_check(agent: str, args) -> dict:
             if guarded:
                 torch.cuda.set_sync_debug_mode("default")
     sync(device)
-    x = {k: v.detach() for k, v in state_tensors(a.agent).items()}
-    r = {k: v.detach() for k, v in state_tensors(ref.agent).items()}
+    x = {k: v.detach() for k, v in a.agent.tensors().items()}
+    r = {k: v.detach() for k, v in ref.agent.tensors().items()}
     devs = {k: float((x[k].double() - r[k].double()).abs().max()) for k in x}
     close = all(torch.allclose(x[k], r[k], rtol=RTOL, atol=ATOL) for k in x)
     worst = max(devs, key=devs.get)

@@ -42,16 +42,6 @@ def setup(name: str, kind: str, device: torch.device, mode: str = "off", model_e
     return agent, replay, acc, PackUpdater(agent, replay, acc, mode, B)
 
 
-def tensors(agent) -> dict[str, torch.Tensor]:
-    """Every tensor that defines the pack: parameters, buffers, memo and optimiser moments."""
-    out = {f"{m}.{k}": v for m, sd in agent.state.items() for k, v in sd.items()}
-    out.update({f"memo.{k}": v for k, v in agent.memo.items()})
-    for name, opt in agent.opts.items():
-        for i, p in enumerate(opt.param_groups[0]["params"]):
-            out.update({f"{name}.{i}.{k}": v for k, v in opt.state[p].items() if k != "step"})
-    return out
-
-
 @pytest.mark.parametrize("name,model_every", [("sac_ln", 1), ("mad_sac", 2)])
 def test_the_eager_runner_is_exactly_the_packs_update_on_the_gathered_batch(name, model_every, device):
     agent, replay, acc, run = setup(name, "qed", device, "off", model_every)
@@ -59,7 +49,7 @@ def test_the_eager_runner_is_exactly_the_packs_update_on_the_gathered_batch(name
     for _ in range(3):
         run(replay.indices(B, ON), agent.noise(B, ON))
         ref_acc.add(ref.update(ref_replay.sample(B, ON), ref.noise(B, ON)))
-    a, r = tensors(agent), tensors(ref)
+    a, r = agent.tensors(), ref.tensors()
     assert a.keys() == r.keys()
     for k in a:
         assert torch.equal(a[k], r[k]), k
@@ -83,10 +73,10 @@ def test_an_eager_update_on_a_given_batch_keeps_the_memo_tensor_a_graph_writes(d
 def test_a_frozen_seed_is_held_by_the_runner(device):
     agent, replay, _, run = setup("sac_ln", "te", device)
     agent.freeze(0)
-    before = {k: v.clone() for k, v in tensors(agent).items() if not k.startswith(("actor_opt", "critic_opt",
+    before = {k: v.clone() for k, v in agent.tensors().items() if not k.startswith(("actor_opt", "critic_opt",
                                                                                      "alpha_opt"))}
     run(replay.indices(B, ON), agent.noise(B, ON))
-    after = tensors(agent)
+    after = agent.tensors()
     assert all(torch.equal(after[k][0], v[0]) for k, v in before.items())
     moved = [k for k, v in before.items() if not torch.equal(after[k][1], v[1])]
     assert "actor.net.0.weight" in moved and "critic.q1.0.weight" in moved
@@ -140,7 +130,7 @@ def test_the_compiled_update_equals_the_eager_one(name, kind, device):
     for _ in range(3):
         run(replay.indices(B, ON), agent.noise(B, ON))
         ref_run(ref_replay.indices(B, ON), ref.noise(B, ON))
-    a, r = tensors(agent), tensors(ref)
+    a, r = agent.tensors(), ref.tensors()
     for k in a:
         torch.testing.assert_close(a[k], r[k], rtol=1e-4, atol=1e-5, msg=k)
     torch.testing.assert_close(acc.total, ref_acc.total, rtol=1e-4, atol=1e-5)
@@ -163,7 +153,7 @@ def test_the_graphed_update_equals_the_eager_one_without_a_host_sync(name, devic
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert run.graph is not None and agent.updates == ref.updates
-    a, r = tensors(agent), tensors(ref)
+    a, r = agent.tensors(), ref.tensors()
     for k in a:
         torch.testing.assert_close(a[k], r[k], rtol=1e-4, atol=1e-5, msg=k)
     assert acc.count == 12

@@ -226,6 +226,16 @@ class PackedAgent:
     def _stacked(self) -> list[torch.Tensor]:
         return [t for m in self.state.values() for t in m.values()] + list(self.memo.values())
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor that defines the pack by name: parameters, buffers, memo and the optimisers' moments (their
+        step counters aside): what two packs must share to train alike."""
+        out = {f"{m}.{k}": v for m, sd in self.state.items() for k, v in sd.items()}
+        out.update({f"memo.{k}": v for k, v in self.memo.items()})
+        for name, opt in self.opts.items():
+            for i, p in enumerate(opt.param_groups[0]["params"]):
+                out.update({f"{name}.{i}.{k}": v for k, v in opt.state[p].items() if k != "step"})
+        return out
+
     def hold_frozen(self) -> None:
         """Puts every stopped seed's tensors back to their values at :meth:`freeze` (after :meth:`learn`)."""
         self._hold_frozen()
