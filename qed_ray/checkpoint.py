@@ -81,6 +81,20 @@ def save_checkpoint(directory: str | os.PathLike, agent_state: dict, manifest: d
     return directory
 
 
+def read_json(path: Path, kind: str, what: str) -> dict:
+    """A checkpoint's JSON file (``what`` names it in the corrupt-file message, ``kind`` the folder it belongs in).
+
+    Raises:
+        CheckpointError: the file is missing or not JSON, naming it.
+    """
+    if not path.exists():
+        raise CheckpointError(f"{path}: missing (incomplete or not {kind})")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: corrupt {what} ({e})") from e
+
+
 def read_manifest(directory: str | os.PathLike, formats: tuple[int, ...] = (FORMAT_VERSION,)) -> dict:
     """Reads and checks ``manifest.json``; raises :class:`CheckpointError` naming the file.
 
@@ -90,12 +104,7 @@ def read_manifest(directory: str | os.PathLike, formats: tuple[int, ...] = (FORM
             snapshot can accept older ones).
     """
     path = Path(directory) / MANIFEST_FILE
-    if not path.exists():
-        raise CheckpointError(f"{path}: missing (incomplete or not a checkpoint)")
-    try:
-        manifest = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: corrupt manifest ({e})") from e
+    manifest = read_json(path, "a checkpoint", "manifest")
     version = manifest.get("format_version")
     if version not in formats:
         raise CheckpointVersionError(version_message(path, version))

@@ -7,14 +7,13 @@ complete checkpoint) and one ``seed_<seed>/`` folder per seed in the single-seed
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from qed_ray.checkpoint import CheckpointError
+from qed_ray.checkpoint import CheckpointError, read_json
 from qed_ray.config import RunSpec
 from qed_ray.layout import PACK_FILE, PackId, seed_dir  # noqa: F401 - PACK_FILE, seed_dir: part of a pack's layout
 from qed_ray.trainer import EvalRecord
@@ -51,12 +50,7 @@ def read_pack(directory: Path, seeds: Sequence[int]) -> dict:
         CheckpointError: missing, corrupt, another format, other seeds or another pack size.
     """
     path = Path(directory) / PACK_FILE
-    if not path.exists():
-        raise CheckpointError(f"{path}: missing (incomplete or not a pack checkpoint)")
-    try:
-        pack = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: corrupt ({e})") from e
+    pack = read_json(path, "a pack checkpoint", PACK_FILE)
     for key, value in {"format": PACK_FORMAT, "seeds": list(seeds), "pack_size": len(seeds)}.items():
         if pack.get(key) != value:
             raise CheckpointError(f"{path}: mismatched {key}: checkpoint has {pack.get(key)!r}, this pack needs "
