@@ -103,8 +103,9 @@ class PackUpdater:
         # Indices reach a CUDA device through pinned host buffers (a copy from pageable memory waits for the
         # device); two of them, each reused only once its last copy is done (an event, so no stream sync).
         pinned = self.idx.device.type == "cuda"
-        self._staging = [torch.zeros(self.idx.shape, dtype=torch.int64, pin_memory=pinned) for _ in range(2)]
-        self._copied = [torch.cuda.Event() if pinned else None for _ in range(2)]
+        self._staging = [torch.zeros(self.idx.shape, dtype=torch.int64, pin_memory=True) for _ in range(2)] \
+            if pinned else []
+        self._copied = [torch.cuda.Event() for _ in self._staging]
         rows = agent.template.noise_rows(batch_size)
         self.noise = torch.zeros((agent.n, rows, agent.action_dim), device=dev, dtype=agent.dtype)
         self.batch = None if self.gather_inside else {k: v.clone() for k, v in replay.gather(
@@ -151,14 +152,14 @@ class PackUpdater:
 
     # ---- the update as a function of the static buffers --------------------------------------------------
     def _load(self, idx: np.ndarray, noise: torch.Tensor) -> None:
-        if self.gather_inside:
+        if self.gather_inside and not self._staging:  # CPU: the index buffer is host memory already
+            self.idx.copy_(torch.from_numpy(np.ascontiguousarray(idx, np.int64)))
+        elif self.gather_inside:
             k = self.calls % 2
-            if self._copied[k] is not None:
-                self._copied[k].synchronize()  # done long ago in a training loop: acting reads actions back
+            self._copied[k].synchronize()  # done long ago in a training loop: acting reads actions back
             self._staging[k].numpy()[...] = idx
             self.idx.copy_(self._staging[k], non_blocking=True)
-            if self._copied[k] is not None:
-                self._copied[k].record()
+            self._copied[k].record()
         else:
             for k, v in self.replay.gather(idx).items():
                 self.batch[k].copy_(v, non_blocking=True)
