@@ -19,9 +19,10 @@ from typing import Sequence
 import numpy as np
 
 from qed_ray import metrics
-from qed_ray.agents import load_policy
+from qed_ray.agents import PackedAgent, load_policies
 from qed_ray.checkpoint import SNAPSHOT_FORMATS, read_manifest
-from qed_ray.evaluate import EvalPolicy, eval_policy, eval_seeds, rollout_many
+from qed_ray.env_pool import EnvPool
+from qed_ray.evaluate import EvalPolicy, Rollouts, eval_policy, eval_seeds, rollout_in_chunks
 from qed_ray.layout import SweepDir, TrialId
 from qed_ray.results import GroupResult, TrialRecord
 from qed_ray.spec import FinalEvalSpec
@@ -53,44 +54,71 @@ def trial_record(layout: SweepDir, name: str) -> TrialRecord:
                        {step: str(path) for step, path in snapshots.items()}, history)
 
 
-def _policies(records: list[TrialRecord], step: int, device: str):
-    return [load_policy(r.policies[step], device)[0] for r in records]
+MAX_POOL_ENVS = 64  # a group's evaluation envs at once (a dm_control env holds ~10 MB); episodes run in chunks
 
 
-def variability(agents, task: str, episodes: int, frame_skip: int, policy: EvalPolicy = "mean"
-                ) -> tuple[float, np.ndarray, list]:
-    """V and the pairwise matrix D on the states of every agent's own eval rollouts (pooled) under the evaluation
+class GroupEnvs:
+    """One pool of envs for a group's P seeds, reused by every rollout of its evaluation (final, V curve, action
+    distances): P x chunk envs, each reseeded before every episode (:func:`~qed_ray.evaluate.rollout_in_chunks`).
+
+    Args:
+        task: the group's task.
+        n_policies: P.
+        episodes: the most episodes any one rollout runs (the chunk never exceeds it).
+        frame_skip: control steps per decision.
+    """
+
+    def __init__(self, task: str, n_policies: int, episodes: int, frame_skip: int):
+        chunk = max(1, min(episodes, MAX_POOL_ENVS // n_policies))
+        self.pool = EnvPool(task, eval_seeds(chunk) * n_policies, frame_skip)
+        self.index = np.arange(n_policies * chunk).reshape(n_policies, chunk)
+
+    def rollouts(self, pack: PackedAgent, policy: EvalPolicy, seeds: list[int], max_decisions: int | None = None
+                 ) -> Rollouts:
+        """Every seed's policy of ``pack`` (evaluation policy ``policy``) from the episode seeds ``seeds``."""
+        return rollout_in_chunks(eval_policy(pack, policy), self.pool, self.index, seeds, max_decisions)
+
+    def close(self) -> None:
+        """Frees the envs."""
+        self.pool.close()
+
+
+def _pack(records: list[TrialRecord], step: int, device: str) -> PackedAgent:
+    return load_policies([r.policies[step] for r in records], device)[0]
+
+
+def variability(pack: PackedAgent, envs: GroupEnvs, episodes: int, policy: EvalPolicy = "mean"
+                ) -> tuple[float, np.ndarray, Rollouts]:
+    """V and the pairwise matrix D on the states of every seed's own eval rollouts (pooled) under the evaluation
     policy ``policy``, and the rollouts."""
-    rolls = rollout_many([eval_policy(a, policy) for a in agents], task, eval_seeds(episodes), frame_skip=frame_skip)
-    pooled = metrics.pool_states([r.pooled_obs() for r in rolls])
-    dists = [a.policy_distribution(pooled) for a in agents]
-    mus, sigmas = np.stack([d[0] for d in dists]), np.stack([d[1] for d in dists])
-    if len(agents) < 2:
+    rolls = envs.rollouts(pack, policy, eval_seeds(episodes))
+    pooled = metrics.pool_states([rolls.pooled_obs(p) for p in range(pack.n)])
+    if pack.n < 2:
         return math.nan, np.zeros((1, 1)), rolls
+    mus, sigmas = pack.distribution(np.repeat(pooled[None], pack.n, axis=0))
     d = metrics.pairwise_policy_divergence(mus, sigmas)
     return metrics.variability_from_matrix(d), d, rolls
 
 
-def action_rollouts(agents, rolls: list, task: str, n: int, steps: int, frame_skip: int,
+def action_rollouts(pack: PackedAgent, envs: GroupEnvs, rolls: Rollouts, n: int, steps: int,
                     policy: EvalPolicy = "mean") -> np.ndarray:
-    """Actions [P, T, L, A] of every agent from the same ``n`` initial states for ``steps`` decisions (Sec. 6.2),
+    """Actions [P, T, L, A] of every seed from the same ``n`` initial states for ``steps`` decisions (Sec. 6.2),
     under the evaluation policy ``policy`` (``rolls`` are that policy's eval rollouts).
 
     From the shared eval seeds a policy repeats its eval episodes exactly (tanh(mu) is deterministic, and a
     sampling policy's noise is fixed by the episode's seed), so when the eval rollouts cover them their first
     ``steps`` actions are reused instead of rolling out again.
     """
-    if n <= rolls[0].actions.shape[0] and steps <= rolls[0].actions.shape[1]:
-        return np.stack([r.actions[:n, :steps] for r in rolls])
-    act = rollout_many([eval_policy(a, policy) for a in agents], task, eval_seeds(n), max_decisions=steps,
-                       frame_skip=frame_skip)
-    return np.stack([r.actions for r in act])
+    if n <= rolls.actions.shape[1] and steps <= rolls.actions.shape[2]:
+        return rolls.actions[:, :n, :steps]
+    return envs.rollouts(pack, policy, eval_seeds(n), max_decisions=steps).actions
 
 
-def q1_dispersion(agents, pooled: np.ndarray) -> float:
+def q1_dispersion(pack: PackedAgent, pooled: np.ndarray) -> float:
     """Mean over seed pairs of |mean_s Q1_i(s, pi_i(s)) - mean_s Q1_j(s, pi_j(s))| (App. D, cross-seed Q1)."""
-    means = [float(a.q_values(pooled, a.act_batch(pooled))[0].mean()) for a in agents]
-    pairs = list(itertools.combinations(means, 2))
+    states = np.repeat(pooled[None], pack.n, axis=0)
+    means = pack.q_values(states, pack.act_deterministic(states))[0].mean(axis=1)
+    pairs = list(itertools.combinations(means.tolist(), 2))
     return float(np.mean([abs(x - y) for x, y in pairs])) if pairs else math.nan
 
 
@@ -106,38 +134,42 @@ def evaluate_group(records: Sequence[TrialRecord], final_eval: FinalEvalSpec, de
     """All per-group numbers of one (task, agent, variant) from its seeds' records (any order): the first
     evaluation policy's, with every other policy's in ``other_policies``."""
     records = sorted(records, key=lambda r: r.seed)
-    agents = _policies(records, max(records[0].policies), device)
-    first, *others = final_eval.policies
-    result = _evaluate_policy(records, agents, final_eval, device, first)
-    return dataclasses.replace(result, other_policies={
-        p: _evaluate_policy(records, agents, final_eval, device, p) for p in others})
+    pack = _pack(records, max(records[0].policies), device)
+    episodes = max(final_eval.episodes, final_eval.action_rollouts, final_eval.curve_episodes)
+    envs = GroupEnvs(records[0].task, len(records), episodes, records[0].frame_skip)
+    try:
+        first, *others = final_eval.policies
+        result = _evaluate_policy(records, pack, envs, final_eval, device, first)
+        return dataclasses.replace(result, other_policies={
+            p: _evaluate_policy(records, pack, envs, final_eval, device, p) for p in others})
+    finally:
+        envs.close()
 
 
-def _evaluate_policy(records: Sequence[TrialRecord], agents: list, final_eval: FinalEvalSpec, device: str,
-                     policy: EvalPolicy) -> GroupResult:
-    """One evaluation policy's numbers of a group (records sorted by seed, ``agents`` their final policies)."""
-    task, fs = records[0].task, records[0].frame_skip
+def _evaluate_policy(records: Sequence[TrialRecord], pack: PackedAgent, envs: GroupEnvs, final_eval: FinalEvalSpec,
+                     device: str, policy: EvalPolicy) -> GroupResult:
+    """One evaluation policy's numbers of a group (records sorted by seed, ``pack`` their final policies)."""
     final_step = max(records[0].policies)
-    v, d, rolls = variability(agents, task, final_eval.episodes, fs, policy)
-    actions = action_rollouts(agents, rolls, task, final_eval.action_rollouts, final_eval.action_steps, fs, policy)
-    pooled = metrics.pool_states([r.pooled_obs() for r in rolls])
+    v, d, rolls = variability(pack, envs, final_eval.episodes, policy)
+    actions = action_rollouts(pack, envs, rolls, final_eval.action_rollouts, final_eval.action_steps, policy)
+    pooled = metrics.pool_states([rolls.pooled_obs(p) for p in range(pack.n)])
     common = sorted(set.intersection(*(set(r.policies) for r in records)))
     curve = []
     for step in common:
         if step == final_step:
             curve.append([step, v])
         elif len(records) > 1:
-            curve.append([step, variability(_policies(records, step, device), task, final_eval.curve_episodes,
-                                            fs, policy)[0]])
-    returns = [r.returns.tolist() for r in rolls]
-    pairs = metrics.pairwise_action_distance(actions) if len(agents) > 1 else np.zeros((1, 1))
+            curve.append([step, variability(_pack(list(records), step, device), envs, final_eval.curve_episodes,
+                                            policy)[0]])
+    returns = rolls.returns.tolist()
+    pairs = metrics.pairwise_action_distance(actions) if pack.n > 1 else np.zeros((1, 1))
     return GroupResult(
-        task=task, agent=records[0].agent, variant=records[0].variant, seeds=[r.seed for r in records],
+        task=records[0].task, agent=records[0].agent, variant=records[0].variant, seeds=[r.seed for r in records],
         final_env_steps=final_step, returns=returns,
         scores=metrics.normalized_score([np.mean(x) for x in returns]).tolist(), V=v, D=d.tolist(),
-        action_distance=metrics.cumulative_action_distance(actions) if len(agents) > 1 else math.nan,
+        action_distance=metrics.cumulative_action_distance(actions) if pack.n > 1 else math.nan,
         action_distance_pairs=pairs.tolist(),
-        v_curve=curve, q1_dispersion=q1_dispersion(agents, pooled),
+        v_curve=curve, q1_dispersion=q1_dispersion(pack, pooled),
         early_q_gap=_early_q_gap(records, final_eval.proxy_window),
         learning_curves={r.seed: [[h["env_steps"], h["eval/return_mean"]] for h in r.history
                                   if "eval/return_mean" in h] for r in records}, policy=policy)

@@ -1,7 +1,7 @@
 """``python -m qed_ray.sweep SPEC --dry-run``: what a run would do, and what it would cost; starts nothing.
 
-Prints the trials (and, with ``pack.seeds`` > 1, the packs that train them: one Tune trial each), what a run would
-do with each from the folder on disk (``new``, ``start``, ``resume from env step N``, ``done``, ``diverged``), the
+Prints the packs (one Tune trial each) and the trials they train, what a run would do with each from the folder on
+disk (``new``, ``start``, ``resume from env step N``, ``done``, ``diverged``), the
 resources per Tune trial and all at once, and the GPU-hours the grid needs by the measured throughput table
 (:mod:`qed_ray.throughput`). A spec that a real run would refuse is refused the same way (exit 2).
 
@@ -22,7 +22,6 @@ from qed_ray.spec import SpecError, SweepSpec, Trial
 from qed_ray.sweep_state import check_folder, plan, resolve_paths
 from qed_ray.throughput import DEFAULT_PATH, SHARE_CELL, Throughput, load_throughput
 
-SINGLE_MODE = "single"  # an unpacked trial's update (the throughput table's key for the single-seed path)
 # A pack's update mode on a GPU by train.compile (auto: graph on CUDA) -> the throughput table's key.
 UPDATE_MODES = {"auto": "graph", "graph": "graph", "compile": "compile", "off": "off"}
 
@@ -33,41 +32,33 @@ def dry_run(spec: SweepSpec, throughput_path: str | Path = DEFAULT_PATH) -> int:
     p = plan(check_folder(layout, spec), spec, layout)
     trials = spec.trials()
     res = spec.trial_resources()
-    packs = p.packs or [None]
     plural = "s" if len(p.packs) > 1 else ""
-    print(f"sweep {spec.name}: {len(trials)} trials" + (f" in {len(p.packs)} pack{plural} (Tune trial{plural}) of up "
-                                                         f"to {spec.pack.seeds} seeds" if p.packs else "")
-          + f" -> {layout.root}  (MLflow {uri}, experiment {exp})")
-    for pack in packs:
-        members = pack.trials if pack is not None else trials
-        if pack is not None:
-            print(f"  pack {pack.name}  ({len(members)} seed{'s' if len(members) > 1 else ''})")
-        for t in members:
+    print(f"sweep {spec.name}: {len(trials)} trials in {len(p.packs)} pack{plural} (Tune trial{plural}) of up to "
+          f"{spec.pack.seeds} seed{'s' if spec.pack.seeds > 1 else ''} -> {layout.root}  (MLflow {uri}, experiment "
+          f"{exp})")
+    for pack in p.packs:
+        print(f"  pack {pack.name}  ({len(pack.trials)} seed{'s' if len(pack.trials) > 1 else ''})")
+        for t in pack.trials:
             r = t.run
-            print(f"  {'  ' if pack else ''}{t.name:48s} env_steps={r.train.env_steps:,} hidden={r.agent.hidden} "
+            print(f"    {t.name:48s} env_steps={r.train.env_steps:,} hidden={r.agent.hidden} "
                   f"batch={r.agent.batch_size}  [{_what_next(layout, t, p.new, pack)}]")
-    total = sum(t.run.train.env_steps for t in trials)
-    n = len(p.packs) or len(trials)
-    if p.packs:
-        print(f"per pack: {res['cpu']:g} CPU ({spec.resources.cpu:g} + {spec.pack.env_workers} env workers), "
-              f"{res['gpu']:g} GPU; all {n} packs at once: {res['cpu'] * n:g} CPU, {res['gpu'] * n:g} GPU; total "
-              f"env steps {total:,}")
-    else:
-        print(f"per trial: {res['cpu']:g} CPU, {res['gpu']:g} GPU; all trials at once: {res['cpu'] * n:g} CPU, "
-              f"{res['gpu'] * n:g} GPU; total env steps {total:,}")
+    total, n = sum(t.run.train.env_steps for t in trials), len(p.packs)
+    print(f"per pack: {res['cpu']:g} CPU ({spec.resources.cpu:g} + {spec.pack.env_workers} env workers), "
+          f"{res['gpu']:g} GPU; all {n} packs at once: {res['cpu'] * n:g} CPU, {res['gpu'] * n:g} GPU; total "
+          f"env steps {total:,}")
     print(gpu_hours_line(spec, p.packs, load_throughput(throughput_path)))
     if p.problems:
         raise SpecError("\n".join(p.problems))
     return 0
 
 
-def _what_next(layout: SweepDir, trial: Trial, new: list[str], pack: Pack | None) -> str:
+def _what_next(layout: SweepDir, trial: Trial, new: list[str], pack: Pack) -> str:
     if trial.name in new:
         return "new"
     state = layout.trial_state(trial.name)
     if state != "pending":
         return state
-    steps = layout.pack_checkpoint_steps(pack.id) if pack is not None else layout.checkpoint_steps(trial.name)
+    steps = layout.pack_checkpoint_steps(pack.id)
     return f"resume from env step {max(steps):,}" if steps else "start"
 
 
@@ -79,10 +70,9 @@ def gpu_hours_line(spec: SweepSpec, packs: Sequence[Pack], table: Throughput | N
     if table is None:
         return "GPU-hours: no GPU measurement yet (qed_ray/data/throughput.json has no GPU table)"
     per_gpu = round(1 / gpu)
-    units = [(p.trials[0].run, len(p.trials)) for p in packs] or [(t.run, 1) for t in spec.trials()]
     seconds, missing, scaled, modes = 0.0, [], False, {}
-    for run, size in units:
-        mode = UPDATE_MODES[run.train.compile] if packs else SINGLE_MODE
+    for run, size in [(p.trials[0].run, len(p.trials)) for p in packs]:
+        mode = UPDATE_MODES[run.train.compile]
         modes[mode] = None
         rate = table.shared_rate(run.agent.name, run.temperature.kind, size, per_gpu, mode)
         if rate is None:

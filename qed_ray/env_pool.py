@@ -63,6 +63,8 @@ def _serve(envs: dict[int, DMCEnv], sh: _Shared, command: str, args: tuple):
     elif command == "reseed":
         for i, seed in args[0]:
             envs[i].reseed(seed)
+    elif command == "physics":
+        return [envs[i].physics.get_state().copy() for i in args[0]]
     elif command == "random_state":
         return envs[args[0]].random_state()
     elif command == "set_random_state":
@@ -161,6 +163,17 @@ class EnvPool:
             self._conns[w].send(("reseed", [p for p in pairs if p[0] % self.workers == w]))
         for w in range(self.workers):
             self._reply(w)
+
+    def physics_states(self, idx: Sequence[int]) -> np.ndarray:
+        """[len(idx), Q] MuJoCo state vectors (qpos, qvel, act) of envs ``idx`` (state-spread figures)."""
+        idx = list(idx)
+        if self.workers == 0:
+            return np.stack(_serve(self._local, self._sh, "physics", (idx,)))
+        by_worker = {w: [i for i in idx if i % self.workers == w] for w in range(self.workers)}
+        for w, mine in by_worker.items():
+            self._conns[w].send(("physics", mine))
+        states = {i: s for w, mine in by_worker.items() for i, s in zip(mine, self._reply(w))}
+        return np.stack([states[i] for i in idx])
 
     def random_state(self, i: int) -> dict:
         """Env ``i``'s task RNG state (:meth:`DMCEnv.random_state`)."""

@@ -322,8 +322,7 @@ class GatherFeed(tune.Callback):
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
         for name in seed_trials(trial.config):
-            if "pack" in trial.config:  # a pack's seed runs that ended before the pack failed are not failures
-                self._tell("trial_finished", name)
+            self._tell("trial_finished", name)  # a seed run that ended before its pack failed is no failure
             self._tell("trial_failed", name, "failed (see its error.txt)")
 
 

@@ -3,9 +3,9 @@
 A sweep writes everything under ``<storage_path>/<name>/``. :class:`SweepDir` builds every path in it, and
 :func:`trial_dirname` / :func:`parse_trial_dirname` turn a trial name ``task/agent/variant/seed`` into its folder
 name ``task__agent__variant__sSEED`` and back. A pack (the seed runs of one task, agent and variant trained in one
-Tune trial) is named by :class:`PackId`: ``task/agent/variant/pack0-2`` (folder ``task__agent__variant__pack0-2``);
-its seeds keep their trial names and folders. The README's "Where results land" table lists :data:`DOCUMENTED`
-(a test compares the two).
+Tune trial; one seed is a pack of one) is named by :class:`PackId`: ``task/agent/variant/pack0-2`` (folder
+``task__agent__variant__pack0-2``); its seeds keep their trial names and folders. The README's "Where results
+land" table lists :data:`DOCUMENTED` (a test compares the two).
 """
 
 from __future__ import annotations
@@ -28,14 +28,12 @@ SNAPSHOT_DIGITS = 10  # policy snapshot folders are zero-padded env steps, so th
 DOCUMENTED: dict[str, str] = {
     "sweep.json": "state_file",
     "sweep.lock": "lock_file",
-    "checkpoints/<trial>/<env_steps>/": "checkpoint",
     "checkpoints/<pack>/<env_steps>/": "pack_checkpoint",
     "policies/<trial>/<env_steps>/": "snapshot",
     "policies/<trial>/history.json": "history",
     "policies/<trial>/DONE.json": "done_marker",
     "policies/<trial>/DIVERGED.json": "diverged_marker",
     "replay/<trial>/": "replay",
-    "tune/<start>/<task>__<agent>__<variant>__s<seed>/": "trial_dir",
     "tune/<start>/<task>__<agent>__<variant>__pack<seeds>/": "pack_dir",
     "gather/results.json": "results_json",
     "gather/aggregates.csv": "aggregates_csv",
@@ -251,17 +249,6 @@ class SweepDir:
         return self.root / "mlartifacts"
 
     # ---- one trial ---------------------------------------------------------------------------------------
-    def trial_dir(self, name: str, start: str) -> Path:
-        """Tune's folder of the trial in driver start ``start`` (progress.csv, result.json, error.txt)."""
-        return self.tune_root / start / trial_dirname(name)
-
-    def trial_dirs(self, name: str) -> list[Path]:
-        """Tune's folders of the trial, one per driver start that ran it, oldest start first."""
-        if not self.tune_root.is_dir():
-            return []
-        return [d / trial_dirname(name) for d in sorted(self.tune_root.iterdir())
-                if (d / trial_dirname(name)).is_dir()]
-
     def pack_dir(self, pack: PackId, start: str) -> Path:
         """Tune's folder of a pack (its Tune trial) in driver start ``start``."""
         return self.tune_root / start / pack.dirname
@@ -283,18 +270,6 @@ class SweepDir:
     def pack_checkpoint_steps(self, pack: PackId) -> dict[int, Path]:
         """``{env_steps: folder}`` of the pack's complete checkpoints (``pack.json`` present), ascending."""
         return _complete_steps(self.pack_checkpoints(pack), PACK_FILE)
-
-    def checkpoints(self, name: str) -> Path:
-        """The trial's full checkpoints (the newest two are kept): what a resumed or retried trial restores."""
-        return self.root / "checkpoints" / trial_dirname(name)
-
-    def checkpoint(self, name: str, env_steps: int) -> Path:
-        """The trial's full checkpoint at ``env_steps`` (zero-padded, so folders sort by step)."""
-        return self.checkpoints(name) / f"{int(env_steps):0{SNAPSHOT_DIGITS}d}"
-
-    def checkpoint_steps(self, name: str) -> dict[int, Path]:
-        """``{env_steps: folder}`` of the trial's complete full checkpoints (manifest present), ascending."""
-        return _complete_steps(self.checkpoints(name))
 
     def policies(self, name: str) -> Path:
         """The trial's policy snapshot folder."""

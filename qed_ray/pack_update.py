@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from qed_ray.agents.packed import PackedAgent
-from qed_ray.packed_replay import PackedReplay
+from qed_ray.replay import Replay
 from qed_ray.update_metrics import MetricAccumulator
 
 MODES = ("auto", "off", "compile", "graph")
@@ -86,7 +86,7 @@ class PackUpdater:
         batch_size: B (fixed: the static buffers have this shape).
     """
 
-    def __init__(self, agent: PackedAgent, replay: PackedReplay, acc: MetricAccumulator | None, mode: str,
+    def __init__(self, agent: PackedAgent, replay: Replay, acc: MetricAccumulator | None, mode: str,
                  batch_size: int):
         if mode not in ("off", "compile", "graph"):
             raise ValueError(f"PackUpdater mode: {mode!r} is not one of off, compile, graph (resolve 'auto' first)")
@@ -115,8 +115,8 @@ class PackUpdater:
         self.metrics: torch.Tensor | None = None
 
     def __call__(self, idx: np.ndarray, noise: torch.Tensor) -> torch.Tensor:
-        """One update of every seed from batch indices ``idx`` [S, B] (:meth:`PackedReplay.indices`) and the noise
-        block ``noise`` [S, R, A] (:meth:`PackedAgent.noise`); folds the metrics into ``acc``.
+        """One update of every seed from batch indices ``idx`` [S, B] (:meth:`~qed_ray.replay.Replay.indices`) and the
+        noise block ``noise`` [S, R, A] (:meth:`PackedAgent.noise`); folds the metrics into ``acc``.
 
         Returns:
             the [S, K] metric vector (in ``graph`` mode a static buffer the next call overwrites).

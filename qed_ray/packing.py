@@ -1,15 +1,14 @@
 """Which seed runs of a sweep train together: its packs, and their membership, fixed once formed.
 
-With ``pack.seeds`` S > 1 a sweep's Tune trials are packs: the seed runs of one (task, agent, variant) -- trials
-whose names differ only in the seed -- in seed order, in chunks of S (the last chunk of a group may be smaller).
-Each seed run keeps its trial name, folders, MLflow run and identity; the pack is only how they are scheduled and
-trained (:mod:`qed_ray.packed_trainer`).
+A sweep's Tune trials are packs: the seed runs of one (task, agent, variant) -- trials whose names differ only in
+the seed -- in seed order, in chunks of ``pack.seeds`` S (the last chunk of a group may be smaller; S = 1, the
+default, gives packs of one). Each seed run keeps its trial name, folders, MLflow run and identity; the pack is
+only how they are scheduled and trained (:mod:`qed_ray.trainer`).
 
 A pack's checkpoint holds its seeds together, so its membership never changes once it exists: ``sweep.json``
 records every pack (``{"packs": {pack name: [trial names]}}``, :func:`qed_ray.sweep_state.plan`), and a later start
 keeps each recorded pack as it is and forms new packs only of the trials in none (a sweep grown from 10 to 20 seeds
-gets packs of seeds 10-19; its old packs are never re-formed). With S = 1 there are no packs: every trial is its
-own Tune trial, and nothing about packs is recorded.
+gets packs of seeds 10-19; its old packs are never re-formed).
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from qed_ray.layout import PackId, SweepDir, TrialId, seed_dir, trial_dirname
+from qed_ray.layout import PackId, SweepDir, TrialId, seed_dir
 from qed_ray.spec import SweepSpec, Trial
 
 
@@ -45,31 +44,19 @@ class Pack:
         return sum(t.run.train.env_steps for t in self.trials)
 
 
-Unit = Trial | Pack  # what one Tune trial trains: a seed run, or a pack of them (pack.seeds > 1)
-
-
-def members(unit: Unit) -> list[str]:
-    """The seed runs (trial names) a Tune trial trains."""
-    return unit.names if isinstance(unit, Pack) else [unit.name]
-
-
 def seed_trials(config: dict) -> list[str]:
-    """The seed runs (trial names) a Tune trial's config trains: a pack's (``{"pack": {"name", "trials"}}``), or
-    the one of ``{"trial": {"name", "run"}}``."""
-    if "pack" in config:
-        return [t["name"] for t in config["pack"]["trials"]]
-    return [config["trial"]["name"]]
+    """The seed runs (trial names) a Tune trial's config ``{"pack": {"name", "trials"}}`` trains."""
+    return [t["name"] for t in config["pack"]["trials"]]
 
 
 def tune_name(config: dict) -> str:
-    """A Tune trial's name from its config (no re-validation): ``task/agent/variant/seed``, or a pack's
-    ``task/agent/variant/pack0-2``."""
-    return (config["pack"] if "pack" in config else config["trial"])["name"]
+    """A Tune trial's name from its config (no re-validation): its pack's ``task/agent/variant/pack0-2``."""
+    return config["pack"]["name"]
 
 
 def tune_folder(config: dict) -> str:
-    """A Tune trial's folder name in ``tune/<start>/``: the trial's, or the pack's (:mod:`qed_ray.layout`)."""
-    return PackId.of(seed_trials(config)).dirname if "pack" in config else trial_dirname(tune_name(config))
+    """A Tune trial's folder name in ``tune/<start>/``: its pack's (:mod:`qed_ray.layout`)."""
+    return PackId.of(seed_trials(config)).dirname
 
 
 def group_of(name: str) -> str:

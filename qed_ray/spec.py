@@ -225,10 +225,10 @@ class PackSpec(Frozen):
     """How many seed runs of one (task, agent, variant) one Tune trial trains together (paper App. C trains all 10
     seeds of a run on one GPU at once), and on how many env worker processes their envs step.
 
-    ``seeds: 1`` (the default) is the unpacked sweep: one Tune trial per seed run, as before packs existed.
+    ``seeds: 1`` (the default) gives packs of one: one Tune trial per seed run.
     """
 
-    seeds: int = Field(1, ge=1, le=MAX_PACK, description="seed runs per pack (Tune trial); 1: unpacked")
+    seeds: int = Field(1, ge=1, le=MAX_PACK, description="seed runs per pack (Tune trial); 1: packs of one")
     env_workers: int = Field(0, ge=0, le=MAX_PACK, description="env worker processes per pack (0: the pack's own "
                                                                "process steps its envs); each asks for one more CPU")
 
@@ -244,11 +244,9 @@ class PackSpec(Frozen):
 
     @model_validator(mode="after")
     def _workers(self) -> "PackSpec":
-        if self.seeds == 1 and self.env_workers:
-            raise ValueError(f"env_workers: {self.env_workers} env workers, but with seeds 1 trials run unpacked "
-                             f"(one env each, stepped in the trial's process): set env_workers 0, or seeds > 1")
         if self.env_workers > self.seeds:
-            raise ValueError(f"env_workers: {self.env_workers} workers for the {self.seeds} training envs of a pack; "
+            raise ValueError(f"env_workers: {self.env_workers} workers for the {self.seeds} training "
+                             f"env{'s' if self.seeds > 1 else ''} of a pack; "
                              f"allowed 0 to {self.seeds} (pack.seeds)")
         return self
 

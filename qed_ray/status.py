@@ -2,12 +2,11 @@
 
 Starts nothing (no Ray, no MLflow) and reads what the sweep folder records (:class:`~qed_ray.layout.SweepDir`):
 ``sweep.lock`` whether a driver runs the sweep now (and which); ``DONE.json`` that a trial finished and
-``DIVERGED.json`` that it failed for good; its newest full checkpoint (``checkpoints/<trial>/``, else its newest
-policy snapshot) how far it got and how long it has run; an ``error.txt`` in its Tune folder of the latest start
-that ran it, newer than that checkpoint, that Tune gave up on it in that start (the next start retries it); the
-group cache (``gather/cache/``) the partial table for the spec's final-evaluation settings. A seed run trained in
-a pack (``pack.seeds`` > 1) is read from its seed's part of the pack's newest checkpoint and its pack's Tune
-folders, and the report lists every pack with the state of each of its seed runs.
+``DIVERGED.json`` that it failed for good; its seed's part of its pack's newest checkpoint
+(``checkpoints/<pack>/``, else its newest policy snapshot) how far it got and how long it has run; an ``error.txt``
+in its pack's Tune folder of the latest start that ran it, newer than that checkpoint, that Tune gave up on it in
+that start (the next start retries it); the group cache (``gather/cache/``) the partial table for the spec's
+final-evaluation settings. The report lists every pack with the state of each of its seed runs.
 """
 
 from __future__ import annotations
@@ -57,14 +56,12 @@ def driver(layout: SweepDir, now: float | None = None) -> str | None:
     return info.describe(now) if info is not None else "a driver that is starting"
 
 
-def _progress(layout: SweepDir, name: str, pack: Pack | None = None) -> tuple[int, float, float]:
-    """``(env steps, wall seconds, mtime)`` of the trial's newest full checkpoint (in a pack: its seed's part of the
-    pack's newest checkpoint) or, past it, policy snapshot."""
+def _progress(layout: SweepDir, name: str, pack: Pack) -> tuple[int, float, float]:
+    """``(env steps, wall seconds, mtime)`` of the trial's seed's part of its pack's newest checkpoint or, past it,
+    of its newest policy snapshot."""
     steps, wall, mtime = 0, math.nan, 0.0
-    checkpoints = layout.checkpoint_steps(name)
-    if pack is not None:
-        seed = seed_checkpoint(layout, pack.id, name)
-        checkpoints = {0: seed} if seed is not None and (seed / MANIFEST_FILE).exists() else {}
+    seed = seed_checkpoint(layout, pack.id, name)
+    checkpoints = {0: seed} if seed is not None and (seed / MANIFEST_FILE).exists() else {}
     for found, read_wall in ((checkpoints, lambda m: m["progress"]["wall_s"]),
                              (layout.snapshots(name), lambda m: m.get("wall_s", math.nan))):
         if not found or max(found) < steps:
@@ -90,31 +87,29 @@ def error_summary(error_txt: str) -> str:
     return lines[-1] if any(ln.startswith("Traceback") for ln in lines) else lines[0]
 
 
-def _last_error(layout: SweepDir, name: str, newer_than: float, pack: Pack | None = None) -> str | None:
-    """The last line of the ``error.txt`` Tune wrote for the trial (or its pack) in the latest start that ran it, if
-    it is newer than ``newer_than`` (a later checkpoint means the trial was retried and ran on)."""
-    dirs = layout.trial_dirs(name) if pack is None else layout.pack_dirs(pack.id)
+def _last_error(layout: SweepDir, pack: Pack, newer_than: float) -> str | None:
+    """The last line of the ``error.txt`` Tune wrote for the pack in the latest start that ran it, if it is newer
+    than ``newer_than`` (a later checkpoint means the pack was retried and ran on)."""
+    dirs = layout.pack_dirs(pack.id)
     error = dirs[-1] / "error.txt" if dirs else None
     if error is None or not error.exists() or error.stat().st_mtime <= newer_than:
         return None
     return error_summary(error.read_text(errors="replace"))
 
 
-def trial_state(layout: SweepDir, name: str, budget: int, live: bool = False, pack: Pack | None = None) -> TrialState:
-    """Reads one trial's state from its markers, its newest checkpoint and Tune's error file; ``live``: a driver
-    runs the sweep now (a started, unfinished trial is "running", else "stopped"); ``pack``: the pack that trains
-    it (its checkpoints and Tune folders are the pack's)."""
+def trial_state(layout: SweepDir, name: str, budget: int, pack: Pack, live: bool = False) -> TrialState:
+    """Reads one trial's state from its markers, its pack's newest checkpoint and Tune's error file; ``live``: a
+    driver runs the sweep now (a started, unfinished trial is "running", else "stopped")."""
     steps, wall, newest = _progress(layout, name, pack)
     if layout.done_marker(name).exists():
         metrics = json.loads(layout.done_marker(name).read_text())
         return TrialState(name, "done", budget, budget, float(metrics.get("perf/wall_s", wall)))
     if layout.diverged_marker(name).exists():
         return TrialState(name, "failed", steps, budget, wall, f"{layout.diverged_reason(name)} (final)")
-    error = _last_error(layout, name, newest, pack)
+    error = _last_error(layout, pack, newest)
     if error is not None:
         return TrialState(name, "failed", steps, budget, wall, f"{error} (the next start retries it)")
-    tune_dirs = layout.trial_dirs(name) if pack is None else layout.pack_dirs(pack.id)
-    started = steps > 0 or any(_non_empty(d) for d in tune_dirs)
+    started = steps > 0 or any(_non_empty(d) for d in layout.pack_dirs(pack.id))
     return TrialState(name, ("running" if live else "stopped") if started else "not started", steps, budget, wall)
 
 
@@ -125,7 +120,7 @@ def _non_empty(folder: Path) -> bool:
 def projected_wall_s(states: list[TrialState], shares: list[float] | None = None) -> float:
     """Wall seconds the whole sweep will have cost: done trials as they took, the others scaled to their budget at
     their own pace so far, trials without a pace at the median pace of the others (NaN if none has one).
-    ``shares``: per trial, its share of its Tune trial's wall time (1 / pack size; default 1: unpacked)."""
+    ``shares``: per trial, its share of its pack's wall time (1 / pack size; default 1)."""
     paces = [s.wall_s / s.env_steps for s in states if s.env_steps > 0 and math.isfinite(s.wall_s)]
     if not paces:
         return math.nan
@@ -163,14 +158,14 @@ def report(spec: SweepSpec, layout: SweepDir) -> str:
     holder = driver(layout)
     packs = sweep_packs(spec, layout)
     in_pack = pack_of(packs)
-    states = [trial_state(layout, t.name, t.run.train.env_steps, holder is not None, in_pack.get(t.name))
+    states = [trial_state(layout, t.name, t.run.train.env_steps, in_pack[t.name], holder is not None)
               for t in trials]
     counts = {k: sum(s.state == k for s in states) for k in STATES}
     steps, budget = sum(s.env_steps for s in states), sum(s.budget for s in states)
     # The seed runs of a pack share its wall time (and its resources): each counts 1 / pack size of it.
-    shares = [1 / len(in_pack[s.name].trials) if s.name in in_pack else 1.0 for s in states]
+    shares = [1 / len(in_pack[s.name].trials) for s in states]
     spent = sum(w * s.wall_s for s, w in zip(states, shares) if math.isfinite(s.wall_s))
-    res, per = spec.trial_resources(), "pack" if packs else "trial"
+    res = spec.trial_resources()
     lines = [f"sweep {spec.name}: {len(trials)} trials in {layout.root}",
              f"driver: {holder}" if holder else "driver: none running (started trials resume from their newest "
                                                 "checkpoint at the next start)",
@@ -180,25 +175,22 @@ def report(spec: SweepSpec, layout: SweepDir) -> str:
     for unit, share in (("GPU", res["gpu"]), ("CPU", res["cpu"])):
         if share > 0:
             lines.append(f"{unit}-hours: {spent * share / 3600:.3g} spent, {projected * share / 3600:.3g} projected "
-                         f"for the whole sweep ({per} wall time x {share:g} {unit} per {per})")
+                         f"for the whole sweep (pack wall time x {share:g} {unit} per pack)")
     results, n_groups = partial_results(spec, layout, states)
     lines.append(f"results: {len(results.groups)} of {n_groups} groups gathered (cached in {layout.group_cache} "
                  f"for this spec's final_eval)")
     if results.aggregates:
         lines += ["", tables.format_table(results.aggregates, spec.final_eval.confidence)]
-    if packs:
-        by_name = {s.name: s for s in states}
-        lines += ["", f"packs ({len(packs)}, up to {spec.pack.seeds} seeds each): seed: state [env steps]"]
-        lines += [f"  {p.name}  " + "  ".join(_seed_cell(by_name[t.name], t.run.seed) for t in p.trials)
-                  for p in packs]
-    lines += [f"FAILED {s.name}{_in(in_pack.get(s.name))}: {s.error}" for s in states if s.state == "failed"]
+    by_name = {s.name: s for s in states}
+    lines += ["", f"packs ({len(packs)}, up to {spec.pack.seeds} seed{'s' if spec.pack.seeds > 1 else ''} each): "
+                  f"seed: state [env steps]"]
+    lines += [f"  {p.name}  " + "  ".join(_seed_cell(by_name[t.name], t.run.seed) for t in p.trials) for p in packs]
+    lines += [f"FAILED {s.name} (pack {in_pack[s.name].name}): {s.error}" for s in states if s.state == "failed"]
     return "\n".join(lines)
 
 
 def sweep_packs(spec: SweepSpec, layout: SweepDir) -> list[Pack]:
-    """The sweep's packs as its ``sweep.json`` records them (none for an unpacked sweep)."""
-    if spec.pack.seeds == 1:
-        return []
+    """The sweep's packs as its ``sweep.json`` records them (and, for its trials in none, as a start forms them)."""
     try:
         recorded = json.loads(layout.state_file.read_text()).get("packs") or {}
     except (OSError, ValueError):
@@ -209,6 +201,3 @@ def sweep_packs(spec: SweepSpec, layout: SweepDir) -> list[Pack]:
 def _seed_cell(s: TrialState, seed: int) -> str:
     return f"{seed}:{s.state}" + ("" if s.state in ("done", "not started") else f"[{s.env_steps:,}]")
 
-
-def _in(pack: Pack | None) -> str:
-    return f" (pack {pack.name})" if pack is not None else ""

@@ -13,9 +13,9 @@ context (tracking URI, folder, parent run) always comes from this start. Nothing
 The gather actor lives for the whole start, across the fresh Tuners started after Ray killed a worker; it is
 handed the trials already done at the start, and the others as they end.
 
-With ``pack.seeds`` > 1 the Tune trials are packs (:mod:`qed_ray.packing`): each trains the seed runs of one
-(task, agent, variant) together, and a pack is scheduled while any of its seed runs is pending; everything else
-(outcomes, MLflow runs, the gather step) stays per seed run.
+The Tune trials are packs (:mod:`qed_ray.packing`): each trains the seed runs of one (task, agent, variant) together
+(``pack.seeds`` of them; one by default), and a pack is scheduled while any of its seed runs is pending; everything
+else (outcomes, MLflow runs, the gather step) stays per seed run.
 
 This module is the driver; what runs inside a trial's Ray worker is :mod:`qed_ray.trial`, and every path in the
 sweep folder comes from :class:`qed_ray.layout.SweepDir`.
@@ -47,14 +47,15 @@ from qed_ray.ray_token import private_ray_token, quiet_opt_out_notice
 from qed_ray.results import FailedTrial, SweepResults
 from qed_ray.spec import SpecError, SweepSpec, load_spec
 from qed_ray.status import error_summary
-from qed_ray.packing import Pack, Unit, members, tune_folder, tune_name
+from qed_ray.compat import adopt_trial_checkpoints
+from qed_ray.packing import Pack, tune_folder, tune_name
 from qed_ray.sweep_state import check_folder, git_sha, move_aside, outcome, plan, prune_finished, resolve_paths, \
     sqlite_on_many_machines, sync_runs, write_state
 from qed_ray.tracking import Tracker, artifact_location, ui_command
-from qed_ray.trial import TrialContext, train_pack, train_trial
+from qed_ray.trial import TrialContext, train_trial
 
 def trial_name(trial) -> str:
-    """A Tune trial's name: ``task/agent/variant/seed``, or a pack's ``task/agent/variant/pack0-2``."""
+    """A Tune trial's name: its pack's ``task/agent/variant/pack0-2``."""
     return tune_name(trial.config)
 
 
@@ -128,9 +129,7 @@ class Progress(tune.Callback):
         counts: dict[str, int] = {}
         for t in trials:
             counts[t.status] = counts.get(t.status, 0) + 1
-        # A pack reports its seeds' env steps together (seed_env_steps), a seed run its own.
-        steps = sum(int((t.last_result or {}).get("seed_env_steps", (t.last_result or {}).get("env_steps", 0)))
-                    for t in trials)
+        steps = sum(int((t.last_result or {}).get("seed_env_steps", 0)) for t in trials)  # a pack's seeds together
         if self.start_steps is None:
             self.start_steps = steps
         rate = (steps - self.start_steps) / max(time.time() - self.t0, 1e-9)
@@ -141,23 +140,18 @@ class Progress(tune.Callback):
                 f"({100 * steps / max(self.total, 1):.0f}%) | ETA {eta}")
 
 
-def build_tuner(spec: SweepSpec, context: TrialContext, units: list[Unit], start: str,
+def build_tuner(spec: SweepSpec, context: TrialContext, packs: list[Pack], start: str,
                 callbacks: list, stopper: tune.Stopper) -> tune.Tuner:
-    """A fresh Tuner over ``units`` (seed runs, or packs: all of one kind); Tune's folder for this start is
-    ``tune/<start>/`` (logs only).
+    """A fresh Tuner over ``packs`` (one Tune trial each); Tune's folder for this start is ``tune/<start>/`` (logs
+    only).
 
     The context is bound with ``tune.with_parameters``; trials resume from their own checkpoints in the sweep
     folder, so nothing of an earlier Tuner is needed (or read). Each Tune trial asks for
     :meth:`SweepSpec.trial_resources <qed_ray.spec.SweepSpec.trial_resources>`.
     """
-    packed = bool(units) and isinstance(units[0], Pack)
-    trainable = tune.with_resources(tune.with_parameters(train_pack if packed else train_trial, context=context),
-                                    spec.trial_resources())
-    if packed:
-        space = {"pack": tune.grid_search([{"name": u.name, "trials": [
-            {"name": t.name, "run": t.run.model_dump(mode="json")} for t in u.trials]} for u in units])}
-    else:
-        space = {"trial": tune.grid_search([{"name": t.name, "run": t.run.model_dump(mode="json")} for t in units])}
+    trainable = tune.with_resources(tune.with_parameters(train_trial, context=context), spec.trial_resources())
+    space = {"pack": tune.grid_search([{"name": p.name, "trials": [
+        {"name": t.name, "run": t.run.model_dump(mode="json")} for t in p.trials]} for p in packs])}
     return tune.Tuner(
         trainable, param_space=space,
         tune_config=tune.TuneConfig(trial_name_creator=trial_name, trial_dirname_creator=tune_dirname,
@@ -168,28 +162,25 @@ def build_tuner(spec: SweepSpec, context: TrialContext, units: list[Unit], start
 
 
 def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, callbacks: list,
-                  packs: list[Pack] | None = None) -> dict[str, str]:
-    """Trains the trials that are not done (nor diverged) until each is, or Tune gave up on it; returns
-    ``{trial: error}`` of the latter. ``callbacks`` join every Tuner of this start (the gather feed). With
-    ``packs`` the Tune trials are packs (a pack trains while any of its seed runs is pending, and a pack Tune gave
-    up on fails its unfinished seed runs).
+                  packs: list[Pack]) -> dict[str, str]:
+    """Trains the packs with a seed run that is not done (nor diverged) until each is, or Tune gave up on it;
+    returns ``{trial: error}`` of the seed runs of the latter that were still pending. ``callbacks`` join every
+    Tuner of this start (the gather feed).
 
     A trial worker killed from outside (Ray's memory monitor) surfaces in Tune 2.60 as an error its actor manager
-    does not handle ("Caught unexpected exception"), which ends ``fit()``. The trials are then started again in a
+    does not handle ("Caught unexpected exception"), which ends ``fit()``. The packs are then started again in a
     fresh Tuner, each from its newest checkpoint, as often as that makes progress: after ``max_retries`` such
-    restarts in a row without a new checkpoint anywhere, the remaining trials are left unfinished.
+    restarts in a row without a new checkpoint anywhere, the remaining packs are left unfinished.
     """
     layout, stamp = context.layout, time.strftime("%Y%m%d-%H%M%S")
-    units: list[Unit] = list(packs) if packs else spec.trials()
     failed: dict[str, str] = {}
-    streak, mark = 0, _progress_mark(layout, units)
+    streak, mark = 0, _progress_mark(layout, packs)
     for attempt in range(10**6):
-        pending = [u for u in units if u.name not in failed
-                   and any(layout.trial_state(n) == "pending" for n in members(u))]
+        pending = [p for p in packs if p.name not in failed
+                   and any(layout.trial_state(n) == "pending" for n in p.names)]
         if not pending or interrupt.signum is not None:
             break
-        progress = Progress(sum(u.env_steps if isinstance(u, Pack) else u.run.train.env_steps for u in pending),
-                            interrupt)
+        progress = Progress(sum(p.env_steps for p in pending), interrupt)
         try:
             build_tuner(spec, context, pending, f"{stamp}-{attempt}", [progress, *callbacks], interrupt).fit()
             failed.update(progress.failed)
@@ -198,7 +189,7 @@ def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, 
             if not isinstance(e.__cause__, ray.exceptions.RayError):
                 raise
             failed.update(progress.failed)
-            now = _progress_mark(layout, units)
+            now = _progress_mark(layout, packs)
             streak, mark = (0 if now > mark else streak + 1), max(now, mark)
             cause = " ".join(str(e.__cause__).split())[:300]
             if streak > spec.max_retries:
@@ -207,17 +198,13 @@ def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, 
                 break
             print(f"a trial worker was killed from outside ({type(e.__cause__).__name__}: {cause}); restarting "
                   f"the unfinished trials from their checkpoints", flush=True)
-    out: dict[str, str] = {}
-    for u in units:
-        if u.name in failed:
-            out.update({n: failed[u.name] for n in members(u) if layout.trial_state(n) == "pending"})
-    return out
+    return {n: failed[p.name] for p in packs if p.name in failed for n in p.names
+            if layout.trial_state(n) == "pending"}
 
 
-def _progress_mark(layout: SweepDir, units: list[Unit]) -> int:
-    """Env steps checkpointed over all Tune trials (grows whenever any of them saves or finishes)."""
-    return sum(max(layout.pack_checkpoint_steps(u.id) if isinstance(u, Pack) else layout.checkpoint_steps(u.name),
-                   default=0) for u in units)
+def _progress_mark(layout: SweepDir, packs: list[Pack]) -> int:
+    """Env steps checkpointed over all packs (grows whenever any of them saves or finishes)."""
+    return sum(max(layout.pack_checkpoint_steps(p.id), default=0) for p in packs)
 
 
 def check_cluster(spec: SweepSpec, sweep_dir: Path, uri: str) -> None:
@@ -304,7 +291,10 @@ def _refuse(problems: list[str]) -> None:
 
 def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, experiment: str, state: dict,
                 new: list[str], gather_partial: bool, packs: list[Pack]) -> int:
-    done = prune_finished(layout, spec)
+    done = prune_finished(layout, packs, spec.keep_replay)
+    adopted = sum(adopt_trial_checkpoints(layout, p.id, p.trials[0].run.train.env_steps) for p in packs)
+    if adopted:
+        print(f"adopted {adopted} checkpoint(s) of trials an older qed_ray trained outside packs", flush=True)
     if not ray.is_initialized():
         quiet_opt_out_notice()  # auth stays on; only Ray's advice to switch it off is not printed
         with private_ray_token():  # Ray writes a new ~/.ray/auth_token with the umask (0644): keep it 0600
@@ -321,17 +311,18 @@ def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, ex
                            experiment=experiment, parent_run_id=parent, keep_every=spec.final_eval.keep_every,
                            gpu_fraction=spec.resources.gpu, keep_replay=spec.keep_replay,
                            env_workers=spec.pack.env_workers)
-    in_packs = f" in {len(packs)} pack{'s' if len(packs) > 1 else ''} of up to {spec.pack.seeds} seeds" if packs else ""
-    print(f"sweep {spec.name}: {len(spec.trials())} trials ({len(done)} done, {len(new)} new){in_packs}, results in "
-          f"{layout.root}", flush=True)
+    in_packs = f"{len(packs)} pack{'s' if len(packs) > 1 else ''} of up to {spec.pack.seeds} seed" + \
+        ("s" if spec.pack.seeds > 1 else "")
+    print(f"sweep {spec.name}: {len(spec.trials())} trials ({len(done)} done, {len(new)} new) in {in_packs}, results "
+          f"in {layout.root}", flush=True)
     # MLflow in line with the folder before the gather step reads it (checksums an earlier start could not record).
     sync_runs(tracker, parent, layout, spec, *outcome(layout, spec, {}), packs=packs)
     launch = lambda: gather.launch(spec, layout, state["sweep_id"], uri, experiment, parent,  # noqa: E731
-                                   len(packs) or len(spec.trials()))
+                                   len(packs))
     gatherer = launch()
     failed = train_pending(spec, context, interrupt, [gather.GatherFeed(gather.actor_name(spec.name,
                                                                                           state["sweep_id"]))], packs)
-    prune_finished(layout, spec)
+    prune_finished(layout, packs, spec.keep_replay)
     failures, unfinished = outcome(layout, spec, failed)
     sync_runs(tracker, parent, layout, spec, failures, unfinished, packs=packs)  # also checksums trials could not
     if interrupt.signum is not None and not gather_partial:

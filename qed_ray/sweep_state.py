@@ -12,8 +12,8 @@ Every refusal here happens before anything is created on disk or a cluster is jo
 spec's trials with it: new trials (more seeds, tasks, temperature values, agents, any grid value) are added;
 a trial whose settings changed, a trial whose name changed (a setting became or stopped being a grid axis) and a
 trial the spec no longer has are refused, each problem naming its field (a trial that never started holds nothing
-and may still change or go). With ``pack.seeds`` > 1 it also records the pack size and every pack's members
-(:mod:`qed_ray.packing`): a changed pack size is refused once anything started, naming ``pack.seeds``.
+and may still change or go). It also records the pack size and every pack's members (:mod:`qed_ray.packing`): a
+changed pack size is refused once anything started, naming ``pack.seeds``.
 :func:`qed_ray.dry_run.dry_run` shows the same refusals and what a run would do with each trial.
 
 Before and after training, :func:`outcome` reads how every trial stands from the folder (``DONE.json``,
@@ -38,14 +38,15 @@ from qed_ray.checkpoint import CheckpointError
 from qed_ray.checksums import done_checksums
 from qed_ray.layout import PackId, SweepDir, TrialId
 from qed_ray.naming import identity, identity_changes, parse_variant, show_setting
-from qed_ray.packing import Pack, form_packs, pack_of, pack_records, pack_started
+from qed_ray.compat import legacy_trial_started
+from qed_ray.packing import Pack, form_packs, pack_of, pack_records, pack_started, pack_state
 from qed_ray.replay import prune_chunks
 from qed_ray.results import FailedTrial
 from qed_ray.spec import SpecError, SweepSpec
 from qed_ray.tracking import POLICY_SHA_TAG, Tracker, TrialRun, checksum_tags, default_tracking_uri, pack_tags
 
 STATE_FORMAT = 2
-PACK_SEEDS_KEY, PACKS_KEY = "pack_seeds", "packs"  # in sweep.json only with pack.seeds > 1 (qed_ray.packing)
+PACK_SEEDS_KEY, PACKS_KEY = "pack_seeds", "packs"  # in sweep.json (qed_ray.packing)
 STORAGE_ROOT_ENV = "QED_STORAGE_ROOT"  # resolves a relative storage_path (required for one under `ray job submit`)
 STORAGE_PATH_ENV = "QED_STORAGE_PATH"  # overrides the spec's storage_path
 # Folders a sweep must never be put in (nor anywhere inside them), and folders it must not be put directly into.
@@ -171,7 +172,7 @@ class Plan:
     state: dict
     new: list[str] = field(default_factory=list)  # not in the sweep yet
     problems: list[str] = field(default_factory=list)  # refusals, one line each, each naming its field
-    packs: list[Pack] = field(default_factory=list)  # the Tune trials with pack.seeds > 1 (none: unpacked)
+    packs: list[Pack] = field(default_factory=list)  # the Tune trials
 
 
 def plan(state: dict | None, spec: SweepSpec, layout: SweepDir | None = None) -> Plan:
@@ -196,9 +197,8 @@ def plan(state: dict | None, spec: SweepSpec, layout: SweepDir | None = None) ->
     packs, pack_problems = _plan_packs(state, spec, bool(recorded), layout)
     state = {k: v for k, v in state.items() if k not in (PACK_SEEDS_KEY, PACKS_KEY)}
     state = {**state, "format": STATE_FORMAT, "name": spec.name, "fingerprint": spec.fingerprint(),
-             "trials": {**recorded, **{n: current[n] for n in new}}}
-    if spec.pack.seeds > 1:  # an unpacked sweep's sweep.json stays as it was before packs existed
-        state = {**state, PACK_SEEDS_KEY: spec.pack.seeds, PACKS_KEY: pack_records(packs)}
+             "trials": {**recorded, **{n: current[n] for n in new}}, PACK_SEEDS_KEY: spec.pack.seeds,
+             PACKS_KEY: pack_records(packs)}
     return Plan(state, new, _problems(recorded, current, spec) + pack_problems, packs)
 
 
@@ -210,18 +210,17 @@ def _plan_packs(state: dict, spec: SweepSpec, started: bool, layout: SweepDir | 
     if layout is not None:
         recorded = {n: m for n, m in recorded.items() if pack_started(layout, PackId.of(m))}
     if old != spec.pack.seeds and (recorded or (old == 1 and started)):
-        was = f"packs of {old} seeds" if old > 1 else "each seed run as its own trial (pack.seeds 1)"
-        shown = form_packs(spec) if spec.pack.seeds > 1 else []  # what --dry-run lists beside the refusal
-        return shown, [f"pack.seeds: this sweep trains {was}, the spec now gives {spec.pack.seeds}; a started pack's "
-                    f"checkpoint holds its seeds together, so a sweep's pack size cannot change: restore pack.seeds: "
-                    f"{old}, or start over with --fresh or another name"]
-    return (form_packs(spec, recorded) if spec.pack.seeds > 1 else []), []
+        shown = form_packs(spec)  # what --dry-run lists beside the refusal
+        return shown, [f"pack.seeds: this sweep trains packs of {old} seed{'s' if old > 1 else ''}, the spec now gives "
+                       f"{spec.pack.seeds}; a started pack's checkpoint holds its seeds together, so a sweep's pack "
+                       f"size cannot change: restore pack.seeds: {old}, or start over with --fresh or another name"]
+    return form_packs(spec, recorded), []
 
 
 def _started(layout: SweepDir, name: str) -> bool:
-    """Whether the trial left anything in the folder (a Tune folder, a checkpoint, a policy or replay folder)."""
-    return bool(layout.trial_dirs(name)) or any(p.exists() for p in (layout.checkpoints(name), layout.policies(name),
-                                                                     layout.replay(name)))
+    """Whether the trial left anything of its own in the folder (a policy or replay folder, or what an unpacked
+    trial of an older release left)."""
+    return any(p.exists() for p in (layout.policies(name), layout.replay(name))) or legacy_trial_started(layout, name)
 
 
 def _problems(recorded: dict, current: dict, spec: SweepSpec) -> list[str]:
@@ -311,13 +310,14 @@ def outcome(layout: SweepDir, spec: SweepSpec, failed: dict[str, str]) -> tuple[
     return failures, unfinished
 
 
-def prune_finished(layout: SweepDir, spec: SweepSpec) -> list[str]:
-    """Deletes finished trials' replay chunks (unless ``keep_replay``), also of trials whose worker ended before it
-    could; returns the finished trials."""
-    done = [t.name for t in spec.trials() if layout.trial_state(t.name) == "done"]
-    for name in done if not spec.keep_replay else []:
+def prune_finished(layout: SweepDir, packs: list[Pack], keep_replay: bool) -> list[str]:
+    """Deletes the replay chunks of the packs that have ended (each seed run done or diverged), unless
+    ``keep_replay``, also of packs whose worker ended before it could; returns the finished trials. A pack with a
+    seed run still pending keeps every seed's replay: its newest checkpoint may need them to resume."""
+    ended = [p for p in packs if pack_state(layout, p) == "ended"]
+    for name in [n for p in ended for n in p.names] if not keep_replay else []:
         prune_chunks(layout.replay(name))
-    return done
+    return [n for p in packs for n in p.names if layout.trial_state(n) == "done"]
 
 
 def sqlite_on_many_machines(uri: str, nodes: list[dict]) -> str | None:
@@ -332,12 +332,12 @@ def sqlite_on_many_machines(uri: str, nodes: list[dict]) -> str | None:
 
 
 def sync_runs(tracker: Tracker, parent_run_id: str, layout: SweepDir, spec: SweepSpec,
-              failures: list[FailedTrial], unfinished: list[str], packs: list[Pack] | None = None) -> None:
+              failures: list[FailedTrial], unfinished: list[str], packs: list[Pack]) -> None:
     """Brings every trial's MLflow run in line with the folder: finished runs complete (metrics an outage kept
     back, a store that moved, the policy checksums from ``DONE.json`` if the run lacks them), failed ones FAILED
     with the reason, unfinished ones KILLED (to be resumed). Runs already in that state are not touched.
     Best-effort: if MLflow fails, the next call (the end of this start, or the next start) tries again. A seed run
-    of one of the ``packs`` carries its pack's tags."""
+    carries its pack's tags."""
     try:
         runs = tracker.trial_runs()
     except Exception as e:  # noqa: BLE001 - MLflow is a mirror; the folder keeps everything
@@ -345,7 +345,7 @@ def sync_runs(tracker: Tracker, parent_run_id: str, layout: SweepDir, spec: Swee
               f"start or at the next one", flush=True)
         return
     reasons = {f.name: f.error for f in failures}
-    in_pack = pack_of(packs or [])
+    in_pack = pack_of(packs)
     for t in spec.trials():
         run = runs.get(t.name)
         status = run.info.status if run is not None else None
@@ -353,10 +353,10 @@ def sync_runs(tracker: Tracker, parent_run_id: str, layout: SweepDir, spec: Swee
         tags = _missing_checksums(layout, t.name, run) if want == "FINISHED" else {}
         if not tags and (status == want or (want == "KILLED" and status in (None, "FINISHED"))):
             continue
-        pack = in_pack.get(t.name)
+        pack = in_pack[t.name]
         mirror = TrialRun(tracker.uri, tracker.experiment, tracker.sweep_id, parent_run_id, t.name,
                           t.run.model_dump(mode="json"), log=lambda line: print(line, flush=True),
-                          run_tags=pack_tags(pack.name, len(pack.trials)) if pack else None)
+                          run_tags=pack_tags(pack.name, len(pack.trials)))
         if not mirror.finish(layout.read_history(t.name), failed_reason=reasons.get(t.name),
                              killed=want == "KILLED", tags=tags, timeout_s=30):
             return

@@ -1,48 +1,57 @@
-"""The single-seed training loop: warm-up, act, step, update, evaluate, checkpoint, report (a pack of seeds runs
-the same steps for S seeds at once in :mod:`qed_ray.packed_trainer`).
+"""The training loop: the S >= 1 seeds of one (task, agent, variant) in one process, in lock-step (a single run is a
+pack of one).
 
-Everything is injected: env, agent, replay, reporter, RNG, device; :func:`build_trainer` is the one place a run's
-objects are built. The reporter receives the metrics of each evaluation interval and a ``save`` callable that
-writes the checkpoint (or a policy snapshot of the modules it names) into a folder of the reporter's choice (the
-CLI keeps one folder; a sweep trial keeps its newest two under the sweep folder's ``checkpoints/<trial>/``).
+Per decision: one batched act for the S observations, the S envs stepped (here or on env workers), one row per
+seed into the replay, one packed update (:class:`~qed_ray.agents.packed.PackedAgent` through
+:class:`~qed_ray.pack_update.PackUpdater`: eager, compiled, or one CUDA graph). Every evaluation rolls out all
+seeds x episodes in lock-step with one policy call per step (:func:`~qed_ray.evaluate.rollout_lockstep`), and
+checkpoints are hashed and written by a background thread (:class:`~qed_ray.writer.BackgroundWriter`).
+
+Each seed has its run spec, random streams, metrics, evaluations and checkpoint folder. A non-finite loss, Q value
+or observation stops that seed only: its status becomes "diverged" with the reason, its env is no longer stepped,
+its replay and metric rows are ignored, its parameters are frozen, and its last checkpoint stays the last one
+written before it diverged. The other seeds go on; the run ends when every seed has finished or stopped.
+Everything is injected; :func:`build_trainer` is the one place a run's objects are built.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
 import torch
 
-from qed_ray.agents import make_agent
-from qed_ray.agents.base import Agent
-from qed_ray.checkpoint import load_checkpoint, save_checkpoint
-from qed_ray.config import RunSpec, TrainSpec
-from qed_ray.envs import DMCEnv, make_env
-from qed_ray.evaluate import eval_seeds, rollout
+from qed_ray.agents.packed import PackedAgent, make_packed_agent
+from qed_ray.config import RunSpec
+from qed_ray.env_pool import EnvPool
+from qed_ray.evaluate import eval_seeds, rollout_lockstep
 from qed_ray.networks import require_fp32_matmul
-from qed_ray.replay import ReplayBuffer, keeps_transition
+from qed_ray.pack import EvalRecord, Progress, SeedRun, check_pack, pack_name, remaining_s
+from qed_ray.pack_checkpoint import PackCheckpoints
+from qed_ray.pack_update import PackUpdater, resolve_mode
+from qed_ray.replay import Replay, keeps_transition, replay_bytes, replay_device
 from qed_ray.update_metrics import MetricAccumulator
+from qed_ray.writer import BackgroundWriter
+
+HEARTBEAT_EVERY = 100  # decisions between looks at the clock for a heartbeat
 
 
 class SaveFn(Protocol):
-    """``save(folder)`` writes the full resumable checkpoint; ``save(folder, modules=names)`` a policy snapshot."""
+    """``save(folder)`` writes the pack checkpoint; ``save(folder, modules=names, index=i)`` a policy snapshot of
+    seed i. Both return the writer's future (the files exist once it is done)."""
 
-    def __call__(self, directory: Path, modules: Sequence[str] | None = None) -> None: ...
+    def __call__(self, directory: Path, modules: Sequence[str] | None = None, index: int | None = None
+                 ) -> Future: ...
 
 
 class Reporter(Protocol):
-    """Receives one metrics dict per evaluation and may persist the run with ``save`` (see :class:`SaveFn`)."""
+    """Receives, at each evaluation, ``{pack index: metrics}`` of the seeds still training, and ``save``."""
 
-    def __call__(self, metrics: dict[str, float], save: SaveFn) -> None: ...
-
-
-class DivergenceError(RuntimeError):
-    """A non-finite loss, Q value or observation: the run stops with this reason."""
+    def __call__(self, metrics: dict[int, dict[str, float]], save: SaveFn) -> None: ...
 
 
 class InjectedCrash(RuntimeError):
@@ -56,158 +65,149 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-@dataclass(frozen=True)
-class EvalRecord:
-    """One evaluation of a run: env steps, mean deterministic eval return, and two interval means of its updates:
-    the actor's alpha and the double-critic gap |Q1 - Q2| (the critic proxy's x, paper App. D)."""
-
-    env_steps: int
-    return_mean: float
-    alpha_mean: float  # NaN when the interval had no update (all warm-up)
-    q_gap_mean: float = math.nan  # ditto
-
-    def to_json(self) -> dict:
-        """``{"env_steps", "return_mean", "alpha_mean", "q_gap_mean"}`` (in manifests and ``summary.json``)."""
-        return {"env_steps": self.env_steps, "return_mean": self.return_mean, "alpha_mean": self.alpha_mean,
-                "q_gap_mean": self.q_gap_mean}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "EvalRecord":
-        """Inverse of :meth:`to_json` (a record written before ``q_gap_mean`` existed reads it as NaN: unknown)."""
-        return cls(int(d["env_steps"]), float(d["return_mean"]), float(d["alpha_mean"]),
-                   float(d.get("q_gap_mean", math.nan)))
-
-
-def remaining_s(train: TrainSpec, decisions: int, evals_done: int, warmup_s_per_decision: float | None,
-                train_s_per_decision: float | None, eval_s_per_eval: float | None) -> float | None:
-    """Seconds left to finish a run: its warm-up, training and evaluation decisions at their measured costs.
-
-    Warm-up decisions (no updates) are much cheaper than training ones and every evaluation rolls out
-    ``eval_episodes`` whole episodes, so one overall rate would be wrong in both directions. Before the first
-    evaluation its cost is estimated as that many episodes at the warm-up cost per decision (stepping the physics
-    dominates both). None while a needed cost is still unmeasured.
-    """
-    warm_left = max(0, train.warmup_decisions - decisions)
-    train_left = train.decisions - max(decisions, train.warmup_decisions)
-    evals_left = train.decisions // train.eval_every_decisions - evals_done
-    if eval_s_per_eval is None and warmup_s_per_decision is not None:
-        eval_s_per_eval = train.eval_episodes * train.episode_decisions * warmup_s_per_decision
-    parts = [(warm_left, warmup_s_per_decision), (train_left, train_s_per_decision), (evals_left, eval_s_per_eval)]
-    if any(n > 0 and cost is None for n, cost in parts):
-        return None
-    return float(sum(n * cost for n, cost in parts if n > 0))
-
-
-@dataclass
-class Progress:
-    """Counters and history that make a resumed run continue exactly."""
-
-    decisions: int = 0
-    updates: int = 0
-    episodes: int = 0
-    wall_s: float = 0.0  # real time inside run(), summed over every start of the run
-    evals: list[EvalRecord] = field(default_factory=list)
-    train_returns: list = field(default_factory=list)  # returns of finished training episodes this interval
-    warmup_s: float = 0.0  # time spent in warm-up decisions
-    train_s: float = 0.0  # time spent in decisions with updates
-    eval_s: float = 0.0  # time spent evaluating and reporting (checkpoints, snapshots, logging)
-
-    def to_json(self) -> dict:
-        """The ``progress`` entry of a checkpoint manifest."""
-        return {"decisions": self.decisions, "updates": self.updates, "episodes": self.episodes,
-                "wall_s": self.wall_s, "evals": [e.to_json() for e in self.evals], "warmup_s": self.warmup_s,
-                "train_s": self.train_s, "eval_s": self.eval_s}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Progress":
-        """Inverse of :meth:`to_json` (timings a checkpoint written before they existed lack read as 0)."""
-        return cls(d["decisions"], d["updates"], d["episodes"], d["wall_s"],
-                   [EvalRecord.from_json(e) for e in d["evals"]], [],
-                   d.get("warmup_s", 0.0), d.get("train_s", 0.0), d.get("eval_s", 0.0))
-
-
 class Trainer:
-    """Runs one :class:`RunSpec` to its budget.
+    """Runs the S runs of a pack to their budget.
 
     Args:
-        spec: the run.
-        env: training env (its RNG state is checkpointed).
-        agent: SAC-LN or MAD-SAC.
-        replay: the buffer.
+        runs: one :class:`SeedRun` per seed, in pack order.
+        pool: S training envs (indices 0..S-1) then S x E evaluation envs.
+        agent, replay: the pack's agent and replay.
         reporter: metrics/checkpoint sink.
-        rng: draws warm-up actions.
-        replay_dir: where replay chunks persist across checkpoints (None: each checkpoint carries the buffer).
+        writer: the background writer of checkpoint files.
+        replay_dirs: per seed, where its replay chunks persist (None: inside each checkpoint).
         log: progress-line printer.
+        name: the pack's name (default :func:`~qed_ray.pack.pack_name` of the runs; a sweep's names its axes).
+        heartbeat: called at the start and every ``heartbeat_s`` seconds between evaluations with
+            ``{env_steps, total_env_steps, warmup, eta_s, wall_s}`` (None: no heartbeat).
     """
 
-    def __init__(self, spec: RunSpec, env: DMCEnv, agent: Agent, replay: ReplayBuffer, reporter: Reporter,
-                 rng: np.random.Generator, replay_dir: Path | None = None,
-                 log: Callable[[str], None] = lambda s: None,
+    def __init__(self, runs: list[SeedRun], pool: EnvPool, agent: PackedAgent, replay: Replay, reporter: Reporter,
+                 writer: BackgroundWriter, replay_dirs: Sequence[Path] | None = None,
+                 log: Callable[[str], None] = lambda s: None, name: str | None = None,
                  heartbeat: Callable[[dict], None] | None = None, heartbeat_s: float = 30.0):
-        self.spec, self.env, self.agent, self.replay = spec, env, agent, replay
-        self.reporter, self.rng, self.replay_dir, self.log = reporter, rng, replay_dir, log
+        self.runs, self.pool, self.agent, self.replay = runs, pool, agent, replay
+        self.reporter, self.writer, self.log = reporter, writer, log
         self.heartbeat, self.heartbeat_s = heartbeat, heartbeat_s
+        self.t, self.n, self.name = runs[0].spec.train, len(runs), name or pack_name([r.spec for r in runs])
+        self.active = np.ones(self.n, bool)
         self.p = Progress()
-        self._wall_base, self._t_start, self._t_mark = 0.0, None, time.perf_counter()  # _t_start: set in run()
         self.resumed_from: int | None = None
-        self._acc = MetricAccumulator(agent.metric_layout, agent.device)  # interval sums/max/min on the device
-        self.last_metrics: dict[str, float] = {}
+        self.checkpoints = PackCheckpoints(self, replay_dirs)
+        self._wall_base, self._t_start, self._t_mark = 0.0, None, time.perf_counter()  # _t_start: set in run()
+        self.acc = MetricAccumulator(agent.metric_layout, agent.device, seeds=self.n)
+        mode, why = resolve_mode(self.t.compile, agent.device, agent)
+        self.updater = PackUpdater(agent, replay, self.acc, mode, agent.spec.batch_size)
+        log(f"pack {self.name}: update mode {mode} ({why})")
+        self.eval_index = self.n + np.arange(self.n * self.t.eval_episodes).reshape(self.n, -1)
 
-    # ---- checkpoint ------------------------------------------------------------------------------
-    def identity(self) -> dict:
-        """Fields a checkpoint must match to be resumed by this run."""
-        s = self.spec
-        return {"task": s.task, "agent": s.agent.name, "variant": s.variant, "seed": s.seed,
-                "obs_dim": self.env.obs_dim, "action_dim": self.env.action_dim}
+    # ---- loop --------------------------------------------------------------------------------------------
+    def run(self) -> list[dict]:
+        """Trains every seed to the budget (or until it diverges); returns the per-seed summaries. The checkpoint
+        writes are flushed before it returns or raises, and a stopped run still counts its real wall time."""
+        self._wall_base, self._t_start = self.p.wall_s, time.perf_counter()
+        self._t_mark = self._t_start
+        try:
+            self._loop()
+            for run in self.runs:
+                run.status = self._status(run)
+        finally:
+            self.p.wall_s, self._t_start = self.wall_s(), None
+            self.writer.flush()
+        return self.summaries()
 
-    def save(self, directory: Path, modules: Sequence[str] | None = None) -> None:
-        """Writes the full run state into ``directory`` (replay chunks to ``replay_dir`` when set).
+    def _loop(self) -> None:
+        t = self.t
+        require_fp32_matmul()  # every critic pass feeding QED or the TD target stays FP32 (no TF32)
+        obs = np.zeros((self.n, self.pool.obs_dim), np.float32)
+        fresh = np.ones(self.n, bool)  # episodes start lazily (a checkpoint at an episode end holds the env RNG)
+        interval_start, interval_updates = time.perf_counter(), 0
+        last_beat = time.perf_counter()
+        if self.heartbeat is not None:
+            self._beat()
+        while self.p.decisions < t.decisions and self.active.any():
+            env_steps = (self.p.decisions + 1) * t.frame_skip
+            if env_steps == t.debug.crash_at_env_step and self.resumed_from is None:
+                raise InjectedCrash(f"injected crash at env step {env_steps}")
+            on = np.flatnonzero(self.active)
+            starting = on[fresh[on]]
+            if len(starting):
+                obs[starting], fresh[starting] = self.pool.reset(starting), False
+            obs, done = self._decide(obs, on, env_steps)
+            self.p.decisions += 1
+            if self.p.decisions > t.warmup_decisions:
+                interval_updates += self._update(env_steps)
+            elif self.p.decisions == t.warmup_decisions:
+                self._flush_phase_time()  # the cheap warm-up decisions end here
+            for i in np.flatnonzero(done & self.active):
+                run = self.runs[i]
+                run.train_returns.append(run.ep_return)
+                run.episodes, run.ep_return, fresh[i] = run.episodes + 1, 0.0, True
+            if self.p.decisions % t.nan_check_every == 0:
+                self._check_finite(env_steps)
+            if self.p.decisions % t.eval_every_decisions == 0:
+                self._evaluate_and_report(env_steps, time.perf_counter() - interval_start, interval_updates)
+                interval_start, interval_updates = time.perf_counter(), 0
+                last_beat = interval_start
+            elif self.heartbeat is not None and self.p.decisions % HEARTBEAT_EVERY == 0 \
+                    and time.perf_counter() - last_beat >= self.heartbeat_s:
+                last_beat = time.perf_counter()
+                self._beat()
 
-        With ``modules`` (names from ``agent.modules()``) it writes a small policy snapshot of just those modules
-        instead (no optimisers, RNG or replay): enough to act and to be compared across seeds. Which modules a
-        snapshot keeps is the caller's decision.
-        """
-        if modules is not None:
-            have = self.agent.modules()
-            unknown = sorted(set(modules) - set(have))
-            if unknown:
-                raise ValueError(f"modules: {unknown} are not modules of {self.spec.agent.name} ({sorted(have)})")
-            state = {k: m.state_dict() for k, m in have.items() if k in modules}
-            # The evaluation history and wall time ride along, so the gather step and --status read a finished
-            # or running trial from its snapshots alone (learning curves, critic-proxy x of App. D, cost so far).
-            manifest = {**self.identity(), "env_steps": self.p.decisions * self.spec.train.frame_skip,
-                        "run": self.spec.model_dump(mode="json"), "policy_only": True, "modules": sorted(state),
-                        "evals": [e.to_json() for e in self.p.evals], "wall_s": self.wall_s()}
-            save_checkpoint(directory, state, manifest)
-            return
-        replay_loc = self.replay_dir if self.replay_dir is not None else Path(directory) / "replay"
-        self.replay.save_incremental(replay_loc)
-        manifest = {
-            **self.identity(), "env_steps": self.p.decisions * self.spec.train.frame_skip,
-            "run": self.spec.model_dump(mode="json"),
-            "progress": {**self.p.to_json(), "wall_s": self.wall_s()},
-            "rng": {"warmup": self.rng.bit_generator.state, "replay": self.replay.rng_state(),
-                    "env": self.env.random_state()},
-            "replay": {"added": self.replay.added, "external": self.replay_dir is not None},
-        }
-        save_checkpoint(directory, self.agent.state_dict(), manifest)
+    def _decide(self, obs: np.ndarray, on: np.ndarray, env_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """Acts, steps the active envs, stores their transitions; returns (next obs, episode ended) [S]."""
+        if self.p.decisions < self.t.warmup_decisions:
+            actions = np.zeros((self.n, self.pool.action_dim), np.float32)
+            for i in on:
+                actions[i] = self.runs[i].warmup_rng.uniform(-1.0, 1.0, self.pool.action_dim).astype(np.float32)
+        else:
+            actions = self.agent.act(obs, self.active)
+        step = self.pool.step(on, actions[on])
+        nxt, reward, terminated, done = obs.copy(), np.zeros(self.n), np.zeros(self.n, bool), np.zeros(self.n, bool)
+        nxt[on], reward[on], terminated[on], done[on] = step.obs, step.reward, step.terminated, \
+            step.terminated | step.truncated
+        for i in on[~np.isfinite(step.obs).all(axis=1)]:
+            self._stop(i, f"non-finite observation at env step {env_steps}")
+        truncated = done & ~terminated
+        keep = [keeps_transition(self.t, run.spec.seed, self.p.decisions, bool(truncated[i]))
+                for i, run in enumerate(self.runs)]
+        self.replay.add(obs, actions, reward, nxt, terminated, self.active & np.array(keep))
+        for i in np.flatnonzero(self.active):
+            self.runs[i].ep_return += reward[i]
+        return nxt, done
 
-    def restore(self, directory: Path) -> dict:
-        """Loads a checkpoint written by :meth:`save`; returns its manifest."""
-        state, m = load_checkpoint(directory, expect=self.identity(), map_location=self.agent.device)
-        self.agent.load_state_dict(state)
-        self.p = Progress.from_json(m["progress"])
-        self.rng.bit_generator.state = m["rng"]["warmup"]
-        self.replay.set_rng_state(m["rng"]["replay"])
-        self.env.set_random_state(m["rng"]["env"])
-        src = self.replay_dir if m["replay"]["external"] else Path(directory) / "replay"
-        self.replay.load_incremental(src, m["replay"]["added"])
-        self.resumed_from = m["env_steps"]
-        return m
+    def _update(self, env_steps: int) -> int:
+        b = self.agent.spec.batch_size
+        for _ in range(self.agent.spec.utd):
+            idx = self.replay.indices(b, self.active)
+            poisoned = [i for i in np.flatnonzero(self.active) if self.t.debug.nan.hits(self.runs[i].spec.seed,
+                                                                                          env_steps)]
+            if poisoned:  # fault injection: a real NaN that flows into seed i's critic loss (an eager update)
+                batch = self.replay.gather(idx)
+                batch["reward"][poisoned, 0] = float("nan")
+                self.updater.eager(batch, self.agent.noise(b, self.active))
+            else:
+                self.updater(idx, self.agent.noise(b, self.active))
+            self.p.updates += 1
+        return self.agent.spec.utd
+
+    def _check_finite(self, env_steps: int) -> None:
+        bad = self.acc.non_finite_per_seed(("loss/", "q/"))  # one sync
+        for i in np.flatnonzero(self.active):
+            if bad[i]:
+                self._stop(i, f"non-finite {', '.join(bad[i])} by env step {env_steps} (decision "
+                              f"{self.p.decisions}, update {self.p.updates})")
+
+    def _stop(self, i: int, reason: str) -> None:
+        run = self.runs[i]
+        run.status, run.reason, run.stopped_at = "diverged", reason, (self.p.decisions, self.p.updates)
+        self.active[i] = False
+        self.agent.freeze(i)
+        others = " (the other seeds of the pack go on)" if self.active.any() else ""
+        self.log(f"{run.name} stopped{others}: {reason}")
 
     # ---- time ------------------------------------------------------------------------------------
     def wall_s(self) -> float:
-        """Real time inside :meth:`run` so far, over every start of this run (resumes add up)."""
+        """Real time inside :meth:`run` so far, over every start of this pack (resumes add up)."""
         if self._t_start is None:
             return self.p.wall_s
         return self._wall_base + time.perf_counter() - self._t_start
@@ -215,179 +215,151 @@ class Trainer:
     def _flush_phase_time(self) -> None:
         """Books the time since the last mark to warm-up or training, whichever the decisions since were."""
         now = time.perf_counter()
-        if self.p.decisions <= self.spec.train.warmup_decisions:
+        if self.p.decisions <= self.t.warmup_decisions:
             self.p.warmup_s += now - self._t_mark
         else:
             self.p.train_s += now - self._t_mark
         self._t_mark = now
 
     def eta_s(self) -> float | None:
-        """Seconds to the end of the run at the costs measured so far (see :func:`remaining_s`)."""
-        t, p = self.spec.train, self.p
-        warm_done = min(p.decisions, t.warmup_decisions)
-        return remaining_s(t, p.decisions, len(p.evals),
+        """Seconds to the end of the run at the costs measured so far (see :func:`~qed_ray.pack.remaining_s`)."""
+        t, p = self.t, self.p
+        warm_done, evals = min(p.decisions, t.warmup_decisions), p.decisions // t.eval_every_decisions
+        return remaining_s(t, p.decisions, evals,
                            p.warmup_s / warm_done if warm_done and p.warmup_s > 0 else None,
                            p.train_s / (p.decisions - t.warmup_decisions) if p.decisions > t.warmup_decisions
                            and p.train_s > 0 else None,
-                           p.eval_s / len(p.evals) if p.evals and p.eval_s > 0 else None)
+                           p.eval_s / evals if evals and p.eval_s > 0 else None)
 
     def _beat(self) -> None:
         self._flush_phase_time()
-        t = self.spec.train
+        t = self.t
         self.heartbeat({"env_steps": self.p.decisions * t.frame_skip, "total_env_steps": t.env_steps,
                         "warmup": self.p.decisions < t.warmup_decisions, "eta_s": self.eta_s(),
                         "wall_s": self.wall_s()})
 
-    # ---- loop ------------------------------------------------------------------------------------
-    def run(self) -> dict:
-        """Trains to ``spec.train.env_steps``; returns the final summary. Raises DivergenceError on NaN/inf.
-
-        With a ``heartbeat``, it is called at the start and then every ``heartbeat_s`` seconds between
-        evaluations with ``{env_steps, total_env_steps, warmup, eta_s, wall_s}``.
-        """
-        self._wall_base, self._t_start = self.p.wall_s, time.perf_counter()
-        self._t_mark = self._t_start
-        try:
-            self._loop()
-        finally:  # a stopped run (divergence) still reports its real wall time
-            self.p.wall_s, self._t_start = self.wall_s(), None
-        return self.summary()
-
-    def _loop(self) -> None:
-        t = self.spec.train
-        require_fp32_matmul()  # every critic pass feeding QED or the TD target stays FP32 (no TF32)
-        obs = None  # episodes start lazily so a checkpoint taken at an episode end holds the pre-reset env RNG
-        ep_return = 0.0
-        interval_start = time.perf_counter()
-        interval_updates = 0
-        last_beat = time.perf_counter()
-        if self.heartbeat is not None:
-            self._beat()
-        while self.p.decisions < t.decisions:
-            env_steps = (self.p.decisions + 1) * t.frame_skip
-            if env_steps == t.debug.crash_at_env_step and self.resumed_from is None:
-                raise InjectedCrash(f"injected crash at env step {env_steps}")
-            if obs is None:
-                obs = self.env.reset()
-            if self.p.decisions < t.warmup_decisions:
-                action = self.rng.uniform(-1.0, 1.0, self.env.action_dim).astype(np.float32)
-            else:
-                action = self.agent.act(obs, deterministic=False)
-            step = self.env.step(action)
-            if not np.all(np.isfinite(step.obs)):
-                raise DivergenceError(f"non-finite observation at env step {env_steps}")
-            if keeps_transition(t, self.spec.seed, self.p.decisions, step.truncated):
-                self.replay.add(obs, action, step.reward, step.obs, step.terminated)
-            ep_return += step.reward
-            obs = step.obs
-            self.p.decisions += 1
-            if self.p.decisions > t.warmup_decisions:
-                interval_updates += self._update(env_steps)
-            elif self.p.decisions == t.warmup_decisions:
-                self._flush_phase_time()  # the cheap warm-up decisions end here
-            if step.terminated or step.truncated:
-                self.p.train_returns.append(ep_return)
-                self.p.episodes += 1
-                ep_return = 0.0
-                obs = None
-            if self.p.decisions % t.nan_check_every == 0:
-                self._check_finite(env_steps)
-            if self.p.decisions % t.eval_every_decisions == 0:
-                elapsed = time.perf_counter() - interval_start
-                self._evaluate_and_report(env_steps, elapsed, interval_updates)
-                interval_start, interval_updates = time.perf_counter(), 0
-                last_beat = interval_start
-            elif self.heartbeat is not None and self.p.decisions % 100 == 0 \
-                    and time.perf_counter() - last_beat >= self.heartbeat_s:
-                last_beat = time.perf_counter()
-                self._beat()
-
-    def _update(self, env_steps: int) -> int:
-        spec = self.spec
-        for _ in range(spec.agent.utd):
-            batch = self.replay.sample(spec.agent.batch_size, self.agent.device)
-            if spec.train.debug.nan.hits(spec.seed, env_steps):
-                batch["reward"][0] = float("nan")  # a real NaN that flows into the critic loss
-            self._acc.add(self.agent.update(batch))  # one metric vector, folded in on the device
-            self.p.updates += 1
-        return spec.agent.utd
-
-    def _check_finite(self, env_steps: int) -> None:
-        bad = self._acc.non_finite(("loss/", "q/"))  # one sync
-        if bad:
-            raise DivergenceError(f"non-finite {', '.join(bad)} by env step {env_steps} "
-                                  f"(decision {self.p.decisions}, update {self.p.updates})")
-
+    # ---- evaluation ------------------------------------------------------------------------------
     def _evaluate_and_report(self, env_steps: int, elapsed: float, interval_updates: int) -> None:
-        t = self.spec.train
         self._check_finite(env_steps)
         self._flush_phase_time()
         t0 = time.perf_counter()
-        ev = rollout(self.agent.act_batch, self.spec.task, eval_seeds(t.eval_episodes), frame_skip=t.frame_skip)
+        returns = rollout_lockstep(self.agent.act_deterministic, self.pool, self.eval_index,
+                                   eval_seeds(self.t.eval_episodes), self.active).returns
         eval_s = time.perf_counter() - t0
-        mean = float(ev.returns.mean())
-        interval = self._acc.means()
-        self.p.evals.append(EvalRecord(env_steps, mean, interval.get("alpha/actor_mean", math.nan),
-                                       interval.get("q/abs_diff_mean", math.nan)))
-        metrics = {
-            "env_steps": env_steps, "decisions": self.p.decisions, "updates": self.p.updates,
-            "episodes": self.p.episodes,
-            "eval/return_mean": mean, "eval/return_std": float(ev.returns.std()),
-            "eval/return_min": float(ev.returns.min()), "eval/return_max": float(ev.returns.max()),
-            "perf/updates_per_s": interval_updates / max(elapsed, 1e-9),
-            "perf/env_steps_per_s": t.eval_every / max(elapsed, 1e-9), "perf/eval_s": eval_s,
-            "perf/wall_s": self.wall_s(),
-        }
-        if self.p.train_returns:
-            metrics["train/episode_return"] = float(np.mean(self.p.train_returns))
-        metrics.update(interval)
-        self.p.train_returns = []
+        interval = self.acc.means_per_seed()
         # The eval time includes this report (checkpoint, snapshot, logging) only from the next evaluation on:
         # the checkpoint written here must already hold the count of evaluations it belongs to.
-        self.p.eval_s += time.perf_counter() - t0
-        metrics["perf/eta_s"] = self.eta_s() if self.p.decisions < t.decisions else 0.0
-        self.last_metrics = metrics
-        for warning in self.agent.report_warnings(metrics):
-            self.log(f"WARNING {self.spec.name} at env step {env_steps}: {warning}")
+        self.p.eval_s += eval_s
+        eta = self.eta_s() if self.p.decisions < self.t.decisions else 0.0
+        metrics = {int(i): self._metrics(self.runs[i], returns[i], interval[i], env_steps, elapsed,
+                                         interval_updates, eval_s, eta) for i in np.flatnonzero(self.active)}
         t_report = time.perf_counter()
-        self.reporter(metrics, self.save)
+        self.reporter(metrics, self.checkpoints.save)
         self.p.eval_s += time.perf_counter() - t_report
         self._t_mark = time.perf_counter()
-        self.log(f"{self.spec.name} env_steps={env_steps} eval={mean:.1f} "
-                 f"alpha={metrics.get('alpha/actor_mean', float('nan')):.4f} "
-                 f"ups={metrics['perf/updates_per_s']:.1f}")
+        for i, m in metrics.items():
+            self.log(f"{self.runs[i].name} env_steps={env_steps} eval={m['eval/return_mean']:.1f} "
+                     f"alpha={m.get('alpha/actor_mean', float('nan')):.4f} ups={m['perf/updates_per_s']:.1f}")
 
-    def summary(self) -> dict:
-        """Final figures of the run (the CLI writes them to ``summary.json``)."""
-        t = self.spec.train
-        evals = self.p.evals
-        last = self.last_metrics
-        alphas = [e.alpha_mean for e in evals if math.isfinite(e.alpha_mean)]
-        return {
-            "name": self.spec.name, "task": self.spec.task, "agent": self.spec.agent.name,
-            "variant": self.spec.variant, "seed": self.spec.seed, "status": "finished",
-            "env_steps": self.p.decisions * t.frame_skip, "decisions": self.p.decisions,
-            "updates": self.p.updates, "wall_s": self.p.wall_s, "warmup_s": self.p.warmup_s,
-            "train_s": self.p.train_s, "eval_s": self.p.eval_s,
-            "updates_per_s": self.p.updates / self.p.train_s if self.p.train_s else math.nan,
-            "final_eval_return_mean": evals[-1].return_mean if evals else math.nan,
+    def _metrics(self, run: SeedRun, returns: np.ndarray, interval: dict, env_steps: int, elapsed: float,
+                 interval_updates: int, eval_s: float, eta: float | None) -> dict[str, float | None]:
+        """One seed's evaluation metrics."""
+        mean = float(returns.mean())
+        run.evals.append(EvalRecord(env_steps, mean, interval.get("alpha/actor_mean", math.nan),
+                                    interval.get("q/abs_diff_mean", math.nan)))
+        metrics = {
+            "env_steps": env_steps, "decisions": self.p.decisions, "updates": self.p.updates,
+            "episodes": run.episodes, "eval/return_mean": mean, "eval/return_std": float(returns.std()),
+            "eval/return_min": float(returns.min()), "eval/return_max": float(returns.max()),
+            "perf/updates_per_s": interval_updates / max(elapsed, 1e-9),
+            "perf/env_steps_per_s": self.t.eval_every / max(elapsed, 1e-9), "perf/eval_s": eval_s,
+            "perf/wall_s": self.wall_s(), "perf/eta_s": eta,
+        }
+        if run.train_returns:
+            metrics["train/episode_return"] = float(np.mean(run.train_returns))
+        metrics.update(interval)
+        run.train_returns, run.last_metrics = [], metrics
+        for warning in self.agent.template.report_warnings(metrics):
+            self.log(f"WARNING {run.name} at env step {env_steps}: {warning}")
+        return metrics
+
+    # ---- checkpoints and results ----------------------------------------------------------------------
+    def restore(self, directory: Path) -> dict:
+        """Loads a pack checkpoint (:class:`~qed_ray.pack_checkpoint.PackCheckpoints`); returns its pack.json."""
+        return self.checkpoints.restore(directory)
+
+    def _status(self, run: SeedRun) -> str:
+        """``running``, ``diverged``, or ``finished`` once the budget is done (also in the final checkpoint)."""
+        return "finished" if run.status == "running" and self.p.decisions >= self.t.decisions else run.status
+
+    def summaries(self) -> list[dict]:
+        """Per seed, its final figures (``summary.json``; ``reason`` when it diverged)."""
+        return [self._summary(run) for run in self.runs]
+
+    def _summary(self, run: SeedRun) -> dict:
+        s, t, p = run.spec, self.t, self.p
+        decisions, updates = run.stopped_at or (p.decisions, p.updates)
+        alphas = [e.alpha_mean for e in run.evals if math.isfinite(e.alpha_mean)]
+        last = run.last_metrics
+        out = {
+            "name": run.name, "task": s.task, "agent": s.agent.name, "variant": s.variant, "seed": s.seed,
+            "status": self._status(run), "env_steps": decisions * t.frame_skip, "decisions": decisions,
+            "updates": updates, "pack_size": self.n, "wall_s": p.wall_s, "warmup_s": p.warmup_s,
+            "train_s": p.train_s, "eval_s": p.eval_s,
+            "updates_per_s": p.updates / p.train_s if p.train_s else math.nan,
+            "final_eval_return_mean": run.evals[-1].return_mean if run.evals else math.nan,
             "final_eval_return_std": last.get("eval/return_std", math.nan),
             "alpha_mean_over_training": float(np.mean(alphas)) if alphas else math.nan,
             "final_alpha": {k.removeprefix("alpha/"): v for k, v in last.items() if k.startswith("alpha/")},
-            "evals": [e.to_json() for e in evals],
+            "evals": [e.to_json() for e in run.evals],
         }
+        if run.reason is not None:
+            out["reason"] = run.reason
+        return out
+
+    def close(self) -> None:
+        """Flushes the writer and frees the envs (and their workers)."""
+        try:
+            self.writer.flush()
+        finally:
+            self.pool.close()
 
 
-def build_trainer(spec: RunSpec, reporter: Reporter, replay_dir: Path | None,
-                  log: Callable[[str], None] = print, heartbeat: Callable[[dict], None] | None = None,
-                  heartbeat_s: float = 30.0) -> Trainer:
-    """Builds env, agent, replay, RNG and device for ``spec`` and injects them into a :class:`Trainer`."""
-    torch.set_num_threads(spec.train.threads)
-    device = resolve_device(spec.train.device)
-    env = make_env(spec.task, spec.seed, spec.train.frame_skip)
-    agent = make_agent(spec.agent, spec.temperature, env.obs_dim, env.action_dim, device, spec.seed)
-    capacity = spec.train.replay_capacity or spec.train.decisions
-    # Independent streams for the buffer sampler and warm-up actions, derived from the run seed.
-    replay_rng, warmup_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(spec.seed).spawn(2))
-    replay = ReplayBuffer(capacity, env.obs_dim, env.action_dim, replay_rng)
-    return Trainer(spec, env, agent, replay, reporter, warmup_rng, replay_dir, log, heartbeat, heartbeat_s)
+def build_trainer(specs: Sequence[RunSpec], reporter: Reporter, replay_dirs: Sequence[Path] | None,
+                  names: Sequence[str] | None = None, env_workers: int = 0, log: Callable[[str], None] = print,
+                  writer: BackgroundWriter | None = None, pack: str | None = None,
+                  heartbeat: Callable[[dict], None] | None = None, heartbeat_s: float = 30.0) -> Trainer:
+    """Builds the envs, the pack's agent, replay, per-seed random streams and the writer for ``specs`` (runs that
+    differ only in seed; one run is a pack of one) and injects them into a :class:`Trainer`. Seed s's streams are
+    derived from s alone, so a seed trains alike whatever pack it is in.
+
+    Args:
+        specs: the runs, in pack order.
+        reporter: metrics/checkpoint sink.
+        replay_dirs: per seed, its replay folder (None: replay inside each checkpoint).
+        names: per seed, its trial name (default: ``spec.name``).
+        env_workers: env worker processes (0: step the envs in this process).
+        log: progress-line printer.
+        writer: the background writer (default: a new one; :meth:`Trainer.close` flushes it).
+        pack: the pack's name (default: :func:`~qed_ray.pack.pack_name` of ``specs``).
+        heartbeat, heartbeat_s: see :class:`Trainer`.
+    """
+    check_pack(specs)
+    spec, t = specs[0], specs[0].train
+    torch.set_num_threads(t.threads)
+    device = resolve_device(t.device)
+    seeds = [s.seed for s in specs]
+    env_seeds = seeds + eval_seeds(t.eval_episodes) * len(seeds)  # eval envs are reseeded before every use
+    pool = EnvPool(spec.task, env_seeds, t.frame_skip, env_workers)
+    agent = make_packed_agent(spec.agent, spec.temperature, pool.obs_dim, pool.action_dim, device, seeds)
+    capacity = t.replay_capacity or t.decisions
+    # Per seed: independent streams for the buffer sampler and warm-up actions, derived from the run seed.
+    streams = [[np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)] for seed in seeds]
+    nbytes = replay_bytes(len(seeds), capacity, pool.obs_dim, pool.action_dim)
+    replay = Replay(capacity, pool.obs_dim, pool.action_dim, [r for r, _ in streams], device,
+                    replay_device(device, nbytes))
+    runs = [SeedRun(s, n, w) for s, n, (_, w) in zip(specs, names or [s.name for s in specs], streams)]
+    log(f"pack {pack or pack_name(specs)}: {len(seeds)} seed{'s' if len(seeds) > 1 else ''} on {device}, replay "
+        f"{nbytes / 2**20:.1f} MiB on {replay.storage.device}, {env_workers} env workers")
+    return Trainer(runs, pool, agent, replay, reporter, writer or BackgroundWriter(), replay_dirs, log, pack,
+                   heartbeat, heartbeat_s)

@@ -128,17 +128,19 @@ def rollout_states(snapshots: Sequence[Path], task: str, steps: int, env_seed: i
 
     Every policy starts from env seed ``env_seed``'s initial state and acts deterministically.
     """
+    from qed_ray.agents import load_policies
     from qed_ray.config import RunSpec
-    from qed_ray.agents import load_policy
-    from qed_ray.evaluate import rollout_many
+    from qed_ray.env_pool import EnvPool
+    from qed_ray.evaluate import rollout_lockstep
 
-    loaded = [load_policy(d, "cpu") for d in snapshots]
-    skips = {RunSpec.model_validate(m["run"]).train.frame_skip for _, m in loaded}
+    pack, manifests = load_policies(snapshots, "cpu")
+    skips = {RunSpec.model_validate(m["run"]).train.frame_skip for m in manifests}
     if len(skips) != 1:
         raise ValueError(f"--variants: the seeds' policies were trained with different frame skips {sorted(skips)}")
-    rolls = rollout_many([agent.act_batch for agent, _ in loaded], task, [env_seed], steps, skips.pop(),
-                         record_physics=True)
-    states = np.stack([r.physics_states[0] for r in rolls]).astype(np.float64)
+    with EnvPool(task, [env_seed] * pack.n, skips.pop()) as pool:
+        rolls = rollout_lockstep(pack.act_deterministic, pool, np.arange(pack.n)[:, None], [env_seed],
+                                 max_decisions=steps, record_physics=True)
+    states = rolls.physics_states[:, 0].astype(np.float64)
     if states.shape[1] != steps:
         raise ValueError(f"--steps: {steps} is longer than an episode ({states.shape[1]} decisions)")
     return states

@@ -10,10 +10,11 @@ from folder_helpers import group_result
 
 from qed_ray import metrics
 from qed_ray.agents import make_agent
-from qed_ray.analysis import action_rollouts, evaluate_group, trial_record
+from qed_ray.agents import load_policies
+from qed_ray.analysis import GroupEnvs, action_rollouts, evaluate_group, trial_record
 from qed_ray.checkpoint import save_checkpoint
 from qed_ray.config import RunSpec
-from qed_ray.evaluate import eval_seeds, rollout_many
+from qed_ray.evaluate import eval_seeds
 from qed_ray.layout import SweepDir
 from qed_ray.results import TrialRecord
 from qed_ray.spec import FinalEvalSpec
@@ -63,15 +64,19 @@ def test_identical_policies_have_zero_divergence_and_distance(tmp_path):
 
 
 def test_action_distance_reuses_eval_rollouts_exactly(tmp_path):
-    from qed_ray.agents import load_policy
-
-    agents = [load_policy(_snapshot(tmp_path, s, 1000))[0] for s in (0, 1)]
-    rolls = rollout_many([a.act_batch for a in agents], "cartpole-balance", eval_seeds(3))
-    reused = action_rollouts(agents, rolls, "cartpole-balance", 2, 40, 2)
-    fresh = np.stack([r.actions for r in rollout_many([a.act_batch for a in agents], "cartpole-balance",
-                                                       eval_seeds(2), max_decisions=40)])
-    np.testing.assert_array_equal(reused, fresh)
-    assert metrics.cumulative_action_distance(reused) > 0
+    pack, _ = load_policies([_snapshot(tmp_path, s, 1000) for s in (0, 1)])
+    envs = GroupEnvs("cartpole-balance", 2, 3, 2)
+    try:
+        rolls = envs.rollouts(pack, "mean", eval_seeds(3))
+        reused = action_rollouts(pack, envs, rolls, 2, 40)
+        fresh = envs.rollouts(pack, "mean", eval_seeds(2), max_decisions=40).actions
+        assert reused.shape == fresh.shape == (2, 2, 40, 1)
+        np.testing.assert_array_equal(reused, fresh)
+        assert metrics.cumulative_action_distance(reused) > 0
+        longer = action_rollouts(pack, envs, rolls, 4, 40)  # more than the eval rollouts cover: rolled out anew
+        np.testing.assert_array_equal(longer[:, :2], fresh)
+    finally:
+        envs.close()
 
 
 def test_trial_record_is_read_from_the_final_snapshot(sweep_copy):

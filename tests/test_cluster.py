@@ -633,7 +633,7 @@ def _worker_types(cfg: dict) -> list[dict]:
 def test_the_dmc18_packs_fit_the_worker_nodes_cpus_gpu_share_and_gpu_memory(provider):
     import json as _json
 
-    from qed_ray.packed_replay import replay_bytes
+    from qed_ray.replay import replay_bytes
     from qed_ray.spec import load_spec
     from qed_ray.throughput import load_throughput
 

@@ -1,16 +1,12 @@
-"""The pack's envs on real dm_control physics: workers give the same bits as in-process stepping, reseeded envs
-start where fresh ones do, and the lock-step evaluation returns what one-at-a-time rollouts return."""
+"""The pack's envs on real dm_control physics: workers give the same bits as in-process stepping, and reseeded envs
+start where fresh ones do (the rollout engine on a pool: tests/test_evaluate.py)."""
 
 import numpy as np
 import pytest
-import torch
 
-from qed_ray.agents import make_agent
-from qed_ray.agents.packed import make_packed_agent
-from qed_ray.config import SacLnSpec, TemperatureSpec
 from qed_ray.env_pool import EnvPool, EnvWorkerError
 from qed_ray.envs import make_env
-from qed_ray.evaluate import eval_seeds, rollout, rollout_lockstep
+from qed_ray.evaluate import eval_seeds
 
 TASK, FRAME_SKIP = "cartpole-balance", 10  # 100 decisions per episode
 
@@ -61,29 +57,3 @@ def test_a_reseeded_env_starts_exactly_where_a_fresh_one_does():
             assert np.array_equal(a.obs, b.obs) and a.reward == b.reward
         fresh.close()
     reused.close()
-
-
-def test_lockstep_evaluation_returns_the_one_at_a_time_returns():
-    spec = SacLnSpec(hidden=16, batch_size=16)
-    agents = [make_agent(spec, TemperatureSpec(), 5, 1, torch.device("cpu"), s) for s in (0, 1)]
-    seeds = eval_seeds(2)
-    want = np.stack([rollout(a.act_batch, TASK, seeds, frame_skip=FRAME_SKIP).returns for a in agents])
-    calls = []
-
-    def row_by_row(obs):  # the single-seed policy, called on each observation as rollout() calls it
-        calls.append(obs.shape)
-        return np.stack([np.concatenate([agents[p].act_batch(o[None]) for o in obs[p]]) for p in range(2)])
-
-    with EnvPool(TASK, [7, 7, 7, 7, 9], FRAME_SKIP) as pool:  # envs built once, with unrelated seeds
-        index = np.array([[0, 1], [2, 3]])
-        for _ in range(2):  # the same envs serve every evaluation
-            got = rollout_lockstep(row_by_row, pool, index, seeds)
-            assert np.array_equal(got, want)
-        assert calls == [(2, 2, 5)] * 200, "one policy call per step for all policies x episodes"
-        stopped = rollout_lockstep(row_by_row, pool, index, seeds, active=np.array([False, True]))
-        assert np.isnan(stopped[0]).all() and np.array_equal(stopped[1], want[1])
-        # the pack's batched policy (one forward for both seeds) acts within float rounding of the single ones
-        pack = make_packed_agent(spec, TemperatureSpec(), 5, 1, torch.device("cpu"), [0, 1])
-        batched = rollout_lockstep(pack.act_deterministic, pool, index, seeds)
-    np.testing.assert_allclose(batched, want, rtol=1e-5)
-    assert 0 < want.min() and want.max() <= 2 * 10 * 100  # cartpole pays at most 1 per control step

@@ -16,8 +16,9 @@ from qed_ray.agents import make_agent
 from qed_ray.analysis import evaluate_group
 from qed_ray.checkpoint import save_checkpoint
 from qed_ray.config import RunSpec, SacLnSpec, TemperatureSpec
-from qed_ray.envs import make_env
-from qed_ray.evaluate import episode_noise, eval_policy, eval_seeds, rollout_many
+from qed_ray.agents.packed import make_packed_agent
+from qed_ray.env_pool import EnvPool
+from qed_ray.evaluate import eval_policy, eval_seeds, rollout_lockstep
 from qed_ray.group_cache import ANALYSIS_VERSION, EVAL_FIELDS, cache_key
 from qed_ray.layout import SweepDir
 from qed_ray.reanalyze import policy_dir, write_results
@@ -29,32 +30,23 @@ TASK = "cartpole-balance"
 FE = FinalEvalSpec(episodes=2, action_rollouts=2, action_steps=30, curve_episodes=1, bootstrap_reps=200)
 
 
-def _agent(seed: int):
-    return make_agent(SacLnSpec(hidden=16, batch_size=16), TemperatureSpec(), 5, 1, torch.device("cpu"), seed)
-
-
 def test_sample_policy_draws_from_the_policy_with_the_eval_seeds_noise():
-    agent = _agent(0)
+    pack = make_packed_agent(SacLnSpec(hidden=16, batch_size=16), TemperatureSpec(), 5, 1, torch.device("cpu"),
+                             [0, 0])  # the same policy twice
     seeds = eval_seeds(2)
-    rolls = rollout_many([eval_policy(agent, "sample"), eval_policy(_agent(0), "sample"), agent.act_batch], TASK,
-                         seeds, max_decisions=20)
-    # the same policy twice sees the same noise: identical actions; the mean policy acts otherwise
-    np.testing.assert_array_equal(rolls[0].actions, rolls[1].actions)
-    assert not np.allclose(rolls[0].actions, rolls[2].actions)
-    # by hand: episode i's noise stream is episode_noise(seed_i), one [1, A] draw per decision
-    for i, seed in enumerate(seeds):
-        env, rng = make_env(TASK, seed, 2), episode_noise(seed)
-        obs = env.reset()
-        for t in range(20):
-            mu, sigma = agent.policy_distribution(obs[None])
-            a = np.tanh(mu + sigma * rng.standard_normal(mu.shape)).astype(np.float32)
-            np.testing.assert_array_equal(rolls[0].actions[i, t], a[0])
-            obs = env.step(a[0]).obs
-    # reproducible, and the noise is the episode's, not a stream running on across episodes
-    again = rollout_many([eval_policy(agent, "sample")], TASK, seeds[1:], max_decisions=20)[0]
-    np.testing.assert_array_equal(again.actions[0], rolls[0].actions[1])
+    with EnvPool(TASK, [0] * 4, 2) as pool:
+        index = np.arange(4).reshape(2, 2)
+        rolls = rollout_lockstep(eval_policy(pack, "sample"), pool, index, seeds, max_decisions=20, record=True)
+        mean = rollout_lockstep(eval_policy(pack, "mean"), pool, index, seeds, max_decisions=20, record=True)
+        # the same policy twice sees the same noise: identical actions; the mean policy acts otherwise
+        np.testing.assert_array_equal(rolls.actions[0], rolls.actions[1])
+        assert not np.allclose(rolls.actions, mean.actions)
+        # reproducible, and the noise is the episode's, not a stream running on across episodes
+        again = rollout_lockstep(eval_policy(pack, "sample"), pool, index, seeds[::-1], max_decisions=20,
+                                 record=True)
+    np.testing.assert_array_equal(again.actions[:, 0], rolls.actions[:, 1])
     with pytest.raises(ValueError, match="final_eval.policies: 'greedy' is not one of 'mean', 'sample'"):
-        eval_policy(agent, "greedy")
+        eval_policy(pack, "greedy")
 
 
 def _record(root, seed: int, history) -> TrialRecord:

@@ -9,7 +9,7 @@ import pytest
 from qed_ray import layout as L
 from qed_ray.checkpoint import MANIFEST_FILE
 from qed_ray.envs import TASKS
-from qed_ray.layout import DOCUMENTED, PackId, SweepDir, TrialId, parse_trial_dirname, trial_dirname
+from qed_ray.layout import DOCUMENTED, PACK_FILE, PackId, SweepDir, TrialId, parse_trial_dirname, trial_dirname
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ["te", "qed0.2", "fixed0.05", "k=0.2+alpha_max=0.3", "hidden=64+kind=qed+k=0.1", "tau=0.95",
@@ -90,9 +90,9 @@ def test_readme_table_lists_exactly_what_layout_builds(tmp_path):
     # Every path-building member of SweepDir is documented (the queries and the parents of documented paths aside).
     members = {n for n in vars(SweepDir) if not n.startswith("_") and n != "root"}
     assert members - set(DOCUMENTED.values()) == {"policies_root", "policies", "gather", "snapshots", "final_snapshot",
-                                                  "trials", "group_cache", "tune_root", "trial_dirs", "checkpoints",
-                                                  "checkpoint_steps", "read_history", "diverged_reason", "trial_state",
-                                                  "pack_dirs", "pack_checkpoints", "pack_checkpoint_steps"}
+                                                  "trials", "group_cache", "tune_root", "read_history",
+                                                  "diverged_reason", "trial_state", "pack_dirs", "pack_checkpoints",
+                                                  "pack_checkpoint_steps"}
 
 
 def test_snapshots_are_the_complete_step_folders(tmp_path):
@@ -132,17 +132,19 @@ def test_layout_is_frozen_and_compares_by_root(tmp_path):
     assert L.SNAPSHOT_DIGITS == 10 and layout.state_file.parent == layout.root
 
 
-def test_trial_state_history_checkpoints_and_tune_folders(tmp_path):
+def test_trial_state_history_pack_checkpoints_and_tune_folders(tmp_path):
     layout = SweepDir(tmp_path)
-    name = "cartpole-balance/sac_ln/qed0.2/3"
+    name, pack = "cartpole-balance/sac_ln/qed0.2/3", PackId("cartpole-balance", "sac_ln", "qed0.2", (3,))
     assert layout.trial_state(name) == "pending" and layout.read_history(name) == []
-    assert layout.checkpoint_steps(name) == {} and layout.trial_dirs(name) == []
+    assert layout.pack_checkpoint_steps(pack) == {} and layout.pack_dirs(pack) == []
     for steps in (1000, 3000):
-        layout.checkpoint(name, steps).mkdir(parents=True)
-        (layout.checkpoint(name, steps) / MANIFEST_FILE).write_text("{}")
-    (layout.checkpoints(name) / ".0000004000.tmp-1a2b3c").mkdir()  # a checkpoint being written
-    layout.checkpoint(name, 5000).mkdir()  # no manifest: incomplete
-    assert layout.checkpoint_steps(name) == {1000: layout.checkpoint(name, 1000), 3000: layout.checkpoint(name, 3000)}
+        layout.pack_checkpoint(pack, steps).mkdir(parents=True)
+        (layout.pack_checkpoint(pack, steps) / PACK_FILE).write_text("{}")
+    (layout.pack_checkpoints(pack) / ".0000004000.tmp-1a2b3c").mkdir()  # a checkpoint being written
+    layout.pack_checkpoint(pack, 5000).mkdir()  # no pack.json: incomplete
+    assert layout.pack_checkpoint_steps(pack) == {s: layout.pack_checkpoint(pack, s) for s in (1000, 3000)}
+    assert layout.pack_checkpoint(pack, 1000) == tmp_path / "checkpoints" / "cartpole-balance__sac_ln__qed0.2__pack3" \
+        / "0000001000"
     layout.policies(name).mkdir(parents=True)
     layout.history(name).write_text('[{"time_ms": 5, "metrics": {"env_steps": 1000}}]')
     assert layout.read_history(name) == [{"time_ms": 5, "metrics": {"env_steps": 1000}}]
@@ -151,7 +153,7 @@ def test_trial_state_history_checkpoints_and_tune_folders(tmp_path):
     layout.done_marker(name).write_text("{}")
     assert layout.trial_state(name) == "done"
     for start in ("20260102-000000-0", "20260101-000000-1", "20260101-000000-0"):
-        layout.trial_dir(name, start).mkdir(parents=True)
-    (layout.tune_root / "20260103-000000-0").mkdir()  # a start that did not run this trial
-    assert [d.parent.name for d in layout.trial_dirs(name)] == ["20260101-000000-0", "20260101-000000-1",
-                                                                "20260102-000000-0"]
+        layout.pack_dir(pack, start).mkdir(parents=True)
+    (layout.tune_root / "20260103-000000-0").mkdir()  # a start that did not run this pack
+    assert [d.parent.name for d in layout.pack_dirs(pack)] == ["20260101-000000-0", "20260101-000000-1",
+                                                               "20260102-000000-0"]

@@ -243,21 +243,23 @@ def test_target_actor_critic_option_trains_the_actor_against_the_target_critic()
 
 
 def test_acting_and_analysis_methods_read_the_encoded_observation():
+    from qed_ray.agents.packed import PackedAgent
+
     agent = make_agent()
+    pack = PackedAgent([agent])  # a pack of one: what acts and is evaluated
     obs = np.random.default_rng(0).normal(size=(4, OBS)).astype(np.float32)
     with torch.no_grad():
         z = agent.encoder(torch.from_numpy(obs))
         mu, log_std = agent.actor(z)
         q1, q2 = agent.critic.values(z, torch.zeros(4, ACT))
-    np.testing.assert_array_equal(agent.act_batch(obs), torch.tanh(mu).numpy())
-    np.testing.assert_array_equal(agent.act(obs[1], deterministic=True), torch.tanh(mu[1]).numpy())
-    m, s = agent.policy_distribution(obs)
-    assert m.dtype == s.dtype == np.float64 and m.shape == (4, ACT)
-    np.testing.assert_allclose(s, log_std.exp().double().numpy(), rtol=1e-6)
-    aq1, aq2 = agent.q_values(obs, np.zeros((4, ACT), np.float32))
-    np.testing.assert_array_equal(aq1, q1.numpy())
-    np.testing.assert_array_equal(aq2, q2.numpy())
-    assert agent.act(obs[0], deterministic=False).shape == (ACT,)
+    np.testing.assert_allclose(pack.act_deterministic(obs[None])[0], torch.tanh(mu).numpy(), rtol=1e-6, atol=1e-7)
+    m, s = pack.distribution(obs[None])
+    assert m.dtype == s.dtype == np.float64 and m.shape == (1, 4, ACT)
+    np.testing.assert_allclose(s[0], log_std.exp().double().numpy(), rtol=1e-6)
+    aq1, aq2 = pack.q_values(obs[None], np.zeros((1, 4, ACT), np.float32))
+    np.testing.assert_allclose(aq1[0], q1.numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(aq2[0], q2.numpy(), rtol=1e-6, atol=1e-6)
+    assert pack.act(obs[:1], np.ones(1, bool)).shape == (1, ACT)
 
 
 def test_report_warnings_fires_above_the_clip_threshold():
@@ -278,9 +280,10 @@ def test_checkpoint_round_trip_gives_identical_actions_and_updates():
     fresh = make_agent(TemperatureSpec(kind="qed", k=0.2), model_every=2, seed=99)
     fresh.load_state_dict(torch.load(buf, weights_only=True))
     assert fresh.updates == 1
-    obs = np.linspace(-1, 1, OBS, dtype=np.float32)
-    np.testing.assert_array_equal(fresh.act(obs, True), agent.act(obs, True))
-    np.testing.assert_array_equal(fresh.act(obs, False), agent.act(obs, False))
+    obs = torch.linspace(-1, 1, OBS)[None]
+    assert torch.equal(fresh.mode_with(fresh.params(), obs), agent.mode_with(agent.params(), obs))
+    assert torch.equal(fresh.sample_with(fresh.params(), obs, fresh.noise(1)),
+                       agent.sample_with(agent.params(), obs, agent.noise(1)))
     m1, m2 = agent.update(batch), fresh.update(batch)  # model step skipped on both (update 2 of model_every 2)
     assert torch.equal(m1, m2)
     for name, mod in agent.modules().items():
@@ -297,27 +300,29 @@ def _flat_tensors(state, prefix=""):
             yield from _flat_tensors(v, f"{prefix}/{k}")
 
 
-@pytest.mark.parametrize("temperature, model_every", [({"kind": "te"}, 3), ({"kind": "qed", "k": 0.2}, 3)])
-def test_resumed_run_matches_a_straight_run(tiny_run, tmp_path, temperature, model_every):
+@pytest.mark.parametrize("temperature", [{"kind": "te"}, {"kind": "qed", "k": 0.2}])
+def test_resumed_run_matches_a_straight_run(tiny_run, tmp_path, temperature):
+    from qed_ray.layout import PackId, SweepDir, seed_dir, trial_dirname
     from qed_ray.train import run
 
     agent = {"name": "mad_sac", "hidden": 16, "batch_size": 16,
-             "mad": {"latent_dim": 16, "encoder_hidden": 16, "model_hidden": 16, "num_bins": 51,
-                     "model_every": model_every}}
-    spec = tiny_run(agent=agent, temperature=temperature)
-    straight = run(spec, tmp_path / "a")
-    half = tiny_run(agent=agent, temperature=temperature, train={"env_steps": 2000})
-    run(half, tmp_path / "b")
-    resumed = run(spec, tmp_path / "b")
+             "mad": {"latent_dim": 16, "encoder_hidden": 16, "model_hidden": 16, "num_bins": 51, "model_every": 3}}
+    fast = {"frame_skip": 10, "eval_every": 1000, "warmup_decisions": 50}  # 100 decisions per 1000 env steps
+    spec = tiny_run(agent=agent, temperature=temperature, train={**fast, "env_steps": 2000})
+    (straight,) = run([spec], tmp_path / "a")
+    run([tiny_run(agent=agent, temperature=temperature, train={**fast, "env_steps": 1000})], tmp_path / "b")
+    (resumed,) = run([spec], tmp_path / "b")
     assert straight["status"] == resumed["status"] == "finished"
     assert straight["final_eval_return_mean"] == resumed["final_eval_return_mean"]
     assert straight["evals"] == resumed["evals"] and len(straight["evals"]) == 2
-    assert straight["updates"] == resumed["updates"] == 2000 - 200
-    last = [json.loads(open(tmp_path / d / "metrics.jsonl").read().splitlines()[-1]) for d in ("a", "b")]
+    assert straight["updates"] == resumed["updates"] == 200 - 50
+    folder = trial_dirname(spec.name)
+    last = [json.loads((tmp_path / d / folder / "metrics.jsonl").read_text().splitlines()[-1]) for d in "ab"]
     learned = [k for k in last[0] if k.startswith(("loss/", "q/", "alpha/", "mad/"))]
     assert "loss/model_latent_ce" in learned and all(last[0][k] == last[1][k] for k in learned)
-    states = [dict(_flat_tensors(torch.load(tmp_path / d / "checkpoint" / "state.pt", weights_only=True)))
-              for d in ("a", "b")]
+    final = SweepDir(tmp_path / "x").pack_checkpoint(PackId.of([spec.name]), 2000).relative_to(tmp_path / "x")
+    states = [dict(_flat_tensors(torch.load(tmp_path / d / final / seed_dir(0) / "state.pt", weights_only=True)))
+              for d in "ab"]
     assert states[0].keys() == states[1].keys() and "/updates" in states[0]
-    assert int(states[0]["/updates"]) == 1800
+    assert int(states[0]["/updates"]) == 150
     assert all(torch.equal(v, states[1][k]) for k, v in states[0].items())

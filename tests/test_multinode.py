@@ -33,7 +33,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from qed_ray.layout import SweepDir, trial_dirname
+from qed_ray.layout import PackId, SweepDir, trial_dirname
 from sweep_helpers import ROOT, cli_env, done_markers, sweep_runs, tiny_spec
 
 pytestmark = pytest.mark.slow
@@ -242,7 +242,7 @@ def reported(layout: SweepDir, trial: str) -> list[dict]:
     """The results Tune's driver has recorded for a trial in this start (its ``result.json`` rows, incl. the trial's
     ``pid``): a row there means the trial's checkpoint of that step is in the sweep folder."""
     rows = []
-    dirs = layout.trial_dirs(trial)
+    dirs = layout.pack_dirs(PackId.of([trial]))  # pack.seeds 1: every trial is a pack of one
     if dirs and (dirs[-1] / "result.json").exists():
         for line in (dirs[-1] / "result.json").read_text().splitlines():
             try:

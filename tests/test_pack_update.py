@@ -11,7 +11,7 @@ import torch
 from qed_ray.agents.packed import make_packed_agent
 from qed_ray.config import MadSpec, TemperatureSpec, TrainSpec, agent_spec
 from qed_ray.pack_update import PackUpdater, make_capturable, resolve_mode
-from qed_ray.packed_replay import PackedReplay
+from qed_ray.replay import Replay
 from qed_ray.update_metrics import MetricAccumulator
 
 pytestmark = pytest.mark.torch_only
@@ -33,7 +33,7 @@ def setup(name: str, kind: str, device: torch.device, mode: str = "off", model_e
     """A pack with a filled replay (same rows and sampling streams every call) and its updater."""
     agent = make_packed_agent(spec_of(name, model_every), TEMPS[kind], OBS, ACT, device, SEEDS)
     rngs = [np.random.default_rng(s) for s in SEEDS]
-    replay = PackedReplay(ROWS, OBS, ACT, rngs, device)
+    replay = Replay(ROWS, OBS, ACT, rngs, device)
     data = np.random.default_rng(0)
     for _ in range(ROWS):
         replay.add(data.normal(size=(2, OBS)), data.uniform(-1, 1, (2, ACT)), data.normal(size=2),

@@ -1,8 +1,8 @@
-"""The packed agent and replay: S seeds stacked, one vmapped update with the per-seed maths of S single-seed runs.
+"""The pack agent and replay: S seeds stacked, one vmapped update with the per-seed maths of S single-seed updates.
 
-Everything here is torch + numpy only (no env): initial slices, the update against two single-seed agents with
-their own generators and replay streams, seed isolation (other data, other noise, NaN), per-seed clipping by hand,
-freezing, and the single-seed state layout both ways.
+Everything here is torch + numpy only (no env): initial slices, the update against two single-seed agents (each the
+definition of one seed's update) with their own generators and replay streams, seed isolation (other data, other
+noise, NaN), per-seed clipping by hand, freezing, the single-seed state layout both ways, and the replay's chunks.
 """
 
 import numpy as np
@@ -13,8 +13,7 @@ from qed_ray.agents import make_agent
 from qed_ray.agents.packed import PackedAgent, make_packed_agent
 from qed_ray.config import MadSpec, TemperatureSpec, agent_spec
 from qed_ray.networks import per_seed_clip_
-from qed_ray.packed_replay import PackedReplay, replay_bytes
-from qed_ray.replay import FIELDS, ReplayBuffer, list_chunks
+from qed_ray.replay import FIELDS, Replay, list_chunks, read_chunks, replay_bytes
 
 OBS, ACT, B = 5, 2, 16
 SEEDS = (3, 7)
@@ -75,21 +74,22 @@ def test_packed_update_follows_two_single_seed_runs(name, kind):
     temperature = QED if kind == "qed" else TemperatureSpec(kind="te")
     pack, singles = pack_of(name, temperature), singles_of(name, temperature)
     data = [transitions(40, 100 + s) for s in SEEDS]
-    buffers = [ReplayBuffer(64, OBS, ACT, replay_rngs(s)) for s in SEEDS]
-    packed = PackedReplay(64, OBS, ACT, [replay_rngs(s) for s in SEEDS], torch.device("cpu"))
+    replay = Replay(64, OBS, ACT, [replay_rngs(s) for s in SEEDS], torch.device("cpu"))
     for rows in zip(*data):
-        for buf, row in zip(buffers, rows):
-            buf.add(*row)
-        packed.add(*(np.stack([np.asarray(r[k]) for r in rows]) for k in range(5)), active=ON)
+        replay.add(*(np.stack([np.asarray(r[k]) for r in rows]) for k in range(5)), active=ON)
+    own = [replay_rngs(s) for s in SEEDS]  # each seed's sampler, drawn as a one-seed run draws it
     obs = np.stack([d[0][0] for d in data])
     for step in range(10):
-        actions = pack.act(obs, ON)  # acting draws [1, A] per seed before the update, as a single run does
+        actions = pack.act(obs, ON)  # acting draws [1, A] per seed before the update, as a one-seed run does
         for i, single in enumerate(singles):
-            np.testing.assert_allclose(actions[i], single.act(obs[i], deterministic=False), rtol=1e-6, atol=1e-6)
-        batch, noise = packed.sample(B, ON), pack.noise(B, ON)
+            want = single.sample_with(single.params(), torch.as_tensor(obs[i])[None], single.noise(1))[0]
+            np.testing.assert_allclose(actions[i], want.detach().numpy(), rtol=1e-6, atol=1e-6)
+        batch, noise = replay.sample(B, ON), pack.noise(B, ON)
         metrics = pack.update(batch, noise)
-        for i, (single, buf) in enumerate(zip(singles, buffers)):
-            single_batch = buf.sample(B, torch.device("cpu"))
+        for i, single in enumerate(singles):
+            rows = own[i].integers(0, 40, size=B)
+            single_batch = {k: torch.as_tensor(np.stack([np.asarray(data[i][r][j], np.float32) for r in rows]))
+                            for j, k in enumerate(FIELDS)}
             single_noise = single.noise(single.noise_rows(B))
             assert torch.equal(noise[i], single_noise), "the same noise block from the seed's own generator"
             for k in FIELDS:
@@ -102,7 +102,7 @@ def test_packed_update_follows_two_single_seed_runs(name, kind):
             for k, v in module.state_dict().items():
                 torch.testing.assert_close(state[m][k], v, rtol=1e-6, atol=1e-6, msg=f"{m}.{k}")
         assert torch.equal(pack.generators[i].get_state(), single.generator.get_state())
-        assert packed.rngs[i].bit_generator.state == buffers[i].rng.bit_generator.state
+        assert replay.rngs[i].bit_generator.state == own[i].bit_generator.state
     if name == "mad_sac":
         assert pack.updates == singles[0].updates == 10  # the shared model_every counter
 
@@ -163,8 +163,8 @@ def test_seed_state_is_the_single_seed_layout_both_ways(name):
     for m, module in single.modules().items():
         assert all(torch.equal(v, pack.state[m][k][1]) for k, v in module.state_dict().items()), m
     obs = np.linspace(-1, 1, OBS, dtype=np.float32)
-    np.testing.assert_allclose(single.act(obs, deterministic=False), pack.act(np.stack([obs, obs]), ON)[1],
-                               rtol=1e-6, atol=1e-6)  # same generator state, same policy
+    want = single.sample_with(single.params(), torch.as_tensor(obs)[None], single.noise(1))[0].detach().numpy()
+    np.testing.assert_allclose(want, pack.act(np.stack([obs, obs]), ON)[1], rtol=1e-6, atol=1e-6)  # same stream
     if name == "mad_sac":
         assert single.updates == 3 and torch.equal(single.memo["model_metrics"], pack.memo["model_metrics"][1])
     # and back: a fresh pack loaded from the two seed states continues bit-identically
@@ -193,32 +193,30 @@ def test_a_frozen_seed_stops_moving_while_the_other_learns():
     assert not torch.equal(pack.state["actor"]["net.0.weight"][0], before["actor"]["net.0.weight"][0])
 
 
-def test_packed_replay_persists_each_seed_in_the_single_seed_chunk_format(tmp_path):
+def test_replay_persists_each_seed_in_its_own_chunks(tmp_path):
     data = [transitions(30, s) for s in (0, 1)]
-    packed = PackedReplay(20, OBS, ACT, [replay_rngs(s) for s in SEEDS], torch.device("cpu"))
-    single = ReplayBuffer(20, OBS, ACT, replay_rngs(SEEDS[0]))
+    replay = Replay(20, OBS, ACT, [replay_rngs(s) for s in SEEDS], torch.device("cpu"))
     for t, rows in enumerate(zip(*data)):
         active = np.array([True, t < 10])  # seed 1 stops after 10 transitions: later rows are ignored
-        packed.add(*(np.stack([np.asarray(r[k]) for r in rows]) for k in range(5)), active=active)
-        single.add(*rows[0])
-    assert list(packed.added) == [30, 10] and list(packed.sizes()) == [20, 10]
-    packed.plan_save(0, tmp_path / "pack").write()
-    single.save_incremental(tmp_path / "single")
-    assert [(s, e) for s, e, _ in list_chunks(tmp_path / "pack")] == [(10, 30)]  # the ring kept the last 20
-    for (_, _, a), (_, _, b) in zip(list_chunks(tmp_path / "pack"), list_chunks(tmp_path / "single")):
-        with np.load(a) as za, np.load(b) as zb:
-            assert sorted(za.files) == sorted(zb.files) == sorted(FIELDS)
-            for k in FIELDS:
-                assert za[k].dtype == zb[k].dtype and np.array_equal(za[k], zb[k]), k
-    other = ReplayBuffer(20, OBS, ACT, replay_rngs(0))  # a pack seed's chunks load into a single-seed buffer
-    other.load_incremental(tmp_path / "pack", 30)
-    again = PackedReplay(20, OBS, ACT, [replay_rngs(s) for s in SEEDS], torch.device("cpu"))
-    again.load(0, tmp_path / "single", 30)
-    for k in FIELDS:
-        assert np.array_equal(other.data[k], single.data[k])
-    assert torch.equal(again.storage[0], packed.storage[0])
+        replay.add(*(np.stack([np.asarray(r[k]) for r in rows]) for k in range(5)), active=active)
+    assert list(replay.added) == [30, 10] and list(replay.sizes()) == [20, 10]
+    replay.plan_save(0, tmp_path / "s0").write()
+    replay.plan_save(1, tmp_path / "s1").write()
+    assert [(s, e) for s, e, _ in list_chunks(tmp_path / "s0")] == [(10, 30)]  # the ring kept the last 20
+    assert [(s, e) for s, e, _ in list_chunks(tmp_path / "s1")] == [(0, 10)]
+    (idx, fields), = read_chunks(tmp_path / "s0", 30, 20)
+    assert idx.tolist() == [i % 20 for i in range(10, 30)] and sorted(fields) == sorted(FIELDS)
+    for j, k in enumerate(FIELDS):  # float32 rows, exactly the transitions added (reward, flag as [n])
+        want = np.stack([np.asarray(r[j], np.float32) for r in data[0][10:]])
+        assert fields[k].dtype == np.float32 and np.array_equal(fields[k], want), k
+    replay.plan_save(0, tmp_path / "s0").write()
+    assert len(list_chunks(tmp_path / "s0")) == 1, "nothing new: no second chunk"
+    again = Replay(20, OBS, ACT, [replay_rngs(s) for s in SEEDS], torch.device("cpu"))
+    again.load(0, tmp_path / "s0", 30)
+    again.load(1, tmp_path / "s1", 10)
+    assert torch.equal(again.storage, replay.storage) and list(again.added) == [30, 10]
     assert replay_bytes(10, 1_000_000, 17, 6) == 10 * 1_000_000 * 42 * 4  # 1.68 GB: cheetah-run, 10 seeds
-    half_empty = PackedReplay(4, OBS, ACT, [replay_rngs(0), replay_rngs(1)], torch.device("cpu"))
+    half_empty = Replay(4, OBS, ACT, [replay_rngs(0), replay_rngs(1)], torch.device("cpu"))
     half_empty.add(*(np.stack([np.asarray(r[k]) for r in (data[0][0], data[1][0])]) for k in range(5)),
                    active=np.array([True, False]))
     assert half_empty.indices(3, np.array([True, False])).tolist() == [[0, 0, 0], [0, 0, 0]]
@@ -226,7 +224,7 @@ def test_packed_replay_persists_each_seed_in_the_single_seed_chunk_format(tmp_pa
         half_empty.indices(2, ON)
 
 
-def test_the_pack_benchmark_times_whole_decisions_of_a_pack_and_of_the_single_seed_path():
+def test_the_pack_benchmark_times_whole_decisions_of_packs():
     import argparse
     import importlib.util
     from pathlib import Path
@@ -238,8 +236,8 @@ def test_the_pack_benchmark_times_whole_decisions_of_a_pack_and_of_the_single_se
     bench.BUFFER = 64  # synthetic transitions per seed (10,000 in a real run)
     base = dict(agent="mad_sac", temperature="qed", device="cpu", hidden=8, batch=8, min_time=0.0,
                 min_decisions=2, warmup=1, threads=1)
-    packed = bench.run_cell(argparse.Namespace(**base, seeds=2, mode="packed"))
-    single = bench.run_cell(argparse.Namespace(**base, seeds=1, mode="single"))
+    packed = bench.run_cell(argparse.Namespace(**base, seeds=2))
+    single = bench.run_cell(argparse.Namespace(**base, seeds=1))
     assert (packed["seeds"], packed["decisions"], single["seeds"], single["decisions"]) == (2, 2, 1, 2)
     assert packed["seed_decisions_per_s"] == pytest.approx(2 * 2 / packed["wall_s"])
     assert packed["seed_decisions_per_cpu_s"] == pytest.approx(2 * 2 / packed["cpu_s"])

@@ -63,9 +63,8 @@ def test_pack_ids_round_trip_and_are_never_trial_folders():
     config = {"pack": {"name": pack.name, "trials": [{"name": n, "run": {}} for n in pack.trials]}}
     assert seed_trials(config) == pack.trials and tune_name(config) == pack.name
     assert tune_folder(config) == "cheetah-run__mad_sac__qed0.2__pack3-4"
-    single = {"trial": {"name": "cheetah-run/mad_sac/qed0.2/3", "run": {}}}
-    assert seed_trials(single) == ["cheetah-run/mad_sac/qed0.2/3"]
-    assert tune_folder(single) == "cheetah-run__mad_sac__qed0.2__s3"
+    alone = PackId.of(["cheetah-run/mad_sac/qed0.2/3"])  # a single seed is a pack of one
+    assert (alone.name, alone.dirname) == ("cheetah-run/mad_sac/qed0.2/pack3", "cheetah-run__mad_sac__qed0.2__pack3")
 
 
 def _started(layout: SweepDir, state: dict, spec: SweepSpec) -> None:
@@ -97,19 +96,24 @@ def test_membership_is_fixed_when_the_sweep_grows(tmp_path):
                                                      for p in ("0-1", "2-3", "4-5")]
 
 
-def test_unpacked_sweeps_are_exactly_what_they_were(tmp_path):
+def test_a_sweep_of_single_seeds_trains_packs_of_one(tmp_path):
     plain, explicit = _spec(), _spec(pack={"seeds": 1, "env_workers": 0})
     assert plain.pack == explicit.pack and plain.fingerprint() == explicit.fingerprint()
     assert [(t.name, t.run) for t in plain.trials()] == [(t.name, t.run) for t in explicit.trials()]
     assert plain.fingerprint() == _spec(pack={"seeds": 3}).fingerprint(), "packing never changes a trial's identity"
     p = plan(None, explicit)
-    assert p.packs == [] and set(p.state) == {"sweep_id", "created", "trials", "format", "name", "fingerprint"}
+    assert [pk.name for pk in p.packs][:3] == [f"cartpole-balance/sac_ln/te/pack{s}" for s in range(3)]
+    assert all(len(pk.trials) == 1 for pk in p.packs) and len(p.packs) == len(plain.trials())
+    assert p.state["pack_seeds"] == 1 and p.state["packs"] == {pk.name: pk.names for pk in p.packs}
     assert explicit.trial_resources() == {"cpu": 1.0, "gpu": 0.0}
-    # A sweep started before packs existed resumes with its sweep.json as it was.
+    assert _spec(pack={"env_workers": 1}).trial_resources() == {"cpu": 2.0, "gpu": 0.0}, "its env on a worker"
+    # A sweep.json of the previous release (seed runs outside packs: no packs recorded) resumes as packs of one.
     layout = SweepDir(tmp_path / "p")
-    _started(layout, p.state, plain)
+    legacy = {k: v for k, v in p.state.items() if k not in ("pack_seeds", "packs")}
+    _started(layout, legacy, plain)
     again = plan(json.loads(layout.state_file.read_text()), explicit, layout)
-    assert again.problems == [] and again.new == [] and again.state == json.loads(layout.state_file.read_text())
+    assert again.problems == [] and again.new == [] and again.state == {**legacy, "pack_seeds": 1,
+                                                                        "packs": p.state["packs"]}
     assert _spec(pack={"seeds": 5, "env_workers": 3}, resources={"cpu": 2, "gpu": 0.5}).trial_resources() == {
         "cpu": 5.0, "gpu": 0.5}
 
@@ -121,7 +125,7 @@ def test_unpacked_sweeps_are_exactly_what_they_were(tmp_path):
     ({"seeds": 2, "env_workers": -1}, "pack.env_workers: Input should be greater than or equal to 0 (got -1)"),
     ({"seeds": 2, "env_workers": 3}, "pack.env_workers: 3 workers for the 2 training envs of a pack; allowed 0 to 2 "
                                      "(pack.seeds)"),
-    ({"env_workers": 2}, "pack.env_workers: 2 env workers, but with seeds 1 trials run unpacked"),
+    ({"env_workers": 2}, "pack.env_workers: 2 workers for the 1 training env of a pack; allowed 0 to 1"),
     ({"seeds": 2, "workers": 2}, "pack.workers: not a pack field; pack takes seeds (1 to 1000) and env_workers "
                                  "(0 to pack.seeds)"),
 ])
@@ -134,7 +138,7 @@ def test_bad_pack_fields_are_refused_naming_the_field_and_what_is_allowed(pack, 
 @pytest.mark.parametrize("before, after, says", [
     (2, 3, "pack.seeds: this sweep trains packs of 2 seeds, the spec now gives 3;"),
     (2, 1, "pack.seeds: this sweep trains packs of 2 seeds, the spec now gives 1;"),
-    (1, 2, "pack.seeds: this sweep trains each seed run as its own trial (pack.seeds 1), the spec now gives 2;"),
+    (1, 2, "pack.seeds: this sweep trains packs of 1 seed, the spec now gives 2;"),
 ])
 def test_a_started_sweeps_pack_size_cannot_change(tmp_path, before, after, says):
     layout = SweepDir(tmp_path / "p")

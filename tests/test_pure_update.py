@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 
@@ -90,18 +91,22 @@ def test_mad_noise_layout_reserves_model_rows_every_update():
 
 @pytest.mark.parametrize("name", ["sac_ln", "mad_sac"])
 def test_update_and_act_draw_one_block_each_from_the_agents_generator(name):
-    a = make_agent(agent_spec(name, model_every=2), TEMPERATURES["qed"], OBS, ACT, "cpu", 3)
+    from qed_ray.agents.packed import PackedAgent
+
+    a = PackedAgent([make_agent(agent_spec(name, model_every=2), TEMPERATURES["qed"], OBS, ACT, "cpu", 3)])
     b = make_agent(agent_spec(name, model_every=2), TEMPERATURES["qed"], OBS, ACT, "cpu", 3)
-    g = torch.Generator().manual_seed(3)  # the agent's generator is seeded with the run seed
-    obs = batch_of(0)["obs"][0].numpy()
+    g = torch.Generator().manual_seed(3)  # the seed's generator is seeded with the run seed
+    obs, on = batch_of(0)["obs"][:1].numpy(), np.ones(1, bool)
     for step in range(3):
         batch = batch_of(step)
-        assert torch.equal(a.update(batch), b.update(batch, torch.randn(b.noise_rows(B), ACT, generator=g)))
-        action = a.act(obs, deterministic=False)
+        got = a.update({k: v[None] for k, v in batch.items()}, a.noise(B, on))[0]
+        torch.testing.assert_close(got, b.update(batch, torch.randn(b.noise_rows(B), ACT, generator=g)),
+                                   rtol=1e-5, atol=1e-6)
+        action = a.act(obs, on)[0]
         with torch.no_grad():
-            want = b.actor.sample(b.encode(torch.from_numpy(obs)[None]), torch.randn(1, ACT, generator=g))[0][0]
-        assert torch.equal(torch.from_numpy(action), want)
-    assert torch.equal(a.generator.get_state(), g.get_state())
+            want = b.sample_with(b.params(), torch.from_numpy(obs), torch.randn(1, ACT, generator=g))[0]
+        np.testing.assert_allclose(action, want.numpy(), rtol=1e-5, atol=1e-6)
+    assert torch.equal(a.generators[0].get_state(), g.get_state()), "one block per update, one draw per act"
 
 
 # ---- vmap over a leading seed axis ------------------------------------------------------------------------
@@ -179,7 +184,7 @@ def test_qed_rewrite_gives_the_straightforward_alpha(name):
     params = agent.params()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
-        states = agent.encode(torch.randn(64, 17, generator=g))
+        states = agent.encode_with(params, torch.randn(64, 17, generator=g))
     eps = torch.randn(64 * 8, 6, generator=g)
     args = (params["temperature"], params["actor"], params["critic"], states, eps)
     fast, slow = agent.fn.alpha(*args, share_state_terms=True), agent.fn.alpha(*args, share_state_terms=False)
@@ -274,21 +279,25 @@ def test_training_core_imports_and_updates_with_dm_control_ray_and_mlflow_blocke
         for m in ("qed_ray.agents", "qed_ray.agents.base", "qed_ray.agents.sac_ln", "qed_ray.agents.mad_sac",
                   "qed_ray.temperature", "qed_ray.networks", "qed_ray.hlgauss", "qed_ray.world_model",
                   "qed_ray.replay", "qed_ray.update_metrics", "qed_ray.checkpoint", "qed_ray.config",
-                  "qed_ray.trainer", "qed_ray.agents.learner", "qed_ray.agents.packed", "qed_ray.packed_replay",
-                  "qed_ray.writer", "qed_ray.env_pool", "qed_ray.packed_trainer"):
+                  "qed_ray.trainer", "qed_ray.agents.learner", "qed_ray.agents.packed", "qed_ray.pack",
+                  "qed_ray.pack_checkpoint", "qed_ray.pack_update", "qed_ray.writer", "qed_ray.env_pool",
+                  "qed_ray.evaluate", "qed_ray.run_folder"):
             importlib.import_module(m)
         import numpy as np, torch
         from qed_ray.agents import make_agent
         from qed_ray.config import MadSpec, TemperatureSpec, agent_spec
-        from qed_ray.replay import ReplayBuffer
-        replay = ReplayBuffer(64, 3, 1, np.random.default_rng(0))
+        from qed_ray.agents.packed import make_packed_agent
+        from qed_ray.replay import Replay
+        replay = Replay(64, 3, 1, [np.random.default_rng(0)], torch.device("cpu"))
+        on = np.ones(1, bool)
         for i in range(64):
-            replay.add(np.full(3, i, np.float32), np.zeros(1, np.float32), 1.0, np.ones(3, np.float32), False)
+            replay.add(np.full((1, 3), i, np.float32), np.zeros((1, 1), np.float32), np.ones(1),
+                       np.ones((1, 3), np.float32), np.zeros(1, bool), on)
         for name in ("sac_ln", "mad_sac"):
             extra = {"mad": MadSpec(latent_dim=8, encoder_hidden=8, model_hidden=8)} if name == "mad_sac" else {}
             spec = agent_spec(name=name, hidden=8, batch_size=8, **extra)
-            agent = make_agent(spec, TemperatureSpec(kind="qed", k=0.2), 3, 1, torch.device("cpu"), 0)
-            assert torch.isfinite(agent.update(replay.sample(8, agent.device))).all()
+            pack = make_packed_agent(spec, TemperatureSpec(kind="qed", k=0.2), 3, 1, torch.device("cpu"), [0])
+            assert torch.isfinite(pack.update(replay.sample(8, on), pack.noise(8, on))).all()
         print("loaded:", sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED))
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -96,7 +96,7 @@ def test_dry_run_prints_trials_and_resources(tmp_path, capsys):
     assert main([str(_write(tmp_path, spec)), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "6 trials" in out and "cartpole-balance/sac_ln/qed0.2/1" in out
-    assert "per trial: 0.5 CPU, 0.1 GPU; all trials at once: 3 CPU, 0.6 GPU" in out
+    assert "per pack: 0.5 CPU (0.5 + 0 env workers), 0.1 GPU; all 6 packs at once: 3 CPU, 0.6 GPU" in out
     assert not (tmp_path / "results").exists()
 
 

@@ -14,8 +14,9 @@ import yaml
 from folder_helpers import BUDGET, finished_trial
 
 from qed_ray.checkpoint import FORMAT_VERSION
-from qed_ray.layout import SweepDir
+from qed_ray.layout import PackId, SweepDir, seed_dir
 from qed_ray.lock import SweepLock
+from qed_ray.packing import Pack, form_packs
 from qed_ray.reanalyze import main as reanalyze
 from qed_ray.spec import SweepSpec
 from qed_ray.status import TrialState, driver, projected_wall_s, report, trial_state
@@ -34,38 +35,52 @@ def _spec(layout: SweepDir) -> SweepSpec:
     return SweepSpec.model_validate({**SPEC, "storage_path": str(layout.root.parent)})
 
 
+def _alone(name: str) -> Pack:
+    """The pack of one that trains trial ``name``."""
+    (pack,) = [p for p in form_packs(_spec(SweepDir("/x"))) if p.names == [name]] or [
+        Pack(PackId.of([name]), ())]
+    return pack
+
+
 def _checkpoint(layout: SweepDir, name: str, step: int, wall_s: float) -> None:
-    """A full checkpoint's manifest (all --status reads of it) at ``step``."""
-    folder = layout.checkpoint(name, step)
+    """The seed's part of its pack of one's checkpoint (all --status reads of it) at ``step``."""
+    pack = _alone(name).id
+    folder = layout.pack_checkpoint(pack, step) / seed_dir(pack.seeds[0])
     folder.mkdir(parents=True)
     (folder / "manifest.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "env_steps": step,
                                                       "progress": {"wall_s": wall_s}}))
+    (folder.parent / "pack.json").write_text("{}")
 
 
 def test_trial_states_from_the_folder(sweep_copy):
     layout, start = sweep_copy, "20260101-120000-0"
-    assert trial_state(layout, f"{TE}/0", BUDGET) == TrialState(f"{TE}/0", "done", BUDGET, BUDGET, 20.0)
-    assert trial_state(layout, f"{QED}/1", BUDGET) == TrialState(f"{QED}/1", "stopped", 1000, BUDGET, 10.0)
-    assert trial_state(layout, f"{QED}/1", BUDGET, live=True).state == "running", "a driver runs the sweep"
+
+    def state(name, live=False):
+        return trial_state(layout, name, BUDGET, _alone(name), live)
+
+    assert state(f"{TE}/0") == TrialState(f"{TE}/0", "done", BUDGET, BUDGET, 20.0)
+    assert state(f"{QED}/1") == TrialState(f"{QED}/1", "stopped", 1000, BUDGET, 10.0)
+    assert state(f"{QED}/1", live=True).state == "running", "a driver runs the sweep"
     _checkpoint(layout, f"{QED}/1", 1500, 15.0)  # full checkpoints come at every evaluation, snapshots may not
-    assert trial_state(layout, f"{QED}/1", BUDGET) == TrialState(f"{QED}/1", "stopped", 1500, BUDGET, 15.0)
-    assert trial_state(layout, f"{QED}/7", BUDGET).state == "not started"
-    layout.trial_dir(f"{QED}/7", start).mkdir(parents=True)  # Tune creates every trial's folder before it starts
-    assert trial_state(layout, f"{QED}/7", BUDGET).state == "not started"
-    (layout.trial_dir(f"{QED}/7", start) / "params.json").write_text("{}")
-    assert trial_state(layout, f"{QED}/7", BUDGET).state == "stopped", "started: no evaluation yet"
+    assert state(f"{QED}/1") == TrialState(f"{QED}/1", "stopped", 1500, BUDGET, 15.0)
+    assert state(f"{QED}/7").state == "not started"
+    tune_dir = layout.pack_dir(_alone(f"{QED}/7").id, start)
+    tune_dir.mkdir(parents=True)  # Tune creates every pack's folder before it starts
+    assert state(f"{QED}/7").state == "not started"
+    (tune_dir / "params.json").write_text("{}")
+    assert state(f"{QED}/7").state == "stopped", "started: no evaluation yet"
     time.sleep(0.01)
-    error = layout.trial_dir(f"{QED}/1", start) / "error.txt"
+    error = layout.pack_dir(_alone(f"{QED}/1").id, start) / "error.txt"
     error.parent.mkdir(parents=True)
     error.write_text("Failure # 1\nTraceback ...\nInjectedCrash: injected crash at env step 1700\n")
-    failed = trial_state(layout, f"{QED}/1", BUDGET)
+    failed = state(f"{QED}/1")
     assert failed.state == "failed" and failed.error == ("InjectedCrash: injected crash at env step 1700 (the next "
                                                          "start retries it)"), "Tune gave up on it in that start"
     time.sleep(0.01)  # a newer checkpoint means the trial was retried and runs again
     _checkpoint(layout, f"{QED}/1", 2000 - 1, 19.0)
-    assert trial_state(layout, f"{QED}/1", BUDGET).state == "stopped"
+    assert state(f"{QED}/1").state == "stopped"
     layout.diverged_marker(f"{QED}/1").write_text(json.dumps({"reason": "DivergenceError: non-finite loss/critic"}))
-    assert trial_state(layout, f"{QED}/1", BUDGET) == TrialState(
+    assert state(f"{QED}/1") == TrialState(
         f"{QED}/1", "failed", 1999, BUDGET, 19.0, "DivergenceError: non-finite loss/critic (final)")
 
 
@@ -130,8 +145,6 @@ def test_status_flag_starts_nothing_and_reads_the_folder(sweep_copy, tmp_path):
 
 
 def test_status_shows_each_seed_run_with_its_pack(sweep_copy):
-    from qed_ray.layout import PackId
-    from qed_ray.packing import form_packs
     from qed_ray.sweep_state import write_state
 
     layout, start = sweep_copy, "20260101-120000-0"
@@ -145,7 +158,7 @@ def test_status_shows_each_seed_run_with_its_pack(sweep_copy):
                                                                  "progress": {"wall_s": 15.0}}))
     (folder / "pack.json").write_text("{}")
     (pack_, ) = [p for p in form_packs(spec) if p.id == pack]
-    assert trial_state(layout, f"{QED}/1", BUDGET, pack=pack_) == TrialState(f"{QED}/1", "stopped", 1500, BUDGET, 15.0)
+    assert trial_state(layout, f"{QED}/1", BUDGET, pack_) == TrialState(f"{QED}/1", "stopped", 1500, BUDGET, 15.0)
     text = report(spec, layout)
     assert "packs (2, up to 2 seeds each): seed: state [env steps]" in text
     assert f"  {TE}/pack0-1  0:done  1:done\n  {QED}/pack0-1  0:done  1:stopped[1,500]" in text

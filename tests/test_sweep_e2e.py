@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from qed_ray.layout import SweepDir
+from qed_ray.layout import PackId, SweepDir
 from sweep_helpers import ROOT, cli_env, done_markers, run_sweep_cli, sweep_runs, tiny_spec
 
 pytestmark = pytest.mark.slow
@@ -129,7 +129,7 @@ def test_crashing_trial_is_retried_from_its_checkpoint(tmp_path):
     assert child.data.tags["qed.resumed_from_env_step"] == "2000", "resumed from the 2000-step checkpoint"
     hist = tracker.client.get_metric_history(child.info.run_id, "eval/return_mean")
     assert sorted(m.step for m in hist) == [1000, 2000, 3000]
-    (tune_dir,) = SweepDir(tmp_path / "results" / "crash").trial_dirs("cartpole-balance/sac_ln/te/0")
+    (tune_dir,) = SweepDir(tmp_path / "results" / "crash").pack_dirs(PackId.of(["cartpole-balance/sac_ln/te/0"]))
     assert "injected crash at env step 2500" in (tune_dir / "error.txt").read_text()  # Tune's error file
 
 
@@ -190,7 +190,7 @@ def test_diverging_trials_fail_loudly_with_their_reason_recorded_and_are_not_ret
         marker = json.loads(layout.diverged_marker(trial).read_text())
         assert marker["reason"].startswith("DivergenceError: non-finite loss/critic") and marker["env_steps"] == 1500
         assert len(by_trial[trial].data.tags["qed.node_ids"].split(",")) == 1, "one attempt only"
-        assert not (layout.trial_dirs(trial)[0] / "error.txt").exists(), "Tune saw a trial that ended, not an error"
+        assert not (layout.pack_dirs(PackId.of([trial]))[0] / "error.txt").exists(), "Tune saw a pack that ended"
     parent = [r for r in runs if r.data.tags.get("qed.role") == "sweep"][0]
     assert parent.info.status == "FAILED" and "DivergenceError" in parent.data.tags["qed.failure_reason"]
     again = run_sweep_cli(spec)  # a rerun does not retry diverged trials either: they are final

@@ -17,7 +17,7 @@ import time
 import pytest
 import yaml
 
-from qed_ray.layout import SweepDir
+from qed_ray.layout import PackId, SweepDir
 from proc_helpers import cmdline, descendants
 from sweep_helpers import MlflowServer, cli_env, run_sweep_cli, start_sweep, sweep_runs, tiny_spec, wait_for
 
@@ -26,6 +26,11 @@ pytestmark = pytest.mark.slow
 TRAIN = {"env_steps": 3000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100}
 STEPS = [1000, 2000, 3000]
 SEED = "cartpole-balance/sac_ln/te/{}".format
+
+
+def _alone(name: str) -> PackId:
+    """The pack of one that trains trial ``name`` (pack.seeds 1, the default)."""
+    return PackId.of([name])
 
 
 def _error_line(stderr: str) -> str:
@@ -62,12 +67,12 @@ def test_second_driver_outage_ctrl_c_then_growth_against_a_moved_server(tmp_path
             f"error: {layout.lock_file}: this sweep is being run by another driver, pid {driver.pid} on host "
             f"{socket.gethostname()} (started ")
         # The tracking server goes away for 20 s right after the first trial's first evaluation.
-        wait_for(lambda: layout.checkpoint_steps(SEED(0)), 300, "seed 0's first checkpoint", alive=driver)
+        wait_for(lambda: layout.pack_checkpoint_steps(_alone(SEED(0))), 300, "seed 0's first checkpoint", alive=driver)
         server.stop()
         time.sleep(20)
         server.start(server.port)
         # Ctrl-C (SIGINT to the whole process group, as a terminal sends it) once seed 1 is under way.
-        wait_for(lambda: layout.checkpoint_steps(SEED(1)), 300, "seed 1's first checkpoint", alive=driver)
+        wait_for(lambda: layout.pack_checkpoint_steps(_alone(SEED(1))), 300, "seed 1's first checkpoint", alive=driver)
         os.killpg(driver.pid, signal.SIGINT)
         rc = driver.wait(timeout=120)
     finally:
@@ -91,7 +96,7 @@ def test_second_driver_outage_ctrl_c_then_growth_against_a_moved_server(tmp_path
     dead.wait()
     layout.lock_file.write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "started": 1.0,
                                             "heartbeat": time.time(), "token": "stale"}))
-    finished_files = _files(layout.policies(SEED(0))) | _files(layout.checkpoints(SEED(0)))
+    finished_files = _files(layout.policies(SEED(0))) | _files(layout.pack_checkpoints(_alone(SEED(0))))
     finished_run = by_trial[SEED(0)]
     # (Two trials at a time now: how many run at once is not part of what a trial is.)
     spec.write_text(yaml.safe_dump({**yaml.safe_load(spec.read_text()), "seeds": 3, "max_concurrent_trials": 2}))
@@ -100,10 +105,10 @@ def test_second_driver_outage_ctrl_c_then_growth_against_a_moved_server(tmp_path
     assert f"taking over the sweep's stale lock: its driver (pid {dead.pid} on this host) is gone" in proc.stdout
     assert "3 trials (1 done, 1 new)" in proc.stdout
     # Exactly the unfinished and the new trial ran in this start; the finished one was not touched.
-    (start2,) = sorted(set(layout.tune_root.iterdir()) - {d.parent for d in layout.trial_dirs(SEED(0))})
+    (start2,) = sorted(set(layout.tune_root.iterdir()) - {d.parent for d in layout.pack_dirs(_alone(SEED(0)))})
     assert sorted(d.name for d in start2.iterdir() if d.is_dir()) == [
-        "cartpole-balance__sac_ln__te__s1", "cartpole-balance__sac_ln__te__s2"]
-    assert _files(layout.policies(SEED(0))) | _files(layout.checkpoints(SEED(0))) == finished_files
+        "cartpole-balance__sac_ln__te__pack1", "cartpole-balance__sac_ln__te__pack2"]
+    assert _files(layout.policies(SEED(0))) | _files(layout.pack_checkpoints(_alone(SEED(0)))) == finished_files
     tracker, runs = sweep_runs(layout.root, "life", server.url)  # the moved server has every run
     by_trial = {r.data.tags.get("qed.trial"): r for r in runs}
     assert {t: r.info.status for t, r in by_trial.items()} == {None: "FINISHED", SEED(0): "FINISHED",
@@ -143,7 +148,7 @@ def _meminfo() -> tuple[int, int]:
 def _trial_worker(driver_pid: int, layout: SweepDir, name: str):
     """The pid of the Ray worker running trial ``name`` (the only trial running: max_concurrent_trials 1), once the
     trial has a checkpoint and is not done; None before."""
-    if not layout.checkpoint_steps(name) or layout.trial_state(name) != "pending":
+    if not layout.pack_checkpoint_steps(_alone(name)) or layout.trial_state(name) != "pending":
         return None
     found = [pid for pid in descendants(driver_pid) if cmdline(pid).startswith("ray::ImplicitFunc")]
     return found[0] if len(found) == 1 else None
@@ -186,7 +191,7 @@ def test_trial_workers_killed_from_outside_are_retried_while_the_driver_runs_on(
             os.killpg(driver.pid, signal.SIGKILL)
     log = (tmp_path / "driver.log").read_text()
     assert rc == 0, log[-4000:]
-    assert "Trial task failed for trial cartpole-balance/sac_ln/te/0" in log  # Tune retried the SIGKILLed one
+    assert "Trial task failed for trial cartpole-balance/sac_ln/te/pack0" in log  # Tune retried the SIGKILLed one
     assert "killed due to the node running low on memory" in log  # ... and the driver outlived the memory monitor
     tracker, runs = sweep_runs(layout.root, "killed")
     trials = {r.data.tags["qed.trial"]: r for r in runs if r.data.tags.get("qed.role") == "trial"}

@@ -87,7 +87,7 @@ def test_smoke_sweep_in_packs_of_three_gathers_what_an_unpacked_one_does(tmp_pat
         assert r.data.tags["qed.policy_sha256"] == manifest["state_sha256"]
         assert [e["env_steps"] for e in manifest["evals"]] == [1000, 2000]
         assert json.loads(layout.done_marker(name).read_text())["env_steps"] == 2000
-        assert not layout.checkpoints(name).exists() and not list(layout.replay(name).glob("chunk_*"))
+        assert not list(layout.replay(name).glob("chunk_*")), "pruned once its pack ended"
     for task in TASKS:
         for variant in VARIANTS:
             pack = PackId(task, "sac_ln", variant, SEEDS)
@@ -98,3 +98,15 @@ def test_smoke_sweep_in_packs_of_three_gathers_what_an_unpacked_one_does(tmp_pat
     state = json.loads(layout.state_file.read_text())
     assert state["pack_seeds"] == 3 and sorted(state["packs"]) == sorted(
         PackId(t, "sac_ln", v, SEEDS).name for t in TASKS for v in VARIANTS)
+
+    # A kill between two seeds' DONE.json writes of a pack's final evaluation (a spot preemption, an OOM kill) left
+    # seed 2 without its marker while seeds 0 and 1 were done and their replay pruned: the next driver start resumes
+    # the pack from its final checkpoint (a finished seed's replay is not read) and finishes seed 2, training nothing.
+    pack, name = PackId("cartpole-balance", "sac_ln", "te", SEEDS), "cartpole-balance/sac_ln/te/2"
+    done = json.loads(layout.done_marker(name).read_text())
+    layout.done_marker(name).unlink()
+    again = run_sweep_cli(_smoke_packed(tmp_path))
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "12 trials (11 done, 0 new) in 4 packs of up to 3 seeds" in again.stdout
+    assert json.loads(layout.done_marker(name).read_text()) == done, "the same end, from the same checkpoint"
+    assert sorted(layout.pack_checkpoint_steps(pack)) == [1000, 2000] and not list(layout.replay(name).glob("*"))

@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from qed_ray.checksums import Recorded
-from qed_ray.layout import SweepDir
+from qed_ray.layout import PackId, SweepDir
+from qed_ray.packing import form_packs
 from qed_ray.results import FailedTrial
 from qed_ray.spec import SweepSpec
 from qed_ray.sweep_state import check_folder, move_aside, outcome, plan, sync_runs, write_state
@@ -130,8 +131,10 @@ def test_a_changed_trial_is_refused_by_the_run_and_the_dry_run_naming_the_field_
     write_state(layout, plan(None, _spec()).state)
     layout.done_marker("cartpole-balance/sac_ln/te/0").parent.mkdir(parents=True)
     layout.done_marker("cartpole-balance/sac_ln/te/0").write_text("{}")
-    (layout.checkpoint("cartpole-balance/sac_ln/te/1", 1000) / "manifest.json").parent.mkdir(parents=True)
-    (layout.checkpoint("cartpole-balance/sac_ln/te/1", 1000) / "manifest.json").write_text("{}")
+    first = layout.pack_checkpoint(PackId.of(["cartpole-balance/sac_ln/te/1"]), 1000)  # its pack's checkpoint
+    first.mkdir(parents=True)
+    (first / "pack.json").write_text("{}")
+    layout.replay("cartpole-balance/sac_ln/te/1").mkdir(parents=True)  # and its replay: the trial started
     before = {p: p.stat().st_mtime_ns for p in storage.rglob("*")}
     changed = {**BASE, "storage_path": str(storage), "seeds": 3,
                "train": {**BASE["train"], "warmup_decisions": 200}}
@@ -146,8 +149,8 @@ def test_a_changed_trial_is_refused_by_the_run_and_the_dry_run_naming_the_field_
     # The dry run shows what a run would do with each trial, from the folder.
     code, err, out = cli({**BASE, "storage_path": str(storage), "seeds": 3}, "--dry-run")
     assert code == 0, err
-    assert f"sweep s: 3 trials -> {layout.root}" in out
-    status = dict(re.findall(r"^  (\S+) .*\[(.*)\]$", out, re.M))
+    assert f"sweep s: 3 trials in 3 packs (Tune trials) of up to 1 seed -> {layout.root}" in out
+    status = dict(re.findall(r"^    (\S+) .*\[(.*)\]$", out, re.M))
     assert status == {"cartpole-balance/sac_ln/te/0": "done", "cartpole-balance/sac_ln/te/1": "resume from env step "
                       "1,000", "cartpole-balance/sac_ln/te/2": "new"}
 
@@ -255,7 +258,7 @@ def test_the_folder_is_the_record_and_mlflow_is_brought_in_line(tmp_path):
     running = tracker.trial_run(parent, names[2], {})
     end_before = tracker.client.get_run(finished).info.end_time
     time.sleep(0.01)
-    sync_runs(tracker, parent, layout, spec, failures, unfinished)
+    sync_runs(tracker, parent, layout, spec, failures, unfinished, form_packs(spec))
     runs = tracker.trial_runs()
     assert {n: r.info.status for n, r in runs.items()} == {names[0]: "FINISHED", names[1]: "FINISHED",
                                                            names[2]: "KILLED", names[3]: "FAILED",
@@ -314,7 +317,7 @@ def test_failed_trials_are_summed_up_by_the_line_that_says_why():
 def test_trials_that_never_started_may_still_change_or_go(tmp_path):
     layout = SweepDir(tmp_path / "s")
     state = plan(None, _spec(seeds=3)).state  # recorded by a start that a cluster check then refused, say
-    layout.checkpoint(SEED0, 1000).mkdir(parents=True)  # only seed 0 got anywhere
+    layout.policies(SEED0).mkdir(parents=True)  # only seed 0 got anywhere
     fewer = plan(state, _spec(seeds=1), layout)
     assert not fewer.problems and sorted(fewer.state["trials"]) == [SEED0]
     changed = plan(state, _spec(seeds=1, train={**BASE["train"], "warmup_decisions": 200}), layout)

@@ -181,7 +181,8 @@ def test_run_is_deterministic_and_independent_of_the_batch():
     batched = toy.run_toys(cfg, alphas=[0.1, 0.15, 0.15], seeds=[3, 3, 4], steps=10)
     for key in a:
         np.testing.assert_array_equal(a[key], b[key])
-        np.testing.assert_array_equal(a[key], batched[1][key])  # a run does not see its batch mates
+        # a run does not see its batch mates (another batch shape may round the last bit otherwise)
+        np.testing.assert_allclose(a[key], batched[1][key], rtol=1e-6, atol=1e-9)
     assert not np.array_equal(batched[0]["q"], batched[1]["q"])  # alpha enters the targets
     assert not np.array_equal(batched[1]["q"], batched[2]["q"])  # the seed changes init and data
 

@@ -1,9 +1,12 @@
-"""The single-run CLI refuses bad or silently-wrong settings before anything is built or written."""
+"""The run CLI (one seed or a pack of seeds) refuses bad or silently-wrong settings and folders that are not its own
+before anything is built or written, resumes only the same run, and reports a finished one."""
 
 import json
+import shutil
 
 import pytest
 
+from qed_ray.layout import trial_dirname
 from qed_ray.train import main
 
 
@@ -55,51 +58,133 @@ def test_missing_task_and_missing_budget(tmp_path, capsys):
 
 
 TINY = ["--task", "cartpole-balance", "--env-steps", "2000", "--eval-every", "1000", "--eval-episodes", "1",
-        "--warmup-decisions", "100", "--hidden", "16", "--batch-size", "16"]
+        "--warmup-decisions", "50", "--frame-skip", "10", "--hidden", "8", "--batch-size", "8"]
+SEED0 = trial_dirname("cartpole-balance/sac_ln/te/0")
 
 
-def test_folders_the_cli_did_not_make_are_refused_and_left_alone(tmp_path, capsys):
+def _tree(root) -> dict:
+    """Every file under ``root`` with its bytes (what "nothing changed on disk" compares)."""
+    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished two-seed run folder, written once by the CLI."""
+    out = tmp_path_factory.mktemp("cli") / "run"
+    assert main([*TINY, "--seeds", "0", "1", "--out", str(out)]) == 0
+    return out
+
+
+def test_folders_the_cli_did_not_make_are_refused_and_left_alone(tmp_path, capsys, finished):
     a_file = tmp_path / "file"
     a_file.write_text("x")
-    foreign = tmp_path / "foreign"
-    foreign.mkdir()
-    (foreign / "data.csv").write_text("1,2")
-    mine = tmp_path / "mine"  # a run folder whose checkpoint/ is not ours (no manifest)
-    (mine / "checkpoint").mkdir(parents=True)
-    (mine / "run.json").write_text("{}")
-    (mine / "checkpoint" / "notes.txt").write_text("keep me")
-    expected = {a_file: f"error: --out: {a_file} is a file, not a folder",
-                foreign: f"error: --out: {foreign} is not empty and holds no run.json, so it is not a run folder of "
-                         f"this CLI; refusing to write into it (give a new or empty folder)",
-                mine: f"error: --out: {mine / 'checkpoint'} exists but holds no manifest.json, so it is not a "
-                      f"checkpoint of this CLI; refusing to replace it (move it away, or give another --out)"}
+    foreign = tmp_path / "foreign"  # e.g. a foreign checkpoint/ folder and nothing of ours
+    (foreign / "checkpoint").mkdir(parents=True)
+    (foreign / "checkpoint" / "notes.txt").write_text("keep me")
+    sweep = tmp_path / "sweep"  # a finished sweep's folder: the run must not overwrite its snapshots or DONE.json
+    shutil.copytree(finished, sweep)
+    (sweep / "sweep.json").write_text('{"sweep_id": "abc", "name": "s"}')
+    old = tmp_path / "old"  # a single-seed run folder of qed_ray 0.1
+    (old / "checkpoint").mkdir(parents=True)
+    (old / "run.json").write_text(json.dumps({"task": "cartpole-balance", "seed": 0}))
+    expected = {
+        a_file: f"error: --out: {a_file} is a file, not a folder",
+        foreign: f"error: --out: {foreign} is not empty and holds no run.json, so it is not a run folder of this CLI; "
+                 f"refusing to write into it (give a new or empty folder)",
+        sweep: f"error: --out: {sweep} is a sweep folder (it holds sweep.json); refusing to write into it (give a new "
+               f"or empty folder; a sweep is resumed with python -m qed_ray.sweep)",
+        old: f"error: --out: {old} is a run folder of run format 1 (format 1: a single-seed run of qed_ray 0.1, with "
+             f"checkpoint/ and metrics.jsonl) that this release cannot resume; finish it with the release that wrote "
+             f"it, or give a new --out"}
+    before = {out: _tree(out) for out in (foreign, sweep, old)}
     for out, line in expected.items():
-        assert main([*TINY, "--out", str(out)]) == 2
-        assert capsys.readouterr().err.strip().splitlines()[-1] == line
-    assert a_file.read_text() == "x" and [p.name for p in foreign.iterdir()] == ["data.csv"]
-    assert sorted(p.name for p in mine.rglob("*")) == ["checkpoint", "notes.txt", "run.json"]
+        assert main([*TINY, "--seeds", "0", "1", "--out", str(out)]) == 2
+        assert capsys.readouterr().err.strip().splitlines() == [line]
+    assert a_file.read_text() == "x" and {out: _tree(out) for out in before} == before, "nothing changed on disk"
 
 
-def test_resume_checks_the_settings_and_a_finished_run_keeps_its_summary(tmp_path, capsys):
+def test_resume_checks_the_settings_and_a_finished_run_keeps_its_summary(tmp_path, capsys, finished):
     out = tmp_path / "run"
-    assert main([*TINY, "--out", str(out)]) == 0
-    summary = (out / "summary.json").read_bytes()
-    capsys.readouterr()
-    # Same command again: reported, not retrained, summary.json untouched (no NaN figures from an empty interval).
-    assert main([*TINY, "--out", str(out)]) == 0
-    assert "already finished" in capsys.readouterr().out and (out / "summary.json").read_bytes() == summary
-    assert [json.loads(x)["env_steps"] for x in (out / "metrics.jsonl").read_text().splitlines()] == [1000, 2000]
-    # Other settings would continue a different run: refused, naming each changed setting once.
-    assert main([*TINY, "--gamma", "0.98", "--hidden", "32", "--out", str(out)]) == 2
+    shutil.copytree(finished, out)
+    before = _tree(out)
+    assert main([*TINY, "--seeds", "0", "1", "--out", str(out)]) == 0  # reported, not retrained
+    assert "already finished" in capsys.readouterr().out and _tree(out) == before
+    lines = (out / SEED0 / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["env_steps"] for x in lines] == [1000, 2000]
+    # Other settings would continue a different run: refused, naming each changed setting once, nothing changed.
+    assert main([*TINY, "--seeds", "0", "1", "--gamma", "0.98", "--actor-lr", "0.001", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert [line.split(": ")[1] for line in err] == ["agent.gamma", "agent.hidden"], err
-    assert err[0].startswith(f"error: agent.gamma: the checkpoint in {out / 'checkpoint'} was trained with "
-                             f"<default>, this run gives 0.98")
-    assert main([*TINY[:2], "--env-steps", "1000", *TINY[4:], "--out", str(out)]) == 2
+    assert [line.split(": ")[1] for line in err] == ["agent.actor_lr", "agent.gamma"], err
+    assert err[1] == (f"error: agent.gamma: the run in {out} was trained with <default>, this run gives 0.98; "
+                      f"resuming would continue a different run (use the same settings, or another --out)")
+    assert main([*TINY, "--seeds", "0", "2", "--out", str(out)]) == 2
+    assert f"--seeds: {out} holds the pack of seeds [0, 1], this run gives [0, 2]" in capsys.readouterr().err
+    assert main([*TINY[:2], "--env-steps", "1000", *TINY[4:], "--seeds", "0", "1", "--out", str(out)]) == 2
     assert "train.env_steps: 1,000 is below the 2,000 env steps" in capsys.readouterr().err
-    # How the run executes is not what it is: another thread count passes the check (and finds the run finished;
-    # a larger --env-steps continuing it is test_checkpoint.py's exact-resume case).
-    assert main([*TINY, "--threads", "2", "--out", str(out)]) == 0
-    assert "already finished" in capsys.readouterr().out and (out / "summary.json").read_bytes() == summary
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint", "metrics.jsonl", "replay", "run.json",
-                                                     "summary.json"], "no staging or old checkpoint folder is left"
+    assert _tree(out) == before, "nothing changed on disk by a refused resume"
+    # How the run executes is not what it is: another thread count passes the check and finds the run finished
+    assert main([*TINY, "--seeds", "0", "1", "--threads", "2", "--out", str(out)]) == 0
+    assert "already finished" in capsys.readouterr().out and _tree(out) == before
+
+
+def test_a_resumed_run_trims_metrics_written_after_its_checkpoint(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main([*TINY[:2], "--env-steps", "1000", *TINY[4:], "--seed", "0", "--out", str(out)]) == 0
+    s = json.loads((out / SEED0 / "summary.json").read_text())
+    # wall_s is the real time of the run, evaluations and checkpoints included
+    assert s["warmup_s"] + s["train_s"] + s["eval_s"] <= s["wall_s"] + 1e-6
+    assert s["wall_s"] - (s["warmup_s"] + s["train_s"] + s["eval_s"]) < 0.05 * s["wall_s"] + 0.05
+    assert s["env_steps"] == 1000 and s["decisions"] == 100 and s["updates"] == 50 and s["pack_size"] == 1
+    assert s["updates_per_s"] == pytest.approx(50 / s["train_s"]) and s["variant"] == "te"
+    out_lines = capsys.readouterr().out.splitlines()
+    assert out_lines[0].startswith("[        0/1,000 env steps] warm-up (uniform random actions), 0.0 min so far")
+    evals = [line for line in out_lines if "env steps] eval return" in line]
+    assert len(evals) == 1 and evals[0].startswith("[    1,000/1,000") and evals[0].endswith("ETA 0.0 min")
+    metrics = out / SEED0 / "metrics.jsonl"
+    ghost = json.loads(metrics.read_text())
+    metrics.write_text(metrics.read_text() + json.dumps({**ghost, "env_steps": 2000}) + "\n")  # past the checkpoint
+    assert main([*TINY, "--seed", "0", "--out", str(out)]) == 0  # a larger budget continues the run
+    lines = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert [m["env_steps"] for m in lines] == [1000, 2000] and lines[0] == ghost and lines[1] != {**ghost,
+                                                                                                "env_steps": 2000}
+    assert "resumed cartpole-balance/sac_ln/te/pack0 from its checkpoint at env step 1,000" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--seeds", "0", "0"], "--seeds: pack.seeds: [0, 0] repeats a seed"),
+    (["--seeds", "0", "1", "--env-workers", "-1"], "--env-workers: -1 must be >= 0"),
+    (["--seeds", "0", "1", "--seed", "3"], "--seeds: give either --seed or --seeds, not both"),
+])
+def test_pack_flags_are_refused_before_building_anything(tmp_path, capsys, flags, needle):
+    assert main([*TINY, "--out", str(tmp_path / "out"), *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and needle in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_pack_run_cli_points_to_the_run_cli(capsys):
+    from qed_ray.pack_run import main as pack_run
+
+    assert pack_run([]) == 2
+    assert capsys.readouterr().err == ("error: python -m qed_ray.pack_run was folded into the run CLI: use python -m "
+                                       "qed_ray.train --seeds 0 1 2 [--env-workers W] ... --out DIR\n")
+
+
+def test_unknown_task_and_choice_flags(tmp_path, capsys):
+    assert main(["--task", "cheetah-fly", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "cheetah-fly" in err and "walker-walk" in err
+    with pytest.raises(SystemExit) as e:
+        main(["--task", "cartpole-balance", "--agent", "ppo", "--out", str(tmp_path)])
+    assert e.value.code == 2
+
+
+def test_a_pack_of_one_that_diverges_exits_1_with_its_reason(tmp_path, capsys):
+    out = tmp_path / "run"
+    rc = main([*TINY, "--seed", "0", "--debug-nan-at-env-step", "600", "--nan-check-every", "10", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert rc == 1
+    s = json.loads((out / SEED0 / "summary.json").read_text())
+    assert s["status"] == "diverged" and "non-finite loss/critic" in s["reason"] and "by env step 600" in s["reason"]
+    assert s["decisions"] == 60 and f"cartpole-balance/sac_ln/te/0 stopped: {s['reason']}" in captured.err
+    assert json.loads((out / "policies" / SEED0 / "DIVERGED.json").read_text())["env_steps"] == 600

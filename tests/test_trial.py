@@ -1,13 +1,21 @@
-"""The worker side of a trial: the typed context that crosses the Ray boundary and the snapshot policy."""
+"""The worker side of a trial: the typed context that crosses the Ray boundary, the snapshot policy, and the one
+trainable in this process (no Ray: ``tune.report`` outside a Tune session only warns) on real dm_control physics and
+a real SQLite MLflow store: a NaN in one seed stops that seed only, a crashed pack resumes bit-exactly."""
 
+import json
+import math
 import pickle
 
 import pytest
+import torch
 from pydantic import ValidationError
 
-from qed_ray.config import TrainSpec
-from qed_ray.layout import SweepDir
-from qed_ray.trial import TrialContext, snapshot_modules
+from qed_ray.config import RunSpec, TrainSpec
+from qed_ray.layout import PackId, SweepDir
+from qed_ray.run_folder import snapshot_modules
+from qed_ray.tracking import PACK_SIZE_TAG, PACK_TAG, REASON_TAG, Tracker
+from qed_ray.trainer import InjectedCrash
+from qed_ray.trial import TrialContext, train_trial
 
 CONTEXT = {"sweep_id": "0123456789ab", "sweep_dir": "/mnt/qed/sweeps/s", "tracking_uri": "http://head:5000",
            "experiment": "s", "parent_run_id": "abc", "keep_every": 2, "gpu_fraction": 0.1}
@@ -41,49 +49,80 @@ def test_snapshots_keep_acting_modules_every_kth_eval_and_everything_at_the_end(
     assert all(snapshot_modules(s, train, 1, acting, every) == acting for s in range(1000, 6000, 1000))
 
 
-def test_a_trial_resumes_from_its_newest_intact_checkpoint_in_the_sweep_folder(tmp_path, tiny_run):
-    from qed_ray.atomic import atomic_dir
-    from qed_ray.checkpoint import CheckpointError
-    from qed_ray.replay import list_chunks
-    from qed_ray.trainer import build_trainer
-    from qed_ray.trial import prune_checkpoints, restore_latest
+NAMES = ["cartpole-balance/sac_ln/te/0", "cartpole-balance/sac_ln/te/1"]
 
-    spec = tiny_run(agent={"hidden": 16, "batch_size": 16}, train={"env_steps": 3000, "eval_every": 1000,
-                                                                   "warmup_decisions": 100})
-    layout, name = SweepDir(tmp_path), "cartpole-balance/sac_ln/te/0"
 
-    def keep(metrics, save):  # what TuneReporter does with each evaluation's full checkpoint
-        with atomic_dir(layout.checkpoint(name, metrics["env_steps"])) as d:
-            save(d)
-        prune_checkpoints(layout, name)
+def _config(debug: dict, env_steps: int = 1000) -> dict:
+    runs = [RunSpec.model_validate({
+        "task": "cartpole-balance", "seed": s, "agent": {"hidden": 16, "batch_size": 16},
+        "temperature": {"kind": "te"},
+        "train": {"env_steps": env_steps, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100,
+                  "nan_check_every": 10, "debug": debug}}) for s in (0, 1)]
+    return {"pack": {"name": "cartpole-balance/sac_ln/te/pack0-1",
+                     "trials": [{"name": n, "run": r.model_dump(mode="json")} for n, r in zip(NAMES, runs)]}}
 
-    build_trainer(spec, keep, layout.replay(name), log=lambda s: None).run()
-    assert list(layout.checkpoint_steps(name)) == [2000, 3000], "the newest two are kept"
-    assert restore_latest(build_trainer(spec, keep, layout.replay(name)), layout, name, print) == 3000
 
-    newest_chunk = list_chunks(layout.replay(name))[-1][2]  # only the 3000-step checkpoint needs it
-    newest_chunk.write_bytes(newest_chunk.read_bytes()[:100])
-    said = []
-    trainer = build_trainer(spec, keep, layout.replay(name))
-    assert restore_latest(trainer, layout, name, said.append) == 2000
-    assert trainer.p.decisions == 1000 and trainer.replay.added == 1000 and trainer.resumed_from == 2000
-    assert said[0].startswith(f"WARNING {name}: cannot resume from {layout.checkpoint(name, 3000)}: {newest_chunk}: "
-                              f"damaged replay chunk")
-    assert said[1] == f"WARNING {name}: resumed from the older checkpoint at env step 2000"
+@pytest.mark.slow  # ~10 s: a real pack of two seeds trained to 1000 env steps
+@pytest.mark.filterwarnings("ignore:`report` is meant to only be called")
+def test_a_diverging_seed_fails_alone_and_the_pack_finishes_the_other(tmp_path):
+    layout = SweepDir(tmp_path / "sweep")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker(uri, "p", "sweep0")
+    parent = tracker.parent_run("p", {}, {})
+    context = TrialContext(sweep_id="sweep0", sweep_dir=layout.root, tracking_uri=uri, experiment="p",
+                           parent_run_id=parent, mlflow_timeout_s=0)
+    train_trial(_config({"nan": {"seed": 1, "env_step": 600}}), context)
 
-    (layout.checkpoint(name, 2000) / "state.pt").write_bytes(b"garbage")
-    with pytest.raises(CheckpointError, match=f"{name}: no intact checkpoint: .*damaged replay chunk.*state.pt: "
-                                              f"corrupt"):
-        restore_latest(build_trainer(spec, keep, layout.replay(name)), layout, name, said.append)
-    assert restore_latest(build_trainer(spec, keep, tmp_path / "none"), SweepDir(tmp_path / "other"), name,
-                          print) is None, "a new trial starts from scratch"
+    marker = json.loads(layout.diverged_marker(NAMES[1]).read_text())
+    assert marker["env_steps"] == 600 and marker["reason"].startswith("DivergenceError: non-finite loss/critic")
+    assert "by env step 600" in marker["reason"] and not layout.done_marker(NAMES[1]).exists()
+    assert layout.snapshots(NAMES[1]) == {}, "it diverged before its first evaluation"
+    done = json.loads(layout.done_marker(NAMES[0]).read_text())
+    assert done["env_steps"] == 1000 and math.isfinite(done["eval/return_mean"])
+    assert list(layout.snapshots(NAMES[0])) == [1000] and not layout.diverged_marker(NAMES[0]).exists()
+    pack = json.loads((layout.pack_checkpoint_steps(PackId.of(NAMES))[1000] / "pack.json").read_text())
+    assert pack["status"] == ["finished", "diverged"] and pack["pack"] == "cartpole-balance/sac_ln/te/pack0-1"
 
-    import json
-    for step in (2000, 3000):  # an older qed_ray wrote both: they cannot continue this run, so the trial starts over
-        manifest = layout.checkpoint(name, step) / "manifest.json"
-        manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "format_version": 1}))
-    said.clear()
-    fresh = build_trainer(spec, keep, layout.replay(name))
-    assert restore_latest(fresh, layout, name, said.append) is None and fresh.p.decisions == 0
-    assert said[-1] == f"WARNING {name}: every checkpoint was written by an older qed_ray; starting this trial over"
-    assert all("older version of qed_ray" in s or "format" in s for s in said[:-1]), said
+    runs = {r.data.tags["qed.trial"]: r for r in tracker.runs() if "qed.trial" in r.data.tags}
+    assert runs[NAMES[0]].info.status == "FINISHED" and runs[NAMES[1]].info.status == "FAILED"
+    assert runs[NAMES[1]].data.tags[REASON_TAG] == marker["reason"]
+    for name, run in runs.items():
+        assert run.info.run_name == name and run.data.tags["mlflow.parentRunId"] == parent
+        assert (run.data.tags[PACK_TAG], run.data.tags[PACK_SIZE_TAG]) == ("cartpole-balance/sac_ln/te/pack0-1", "2")
+    history = tracker.client.get_metric_history(runs[NAMES[0]].info.run_id, "eval/return_mean")
+    assert [(m.step, m.value) for m in history] == [(1000, done["eval/return_mean"])]
+    assert runs[NAMES[0]].data.tags["qed.policy_sha256"] == done["checksums"]["policy_sha256"]
+
+
+def _context(tmp_path, name: str, env_workers: int = 0) -> tuple[TrialContext, Tracker]:
+    uri = f"sqlite:///{tmp_path / f'{name}.db'}"
+    tracker = Tracker(uri, "p", "sweep0")
+    return TrialContext(sweep_id="sweep0", sweep_dir=tmp_path / name, tracking_uri=uri, experiment="p",
+                        parent_run_id=tracker.parent_run("p", {}, {}), mlflow_timeout_s=0,
+                        env_workers=env_workers), tracker
+
+
+@pytest.mark.slow  # ~20 s: a pack of two seeds crashed and resumed (its envs on a worker process), against one
+# trained straight through in one process
+@pytest.mark.filterwarnings("ignore:`report` is meant to only be called")
+def test_a_crashed_pack_resumes_from_its_checkpoint_bit_exactly(tmp_path):
+    config = _config({"crash_at_env_step": 1500}, env_steps=2000)
+    straight, _ = _context(tmp_path, "straight")
+    train_trial(_config({}, env_steps=2000), straight)
+    crashed, tracker = _context(tmp_path, "crashed", env_workers=1)  # same bits whatever steps the envs
+    with pytest.raises(InjectedCrash, match="injected crash at env step 1500"):
+        train_trial(config, crashed)
+    assert all(not crashed.layout.done_marker(n).exists() for n in NAMES)
+    assert sorted(crashed.layout.pack_checkpoint_steps(PackId.of(NAMES))) == [1000]
+    train_trial(config, crashed)  # what Tune's retry runs: the same config, resumed from the newest checkpoint
+    for name in NAMES:  # the same tensors bit for bit (state.pt's own bytes name its staging file)
+        a, b = (torch.load(c.layout.final_snapshot(name) / "state.pt", weights_only=True) for c in (straight, crashed))
+        assert list(a) == list(b) == ["actor", "critic", "critic_target", "temperature"]
+        assert all(torch.equal(a[m][k], b[m][k]) for m in a for k in a[m]), name
+        a, b = (json.loads((c.layout.final_snapshot(name) / "manifest.json").read_text()) for c in (straight, crashed))
+        assert a["env_steps"] == b["env_steps"] == 2000 and a["evals"] == b["evals"]
+    runs = {r.data.tags["qed.trial"]: r for r in tracker.runs() if "qed.trial" in r.data.tags}
+    for name in NAMES:
+        assert runs[name].info.status == "FINISHED" and runs[name].data.tags["qed.resumed_from_env_step"] == "1000"
+        steps = [m.step for m in tracker.client.get_metric_history(runs[name].info.run_id, "eval/return_mean")]
+        assert sorted(steps) == [1000, 2000], "each evaluation logged once"

@@ -213,8 +213,8 @@ def test_final_snapshots_of_every_seed_are_used(behaviour, sweep):
 
 
 def test_shared_start_and_spread_from_recorded_states(behaviour, sweep):
-    from qed_ray.agents import load_policy
-    from qed_ray.evaluate import rollout_many
+    from qed_ray.agents import load_policies
+    from qed_ray.envs import make_env
 
     out, meta = behaviour
     for variant, info in meta["variants"].items():
@@ -225,10 +225,16 @@ def test_shared_start_and_spread_from_recorded_states(behaviour, sweep):
         np.testing.assert_allclose(spread, naive_spread(states), rtol=1e-12)
         np.testing.assert_allclose(spread, info["spread"], rtol=1e-12)
         assert spread[-1] > 0.0  # different policies drift apart
-        # The recorded states are the policies' real rollouts from env seed 0.
-        agents = [load_policy(p)[0] for p in info["snapshots"]]
-        again = rollout_many([a.act_batch for a in agents], TASK, [0], STEPS, 2, record_physics=True)
-        np.testing.assert_allclose(np.stack([r.physics_states[0] for r in again]), states, rtol=1e-6, atol=1e-8)
+        # The recorded states are the policies' real rollouts from env seed 0, on freshly built envs by hand.
+        pack, _ = load_policies(info["snapshots"])
+        envs = [make_env(TASK, 0, 2) for _ in SEEDS]
+        obs = np.stack([env.reset() for env in envs])[:, None]
+        again = []
+        for _ in range(STEPS):
+            again.append(np.stack([env.physics.get_state().copy() for env in envs]))
+            actions = pack.act_deterministic(obs)
+            obs = np.stack([env.step(a[0]).obs for env, a in zip(envs, actions)])[:, None]
+        np.testing.assert_allclose(np.stack(again, 1), states, rtol=1e-6, atol=1e-8)
     assert not np.allclose(meta["variants"]["te"]["spread"], meta["variants"]["qed0.2"]["spread"])
 
 

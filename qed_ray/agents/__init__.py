@@ -1,17 +1,20 @@
 """Agents: SAC-LN and MAD-SAC behind one interface (:class:`qed_ray.agents.base.Agent`).
 
-:data:`AGENTS` maps each agent name to its class; :func:`make_agent` builds one from its spec and
-:func:`load_policy` rebuilds one from a checkpoint or policy snapshot.
+:data:`AGENTS` maps each agent name to its class; :func:`make_agent` builds one from its spec,
+:func:`load_policy` rebuilds one from a checkpoint or policy snapshot, and :func:`load_policies` the seeds of one
+configuration as a pack (:class:`~qed_ray.agents.packed.PackedAgent`), which is what acts and is evaluated.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Sequence
 
 import torch
 
 from qed_ray.agents.base import Agent, SACBase
 from qed_ray.agents.mad_sac import MadSAC
+from qed_ray.agents.packed import PackedAgent
 from qed_ray.agents.sac_ln import SACLN
 from qed_ray.checkpoint import SNAPSHOT_FORMATS, load_checkpoint
 from qed_ray.config import AgentSpec, RunSpec, TemperatureSpec
@@ -40,8 +43,8 @@ def load_policy(directory: str | os.PathLike, device: str | torch.device = "cpu"
     initialisation. Snapshots of checkpoint format 1 load too (their module weights are upgraded).
 
     Returns:
-        ``(agent, manifest)``; the agent acts with ``act_batch`` and exposes ``policy_distribution``; the
-        manifest's ``run`` is upgraded to today's settings, so ``RunSpec.model_validate(manifest["run"])`` holds.
+        ``(agent, manifest)``; the manifest's ``run`` is upgraded to today's settings, so
+        ``RunSpec.model_validate(manifest["run"])`` holds.
 
     Raises:
         CheckpointError: unreadable, corrupt or outdated files. ValueError: a snapshot without the modules
@@ -61,6 +64,21 @@ def load_policy(directory: str | os.PathLike, device: str | torch.device = "cpu"
         if name in state:
             module.load_state_dict(state[name])
     return agent, {**manifest, "run": run}
+
+
+def load_policies(directories: Sequence[str | os.PathLike], device: str | torch.device = "cpu"
+                  ) -> tuple[PackedAgent, list[dict]]:
+    """The policies of several snapshots of one configuration (the seeds of a group, in this order) as one pack,
+    which acts, gives its distributions and Q values for all of them in one call each (:func:`load_policy`).
+
+    Returns:
+        ``(pack, manifests)``.
+
+    Raises:
+        CheckpointError, ValueError: as :func:`load_policy`; ValueError for snapshots of different configurations.
+    """
+    loaded = [load_policy(d, device) for d in directories]
+    return PackedAgent([agent for agent, _ in loaded]), [m for _, m in loaded]
 
 
 def _upgrade_format1_run(run: dict) -> dict:

@@ -1,8 +1,8 @@
 """The agent interface and the SAC chassis both agents share (paper Sec. 2, Sec. 5.2).
 
-:class:`Agent` declares exactly what the trainer, evaluation and analysis call. :class:`SACBase` writes the
-parts SAC-LN and MAD-SAC have in common once: acting through an ``encode`` hook (identity for SAC-LN, the
-SimNorm encoder for MAD-SAC), the actor and temperature steps, noise drawing and state handling.
+:class:`Agent` declares one seed's agent. :class:`SACBase` writes the parts SAC-LN and MAD-SAC have in common
+once: acting as pure functions through an ``encode_with`` hook (identity for SAC-LN, the SimNorm encoder for
+MAD-SAC), the actor and temperature steps, noise drawing and state handling.
 :class:`SACFunctions` holds the pure functions both updates are built from: every network is called through
 ``torch.func.functional_call`` with parameters passed in, and every random number comes in as noise drawn
 outside, so a loss is a function of (parameters, target parameters, temperature state, batch, noise) only and
@@ -15,7 +15,6 @@ import contextlib
 import copy
 from typing import Callable, ClassVar, Protocol, runtime_checkable
 
-import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call
@@ -30,25 +29,15 @@ from qed_ray.update_metrics import MetricLayout
 
 @runtime_checkable
 class Agent(Protocol):
-    """What the trainer, evaluation and analysis use of an agent."""
+    """One seed's agent: its modules, optimisers and state layout, and the definition of one seed's update. A pack
+    of seeds (:class:`~qed_ray.agents.packed.PackedAgent`, S >= 1) stacks such agents and is what trains, acts and
+    is evaluated."""
 
     name: str
     acting_modules: tuple[str, ...]  # the modules a policy snapshot must hold to act and to be compared
     device: torch.device
     generator: torch.Generator
     metric_layout: MetricLayout  # names of the columns of update()'s metric vector
-
-    def act(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
-        """One action [A] in [-1, 1] for one observation [O]."""
-
-    def act_batch(self, obs: np.ndarray) -> np.ndarray:
-        """Deterministic actions [B, A] for observations [B, O]."""
-
-    def policy_distribution(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Pre-tanh (mu, sigma) [B, A], float64."""
-
-    def q_values(self, obs: np.ndarray, action: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Online (Q1, Q2) [B]."""
 
     def update(self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None = None) -> torch.Tensor:
         """One learning step; returns the metric vector [K] (``metric_layout``)."""
@@ -197,14 +186,7 @@ class SACBase:
         self.alpha_opt = make_adam(t_params, temperature.lr, self.device) if t_params else None
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
-    # ---- acting ----------------------------------------------------------------------------------
-    def encode(self, obs: torch.Tensor) -> torch.Tensor:
-        """What the actor and critics read: the observation itself (SAC-LN)."""
-        return obs
-
-    def _input(self, x: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(x, dtype=torch.float32, device=self.device)
-
+    # ---- acting and noise, as pure functions of the parameters ----------------------------------------
     def noise(self, rows: int) -> torch.Tensor:
         """Standard-normal noise [rows, A] from the agent's generator, in the parameters' dtype."""
         return draw_noise(self.generator, rows, self.action_dim, next(self.actor.parameters()).dtype)
@@ -221,31 +203,6 @@ class SACBase:
             noise = self.noise(self.noise_rows(b))
         return noise.split(self.fn.noise_sizes(b))
 
-    @torch.no_grad()
-    def act(self, obs: np.ndarray, deterministic: bool) -> np.ndarray:
-        """One action in [-1, 1]^A for an observation [O]: tanh(mu) if deterministic, else a policy sample
-        (noise [1, A] from the agent's generator)."""
-        x = self.encode(self._input(obs).unsqueeze(0))
-        a = self.actor.mode(x) if deterministic else self.actor.sample(x, self.noise(1))[0]
-        return a.squeeze(0).cpu().numpy()
-
-    @torch.no_grad()
-    def act_batch(self, obs: np.ndarray) -> np.ndarray:
-        """Deterministic actions tanh(mu) for observations [B, O] -> [B, A]."""
-        return self.actor.mode(self.encode(self._input(obs))).cpu().numpy()
-
-    @torch.no_grad()
-    def policy_distribution(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Pre-tanh ``(mu, sigma)`` [B, A] at observations [B, O] (float64 numpy, for the KL metric, App. E)."""
-        mu, sigma = self.actor.distribution(self.encode(self._input(obs)))
-        return mu.double().cpu().numpy(), sigma.double().cpu().numpy()
-
-    @torch.no_grad()
-    def q_values(self, obs: np.ndarray, action: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Online ``(Q1, Q2)`` [B] at (obs [B, O], action [B, A]) (critic-proxy analysis, paper App. D)."""
-        q1, q2 = self.fn.q_pair(params_of(self.critic), self.encode(self._input(obs)), self._input(action))
-        return q1.cpu().numpy(), q2.cpu().numpy()
-
     def encode_with(self, params: dict[str, Params], obs: torch.Tensor) -> torch.Tensor:
         """:meth:`encode` computed with ``params`` (a pure function, mapped over the seeds of a pack)."""
         return obs
@@ -254,9 +211,18 @@ class SACBase:
         """Policy sample [B, A] at observations [B, O] with noise ``eps`` [B, A], computed with ``params``."""
         return self.fn.sample(params["actor"], self.encode_with(params, obs), eps)[0]
 
+    def policy_with(self, params: dict[str, Params], obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-tanh ``(mu, log_std)`` [B, A] at observations [B, O], computed with ``params``."""
+        return self.fn.policy(params["actor"], self.encode_with(params, obs))
+
     def mode_with(self, params: dict[str, Params], obs: torch.Tensor) -> torch.Tensor:
         """Deterministic action tanh(mu) [B, A] at observations [B, O], computed with ``params``."""
-        return torch.tanh(self.fn.policy(params["actor"], self.encode_with(params, obs))[0])
+        return torch.tanh(self.policy_with(params, obs)[0])
+
+    def q_with(self, params: dict[str, Params], obs: torch.Tensor, action: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Online ``(Q1, Q2)`` [B] at (obs [B, O], action [B, A]), computed with ``params``."""
+        return self.fn.q_pair(params["critic"], self.encode_with(params, obs), action)
 
     # ---- the agent as the Learner of its own update ---------------------------------------------------
     def update(self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None = None) -> torch.Tensor:

@@ -200,6 +200,21 @@ class PackedAgent:
         x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
         return self.per_seed(self.template.mode_with)(self._acting_params(), x).cpu().numpy()
 
+    @torch.no_grad()
+    def distribution(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Pre-tanh ``(mu, sigma)`` [S, N, A] at observations [S, N, O], float64 numpy (the KL metric, App. E)."""
+        x = torch.as_tensor(obs, dtype=self.dtype, device=self.device)
+        mu, log_std = self.per_seed(self.template.policy_with)(self._acting_params(), x)
+        return mu.double().cpu().numpy(), log_std.exp().double().cpu().numpy()
+
+    @torch.no_grad()
+    def q_values(self, obs: np.ndarray, action: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Online ``(Q1, Q2)`` [S, N] at observations [S, N, O] and actions [S, N, A] (critic proxy, App. D)."""
+        x = torch.as_tensor(obs, dtype=self.dtype, device=self.device)
+        a = torch.as_tensor(action, dtype=self.dtype, device=self.device)
+        q1, q2 = self.per_seed(self.template.q_with)(self.params(), x, a)
+        return q1.cpu().numpy(), q2.cpu().numpy()
+
     def _acting_params(self) -> dict[str, Params]:
         p = self.params()
         return {m: p[m] for m in self.acting_modules}
