@@ -1,8 +1,9 @@
 """Benchmark: the full per-task final evaluation on CPU, phase by phase.
 
 For one task and one method: ``--policies`` seeds' policies (freshly initialised SAC-LN agents at the default
-256 width: their cost equals a trained agent's) are rolled out with :func:`qed_ray.evaluate.rollout_many` for
-``--episodes`` episodes of 500 decisions from the shared eval seeds; the visited states are pooled; every
+256 width, as one pack: their cost equals a trained agent's) are rolled out in lock-step on the gather step's pool of
+envs (:class:`qed_ray.analysis.GroupEnvs`, one batched policy call per step) for ``--episodes`` episodes of 500
+decisions from the shared eval seeds; the visited states are pooled; every
 policy's pre-tanh (mu, sigma) is computed at the pooled states and the inter-run variability V is computed;
 then the ``--episodes`` x ``--distance-steps`` action-distance rollouts are run and the cumulative action
 distance computed. Prints wall and CPU (process) seconds per phase: on a shared machine the CPU column is the
@@ -23,10 +24,11 @@ import numpy as np
 import torch
 
 from qed_ray import metrics
-from qed_ray.agents import make_agent
+from qed_ray.agents.packed import make_packed_agent
+from qed_ray.analysis import GroupEnvs
 from qed_ray.config import SacLnSpec, TemperatureSpec
 from qed_ray.envs import make_env
-from qed_ray.evaluate import eval_seeds, rollout_many
+from qed_ray.evaluate import eval_seeds
 
 
 class PhaseTimer:
@@ -49,19 +51,12 @@ class PhaseTimer:
         return sum(r[1] for r in self.rows), sum(r[2] for r in self.rows)
 
 
-def build_agents(task: str, n: int, hidden: int) -> list:
-    """``n`` SAC-LN agents (seeds 0..n-1) with the default architecture unless ``hidden`` overrides the width."""
+def build_pack(task: str, n: int, hidden: int):
+    """A pack of ``n`` SAC-LN agents (seeds 0..n-1), default architecture unless ``hidden`` overrides the width."""
     env = make_env(task, 0)
     dims = env.obs_dim, env.action_dim
     env.close()
-    spec = SacLnSpec(hidden=hidden)
-    return [make_agent(spec, TemperatureSpec(), *dims, torch.device("cpu"), seed) for seed in range(n)]
-
-
-def distributions_at(agents: list, states: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Stacked pre-tanh (mu, sigma) of every agent at ``states``: two arrays of shape (I, S, A)."""
-    pairs = [agent.policy_distribution(states) for agent in agents]
-    return np.stack([p[0] for p in pairs]), np.stack([p[1] for p in pairs])
+    return make_packed_agent(SacLnSpec(hidden=hidden), TemperatureSpec(), *dims, torch.device("cpu"), range(n))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,28 +77,28 @@ def main(argv: list[str] | None = None) -> int:
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     timer = PhaseTimer()
     seeds = eval_seeds(args.episodes)
-    with timer.phase("build agents"):
-        agents = build_agents(args.task, args.policies, args.hidden)
-    policies = [agent.act_batch for agent in agents]
-    with timer.phase("eval rollouts (rollout_many)"):
-        rolls = rollout_many(policies, args.task, seeds, max_decisions=args.decisions)
+    with timer.phase("build agents and envs"):
+        pack = build_pack(args.task, args.policies, args.hidden)
+        envs = GroupEnvs(args.task, args.policies, args.episodes, 2)
+    with timer.phase("eval rollouts (lock-step, chunked)"):
+        rolls = envs.rollouts(pack, "mean", seeds, max_decisions=args.decisions)
     with timer.phase("pool states"):
-        pooled = metrics.pool_states([r.obs for r in rolls])
+        pooled = metrics.pool_states([rolls.pooled_obs(p) for p in range(pack.n)])
     with timer.phase(f"policy (mu, sigma) at {len(pooled):,d} pooled states"):
-        mus, sigmas = distributions_at(agents, pooled)
+        mus, sigmas = pack.distribution(np.repeat(pooled[None], pack.n, axis=0))
     with timer.phase("inter-run variability V"):
         v = metrics.inter_run_variability(mus, sigmas)
     with timer.phase(f"action-distance rollouts ({args.distance_steps} decisions)"):
-        short = rollout_many(policies, args.task, seeds, max_decisions=args.distance_steps)
+        actions = envs.rollouts(pack, "mean", seeds, max_decisions=args.distance_steps).actions  # (P, T, L, A)
     with timer.phase("cumulative action distance"):
-        actions = np.stack([r.actions for r in short])  # (P, T, L, A)
         distance = metrics.cumulative_action_distance(actions)
+    envs.close()
     wall, cpu = timer.total()
     print(f"  {'total':<44} {wall:8.2f} s wall {cpu:8.2f} s CPU")
-    mean_return = float(np.mean([r.returns.mean() for r in rolls]))
+    mean_return = float(rolls.returns.mean())
     print(f"V = {v:.6g} over {mus.shape[1]:,d} states, action dim {mus.shape[2]}; cumulative action distance "
           f"= {distance:.6g}; mean eval return {mean_return:.2f}")
-    prefix = np.stack([r.actions[:, :args.distance_steps] for r in rolls])
+    prefix = rolls.actions[:, :, :args.distance_steps]
     # Rollouts are deterministic and share seeds, so the short rollouts repeat the full ones' first steps.
     same = prefix.shape == actions.shape and np.array_equal(prefix, actions)
     print(f"first {args.distance_steps} actions of the full eval rollouts identical to the action-distance "

@@ -1,6 +1,6 @@
 """Benchmark: does an agent with its DEFAULT architecture learn a task within a budget?
 
-Each (temperature, seed) run trains through ``qed_ray.trainer.build_trainer`` exactly as the CLI would, with
+Each (temperature, seed) run trains through ``qed_ray.trainer.build_trainer`` (a pack of one) exactly as the CLI would, with
 only the budget and evaluation cadence changed. By default a run stops at the first evaluation whose mean
 return reaches ``--threshold`` (enough to answer "reaches 800 within 100k env steps" and it saves CPU);
 ``--no-stop-at-threshold`` runs every curve to the budget. Runs go in parallel worker processes.
@@ -105,19 +105,20 @@ def run_one(job: dict) -> dict:
     os.environ.setdefault("MUJOCO_GL", "disable")
     from qed_ray.config import RunSpec
     from qed_ray.trainer import build_trainer
-    from qed_ray.trainer import DivergenceError
 
     spec = RunSpec.model_validate(job["spec"])
     rec = _Recorder(spec.name, job["threshold"], job["stop"], spec.train.env_steps)
-    trainer = build_trainer(spec, rec, replay_dir=None, log=lambda line: None)
+    trainer = build_trainer([spec], lambda metrics, save: rec(metrics[0], save), None, log=lambda line: None)
     status = "budget"
     try:
-        trainer.run()
+        (summary,) = trainer.run()
+        if summary["status"] == "diverged":
+            status = f"diverged: {summary['reason']}"
+            print(f"{spec.name} DIVERGED: {summary['reason']}", flush=True)
     except _ThresholdReached:
         status = "stopped_at_threshold"
-    except DivergenceError as e:
-        status = f"diverged: {e}"
-        print(f"{spec.name} DIVERGED: {e}", flush=True)
+    finally:
+        trainer.close()
     return {"name": spec.name, "variant": spec.variant, "seed": spec.seed, "spec": spec.model_dump(mode="json"),
             "status": status, "wall_s": time.perf_counter() - rec.t0, "evals": rec.evals,
             **summarise(rec.evals, job["threshold"])}

@@ -1,10 +1,9 @@
-"""Benchmark: seed-decisions/s of packed training (S seeds in one batched update) against S = 1 and today's
-single-seed path, for SAC-LN and MAD-SAC with the te and QED temperatures, at the paper's sizes (512, batch 512).
+"""Benchmark: seed-decisions/s of packed training (S seeds in one batched update) against a pack of one (a single
+run), for SAC-LN and MAD-SAC with the te and QED temperatures, at the paper's sizes (512, batch 512).
 
 One decision of a pack = one batched ``act`` for the S observations + one replay row per seed + one packed update
 (per-seed replay indices and noise blocks, the vmapped update): the trainer's work per decision at UTD 1 without
-the envs (synthetic observations: cheetah-run's sizes, 17/6). ``single`` is today's single-seed code path
-(``agent.act`` + ``ReplayBuffer.sample`` + ``agent.update``), the baseline a pack replaces. Each cell runs in its
+the envs (synthetic observations: cheetah-run's sizes, 17/6). Each cell runs in its
 own process on the CPU (so its peak RSS is its own), times whole decisions until ``--min-time`` seconds and
 ``--min-decisions`` have passed, after ``--warmup`` untimed ones, and reports seed-decisions per wall second and
 per process-CPU second (the steadier figure on a shared machine), and the peak memory (CPU: the process's peak
@@ -29,11 +28,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qed_ray.agents import make_agent
 from qed_ray.agents.packed import make_packed_agent
 from qed_ray.config import TemperatureSpec, agent_spec
-from qed_ray.packed_replay import PackedReplay, replay_bytes, replay_device
-from qed_ray.replay import ReplayBuffer
+from qed_ray.replay import Replay, replay_bytes, replay_device
 
 TEMPERATURES = {"te": TemperatureSpec(kind="te"), "qed": TemperatureSpec(kind="qed", k=0.2)}
 OBS, ACT = 17, 6  # cheetah-run
@@ -61,7 +58,7 @@ class Packed:
         self.agent = make_packed_agent(spec, TEMPERATURES[args.temperature], OBS, ACT, device, seeds)
         rngs = [np.random.default_rng(np.random.SeedSequence(s).spawn(2)[0]) for s in seeds]
         where = replay_device(device, replay_bytes(len(seeds), BUFFER, OBS, ACT))
-        self.replay = PackedReplay(BUFFER, OBS, ACT, rngs, device, where)
+        self.replay = Replay(BUFFER, OBS, ACT, rngs, device, where)
         self.on, self.batch, self.rng = np.ones(len(seeds), bool), args.batch, np.random.default_rng(0)
         for _ in range(BUFFER):
             self.replay.add(*synthetic(self.rng, len(seeds)), self.on)
@@ -74,31 +71,13 @@ class Packed:
         self.agent.update(self.replay.sample(self.batch, self.on), self.agent.noise(self.batch, self.on))
 
 
-class Single:
-    """Today's single-seed path: agent.act + ReplayBuffer (host numpy) + agent.update."""
-
-    def __init__(self, args, device: torch.device):
-        spec = agent_spec(name=args.agent, hidden=args.hidden, batch_size=args.batch)
-        self.agent = make_agent(spec, TEMPERATURES[args.temperature], OBS, ACT, device, 0)
-        self.replay = ReplayBuffer(BUFFER * 2, OBS, ACT, np.random.default_rng(0))
-        self.rng, self.batch, self.device = np.random.default_rng(0), args.batch, device
-        for row in zip(*synthetic(self.rng, BUFFER)):
-            self.replay.add(*row)
-        self.obs = synthetic(self.rng, 1)[0][0]
-
-    def decide(self) -> None:
-        self.agent.act(self.obs, deterministic=False)
-        self.replay.add(*(x[0] for x in synthetic(self.rng, 1)))
-        self.agent.update(self.replay.sample(self.batch, self.device))
-
-
 def run_cell(args) -> dict:
-    """Times one (agent, temperature, S, mode) cell in this process."""
+    """Times one (agent, temperature, S) cell in this process."""
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    setup = (Single if args.mode == "single" else Packed)(args, device)
+    setup = Packed(args, device)
     for _ in range(args.warmup):
         setup.decide()
     _sync(device)
@@ -108,18 +87,18 @@ def run_cell(args) -> dict:
         n += 1
     _sync(device)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    seeds = 1 if args.mode == "single" else args.seeds
+    seeds = args.seeds
     peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    return {"agent": args.agent, "temperature": args.temperature, "mode": args.mode, "seeds": seeds,
+    return {"agent": args.agent, "temperature": args.temperature, "mode": "packed", "seeds": seeds,
             "device": str(device), "decisions": n, "wall_s": wall, "cpu_s": cpu,
             "seed_decisions_per_s": seeds * n / wall, "seed_decisions_per_cpu_s": seeds * n / cpu,
             "peak_mib": peak / 2**20, "peak_kind": "cuda_allocated" if device.type == "cuda" else "rss"}
 
 
-def cell_in_subprocess(args, agent: str, temperature: str, seeds: int, mode: str) -> dict:
+def cell_in_subprocess(args, agent: str, temperature: str, seeds: int) -> dict:
     cmd = [sys.executable, __file__, "--cell", "--agent", agent, "--temperature", temperature, "--seeds-one",
-           str(seeds), "--mode", mode, "--device", args.device, "--hidden", str(args.hidden), "--batch",
+           str(seeds), "--device", args.device, "--hidden", str(args.hidden), "--batch",
            str(args.batch), "--min-time", str(args.min_time), "--min-decisions", str(args.min_decisions),
            "--warmup", str(args.warmup), "--threads", str(args.threads)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
@@ -152,7 +131,6 @@ def main() -> None:
     p.add_argument("--agent", help=argparse.SUPPRESS)
     p.add_argument("--temperature", help=argparse.SUPPRESS)
     p.add_argument("--seeds-one", type=int, dest="seeds_one", help=argparse.SUPPRESS)
-    p.add_argument("--mode", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.cell:
         args.seeds = args.seeds_one
@@ -164,26 +142,24 @@ def main() -> None:
           f"torch thread(s), width {args.hidden}, batch {args.batch}, obs/act {OBS}/{ACT}")
     print_replay_memory(device, args.seeds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    print(f"ratios (x S=1: against the pack of 1, x single: against today's single-seed path) use seed-decisions "
-          f"per {'wall' if device.type == 'cuda' else 'CPU'} second")
-    print(f"{'agent':8s} {'temp':4s} {'mode':6s} {'S':>2s} {'dec':>4s} {'wall s':>7s} {'seed-dec/s':>10s} "
-          f"{'/CPU-s':>8s} {'x S=1':>6s} {'x single':>8s} {'peak MiB':>9s}")
+    print(f"ratios (x S=1: against a pack of one, a single run) use seed-decisions per "
+          f"{'wall' if device.type == 'cuda' else 'CPU'} second")
+    print(f"{'agent':8s} {'temp':4s} {'S':>2s} {'dec':>4s} {'wall s':>7s} {'seed-dec/s':>10s} "
+          f"{'/CPU-s':>8s} {'x S=1':>6s} {'peak MiB':>9s}")
+    key = "seed_decisions_per_s" if device.type == "cuda" else "seed_decisions_per_cpu_s"
     for agent in args.agents:
         for temperature in args.temperatures:
-            cells = [("single", 1)] + [("packed", s) for s in args.seeds]
-            base, key = {}, "seed_decisions_per_s" if device.type == "cuda" else "seed_decisions_per_cpu_s"
-            for mode, seeds in cells:
+            base = None
+            for seeds in sorted({1, *args.seeds}):
                 if device.type == "cuda":
-                    a = argparse.Namespace(**{**vars(args), "agent": agent, "temperature": temperature,
-                                              "seeds": seeds, "mode": mode})
-                    r = run_cell(a)
+                    r = run_cell(argparse.Namespace(**{**vars(args), "agent": agent, "temperature": temperature,
+                                                       "seeds": seeds}))
                 else:
-                    r = cell_in_subprocess(args, agent, temperature, seeds, mode)
-                base.setdefault(mode, r[key])  # the first packed cell is S = 1
-                vs_one, vs_single = r[key] / base.get("packed", r[key]), r[key] / base["single"]
-                print(f"{agent:8s} {temperature:4s} {mode:6s} {seeds:2d} {r['decisions']:4d} {r['wall_s']:7.1f} "
-                      f"{r['seed_decisions_per_s']:10.2f} {r['seed_decisions_per_cpu_s']:8.2f} {vs_one:6.2f} "
-                      f"{vs_single:8.2f} {r['peak_mib']:9.0f}", flush=True)
+                    r = cell_in_subprocess(args, agent, temperature, seeds)
+                base = base or r[key]
+                print(f"{agent:8s} {temperature:4s} {seeds:2d} {r['decisions']:4d} {r['wall_s']:7.1f} "
+                      f"{r['seed_decisions_per_s']:10.2f} {r['seed_decisions_per_cpu_s']:8.2f} {r[key] / base:6.2f} "
+                      f"{r['peak_mib']:9.0f}", flush=True)
                 with open(args.out, "a") as f:
                     f.write(json.dumps({**r, "time": time.strftime("%Y-%m-%d %H:%M:%S")}) + "\n")
 

@@ -30,8 +30,9 @@ def bare_seconds(spec_path: Path) -> tuple[float, int]:
     runs = load_spec(spec_path).runs()
     t0 = time.perf_counter()
     for run in runs:
-        trainer = build_trainer(run, lambda metrics, save: None, replay_dir=None, log=lambda s: None)
+        trainer = build_trainer([run], lambda metrics, save: None, None, log=lambda s: None)
         trainer.run()
+        trainer.close()
         print(f"  bare {run.name}: done at {time.perf_counter() - t0:.1f} s", flush=True)
     return time.perf_counter() - t0, len(runs)
 

@@ -1,7 +1,7 @@
 """Benchmark: decisions/s of SAC-LN and MAD-SAC with the target-entropy and the QED temperature, side by side.
 
-One decision = policy sample (``act``) + env step + replay insert + one sampled batch + one ``update``, the
-trainer's steady-state work per decision at UTD 1. Each (agent, temperature) gets its own env and replay, first
+One decision = policy sample (``act``) + env step + replay insert + one sampled batch + one ``update`` of a pack of
+one seed (a single run), the trainer's steady-state work per decision at UTD 1. Each (agent, temperature) gets its own env and replay, first
 filled with uniform-random decisions on the real task. Then all of them take turns, one decision each, for
 ``--warmup-updates`` untimed and ``--updates`` timed rounds: on a shared machine the load then hits every setup
 alike, so the ratios (QED/te, MAD/SAC) are steadier than the absolute figures. Parts are timed in process CPU
@@ -17,18 +17,21 @@ import time
 import numpy as np
 import torch
 
-from qed_ray.agents import make_agent
+from qed_ray.agents.packed import make_packed_agent
 from qed_ray.config import TemperatureSpec, agent_spec
 from qed_ray.envs import make_env
-from qed_ray.replay import ReplayBuffer
+from qed_ray.replay import Replay
 
 TEMPERATURES = {"te": TemperatureSpec(kind="te"), "qed": TemperatureSpec(kind="qed", k=0.2)}
 
 
-def fill_replay(env, n: int, seed: int) -> tuple[ReplayBuffer, np.ndarray]:
+ON = np.ones(1, bool)
+
+
+def fill_replay(env, n: int, seed: int) -> tuple[Replay, np.ndarray]:
     """Replay with ``n`` uniform-random decisions of ``env``; returns it and the current observation."""
     rng = np.random.default_rng(seed)
-    replay = ReplayBuffer(n + 100_000, env.obs_dim, env.action_dim, np.random.default_rng(seed + 1))
+    replay = Replay(n + 100_000, env.obs_dim, env.action_dim, [np.random.default_rng(seed + 1)], torch.device("cpu"))
     obs = env.reset()
     for _ in range(n):
         action = rng.uniform(-1, 1, env.action_dim).astype(np.float32)
@@ -36,10 +39,10 @@ def fill_replay(env, n: int, seed: int) -> tuple[ReplayBuffer, np.ndarray]:
     return replay, obs
 
 
-def _step(env, replay: ReplayBuffer, obs: np.ndarray, action: np.ndarray) -> np.ndarray:
+def _step(env, replay: Replay, obs: np.ndarray, action: np.ndarray) -> np.ndarray:
     """One env step stored in replay; returns the next observation (a fresh one after a time limit)."""
     step = env.step(action)
-    replay.add(obs, action, step.reward, step.obs, step.terminated)
+    replay.add(obs[None], action[None], np.array([step.reward]), step.obs[None], np.array([step.terminated]), ON)
     return env.reset() if step.terminated or step.truncated else step.obs
 
 
@@ -55,8 +58,8 @@ class Setup:
         self.env = make_env(args.task, seed=0)
         self.replay, self.obs = fill_replay(self.env, args.buffer, seed=0)
         spec = agent_spec(name=name, hidden=args.hidden, batch_size=args.batch)
-        self.agent = make_agent(spec, TEMPERATURES[temperature], self.env.obs_dim, self.env.action_dim, device,
-                                seed=0)
+        self.agent = make_packed_agent(spec, TEMPERATURES[temperature], self.env.obs_dim, self.env.action_dim,
+                                       device, [0])
         self.batch, self.device = args.batch, device
         self.parts = {f"{k}_{c}": 0.0 for k in ("act", "env", "update") for c in ("cpu", "wall")}
         self.metrics = None
@@ -64,11 +67,11 @@ class Setup:
     def decision(self, timed: bool) -> None:
         """act + env step + replay insert + one update; adds each part's CPU and wall seconds when ``timed``."""
         stamps = [(time.process_time(), time.perf_counter())]
-        action = self.agent.act(self.obs, deterministic=False)
+        action = self.agent.act(self.obs[None], ON)[0]
         stamps.append((time.process_time(), time.perf_counter()))
         self.obs = _step(self.env, self.replay, self.obs, action)
         stamps.append((time.process_time(), time.perf_counter()))
-        self.metrics = self.agent.update(self.replay.sample(self.batch, self.device))
+        self.metrics = self.agent.update(self.replay.sample(self.batch, ON), self.agent.noise(self.batch, ON))
         _sync(self.device)
         stamps.append((time.process_time(), time.perf_counter()))
         if timed:

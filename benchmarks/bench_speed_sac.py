@@ -7,9 +7,12 @@ which SB3 does not have. Each does ``--warmup`` uniform-random decisions, then i
 decisions that each carry one update. Runs alternate (ours te, ours qed, SB3, ours te, ...) so that load from
 other processes on a shared machine hits all alike; the medians and the ratios are printed.
 
-Ours is timed by the real :class:`qed_ray.trainer.Trainer` loop (its per-interval timer excludes evaluation);
-SB3 by a callback fired at the end of the warm-up and the return of ``learn``. Decisions per CPU second
-(process time) are printed too: on a shared machine they show the cost with other load factored out.
+Ours is timed by the real :class:`qed_ray.trainer.Trainer` loop, a single run being a pack of one: its heartbeat
+(every 100 decisions) stamps the clocks from the end of the warm-up to the last heartbeat before the one evaluation
+at the end, so no evaluation falls in the window; SB3 by a callback fired at the end of the warm-up and the return
+of ``learn``. Decisions per CPU second (process time) are printed too: on a shared machine they show the cost with
+other load factored out. ``--only`` picks implementations, so the script can time an older qed_ray too (put first
+on ``PYTHONPATH``; its single-seed trainer is built through the same heartbeat).
 Known model differences (kept: they are each library's defaults): ours has LayerNorm critics, Mish
 activations and a global-norm gradient clip; SB3 uses ReLU, no LayerNorm and no clip.
 
@@ -20,7 +23,6 @@ Run: ``MUJOCO_GL=disable .venv/bin/python benchmarks/bench_speed_sac.py [--repea
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import platform
 import statistics
@@ -32,8 +34,6 @@ import torch
 
 from qed_ray.config import RunSpec
 from qed_ray.envs import make_env
-from qed_ray.evaluate import eval_seeds, rollout
-from qed_ray.trainer import build_trainer
 
 HIDDEN, BATCH, FRAME_SKIP = 256, 256, 2
 DECISIONS_PER_EVAL_UNIT = 500  # eval_every must be whole episodes: 1000 env steps = 500 decisions
@@ -74,39 +74,41 @@ def make_gym_env(task: str, seed: int):
     return DMCGymEnv()
 
 
-def time_ours(task: str, seed: int, warmup: int, timed: int, temperature: dict) -> dict:
-    """Runs the SAC-LN trainer with ``temperature``; returns timed decisions per wall second and per CPU second,
-    and the update count.
+def _build(spec: RunSpec, heartbeat):
+    """The trainer of one run with a heartbeat every 100 decisions: a pack of one, or (an older qed_ray on the
+    path) its single-seed trainer."""
+    import inspect
 
-    The trainer's evaluation interval is set to the gcd of ``warmup`` and ``timed`` so the warm-up ends on an
-    interval boundary; each reported interval carries its own training wall time (evaluation excluded). CPU
-    time is stamped at the reports, so the evaluations inside the window are measured once more afterwards
-    (same agent, same seed: identical work) and subtracted.
-    """
-    interval = math.gcd(warmup, timed)
-    if interval % DECISIONS_PER_EVAL_UNIT:
-        raise SystemExit(f"--warmup and --timed must be multiples of {DECISIONS_PER_EVAL_UNIT} decisions")
+    from qed_ray.trainer import build_trainer
+
+    quiet = {"log": lambda line: None, "heartbeat": heartbeat, "heartbeat_s": 0.0}
+    if "specs" in inspect.signature(build_trainer).parameters:
+        return build_trainer([spec], lambda metrics, save: None, None, **quiet)
+    return build_trainer(spec, lambda metrics, save: None, None, **quiet)
+
+
+def time_ours(task: str, seed: int, warmup: int, timed: int, temperature: dict) -> dict:
+    """Runs the SAC-LN trainer with ``temperature``; returns decisions per wall second and per CPU second between
+    the end of the warm-up and the last heartbeat before the final evaluation (``timed`` - 100 decisions, each
+    with one update), and the update count."""
+    if (warmup + timed) % DECISIONS_PER_EVAL_UNIT or warmup % 100 or timed <= 100:
+        raise SystemExit(f"--warmup + --timed must be a multiple of {DECISIONS_PER_EVAL_UNIT} decisions, --warmup "
+                         f"of 100, and --timed over 100")
     spec = RunSpec.model_validate({
         "task": task, "seed": seed, "agent": {"name": "sac_ln", "hidden": HIDDEN, "batch_size": BATCH, "utd": 1},
         "temperature": temperature,
-        "train": {"env_steps": (warmup + timed) * FRAME_SKIP, "eval_every": interval * FRAME_SKIP,
+        "train": {"env_steps": (warmup + timed) * FRAME_SKIP, "eval_every": (warmup + timed) * FRAME_SKIP,
                   "eval_episodes": 1, "warmup_decisions": warmup, "device": "cpu", "threads": 1,
                   "frame_skip": FRAME_SKIP}})
-    reports: list[dict] = []
-
-    def reporter(metrics: dict, save) -> None:
-        reports.append({**metrics, "cpu_s": time.process_time()})
-
-    trainer = build_trainer(spec, reporter, replay_dir=None, log=lambda line: None)
+    stamps: dict[int, tuple[float, float]] = {}
+    trainer = _build(spec, lambda h: stamps.__setitem__(h["env_steps"] // FRAME_SKIP,
+                                                        (time.perf_counter(), time.process_time())))
     trainer.run()
-    timed_reports = [m for m in reports if m["decisions"] > warmup]
-    wall = sum(spec.train.eval_every / m["perf/env_steps_per_s"] for m in timed_reports)
-    cpu_start = next(m["cpu_s"] for m in reports if m["decisions"] == warmup)
-    c0 = time.process_time()
-    rollout(trainer.agent.act_batch, task, eval_seeds(1), frame_skip=FRAME_SKIP)
-    eval_cpu = time.process_time() - c0
-    cpu = reports[-1]["cpu_s"] - cpu_start - len(timed_reports) * eval_cpu
-    return {"per_wall_s": timed / wall, "per_cpu_s": timed / cpu, "updates": trainer.p.updates, "wall_s": wall}
+    end = max(stamps)
+    (w0, c0), (w1, c1) = stamps[warmup], stamps[end]
+    n = end - warmup
+    updates = getattr(trainer, "p").updates
+    return {"per_wall_s": n / (w1 - w0), "per_cpu_s": n / (c1 - c0), "updates": updates, "wall_s": w1 - w0}
 
 
 def time_sb3(task: str, seed: int, warmup: int, timed: int) -> dict:
@@ -157,15 +159,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timed", type=int, default=3000, help="timed decisions, one update each")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--only", nargs="+", choices=["te", "qed", "sb3"], default=["te", "qed", "sb3"],
+                   help="implementations to time (sb3 needs the bench extra)")
     args = p.parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "disable")
     torch.set_num_threads(1)
-    print_versions()
+    print_versions() if "sb3" in args.only else print(f"torch {torch.__version__}, qed_ray from "
+                                                        f"{os.path.dirname(sys.modules['qed_ray.config'].__file__)}")
     print(f"{args.task}: {HIDDEN}x{HIDDEN}, batch {BATCH}, UTD 1, frame skip {FRAME_SKIP}; "
           f"{args.warmup} warm-up + {args.timed} timed decisions")
-    runs = {"qed_ray SAC-LN te": lambda *a: time_ours(*a, {"kind": "te"}),
-            "qed_ray SAC-LN qed": lambda *a: time_ours(*a, {"kind": "qed", "k": 0.2}),
-            "SB3 SAC": time_sb3}
+    runs = {name: fn for key, name, fn in (("te", "qed_ray SAC-LN te", lambda *a: time_ours(*a, {"kind": "te"})),
+                                           ("qed", "qed_ray SAC-LN qed",
+                                            lambda *a: time_ours(*a, {"kind": "qed", "k": 0.2})),
+                                           ("sb3", "SB3 SAC", time_sb3)) if key in args.only}
     rows: dict[str, list[dict]] = {name: [] for name in runs}
     print(f"{'implementation':<20} {'run':>3} {'decisions/s':>11} {'per CPU s':>9} {'updates':>7} {'timed s':>8}")
     t0 = time.perf_counter()
@@ -176,9 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:<20} {r + 1:>3} {row['per_wall_s']:>11.1f} {row['per_cpu_s']:>9.1f} {row['updates']:>7d} "
                   f"{row['wall_s']:>8.1f}", flush=True)
     for key, label in (("per_wall_s", "decisions per wall second"), ("per_cpu_s", "decisions per CPU second")):
-        te, qed, sb3 = (statistics.median(row[key] for row in v) for v in rows.values())
-        print(f"median {label}: qed_ray SAC-LN te {te:.1f}, qed {qed:.1f}, SB3 SAC {sb3:.1f}; ratio ours te/SB3 "
-              f"{te / sb3:.2f}, qed/SB3 {qed / sb3:.2f}; qed_ray te/qed {te / qed:.2f}")
+        medians = {name: statistics.median(row[key] for row in v) for name, v in rows.items()}
+        print(f"median {label}: " + ", ".join(f"{name} {m:.1f}" for name, m in medians.items()))
     print(f"torch threads at end {torch.get_num_threads()}, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}, total wall time {time.perf_counter() - t0:.0f} s")
     return 0

@@ -8,10 +8,10 @@ is rewritten after every cell, so a later failure loses nothing):
    absolute deviation of every parameter, target, memo and Adam moment, and whether they are allclose (rtol 1e-4,
    atol 1e-5); the last 20 graphed updates run under ``torch.cuda.set_sync_debug_mode("error")`` (a host sync
    inside the update raises). On the CPU the graph is replaced by ``compile`` (``--cpu-compile``) or skipped.
-2. ``graph``: S in {1, 10, 20}, both agents, QED and te (auto mode: graph on CUDA, eager on the CPU).
-3. ``single``: today's single-seed code path (``agent.act`` + ``ReplayBuffer`` + ``agent.update``), S = 1.
-4. ``off``: the eager pack update at S in {10, 20} (QED), against (2).
-5. ``packs``: 2 and 3 packs of S = 10 (QED, graph) in separate processes sharing the device, timed over the same
+2. ``graph``: S in {1, 10, 20}, both agents, QED and te (auto mode: graph on CUDA, eager on the CPU); S = 1 is a
+   single run (a pack of one).
+3. ``off``: the eager pack update at S in {10, 20} (QED), against (2).
+4. ``packs``: 2 and 3 packs of S = 10 (QED, graph) in separate processes sharing the device, timed over the same
    wall-clock window.
 
 One decision = one batched act for S synthetic observations + S replay rows + one packed update (UTD 1), as the
@@ -39,12 +39,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qed_ray.agents import make_agent
 from qed_ray.agents.packed import make_packed_agent
 from qed_ray.config import TemperatureSpec, agent_spec
 from qed_ray.pack_update import PackUpdater, resolve_mode
-from qed_ray.packed_replay import PackedReplay
-from qed_ray.replay import ReplayBuffer
+from qed_ray.replay import Replay
 from qed_ray.throughput import SCHEMA
 
 TEMPERATURES = {"te": TemperatureSpec(kind="te"), "qed": TemperatureSpec(kind="qed", k=0.2)}
@@ -72,7 +70,7 @@ class Pack:
         spec = agent_spec(name=agent, hidden=hidden, batch_size=batch)
         ids = list(range(seeds))
         self.agent = make_packed_agent(spec, TEMPERATURES[temperature], OBS, ACT, device, ids)
-        self.replay = PackedReplay(BUFFER, OBS, ACT, [np.random.default_rng(s) for s in ids], device)
+        self.replay = Replay(BUFFER, OBS, ACT, [np.random.default_rng(s) for s in ids], device)
         g = torch.Generator(device=device).manual_seed(0)
         self.replay.storage.copy_(torch.randn(self.replay.storage.shape, generator=g, device=device))
         self.replay.storage[..., self.replay.columns["terminated"]] = 0.0
@@ -89,28 +87,6 @@ class Pack:
         self.run(self.replay.indices(self.batch, self.on), self.agent.noise(self.batch, self.on))
 
 
-class Single:
-    """Today's single-seed path: agent.act + ReplayBuffer (host numpy) + agent.update."""
-
-    mode = "single"
-
-    def __init__(self, agent: str, temperature: str, seeds: int, mode: str, device: torch.device, hidden: int,
-                 batch: int):
-        spec = agent_spec(name=agent, hidden=hidden, batch_size=batch)
-        self.agent = make_agent(spec, TEMPERATURES[temperature], OBS, ACT, device, 0)
-        self.rng, self.batch, self.device = np.random.default_rng(0), batch, device
-        self.replay = ReplayBuffer(BUFFER * 2, OBS, ACT, np.random.default_rng(0))
-        for _ in range(BUFFER):
-            o = self.rng.normal(size=OBS).astype(np.float32)
-            self.replay.add(o, self.rng.uniform(-1, 1, ACT).astype(np.float32), float(self.rng.normal()), o, False)
-        self.obs = self.rng.normal(size=OBS).astype(np.float32)
-
-    def decide(self) -> None:
-        a = self.agent.act(self.obs, deterministic=False)
-        self.replay.add(self.obs, a, float(self.rng.normal()), self.obs, False)
-        self.agent.update(self.replay.sample(self.batch, self.device))
-
-
 def measure(kind: str, agent: str, temperature: str, seeds: int, mode: str, args, start_at: float = 0.0) -> dict:
     """One cell in this process: build, warm up (and capture), wait for ``start_at`` (epoch s), time decisions."""
     device = torch.device(args.device)
@@ -119,7 +95,7 @@ def measure(kind: str, agent: str, temperature: str, seeds: int, mode: str, args
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
-    setup = (Single if kind == "single" else Pack)(agent, temperature, seeds, mode, device, args.hidden, args.batch)
+    setup = Pack(agent, temperature, seeds, mode, device, args.hidden, args.batch)
     for _ in range(args.warmup):
         setup.decide()
     sync(device)
@@ -209,7 +185,6 @@ def plan(args) -> list[tuple]:
     checked = AGENTS if args.device != "cpu" else AGENTS[:1] if args.cpu_compile else ()
     cells = [("check", deviation_check, (a,)) for a in checked]
     cells += [("graph", measure, ("pack", a, t, s, "auto")) for s in sizes for a in AGENTS for t in ("qed", "te")]
-    cells += [("single", measure, ("single", a, t, 1, "single")) for a in AGENTS for t in ("qed", "te")]
     if args.device != "cpu":
         cells += [("off", measure, ("pack", a, "qed", s, "off")) for s in big for a in AGENTS]
     cells += [("packs", shared_packs, (k,)) for k in ([2] if args.quick else [2, 3])]
