@@ -9,13 +9,14 @@ from pathlib import Path
 
 import yaml
 
-from .common import (CONSTRAINTS, DOCKER_README, DOCKERFILE, FILESTORE_FLAGS, IAM_DIR, KUBERAY, KUBERAY_MLFLOW,
-                     LAUNCHERS, SMOKE_SCRIPT, load_docs, load_pins, load_yaml, one)
+from .common import (CLUSTER_README, CONSTRAINTS, DOCKER_README, DOCKERFILE, FILESTORE_FLAGS, IAM_DIR, KUBERAY,
+                     KUBERAY_MLFLOW, KUBERAY_NAMESPACE, LAUNCHERS, SMOKE_SCRIPT, load_docs, load_pins, load_yaml, one)
 
 
 def _launcher_section(root: Path, provider: str, image: str) -> list[str]:
     from .launcher import bash_syntax_errors, all_shell_commands, check_launcher, ray_validate
     from .trust_cloud import aws_trust_problems, gcp_trust_problems, vm_mlflow_problems, vm_secret_problems
+    from .trust_iam import gcp_head_binding_problems
 
     cfg = load_yaml(root / LAUNCHERS[provider])
     try:
@@ -27,7 +28,8 @@ def _launcher_section(root: Path, provider: str, image: str) -> list[str]:
     problems += vm_secret_problems(cfg) + vm_mlflow_problems(cfg)
     if provider == "aws":
         return problems + aws_trust_problems(cfg, root / IAM_DIR)
-    return problems + gcp_trust_problems(cfg, root / IAM_DIR, load_yaml(root / FILESTORE_FLAGS))
+    problems += gcp_trust_problems(cfg, root / IAM_DIR, load_yaml(root / FILESTORE_FLAGS))
+    return problems + gcp_head_binding_problems(cfg, root / IAM_DIR, (root / CLUSTER_README).read_text())
 
 
 def _kuberay_section(root: Path) -> list[str]:
@@ -35,8 +37,9 @@ def _kuberay_section(root: Path) -> list[str]:
     from ray.autoscaler._private.util import validate_config
 
     from .kuberay import check_kuberay, mlflow_reachability_problems, shared_volume_problems
-    from .trust_kube import (mlflow_auth_problems, network_policy_problems, security_context_problems,
-                             service_account_problems)
+    from .trust_kube import (head_token_problems, metadata_egress_problems, mlflow_auth_problems,
+                             network_policy_problems, pod_security_problems, ray_token_problems,
+                             security_context_problems, service_account_problems, service_exposure_problems)
 
     ray_docs, mlflow_docs = load_docs(root / KUBERAY), load_docs(root / KUBERAY_MLFLOW)
     cr = one(ray_docs, "RayCluster")
@@ -46,10 +49,10 @@ def _kuberay_section(root: Path) -> list[str]:
         return [f"KubeRay-to-autoscaler conversion: {type(err).__name__}: {str(err).splitlines()[0]}"]
     problems = check_kuberay(cr, load_pins(root)) + shared_volume_problems(cr, ray_docs)
     problems += mlflow_reachability_problems(cr, mlflow_docs)
-    for check in (service_account_problems, security_context_problems, network_policy_problems,
-                  mlflow_auth_problems):
+    for check in (service_account_problems, head_token_problems, security_context_problems, network_policy_problems,
+                  metadata_egress_problems, service_exposure_problems, ray_token_problems, mlflow_auth_problems):
         problems += check(ray_docs, mlflow_docs)
-    return problems
+    return problems + pod_security_problems(load_docs(root / KUBERAY_NAMESPACE), ray_docs)
 
 
 def _image_section(root: Path) -> list[str]:
@@ -76,7 +79,7 @@ def run_all(root: Path) -> dict[str, list[str]]:
     sections = {
         LAUNCHERS["aws"]: lambda: _launcher_section(root, "aws", gpu),
         LAUNCHERS["gcp"]: lambda: _launcher_section(root, "gcp", gpu),
-        f"{KUBERAY} + {KUBERAY_MLFLOW}": lambda: _kuberay_section(root),
+        f"{KUBERAY} + {KUBERAY_MLFLOW}": lambda: _kuberay_section(root),  # and KUBERAY_NAMESPACE
         f"{DOCKERFILE} + image references": lambda: _image_section(root),
         ".rayignore + .dockerignore": lambda: ignore_problems((root / ".rayignore").read_text(),
                                                               (root / ".dockerignore").read_text()),

@@ -16,6 +16,8 @@ from packaging.version import Version
 
 LAUNCHERS = {"aws": "cluster/aws.yaml", "gcp": "cluster/gcp.yaml"}
 KUBERAY, KUBERAY_MLFLOW = "cluster/kuberay.yaml", "cluster/kuberay-mlflow.yaml"
+KUBERAY_NAMESPACE = "cluster/kuberay-namespace.yaml"  # the namespace, with its Pod Security Admission level
+CLUSTER_README = "cluster/README.md"
 IAM_DIR = "cluster/iam"
 FILESTORE_FLAGS = "cluster/gcp-filestore.yaml"
 DOCKERFILE, DOCKER_README, SMOKE_SCRIPT = "docker/Dockerfile", "docker/README.md", "docker/smoke.sh"
@@ -29,6 +31,12 @@ SHARED_MOUNT = PurePosixPath("/mnt/qed")
 STORAGE_PATH = SHARED_MOUNT / "sweeps"
 # The image's non-root user, who must be able to write the storage folder.
 RAY_UID = "1000"
+# On the VM heads the MLflow server's admin login (and session secret) is generated into this owner-only file at its
+# first start and read by the server alone; the nodes' clients log in with ~/.qed/mlflow.env as a non-admin user that
+# cluster/mlflow_users.py creates (the image holds the repository at ~/qed-ray, docker/Dockerfile's WORKDIR).
+MLFLOW_ADMIN_ENV = "~/mlflow/admin.env"
+MLFLOW_CLIENT_ENV = "~/.qed/mlflow.env"
+MLFLOW_USERS_TOOL = "~/qed-ray/cluster/mlflow_users.py"
 # The CLI that qed_ray.envs provides (loads all 18 tasks, one line per task): the image's smoke test.
 SMOKE_CMD = "python -m qed_ray.envs --check-all"
 # Any image reference of the project's image, whatever registry replaces the placeholder.

@@ -65,6 +65,7 @@ def _init_container_ok(head: dict, claim: tuple[str, str, str], storage: str) ->
         if (init.get("securityContext", {}).get("runAsUser") == 0
                 and storage_claim(init, head, storage) == claim
                 and f"mkdir -p {storage}" in shell
+                and re.search(rf"chmod\s+7[05]0\s+{re.escape(storage)}\b", shell) is not None
                 and re.search(rf"chown\s+{RAY_UID}(:\d+)?\s+{re.escape(storage)}\b", shell) is not None):
             return True
     return False
@@ -90,7 +91,8 @@ def shared_volume_problems(cr: dict, docs: list[dict]) -> list[str]:
         claim_name, mount_path, sub_path, storage = seen["head"]
         if not _init_container_ok(dict(pod_specs(cr))["head"], (claim_name, mount_path, sub_path), storage):
             problems.append(f"head: needs an initContainer (runAsUser 0, same volume) that creates {storage} "
-                            f"owned by uid {RAY_UID} (a fresh volume's root belongs to root)")
+                            f"owned by uid {RAY_UID} and closed to other users (chmod 750): a fresh volume's root "
+                            f"belongs to root, and the sweep folder must be writable only by the cluster")
     return problems
 
 

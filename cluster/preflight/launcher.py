@@ -173,7 +173,8 @@ def _docker_problems(cfg: dict, image: str) -> list[str]:
     return problems
 
 
-def _environment_problems(cfg: dict, provider: str) -> list[str]:
+def environment_problems(cfg: dict, provider: str) -> list[str]:
+    """What every node exports (MLflow URI, Ray's token auth, the artifact store) and how the head starts MLflow."""
     env = env_file_values(cfg.get("setup_commands", []))
     problems = []
     uri = urlparse(env.get("MLFLOW_TRACKING_URI", ""))
@@ -199,7 +200,7 @@ def _environment_problems(cfg: dict, provider: str) -> list[str]:
 
 def check_launcher(cfg: dict, provider: str, image: str) -> list[str]:
     """Project requirements on a launcher config, beyond what Ray's schema checks (trust boundaries: trust.py)."""
-    return (_node_type_problems(cfg, provider) + _docker_problems(cfg, image) + _environment_problems(cfg, provider)
+    return (_node_type_problems(cfg, provider) + _docker_problems(cfg, image) + environment_problems(cfg, provider)
             + shared_storage_problems(cfg, provider))
 
 

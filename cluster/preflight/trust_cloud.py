@@ -16,8 +16,10 @@ from pathlib import Path
 
 import yaml
 
-from .common import STORAGE_PATH, command_flags
+from .common import (MLFLOW_ADMIN_ENV, MLFLOW_CLIENT_ENV, MLFLOW_USERS_TOOL, STORAGE_PATH,
+                     command_flags)
 from .launcher import all_shell_commands, nfs_mounts, node_init_commands, worker_types
+from .trust_iam import aws_head_scope_problems
 
 RAY_DEFAULT_AWS_PROFILE = "ray-autoscaler-v1"  # EC2FullAccess + S3FullAccess
 RAY_DEFAULT_GCP_ACCOUNT = "ray-autoscaler-sa-v1"  # compute.admin, storage.objectAdmin, iam.serviceAccountUser
@@ -27,7 +29,8 @@ HEAD_EC2_ACTIONS = {"ec2:RunInstances", "ec2:CreateTags", "ec2:TerminateInstance
                     "ec2:DescribeInstanceTypes", "ec2:DescribeImages", "ec2:DescribeSubnets"}
 HEAD_S3_ACTIONS = {"s3:ListBucket", "s3:GetObject", "s3:PutObject", "s3:DeleteObject"}
 WORKER_SCOPES = {"https://www.googleapis.com/auth/devstorage.read_only"}
-SECRET_NAME = re.compile(r"\b([A-Z][A-Z0-9_]*(?:PASSWORD|TOKEN|SECRET)[A-Z0-9_]*)=(?![\"']?\$)")
+# NAME=value where the value is neither a variable ($...) nor generated in place (a Python f-string field {...}).
+SECRET_NAME = re.compile(r"\b([A-Z][A-Z0-9_]*(?:PASSWORD|TOKEN|SECRET)[A-Z0-9_]*)=(?![\"']?[$\{])")
 
 
 def _listed(value) -> list:
@@ -46,13 +49,10 @@ def worker_policy_problems(role: str, policy: dict) -> list[str]:
             for actions, _, _ in allow_statements(policy) for action in actions if action not in WORKER_PULL_ACTIONS]
 
 
-def _head_action_problems(role: str, action: str, resources: list[str], condition: dict, workers: set[str]):
+def _head_action_problems(role: str, action: str, resources: list[str], workers: set[str]):
     if "*" in action:
         return [f"{role}: wildcard action {action!r}; list the actions the autoscaler and MLflow use"]
-    if action == "ec2:TerminateInstances" and "ec2:ResourceTag/ray-cluster-name" not in json.dumps(condition):
-        return [f"{role}: ec2:TerminateInstances must be limited to this cluster's instances "
-                f"(condition on ec2:ResourceTag/ray-cluster-name)"]
-    if action in HEAD_EC2_ACTIONS:
+    if action in HEAD_EC2_ACTIONS:  # which instances they reach: trust_iam.aws_head_scope_problems
         return []
     if action == "iam:PassRole":
         passed = {r.rsplit(":role/", 1)[-1] for r in resources if ":role/" in r}
@@ -68,8 +68,8 @@ def _head_action_problems(role: str, action: str, resources: list[str], conditio
 
 def head_policy_problems(role: str, policy: dict, workers: set[str]) -> list[str]:
     """The head's role: the autoscaler's EC2 calls, PassRole of the workers' role, the artifact prefix."""
-    return [p for actions, resources, condition in allow_statements(policy) for action in actions
-            for p in _head_action_problems(role, action, resources, condition, workers)]
+    return [p for actions, resources, _ in allow_statements(policy) for action in actions
+            for p in _head_action_problems(role, action, resources, workers)]
 
 
 def efs_policy_problems(policy: dict, head: str, workers: set[str]) -> list[str]:
@@ -98,7 +98,8 @@ def _profile(node_config: dict) -> str | None:
     return arn.rsplit("instance-profile/", 1)[-1] if arn else None
 
 
-def _aws_node_problems(cfg: dict) -> list[str]:
+def aws_node_problems(cfg: dict) -> list[str]:
+    """Every node in the pre-created security group, IMDSv2 with hop limit 1, EFS mounted over TLS + IAM."""
     problems = []
     for name, t in cfg["available_node_types"].items():
         nc = t.get("node_config", {})
@@ -117,14 +118,17 @@ def _aws_node_problems(cfg: dict) -> list[str]:
 
 def aws_trust_problems(cfg: dict, iam_dir: Path) -> list[str]:
     """Network, metadata service, instance roles and EFS policy of cluster/aws.yaml."""
-    problems = _aws_node_problems(cfg)
+    problems = aws_node_problems(cfg)
     head = _profile(cfg["available_node_types"][cfg["head_node_type"]]["node_config"])
     workers = {w for _, t in worker_types(cfg) if (w := _profile(t.get("node_config", {})))}
     if head in (None, RAY_DEFAULT_AWS_PROFILE) or not (iam_dir / f"aws-{head}.json").exists():
         problems.append(f"head: IamInstanceProfile must be the project's head role with its policy in "
                         f"{iam_dir.name}/aws-<role>.json (not Ray's {RAY_DEFAULT_AWS_PROFILE}), got {head!r}")
     else:
-        problems += head_policy_problems(head, json.loads((iam_dir / f"aws-{head}.json").read_text()), workers)
+        policy = json.loads((iam_dir / f"aws-{head}.json").read_text())
+        types = {t.get("node_config", {}).get("InstanceType") for _, t in worker_types(cfg)}
+        problems += head_policy_problems(head, policy, workers)
+        problems += aws_head_scope_problems(head, policy, cfg.get("cluster_name", ""), types - {None})
     for worker in sorted(workers):
         if worker in (head, RAY_DEFAULT_AWS_PROFILE):
             problems.append(f"workers must not use the head's or Ray's profile {worker!r}: trial code could "
@@ -167,7 +171,8 @@ def _gcp_account(node_config: dict) -> tuple[str | None, set[str]]:
     return (email.split("@")[0] if email else None), {s for a in accounts for s in a.get("scopes", [])}
 
 
-def _gcp_network_problems(cfg: dict) -> list[str]:
+def gcp_network_problems(cfg: dict) -> list[str]:
+    """Every node in the cluster's own network (never `default`), with the tag the firewall rules select."""
     problems, tags = [], []
     for name, t in cfg["available_node_types"].items():
         nc = t.get("node_config", {})
@@ -184,7 +189,7 @@ def _gcp_network_problems(cfg: dict) -> list[str]:
 
 def gcp_trust_problems(cfg: dict, iam_dir: Path, filestore: dict) -> list[str]:
     """Network, service accounts, head role and Filestore exports of cluster/gcp.yaml."""
-    problems = _gcp_network_problems(cfg)
+    problems = gcp_network_problems(cfg)
     head, _ = _gcp_account(cfg["available_node_types"][cfg["head_node_type"]]["node_config"])
     role_file = iam_dir / f"gcp-{head}.yaml"
     if head in (None, RAY_DEFAULT_GCP_ACCOUNT) or not role_file.exists():
@@ -223,7 +228,9 @@ def vm_secret_problems(cfg: dict) -> list[str]:
 
 
 def vm_mlflow_problems(cfg: dict) -> list[str]:
-    """The head's MLflow server: basic auth, admin credentials from the environment, no store URI in argv."""
+    """The head's MLflow server: basic auth, no store URI in argv, an admin login of its own (generated on the head
+    into an owner-only file no other node or client environment sees), and the nodes' non-admin clients' user
+    created by cluster/mlflow_users.py."""
     text = " ".join(cfg.get("head_start_ray_commands", []))
     flags = command_flags(text, ("mlflow", "server")) or {}
     problems = []
@@ -231,7 +238,23 @@ def vm_mlflow_problems(cfg: dict) -> list[str]:
         problems.append("the MLflow server must run `--app-name basic-auth` (anonymous clients get 401)")
     if "backend-store-uri" in flags:
         problems.append("--backend-store-uri puts the store URI in argv; set MLFLOW_BACKEND_STORE_URI instead")
-    for name in ("MLFLOW_AUTH_ADMIN_USERNAME", "MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_AUTH_CONFIG_PATH"):
-        if not re.search(rf"\b{name}=[\"']?\$", text):
-            problems.append(f"the MLflow server's environment must set {name} from a variable")
+    if not re.search(r"\bMLFLOW_AUTH_CONFIG_PATH=[\"']?\$", text):
+        problems.append("the MLflow server's environment must set MLFLOW_AUTH_CONFIG_PATH from a variable")
+    admin = re.escape(MLFLOW_ADMIN_ENV)
+    if re.search(r"MLFLOW_AUTH_ADMIN_\w+=[\"']?\$\{?MLFLOW_TRACKING_", text):
+        problems.append("the MLflow admin's login is the clients' (MLFLOW_TRACKING_USERNAME/PASSWORD): every trial "
+                        f"would be an admin; the server reads its own from {MLFLOW_ADMIN_ENV}")
+    generated = re.search(rf"\(umask 077 && python -c '[^']*' > {admin}\)", text)
+    if not generated or not re.search(rf"set -a\s*&&\s*\.\s+{admin}", text):
+        problems.append(f"the MLflow server must read its admin login from {MLFLOW_ADMIN_ENV}, generated owner-only "
+                        f"(umask 077) on the head")
+    elsewhere = [*cfg.get("file_mounts", {}).keys(), *map(str, cfg.get("file_mounts", {}).values()),
+                 *cfg.get("setup_commands", []), *cfg.get("worker_start_ray_commands", [])]
+    if any("admin.env" in item for item in elsewhere):
+        problems.append(f"{MLFLOW_ADMIN_ENV} must stay on the head, out of file_mounts and of the nodes' environment")
+    users = [c for c in cfg.get("head_start_ray_commands", []) if MLFLOW_USERS_TOOL in c]
+    if not users or f"--admin-env {MLFLOW_ADMIN_ENV}" not in users[0] or f"--client-env {MLFLOW_CLIENT_ENV}" \
+            not in users[0]:
+        problems.append(f"head_start_ray_commands must create the clients' user: python {MLFLOW_USERS_TOOL} "
+                        f"--admin-env {MLFLOW_ADMIN_ENV} --client-env {MLFLOW_CLIENT_ENV}")
     return problems

@@ -1,11 +1,16 @@
-"""Trust boundaries of the KubeRay manifests (cluster/kuberay.yaml, cluster/kuberay-mlflow.yaml).
+"""Trust boundaries of the KubeRay manifests (cluster/kuberay.yaml, cluster/kuberay-mlflow.yaml,
+cluster/kuberay-namespace.yaml).
 
-Separate ServiceAccounts (only the head, whose autoscaler patches the RayCluster, mounts an API token; only MLflow
-carries the bucket identity), a restricted securityContext on every container, NetworkPolicies that admit the Ray
-and MLflow ports only from the Ray pods, MLflow behind basic auth with every credential from a Secret.
+Separate ServiceAccounts (only the head's autoscaler sidecar, which patches the RayCluster, holds an API token; only
+MLflow carries the bucket identity), a restricted securityContext on every container, a Pod Security Admission level
+on the namespace, NetworkPolicies that admit the Ray and MLflow ports only from the Ray pods and keep the Ray pods
+away from the cloud metadata endpoint, ClusterIP Services only, Ray's token auth, and MLflow behind basic auth with
+every credential from a Secret: the admin's for the server alone, a non-admin user's for the Ray pods.
 """
 
 from __future__ import annotations
+
+import ipaddress
 
 from .common import of_kind, one
 from .kuberay import mlflow_container, mlflow_flags, pod_specs
@@ -13,6 +18,11 @@ from .kuberay import mlflow_container, mlflow_flags, pod_specs
 CLOUD_IDENTITY = ("eks.amazonaws.com/role-arn", "iam.gke.io/gcp-service-account")
 SECRET_WORDS = ("PASSWORD", "TOKEN", "SECRET", "_KEY")
 ALLOWED_ROOT_CAPS = {"CHOWN"}
+TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"  # where Ray's KubeRay node provider reads the token
+# The node's cloud metadata endpoint: EC2 IMDS, the GCE / GKE metadata server, Azure IMDS; EC2 IMDS over IPv6.
+METADATA_ADDRESSES = (ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254"))
+PSA_LEVELS = ("baseline", "restricted")
+PSA_ENFORCE = "pod-security.kubernetes.io/enforce"
 
 
 def _accounts(docs: list[dict]) -> dict[str, dict]:
@@ -36,9 +46,11 @@ def service_account_problems(ray_docs: list[dict], mlflow_docs: list[dict]) -> l
     for group, pod in pods:
         sa = accounts.get(names[group], {})
         mounted = pod.get("automountServiceAccountToken", sa.get("automountServiceAccountToken", True))
-        if group != "head" and mounted is not False:
+        if mounted is not False:
             problems.append(f"{group}: automountServiceAccountToken must be false (nothing there calls the "
-                            f"Kubernetes API; a token would let trial code patch the RayCluster)")
+                            f"Kubernetes API; a token would let trial code patch the RayCluster)" if group != "head"
+                            else "head: automountServiceAccountToken must be false: a pod-wide token also sits in "
+                                 "ray-head, which runs the driver and every submitted job")
         identity = [k for k in (sa.get("metadata", {}).get("annotations") or {}) if k in CLOUD_IDENTITY]
         if identity and group != "mlflow":
             problems.append(f"{group}: cloud identity {identity} belongs on the MLflow account only")
@@ -113,6 +125,113 @@ def network_policy_problems(ray_docs: list[dict], mlflow_docs: list[dict]) -> li
     return problems
 
 
+def head_token_problems(ray_docs: list[dict], mlflow_docs: list[dict]) -> list[str]:
+    """The head account's API token only in the autoscaler sidecar: a projected volume of the head pod mounted there
+    (at the path Ray's node provider reads) and in no other container of the pod."""
+    cr = one(ray_docs, "RayCluster")
+    head = dict(pod_specs(cr))["head"]
+    token_volumes = {v.get("name") for v in head.get("volumes", [])
+                     if any("serviceAccountToken" in src for src in (v.get("projected") or {}).get("sources", []))}
+    sidecar = cr["spec"].get("autoscalerOptions", {}).get("volumeMounts") or []
+    problems = []
+    if not any(m.get("name") in token_volumes and m.get("mountPath") == TOKEN_PATH for m in sidecar):
+        problems.append(f"autoscaler sidecar: needs the head account's token, a projected serviceAccountToken volume "
+                        f"of the head pod mounted at {TOKEN_PATH} (autoscalerOptions.volumeMounts)")
+    for c in head.get("containers", []) + head.get("initContainers", []):
+        if any(m.get("name") in token_volumes for m in c.get("volumeMounts", [])):
+            problems.append(f"head/{c.get('name')}: mounts the API token; only the autoscaler sidecar may")
+    return problems
+
+
+def _policy_types(policy: dict) -> list[str]:
+    spec = policy.get("spec", {})
+    return spec.get("policyTypes") or ["Ingress"] + (["Egress"] if "egress" in spec else [])
+
+
+def _metadata_leaks(rule: dict) -> list[str]:
+    """The metadata addresses an egress rule admits ('every destination' for a rule without peers)."""
+    peers = rule.get("to") or []
+    if not peers:
+        return ["every destination"]
+    leaks = []
+    for block in (peer["ipBlock"] for peer in peers if "ipBlock" in peer):
+        net = ipaddress.ip_network(block.get("cidr", ""), strict=False)
+        excepted = [ipaddress.ip_network(e, strict=False) for e in block.get("except") or []]
+        leaks += [str(a) for a in METADATA_ADDRESSES if a.version == net.version and a in net
+                  and not any(a.version == e.version and a in e for e in excepted)]
+    return leaks
+
+
+def metadata_egress_problems(ray_docs: list[dict], mlflow_docs: list[dict]) -> list[str]:
+    """The Ray pods are selected by an Egress NetworkPolicy, and no Egress policy of these manifests admits the
+    cloud metadata endpoint to them; no Ray pod uses the node's network (NetworkPolicies and the IMDS hop limit
+    do not apply there)."""
+    cr = one(ray_docs, "RayCluster")
+    labels = {"ray.io/cluster": cr["metadata"]["name"]}
+    policies = [p for p in of_kind(ray_docs, "NetworkPolicy") + of_kind(mlflow_docs, "NetworkPolicy")
+                if "Egress" in _policy_types(p)
+                and p["spec"].get("podSelector", {}).get("matchLabels", {}).items() <= labels.items()]
+    problems = [] if policies else [
+        f"the Ray pods need an Egress NetworkPolicy that excepts the metadata endpoint "
+        f"{', '.join(map(str, METADATA_ADDRESSES))} (open egress: trial code can ask it for the node's credentials)"]
+    for policy in policies:
+        for rule in policy["spec"].get("egress") or [{}]:
+            if leaks := _metadata_leaks(rule):
+                problems.append(f"NetworkPolicy {policy['metadata'].get('name')}: admits egress to {leaks}; except "
+                                f"169.254.169.254/32 and fd00:ec2::254/128 from its ipBlocks")
+    for group, pod in pod_specs(cr):
+        for key in ("hostNetwork", "hostPID", "hostIPC"):
+            if pod.get(key):
+                problems.append(f"{group}: {key} puts the pod on the node's namespaces, past its NetworkPolicies and "
+                                f"the metadata hop limit")
+    return problems
+
+
+def pod_security_problems(ns_docs: list[dict], ray_docs: list[dict]) -> list[str]:
+    """The RayCluster's namespace is defined with a Pod Security Admission level that its pods meet."""
+    ns = one(ray_docs, "RayCluster")["metadata"].get("namespace")
+    found = [d for d in of_kind(ns_docs, "Namespace") if d.get("metadata", {}).get("name") == ns]
+    level = ((found[0]["metadata"].get("labels") or {}) if found else {}).get(PSA_ENFORCE)
+    if level not in PSA_LEVELS:
+        return [f"namespace {ns!r}: needs a Pod Security level, the label {PSA_ENFORCE}: baseline (or restricted), "
+                f"got {level!r}"]
+    cr = one(ray_docs, "RayCluster")
+    root = [c.get("name") for _, pod in pod_specs(cr) for c in pod.get("initContainers", []) + pod.get("containers", [])
+            if (c.get("securityContext") or {}).get("runAsUser") == 0]
+    if level == "restricted" and root:
+        return [f"namespace {ns!r}: level restricted refuses the root containers {root}; use baseline"]
+    return []
+
+
+def service_exposure_problems(ray_docs: list[dict], mlflow_docs: list[dict]) -> list[str]:
+    """Nothing is exposed outside the Kubernetes cluster: ClusterIP Services only, no Ingress."""
+    cr = one(ray_docs, "RayCluster")
+    head = cr["spec"].get("headGroupSpec", {})
+    problems = [f"Service {svc['metadata'].get('name')}: type {svc['spec'].get('type')}; ClusterIP only (people "
+                f"reach it with kubectl port-forward)" for svc in of_kind(ray_docs + mlflow_docs, "Service")
+                if svc.get("spec", {}).get("type", "ClusterIP") != "ClusterIP"]
+    if head.get("serviceType", "ClusterIP") != "ClusterIP" or head.get("enableIngress"):
+        problems.append("headGroupSpec: serviceType ClusterIP and no enableIngress (the job API runs any code)")
+    return problems + [f"Ingress {d['metadata'].get('name')}: nothing is exposed outside the cluster"
+                       for d in of_kind(ray_docs + mlflow_docs, "Ingress")]
+
+
+def ray_token_problems(ray_docs: list[dict], mlflow_docs: list[dict]) -> list[str]:
+    """Every Ray container and the autoscaler sidecar run Ray's token auth with the token from a Secret."""
+    cr = one(ray_docs, "RayCluster")
+    containers = [(f"{group}/{pod['containers'][0].get('name')}", pod["containers"][0])
+                  for group, pod in pod_specs(cr) if pod.get("containers")]
+    containers.append(("autoscaler sidecar", cr["spec"].get("autoscalerOptions") or {}))
+    problems = []
+    for where, container in containers:
+        env = {e["name"]: e for e in container.get("env", [])}
+        if (env.get("RAY_AUTH_MODE") or {}).get("value") != "token" or _from_secret(container, "RAY_AUTH_TOKEN") \
+                is None:
+            problems.append(f"{where}: RAY_AUTH_MODE=token and RAY_AUTH_TOKEN from a Secret (the job API runs any "
+                            f"code for whoever reaches it)")
+    return problems
+
+
 def _from_secret(container: dict, name: str) -> str | None:
     """The Secret an env var comes from (None if it is a literal or absent)."""
     for e in container.get("env", []):
@@ -121,9 +240,20 @@ def _from_secret(container: dict, name: str) -> str | None:
     return None
 
 
+def _secret_names(node) -> set[str]:
+    """Every Secret a manifest fragment refers to (env, envFrom, volumes)."""
+    if isinstance(node, list):
+        return set().union(*map(_secret_names, node)) if node else set()
+    if not isinstance(node, dict):
+        return set()
+    names = {node[k].get("name") or node[k].get("secretName") for k in ("secretKeyRef", "secretRef", "secret")
+             if isinstance(node.get(k), dict)}
+    return (names - {None}).union(*map(_secret_names, node.values()))
+
+
 def mlflow_auth_problems(ray_docs: list[dict], mlflow_docs: list[dict]) -> list[str]:
-    """MLflow runs its basic-auth app; its admin and the Ray pods' client credentials come from one Secret; no
-    secret is a literal env value or a command-line argument."""
+    """MLflow runs its basic-auth app with its admin login from a Secret that no Ray pod refers to; the Ray pods log
+    in as the clients' user from a Secret of their own; no secret is a literal env value or an argument."""
     problems, server = [], mlflow_container(mlflow_docs)
     flags = mlflow_flags(server)
     if flags.get("app-name") != "basic-auth":
@@ -138,9 +268,11 @@ def mlflow_auth_problems(ray_docs: list[dict], mlflow_docs: list[dict]) -> list[
     for group, pod in pod_specs(cr):
         client = {_from_secret(pod["containers"][0], n)
                   for n in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
-        if client != admin:
-            problems.append(f"{group}: MLFLOW_TRACKING_USERNAME/PASSWORD must come from the MLflow admin's Secret "
-                            f"{sorted(x for x in admin if x)}")
+        if None in client or len(client) != 1:
+            problems.append(f"{group}: MLFLOW_TRACKING_USERNAME/PASSWORD must come from the clients' Secret")
+    if used := sorted(_secret_names(cr) & admin - {None}):
+        problems.append(f"the Ray pods use the MLflow admin's Secret {used}: every trial would be an MLflow admin; "
+                        f"they log in as the clients' user (its own Secret, cluster/mlflow_users.py)")
     containers = [c for _, pod in pod_specs(cr) for c in pod.get("containers", [])] + [server]
     for c in containers:
         for e in c.get("env", []):
