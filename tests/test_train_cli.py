@@ -15,7 +15,9 @@ from qed_ray.train import main
     (["--seed", "4294967296"], "seed: Input should be less than or equal to 4294967295"),
     (["--device", "cuda:abc"], "train.device: 'cuda:abc' is not one of"),
     (["--env-steps", "2000", "--eval-every", "1000"], "train.warmup_decisions: 5000 uniform-random decisions"),
-    (["--proportion-real", "0.5"], "agent.mad: applies only to mad_sac, not to sac_ln"),
+    (["--proportion-real", "0.5"], "error: --proportion-real applies to mad_sac, but the agent is sac_ln (give --agent "
+                                   "mad_sac, or drop --proportion-real)\n"),
+    (["--agent", "mad_sac", "--hl-vmin", "-5"], "error: --hl-vmin applies to sac_ln, but the agent is mad_sac"),
     (["--eval-every", "1500"], "train.eval_every: 1500 must be a multiple of 1000"),
 ])
 def test_bad_settings_are_refused_naming_the_field_once(tmp_path, capsys, flags, needle):
