@@ -18,6 +18,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator, \
     model_validator
 
+from qed_ray.hints import short_repr, short_text
 from qed_ray.tasks import check_task
 
 CONTROL_STEPS_PER_EPISODE = 1000  # dm_control's default time limit
@@ -269,7 +270,7 @@ class TrainSpec(Frozen):
         head, _, index = v.partition(":")
         if v in ("auto", "cpu", "cuda") or (head == "cuda" and index.isdigit() and len(index) < 4):
             return v
-        raise ValueError(f"{v!r} is not one of 'auto', 'cpu', 'cuda', 'cuda:N'")
+        raise ValueError(f"{short_repr(v)} is not one of 'auto', 'cpu', 'cuda', 'cuda:N'")
 
     @model_validator(mode="after")
     def _check(self) -> "TrainSpec":
@@ -341,17 +342,34 @@ def format_validation_error(err: Exception, prefix: str = "") -> str:
     """One ``field.path: message (got value)`` line per problem, newline-joined, from a pydantic ValidationError.
 
     A message that starts with a field name (our validators' convention) is taken as relative to the error's
-    location; pydantic's discriminator tags (agent names) are dropped from locations.
+    location; pydantic's discriminator tags (agent names) are dropped from locations. Quoted input is cut short;
+    an unknown key gets the agent it belongs to or a near field name, a value outside a choice a near choice
+    (:mod:`qed_ray.field_hints`).
     """
     if not isinstance(err, ValidationError):
         return f"{prefix.rstrip('.')}: {err}" if prefix else str(err)
     lines = []
     for e in err.errors():
-        loc = [str(p) for p in e.get("loc", ()) if p not in AGENT_SPECS]
-        msg = e.get("msg", "").removeprefix("Value error, ")
+        raw_loc = tuple(e.get("loc", ()))
+        loc = [short_text(str(p)) for p in raw_loc if p not in AGENT_SPECS]
+        msg, hint = _message(err.title, raw_loc, e)
         for line in msg.splitlines():
-            lines.append(_locate(prefix, loc, line, e.get("input"), e.get("type", "")))
+            lines.append(_locate(prefix, loc, line, e.get("input"), e.get("type", "")) + hint)
     return "\n".join(dict.fromkeys(lines))
+
+
+def _message(title: str, loc: tuple, e: dict) -> tuple[str, str]:
+    """The error's message and a hint to append after the value it quotes."""
+    kind, msg = e.get("type", ""), e.get("msg", "").removeprefix("Value error, ")
+    if kind not in ("extra_forbidden", "literal_error", "union_tag_invalid"):
+        return msg, ""
+    from qed_ray import field_hints  # it walks these models: imported at call time
+
+    if kind == "extra_forbidden":
+        return field_hints.unknown_field(title, loc), ""
+    if kind == "literal_error":
+        return msg, field_hints.choice_hint(e.get("input"), e.get("ctx", {}).get("expected", ""))
+    return field_hints.tag_message(e.get("ctx", {})), ""
 
 
 _FIELD_PATH = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
@@ -362,8 +380,9 @@ def _locate(prefix: str, loc: list[str], msg: str, got: Any, kind: str) -> str:
     if sep and _FIELD_PATH.fullmatch(head):
         loc, msg = [*loc, head], rest  # our validator named the field, relative to the model it checks
     path = prefix + ".".join(loc)
-    show = kind not in ("value_error", "assertion_error") and not isinstance(got, (dict, list)) and got is not None
-    suffix = f" (got {got!r})" if show else ""
+    show = kind not in ("value_error", "assertion_error", "extra_forbidden", "union_tag_invalid") and \
+        not isinstance(got, (dict, list)) and got is not None
+    suffix = f" (got {short_repr(got)})" if show else ""
     if kind == "missing":
         msg, suffix = "required field missing", ""
     return f"{path}: {msg}{suffix}" if path else f"{msg}{suffix}"

@@ -36,6 +36,7 @@ class Flag:
     type: Any  # int, float, str or :func:`parse_bool`
     choices: tuple | None
     help: str
+    agents: tuple[str, ...] = ()  # an agent setting: the agents that have it (() for the settings of every run)
 
     @property
     def option(self) -> str:
@@ -108,7 +109,8 @@ def run_flags() -> list[Flag]:
             text += f", one of: {', '.join(TASKS)} (required)"
         else:
             text += f" ({_default_text(defaults)})"
-        flags.append(Flag(dest, path, kind, choices, text.replace("%", "%%")))
+        owners = tuple(o for o in defaults if o) if path != ("agent", "name") else ()
+        flags.append(Flag(dest, path, kind, choices, text.replace("%", "%%"), owners))
     order = {"task": 0, "seed": 1, "agent": 2, "temperature": 3, "train": 4}
     return sorted(flags, key=lambda f: (order[f.path[0]], f.path != ("agent", "name")))
 
@@ -125,7 +127,10 @@ def add_run_flags(parser: argparse.ArgumentParser) -> list[Flag]:
 
 
 def settings_from_args(args: argparse.Namespace, flags: list[Flag], base: dict | None = None) -> dict:
-    """``base`` (e.g. a --config mapping) with every given flag written at its path (flags win)."""
+    """``base`` (e.g. a --config mapping) with every given flag written at its path (flags win).
+
+    Raises ValueError naming each given flag that the run's agent does not have, and the agent it belongs to.
+    """
     raw = dict(base or {})
     for f in flags:
         value = getattr(args, f.dest)
@@ -137,4 +142,16 @@ def settings_from_args(args: argparse.Namespace, flags: list[Flag], base: dict |
             if not isinstance(node, dict):
                 raise ValueError(f"{'.'.join(f.path[:-1])}: the --config value is not a mapping")
         node[f.path[-1]] = value
+    _check_agent_flags(args, flags, raw)
     return raw
+
+
+def _check_agent_flags(args: argparse.Namespace, flags: list[Flag], raw: dict) -> None:
+    agent = raw.get("agent") if isinstance(raw.get("agent"), dict) else {}
+    name = agent.get("name", RunSpec.model_fields["agent"].default.name)
+    if not isinstance(name, str) or name not in AGENT_SPECS:
+        return  # the run's validation names the unknown agent
+    foreign = [f for f in flags if getattr(args, f.dest) is not None and f.agents and name not in f.agents]
+    if foreign:
+        raise ValueError("\n".join(f"{f.option} applies to {' and '.join(f.agents)}, but the agent is {name} "
+                                   f"(give --agent {f.agents[0]}, or drop {f.option})" for f in foreign))

@@ -10,19 +10,19 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import itertools
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from qed_ray import yaml_input
 from qed_ray.config import AGENT_SPECS, MAX_SEED, AgentBase, Frozen, RunSpec, TemperatureSpec, TrainSpec, \
     format_validation_error
+from qed_ray.grid import expand_grid, grid_size, validate_grid
+from qed_ray.hints import duplicates, near, short_repr, short_text
 from qed_ray.naming import identity, variant_label
 from qed_ray.tasks import TASK_SETS, TASKS
 
@@ -47,65 +47,12 @@ class Trial:
         return self.name.split("/")[2]
 
 
-def grid_axes(raw: dict, prefix: str = "") -> dict[str, list]:
-    """``{dotted.path: values}`` of the list-valued leaves of a (nested) mapping: the grid axes it declares."""
-    out: dict[str, list] = {}
-    for key, value in raw.items():
-        if isinstance(value, dict):
-            out.update(grid_axes(value, f"{prefix}{key}."))
-        elif isinstance(value, list):
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def grid_size(raw: dict) -> int:
-    """Number of combinations :func:`expand_grid` yields (computed without expanding)."""
-    return math.prod(len(v) for v in grid_axes(raw).values())
-
-
-def expand_grid(raw: dict) -> list[dict]:
-    """The product of the mapping's axes: one concrete nested mapping per combination, in axis order."""
-    axes = grid_axes(raw)
-    out = []
-    for combo in itertools.product(*axes.values()):
-        concrete = json.loads(json.dumps(raw))
-        for path, value in zip(axes, combo):
-            *parents, leaf = path.split(".")
-            node = concrete
-            for key in parents:
-                node = node[key]
-            node[leaf] = value
-        out.append(concrete)
-    return out
-
-
 def _train_spec(raw: dict) -> TrainSpec:
     spec = TrainSpec.model_validate(raw)
     problem = spec.budget_problem()
     if problem:
         raise ValueError(problem)
     return spec
-
-
-def _validate_grid(raw: dict, model, what: str) -> list:
-    """Validates every combination of ``raw``'s axes with ``model``; raises one ValueError listing every problem."""
-    if not isinstance(raw, dict):
-        raise ValueError(f"expected a mapping of {what} settings")
-    if any(not v for v in grid_axes(raw).values()):
-        raise ValueError(f"{next(k for k, v in grid_axes(raw).items() if not v)}: an empty list gives no trials")
-    if grid_size(raw) > MAX_TRIALS:
-        raise ValueError(f"{' x '.join(grid_axes(raw))}: {grid_size(raw):,} combinations (at most {MAX_TRIALS:,})")
-    specs, problems = [], []
-    for concrete in expand_grid(raw):
-        try:
-            specs.append(model(concrete))
-        except ValidationError as e:
-            problems.extend(format_validation_error(e).splitlines())
-        except ValueError as e:  # a check beyond the model's own (a budget that trains nothing)
-            problems.append(str(e))
-    if problems:
-        raise ValueError("\n".join(dict.fromkeys(problems)))
-    return specs
 
 
 class AgentEntry(Frozen):
@@ -119,7 +66,8 @@ class AgentEntry(Frozen):
     @classmethod
     def _registered(cls, v: str) -> str:
         if v not in AGENT_SPECS:
-            raise ValueError(f"unknown agent {v!r}; implemented agents: {', '.join(AGENT_SPECS)}")
+            raise ValueError(f"unknown agent {short_repr(v)}{near(v, AGENT_SPECS)}; implemented agents: "
+                             f"{', '.join(AGENT_SPECS)}")
         return v
 
     @field_validator("overrides")
@@ -128,7 +76,7 @@ class AgentEntry(Frozen):
         if "name" in v:
             raise ValueError("name: give the agent's name as the entry's 'name', not in its overrides")
         if "name" in info.data:  # else the name itself is the reported problem
-            _validate_grid(v, AGENT_SPECS[info.data["name"]].model_validate, "agent")
+            validate_grid(v, AGENT_SPECS[info.data["name"]].model_validate, "agent", MAX_TRIALS)
         return v
 
     @field_validator("temperatures")
@@ -137,7 +85,7 @@ class AgentEntry(Frozen):
         problems = []
         for j, entry in enumerate(v):
             try:
-                _validate_grid(entry, TemperatureSpec.model_validate, "temperature")
+                validate_grid(entry, TemperatureSpec.model_validate, "temperature", MAX_TRIALS)
             except ValueError as e:
                 problems.extend(f"{j}.{line}" if _names_field(line) else f"{j}: {line}" for line in str(e).splitlines())
         if problems:
@@ -195,7 +143,7 @@ class FinalEvalSpec(Frozen):
             if not v:
                 raise ValueError(f"need at least one of {', '.join(EVAL_POLICIES)}")
             if len(set(v)) != len(v):
-                raise ValueError(f"{list(v)} names a policy twice")
+                raise ValueError(f"{short_repr(list(v))} names a policy twice")
         return v
 
 
@@ -236,10 +184,10 @@ class PackSpec(Frozen):
     @classmethod
     def _known_fields(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            unknown = sorted(set(data) - set(cls.model_fields))
+            unknown = [k for k in data if k not in cls.model_fields]  # keys of any type
             if unknown:
-                raise ValueError(f"{unknown[0]}: not a pack field; pack takes seeds (1 to {MAX_PACK}) and env_workers "
-                                 f"(0 to pack.seeds)")
+                raise ValueError(f"{short_text(str(unknown[0]))}: not a pack field; pack takes seeds (1 to {MAX_PACK}) "
+                                 f"and env_workers (0 to pack.seeds)")
         return data
 
     @model_validator(mode="after")
@@ -280,16 +228,20 @@ class SweepSpec(Frozen):
     @classmethod
     def _tasks(cls, v: Any) -> list[str]:
         if isinstance(v, str):
+            if v in TASKS:
+                raise ValueError(f"{v!r} is a task, not a task set; give a list of tasks: [{v}]")
             if v not in TASK_SETS:
-                raise ValueError(f"unknown task set {v!r}; task sets: {', '.join(TASK_SETS)} (or a list of tasks)")
+                raise ValueError(f"unknown task set {short_repr(v)}{near(v, [*TASK_SETS, *TASKS])}; task sets: "
+                                 f"{', '.join(TASK_SETS)} (or a list of tasks)")
             return list(TASK_SETS[v])
         if not isinstance(v, list) or not v or not all(isinstance(t, str) for t in v):
-            raise ValueError(f"need a task set name or a non-empty list of task names (got {v!r})")
-        bad = [t for t in v if t not in TASKS]
+            raise ValueError(f"need a task set name or a non-empty list of task names (got {short_repr(v)})")
+        bad = list(dict.fromkeys(t for t in v if t not in TASKS))
         if bad:
-            raise ValueError(f"unknown task(s) {bad}; valid tasks: {', '.join(TASKS)}")
-        if len(set(v)) != len(v):
-            raise ValueError(f"duplicate tasks {sorted({t for t in v if v.count(t) > 1})}")
+            raise ValueError(f"unknown task(s) {short_repr(bad)}{near(bad[0], TASKS)}; valid tasks: "
+                             f"{', '.join(TASKS)}")
+        if duplicates(v):
+            raise ValueError(f"duplicate tasks {short_repr(sorted(duplicates(v)))}")
         return v
 
     @field_validator("seeds", mode="before")
@@ -297,23 +249,23 @@ class SweepSpec(Frozen):
     def _seeds(cls, v: Any) -> list[int]:
         if isinstance(v, int) and not isinstance(v, bool):
             if not 1 <= v <= MAX_SEEDS:
-                raise ValueError(f"a count of {v} seeds; need 1 to {MAX_SEEDS:,} (or a list of seeds)")
+                raise ValueError(f"a count of {short_repr(v)} seeds; need 1 to {MAX_SEEDS:,} (or a list of seeds)")
             return list(range(v))
         if not isinstance(v, list) or any(isinstance(s, bool) or not isinstance(s, int) for s in v):
-            raise ValueError(f"need a seed count or a list of integer seeds (got {v!r})")
+            raise ValueError(f"need a seed count or a list of integer seeds (got {short_repr(v)})")
         if not v or len(v) > MAX_SEEDS:
             raise ValueError(f"a list of {len(v)} seeds; need 1 to {MAX_SEEDS:,}")
         bad = [s for s in v if not 0 <= s <= MAX_SEED]
         if bad:
-            raise ValueError(f"seeds {bad[:5]} are outside 0..{MAX_SEED} (2^32 - 1, the generators' range)")
-        if len(set(v)) != len(v):
-            raise ValueError(f"duplicate seeds {sorted({s for s in v if v.count(s) > 1})[:5]}")
+            raise ValueError(f"seeds {short_repr(bad[:5])} are outside 0..{MAX_SEED} (2^32 - 1, the generators' range)")
+        if duplicates(v):
+            raise ValueError(f"duplicate seeds {sorted(duplicates(v))[:5]}")
         return v
 
     @field_validator("train")
     @classmethod
     def _check_train(cls, v: dict) -> dict:
-        _validate_grid(v, _train_spec, "train")
+        validate_grid(v, _train_spec, "train", MAX_TRIALS)
         return v
 
     @model_validator(mode="after")
@@ -322,8 +274,7 @@ class SweepSpec(Frozen):
         if n > MAX_TRIALS:
             raise ValueError(f"seeds: the grid has {n:,} trials (tasks x agents x variants x seeds); at most "
                              f"{MAX_TRIALS:,}")
-        names = [t.name for t in self.trials()]
-        dupes = sorted({n for n in names if names.count(n) > 1})
+        dupes = duplicates(t.name for t in self.trials())  # linear: a grid may hold MAX_TRIALS names
         if dupes:
             raise ValueError(f"agents: two entries expand to the same trial {dupes[0]} (a duplicate agent/variant)")
         return self
@@ -334,11 +285,18 @@ class SweepSpec(Frozen):
 
     @functools.cached_property
     def _trials(self) -> list[Trial]:
-        runs = [RunSpec(task=task, seed=seed, agent=agent, temperature=temp, train=train)
-                for task in self.tasks for entry in self.agents for agent in entry.agent_specs()
-                for temp in entry.temperature_specs() for train in self.train_specs() for seed in self.seeds]
-        axes = _varying_settings(runs)
-        return [Trial(f"{r.task}/{r.agent.name}/{variant_label(r, axes[r.agent.name])}/{r.seed}", r) for r in runs]
+        # A variant's label depends on its settings, never on the task or seed: labelled once per combination of
+        # settings, so that a grid at MAX_TRIALS validates in linear time with a small constant.
+        trains = self.train_specs()
+        combos = [(agent, temp, train) for entry in self.agents for agent in entry.agent_specs()
+                  for temp in entry.temperature_specs() for train in trains]
+        protos = [RunSpec(task=self.tasks[0], agent=a, temperature=t, train=tr) for a, t, tr in combos]
+        axes = _varying_settings(protos)
+        labels = [variant_label(r, axes[r.agent.name]) for r in protos]
+        # Each run is its combination's validated RunSpec with the task and seed put in: both were checked by
+        # this spec's validators (the checks RunSpec makes), so 100,000 runs are not validated field by field again.
+        return [Trial(f"{task}/{r.agent.name}/{label}/{seed}", r.model_copy(update={"task": task, "seed": seed}))
+                for task in self.tasks for r, label in zip(protos, labels) for seed in self.seeds]
 
     def trials(self) -> list[Trial]:
         """The expanded grid, ordered task, agent, agent settings, variant, train settings, seed (deterministic).
@@ -375,42 +333,13 @@ def _varying_settings(runs: list[RunSpec]) -> dict[str, set[str]]:
     return out
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """YAML 1.2 numbers (``3e-4`` is a float, not a string) and duplicate keys as errors."""
-
-
-_StrictLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:\d[\d_]*)?(?:\.\d*)?[eE][-+]?\d+$"), list("-+0123456789."))
-
-
-def _mapping_without_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict:
-    seen = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r} (the last one would win "
-                                                               f"silently)", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates)
-
-
 def load_yaml(path: str | Path) -> Any:
-    """Parses a YAML file strictly; raises SpecError with one line for an unreadable, non-UTF-8 or invalid file."""
-    path = Path(path)
+    """Parses a YAML file strictly and within its size, node and depth budgets (:mod:`qed_ray.yaml_input`);
+    raises SpecError with one line for an unreadable, oversized, non-UTF-8 or invalid file."""
     try:
-        text = path.read_bytes().decode("utf-8")
-    except OSError as e:
-        raise SpecError(f"{path}: cannot be read ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise SpecError(f"{path}: is not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
-    try:
-        return yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as e:
-        raise SpecError(f"{path}: invalid YAML ({' '.join(str(e).split())})") from None
+        return yaml_input.load(path)
+    except yaml_input.YamlInputError as e:
+        raise SpecError(str(e)) from None
 
 
 def load_spec(path: str | Path) -> SweepSpec:

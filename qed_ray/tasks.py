@@ -5,6 +5,8 @@ Config validation reads it without loading dm_control; :mod:`qed_ray.envs` build
 
 from __future__ import annotations
 
+from qed_ray.hints import near, short_repr
+
 # The 18 tasks of the paper (App. B, Table "18 dm_control tasks"), as ``domain-task``.
 TASKS: tuple[str, ...] = (
     "acrobot-swingup", "cartpole-balance", "cartpole-swingup", "cheetah-run", "finger-spin",
@@ -18,5 +20,5 @@ TASK_SETS: dict[str, tuple[str, ...]] = {"dmc18": TASKS}
 def check_task(task: str) -> str:
     """Returns ``task`` if it is one of :data:`TASKS`, else raises ValueError listing the valid names."""
     if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(TASKS)}")
+        raise ValueError(f"unknown task {short_repr(task)}{near(task, TASKS)}; valid tasks: {', '.join(TASKS)}")
     return task

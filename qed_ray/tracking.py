@@ -40,6 +40,9 @@ PACK_TAG, PACK_SIZE_TAG = "qed.pack", "qed.pack_size"  # a seed run trained in a
 EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 STEP_KEY = "eval/return_mean"  # logged at every evaluation: its last step is how far a run's metrics got
 MAX_PARAM_LEN = 6000
+# Runs per search call. MLflow answers at most max_results runs per call (50,000 at most) while a sweep may hold
+# 100,000 trials (qed_ray.spec.MAX_TRIALS): every search of a sweep's runs follows the page tokens to the end.
+SEARCH_PAGE = 10_000
 LOCAL_SCHEMES = ("sqlite:", "file:")
 _BAD_KEY_CHARS = re.compile(r"[^\w.\- :]")  # MLflow metric names: alphanumerics, _ - . space : and /
 
@@ -91,10 +94,12 @@ class Tracker:
         experiment: experiment name (created on first use with ``artifact_location``).
         sweep_id: the sweep's stable identity.
         artifact_location: absolute artifact root for a new experiment (ignored for an existing one).
+        page_size: runs per search call (:data:`SEARCH_PAGE`; searches read every page).
     """
 
-    def __init__(self, uri: str, experiment: str, sweep_id: str, artifact_location: str | None = None):
-        self.uri, self.experiment, self.sweep_id = uri, experiment, sweep_id
+    def __init__(self, uri: str, experiment: str, sweep_id: str, artifact_location: str | None = None,
+                 page_size: int = SEARCH_PAGE):
+        self.uri, self.experiment, self.sweep_id, self.page_size = uri, experiment, sweep_id, page_size
         # A new SQLite store announces its schema set-up at INFO on stderr: routine, not worth a user's attention.
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
         self.client = MlflowClient(tracking_uri=uri)
@@ -133,8 +138,8 @@ class Tracker:
 
     def trial_runs(self) -> dict[str, Any]:
         """``{trial name: run}`` of this sweep's child runs (one query)."""
-        runs = self.client.search_runs([self.experiment_id], max_results=50000, filter_string=(
-            f"tags.`{SWEEP_TAG}` = '{self.sweep_id}' and tags.`{ROLE_TAG}` = 'trial'"))
+        runs = search_all_runs(self.client, [self.experiment_id], f"tags.`{SWEEP_TAG}` = '{self.sweep_id}' and "
+                                                                  f"tags.`{ROLE_TAG}` = 'trial'", self.page_size)
         return {r.data.tags[TRIAL_TAG]: r for r in runs if TRIAL_TAG in r.data.tags}
 
     def trial_run(self, parent_id: str, trial: str, params: Mapping[str, Any],
@@ -233,8 +238,21 @@ class Tracker:
     # ---- queries (tests, summaries) --------------------------------------------------------------
     def runs(self) -> list:
         """Every run of this sweep (parent and children)."""
-        return self.client.search_runs([self.experiment_id], filter_string=f"tags.`{SWEEP_TAG}` = '{self.sweep_id}'",
-                                       max_results=50000)
+        return search_all_runs(self.client, [self.experiment_id], f"tags.`{SWEEP_TAG}` = '{self.sweep_id}'",
+                               self.page_size)
+
+
+def search_all_runs(client: MlflowClient, experiment_ids: list[str], filter_string: str,
+                    page_size: int = SEARCH_PAGE) -> list:
+    """Every run of the experiments that matches ``filter_string``, page after page (MLflow's order)."""
+    runs, token = [], None
+    while True:
+        page = client.search_runs(experiment_ids, filter_string=filter_string, max_results=page_size,
+                                  page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
 
 
 def pack_tags(pack: str, size: int) -> dict[str, str]:
@@ -256,12 +274,18 @@ def _checksums(runs) -> dict[str, Recorded]:
     return out
 
 
-def sweep_checksums(uri: str, sweep_id: str) -> dict[str, Recorded]:
+def sweep_checksums(uri: str, sweep_id: str, page_size: int = SEARCH_PAGE) -> dict[str, Recorded]:
     """The recorded checksums of sweep ``sweep_id``'s trials in any experiment of the store at ``uri``."""
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     client = MlflowClient(tracking_uri=uri)
-    ids = [e.experiment_id for e in client.search_experiments()]
-    runs = client.search_runs(ids, filter_string=f"tags.`{SWEEP_TAG}` = '{sweep_id}'", max_results=50000) if ids else []
+    ids, token = [], None
+    while True:  # every experiment: MLflow lists 1,000 a call unless told otherwise
+        page = client.search_experiments(max_results=page_size, page_token=token)
+        ids += [e.experiment_id for e in page]
+        token = page.token
+        if not token:
+            break
+    runs = search_all_runs(client, ids, f"tags.`{SWEEP_TAG}` = '{sweep_id}'", page_size) if ids else []
     return _checksums(runs)
 
 

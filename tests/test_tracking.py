@@ -6,8 +6,9 @@ import socket
 
 import pytest
 
+from qed_ray.checksums import Recorded
 from qed_ray.layout import SweepDir
-from qed_ray.tracking import Tracker, TrialRun, artifact_location, limit_http_retries
+from qed_ray.tracking import Tracker, TrialRun, artifact_location, limit_http_retries, sweep_checksums
 
 
 def _history(*steps):
@@ -89,3 +90,23 @@ def test_http_retries_are_bounded_unless_the_user_chose(monkeypatch):
     limit_http_retries()
     assert (os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"], os.environ["MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR"],
             os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"]) == ("2", "1", "90")
+
+
+def test_searches_read_every_page_of_runs(store):
+    # A sweep may hold more trial runs than one MLflow search returns (50,000 at most; MAX_TRIALS is 100,000):
+    # every search follows the page tokens. Seven trial runs in pages of three stand for that.
+    tracker, parent = store
+    paged = Tracker(tracker.uri, "exp", "sweep0000001", page_size=3)
+    names = [f"t/sac_ln/te/{seed}" for seed in range(7)]
+    for name in names:
+        paged.record_checksums(paged.trial_run(parent, name, {}), Recorded(f"p{name}", f"s{name}"))
+    one_page = paged.client.search_runs([paged.experiment_id], max_results=3)
+    assert len(one_page) == 3 and one_page.token, "a single call stops at its page"
+    assert sorted(paged.trial_runs()) == names and len(paged.runs()) == 8
+    want = {name: Recorded(f"p{name}", f"s{name}") for name in names}
+    assert paged.recorded_checksums() == want
+    for name in ("newer", "newest"):  # listed newest first: the sweep's experiment is on the second page of two
+        paged.client.create_experiment(name)
+    first = [e.name for e in paged.client.search_experiments(max_results=2)]
+    assert first == ["newest", "newer"]
+    assert sweep_checksums(tracker.uri, "sweep0000001", page_size=2) == want

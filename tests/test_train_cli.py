@@ -18,7 +18,9 @@ from qed_ray.train import main
     (["--seed", "4294967296"], "seed: Input should be less than or equal to 4294967295"),
     (["--device", "cuda:abc"], "train.device: 'cuda:abc' is not one of"),
     (["--env-steps", "2000", "--eval-every", "1000"], "train.warmup_decisions: 5000 uniform-random decisions"),
-    (["--proportion-real", "0.5"], "agent.mad: Extra inputs are not permitted"),
+    (["--proportion-real", "0.5"], "error: --proportion-real applies to mad_sac, but the agent is sac_ln (give --agent "
+                                   "mad_sac, or drop --proportion-real)\n"),
+    (["--agent", "mad_sac", "--hl-vmin", "-5"], "error: --hl-vmin applies to sac_ln, but the agent is mad_sac"),
     (["--eval-every", "1500"], "train.eval_every: 1500 must be a multiple of 1000"),
 ])
 def test_bad_settings_are_refused_naming_the_field_once(tmp_path, capsys, flags, needle):
@@ -35,6 +37,13 @@ def test_bad_settings_are_refused_naming_the_field_once(tmp_path, capsys, flags,
     (b"task: caf\xe9\n", "is not UTF-8 text (byte 0xe9 at offset 9)"),
     (b"task: cartpole-balance\ntask: cheetah-run\n", "duplicate key 'task'"),
     (b"task: [unclosed\n", "invalid YAML"),
+    (b"task: cartpole-balance\nagent: {name: sac_ln, mad: {proportion_real: 0.3}}\n",
+     "error: agent.mad: applies only to mad_sac, not to sac_ln\n"),
+    (b"task: cartpole-balance\ntrain: {eval_evry: 2000}\n", "error: train.eval_evry: unknown field; did you mean "
+                                                            "'eval_every'?\n"),
+    (b"task: cartpole-balance\nagent: {name: sac-ln}\n",
+     "error: agent: unknown 'sac-ln'; one of sac_ln, mad_sac; did you mean 'sac_ln'?\n"),
+    (b"task: cheetah_run\n", "error: task: unknown task 'cheetah_run' (did you mean 'cheetah-run'?); valid tasks: "),
 ])
 def test_bad_config_files_give_one_line(tmp_path, capsys, content, needle):
     cfg = tmp_path / "run.yaml"

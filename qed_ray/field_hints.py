@@ -1,0 +1,123 @@
+"""What to say about a key a run model does not have: the agent it belongs to, or the field that was meant.
+
+:func:`qed_ray.config.format_validation_error` asks here when pydantic reports an unknown key ("Extra inputs are
+not permitted"). The models are walked from the one that was validated (pydantic names it in the error's title)
+along the error's location, so the hint names fields of the right place: ``train.eval_evry`` suggests
+``eval_every``, and ``mad`` on a SAC-LN agent says that it is a MAD-SAC setting.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import typing
+from typing import Any
+
+from pydantic import BaseModel
+
+from qed_ray.config import AGENT_SPECS, AgentBase, Frozen
+from qed_ray.hints import close_match, did_you_mean, short_repr
+
+_AGENT = "agent"  # a field holding any of the agents (RunSpec.agent): the next location part is the agent's name
+
+
+@functools.cache
+def model_named(title: str) -> type[BaseModel] | None:
+    """The run or spec model class called ``title`` (a ValidationError's title), if exactly one is."""
+    found, stack = [], [Frozen]
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        if cls.__name__ == title:
+            found.append(cls)
+    return found[0] if len(found) == 1 else None
+
+
+def _model_of(annotation: Any) -> Any:
+    """The model class a field holds (through ``X | None``, ``list[X]``), :data:`_AGENT` for the agent union."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    models = [m for m in (_model_of(a) for a in typing.get_args(annotation)) if m is not None]
+    if len(models) > 1 and all(isinstance(m, type) and issubclass(m, AgentBase) for m in models):
+        return _AGENT
+    return models[0] if len(models) == 1 else None
+
+
+def _walk(model: type[BaseModel], loc: tuple) -> tuple[type[BaseModel] | None, str | None, tuple]:
+    """The model at ``loc`` (list indices stepped over), the agent whose settings hold it (or None) and the path
+    inside that agent's settings."""
+    cls: Any = model
+    agent = model.model_fields["name"].default if issubclass(model, AgentBase) else None
+    inner: tuple = ()
+    for part in loc:
+        if cls is _AGENT:
+            cls, agent, inner = AGENT_SPECS.get(part), part, ()
+        elif isinstance(part, int):
+            continue
+        else:
+            info = cls.model_fields.get(part) if cls is not None else None
+            if info is None:
+                return None, None, ()
+            cls, inner = _model_of(info.annotation), (*inner, part)
+        if cls is None:
+            return None, None, ()
+    return (cls if cls is not _AGENT else None), agent, inner
+
+
+def _leaf_paths(cls: type[BaseModel], prefix: str = "") -> list[str]:
+    out = []
+    for name, info in cls.model_fields.items():
+        sub = _model_of(info.annotation)
+        out.extend(_leaf_paths(sub, f"{prefix}{name}.") if isinstance(sub, type) else [f"{prefix}{name}"])
+    return out
+
+
+def _has_path(cls: type[BaseModel], path: tuple) -> bool:
+    for i, part in enumerate(path):
+        info = cls.model_fields.get(part)
+        if info is None:
+            return False
+        if i < len(path) - 1:
+            cls = _model_of(info.annotation)
+            if not isinstance(cls, type):
+                return False
+    return True
+
+
+@functools.lru_cache(maxsize=1024)
+def unknown_field(title: str, loc: tuple) -> str:
+    """The message for the key ``loc[-1]``, which the model at ``loc[:-1]`` (inside the model ``title``) lacks."""
+    key, model = loc[-1], model_named(title)
+    cls, agent, inner = _walk(model, loc[:-1]) if model is not None else (None, None, ())
+    if cls is None:
+        return "unknown field"
+    if agent is not None and isinstance(key, str):
+        owners = [name for name, other in AGENT_SPECS.items() if name != agent and _has_path(other, (*inner, key))]
+        if owners:
+            return f"applies only to {' and '.join(owners)}, not to {agent}"
+    hint = did_you_mean(key, cls.model_fields)
+    if hint:
+        return f"unknown field{hint}"
+    nested = [p for p in _leaf_paths(cls) if p.rsplit(".", 1)[-1] == key]
+    if nested:
+        return f"unknown field here; did you mean {nested[0]!r}?"
+    if agent is not None and not inner:
+        for name, other in AGENT_SPECS.items():
+            paths = [p for p in _leaf_paths(other) if p.rsplit(".", 1)[-1] == key]
+            if name != agent and paths:
+                return f"applies only to {name} (as {paths[0]}), not to {agent}"
+    return f"unknown field; the fields here are {', '.join(cls.model_fields)}"
+
+
+def choice_hint(got: Any, expected: str) -> str:
+    """``"; did you mean 'relu'?"`` for a value outside a list of choices given as pydantic quotes them."""
+    return did_you_mean(got, re.findall(r"'([^']*)'", expected)) if isinstance(got, str) else ""
+
+
+def tag_message(ctx: dict) -> str:
+    """The message for an agent name (a discriminated union's tag) that names no agent."""
+    tag, expected = ctx.get("tag", ""), ctx.get("expected_tags", "")
+    choices = re.findall(r"'([^']*)'", expected)
+    match = close_match(tag, choices)
+    hint = f"; did you mean {match!r}?" if match is not None else ""
+    return f"unknown {short_repr(tag)}; one of {', '.join(choices)}{hint}"
