@@ -38,6 +38,10 @@ def dry_run(spec: SweepSpec, throughput_path: str | Path = DEFAULT_PATH) -> int:
     print(f"sweep {spec.name}: {len(trials)} trials" + (f" in {len(p.packs)} pack{plural} (Tune trial{plural}) of up "
                                                          f"to {spec.pack.seeds} seeds" if p.packs else "")
           + f" -> {layout.root}  (MLflow {uri}, experiment {exp})")
+    if p.state.get("claim"):
+        rec = p.state["claim"]
+        print(f"pre-registration: {rec['file']} (claim block sha256 {rec['sha256'][:12]}; frozen in sweep.json at the "
+              f"first start, a changed block is refused)")
     for pack in packs:
         members = pack.trials if pack is not None else trials
         if pack is not None:
@@ -84,9 +88,11 @@ def gpu_hours_line(spec: SweepSpec, packs: Sequence[Pack], table: Throughput | N
     for run, size in units:
         mode = UPDATE_MODES[run.train.compile] if packs else SINGLE_MODE
         modes[mode] = None
-        rate = table.shared_rate(run.agent.name, run.temperature.kind, size, per_gpu, mode)
+        # A fixed alpha runs te's passes without its one-scalar alpha step, so it is timed as te.
+        kind = "te" if run.temperature.kind == "fixed" else run.temperature.kind
+        rate = table.shared_rate(run.agent.name, kind, size, per_gpu, mode)
         if rate is None:
-            missing.append(f"{run.agent.name}/{run.temperature.kind} S={size}")
+            missing.append(f"{run.agent.name}/{kind} S={size}")
             continue
         seconds += size * run.train.decisions / rate[0]
         scaled |= rate[1]

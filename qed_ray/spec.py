@@ -114,6 +114,8 @@ class AgentEntry(Frozen):
     name: str = Field(description="base agent")
     overrides: dict[str, Any] = Field(default_factory=dict, description="agent settings (lists are axes)")
     temperatures: list[dict[str, Any]] = Field(min_length=1, description="temperature rules (lists are axes)")
+    tasks: list[str] | None = Field(None, min_length=1, description="the sweep's tasks this entry runs on (none: "
+                                                                    "all of them), e.g. controls on a subset")
 
     @field_validator("name")
     @classmethod
@@ -277,6 +279,9 @@ class SweepSpec(Frozen):
     keep_replay: bool = Field(False, description="keep finished trials' replay chunks (resume and gather never "
                                                  "read them once a trial is done)")
     tracking: TrackingSpec = TrackingSpec()
+    claim: str | None = Field(None, min_length=1, description="the pre-registration this sweep tests (a Markdown "
+                              "file with one ```yaml claim block, relative to the current folder, e.g. "
+                              "docs/claim.md); frozen in sweep.json at the first start (qed_ray.claim)")
 
     @field_validator("tasks", mode="before")
     @classmethod
@@ -320,7 +325,12 @@ class SweepSpec(Frozen):
 
     @model_validator(mode="after")
     def _check_size(self) -> "SweepSpec":
-        n = len(self.tasks) * len(self.seeds) * grid_size(self.train) * sum(a.size() for a in self.agents)
+        for i, entry in enumerate(self.agents):
+            bad = [t for t in entry.tasks or [] if t not in self.tasks]
+            if bad or len(set(entry.tasks or [])) != len(entry.tasks or []):
+                raise ValueError(f"agents.{i}.tasks: {bad or entry.tasks} must be distinct tasks of the sweep's "
+                                 f"tasks ({', '.join(self.tasks)})")
+        n = len(self.seeds) * grid_size(self.train) * sum(len(a.tasks or self.tasks) * a.size() for a in self.agents)
         if n > MAX_TRIALS:
             raise ValueError(f"seeds: the grid has {n:,} trials (tasks x agents x variants x seeds); at most "
                              f"{MAX_TRIALS:,}")
@@ -337,7 +347,8 @@ class SweepSpec(Frozen):
     @functools.cached_property
     def _trials(self) -> list[Trial]:
         runs = [RunSpec(task=task, seed=seed, agent=agent, temperature=temp, train=train)
-                for task in self.tasks for entry in self.agents for agent in entry.agent_specs()
+                for task in self.tasks for entry in self.agents if entry.tasks is None or task in entry.tasks
+                for agent in entry.agent_specs()
                 for temp in entry.temperature_specs() for train in self.train_specs() for seed in self.seeds]
         axes = _varying_settings(runs)
         return [Trial(f"{r.task}/{r.agent.name}/{variant_label(r, axes[r.agent.name])}/{r.seed}", r) for r in runs]

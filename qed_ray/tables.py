@@ -305,3 +305,13 @@ def format_comparisons(results: SweepResults) -> str:
                          f"states; log-std within 0.1 of its bound {_g(a.log_std_at_min)}; AT ITS CAP on "
                          f"{len(at_cap)} of {a.n_tasks} tasks{': ' + ', '.join(at_cap) if at_cap else ''}")
     return "\n".join(lines)
+
+
+def summary(results: SweepResults) -> str:
+    """What the sweep's summary and ``python -m qed_ray.gather`` print: the table, the comparisons, the verdict."""
+    parts = [format_table(results.aggregates, results.final_eval.confidence)]
+    if results.comparisons:
+        parts.append(format_comparisons(results))
+    if results.verdict is not None:
+        parts.append(verdict.format_verdict(results.verdict, results.final_eval.confidence))
+    return "\n\n".join(parts)
