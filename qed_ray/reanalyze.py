@@ -137,7 +137,7 @@ def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, recorded: dict[str, R
         if pool is not None:
             pool.shutdown()
     n_trials = max(old.get("n_trials", 0), len(trials) + len([f for f in failed if f.name not in trials]))
-    claim = json.loads(layout.state_file.read_text()).get("claim")
+    claim = json.loads(layout.state_file.read_text()).get("claim") if layout.state_file.exists() else None
     out = tables.sweep_results(old.get("sweep", layout.root.name), final_eval, list(results.values()),
                                sorted(failed, key=lambda f: f.name), n_trials, claim)
     write_results(out, layout)

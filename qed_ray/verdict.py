@@ -197,6 +197,6 @@ def format_verdict(v: Verdict, confidence: float) -> str:
             lines.append(f"    QED's alpha sat at its cap on most states late in training on {r.n_tasks_at_cap} of "
                          f"{r.n_tasks} tasks: there te is compared with an almost fixed alpha")
         lines += [f"    exploratory: {s}" for s in r.scope]
-    lines.append(f"  the claim: {v.outcome.upper()} (judged over {v.judged_over}: pass if some variant passes both "
-                 f"endpoints, fail if every variant fails one)")
+    lines.append(f"  the claim: {v.outcome.upper()}, judged over {v.judged_over}; pass if some variant passes both "
+                 f"endpoints, fail if every variant fails one")
     return "\n".join(lines)

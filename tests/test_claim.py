@@ -100,7 +100,7 @@ def test_an_agent_entry_may_run_on_a_subset_of_the_tasks():
     names = [t.name for t in SweepSpec.model_validate(raw).trials()]
     assert names == ["cartpole-balance/sac_ln/te/0", "cheetah-run/sac_ln/te/0", "cheetah-run/sac_ln/fixed0.2/0"]
     raw["agents"][1]["tasks"] = ["walker-walk"]
-    with pytest.raises(ValidationError, match=r"agents\.1\.tasks: \['walker-walk'\] must be distinct tasks of the sweep"):
+    with pytest.raises(ValidationError, match=r"agents\.1\.tasks: \['walker-walk'\] must be distinct tasks of the"):
         SweepSpec.model_validate(raw)
 
 

@@ -69,9 +69,10 @@ def test_paired_bootstrap_equals_a_naive_paired_loop_on_the_same_draws():
             assert getattr(c, f"{stat}_ratio_{name}_ci_upper") == pytest.approx(hi, rel=1e-12)
     pooled = [[sum((per[r][side]["scores"] for per in iqm), []) for r in range(FE.bootstrap_reps)] for side in (0, 1)]
     ratio = [trim_mean(q, 0.25) / trim_mean(b, 0.25) for b, q in zip(*pooled)]
-    assert (c.iqm_ratio_ci_lower, c.iqm_ratio_ci_upper) == pytest.approx(tuple(np.percentile(ratio, [5, 95])), rel=1e-12)
-    te_all = np.concatenate([g.scores for g in te])[None]
-    assert c.iqm_ratio == pytest.approx(metrics.iqm(np.concatenate([g.scores for g in qed])[None]) / metrics.iqm(te_all))
+    want = tuple(np.percentile(ratio, [5, 95]))
+    assert (c.iqm_ratio_ci_lower, c.iqm_ratio_ci_upper) == pytest.approx(want, rel=1e-12)
+    pooled_te, pooled_qed = (np.concatenate([g.scores for g in gs])[None] for gs in (te, qed))
+    assert c.iqm_ratio == pytest.approx(metrics.iqm(pooled_qed) / metrics.iqm(pooled_te))
 
 
 def test_the_three_summaries_on_hand_made_cases():
