@@ -44,14 +44,43 @@ def trial_record(layout: SweepDir, name: str) -> TrialRecord:
         raise ValueError(f"{layout.policies(name)}: last policy snapshot at {final:,} env steps, the trial's budget "
                          f"is {budget:,} (finished without a final snapshot)")
     history = []
+    fractions = _alpha_fraction_history(layout, name)
     for e in manifest.get("evals", []):
-        h = {"env_steps": e["env_steps"], "eval/return_mean": e["return_mean"]}
+        h = {"env_steps": e["env_steps"], "eval/return_mean": e["return_mean"], **fractions.get(e["env_steps"], {})}
         if e.get("q_gap_mean") is not None and math.isfinite(e["q_gap_mean"]):
             h["q/abs_diff_mean"] = e["q_gap_mean"]
         history.append(h)
     t = TrialId.from_name(name)
     return TrialRecord(name, t.task, t.agent, t.variant, t.seed, manifest["run"]["train"]["frame_skip"],
                        {step: str(path) for step, path in snapshots.items()}, history)
+
+
+ALPHA_FRACTIONS = ("alpha/actor_frac_floor", "alpha/actor_frac_cap")  # logged per evaluation interval, QED only
+
+
+def _alpha_fraction_history(layout: SweepDir, name: str) -> dict[int, dict[str, float]]:
+    """``{env_steps: {alpha/actor_frac_floor, alpha/actor_frac_cap}}`` from the trial's ``history.json`` (the
+    snapshot manifests do not carry them; a diagnostic, so the file is not among the checked snapshots)."""
+    out = {}
+    for entry in layout.read_history(name):
+        m = entry.get("metrics", {})
+        fr = {k: float(m[k]) for k in ALPHA_FRACTIONS if isinstance(m.get(k), (int, float)) and math.isfinite(m[k])}
+        if fr and "env_steps" in m:
+            out[int(m["env_steps"])] = fr
+    return out
+
+
+def alpha_fractions(records: Sequence[TrialRecord], final_step: int) -> dict[str, float]:
+    """Where QED's alpha sat: per seed the mean over its evaluation intervals of the shares of actor-update states
+    at the floor and at the cap, over all of training and over the intervals ending in the last quarter of the
+    budget (``*_late``), then the mean over seeds (NaN where nothing was logged)."""
+    out = {}
+    for key, field in zip(ALPHA_FRACTIONS, ("alpha_frac_floor", "alpha_frac_cap")):
+        for suffix, start in (("", 0), ("_late", 0.75 * final_step)):
+            per_seed = [np.mean(v) for r in records
+                        if (v := [h[key] for h in r.history if key in h and h["env_steps"] > start])]
+            out[field + suffix] = float(np.mean(per_seed)) if per_seed else math.nan
+    return out
 
 
 MAX_POOL_ENVS = 64  # a group's evaluation envs at once (a dm_control env holds ~10 MB); episodes run in chunks
@@ -88,16 +117,18 @@ def _pack(records: list[TrialRecord], step: int, device: str) -> PackedAgent:
 
 
 def variability(pack: PackedAgent, envs: GroupEnvs, episodes: int, policy: EvalPolicy = "mean"
-                ) -> tuple[float, np.ndarray, Rollouts]:
+                ) -> tuple[float, np.ndarray, Rollouts, float]:
     """V and the pairwise matrix D on the states of every seed's own eval rollouts (pooled) under the evaluation
-    policy ``policy``, and the rollouts."""
+    policy ``policy``, the rollouts, and the share of the policies' log-std within 0.1 of the actor's lower bound
+    on those states (:func:`qed_ray.metrics.share_at_lower_bound`)."""
     rolls = envs.rollouts(pack, policy, eval_seeds(episodes))
     pooled = metrics.pool_states([rolls.pooled_obs(p) for p in range(pack.n)])
-    if pack.n < 2:
-        return math.nan, np.zeros((1, 1)), rolls
     mus, sigmas = pack.distribution(np.repeat(pooled[None], pack.n, axis=0))
+    at_min = metrics.share_at_lower_bound(sigmas, pack.spec.log_std_min)
+    if pack.n < 2:
+        return math.nan, np.zeros((1, 1)), rolls, at_min
     d = metrics.pairwise_policy_divergence(mus, sigmas)
-    return metrics.variability_from_matrix(d), d, rolls
+    return metrics.variability_from_matrix(d), d, rolls, at_min
 
 
 def action_rollouts(pack: PackedAgent, envs: GroupEnvs, rolls: Rollouts, n: int, steps: int,
@@ -150,7 +181,7 @@ def _evaluate_policy(records: Sequence[TrialRecord], pack: PackedAgent, envs: Gr
                      device: str, policy: EvalPolicy) -> GroupResult:
     """One evaluation policy's numbers of a group (records sorted by seed, ``pack`` their final policies)."""
     final_step = max(records[0].policies)
-    v, d, rolls = variability(pack, envs, final_eval.episodes, policy)
+    v, d, rolls, at_min = variability(pack, envs, final_eval.episodes, policy)
     actions = action_rollouts(pack, envs, rolls, final_eval.action_rollouts, final_eval.action_steps, policy)
     pooled = metrics.pool_states([rolls.pooled_obs(p) for p in range(pack.n)])
     common = sorted(set.intersection(*(set(r.policies) for r in records)))
@@ -172,7 +203,8 @@ def _evaluate_policy(records: Sequence[TrialRecord], pack: PackedAgent, envs: Gr
         v_curve=curve, q1_dispersion=q1_dispersion(pack, pooled),
         early_q_gap=_early_q_gap(records, final_eval.proxy_window),
         learning_curves={r.seed: [[h["env_steps"], h["eval/return_mean"]] for h in r.history
-                                  if "eval/return_mean" in h] for r in records}, policy=policy)
+                                  if "eval/return_mean" in h] for r in records}, policy=policy,
+        log_std_at_min=at_min, **alpha_fractions(records, final_step))
 
 
 def main(argv: list[str] | None = None) -> int:

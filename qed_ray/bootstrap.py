@@ -168,3 +168,60 @@ def stratified_mean_replicates(per_task_replicates: Sequence[np.ndarray]) -> np.
     if not per_task_replicates:
         raise ValueError("per_task_replicates: expected at least one task")
     return np.mean(np.stack([np.asarray(r, dtype=np.float64) for r in per_task_replicates]), axis=0)
+
+
+# ---- paired resampling of two variants' seeds (te vs QED) ------------------------------------------------------
+# Runs of two variants with the same seed number share their initial weights, training-env seed and evaluation
+# seeds (tests/test_pairing.py), so a resample that draws seed i draws it for both: the te/QED ratio's interval
+# then reflects the variation of the difference, not of each variant apart. Per task one (R, I) array of draw
+# counts serves every statistic (V, action distance, return variance, the scores behind the IQM); tasks are
+# resampled independently (stratified). Letters as above; K tasks compared.
+
+
+def joint_counts(n_seeds: int, reps: int, rng: np.random.Generator) -> np.ndarray:
+    """(R, I) draw counts shared by every variant of one task; resamples with fewer than two distinct seeds are
+    drawn again (as for :func:`pair_mean_replicates`; with one seed it is that seed every time)."""
+    return seed_counts(n_seeds, reps, rng, min_distinct=min(2, n_seeds))
+
+
+def resample(values, counts) -> np.ndarray:
+    """(R, I) the values each resample drew: row r holds value i ``counts[r, i]`` times (ascending i).
+
+    Args: values: (I,) one value per seed; counts: (R, I) draw counts, every row summing to I.
+    """
+    v, c = np.asarray(values, dtype=np.float64), np.asarray(counts)
+    if c.ndim != 2 or c.shape[1] != v.shape[0] or (c.sum(axis=1) != v.shape[0]).any():
+        raise ValueError(f"counts: expected (R, {v.shape[0]}) rows summing to {v.shape[0]}, got shape {c.shape}")
+    idx = np.repeat(np.tile(np.arange(v.shape[0]), c.shape[0]), c.ravel()).reshape(c.shape)
+    return v[idx]
+
+
+def count_variance(values, counts) -> np.ndarray:
+    """(R,) sample variance (ddof 1) of each resample's draws, from (I,) values and (R, I) counts."""
+    v, c = np.asarray(values, dtype=np.float64), np.asarray(counts, dtype=np.float64)
+    n = c.sum(axis=1)
+    mean = c @ v / n
+    return (c * (v[None, :] - mean[:, None]) ** 2).sum(axis=1) / (n - 1)
+
+
+def ratio_intervals(base, this, confidence: float) -> dict[str, tuple[float, float]]:
+    """Percentile intervals of :func:`qed_ray.metrics.ratio_summaries` over replicates.
+
+    Args:
+        base, this: (R, K) replicates of a per-task statistic of the baseline and the variant (row r of both from
+            the same resample where the seeds are paired).
+
+    Returns:
+        ``{"median": (lower, upper), "geomean": ..., "means": ...}`` (replicates with an undefined ratio dropped).
+    """
+    reps = metrics.ratio_summaries(base, this)
+    return {name: percentile_interval(reps[name], confidence) for name in metrics.RATIO_SUMMARIES}
+
+
+def iqm_ratio_replicates(base: Sequence[np.ndarray], this: Sequence[np.ndarray]) -> np.ndarray:
+    """(R,) replicates of IQM(this) / IQM(base), the IQM pooling the runs of every task.
+
+    Args: base, this: K arrays each, task k's (R, I_k) resampled normalised scores (:func:`resample`).
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return metrics.iqm_rows(np.concatenate(this, axis=1)) / metrics.iqm_rows(np.concatenate(base, axis=1))

@@ -36,6 +36,10 @@ def dry_run(spec: SweepSpec, throughput_path: str | Path = DEFAULT_PATH) -> int:
     print(f"sweep {spec.name}: {len(trials)} trials in {len(p.packs)} pack{plural} (Tune trial{plural}) of up to "
           f"{spec.pack.seeds} seed{'s' if spec.pack.seeds > 1 else ''} -> {layout.root}  (MLflow {uri}, experiment "
           f"{exp})")
+    if p.state.get("claim"):
+        rec = p.state["claim"]
+        print(f"pre-registration: {rec['file']} (claim block sha256 {rec['sha256'][:12]}; frozen in sweep.json at the "
+              f"first start, a changed block is refused)")
     for pack in p.packs:
         print(f"  pack {pack.name}  ({len(pack.trials)} seed{'s' if len(pack.trials) > 1 else ''})")
         for t in pack.trials:
@@ -74,9 +78,11 @@ def gpu_hours_line(spec: SweepSpec, packs: Sequence[Pack], table: Throughput | N
     for run, size in [(p.trials[0].run, len(p.trials)) for p in packs]:
         mode = UPDATE_MODES[run.train.compile]
         modes[mode] = None
-        rate = table.shared_rate(run.agent.name, run.temperature.kind, size, per_gpu, mode)
+        # A fixed alpha runs te's passes without its one-scalar alpha step, so it is timed as te.
+        kind = "te" if run.temperature.kind == "fixed" else run.temperature.kind
+        rate = table.shared_rate(run.agent.name, kind, size, per_gpu, mode)
         if rate is None:
-            missing.append(f"{run.agent.name}/{run.temperature.kind} S={size}")
+            missing.append(f"{run.agent.name}/{kind} S={size}")
             continue
         seconds += size * run.train.decisions / rate[0]
         scaled |= rate[1]

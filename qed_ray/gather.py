@@ -36,7 +36,13 @@ from qed_ray.tracking import Tracker, metric_key
 from qed_ray.packing import seed_trials
 
 NAMESPACE = "qed_ray"
-GROUP_METRICS = ("V", "action_distance", "q1_dispersion", "early_q_gap")
+GROUP_METRICS = ("V", "action_distance", "q1_dispersion", "early_q_gap", "alpha_frac_floor_late", "alpha_frac_cap_late",
+                 "log_std_at_min")
+# Per variant against its te baseline (the verdict reads V_ratio_median and iqm_ratio with their intervals).
+COMPARISON_METRICS = ("V_ratio_median", "V_ratio_median_ci_lower", "V_ratio_median_ci_upper", "V_ratio_geomean",
+                      "V_ratio_means", "action_distance_ratio_median", "action_distance_ratio_geomean",
+                      "action_distance_ratio_means", "score_var_ratio_median", "score_var_ratio_geomean",
+                      "score_var_ratio_means", "iqm_ratio", "iqm_ratio_ci_lower", "iqm_ratio_ci_upper")
 
 
 def actor_name(sweep_name: str, sweep_id: str) -> str:
@@ -58,6 +64,7 @@ class GatherPlan:
     parent_run_id: str | None
     group_resources: dict
     max_in_flight: int
+    claim: dict | None = None  # sweep.json's pre-registration record (qed_ray.claim), for the verdict
 
 
 def group_task_resources(nodes: list[dict], trial_cpu: float, trial_gpu: float, n_trials: int,
@@ -92,10 +99,14 @@ def _evaluate_group_task(job: group_cache.GroupJob, final_eval: FinalEvalSpec) -
 
 
 def log_rows(tracker: Tracker, run_id: str, results: SweepResults, new_groups: list[GroupResult]) -> None:
-    """Logs the current aggregates (step = groups gathered so far) and each new group's row
-    (``group/<task>/<agent>.<variant>/<V, action_distance, q1_dispersion, early_q_gap, mean_score>``)."""
+    """Logs the current aggregates and comparisons (step = groups gathered so far), the verdict as the tag
+    ``qed.verdict``, and each new group's row (``group/<task>/<agent>.<variant>/<GROUP_METRICS, mean_score>``)."""
     finite = lambda d: {k: v for k, v in d.items() if math.isfinite(v)}  # noqa: E731
     metrics = {metric_key(f"{a.agent}.{a.variant}", k): v for a in results.aggregates for k, v in a.headline().items()}
+    metrics.update({metric_key(f"{c.agent}.{c.variant}", k): getattr(c, k) for c in results.comparisons
+                    for k in COMPARISON_METRICS})
+    if results.verdict is not None:
+        tracker.set_tags(run_id, {"qed.verdict": results.verdict.outcome})
     tracker.log_metrics(run_id, finite(metrics), step=len(results.groups))
     rows = {metric_key("group", g.task, f"{g.agent}.{g.variant}", k): float(getattr(g, k))
             for g in new_groups for k in GROUP_METRICS}
@@ -107,7 +118,8 @@ def log_rows(tracker: Tracker, run_id: str, results: SweepResults, new_groups: l
 
 def log_files(tracker: Tracker, run_id: str, layout: SweepDir) -> None:
     """Uploads the gather tables under ``gather/`` and the figures under ``gather/figures/`` (the cache stays)."""
-    for path in (layout.results_json, layout.aggregates_csv, layout.groups_csv, layout.budgets_csv):
+    for path in (layout.results_json, layout.aggregates_csv, layout.groups_csv, layout.budgets_csv,
+                 layout.comparisons_csv, layout.verdict_json):
         tracker.log_artifact(run_id, path, "gather")
     if layout.figures.is_dir():
         tracker.log_artifacts(run_id, layout.figures, "gather/figures")
@@ -228,7 +240,8 @@ class Gatherer:
     def _refresh(self) -> SweepResults:
         p = self.plan
         results = tables.sweep_results(p.sweep, p.final_eval, list(self.results.values()),
-                                       sorted(self.excluded.values(), key=lambda f: f.name), len(self.group_of))
+                                       sorted(self.excluded.values(), key=lambda f: f.name), len(self.group_of),
+                                       p.claim)
         new = [g for g in results.groups if g.key not in self.logged_at]
         # The rows first (figures take seconds to draw); MLflow is a mirror: gather/ is written either way.
         if self._mirror(log_rows, results, new):
@@ -327,16 +340,17 @@ class GatherFeed(tune.Callback):
 
 
 def launch(spec: SweepSpec, layout: SweepDir, sweep_id: str, uri: str, experiment: str, parent_run_id: str,
-           n_tune_trials: int | None = None):
+           n_tune_trials: int | None = None, claim: dict | None = None):
     """Starts the sweep's gather actor for this driver start, handing it the trials the folder shows ended.
-    ``n_tune_trials``: how many Tune trials train them (packs; default one per trial)."""
+    ``n_tune_trials``: how many Tune trials train them (packs; default one per trial); ``claim``: the sweep's
+    pre-registration record (``sweep.json``), for the verdict."""
     names = [t.name for t in spec.trials()]
     need = spec.trial_resources()
     resources, in_flight = group_task_resources(
         [n for n in ray.nodes() if n.get("Alive")], need["cpu"], need["gpu"], n_tune_trials or len(names),
         spec.max_concurrent_trials)
     plan = GatherPlan(spec.name, sweep_id, str(layout.root), spec.final_eval, group_cache.plan_groups(names), uri,
-                      experiment, parent_run_id, resources, in_flight)
+                      experiment, parent_run_id, resources, in_flight, claim)
     return start(plan, [n for n in names if layout.trial_state(n) != "pending"])
 
 

@@ -25,7 +25,8 @@ from qed_ray.layout import SweepDir, TrialId
 from qed_ray.results import FailedTrial, GroupKey, GroupResult, TrialRecord
 from qed_ray.spec import FinalEvalSpec
 
-ANALYSIS_VERSION = 2  # bump whenever evaluate_group gives other numbers for the same policies and settings
+# Bump whenever evaluate_group gives other numbers for the same policies and settings (3: where QED sat).
+ANALYSIS_VERSION = 3
 EVAL_FIELDS = ("episodes", "action_rollouts", "action_steps", "curve_episodes")
 OPTIONAL_EVAL_FIELDS = ("policies", "proxy_window")
 

@@ -39,6 +39,8 @@ DOCUMENTED: dict[str, str] = {
     "gather/aggregates.csv": "aggregates_csv",
     "gather/groups.csv": "groups_csv",
     "gather/iqm_by_budget.csv": "budgets_csv",
+    "gather/comparisons.csv": "comparisons_csv",
+    "gather/verdict.json": "verdict_json",
     "gather/figures/": "figures",
     "gather/cache/<key>.json": "cached_group",
     "gather/behaviour/": "behaviour",
@@ -213,6 +215,16 @@ class SweepDir:
     def budgets_csv(self) -> Path:
         """``gather/iqm_by_budget.csv``: one row per (agent, variant, env-step budget)."""
         return self.gather / "iqm_by_budget.csv"
+
+    @property
+    def comparisons_csv(self) -> Path:
+        """``gather/comparisons.csv``: one row per variant against its target-entropy baseline."""
+        return self.gather / "comparisons.csv"
+
+    @property
+    def verdict_json(self) -> Path:
+        """``gather/verdict.json``: the claim's verdict (docs/claim.md), strict JSON."""
+        return self.gather / "verdict.json"
 
     @property
     def figures(self) -> Path:

@@ -191,6 +191,18 @@ def inter_run_variability(mus, sigmas, *, chunk_elements: int = DEFAULT_CHUNK_EL
     return variability_from_matrix(pairwise_policy_divergence(mus, sigmas, chunk_elements=chunk_elements))
 
 
+def share_at_lower_bound(sigmas, log_std_min: float, margin: float = 0.1) -> float:
+    """Share of pre-tanh standard deviations whose log lies within ``margin`` of the actor's lower bound.
+
+    The symmetric KL scales as 1/sigma^2, so V is set by the bound wherever policies sit at it (docs/definitions.md,
+    Actor). Args: sigmas: (..., A) standard deviations, > 0 (e.g. (I, S, A) of the I seeds on the pooled states).
+    Returns: the fraction of entries with log sigma < log_std_min + margin, in [0, 1].
+    """
+    s = _as_float_array("sigmas", sigmas, min_ndim=1)
+    _check_positive("sigmas", s)
+    return float(np.mean(np.log(s.astype(np.float64)) < log_std_min + margin))
+
+
 def pool_states(per_policy_states: Sequence[np.ndarray]) -> np.ndarray:
     """Pools the states visited by every seed's evaluation rollouts into one set (App. E).
 
@@ -354,6 +366,31 @@ def interval_estimate(
     lower, upper = stratified_bootstrap_ci(scores, statistic, reps, confidence, seed)
     point = float(statistic(_check_scores(scores)))
     return {"point": point, "lower": lower, "upper": upper, "width": ci_width(lower, upper)}
+
+
+RATIO_SUMMARIES = ("median", "geomean", "means")
+
+
+def ratio_summaries(base, this) -> dict[str, np.ndarray]:
+    """The ratio base / this of a per-task statistic (te over QED: V, action distance, return variance), summarised
+    over tasks three ways: the median and the geometric mean of the per-task ratios (one task cannot swing them) and
+    the ratio of the task means (dominated by the tasks with the largest values).
+
+    Args:
+        base: (..., K) the baseline's statistic on K tasks; this: (..., K) the variant's on the same tasks, in the
+            same order (a leading axis holds bootstrap replicates).
+
+    Returns:
+        ``{"median", "geomean", "means"}``, each float64 of shape (...); NaN where a task's ratio is undefined (a
+        statistic <= 0 or not finite on either side).
+    """
+    b, t = np.asarray(base, dtype=np.float64), np.asarray(this, dtype=np.float64)
+    if b.shape != t.shape or b.ndim < 1 or b.shape[-1] < 1:
+        raise ValueError(f"this: expected the shape of base (..., K) with K >= 1, got {t.shape} and {b.shape}")
+    ok = np.isfinite(b) & np.isfinite(t) & (b > 0) & (t > 0)
+    ratio = np.where(ok, b / np.where(ok, t, 1.0), np.nan)
+    means = np.where(ok.all(-1), b.mean(-1) / np.where(ok.all(-1), t.mean(-1), 1.0), np.nan)
+    return {"median": np.median(ratio, axis=-1), "geomean": np.exp(np.log(ratio).mean(-1)), "means": means}
 
 
 def per_step_pairwise_distance(x) -> np.ndarray:

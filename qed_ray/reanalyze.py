@@ -50,9 +50,9 @@ def policy_dir(layout: SweepDir, policy: str) -> Path:
 
 def write_results(results: SweepResults, layout: SweepDir) -> None:
     """``results.json`` (strict JSON, every evaluation policy's tables in it), ``aggregates.csv``, ``groups.csv``,
-    ``iqm_by_budget.csv`` and, with groups, the figures (PNG and SVG), each replaced atomically (the live gather
-    rewrites them while the sweep runs); the same tables and figures of each further evaluation policy under
-    :func:`policy_dir`."""
+    ``iqm_by_budget.csv``, ``comparisons.csv``, ``verdict.json`` (``null`` without a te and a QED variant) and,
+    with groups, the figures (PNG and SVG), each replaced atomically (the live gather rewrites them while the sweep
+    runs); the same tables and figures of each further evaluation policy under :func:`policy_dir`."""
     layout.gather.mkdir(parents=True, exist_ok=True)
     write_json(layout.results_json, results.to_json(), indent=1)
     _write_tables(results, layout.gather, layout)
@@ -66,6 +66,8 @@ def _write_tables(results: SweepResults, folder: Path, layout: SweepDir) -> None
     _write_csv([asdict(a) for a in results.aggregates], folder / layout.aggregates_csv.name)
     _write_csv(tables.group_rows(results.groups, results.group_stats), folder / layout.groups_csv.name)
     _write_csv([asdict(b) for b in results.iqm_by_budget], folder / layout.budgets_csv.name)
+    _write_csv([c.csv_row() for c in results.comparisons], folder / layout.comparisons_csv.name)
+    write_json(folder / layout.verdict_json.name, results.verdict.to_json() if results.verdict else None, indent=1)
     if results.groups:
         plots.all_figures(results, folder / layout.figures.name)
 
@@ -99,7 +101,8 @@ def _evaluate_in_worker(job: group_cache.GroupJob, final_eval: FinalEvalSpec) ->
 
 def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, recorded: dict[str, Recorded] | None,
               workers: int = 1, log=print) -> tuple[SweepResults, list[str]]:
-    """Recomputes every output of ``gather/`` for ``final_eval``; returns the results and the refused groups."""
+    """Recomputes every output of ``gather/`` for ``final_eval`` (the verdict by the claim block ``sweep.json``
+    froze, if any); returns the results and the refused groups."""
     trials = [t.name for t in layout.trials()]
     old = previous_results(layout)
     failed = [FailedTrial(**f) for f in old.get("failed_trials", []) if f["name"] not in trials and "/" in f["name"]]
@@ -134,8 +137,9 @@ def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, recorded: dict[str, R
         if pool is not None:
             pool.shutdown()
     n_trials = max(old.get("n_trials", 0), len(trials) + len([f for f in failed if f.name not in trials]))
+    claim = json.loads(layout.state_file.read_text()).get("claim") if layout.state_file.exists() else None
     out = tables.sweep_results(old.get("sweep", layout.root.name), final_eval, list(results.values()),
-                               sorted(failed, key=lambda f: f.name), n_trials)
+                               sorted(failed, key=lambda f: f.name), n_trials, claim)
     write_results(out, layout)
     return out, refused
 
@@ -196,10 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MUJOCO_GL", "disable")
     print(f"re-analysing {layout.root} with final_eval {final_eval.model_dump()}", flush=True)
     results, refused = reanalyze(layout, final_eval, recorded, args.workers)
-    print("\n" + tables.format_table(results.aggregates, final_eval.confidence))
+    print("\n" + tables.summary(results))
     for policy, other in results.other_policies.items():
         print(f"\nevaluation policy {policy} ({policy_dir(layout, policy)}):")
-        print(tables.format_table(other.aggregates, final_eval.confidence))
+        print(tables.summary(other))
     for f in results.failed_trials:
         print(f"LEFT OUT {f.name}: {f.error}")
     print(f"\nwrote {layout.gather}")

@@ -12,9 +12,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from qed_ray.spec import FinalEvalSpec
+
+if TYPE_CHECKING:  # qed_ray.verdict reads these results; imported at call time below
+    from qed_ray.verdict import Verdict
+
+
+AT_CAP_SHARE = 0.5  # a group "sat at QED's cap" when its late alpha_frac_cap is above this ("most states")
 
 
 def strict_json(x):
@@ -38,8 +44,10 @@ def _from_strict(x):
 
 
 def _numeric_from_json(cls, d: dict, text: tuple[str, ...] = ()):
-    # A numeric column added after a file was written reads as NaN (unknown), so older results.json files load.
-    return cls(**{f.name: d[f.name] if f.name in text else _from_strict(d.get(f.name)) for f in fields(cls)})
+    # A numeric column added after a file was written reads as NaN (unknown), a text column as its default, so
+    # older results.json files load.
+    return cls(**{f.name: d.get(f.name, f.default) if f.name in text else _from_strict(d.get(f.name))
+                  for f in fields(cls)})
 
 
 class GroupKey(NamedTuple):
@@ -85,6 +93,12 @@ class GroupResult:
     dispersion and the early |Q1 - Q2| are NaN where undefined (one seed, or no critic history). ``policy`` is the
     evaluation policy behind returns, V and the action distance (``mean`` or ``sample``);
     ``other_policies`` holds the same group under each further policy of ``final_eval.policies``.
+
+    Where QED sat (NaN where not logged: other temperature rules, or no ``history.json``): ``alpha_frac_floor`` /
+    ``alpha_frac_cap`` are the shares of actor-update states at alpha_TE and at alpha_max over training (mean over
+    evaluation intervals, then over seeds), ``*_late`` the same over the intervals ending in the last quarter of the
+    budget; ``log_std_at_min`` is the share of the final policies' log-std entries within 0.1 of ``log_std_min``
+    on the pooled evaluation states (mean over seeds).
     """
 
     task: str
@@ -104,11 +118,21 @@ class GroupResult:
     action_distance_pairs: list[list[float]]
     policy: str = "mean"
     other_policies: dict[str, "GroupResult"] = field(default_factory=dict)
+    alpha_frac_floor: float = math.nan
+    alpha_frac_cap: float = math.nan
+    alpha_frac_floor_late: float = math.nan
+    alpha_frac_cap_late: float = math.nan
+    log_std_at_min: float = math.nan
 
     @property
     def key(self) -> GroupKey:
         """(task, agent, variant)."""
         return GroupKey(self.task, self.agent, self.variant)
+
+    @property
+    def at_cap(self) -> bool:
+        """QED's alpha sat at alpha_max on most actor-update states in the last quarter of training."""
+        return self.alpha_frac_cap_late > AT_CAP_SHARE
 
     def to_json(self, with_others: bool = True) -> dict:
         """The cache and ``results.json`` entry (strict JSON: NaN as null, seeds of ``learning_curves`` as
@@ -118,9 +142,11 @@ class GroupResult:
 
     @classmethod
     def from_json(cls, d: dict) -> "GroupResult":
-        """Inverse of :meth:`to_json` (an entry written before ``policy`` existed is the ``mean`` policy's)."""
+        """Inverse of :meth:`to_json` (an entry written before ``policy`` existed is the ``mean`` policy's; one
+        written before the where-QED-sat fields existed reads them as NaN)."""
         special = ("learning_curves", "policy", "other_policies")
-        raw = {f.name: _from_strict(d[f.name]) for f in fields(cls) if f.name not in special}
+        raw = {f.name: _from_strict(d[f.name] if f.default is dataclasses.MISSING else d.get(f.name))
+               for f in fields(cls) if f.name not in special}
         curves = {int(seed): _from_strict(c) for seed, c in d["learning_curves"].items()}
         others = {p: cls.from_json(g) for p, g in d.get("other_policies", {}).items()}
         return cls(**raw, learning_curves=curves, policy=d.get("policy", "mean"), other_policies=others)
@@ -132,7 +158,9 @@ class GroupStats:
 
     ``n_failed`` counts the group's trials left out (see :class:`FailedTrial`). Intervals are percentile
     intervals of a bootstrap over the group's seeds (:mod:`qed_ray.bootstrap`); ``score_var`` is the across-seed
-    sample variance (ddof 1) of the normalised scores.
+    sample variance (ddof 1) of the normalised scores. ``qed_at_cap``: QED's alpha sat at alpha_max on most
+    actor-update states in the last quarter of training (``alpha_frac_cap_late`` > 0.5), so the group compares te
+    with an almost fixed alpha.
     """
 
     task: str
@@ -145,6 +173,7 @@ class GroupStats:
     action_distance_ci_lower: float
     action_distance_ci_upper: float
     score_var: float
+    qed_at_cap: bool = False
 
     def to_json(self) -> dict:
         """The ``results.json`` entry (strict JSON)."""
@@ -153,7 +182,7 @@ class GroupStats:
     @classmethod
     def from_json(cls, d: dict) -> "GroupStats":
         """Inverse of :meth:`to_json`."""
-        return _numeric_from_json(cls, d, ("task", "agent", "variant"))
+        return _numeric_from_json(cls, d, ("task", "agent", "variant", "qed_at_cap"))
 
 
 @dataclass(frozen=True)
@@ -163,7 +192,10 @@ class Aggregate:
 
     The first twelve fields are the original ``aggregates.csv`` columns; the rest were added after them. Ratios
     are ``baseline / this`` over the tasks both have (NaN for the baseline itself or without one), so a ratio of
-    100 means 100 times less divergence (or return variance) than the baseline.
+    100 means 100 times less divergence (or return variance) than the baseline; they are the ratio of task means
+    of the variant's :class:`Comparison`, whose interval ``ratio_ci`` names (``paired`` over seeds, ``unpaired``,
+    or paired on some tasks). ``alpha_frac_*_late`` and ``log_std_at_min`` are the groups' means over tasks,
+    ``n_tasks_at_cap`` counts the groups flagged ``qed_at_cap``.
     """
 
     agent: str
@@ -196,12 +228,18 @@ class Aggregate:
     score_var_ratio_ci_upper: float
     mean_score_ci_lower: float = math.nan
     mean_score_ci_upper: float = math.nan
+    ratio_ci: str = ""
+    alpha_frac_floor_late: float = math.nan
+    alpha_frac_cap_late: float = math.nan
+    log_std_at_min: float = math.nan
+    n_tasks_at_cap: int = 0
 
     def headline(self) -> dict[str, float]:
         """The numbers the summary table and the sweep's MLflow parent run show."""
         return {k: getattr(self, k) for k in (
             "iqm", "ci_lower", "ci_upper", "ci_width", "V_mean", "V_median", "action_distance_mean", "n_runs",
-            "n_failed", "V_mean_ci_lower", "V_mean_ci_upper", "V_ratio", "score_var_mean", "score_var_ratio")}
+            "n_failed", "V_mean_ci_lower", "V_mean_ci_upper", "V_ratio", "score_var_mean", "score_var_ratio",
+            "alpha_frac_floor_late", "alpha_frac_cap_late", "log_std_at_min", "n_tasks_at_cap")}
 
     def to_json(self) -> dict:
         """The ``results.json`` entry (strict JSON); :func:`dataclasses.asdict` is the CSV row."""
@@ -210,7 +248,75 @@ class Aggregate:
     @classmethod
     def from_json(cls, d: dict) -> "Aggregate":
         """Inverse of :meth:`to_json`."""
-        return _numeric_from_json(cls, d, ("agent", "variant", "baseline"))
+        return _numeric_from_json(cls, d, ("agent", "variant", "baseline", "ratio_ci"))
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One variant against its target-entropy ``baseline`` over the tasks both have (``comparisons.csv``).
+
+    For V, the action distance and the across-seed return variance: the per-task ratio baseline / variant summarised
+    over tasks three ways (``*_median``, ``*_geomean`` of the per-task ratios, ``*_means`` = ratio of the task
+    means), each with its percentile interval (``_ci_lower``, ``_ci_upper``); ``iqm_ratio`` is IQM(variant) /
+    IQM(baseline) over the same tasks. ``pairing``: ``paired`` when on every task both groups have the same seeds
+    (resampled jointly, :mod:`qed_ray.bootstrap`), ``unpaired`` when on none (resampled apart), else ``paired on
+    k of K tasks``. ``n_tasks_V``: tasks where both define V (two seeds or more). ``n_seeds`` and ``env_steps``:
+    the smallest seed count and final budget among the compared groups.
+    """
+
+    agent: str
+    variant: str
+    baseline: str
+    pairing: str
+    tasks: list[str]
+    n_tasks: int
+    n_tasks_V: int
+    n_paired_tasks: int
+    n_seeds: int
+    env_steps: int
+    V_ratio_median: float
+    V_ratio_median_ci_lower: float
+    V_ratio_median_ci_upper: float
+    V_ratio_geomean: float
+    V_ratio_geomean_ci_lower: float
+    V_ratio_geomean_ci_upper: float
+    V_ratio_means: float
+    V_ratio_means_ci_lower: float
+    V_ratio_means_ci_upper: float
+    action_distance_ratio_median: float
+    action_distance_ratio_median_ci_lower: float
+    action_distance_ratio_median_ci_upper: float
+    action_distance_ratio_geomean: float
+    action_distance_ratio_geomean_ci_lower: float
+    action_distance_ratio_geomean_ci_upper: float
+    action_distance_ratio_means: float
+    action_distance_ratio_means_ci_lower: float
+    action_distance_ratio_means_ci_upper: float
+    score_var_ratio_median: float
+    score_var_ratio_median_ci_lower: float
+    score_var_ratio_median_ci_upper: float
+    score_var_ratio_geomean: float
+    score_var_ratio_geomean_ci_lower: float
+    score_var_ratio_geomean_ci_upper: float
+    score_var_ratio_means: float
+    score_var_ratio_means_ci_lower: float
+    score_var_ratio_means_ci_upper: float
+    iqm_ratio: float
+    iqm_ratio_ci_lower: float
+    iqm_ratio_ci_upper: float
+
+    def to_json(self) -> dict:
+        """The ``results.json`` entry (strict JSON); :meth:`csv_row` is the CSV row."""
+        return strict_json(asdict(self))
+
+    def csv_row(self) -> dict:
+        """The ``comparisons.csv`` row: the fields, ``tasks`` joined by ``;``."""
+        return {**asdict(self), "tasks": ";".join(self.tasks)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Comparison":
+        """Inverse of :meth:`to_json`."""
+        return _numeric_from_json(cls, d, ("agent", "variant", "baseline", "pairing", "tasks"))
 
 
 @dataclass(frozen=True)
@@ -275,7 +381,9 @@ class FailedTrial:
 @dataclass(frozen=True)
 class SweepResults:
     """Everything the gather step computes for a sweep (``results.json``), under the evaluation policy ``policy``
-    (the first of ``final_eval.policies``); ``other_policies`` holds the same tables under each further one."""
+    (the first of ``final_eval.policies``); ``other_policies`` holds the same tables under each further one.
+    ``comparisons``: each variant against its te baseline; ``verdict``: the claim's endpoints judged on them
+    (:mod:`qed_ray.verdict`; None without a te and a QED variant)."""
 
     sweep: str
     final_eval: FinalEvalSpec
@@ -288,6 +396,8 @@ class SweepResults:
     iqm_by_budget: list[BudgetIqm] = field(default_factory=list)
     policy: str = "mean"
     other_policies: dict[str, "SweepResults"] = field(default_factory=dict)
+    comparisons: list[Comparison] = field(default_factory=list)
+    verdict: Verdict | None = None
 
     def to_json(self) -> dict:
         """``results.json`` (strict JSON); each group once, under the policy whose tables it is in."""
@@ -298,15 +408,21 @@ class SweepResults:
                 "failed_trials": [asdict(f) for f in self.failed_trials], "n_trials": self.n_trials,
                 "group_stats": [s.to_json() for s in self.group_stats],
                 "iqm_by_budget": [b.to_json() for b in self.iqm_by_budget], "policy": self.policy,
-                "other_policies": {p: r.to_json() for p, r in self.other_policies.items()}}
+                "other_policies": {p: r.to_json() for p, r in self.other_policies.items()},
+                "comparisons": [c.to_json() for c in self.comparisons],
+                "verdict": self.verdict.to_json() if self.verdict is not None else None}
 
     @classmethod
     def from_json(cls, d: dict) -> "SweepResults":
         """Inverse of :meth:`to_json`."""
+        from qed_ray.verdict import Verdict
+
         return cls(d["sweep"], FinalEvalSpec.model_validate(d["final_eval"]),
                    [Aggregate.from_json(a) for a in d["aggregates"]], [GroupResult.from_json(g) for g in d["groups"]],
                    [CriticProxy.from_json(c) for c in d["critic_proxy"]],
                    [FailedTrial(**f) for f in d["failed_trials"]], d["n_trials"],
                    [GroupStats.from_json(s) for s in d["group_stats"]],
                    [BudgetIqm.from_json(b) for b in d["iqm_by_budget"]], d.get("policy", "mean"),
-                   {p: cls.from_json(r) for p, r in d.get("other_policies", {}).items()})
+                   {p: cls.from_json(r) for p, r in d.get("other_policies", {}).items()},
+                   [Comparison.from_json(c) for c in d.get("comparisons", [])],
+                   Verdict.from_json(d["verdict"]) if d.get("verdict") else None)

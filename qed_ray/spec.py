@@ -61,6 +61,8 @@ class AgentEntry(Frozen):
     name: str = Field(description="base agent")
     overrides: dict[str, Any] = Field(default_factory=dict, description="agent settings (lists are axes)")
     temperatures: list[dict[str, Any]] = Field(min_length=1, description="temperature rules (lists are axes)")
+    tasks: list[str] | None = Field(None, min_length=1, description="the sweep's tasks this entry runs on (none: "
+                                                                    "all of them), e.g. controls on a subset")
 
     @field_validator("name")
     @classmethod
@@ -223,6 +225,9 @@ class SweepSpec(Frozen):
     keep_replay: bool = Field(False, description="keep finished trials' replay chunks (resume and gather never "
                                                  "read them once a trial is done)")
     tracking: TrackingSpec = TrackingSpec()
+    claim: str | None = Field(None, min_length=1, description="the pre-registration this sweep tests (a Markdown "
+                              "file with one ```yaml claim block, relative to the current folder, e.g. "
+                              "docs/claim.md); frozen in sweep.json at the first start (qed_ray.claim)")
 
     @field_validator("tasks", mode="before")
     @classmethod
@@ -270,7 +275,12 @@ class SweepSpec(Frozen):
 
     @model_validator(mode="after")
     def _check_size(self) -> "SweepSpec":
-        n = len(self.tasks) * len(self.seeds) * grid_size(self.train) * sum(a.size() for a in self.agents)
+        for i, entry in enumerate(self.agents):
+            bad = [t for t in entry.tasks or [] if t not in self.tasks]
+            if bad or len(set(entry.tasks or [])) != len(entry.tasks or []):
+                raise ValueError(f"agents.{i}.tasks: {bad or entry.tasks} must be distinct tasks of the sweep's "
+                                 f"tasks ({', '.join(self.tasks)})")
+        n = len(self.seeds) * grid_size(self.train) * sum(len(a.tasks or self.tasks) * a.size() for a in self.agents)
         if n > MAX_TRIALS:
             raise ValueError(f"seeds: the grid has {n:,} trials (tasks x agents x variants x seeds); at most "
                              f"{MAX_TRIALS:,}")
@@ -288,15 +298,17 @@ class SweepSpec(Frozen):
         # A variant's label depends on its settings, never on the task or seed: labelled once per combination of
         # settings, so that a grid at MAX_TRIALS validates in linear time with a small constant.
         trains = self.train_specs()
-        combos = [(agent, temp, train) for entry in self.agents for agent in entry.agent_specs()
+        combos = [(entry, agent, temp, train) for entry in self.agents for agent in entry.agent_specs()
                   for temp in entry.temperature_specs() for train in trains]
-        protos = [RunSpec(task=self.tasks[0], agent=a, temperature=t, train=tr) for a, t, tr in combos]
+        protos = [RunSpec(task=(entry.tasks or self.tasks)[0], agent=a, temperature=t, train=tr)
+                  for entry, a, t, tr in combos]
         axes = _varying_settings(protos)
         labels = [variant_label(r, axes[r.agent.name]) for r in protos]
         # Each run is its combination's validated RunSpec with the task and seed put in: both were checked by
         # this spec's validators (the checks RunSpec makes), so 100,000 runs are not validated field by field again.
         return [Trial(f"{task}/{r.agent.name}/{label}/{seed}", r.model_copy(update={"task": task, "seed": seed}))
-                for task in self.tasks for r, label in zip(protos, labels) for seed in self.seeds]
+                for task in self.tasks for (entry, *_), r, label in zip(combos, protos, labels)
+                if entry.tasks is None or task in entry.tasks for seed in self.seeds]
 
     def trials(self) -> list[Trial]:
         """The expanded grid, ordered task, agent, agent settings, variant, train settings, seed (deterministic).

@@ -253,10 +253,10 @@ def _exists_on(path: str) -> bool:
 
 def print_summary(results: SweepResults | None, gathered: dict, failed: list[FailedTrial], uri: str,
                   experiment_id: str | None = None) -> None:
-    """The closing table (counts, IQM, V and its baseline ratio with CIs), what the gather step did while the sweep
-    ran, and every trial left out with its reason."""
+    """The closing table (counts, IQM, V and its baseline ratio with CIs), the comparisons with te and the claim's
+    verdict, what the gather step did while the sweep ran, and every trial left out with its reason."""
     if results is not None:
-        print("\n" + tables.format_table(results.aggregates, results.final_eval.confidence))
+        print("\n" + tables.summary(results))
     if gathered:
         delays = sorted(gathered["delays_s"][g] for g in gathered["evaluated"] if g in gathered["delays_s"])
         timing = (f"; from a group's last trial to its row in MLflow: median {delays[len(delays) // 2]:.0f} s, "
@@ -318,7 +318,7 @@ def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, ex
     # MLflow in line with the folder before the gather step reads it (checksums an earlier start could not record).
     sync_runs(tracker, parent, layout, spec, *outcome(layout, spec, {}), packs=packs)
     launch = lambda: gather.launch(spec, layout, state["sweep_id"], uri, experiment, parent,  # noqa: E731
-                                   len(packs))
+                                   len(packs), state.get("claim"))
     gatherer = launch()
     failed = train_pending(spec, context, interrupt, [gather.GatherFeed(gather.actor_name(spec.name,
                                                                                           state["sweep_id"]))], packs)

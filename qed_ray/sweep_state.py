@@ -13,7 +13,9 @@ spec's trials with it: new trials (more seeds, tasks, temperature values, agents
 a trial whose settings changed, a trial whose name changed (a setting became or stopped being a grid axis) and a
 trial the spec no longer has are refused, each problem naming its field (a trial that never started holds nothing
 and may still change or go). It also records the pack size and every pack's members (:mod:`qed_ray.packing`): a
-changed pack size is refused once anything started, naming ``pack.seeds``.
+changed pack size is refused once anything started, naming ``pack.seeds``. With a ``claim`` file it records the
+pre-registration's block and its hash (:mod:`qed_ray.claim`): a changed block is refused, naming the file and each
+changed field.
 :func:`qed_ray.dry_run.dry_run` shows the same refusals and what a run would do with each trial.
 
 Before and after training, :func:`outcome` reads how every trial stands from the folder (``DONE.json``,
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qed_ray import claim
 from qed_ray.atomic import write_json
 from qed_ray.checkpoint import CheckpointError
 from qed_ray.checksums import done_checksums
@@ -47,6 +50,7 @@ from qed_ray.tracking import POLICY_SHA_TAG, Tracker, TrialRun, checksum_tags, d
 
 STATE_FORMAT = 2
 PACK_SEEDS_KEY, PACKS_KEY = "pack_seeds", "packs"  # in sweep.json (qed_ray.packing)
+CLAIM_KEY = "claim"  # in sweep.json only for a spec that names a claim file (qed_ray.claim)
 STORAGE_ROOT_ENV = "QED_STORAGE_ROOT"  # resolves a relative storage_path (required for one under `ray job submit`)
 STORAGE_PATH_ENV = "QED_STORAGE_PATH"  # overrides the spec's storage_path
 # Folders a sweep must never be put in (nor anywhere inside them), and folders it must not be put directly into.
@@ -195,11 +199,14 @@ def plan(state: dict | None, spec: SweepSpec, layout: SweepDir | None = None) ->
         recorded = {n: i for n, i in recorded.items() if _started(layout, n)}
     new = [n for n in current if n not in recorded]
     packs, pack_problems = _plan_packs(state, spec, bool(recorded), layout)
-    state = {k: v for k, v in state.items() if k not in (PACK_SEEDS_KEY, PACKS_KEY)}
+    claim_record, claim_problems = claim.check(state.get(CLAIM_KEY), spec.claim, bool(recorded))
+    state = {k: v for k, v in state.items() if k not in (PACK_SEEDS_KEY, PACKS_KEY, CLAIM_KEY)}
     state = {**state, "format": STATE_FORMAT, "name": spec.name, "fingerprint": spec.fingerprint(),
              "trials": {**recorded, **{n: current[n] for n in new}}, PACK_SEEDS_KEY: spec.pack.seeds,
              PACKS_KEY: pack_records(packs)}
-    return Plan(state, new, _problems(recorded, current, spec) + pack_problems, packs)
+    if claim_record is not None:  # the pre-registration, frozen at the first start (qed_ray.claim)
+        state[CLAIM_KEY] = claim_record
+    return Plan(state, new, _problems(recorded, current, spec) + pack_problems + claim_problems, packs)
 
 
 def _plan_packs(state: dict, spec: SweepSpec, started: bool, layout: SweepDir | None) -> tuple[list[Pack], list[str]]:

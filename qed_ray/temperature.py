@@ -34,7 +34,9 @@ def expectile(x: torch.Tensor, tau: float) -> torch.Tensor:
     The minimiser solves m = sum_i w_i x_i / sum_i w_i with w_i = tau above m and 1 - tau below. With the
     samples sorted, each split position j (j samples below m) gives a closed-form candidate; exactly the
     candidate lying inside its own bracket [x_(j-1), x_(j)] is the expectile (the objective is strictly convex).
-    No iteration, no data-dependent control flow (compile- and vmap-friendly).
+    When the expectile is itself a sample, it is the candidate of both brackets that meet there, and rounding may
+    put both a hair outside; so the candidate nearest to its bracket is taken (distance 0 for the exact one),
+    clamped into it. No iteration, no data-dependent control flow (compile- and vmap-friendly).
 
     Args:
         x: [..., N] samples.
@@ -52,9 +54,10 @@ def expectile(x: torch.Tensor, tau: float) -> torch.Tensor:
     cand = ((1 - tau) * below_sum + tau * (total - below_sum)) / ((1 - tau) * j + tau * (n - j))
     lo = torch.cat([torch.full_like(zero, -float("inf")), xs], dim=-1)  # x_(j-1)
     hi = torch.cat([xs, torch.full_like(zero, float("inf"))], dim=-1)  # x_(j)
-    valid = (cand >= lo) & (cand <= hi)
-    first = valid.to(torch.int8).argmax(dim=-1, keepdim=True)
-    return cand.gather(-1, first).squeeze(-1)
+    # Distance of each candidate outside its bracket (0 inside); argmin takes the first of equals.
+    outside = (lo - cand).clamp(min=0) + (cand - hi).clamp(min=0)
+    best = outside.argmin(dim=-1, keepdim=True)
+    return torch.clamp(cand.gather(-1, best), lo.gather(-1, best), hi.gather(-1, best)).squeeze(-1)
 
 
 @torch.no_grad()

@@ -72,6 +72,23 @@ def new_sweep(layout: SweepDir, finished: list[str], running: dict[str, int]) ->
             tracker.record_checksums(run, recorded_values(layout, name))
 
 
+def finish_running(layout: SweepDir, name: str) -> None:
+    """A running trial of :func:`new_sweep` finishes: its snapshots, DONE marker and recorded checksums."""
+    from qed_ray.tracking import Tracker, default_tracking_uri
+
+    finished_trial(layout, name)
+    tracker = Tracker(default_tracking_uri(layout.root), "exp", SWEEP_ID, str(layout.mlartifacts))
+    tracker.record_checksums(tracker.trial_runs()[name].info.run_id, recorded_values(layout, name))
+
+
+def write_history(layout: SweepDir, name: str, floor: list[float], cap: list[float]) -> None:
+    """``history.json`` as a trial writes it, with QED's shares of actor-update states at its floor and cap at each
+    evaluation (env steps EVAL_EVERY, 2 * EVAL_EVERY, ...)."""
+    entries = [{"time_ms": i, "metrics": {"env_steps": EVAL_EVERY * (i + 1), "alpha/actor_frac_floor": f,
+                                          "alpha/actor_frac_cap": c}} for i, (f, c) in enumerate(zip(floor, cap))]
+    layout.history(name).write_text(json.dumps(entries))
+
+
 def is_nan(x) -> bool:
     """None (strict JSON's NaN) or a float NaN."""
     return x is None or (isinstance(x, float) and math.isnan(x))

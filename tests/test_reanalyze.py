@@ -1,17 +1,19 @@
 """Re-analysis (``python -m qed_ray.gather SWEEP_DIR``) on a hand-built sweep folder with real snapshots, real rollouts
 and a real SQLite MLflow store: cache hits, new settings, only gather/ changes, tampered snapshots refused."""
 
+import csv
 import hashlib
 import json
 
 import pytest
 import torch
-from folder_helpers import is_nan
+from folder_helpers import finish_running, is_nan, write_history
 
 from qed_ray.agents import make_agent
 from qed_ray.checkpoint import read_manifest, save_checkpoint
 from qed_ray.gather import main as gather_main
 from qed_ray.reanalyze import main
+from qed_ray.verdict import iqm_outcome, v_ratio_outcome
 
 SMALL = ["--episodes", "1", "--action-rollouts", "1", "--action-steps", "10", "--curve-episodes", "1",
          "--bootstrap-reps", "100"]
@@ -57,6 +59,45 @@ def test_reanalysis_evaluates_once_then_caches_and_changes_only_evaluation_outpu
 
     assert main([str(layout.root), *SMALL, "--bootstrap-reps", "300"]) == 0  # tables only: no rollouts
     assert "evaluated" not in capsys.readouterr().out
+    _paired_ratios_where_qed_sat_and_the_verdict(layout, capsys)
+
+
+def _paired_ratios_where_qed_sat_and_the_verdict(layout, capsys):
+    """QED's second seed finishes: te and QED then share seeds 0 and 1, so their comparison is paired; the alpha
+    fractions come from the trials' history.json; the summary and gather/ carry the comparison and the verdict."""
+    finish_running(layout, f"{QED}/1")
+    write_history(layout, f"{QED}/0", floor=[0.1, 0.3], cap=[0.6, 0.8])
+    write_history(layout, f"{QED}/1", floor=[0.2, 0.0], cap=[0.7, 0.9])
+    assert main([str(layout.root), *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert f"{TE}: cached" in out and f"{QED}: evaluated" in out
+    results = json.loads(layout.results_json.read_text())
+    qed = next(g for g in results["groups"] if g["variant"] == "qed0.2")
+    assert qed["seeds"] == [0, 1] and results["failed_trials"] == []
+    # per seed the mean over its evaluations, then over seeds; late: the evaluation at 2000 of 2000 env steps
+    assert qed["alpha_frac_floor"] == pytest.approx(0.15) and qed["alpha_frac_cap"] == pytest.approx(0.75)
+    assert qed["alpha_frac_floor_late"] == pytest.approx(0.15) and qed["alpha_frac_cap_late"] == pytest.approx(0.85)
+    assert 0 <= qed["log_std_at_min"] <= 1 and is_nan(next(g for g in results["groups"] if g["variant"] == "te")[
+        "alpha_frac_cap"]), "te logs no QED fractions"
+    with open(layout.groups_csv) as f:
+        rows = {r["variant"]: r for r in csv.DictReader(f)}
+    assert rows["qed0.2"]["qed_at_cap"] == "True" and rows["te"]["qed_at_cap"] == "False"
+    (c,) = results["comparisons"]
+    assert (c["variant"], c["baseline"], c["pairing"], c["tasks"]) == ("qed0.2", "te", "paired", ["cartpole-balance"])
+    te = next(g for g in results["groups"] if g["variant"] == "te")
+    assert c["V_ratio_median"] == pytest.approx(te["V"] / qed["V"])  # one task: every summary is its ratio
+    with open(layout.comparisons_csv) as f:
+        assert float(next(csv.DictReader(f))["V_ratio_geomean"]) == pytest.approx(te["V"] / qed["V"])
+    verdict = json.loads(layout.verdict_json.read_text())
+    assert verdict == results["verdict"] and verdict["claim_file"] is None
+    (v,) = verdict["variants"]
+    v_ratio, iqm = v["endpoints"]
+    assert v_ratio["outcome"] == v_ratio_outcome(c["V_ratio_median"], c["V_ratio_median_ci_lower"],
+                                                 c["V_ratio_median_ci_upper"])
+    assert iqm["outcome"] == iqm_outcome(c["iqm_ratio_ci_lower"], c["iqm_ratio_ci_upper"])
+    assert v["n_tasks_at_cap"] == 1 and any(s.startswith("no pre-registration named") for s in v["scope"])
+    assert "qed0.2 vs te (1 tasks, 2+ seeds, intervals paired)" in out and "AT ITS CAP on 1 of 1 tasks" in out
+    assert f"sac_ln qed0.2 vs te: {v['outcome'].upper()}" in out and "the claim: " in out
 
 
 def test_a_tampered_snapshot_is_refused_naming_the_file(sweep_copy, capsys):

@@ -56,6 +56,7 @@ def test_tiny_sweep_end_to_end(tmp_path):
     assert figs == {f"gather/figures/{n}.{ext}" for n in names for ext in ("png", "svg")}
     assert "gather/iqm_by_budget.csv" in arts
     assert "iqm" in "".join(tracker.client.get_run(pid).data.metrics)
+    _comparisons_where_qed_sat_and_the_verdict(proc.stdout, tracker, pid, arts, SweepDir(sweep_dir))
     experiment = tracker.client.get_experiment(tracker.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on the runs
     _groups_land_while_the_sweep_runs(tracker, pid, children, SweepDir(sweep_dir))
@@ -92,6 +93,26 @@ def test_tiny_sweep_end_to_end(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert status.returncode == 0 and "trials: 8 done, 0 running, 0 stopped, 0 failed, 0 not started" in status.stdout
     assert "env steps: 16,000 of 16,000 (100%)" in status.stdout and "results: 4 of 4 groups gathered" in status.stdout
+
+
+def _comparisons_where_qed_sat_and_the_verdict(stdout: str, tracker, pid: str, arts: set, layout: SweepDir) -> None:
+    """The summary, gather/ and the parent run carry the paired te/QED ratios, where QED sat and the verdict."""
+    assert "sac_ln qed0.2 vs te (2 tasks, 2+ seeds, intervals paired):" in stdout and "IQM this / te" in stdout
+    assert "where QED sat, last quarter of training" in stdout
+    assert "verdict on the claim, by the default thresholds of docs/claim.md" in stdout and "the claim: " in stdout
+    assert {"gather/comparisons.csv", "gather/verdict.json"} <= arts
+    results = json.loads(layout.results_json.read_text())
+    (c,) = results["comparisons"]
+    assert (c["variant"], c["pairing"], c["n_tasks"]) == ("qed0.2", "paired", 2) and c["V_ratio_median"] > 0
+    assert json.loads(layout.verdict_json.read_text()) == results["verdict"]
+    for g in results["groups"]:  # the trials' history.json logged QED's shares at its floor and cap
+        fractions = [g[k] for k in ("alpha_frac_floor", "alpha_frac_cap", "alpha_frac_cap_late")]
+        assert all(0 <= f <= 1 for f in fractions) if g["variant"] == "qed0.2" else fractions == [None] * 3
+        assert 0 <= g["log_std_at_min"] <= 1
+    parent = tracker.client.get_run(pid)
+    assert parent.data.tags["qed.verdict"] == results["verdict"]["outcome"]
+    assert {"sac_ln.qed0.2/V_ratio_median", "sac_ln.qed0.2/iqm_ratio"} <= set(parent.data.metrics)
+    assert "group/cartpole-balance/sac_ln.qed0.2/alpha_frac_cap_late" in parent.data.metrics
 
 
 def _groups_land_while_the_sweep_runs(tracker, parent_id: str, children: list, layout: SweepDir) -> None:

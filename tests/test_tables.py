@@ -104,43 +104,53 @@ def _strict_loads(text: str):
 
 GROUP_KEYS = ["task", "agent", "variant", "seeds", "final_env_steps", "returns", "scores", "V", "D",
               "action_distance", "v_curve", "q1_dispersion", "early_q_gap", "learning_curves", "action_distance_pairs",
-              "policy", "other_policies"]
+              "policy", "other_policies", "alpha_frac_floor", "alpha_frac_cap", "alpha_frac_floor_late",
+              "alpha_frac_cap_late", "log_std_at_min"]
 AGGREGATE_KEYS = ["agent", "variant", "n_tasks", "n_seeds", "iqm", "ci_lower", "ci_upper", "ci_width", "mean_score",
                   "V_mean", "V_median", "action_distance_mean", "n_runs", "n_failed", "V_mean_ci_lower",
                   "V_mean_ci_upper", "action_distance_ci_lower", "action_distance_ci_upper", "score_var_mean",
                   "score_var_ci_lower", "score_var_ci_upper", "baseline", "V_ratio", "V_ratio_ci_lower",
                   "V_ratio_ci_upper", "score_var_ratio", "score_var_ratio_ci_lower", "score_var_ratio_ci_upper",
-                  "mean_score_ci_lower", "mean_score_ci_upper"]
+                  "mean_score_ci_lower", "mean_score_ci_upper", "ratio_ci", "alpha_frac_floor_late",
+                  "alpha_frac_cap_late", "log_std_at_min", "n_tasks_at_cap"]
 GROUP_COLUMNS = ["task", "agent", "variant", "n_seeds", "mean_return", "std_return_across_seeds", "V",
                  "action_distance", "q1_dispersion", "early_q_gap", "n_failed", "V_ci_lower", "V_ci_upper",
-                 "action_distance_ci_lower", "action_distance_ci_upper", "score_var"]
+                 "action_distance_ci_lower", "action_distance_ci_upper", "score_var", "alpha_frac_floor",
+                 "alpha_frac_cap", "alpha_frac_floor_late", "alpha_frac_cap_late", "log_std_at_min", "qed_at_cap"]
 
 
 def test_typed_results_round_trip_through_strict_json():
     single = group_result("d", scores=(0.25,), V=math.nan, action_distance=math.nan, early_q_gap=math.nan,
                           v_curve=[[2000, math.nan]])
-    groups = [group_result("a"), single]
+    qed = group_result("a", variant="qed0.2", V=0.5, alpha_frac_cap_late=0.75, alpha_frac_cap=0.5)
+    groups = [group_result("a"), single, qed]
     results = sweep_results("s", FINAL_EVAL, groups, [FailedTrial("x/y/z/0", "boom")], 3)
     text = json.dumps(results.to_json(), indent=1)
     raw = _strict_loads(text)  # NaN is written as null
     assert list(raw) == ["sweep", "final_eval", "aggregates", "groups", "critic_proxy", "failed_trials", "n_trials",
-                         "group_stats", "iqm_by_budget", "policy", "other_policies"]
-    assert [list(g) for g in raw["groups"]] == [GROUP_KEYS] * 2 and list(raw["aggregates"][0]) == AGGREGATE_KEYS
+                         "group_stats", "iqm_by_budget", "policy", "other_policies", "comparisons", "verdict"]
+    assert [list(g) for g in raw["groups"]] == [GROUP_KEYS] * 3 and list(raw["aggregates"][0]) == AGGREGATE_KEYS
+    assert raw["groups"][0]["alpha_frac_cap_late"] == 0.75 and raw["groups"][1]["alpha_frac_cap_late"] is None
+    (comparison,) = raw["comparisons"]
+    assert (comparison["variant"], comparison["baseline"], comparison["pairing"]) == ("qed0.2", "te", "paired")
+    assert raw["verdict"]["variants"][0]["n_tasks_at_cap"] == 1
     assert list(raw["critic_proxy"][0]) == ["agent", "variant", "tasks", "early_q_gap", "q1_dispersion", "r_squared"]
-    assert raw["groups"][1]["V"] is None and raw["groups"][1]["v_curve"] == [[2000, None]]
+    assert raw["groups"][2]["V"] is None and raw["groups"][2]["v_curve"] == [[2000, None]]
     assert raw["groups"][0]["learning_curves"] == {"0": [[1000, 10.0], [2000, 20.0]], "1": [[1000, 10.0], [2000, 20.0]]}
     assert raw["failed_trials"] == [{"name": "x/y/z/0", "error": "boom"}] and raw["final_eval"]["bootstrap_reps"] == 200
 
     back = SweepResults.from_json(raw)
     assert back.to_json() == results.to_json()  # exact, and stable under a second round trip
     assert back.final_eval == FINAL_EVAL and back.failed_trials == [FailedTrial("x/y/z/0", "boom")]
-    assert back.groups[0] == groups[0]  # finite groups compare equal field by field
-    assert math.isnan(back.groups[1].V) and math.isnan(back.groups[1].v_curve[0][1])
+    assert back.groups[0] == qed and back.groups[1] == groups[0]  # sorted by key; equal field by field
+    assert math.isnan(back.groups[2].V) and math.isnan(back.groups[2].v_curve[0][1])
     assert list(back.groups[0].learning_curves) == [0, 1]  # seeds are ints again
     assert isinstance(back.critic_proxy[0], CriticProxy) and back.iqm_by_budget == results.iqm_by_budget
     agg = results.aggregates[0]
     assert Aggregate.from_json(agg.to_json()).to_json() == agg.to_json()
     assert GroupResult.from_json(groups[0].to_json()) == groups[0]
+    old = {k: v for k, v in groups[0].to_json().items() if not k.startswith(("alpha_frac", "log_std"))}
+    assert math.isnan(GroupResult.from_json(old).alpha_frac_cap), "an entry written before these fields loads"
 
 
 def test_gather_writes_results_and_tables_with_fixed_columns(tmp_path):

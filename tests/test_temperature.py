@@ -45,6 +45,38 @@ def test_expectile_of_constant_and_ties():
     assert e[1] == pytest.approx(0.9 * 4 / (0.1 * 4 + 0.9 * 4))  # weighted mean with weights 0.1 / 0.9
 
 
+def bisection_expectile(x: np.ndarray, tau: float) -> np.ndarray:
+    """Float64 bisection per row on the expectile's first-order condition (increasing in m): the reference for
+    inputs whose expectile falls on a sample, where a grid would only land near it. x: [..., N] -> [...]."""
+    lo, hi = x.min(-1), x.max(-1)
+    for _ in range(80):
+        m = 0.5 * (lo + hi)
+        grad = (np.where(x < m[..., None], 1 - tau, tau) * (m[..., None] - x)).sum(-1)
+        lo, hi = np.where(grad < 0, m, lo), np.where(grad < 0, hi, m)
+    return 0.5 * (lo + hi)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_expectile_on_a_sample_is_that_sample_not_the_mean(dtype):
+    # tau 0.7: 0.3 * sum(x_i - 0.7 below) + 0.7 * sum(x_i - 0.7 above) = 0.3 * -4.9 + 0.7 * 2.1 = 0 exactly, so the
+    # expectile is the sample 0.7; rounding put both of its brackets' candidates outside (the mean, 0.35, came back).
+    x = np.array([-1, -0.8, -0.7, 0.5, 0.6, 0.7, 1.3, 2.2])
+    assert bisection_expectile(x, 0.7) == pytest.approx(0.7, abs=1e-12)
+    got = float(expectile(torch.tensor(x, dtype=dtype), 0.7))
+    assert got == pytest.approx(0.7, abs=1e-6 if dtype == torch.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.float64, 1e-9)])
+def test_expectile_matches_bisection_on_quantised_inputs(dtype, tol):
+    # On a 0.1 grid the expectile often falls on a sample: before the fix about 1 row in 2000 came back as the mean.
+    x = np.round(np.random.default_rng(7).normal(size=(10000, 8)), 1)
+    for tau in (0.7, 0.9):
+        got = expectile(torch.tensor(x, dtype=dtype), tau).double().numpy()
+        want = bisection_expectile(x, tau)
+        assert np.abs(got - want).max() <= tol * (1 + np.abs(want).max())
+        assert (got >= x.min(-1) - tol).all() and (got <= x.max(-1) + tol).all()
+
+
 def _qed(k=0.2, action_dim=3, alpha_max=0.2, init_alpha=0.01):
     spec = TemperatureSpec(kind="qed", k=k, alpha_max=alpha_max, init_alpha=init_alpha)
     return QEDTemperature(action_dim, spec)

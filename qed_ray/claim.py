@@ -1,0 +1,158 @@
+"""The pre-registration of the paper's central claim: the machine-readable block of ``docs/claim.md``, read,
+validated and hashed, and the record of it a sweep keeps in ``sweep.json``.
+
+A sweep spec names its pre-registration with ``claim: docs/claim.md`` (a path relative to the current folder). At
+the sweep's first start the block is validated and frozen in ``sweep.json`` (``claim``: the file, the SHA-256 of
+the block's canonical JSON and the block itself); every later start (and ``--dry-run``) reads the file again and
+refuses a changed block, naming the file and each changed field, so the thresholds cannot move after the data are
+in. Comments and layout of the block are free to change: only its values are hashed.
+
+The block lives in the first fenced code block whose info string is ``yaml claim``. :class:`Endpoints`' defaults
+are the pre-registered thresholds (a test holds ``docs/claim.md`` to them), so a sweep without a claim file is
+judged against the same thresholds, as an exploratory reading (:mod:`qed_ray.verdict`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from qed_ray.config import AGENT_SPECS, Frozen, format_validation_error
+from qed_ray.tasks import TASKS
+
+BLOCK = re.compile(r"^```yaml claim[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
+
+
+class ClaimError(ValueError):
+    """A claim file that cannot be used; the message names the file (and the field)."""
+
+
+class VRatioEndpoint(Frozen):
+    """"V ratio >= 10": the median over tasks of te V / QED V, with its paired interval."""
+
+    summary: Literal["median"] = Field("median", description="how the per-task ratios are summarised over tasks")
+    at_least: float = Field(10.0, gt=0, description="pass: the estimate is at least this ...")
+    lower_above: float = Field(1.0, gt=0, description="... and the interval's lower end above this; fail: the "
+                                                      "interval's upper end below at_least")
+
+
+class IqmEndpoint(Frozen):
+    """"IQM kept": IQM(QED) / IQM(te), with its paired interval."""
+
+    lower_at_least: float = Field(0.95, gt=0, description="pass: the interval's lower end is at least this; fail: "
+                                                          "its upper end is below it")
+
+
+class Endpoints(Frozen):
+    """The two primary endpoints (defaults: the pre-registered thresholds)."""
+
+    v_ratio: VRatioEndpoint = VRatioEndpoint()
+    iqm_kept: IqmEndpoint = IqmEndpoint()
+
+
+class ClaimBlock(Frozen):
+    """The design and the decision rules fixed before the runs (docs/claim.md)."""
+
+    claim: str = Field(min_length=1, description="the claim, in one sentence")
+    agent: str = Field(description="the agent whose variants are compared")
+    baseline: str = Field(description="the baseline variant (target entropy)")
+    variants: list[str] = Field(min_length=1, description="the QED variants judged, as sweep variant labels")
+    tasks: list[str] = Field(min_length=1, description="the tasks")
+    seeds: int = Field(ge=2, description="seeds per (task, variant)")
+    env_steps: int = Field(gt=0, description="the training budget in env steps")
+    pilot_env_steps: int = Field(gt=0, description="the budget of the pilot (read through V curves only)")
+    confidence: float = Field(gt=0, lt=1, description="coverage of every interval")
+    bootstrap_reps: int = Field(ge=100, description="bootstrap resamples")
+    endpoints: Endpoints = Field(description="the primary endpoints and their thresholds")
+    secondary: list[str] = Field(default_factory=list, description="reported, not decided on")
+
+    @model_validator(mode="after")
+    def _known(self) -> "ClaimBlock":
+        if self.agent not in AGENT_SPECS:
+            raise ValueError(f"agent: {self.agent!r} is not an agent ({', '.join(AGENT_SPECS)})")
+        bad = [t for t in self.tasks if t not in TASKS]
+        if bad:
+            raise ValueError(f"tasks: {bad} are not tasks of this service (python -m qed_ray.envs lists them)")
+        return self
+
+
+def read_block(path: str | Path) -> tuple[ClaimBlock, dict]:
+    """The validated block of a claim file and its raw mapping; raises :class:`ClaimError` naming the file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ClaimError(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    blocks = BLOCK.findall(text)
+    if len(blocks) != 1:
+        raise ClaimError(f"{path}: expected one fenced block opened by ```yaml claim, found {len(blocks)}")
+    try:
+        raw = yaml.safe_load(blocks[0])
+    except yaml.YAMLError as e:
+        raise ClaimError(f"{path}: the claim block is not valid YAML ({' '.join(str(e).split())})") from None
+    if not isinstance(raw, dict):
+        raise ClaimError(f"{path}: the claim block must be a mapping")
+    try:
+        return ClaimBlock.model_validate(raw), raw
+    except (ValidationError, ValueError) as e:
+        lines = format_validation_error(e).splitlines()
+        raise ClaimError("\n".join(f"{path}: claim block field {line}" for line in lines)) from None
+
+
+def block_sha256(raw: dict) -> str:
+    """SHA-256 of the block's canonical JSON (sorted keys): its values, not its comments or layout."""
+    return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix.rstrip("."): d}
+    return {k: v for key, value in d.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
+
+
+def changed_fields(old: dict, new: dict) -> list[str]:
+    """``field: old -> new`` for each dotted field of the block whose value differs (absent: ``<none>``)."""
+    a, b = _flat(old), _flat(new)
+    show = lambda v: "<none>" if v is None else json.dumps(v)  # noqa: E731
+    return [f"{k}: {show(a.get(k))} -> {show(b.get(k))}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def check(recorded: dict | None, claim_file: str | None, started: bool) -> tuple[dict | None, list[str]]:
+    """The sweep's claim record and the refusals, from what ``sweep.json`` recorded and the spec's ``claim``.
+
+    Args:
+        recorded: ``sweep.json``'s ``claim`` (None: none recorded).
+        claim_file: the spec's ``claim`` path (None: the spec names none).
+        started: whether any trial of the sweep started (a pre-registration must precede the first start).
+
+    Returns:
+        (the record to keep in ``sweep.json`` or None, the problems, one line each naming its field).
+    """
+    if claim_file is None:
+        if recorded is None:
+            return None, []
+        return recorded, [f"claim: this sweep was started against {recorded['file']} (block sha256 "
+                          f"{recorded['sha256'][:12]}), the spec no longer names it: restore claim: "
+                          f"{recorded['file']}, or start over with --fresh or another name"]
+    try:
+        _, raw = read_block(claim_file)
+    except ClaimError as e:
+        return recorded, [f"claim: {line}" for line in str(e).splitlines()]
+    record = {"file": str(claim_file), "sha256": block_sha256(raw), "block": raw}
+    if recorded is None:
+        if started:
+            return None, [f"claim: {claim_file} was not named when this sweep first started; a pre-registration is "
+                          f"frozen at the first start: start over with --fresh or another name"]
+        return record, []
+    if recorded["sha256"] == record["sha256"]:
+        return recorded, []
+    changes = "; ".join(changed_fields(recorded["block"], raw))
+    return recorded, [f"claim: {claim_file}: the claim block changed since this sweep started ({changes}; block "
+                      f"sha256 {recorded['sha256'][:12]} recorded in sweep.json, now {record['sha256'][:12]}): a "
+                      f"sweep's pre-registration cannot change: restore the block, or start over with --fresh or "
+                      f"another name"]
