@@ -46,7 +46,7 @@ cat "$OUT/env.txt"
 
 "$PY" - <<'PY'
 import sys
-import qed_ray.agents, qed_ray.agents.packed, qed_ray.pack_update, qed_ray.packed_replay, qed_ray.throughput  # noqa
+import qed_ray.agents, qed_ray.agents.packed, qed_ray.pack_update, qed_ray.replay, qed_ray.trainer, qed_ray.throughput  # noqa
 import benchmarks.gpu_bench  # noqa
 heavy = sorted(m for m in ("dm_control", "mujoco", "ray", "mlflow") if m in sys.modules)
 print("step 1: import check:", "FAILED, imported " + ", ".join(heavy) if heavy else "passed (no dm_control, mujoco, ray, mlflow)")

@@ -315,7 +315,7 @@ def test_sweep_survives_losing_a_worker_node(tmp_path, monkeypatch):
     log = (tmp_path / "out.log").read_text()
     assert rc == 0, log[-4000:]
     # Tune saw the trial's actor die with its node (then retried it: see the MLflow checks below).
-    assert f"Trial task failed for trial {lost_trial}" in log
+    assert f"Trial task failed for trial {PackId.of([lost_trial]).name}" in log  # Tune's trial: its pack of one
 
     assert sorted(p.parent.name for p in done_markers(sweep_dir)) == sorted(names)
     tracker, runs = sweep_runs(sweep_dir, "lose_node")

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.slow
 
 TASKS, VARIANTS, SEEDS = ("cartpole-balance", "cheetah-run"), ("te", "qed0.2"), (0, 1, 2)
 # What gather/ holds after a sweep, S = 1 or not (the documented layout; gather/behaviour/ is the visualiser's).
-GATHER_FILES = {"results.json", "aggregates.csv", "groups.csv", "iqm_by_budget.csv", "figures", "cache"}
+GATHER_FILES = {"results.json", "aggregates.csv", "groups.csv", "iqm_by_budget.csv", "comparisons.csv", "verdict.json",
+                "figures", "cache"}
 GROUP_COLUMNS = ["task", "agent", "variant", "n_seeds", "mean_return", "std_return_across_seeds", "V",
                  "action_distance", "q1_dispersion", "early_q_gap", "n_failed", "V_ci_lower", "V_ci_upper",
                  "action_distance_ci_lower", "action_distance_ci_upper", "score_var"]
