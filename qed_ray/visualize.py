@@ -248,7 +248,7 @@ def compose_figure(frames, steps: Sequence[int], colors, vmin: float, vmax: floa
                 ax.set_ylabel(f"seed {seeds[p]}", fontsize=8)
     norm = Normalize(vmin, vmax if vmax > vmin else vmin + 1e-12)
     fig.colorbar(ScalarMappable(norm, COLORMAP), ax=axes, label=COLORBAR_LABEL, shrink=0.9)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title, fontsize=9, wrap=True)  # wrapped to the figure width: a strip of few frames is narrow
     return fig
 
 
