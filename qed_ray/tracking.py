@@ -90,7 +90,9 @@ class Tracker:
         uri: tracking URI (``sqlite:////abs/mlflow.db`` or ``http://host:5000``).
         experiment: experiment name (created on first use with ``artifact_location``).
         sweep_id: the sweep's stable identity.
-        artifact_location: absolute artifact root for a new experiment (ignored for an existing one).
+        artifact_location: absolute artifact root for a new experiment; for an existing one in the sweep folder's
+            own store that points into another folder's root (the folder was moved or copied), the store is
+            relinked to it first (:mod:`qed_ray.relink`).
     """
 
     def __init__(self, uri: str, experiment: str, sweep_id: str, artifact_location: str | None = None):
@@ -103,6 +105,8 @@ class Tracker:
             self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifact_location)
         else:
             self.experiment_id = exp.experiment_id
+            if artifact_location is not None and exp.artifact_location != artifact_location:
+                _follow_move(uri, Path(artifact_location), sweep_id)
 
     def mark_training_experiment(self) -> None:
         """Tags the experiment so the MLflow UI opens on its runs, not on an empty GenAI overview."""
@@ -235,6 +239,25 @@ class Tracker:
         """Every run of this sweep (parent and children)."""
         return self.client.search_runs([self.experiment_id], filter_string=f"tags.`{SWEEP_TAG}` = '{self.sweep_id}'",
                                        max_results=50000)
+
+
+def _follow_move(uri: str, artifact_location: Path, sweep_id: str) -> None:
+    """Relinks the store if it is the sweep folder's own and ``artifact_location`` is that folder's root."""
+    from qed_ray.relink import follow_move, own_store  # it imports this module
+
+    layout = SweepDir(artifact_location.parent)
+    if layout.mlartifacts == artifact_location and own_store(uri, layout):
+        follow_move(layout, sweep_id)
+
+
+def forget_artifact_repos() -> None:
+    """Drops the artifact repositories this process's MLflow clients cached per run id (with the run's artifact
+    location at the time), so that runs relinked to another folder are read and written there."""
+    from mlflow.tracking._tracking_service import utils
+
+    cache = getattr(utils, "_artifact_repos_cache", None)  # MLflow 3's cache; absent elsewhere: nothing to drop
+    if cache is not None:
+        cache.clear()
 
 
 def pack_tags(pack: str, size: int) -> dict[str, str]:
