@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         for task, x, y in zip(row.tasks, row.early_q_gap, row.q1_dispersion):
             print(f"  {task:18s} early |Q1-Q2| {x:9.4f}   final cross-seed Q1 dispersion {y:9.4f}")
     layout.figures.mkdir(parents=True, exist_ok=True)
-    print(f"figure: {plots.critic_proxy(proxy, layout.figures / 'critic_proxy.png', window=window)}")
+    print(f"figure: {plots.save(plots.critic_proxy(proxy, window=window), layout.figures / 'critic_proxy.png')}")
     return 0
 
 

@@ -19,10 +19,14 @@ matplotlib.use("Agg")  # headless: figures are files, never windows
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib import ticker  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 from qed_ray.atomic import atomic_file  # noqa: E402
 from qed_ray.results import Aggregate, BudgetIqm, CriticProxy, GroupResult, SweepResults  # noqa: E402
 
+PNG_DPI = 110
+MIN_WIDTH = 6.4  # inches: a figure of one panel still has room for its title and footnote
+EDGE_PT = 6.0  # points between a figure's edge and its title or footnote
 V_AXIS = "inter-run variability V: symmetric KL between seeds' pre-tanh policies"
 POLICY_TEXT = {"mean": "deterministic tanh(mu) actions",
                "sample": "actions sampled from the policy (noise shared across seeds per episode)"}
@@ -78,11 +82,40 @@ def _label_points(ax, xs, ys, color, most: int = 8) -> None:
         ax.annotate(_g(ys[i]), (xs[i], ys[i]), fontsize=6, color=color, xytext=(3, 2), textcoords="offset points")
 
 
-def _save(fig, path: Path, text: str) -> Path:
-    fig.text(0.01, 0.005, _wrap(text, int(14 * fig.get_figwidth())), fontsize=7, ha="left", va="bottom")
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+def _wrap_to(text, width: float, renderer) -> None:
+    """Re-wraps a Text artist at spaces until its widest line fits ``width`` pixels."""
+    words = " ".join(text.get_text().split())
+    chars = len(words)
+    while (wide := text.get_window_extent(renderer).width) > width and chars > 10:
+        chars = max(10, min(chars - 1, int(chars * width / wide)))
+        text.set_text(textwrap.fill(words, chars))
+
+
+def _finish(fig, footnote: str, title: str = "") -> Figure:
+    """Puts the title (top, centred) and the footnote (bottom left) on the figure, each wrapped to the figure's
+    width, and lays the panels out in the space between them, so neither is clipped nor covers a panel at any
+    panel count; returns the figure."""
+    fig.set_dpi(PNG_DPI)  # measured as the PNG draws it: a text's width in points changes with the dpi (hinting)
+    renderer = fig.canvas.get_renderer()
+    width, height = fig.bbox.width, fig.bbox.height
+    edge = EDGE_PT * fig.dpi / 72  # pixels
+    top = 0.0  # the figure fraction the title takes, with its margins (the footnote's: bottom)
+    if title:
+        head = fig.suptitle(title, fontsize=10, x=0.5, y=1 - edge / height, ha="center", va="top")
+        head.set_in_layout(False)  # its room is the rect's top margin below (tight_layout would count it again)
+        _wrap_to(head, width - 2 * edge, renderer)
+        top = (head.get_window_extent(renderer).height + 2 * edge) / height
+    foot = fig.text(edge / width, edge / height, footnote, fontsize=7, ha="left", va="bottom")
+    _wrap_to(foot, width - 2 * edge, renderer)
+    bottom = (foot.get_window_extent(renderer).height + 2 * edge) / height
+    fig.tight_layout(rect=(0, bottom, 1, 1 - top))
+    return fig
+
+
+def save(fig, path: Path) -> Path:
+    """Writes the figure as PNG to ``path`` and as SVG beside it, each atomically, and closes it."""
     with atomic_file(path) as tmp:  # rewritten while the sweep runs: a reader never sees half a figure
-        fig.savefig(tmp, dpi=110)
+        fig.savefig(tmp, dpi=PNG_DPI)
     with atomic_file(path.with_suffix(".svg")) as tmp:
         fig.savefig(tmp)
     plt.close(fig)
@@ -109,17 +142,17 @@ def _return_vs_v(ax, rows: Sequence[Aggregate], stat: str, name: str) -> None:
         ax.legend(fontsize=7)
 
 
-def pareto(results: SweepResults, path: Path) -> Path:
+def pareto(results: SweepResults) -> Figure:
     """IQM of normalised return against mean V (log x), both with their CIs, one labelled point per variant."""
     fig, ax = plt.subplots(figsize=(8, 5.2))
     _return_vs_v(ax, results.aggregates, "iqm", "IQM")
     _name_axes(ax, f"{V_AXIS}, mean over tasks (log scale; left = seeds behave more alike)",
                "IQM of normalised final return (return / 1000)",
                "Final return vs behaviour consistency across seeds (error bars: confidence intervals)")
-    return _save(fig, path, caption(results))
+    return _finish(fig, caption(results))
 
 
-def mean_return_vs_kl(results: SweepResults, path: Path) -> Path:
+def mean_return_vs_kl(results: SweepResults) -> Figure:
     """Sec. 6.3's figure (fixed alpha vs QED): the MEAN normalised return against mean V, as the paper draws it,
     and the IQM against mean V beside it; every point with its CIs."""
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.2), sharex=True)
@@ -128,12 +161,11 @@ def mean_return_vs_kl(results: SweepResults, path: Path) -> Path:
         _name_axes(ax, f"{V_AXIS}, mean over tasks (log scale; left = seeds behave more alike)",
                    f"{what} of normalised final return (return / 1000)",
                    f"{what} final return vs behaviour consistency across seeds")
-    fig.suptitle("Return vs consistency, as Sec. 6.3 draws it (left: mean return; right: IQM); error bars: "
-                 "confidence intervals", fontsize=10)
-    return _save(fig, path, caption(results))
+    return _finish(fig, caption(results), "Return vs consistency, as Sec. 6.3 draws it (left: mean return; "
+                   "right: IQM); error bars: confidence intervals")
 
 
-def _bars(results: SweepResults, values: Sequence[float], errors, ylabel: str, title: str, path: Path) -> Path:
+def _bars(results: SweepResults, values: Sequence[float], errors, ylabel: str, title: str) -> Figure:
     rows = results.aggregates
     fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(rows) + 2), 4.6))
     bars = ax.bar(range(len(rows)), np.nan_to_num(values), yerr=errors, capsize=3, color="tab:blue")
@@ -141,39 +173,40 @@ def _bars(results: SweepResults, values: Sequence[float], errors, ylabel: str, t
         ax.annotate(_g(v), (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
                     fontsize=8, xytext=(0, 2), textcoords="offset points")
     ax.set_xticks(range(len(rows)), [_label(r) for r in rows], rotation=30, ha="right", fontsize=8)
+    ax.margins(y=0.12)  # the value labels above the bars stay inside the panel, clear of its title
     _name_axes(ax, "agent and temperature variant", ylabel, title)
-    return _save(fig, path, caption(results))
+    return _finish(fig, caption(results))
 
 
-def ci_widths(results: SweepResults, path: Path) -> Path:
+def ci_widths(results: SweepResults) -> Figure:
     """Width of the bootstrap CI of the IQM per agent-variant (Fig. 3b): how far the return estimate could move."""
     pct = f"{100 * results.final_eval.confidence:g}%"
     return _bars(results, [a.ci_width for a in results.aggregates], None,
                  f"width of the {pct} CI of the IQM (normalised return)",
-                 f"Uncertainty of the IQM: width of its {pct} bootstrap CI (narrower = steadier returns)", path)
+                 f"Uncertainty of the IQM: width of its {pct} bootstrap CI (narrower = steadier returns)")
 
 
-def action_distance(results: SweepResults, path: Path) -> Path:
+def action_distance(results: SweepResults) -> Figure:
     """Cumulative pairwise L2 action distance, mean over tasks with its CI (Fig. 4)."""
     rows = results.aggregates
     err = np.nan_to_num([[max(a.action_distance_mean - a.action_distance_ci_lower, 0) for a in rows],
                          [max(a.action_distance_ci_upper - a.action_distance_mean, 0) for a in rows]])
     return _bars(results, [a.action_distance_mean for a in rows], err,
                  f"L2 distance between seeds' actions, summed over {results.final_eval.action_steps} steps",
-                 "How differently seeds act from the same start states (mean over tasks and seed pairs)", path)
+                 "How differently seeds act from the same start states (mean over tasks and seed pairs)")
 
 
 def _grid(groups: Sequence[GroupResult]):
     tasks = sorted({g.task for g in groups})
     cols = min(3, len(tasks))
     rows = math.ceil(len(tasks) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows + 0.6), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(max(MIN_WIDTH, 4.6 * cols), 3.4 * rows + 0.6), squeeze=False)
     for ax in axes.flat[len(tasks):]:
         ax.set_visible(False)
     return fig, {t: axes.flat[i] for i, t in enumerate(tasks)}
 
 
-def v_over_steps(results: SweepResults, path: Path) -> Path:
+def v_over_steps(results: SweepResults) -> Figure:
     """V at the kept policy snapshots over env steps, per task and agent-variant (log y, last value printed)."""
     fig, axes = _grid(results.groups)
     for g in results.groups:
@@ -189,11 +222,10 @@ def v_over_steps(results: SweepResults, path: Path) -> Path:
             ax.set_yscale("log")
             _readable_log(ax.yaxis)
             ax.legend(fontsize=6)
-    fig.suptitle(_wrap(f"Behaviour divergence across seeds over training, per task. {V_AXIS}", 100), fontsize=10)
-    return _save(fig, path, caption(results))
+    return _finish(fig, caption(results), f"Behaviour divergence across seeds over training, per task. {V_AXIS}")
 
 
-def learning_curves(results: SweepResults, path: Path) -> Path:
+def learning_curves(results: SweepResults) -> Figure:
     """Eval return over env steps per task: mean over seeds as the line, the min-max range over seeds shaded."""
     fig, axes = _grid(results.groups)
     for g in results.groups:
@@ -213,12 +245,11 @@ def learning_curves(results: SweepResults, path: Path) -> Path:
         ax.set_ylabel("evaluation return (0-1000)", fontsize=9)
         if ax.lines:
             ax.legend(fontsize=6)
-    fig.suptitle("Evaluation return over training: line = mean over seeds, shaded band = min to max over seeds",
-                 fontsize=10)
-    return _save(fig, path, caption(results))
+    return _finish(fig, caption(results), "Evaluation return over training: line = mean over seeds, shaded band = "
+                   "min to max over seeds")
 
 
-def iqm_over_steps(results: SweepResults, path: Path) -> Path:
+def iqm_over_steps(results: SweepResults) -> Figure:
     """IQM of the training-time evaluation returns at every shared budget with its CI band (sample efficiency)."""
     fig, ax = plt.subplots(figsize=(8, 5))
     series: dict[tuple[str, str], list[BudgetIqm]] = {}
@@ -233,10 +264,10 @@ def iqm_over_steps(results: SweepResults, path: Path) -> Path:
                "Sample efficiency: IQM of the training-time evaluations over training (band: confidence interval)")
     if ax.lines:
         ax.legend(fontsize=7)
-    return _save(fig, path, caption(results))
+    return _finish(fig, caption(results))
 
 
-def critic_proxy(proxy: Sequence[CriticProxy], path: Path, text: str = "", window: int = 15) -> Path:
+def critic_proxy(proxy: Sequence[CriticProxy], text: str = "", window: int = 15) -> Figure:
     """Early within-run |Q1 - Q2| (over the first ``window`` evaluations) against final cross-seed Q1 dispersion,
     one point per task, R^2 per variant."""
     fig, ax = plt.subplots(figsize=(8, 5.2))
@@ -254,18 +285,22 @@ def critic_proxy(proxy: Sequence[CriticProxy], path: Path, text: str = "", windo
                "Does one run's critic disagreement predict disagreement across runs? One point per task (App. D)")
     if ax.collections:
         ax.legend(fontsize=7)
-    return _save(fig, path, text or "one point per task")
+    return _finish(fig, text or "one point per task")
 
 
 FIGURES = ("pareto_kl_vs_iqm", "mean_return_vs_kl", "ci_width", "action_distance", "v_over_env_steps",
            "learning_curves", "iqm_over_env_steps", "critic_proxy")
 
 
+def figures(results: SweepResults) -> dict[str, Figure]:
+    """Every sweep figure, drawn and laid out, by file name stem (in :data:`FIGURES` order)."""
+    draw = [pareto, mean_return_vs_kl, ci_widths, action_distance, v_over_steps, learning_curves, iqm_over_steps]
+    out = {name: f(results) for f, name in zip(draw, FIGURES)}
+    out["critic_proxy"] = critic_proxy(results.critic_proxy, caption(results), results.final_eval.proxy_window)
+    return out
+
+
 def all_figures(results: SweepResults, out: Path) -> list[Path]:
     """Writes every sweep figure into ``out`` (``<name>.png`` and ``<name>.svg``); returns the PNG paths."""
     out.mkdir(parents=True, exist_ok=True)
-    draw = [pareto, mean_return_vs_kl, ci_widths, action_distance, v_over_steps, learning_curves, iqm_over_steps]
-    paths = [f(results, out / f"{name}.png") for f, name in zip(draw, FIGURES)]
-    return paths + [critic_proxy(results.critic_proxy, out / "critic_proxy.png", caption(results),
-                                 results.final_eval.proxy_window)]
-
+    return [save(fig, out / f"{name}.png") for name, fig in figures(results).items()]

@@ -3,7 +3,8 @@
 Nothing is retrained and no Ray cluster is started: each group's evaluation is taken from the cache
 (:mod:`qed_ray.group_cache`) when its key matches, else computed in this process (or in a local process pool,
 ``--workers``); then the tables and figures in ``gather/`` are rewritten. Only ``gather/`` changes: policies,
-trial folders and MLflow stay as they are (the MLflow parent run keeps the outputs of the sweep's own settings).
+trial folders and MLflow stay as they are (the MLflow parent run keeps the outputs of the sweep's own settings;
+a moved or copied folder's own store is relinked to its artifacts, :mod:`qed_ray.relink`).
 Snapshots are checked against the checksums their trials recorded in MLflow, as during the sweep.
 """
 
@@ -145,6 +146,7 @@ def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, recorded: dict[str, R
 
 
 def _recorded(layout: SweepDir, uri: str | None) -> dict[str, Recorded]:
+    from qed_ray.relink import follow_move
     from qed_ray.tracking import default_tracking_uri, sweep_checksums
 
     if uri is None:
@@ -152,6 +154,7 @@ def _recorded(layout: SweepDir, uri: str | None) -> dict[str, Recorded]:
             raise ValueError(f"--tracking-uri: no MLflow store in {layout.root} (mlflow.db) and MLFLOW_TRACKING_URI "
                              f"is not set; give the sweep's tracking URI, or --no-verify to trust the folder")
         uri = default_tracking_uri(layout.root)
+        follow_move(layout)  # a moved or copied folder's store points at its own artifacts again
     sweep_id = json.loads(layout.state_file.read_text())["sweep_id"]
     return sweep_checksums(uri, sweep_id)
 

@@ -93,7 +93,9 @@ class Tracker:
         uri: tracking URI (``sqlite:////abs/mlflow.db`` or ``http://host:5000``).
         experiment: experiment name (created on first use with ``artifact_location``).
         sweep_id: the sweep's stable identity.
-        artifact_location: absolute artifact root for a new experiment (ignored for an existing one).
+        artifact_location: absolute artifact root for a new experiment; for an existing one in the sweep folder's
+            own store that points into another folder's root (the folder was moved or copied), the store is
+            relinked to it first (:mod:`qed_ray.relink`).
         page_size: runs per search call (:data:`SEARCH_PAGE`; searches read every page).
     """
 
@@ -108,6 +110,8 @@ class Tracker:
             self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifact_location)
         else:
             self.experiment_id = exp.experiment_id
+            if artifact_location is not None and exp.artifact_location != artifact_location:
+                _follow_move(uri, Path(artifact_location), sweep_id)
 
     def mark_training_experiment(self) -> None:
         """Tags the experiment so the MLflow UI opens on its runs, not on an empty GenAI overview."""
@@ -253,6 +257,25 @@ def search_all_runs(client: MlflowClient, experiment_ids: list[str], filter_stri
         token = page.token
         if not token:
             return runs
+
+
+def _follow_move(uri: str, artifact_location: Path, sweep_id: str) -> None:
+    """Relinks the store if it is the sweep folder's own and ``artifact_location`` is that folder's root."""
+    from qed_ray.relink import follow_move, own_store  # it imports this module
+
+    layout = SweepDir(artifact_location.parent)
+    if layout.mlartifacts == artifact_location and own_store(uri, layout):
+        follow_move(layout, sweep_id)
+
+
+def forget_artifact_repos() -> None:
+    """Drops the artifact repositories this process's MLflow clients cached per run id (with the run's artifact
+    location at the time), so that runs relinked to another folder are read and written there."""
+    from mlflow.tracking._tracking_service import utils
+
+    cache = getattr(utils, "_artifact_repos_cache", None)  # MLflow 3's cache; absent elsewhere: nothing to drop
+    if cache is not None:
+        cache.clear()
 
 
 def pack_tags(pack: str, size: int) -> dict[str, str]:

@@ -250,7 +250,7 @@ def compose_figure(frames, steps: Sequence[int], colors, vmin: float, vmax: floa
                 ax.set_ylabel(f"seed {seeds[p]}", fontsize=8)
     norm = Normalize(vmin, vmax if vmax > vmin else vmin + 1e-12)
     fig.colorbar(ScalarMappable(norm, COLORMAP), ax=axes, label=COLORBAR_LABEL, shrink=0.9)
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(title, fontsize=9, wrap=True)  # wrapped to the figure width: a strip of few frames is narrow
     return fig
 
 
@@ -273,14 +273,15 @@ def write_gif(path: Path, frames) -> Path:
 
 def log_to_mlflow(paths: Sequence[Path], sweep_dir: Path, uri: str | None, experiment: str) -> str:
     """Uploads ``paths`` under ``behaviour/`` of the sweep's MLflow parent run; returns the run id."""
-    from qed_ray.tracking import ROLE_TAG, Tracker, default_tracking_uri
+    from qed_ray.tracking import ROLE_TAG, Tracker, artifact_location, default_tracking_uri
 
     state_file = SweepDir(sweep_dir).state_file
     if not state_file.exists():
         raise FileNotFoundError(f"sweep_dir: {state_file} is missing, so the sweep id is unknown (or pass --no-mlflow)")
     sweep_id = json.loads(state_file.read_text())["sweep_id"]
     uri = uri or default_tracking_uri(sweep_dir)
-    tracker = Tracker(uri, experiment, sweep_id)
+    layout = SweepDir(Path(sweep_dir).resolve())
+    tracker = Tracker(uri, experiment, sweep_id, artifact_location(uri, layout))  # relinks a moved folder's store
     # Look the parent up instead of Tracker.parent_run, which would mark a finished sweep RUNNING again.
     parents = [r for r in tracker.runs() if r.data.tags.get(ROLE_TAG) == "sweep"]
     if not parents:

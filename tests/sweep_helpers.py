@@ -82,11 +82,13 @@ def free_port() -> int:
 
 
 class MlflowServer:
-    """A real ``mlflow server`` on localhost (SQLite backend and proxied artifacts under ``root``) that a test can
-    stop and start again, on the same port or a new one, keeping its store. Its process group is its own."""
+    """A real ``mlflow server`` on localhost (SQLite backend and proxied artifacts under ``root``, or the backend
+    store ``store_uri``) that a test can stop and start again, on the same port or a new one, keeping its store.
+    Its process group is its own."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, store_uri: str | None = None):
         self.root, self.port, self.proc = root, None, None
+        self.store_uri = store_uri or f"sqlite:///{root / 'store.db'}"
         root.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -103,7 +105,7 @@ class MlflowServer:
         """Starts the server (on ``port``, else a free one) and waits for its health endpoint."""
         self.port = port or free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-        env["MLFLOW_BACKEND_STORE_URI"] = f"sqlite:///{self.root / 'store.db'}"
+        env["MLFLOW_BACKEND_STORE_URI"] = self.store_uri
         env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"  # no job runner: starts several seconds sooner
         with open(self.root / "server.log", "a") as log:
             self.proc = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "server", "--host",

@@ -5,6 +5,7 @@ window, the cache keys, the tables and figures of every policy, and the Sec. 6.3
 import dataclasses
 import hashlib
 import json
+import re
 
 import numpy as np
 import pytest
@@ -117,7 +118,8 @@ def test_every_policy_gets_its_tables_and_figures(tmp_path):
     assert SweepResults.from_json(json.loads(layout.results_json.read_text())).to_json() == results.to_json()
     folder = policy_dir(layout, "sample")
     assert (folder / "aggregates.csv").exists() and (folder / "figures" / "mean_return_vs_kl.svg").exists()
-    caption = (folder / "figures" / "ci_width.svg").read_text()
+    svg = (folder / "figures" / "ci_width.svg").read_text()
+    caption = " ".join(re.findall(r"<!-- (.*?) -->", svg))  # the SVG's text lines, as the figure wraps them
     assert "sampled from the policy (noise shared across seeds per episode)" in caption
     assert "deterministic tanh(mu)" in (layout.figures / "ci_width.svg").read_text()
 
@@ -133,8 +135,8 @@ def test_the_fixed_alpha_figure_plots_the_mean_return_with_the_iqm_beside_it(tmp
     want = bootstrap.mean_interval([np.array(scores["te"])], FE.bootstrap_reps, FE.confidence, FE.seed)
     assert (rows["te"].mean_score_ci_lower, rows["te"].mean_score_ci_upper) == (want["lower"], want["upper"])
     assert want["lower"] <= 0.375 <= want["upper"] and want["upper"] > want["lower"]
-    from qed_ray.plots import mean_return_vs_kl
+    from qed_ray.plots import mean_return_vs_kl, save
 
-    svg = mean_return_vs_kl(results, tmp_path / "fig.png").with_suffix(".svg").read_text()
+    svg = save(mean_return_vs_kl(results), tmp_path / "fig.png").with_suffix(".svg").read_text()
     assert "Mean of normalised final return" in svg and "IQM of normalised final return" in svg
     assert "mean=0.375" in svg and "IQM=0.25" in svg and "mean=0.35" in svg

@@ -27,11 +27,14 @@ def _outside_gather(layout) -> dict:
 
 
 def test_reanalysis_evaluates_once_then_caches_and_changes_only_evaluation_outputs(sweep_copy, capsys):
-    layout = sweep_copy
+    layout = sweep_copy  # a copy of the session's template folder: its MLflow store points into the template
     before = _outside_gather(layout)
     assert main([str(layout.root), *SMALL]) == 0
     out = capsys.readouterr().out
     assert f"{TE}: evaluated" in out and f"{QED}: evaluated" in out
+    assert f"MLflow: {layout.root} was moved or copied: pointed 5 run(s) of its store from " in out
+    assert f" to {layout.mlartifacts}\n" in out
+    before[layout.mlflow_db] = hashlib.sha256(layout.mlflow_db.read_bytes()).hexdigest()  # relinked, once
     first = json.loads(layout.results_json.read_text())
     te = next(g for g in first["groups"] if g["variant"] == "te")
     assert te["seeds"] == [0, 1] and [len(r) for r in te["returns"]] == [1, 1] and te["V"] >= 0
@@ -54,7 +57,7 @@ def test_reanalysis_evaluates_once_then_caches_and_changes_only_evaluation_outpu
     assert te2["learning_curves"] == te["learning_curves"]
     assert te2["returns"][0][0] == pytest.approx(te["returns"][0][0], rel=1e-6), "episode 1 is the same episode"
     assert second["final_eval"]["bootstrap_reps"] == 200 and second["final_eval"]["action_steps"] == 10
-    assert _outside_gather(layout) == before, "only gather/ changes"
+    assert _outside_gather(layout) == before, "only gather/ changes (after the copy's store was relinked)"
     assert len(list(layout.group_cache.glob("*.json"))) == 4  # both settings stay cached
 
     assert main([str(layout.root), *SMALL, "--bootstrap-reps", "300"]) == 0  # tables only: no rollouts
