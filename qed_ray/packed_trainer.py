@@ -30,10 +30,10 @@ from qed_ray.checkpoint import MANIFEST_FILE, load_checkpoint, save_checkpoint
 from qed_ray.config import RunSpec
 from qed_ray.env_pool import EnvPool
 from qed_ray.evaluate import eval_seeds, rollout_lockstep
-from qed_ray.networks import require_fp32_matmul
 from qed_ray.pack import PACK_FILE, PACK_FORMAT, SeedRun, check_pack, pack_name, read_pack, seed_dir
 from qed_ray.pack_update import PackUpdater, resolve_mode
 from qed_ray.packed_replay import PackedReplay, replay_bytes, replay_device
+from qed_ray.precision import apply_matmul_precision, set_run_precision
 from qed_ray.replay import keeps_transition
 from qed_ray.trainer import EvalRecord, InjectedCrash, resolve_device
 from qed_ray.update_metrics import MetricAccumulator
@@ -79,8 +79,9 @@ class PackedTrainer:
         self.resumed_from: int | None = None
         self.acc = MetricAccumulator(agent.metric_layout, agent.device, seeds=self.n)
         mode, why = resolve_mode(self.t.compile, agent.device, agent)
+        self.precision, why_p = set_run_precision(agent.template.fn, self.t.precision, agent.device, mode)
         self.updater = PackUpdater(agent, replay, self.acc, mode, agent.spec.batch_size)
-        log(f"pack {self.name}: update mode {mode} ({why})")
+        log(f"pack {self.name}: update mode {mode} ({why}); precision {self.precision} ({why_p})")
         self.eval_index = self.n + np.arange(self.n * self.t.eval_episodes).reshape(self.n, -1)
 
     # ---- loop --------------------------------------------------------------------------------------------
@@ -88,7 +89,7 @@ class PackedTrainer:
         """Trains every seed to the budget (or until it diverges); returns the per-seed summaries. The
         checkpoint writes are flushed before it returns or raises."""
         t = self.t
-        require_fp32_matmul()
+        apply_matmul_precision(self.precision)  # agents built since __init__ reset it to FP32
         obs = np.zeros((self.n, self.pool.obs_dim), np.float32)
         fresh = np.ones(self.n, bool)  # episodes start lazily (a checkpoint at an episode end holds the env RNG)
         interval_start, interval_updates = time.perf_counter(), 0
@@ -330,7 +331,7 @@ class PackedTrainer:
         out = {
             "name": s.name, "task": s.task, "agent": s.agent.name, "variant": s.variant, "seed": s.seed,
             "status": self._status(run), "env_steps": decisions * t.frame_skip,
-            "decisions": decisions, "updates": updates, "wall_s": self.wall_s,
+            "decisions": decisions, "updates": updates, "wall_s": self.wall_s, "precision": self.precision,
             "updates_per_s": updates / self.wall_s if self.wall_s else math.nan,
             "final_eval_return_mean": run.evals[-1].return_mean if run.evals else math.nan,
             "final_eval_return_std": last.get("eval/return_std", math.nan),

@@ -24,7 +24,7 @@ from qed_ray.checkpoint import load_checkpoint, save_checkpoint
 from qed_ray.config import RunSpec, TrainSpec
 from qed_ray.envs import DMCEnv, make_env
 from qed_ray.evaluate import eval_seeds, rollout
-from qed_ray.networks import require_fp32_matmul
+from qed_ray.precision import apply_matmul_precision, set_run_precision
 from qed_ray.replay import ReplayBuffer, keeps_transition
 from qed_ray.update_metrics import MetricAccumulator
 
@@ -152,6 +152,8 @@ class Trainer:
         self.resumed_from: int | None = None
         self._acc = MetricAccumulator(agent.metric_layout, agent.device)  # interval sums/max/min on the device
         self.last_metrics: dict[str, float] = {}
+        self.precision, why = set_run_precision(agent.fn, spec.train.precision, agent.device)
+        log(f"{spec.name}: precision {self.precision} ({why})")
 
     # ---- checkpoint ------------------------------------------------------------------------------
     def identity(self) -> dict:
@@ -255,7 +257,7 @@ class Trainer:
 
     def _loop(self) -> None:
         t = self.spec.train
-        require_fp32_matmul()  # every critic pass feeding QED or the TD target stays FP32 (no TF32)
+        apply_matmul_precision(self.precision)  # FP32 for every critic pass feeding QED or the TD target, unless tf32
         obs = None  # episodes start lazily so a checkpoint taken at an episode end holds the pre-reset env RNG
         ep_return = 0.0
         interval_start = time.perf_counter()
@@ -368,7 +370,7 @@ class Trainer:
             "variant": self.spec.variant, "seed": self.spec.seed, "status": "finished",
             "env_steps": self.p.decisions * t.frame_skip, "decisions": self.p.decisions,
             "updates": self.p.updates, "wall_s": self.p.wall_s, "warmup_s": self.p.warmup_s,
-            "train_s": self.p.train_s, "eval_s": self.p.eval_s,
+            "train_s": self.p.train_s, "eval_s": self.p.eval_s, "precision": self.precision,
             "updates_per_s": self.p.updates / self.p.train_s if self.p.train_s else math.nan,
             "final_eval_return_mean": evals[-1].return_mean if evals else math.nan,
             "final_eval_return_std": last.get("eval/return_std", math.nan),
