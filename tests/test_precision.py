@@ -17,7 +17,6 @@ from qed_ray.naming import identity, parse_variant
 from qed_ray.precision import (CUDA_DEFAULT, apply_matmul_precision, qed_products, resolve_precision, round_tf32,
                                split_linear, split_tf32, tf32_linear)
 from qed_ray.precision_gate import GateSettings, run_gate
-from qed_ray.spec import load_spec
 
 ROOT = Path(__file__).parents[1]
 QED = TemperatureSpec(kind="qed", k=0.2, n_actions=4, alpha_max=0.5, init_alpha=0.02)
@@ -192,6 +191,8 @@ def test_train_precision_is_validated_and_is_part_of_a_runs_identity():
 
 
 def test_ablations_cross_fp32_and_tf32_and_each_precision_is_its_own_group():
+    from qed_ray.spec import load_spec  # PyYAML: not on the GPU machine that runs the torch_only tests
+
     trials = load_spec(ROOT / "sweeps" / "ablations.yaml").trials()
     assert len(trials) == 720
     assert {t.run.train.precision for t in trials} == {"fp32", "tf32"}
@@ -215,7 +216,8 @@ def test_a_cpu_run_ignores_the_precision_and_says_so(tiny_run):
         assert lines[-1] == f"cartpole-balance/sac_ln/qed0.2/0: precision fp32 ({reason})"
         assert pack.precision == single.precision == "fp32"
         assert pack.agent.template.fn.qed_precision == single.agent.fn.qed_precision == "fp32"
-        assert [s["precision"] for s in pack.summaries()] == ["fp32", "fp32"] and single.summary()["precision"] == "fp32"
+        assert [s["precision"] for s in pack.summaries()] == ["fp32", "fp32"]
+        assert single.summary()["precision"] == "fp32"
         assert torch.get_float32_matmul_precision() == "highest"
     finally:
         pack.close()
