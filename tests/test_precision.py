@@ -193,9 +193,7 @@ def test_train_precision_is_validated_and_is_part_of_a_runs_identity():
 def test_ablations_cross_fp32_and_tf32_and_each_precision_is_its_own_group():
     from qed_ray.spec import load_spec  # PyYAML: not on the GPU machine that runs the torch_only tests
 
-    trials = load_spec(ROOT / "sweeps" / "ablations.yaml").trials()
-    assert len(trials) == 720
-    assert {t.run.train.precision for t in trials} == {"fp32", "tf32"}
+    trials = load_spec(ROOT / "sweeps" / "ablations.yaml").trials()  # its cells: test_options.py
     groups = {t.name.rsplit("/", 1)[0] for t in trials}
     assert len(groups) == 72 and all("+precision=" in g for g in groups)
     te = [t for t in trials if t.run.temperature.kind == "te" and t.run.train.precision == "tf32"][0]
