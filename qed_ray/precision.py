@@ -10,19 +10,23 @@ Three precisions (paper Sec. 5.1 reads |Q1 - Q2| near the alpha_TE floor, so rou
 - ``tf32``: TF32 for every FP32 product of the process (a 10-bit mantissa, ~2^-11 relative per operand): what
   JAX computes by default on A100/H100, so likely the numerics of the paper's runs. Opt-in, for ablations.
 
-TF32 rounding (:func:`round_tf32`) is round-to-nearest with ties away from zero (``rna``), the only FP32-to-TF32
-conversion of sm_80 (PTX ``cvt.rna.tf32.f32``) and what CUTLASS's 3xTF32 applies to its big part; ``rne`` (ties
-to even, sm_90's ``cvt.rn``) and ``rz`` (truncation) are there to bound the choice. Ties need the low 13 bits to
-be exactly 0x1000, so ``rna`` and ``rne`` differ on 1 operand in 8192.
+TF32 rounding (:func:`round_tf32`) is round-to-nearest with ties away from zero (``rna``): the only FP32-to-TF32
+conversion instruction of sm_80 (PTX ``cvt.rna.tf32.f32``), and unbiased, as a model of what the tensor cores do
+with FP32 operands (which NVIDIA does not document for cuBLAS); ``rne`` (ties to even, sm_90's ``cvt.rn``) and
+``rz`` (truncation) are there to compare. Ties need the low 13 bits to be exactly 0x1000, so ``rna`` and ``rne``
+differ on 1 operand in 8192. In 3xTF32 the rounding of hi does not matter (lo = x - hi keeps what hi drops;
+CUTLASS truncates hi), only that of lo, ~2^-11 of lo.
 
-On CUDA the products run on the tensor cores: :func:`qed_products` enables TF32 matmuls (``allow_tf32``) around
-each product and restores the flag after it. cuBLAS reads the flag at each call, so a CUDA graph captured with
-the scope records TF32 kernels for exactly these products, and ``vmap`` (a pack's batched matmuls) reads it the
-same way. ``torch.compile`` picks one precision per compiled graph, so ``3xtf32`` refuses ``train.compile:
-compile`` (:func:`resolve_precision`). On any other device the same function emulates the tensor cores exactly:
-operands rounded by :func:`round_tf32`, products of TF32 values (exact in FP32), FP32 accumulation; this is what
-the numerics gate (:mod:`qed_ray.precision_gate`) measures on a CPU. CPU *runs* ignore ``train.precision``: there
-is no TF32 hardware to gain from, so a run there is FP32 and says so (:func:`resolve_precision`).
+On CUDA the products run on the tensor cores: :func:`qed_products` enables TF32 matmuls (``allow_tf32``) around each
+product and restores the flag after it. PyTorch reads the flag at each matmul call, so a CUDA graph captured with
+the scope should record TF32 kernels for exactly these products, and ``vmap`` (a pack's batched matmuls) read it the
+same way: expected, not yet seen on a GPU (``benchmarks/gpu_check.sh`` checks both: the gate in a graph, and a
+3xtf32 pack's graph against its eager update). ``torch.compile`` is not known to keep such a per-call switch
+(inductor chooses a product's precision when it compiles), so ``3xtf32`` refuses ``train.compile: compile``
+(:func:`resolve_precision`). On any other device the same function emulates the tensor cores exactly: operands
+rounded by :func:`round_tf32`, products of TF32 values (exact in FP32), FP32 accumulation; this is what the numerics
+gate (:mod:`qed_ray.precision_gate`) measures on a CPU. CPU *runs* ignore ``train.precision``: there is no TF32
+hardware to gain from, so a run there is FP32 and says so (:func:`resolve_precision`).
 
 A fused kernel (one Triton program per seed and state tile: both heads' layers, |Q1 - Q2|, the expectile and the
 clamp, with ``tl.dot(..., input_precision="tf32x3")``) would replace :meth:`SACFunctions.qed_q_pair
