@@ -9,7 +9,8 @@ the FP64 alpha sits near the floor, mid-range or near the cap) it evaluates the 
 inputs cast exactly) and once per precision of :data:`qed_ray.precision.PRECISIONS`, and compares per state.
 **A precision passes when its alpha error -- the mean over states of |alpha - alpha64| / alpha64 -- is at most
 twice FP32's own error against FP64 on every case.** The max over states is reported beside it; it is one
-state's extreme and too noisy to gate on (at width 32, 3xTF32's max is up to 6x FP32's where its mean is 1.7x).
+state's extreme and too noisy to gate on (at width 128 with 64 states, 3xTF32's max reached 6.5x FP32's where
+its mean was 1.7x).
 
 The cases run as one pack: their critics stacked on a leading axis and the pass mapped over it with
 ``torch.func.vmap``, as a pack maps its seeds; with ``graph`` (CUDA) each precision's pass is captured once in a
@@ -19,7 +20,7 @@ The critic pairs are built so the heads compute nearly the same function from di
 critics do: head 2's hidden layers are head 1's scaled (c W) plus a rank-one shift (1 v^T), which the following
 LayerNorm removes exactly (up to its eps), so every hidden product rounds independently in the two heads. The
 output layers differ only by the disagreement (head 2 = head 1 + rho d), so their weights' own TF32 rounding is
-shared and cancels in |Q1 - Q2|: plain TF32's error is, if anything, understated; 3xTF32's weight error (the
+mostly shared and cancels in |Q1 - Q2|: plain TF32's error is, if anything, understated; 3xTF32's weight error (the
 rounding of lo) is not shared.
 """
 
@@ -30,11 +31,11 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from qed_ray.agents.base import SACFunctions, temperature_state
+from qed_ray.agents.base import SACFunctions
 from qed_ray.config import TemperatureSpec
 from qed_ray.networks import TanhGaussianActor, TwinCritic
-from qed_ray.precision import PRECISIONS, qed_products
-from qed_ray.temperature import QEDTemperature, expectile
+from qed_ray.precision import PRECISIONS, apply_matmul_precision, qed_products
+from qed_ray.temperature import QEDTemperature, expectile, temperature_state
 
 REGIMES = ("floor", "mid", "cap")
 TOLERANCE = 2.0  # a precision's alpha error may be at most this multiple of FP32's
@@ -59,7 +60,7 @@ class GateSettings:
     seed: int = 0
 
     def target(self, regime: str) -> float:
-        """The median FP64 alpha before the clip that a case is calibrated to: 1.25 alpha_TE (about a third of the
+        """The median FP64 alpha before the clip that a case is calibrated to: 1.25 alpha_TE (about 40% of the
         states on the floor), the geometric middle of floor and cap, or 0.8 alpha_max."""
         return {"floor": 1.25 * self.alpha_te, "mid": math.sqrt(self.alpha_te * self.alpha_max),
                 "cap": 0.8 * self.alpha_max}[regime]
@@ -141,10 +142,14 @@ def run_gate(settings: GateSettings = GateSettings(), device: torch.device | str
         device: where the passes run.
         emulate: emulate TF32 (None: on every device but CUDA; True on CUDA checks the emulation against FP64 there).
         graph: capture each precision's pass in a CUDA graph and replay it (CUDA only).
+
+    Sets the process-wide matmul precision to FP32 first (:func:`~qed_ray.precision.apply_matmul_precision`), so the
+    ``fp32`` row is IEEE FP32 whatever the process had set, and leaves it there.
     """
     device = torch.device(device)
     if graph and device.type != "cuda":
         raise ValueError(f"graph: a CUDA graph needs a CUDA device, not {device}")
+    apply_matmul_precision("fp32")
     g = torch.Generator().manual_seed(settings.seed)
     states = torch.randn(settings.states, settings.obs_dim, generator=g)
     actions = _policy_actions(settings, g)
