@@ -14,8 +14,8 @@ from qed_ray.agents import make_agent
 from qed_ray.agents.base import params_of
 from qed_ray.config import RunSpec, TemperatureSpec, TrainSpec, agent_spec, format_validation_error
 from qed_ray.naming import identity, parse_variant
-from qed_ray.precision import (CUDA_DEFAULT, apply_matmul_precision, qed_products, resolve_precision, round_tf32,
-                               split_linear, split_tf32, tf32_linear)
+from qed_ray.precision import (CUDA_DEFAULT, apply_matmul_precision, resolve_precision, round_tf32, split_linear,
+                               split_tf32, tf32_linear)
 from qed_ray.precision_gate import GateSettings, run_gate
 
 ROOT = Path(__file__).parents[1]
