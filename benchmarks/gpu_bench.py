@@ -9,7 +9,9 @@ is rewritten after every cell, so a later failure loses nothing):
    atol 1e-5); the last 20 graphed updates run under ``torch.cuda.set_sync_debug_mode("error")`` (a host sync
    inside the update raises). On the CPU the graph is replaced by ``compile`` (``--cpu-compile``) or skipped.
 2. ``graph``: S in {1, 10, 20}, both agents, QED and te (auto mode: graph on CUDA, eager on the CPU); S = 1 is a
-   single run (a pack of one).
+   single run (a pack of one); on CUDA, right after the S = 10 cells, the same S = 10 cells at ``train.precision``
+   3xtf32 and tf32 (the check also runs SAC-LN's graph against eager at 3xtf32: the per-product TF32 switch must be
+   captured as it runs eagerly).
 3. ``off``: the eager pack update at S in {10, 20} (QED), against (2).
 4. ``packs``: 2 and 3 packs of S = 10 (QED, graph) in separate processes sharing the device, timed over the same
    wall-clock window.
@@ -42,6 +44,7 @@ import torch
 from qed_ray.agents.packed import make_packed_agent
 from qed_ray.config import TemperatureSpec, agent_spec
 from qed_ray.pack_update import PackUpdater, resolve_mode
+from qed_ray.precision import set_run_precision
 from qed_ray.replay import Replay
 from qed_ray.throughput import SCHEMA
 
@@ -66,7 +69,7 @@ class Pack:
     """A pack of S seeds on ``device`` with a filled replay and its update runner."""
 
     def __init__(self, agent: str, temperature: str, seeds: int, mode: str, device: torch.device, hidden: int,
-                 batch: int):
+                 batch: int, precision: str = "fp32"):
         spec = agent_spec(name=agent, hidden=hidden, batch_size=batch)
         ids = list(range(seeds))
         self.agent = make_packed_agent(spec, TEMPERATURES[temperature], OBS, ACT, device, ids)
@@ -77,6 +80,7 @@ class Pack:
         self.replay.added[:] = BUFFER
         self.on, self.batch, self.rng = np.ones(seeds, bool), batch, np.random.default_rng(0)
         self.mode = resolve_mode(mode, device, self.agent)[0] if mode == "auto" else mode
+        self.precision = set_run_precision(self.agent.template.fn, precision, device, self.mode)[0]
         self.run = PackUpdater(self.agent, self.replay, None, self.mode, batch)
         self.obs = self.rng.normal(size=(seeds, OBS)).astype(np.float32)
 
@@ -87,7 +91,8 @@ class Pack:
         self.run(self.replay.indices(self.batch, self.on), self.agent.noise(self.batch, self.on))
 
 
-def measure(kind: str, agent: str, temperature: str, seeds: int, mode: str, args, start_at: float = 0.0) -> dict:
+def measure(kind: str, agent: str, temperature: str, seeds: int, mode: str, args, start_at: float = 0.0,
+            precision: str = "fp32") -> dict:
     """One cell in this process: build, warm up (and capture), wait for ``start_at`` (epoch s), time decisions."""
     device = torch.device(args.device)
     gc.collect()  # the previous cell's pack, graph and its memory pool
@@ -95,7 +100,7 @@ def measure(kind: str, agent: str, temperature: str, seeds: int, mode: str, args
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
-    setup = Pack(agent, temperature, seeds, mode, device, args.hidden, args.batch)
+    setup = Pack(agent, temperature, seeds, mode, device, args.hidden, args.batch, precision)
     for _ in range(args.warmup):
         setup.decide()
     sync(device)
@@ -117,16 +122,17 @@ def measure(kind: str, agent: str, temperature: str, seeds: int, mode: str, args
         timed = time.perf_counter() - wall0
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else math.nan
     return {"agent": agent, "temperature": temperature, "seeds": seeds, "packs": 1, "mode": setup.mode,
-            "seed_decisions_per_s": seeds * n / timed, "decisions": n, "timed_s": timed, "setup_s": setup_s,
-            "peak_mib": peak}
+            "precision": setup.precision, "seed_decisions_per_s": seeds * n / timed, "decisions": n, "timed_s": timed,
+            "setup_s": setup_s, "peak_mib": peak}
 
 
-def deviation_check(agent: str, args) -> dict:
-    """Graph (CUDA) or compile (CPU, ``--cpu-compile``) against eager over identical inputs; the sync check."""
+def deviation_check(agent: str, args, precision: str = "fp32") -> dict:
+    """Graph (CUDA) or compile (CPU, ``--cpu-compile``) against eager over identical inputs at ``precision``; the
+    sync check."""
     device = torch.device(args.device)
     mode = "graph" if device.type == "cuda" else "compile"
-    a = Pack(agent, "qed", CHECK_SEEDS, mode, device, args.hidden, args.batch)
-    ref = Pack(agent, "qed", CHECK_SEEDS, "off", device, args.hidden, args.batch)
+    a = Pack(agent, "qed", CHECK_SEEDS, mode, device, args.hidden, args.batch, precision)
+    ref = Pack(agent, "qed", CHECK_SEEDS, "off", device, args.hidden, args.batch, precision)
     sync_error = None
     for i in range(args.check_updates):
         idx, noise = a.replay.indices(args.batch, a.on), a.agent.noise(args.batch, a.on)
@@ -153,8 +159,8 @@ def deviation_check(agent: str, args) -> dict:
     close = all(torch.allclose(x[k], r[k], rtol=RTOL, atol=ATOL) for k in x)
     worst = max(devs, key=devs.get)
     return {"agent": agent, "temperature": "qed", "seeds": CHECK_SEEDS, "updates": args.check_updates,
-            "mode": mode, "max_abs_deviation": devs[worst], "worst_tensor": worst, "allclose": close,
-            "rtol": RTOL, "atol": ATOL,
+            "mode": mode, "precision": a.precision, "max_abs_deviation": devs[worst], "worst_tensor": worst,
+            "allclose": close, "rtol": RTOL, "atol": ATOL,
             "sync_check": ("not run (CPU)" if device.type != "cuda" else
                            "passed" if sync_error is None else f"FAILED: {sync_error}")}
 
@@ -182,9 +188,16 @@ def plan(args) -> list[tuple]:
     """The cells, most important first: (name, function, arguments)."""
     sizes = [1, 2] if args.quick else [1, 10, 20]
     big = [2] if args.quick else [10, 20]
-    checked = AGENTS if args.device != "cpu" else AGENTS[:1] if args.cpu_compile else ()
+    cuda = args.device != "cpu"
+    checked = AGENTS if cuda else AGENTS[:1] if args.cpu_compile else ()
     cells = [("check", deviation_check, (a,)) for a in checked]
-    cells += [("graph", measure, ("pack", a, t, s, "auto")) for s in sizes for a in AGENTS for t in ("qed", "te")]
+    cells += [("check", deviation_check, ("sac_ln", "3xtf32"))] if cuda else []
+    first, rest = sizes[1:2], [s for s in sizes if s != sizes[1]]  # S = 10 first: the precision cells compare to it
+    cells += [("graph", measure, ("pack", a, t, s, "auto")) for s in first for a in AGENTS for t in ("qed", "te")]
+    if cuda:
+        cells += [("graph", measure, ("pack", a, t, s, "auto", 0.0, p)) for p in ("3xtf32", "tf32") for s in first
+                  for a in AGENTS for t in ("qed", "te")]
+    cells += [("graph", measure, ("pack", a, t, s, "auto")) for s in rest for a in AGENTS for t in ("qed", "te")]
     if args.device != "cpu":
         cells += [("off", measure, ("pack", a, "qed", s, "off")) for s in big for a in AGENTS]
     cells += [("packs", shared_packs, (k,)) for k in ([2] if args.quick else [2, 3])]
@@ -197,14 +210,16 @@ def write(out: Path, table: dict) -> None:
     tmp = out / "throughput.json.tmp"
     tmp.write_text(json.dumps(table, indent=1) + "\n")
     os.replace(tmp, out / "throughput.json")
-    lines = ["| agent | temperature | S | packs | mode | seed-decisions/s | peak MiB | decisions | setup s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| agent | temperature | S | packs | mode | precision | seed-decisions/s | peak MiB | decisions | "
+             "setup s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for e in table["entries"]:
         lines.append(f"| {e['agent']} | {e['temperature']} | {e['seeds']} | {e['packs']} | {e['mode']} | "
+                     f"{e.get('precision', 'fp32')} | "
                      f"{e['seed_decisions_per_s']:.1f} | {e['peak_mib']:.0f} | {e['decisions']} | "
                      f"{e['setup_s']:.1f} |")
     for c in table["checks"].get("deviation", []):
-        lines.append(f"\ndeviation {c['agent']} {c['mode']} vs eager over {c['updates']} updates (S={c['seeds']}): "
+        lines.append(f"\ndeviation {c['agent']} {c['mode']} vs eager at {c.get('precision', 'fp32')} over "
+                     f"{c['updates']} updates (S={c['seeds']}): "
                      f"max |diff| {c['max_abs_deviation']:.3g} ({c['worst_tensor']}), allclose(rtol {RTOL}, "
                      f"atol {ATOL}) {c['allclose']}; sync check {c['sync_check']}")
     (out / "throughput.md").write_text("\n".join(lines) + "\n")
@@ -257,14 +272,15 @@ def main() -> None:
             if name == "check":
                 table["checks"]["deviation"].append(result)
                 print(f"[{time.perf_counter() - t0:6.1f}s] deviation {result['agent']} {result['mode']} vs eager "
-                      f"over {result['updates']} updates: max |diff| {result['max_abs_deviation']:.3g} "
+                      f"at {result['precision']} over {result['updates']} updates: max |diff| "
+                      f"{result['max_abs_deviation']:.3g} "
                       f"allclose {result['allclose']}; sync check {result['sync_check']}", flush=True)
             else:
                 for r in result if isinstance(result, list) else [result]:
                     table["entries"].append(r)
                     print(f"[{time.perf_counter() - t0:6.1f}s] {r['agent']} {r['temperature']} S={r['seeds']} "
-                          f"packs={r['packs']} {r['mode']}: {r['seed_decisions_per_s']:.1f} seed-decisions/s, "
-                          f"peak {r['peak_mib']:.0f} MiB, setup {r['setup_s']:.1f}s", flush=True)
+                          f"packs={r['packs']} {r['mode']} {r['precision']}: {r['seed_decisions_per_s']:.1f} "
+                          f"seed-decisions/s, peak {r['peak_mib']:.0f} MiB, setup {r['setup_s']:.1f}s", flush=True)
         write(args.out, table)
     print(f"done in {time.perf_counter() - t0:.1f}s; table in {args.out / 'throughput.json'}", flush=True)
 

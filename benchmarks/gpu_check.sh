@@ -5,17 +5,21 @@
 # typing_inspection for cp312) carried in .whl/ (see benchmarks/README.md, "GPU run owed").
 # `--device cpu --quick` runs every step CI-sized (tests/test_gpu_check.py).
 # Steps: (0) install the carried wheels; (1) import check: nothing on the path imports dm_control, mujoco, ray
-# or mlflow; (2) the torch_only tests with QED_TEST_DEVICE=<device>; (3) benchmarks/gpu_bench.py: graph-vs-eager
-# deviation + sync check, then the throughput cells, writing throughput.json / throughput.md after every cell.
-# Outputs (flat, in --out): gpu_check.log, env.txt, pytest.log, throughput.json, throughput.md.
+# or mlflow; (2) the torch_only tests with QED_TEST_DEVICE=<device>; (3) the precision gate
+# (benchmarks/bench_precision_gate.py): QED's alpha at fp32, 3xtf32 and tf32 against an FP64 recomputation on the
+# same inputs, each pass captured in a CUDA graph on CUDA; (4) benchmarks/gpu_bench.py: graph-vs-eager deviation +
+# sync check, then the throughput cells (with their precision), writing throughput.json / throughput.md after
+# every cell.
+# Outputs (flat, in --out): gpu_check.log, env.txt, pytest.log, precision_gate.json, precision_gate.md,
+# throughput.json, throughput.md.
 set -uo pipefail
 
-DEVICE=cuda OUT=benchmarks/out/gpu QUICK=() DEADLINE=
+DEVICE=cuda OUT=benchmarks/out/gpu QUICK=() GATE=() DEADLINE=
 while [ $# -gt 0 ]; do
   case "$1" in
     --device) DEVICE="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
-    --quick) QUICK=(--quick --cpu-compile); shift ;;
+    --quick) QUICK=(--quick --cpu-compile); GATE=(--quick); shift ;;
     --deadline-s) DEADLINE="$2"; shift 2 ;;
     *) echo "gpu_check.sh: unknown argument $1 (allowed: --device cuda|cpu, --out DIR, --quick, --deadline-s S)" >&2
        exit 2 ;;
@@ -47,7 +51,8 @@ cat "$OUT/env.txt"
 "$PY" - <<'PY'
 import sys
 import qed_ray.agents, qed_ray.agents.packed, qed_ray.pack_update, qed_ray.replay, qed_ray.trainer, qed_ray.throughput  # noqa
-import benchmarks.gpu_bench  # noqa
+import qed_ray.precision, qed_ray.precision_gate  # noqa
+import benchmarks.gpu_bench, benchmarks.bench_precision_gate  # noqa
 heavy = sorted(m for m in ("dm_control", "mujoco", "ray", "mlflow") if m in sys.modules)
 print("step 1: import check:", "FAILED, imported " + ", ".join(heavy) if heavy else "passed (no dm_control, mujoco, ray, mlflow)")
 PY
@@ -55,11 +60,22 @@ PY
 
 echo "step 2: torch_only tests with QED_TEST_DEVICE=$DEVICE"
 QED_TEST_DEVICE="$DEVICE" timeout 120 "$PY" -m pytest -q -p no:cacheprovider -m "torch_only and not slow" \
-  tests/test_pack_update.py tests/test_throughput.py > "$OUT/pytest.log" 2>&1
+  tests/test_pack_update.py tests/test_throughput.py tests/test_precision.py > "$OUT/pytest.log" 2>&1
 echo "step 2: pytest exit $? ($(tail -n 1 "$OUT/pytest.log"))"
 
-echo "step 3: benchmarks/gpu_bench.py (deadline ${DEADLINE}s)"
+# The gate: alpha from the whole QED pass against FP64 on the same inputs; 3xtf32 passes when its mean alpha error
+# is at most twice fp32's on every case. On CUDA the tensor-core passes are captured in CUDA graphs and vmapped
+# over the cases (a pack's path), then the emulation runs the same cases as a cross-check.
+[ "$DEVICE" = cpu ] || GATE+=(--graph)
+echo "step 3: precision gate (benchmarks/bench_precision_gate.py ${GATE[*]+${GATE[*]}})"
+timeout 300 "$PY" benchmarks/bench_precision_gate.py --device "$DEVICE" ${GATE[@]+"${GATE[@]}"} \
+  --out "$OUT/precision_gate.json" > "$OUT/precision_gate.md" 2>&1
+GATE_RC=$?
+cat "$OUT/precision_gate.md"
+echo "step 3: precision gate exit $GATE_RC (0 passed, 3 3xtf32 failed the gate, other: an error)"
+
+echo "step 4: benchmarks/gpu_bench.py (deadline ${DEADLINE}s)"
 timeout $((DEADLINE + 80)) "$PY" benchmarks/gpu_bench.py --device "$DEVICE" --out "$OUT" --deadline-s "$DEADLINE" \
   ${QUICK[@]+"${QUICK[@]}"}
-echo "step 3: gpu_bench exit $?"
+echo "step 4: gpu_bench exit $?"
 echo "done: $(date -u +%FT%TZ)"

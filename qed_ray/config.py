@@ -223,6 +223,9 @@ class DebugSpec(Frozen):
     nan: NanInjection = Field(NanInjection(), description="testing: NaN injected into one seed's critic loss")
 
 
+# ``train.precision`` (qed_ray.precision): the matrix products of a run on CUDA.
+Precision = Literal["auto", "fp32", "3xtf32", "tf32"]
+
 # TrainSpec fields before ``debug`` grouped them; a before-validator moves them into ``debug``.
 LEGACY_DEBUG_FIELDS = ("debug_crash_at_env_step", "debug_nan_at_env_step")
 
@@ -243,6 +246,11 @@ class TrainSpec(Frozen):
     compile: Literal["auto", "off", "compile", "graph"] = Field(
         "auto", description="a pack's update: 'auto' (graph on CUDA, off elsewhere), 'off' (eager), 'compile' "
                             "(torch.compile), 'graph' (one CUDA graph replayed per update; CUDA only)")
+    precision: Precision = Field(
+        "auto", description="CUDA matrix products: 'auto' (the fastest that passed the numerics gate on a GPU: "
+                            "precision.CUDA_DEFAULT), 'fp32', '3xtf32' (QED's critic passes on TF32 tensor cores at "
+                            "FP32 accuracy), 'tf32' (every product in TF32, JAX's default: for ablations); CPU runs "
+                            "are FP32 whatever is set")
     nan_check_every: int = Field(50, ge=1, le=10**9, description="decisions between non-finite loss checks")
     holdout_fraction: float = Field(0.0, ge=0, lt=1, description="share of transitions held out of the replay, "
                                                                 "never trained on (MAD-TD: 0.05)")

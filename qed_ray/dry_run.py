@@ -9,6 +9,8 @@ The GPU-hours estimate: per pack, its seed-decisions (seeds x ``train.env_steps 
 seed-decisions per second of one GPU holding ``1 / resources.gpu`` such packs (so each pack's share of a GPU is
 counted once); summed over packs. It counts the measured work only -- acting and the updates -- and ignores env
 stepping that the update does not hide, evaluations, checkpoint writes, the gather step, start-up and queueing.
+Each pack's cell is read at the precision it would train at on a GPU (``train.precision``, ``auto`` being
+:data:`qed_ray.precision.CUDA_DEFAULT`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Sequence
 
 from qed_ray.layout import SweepDir
 from qed_ray.packing import Pack
+from qed_ray.precision import CUDA_DEFAULT
 from qed_ray.spec import SpecError, SweepSpec, Trial
 from qed_ray.sweep_state import check_folder, plan, resolve_paths
 from qed_ray.throughput import DEFAULT_PATH, SHARE_CELL, Throughput, load_throughput
@@ -74,19 +77,22 @@ def gpu_hours_line(spec: SweepSpec, packs: Sequence[Pack], table: Throughput | N
     if table is None:
         return "GPU-hours: no GPU measurement yet (qed_ray/data/throughput.json has no GPU table)"
     per_gpu = round(1 / gpu)
-    seconds, missing, scaled, modes = 0.0, [], False, {}
+    seconds, missing, scaled, modes, precisions = 0.0, [], False, {}, {}
     for run, size in [(p.trials[0].run, len(p.trials)) for p in packs]:
         mode = UPDATE_MODES[run.train.compile]
-        modes[mode] = None
+        precision = CUDA_DEFAULT if run.train.precision == "auto" else run.train.precision  # on a GPU
+        modes[mode], precisions[precision] = None, None
         # A fixed alpha runs te's passes without its one-scalar alpha step, so it is timed as te.
         kind = "te" if run.temperature.kind == "fixed" else run.temperature.kind
-        rate = table.shared_rate(run.agent.name, kind, size, per_gpu, mode)
+        rate = table.shared_rate(run.agent.name, kind, size, per_gpu, mode, precision)
         if rate is None:
-            missing.append(f"{run.agent.name}/{kind} S={size}")
+            missing.append(f"{run.agent.name}/{kind} S={size}" + (f" {precision}" if precision != "fp32" else ""))
             continue
         seconds += size * run.train.decisions / rate[0]
         scaled |= rate[1]
     where = f"{table.card}, measured {table.date}, {per_gpu} pack(s) per GPU, mode {'/'.join(modes)}"
+    if list(precisions) != ["fp32"]:
+        where += f", precision {'/'.join(precisions)}"
     if scaled:
         where += f"; sharing scaled from {'/'.join(map(str, SHARE_CELL))}"
     if missing:

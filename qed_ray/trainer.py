@@ -29,10 +29,10 @@ from qed_ray.agents.packed import PackedAgent, make_packed_agent
 from qed_ray.config import RunSpec
 from qed_ray.env_pool import EnvPool
 from qed_ray.evaluate import eval_seeds, rollout_lockstep
-from qed_ray.networks import require_fp32_matmul
 from qed_ray.pack import EvalRecord, Progress, SeedRun, check_pack, pack_name, remaining_s
 from qed_ray.pack_checkpoint import PackCheckpoints
 from qed_ray.pack_update import PackUpdater, resolve_mode
+from qed_ray.precision import apply_matmul_precision, set_run_precision
 from qed_ray.replay import Replay, keeps_transition, replay_bytes, replay_device
 from qed_ray.update_metrics import MetricAccumulator
 from qed_ray.writer import BackgroundWriter
@@ -96,8 +96,9 @@ class Trainer:
         self._wall_base, self._t_start, self._t_mark = 0.0, None, time.perf_counter()  # _t_start: set in run()
         self.acc = MetricAccumulator(agent.metric_layout, agent.device, seeds=self.n)
         mode, why = resolve_mode(self.t.compile, agent.device, agent)
+        self.precision, why_p = set_run_precision(agent.template.fn, self.t.precision, agent.device, mode)
         self.updater = PackUpdater(agent, replay, self.acc, mode, agent.spec.batch_size)
-        log(f"pack {self.name}: update mode {mode} ({why})")
+        log(f"pack {self.name}: update mode {mode} ({why}); precision {self.precision} ({why_p})")
         self.eval_index = self.n + np.arange(self.n * self.t.eval_episodes).reshape(self.n, -1)
 
     # ---- loop --------------------------------------------------------------------------------------------
@@ -117,7 +118,7 @@ class Trainer:
 
     def _loop(self) -> None:
         t = self.t
-        require_fp32_matmul()  # every critic pass feeding QED or the TD target stays FP32 (no TF32)
+        apply_matmul_precision(self.precision)  # FP32 for every critic pass feeding QED or the TD target, unless tf32
         obs = np.zeros((self.n, self.pool.obs_dim), np.float32)
         fresh = np.ones(self.n, bool)  # episodes start lazily (a checkpoint at an episode end holds the env RNG)
         interval_start, interval_updates = time.perf_counter(), 0
@@ -304,7 +305,8 @@ class Trainer:
         out = {
             "name": run.name, "task": s.task, "agent": s.agent.name, "variant": s.variant, "seed": s.seed,
             "status": self._status(run), "env_steps": decisions * t.frame_skip, "decisions": decisions,
-            "updates": updates, "pack_size": self.n, "wall_s": p.wall_s, "warmup_s": p.warmup_s,
+            "updates": updates, "pack_size": self.n, "precision": self.precision, "wall_s": p.wall_s,
+            "warmup_s": p.warmup_s,
             "train_s": p.train_s, "eval_s": p.eval_s,
             "updates_per_s": p.updates / p.train_s if p.train_s else math.nan,
             "final_eval_return_mean": run.evals[-1].return_mean if run.evals else math.nan,

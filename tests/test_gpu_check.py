@@ -21,14 +21,19 @@ def test_the_cpu_form_of_the_gpu_check_runs_every_step_and_writes_its_table_wher
     subprocess.run(["bash", "benchmarks/gpu_check.sh", "--device", "cpu", "--quick", "--out", str(out)], cwd=ROOT,
                    env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=900,
                    check=True)
-    assert sorted(os.listdir(out)) == ["env.txt", "gpu_check.log", "pytest.log", "throughput.json", "throughput.md"]
+    assert sorted(os.listdir(out)) == ["env.txt", "gpu_check.log", "precision_gate.json", "precision_gate.md",
+                                       "pytest.log", "throughput.json", "throughput.md"]
     log = (out / "gpu_check.log").read_text()
     assert "step 1: import check: passed (no dm_control, mujoco, ray, mlflow)" in log
     assert re.search(r"step 2: pytest exit 0 \(\d+ passed", log)
-    m = re.search(r"deviation sac_ln compile vs eager over 6 updates: max \|diff\| (\S+) allclose True; sync check "
-                  r"not run \(CPU\)", log)
+    m = re.search(r"deviation sac_ln compile vs eager at fp32 over 6 updates: max \|diff\| (\S+) allclose True; sync "
+                  r"check not run \(CPU\)", log)
     assert m and float(m.group(1)) < 1e-4
-    assert "step 3: gpu_bench exit 0" in log
+    assert "step 3: precision gate exit 0" in log and "step 4: gpu_bench exit 0" in log
+    assert "3xtf32: PASSED" in log and "tf32: FAILED" in log
+    (gate,) = json.loads((out / "precision_gate.json").read_text())["runs"]  # no tensor cores: no second run
+    assert (gate["device"], gate["emulated"], gate["graph"], len(gate["cases"])) == ("cpu", True, False, 9)
+    assert gate["passed"] == {"3xtf32": True, "tf32": False}
     raw = json.loads((out / "throughput.json").read_text())
     table = parse_throughput(raw)
     agents, temps = ("sac_ln", "mad_sac"), ("qed", "te")
@@ -37,6 +42,7 @@ def test_the_cpu_form_of_the_gpu_check_runs_every_step_and_writes_its_table_wher
     cells = [(e["agent"], e["temperature"], e["seeds"], e["packs"], e["mode"]) for e in table.entries]
     assert set(cells) == expected and len(cells) == len(expected) + 1  # two rows of the 2-pack cell, one each
     assert all(e["seed_decisions_per_s"] > 0 and e["decisions"] >= 3 for e in table.entries)
+    assert {e["precision"] for e in table.entries} == {"fp32"}  # on the CPU: no precision cells
     assert raw["checks"]["failed"] == [] and raw["checks"]["skipped"] == []
     assert table.device == "cpu" and load_throughput(out / "throughput.json") is None  # a CPU table is no GPU one
     assert len((out / "throughput.md").read_text().splitlines()) >= 2 + len(cells)

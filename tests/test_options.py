@@ -211,19 +211,21 @@ def test_the_trainer_leaves_held_out_and_time_limit_transitions_out_of_each_seed
 
 
 # ---- the shipped ablation spec ------------------------------------------------------------------------------
-def test_ablations_spec_crosses_m1_and_m2_with_both_evaluation_policies(capsys):
+def test_ablations_spec_crosses_m1_m2_and_m3_with_both_evaluation_policies(capsys):
     from qed_ray.spec import load_spec
     from qed_ray.sweep import main
 
     root = Path(__file__).parent.parent / "sweeps"
     spec = load_spec(root / "ablations.yaml")
     runs = spec.runs()
-    assert len(runs) == 360 and spec.final_eval.policies == ("mean", "sample")
-    cells = {(r.agent.critic, r.agent.critic_layers, r.temperature.kind, r.temperature.target_alpha) for r in runs}
-    assert cells == {(c, d, k, t) for c in ("mse", "hlgauss") for d in (2, 3)
-                     for k, t in (("te", "qed"), ("qed", "qed"), ("qed", "floor"))}
+    assert len(runs) == 720 and spec.final_eval.policies == ("mean", "sample")
+    cells = {(r.agent.critic, r.agent.critic_layers, r.temperature.kind, r.temperature.target_alpha,
+              r.train.precision) for r in runs}
+    assert cells == {(c, d, k, t, p) for c in ("mse", "hlgauss") for d in (2, 3)
+                     for k, t in (("te", "qed"), ("qed", "qed"), ("qed", "floor")) for p in ("fp32", "tf32")}
     assert {r.task for r in runs} == {"cheetah-run", "walker-walk", "hopper-hop"}
     assert all(load_spec(p).final_eval.bootstrap_reps == 50_000 for p in root.glob("*.yaml")), "rliable's default"
     assert main([str(root / "ablations.yaml"), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "sweep ablations: 360 trials" in out and "qed0.2+target_alpha=floor+critic=hlgauss+critic_depth=3/9" in out
+    assert "sweep ablations: 720 trials" in out
+    assert "qed0.2+target_alpha=floor+critic=hlgauss+critic_depth=3+precision=tf32/9" in out

@@ -187,6 +187,13 @@ def test_dry_run_prints_packs_resources_and_gpu_hours_from_the_table(tmp_path, c
     placeholder = {**TABLE, "device": "none", "card": "no GPU measurement yet", "entries": []}
     assert "GPU-hours: no GPU measurement yet" in _dry(tmp_path, capsys, placeholder, **packed)
     assert "GPU-hours: none (resources.gpu is 0" in _dry(tmp_path, capsys, TABLE, pack={"seeds": 2})
+    # Each pack's cell at the precision it trains at on a GPU: a 3xtf32 cell, or the missing one named with it.
+    three = {**TABLE, "entries": [{**e, "precision": "3xtf32", "seed_decisions_per_s": 2 * e["seed_decisions_per_s"]}
+                                  for e in TABLE["entries"]]}
+    fast = {**packed, "train": {**BASE["train"], "precision": "3xtf32"}}
+    assert "GPU-hours: 0.6 estimated (NVIDIA H100 80GB HBM3, measured 2026-11-26, 2 pack(s) per GPU, mode graph, " \
+           "precision 3xtf32;" in _dry(tmp_path, capsys, three, **fast)
+    assert "has no entry for sac_ln/te S=2 3xtf32" in _dry(tmp_path, capsys, TABLE, **fast)
 
 
 def test_a_seed_runs_mlflow_run_carries_its_packs_name_and_size(tmp_path):

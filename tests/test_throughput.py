@@ -65,3 +65,15 @@ def test_an_unmeasured_sharing_cell_is_scaled_by_the_reference_cells_sharing_eff
     assert t.shared_rate("mad_sac", "qed", 10, 1) == (400.0, False)
     assert t.shared_rate("mad_sac", "qed", 10, 3) is None, "no reference cell with 3 packs"
     assert t.shared_rate("mad_sac", "te", 10, 2) is None, "the one-pack cell itself was not measured"
+
+
+def test_cells_are_read_at_their_precision_and_an_entry_without_one_is_fp32():
+    three = {**ENTRY, "packs": 1, "seed_decisions_per_s": 3000.0, "precision": "3xtf32"}
+    t = parse_throughput(table(entries=[ENTRY, {**ENTRY, "packs": 1, "seed_decisions_per_s": 2000.0}, three]))
+    assert t.decisions_per_s("sac_ln", "qed", 10) == 2000.0  # the entries written before train.precision
+    assert t.decisions_per_s("sac_ln", "qed", 10, precision="3xtf32") == 3000.0
+    assert t.decisions_per_s("sac_ln", "qed", 10, precision="tf32") is None
+    # 2 packs at 3xtf32 were not measured: scaled by the fp32 reference cell's sharing (1500 x 2 / 2000)
+    assert t.shared_rate("sac_ln", "qed", 10, 2, precision="3xtf32") == (3000.0 * 3000.0 / 2000.0, True)
+    with pytest.raises(ValueError, match=r"entries\[0\].precision 'bf16' is not one of fp32, 3xtf32, tf32"):
+        parse_throughput(table(entries=[{**ENTRY, "precision": "bf16"}]))

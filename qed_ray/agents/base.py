@@ -22,6 +22,7 @@ from torch.func import functional_call
 from qed_ray.agents.learner import Learner, Params
 from qed_ray.config import AgentSpec, TemperatureSpec
 from qed_ray.networks import freeze, make_adam, polyak_update, require_fp32_matmul, squashed_sample
+from qed_ray.precision import qed_products
 from qed_ray.temperature import alpha_stats, make_temperature, qed_disagreement, temperature_state
 from qed_ray.update_metrics import MetricLayout
 
@@ -104,6 +105,7 @@ class SACFunctions:
         self.actor, self.critic, self.temperature = actor, critic, temperature
         self.n_qed = temperature.n_actions  # QED's policy samples per state; 0 for te and fixed
         self.n_qed_target = temperature.n_target_actions  # the same at s' for the TD target; 0: alpha_TE there
+        self.qed_precision = "fp32"  # QED's critic products (qed_ray.precision); the run's builder sets it
 
     def policy(self, actor_p: Params, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Pre-tanh ``(mu, log_std)`` [B, A]."""
@@ -118,6 +120,13 @@ class SACFunctions:
         """``(Q1, Q2)`` [B * repeats] (scalar critics: the heads' outputs)."""
         return call(self.critic, critic_p, states, actions, repeats=repeats)
 
+    def qed_q_pair(self, critic_p: Params, states: torch.Tensor, actions: torch.Tensor, repeats: int = 1
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`q_pair` for QED's no-grad passes, its linear layers at ``qed_precision``
+        (:func:`qed_ray.precision.qed_products`); the TD loss and the actor's critic pass call :meth:`q_pair`."""
+        with qed_products(self.qed_precision):
+            return self.q_pair(critic_p, states, actions, repeats)
+
     def alpha(self, tstate: Params, actor_p: Params, critic_p: Params, states: torch.Tensor,
               eps_qed: torch.Tensor, share_state_terms: bool = True,
               dist: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -127,7 +136,7 @@ class SACFunctions:
         delta = None
         if self.n_qed:
             delta = qed_disagreement(lambda s: self.policy(actor_p, s),
-                                     lambda s, a, r: self.q_pair(critic_p, s, a, r),
+                                     lambda s, a, r: self.qed_q_pair(critic_p, s, a, r),
                                      states, eps_qed, self.n_qed, self.temperature.tau, share_state_terms, dist)
         return self.temperature.alpha(tstate, states.shape[0], delta)
 
