@@ -2,7 +2,7 @@
 
 For one task and one method: ``--policies`` seeds' policies (freshly initialised SAC-LN agents at the default
 256 width, as one pack: their cost equals a trained agent's) are rolled out in lock-step on the gather step's pool of
-envs (:class:`qed_ray.analysis.GroupEnvs`, one batched policy call per step) for ``--episodes`` episodes of 500
+envs (:class:`qed_ray.analysis.group_eval.GroupEnvs`, one batched policy call per step) for ``--episodes`` episodes of 500
 decisions from the shared eval seeds; the visited states are pooled; every
 policy's pre-tanh (mu, sigma) is computed at the pooled states and the inter-run variability V is computed;
 then the ``--episodes`` x ``--distance-steps`` action-distance rollouts are run and the cumulative action
@@ -23,12 +23,12 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from qed_ray import metrics
-from qed_ray.agents.packed import make_packed_agent
-from qed_ray.analysis import GroupEnvs
+from qed_ray.analysis import metrics
+from qed_ray.rl.agents import make_packed_agent
+from qed_ray.analysis.group_eval import GroupEnvs
 from qed_ray.config import SacLnSpec, TemperatureSpec
-from qed_ray.envs import make_env
-from qed_ray.evaluate import eval_seeds
+from qed_ray.rl.envs import make_env
+from qed_ray.rl.evaluate import eval_seeds
 
 
 class PhaseTimer:

@@ -1,6 +1,6 @@
 """Benchmark: does an agent with its DEFAULT architecture learn a task within a budget?
 
-Each (temperature, seed) run trains through ``qed_ray.trainer.build_trainer`` (a pack of one) exactly as the CLI would, with
+Each (temperature, seed) run trains through ``qed_ray.rl.trainer.build_trainer`` (a pack of one) exactly as the CLI would, with
 only the budget and evaluation cadence changed. By default a run stops at the first evaluation whose mean
 return reaches ``--threshold`` (enough to answer "reaches 800 within 100k env steps" and it saves CPU);
 ``--no-stop-at-threshold`` runs every curve to the budget. Runs go in parallel worker processes.
@@ -24,7 +24,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from qed_ray.config import TemperatureSpec, format_validation_error
+from qed_ray.config import TemperatureSpec
+from qed_ray.field_hints import format_validation_error
 from qed_ray.naming import parse_variant
 
 
@@ -104,7 +105,7 @@ def run_one(job: dict) -> dict:
     """
     os.environ.setdefault("MUJOCO_GL", "disable")
     from qed_ray.config import RunSpec
-    from qed_ray.trainer import build_trainer
+    from qed_ray.rl.trainer import build_trainer
 
     spec = RunSpec.model_validate(job["spec"])
     rec = _Recorder(spec.name, job["threshold"], job["stop"], spec.train.env_steps)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from qed_ray import metrics
+from qed_ray.analysis import bootstrap, metrics
 
 
 def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
@@ -71,7 +71,7 @@ def bench_bootstrap(repeats: int) -> None:
     """Times the vectorised IQM stratified bootstrap on a 10 x 18 score matrix."""
     scores = np.random.default_rng(1).uniform(size=(10, 18))
     for reps in (2000, 50000):
-        seconds = _median_seconds(lambda: metrics.stratified_bootstrap_ci(scores, reps=reps), repeats)
+        seconds = _median_seconds(lambda: bootstrap.stratified_bootstrap_ci(scores, reps=reps), repeats)
         print(f"IQM 95% CI, stratified bootstrap, 10 runs x 18 tasks, {reps} reps: "
               f"{seconds:.3f} s (median of {repeats})")
 

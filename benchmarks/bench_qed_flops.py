@@ -18,7 +18,7 @@ import time
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from qed_ray.agents import make_agent
+from qed_ray.rl.agents import make_agent
 from qed_ray.config import TemperatureSpec, agent_spec
 
 OBS, ACT = 17, 6  # cheetah-run

@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from qed_ray.spec import load_spec
-from qed_ray.trainer import build_trainer
+from qed_ray.rl.trainer import build_trainer
 
 
 def bare_seconds(spec_path: Path) -> tuple[float, int]:

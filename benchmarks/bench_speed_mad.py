@@ -17,10 +17,10 @@ import time
 import numpy as np
 import torch
 
-from qed_ray.agents.packed import make_packed_agent
+from qed_ray.rl.agents import make_packed_agent
 from qed_ray.config import TemperatureSpec, agent_spec
-from qed_ray.envs import make_env
-from qed_ray.replay import Replay
+from qed_ray.rl.envs import make_env
+from qed_ray.rl.replay import Replay
 
 TEMPERATURES = {"te": TemperatureSpec(kind="te"), "qed": TemperatureSpec(kind="qed", k=0.2)}
 

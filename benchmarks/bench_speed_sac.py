@@ -7,7 +7,7 @@ which SB3 does not have. Each does ``--warmup`` uniform-random decisions, then i
 decisions that each carry one update. Runs alternate (ours te, ours qed, SB3, ours te, ...) so that load from
 other processes on a shared machine hits all alike; the medians and the ratios are printed.
 
-Ours is timed by the real :class:`qed_ray.trainer.Trainer` loop, a single run being a pack of one: its heartbeat
+Ours is timed by the real :class:`qed_ray.rl.trainer.Trainer` loop, a single run being a pack of one: its heartbeat
 (every 100 decisions) stamps the clocks from the end of the warm-up to the last heartbeat before the one evaluation
 at the end, so no evaluation falls in the window; SB3 by a callback fired at the end of the warm-up and the return
 of ``learn``. Decisions per CPU second (process time) are printed too: on a shared machine they show the cost with
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from qed_ray.config import RunSpec
-from qed_ray.envs import make_env
+from qed_ray.rl.envs import make_env
 
 HIDDEN, BATCH, FRAME_SKIP = 256, 256, 2
 DECISIONS_PER_EVAL_UNIT = 500  # eval_every must be whole episodes: 1000 env steps = 500 decisions
@@ -79,7 +79,7 @@ def _build(spec: RunSpec, heartbeat):
     path) its single-seed trainer."""
     import inspect
 
-    from qed_ray.trainer import build_trainer
+    from qed_ray.rl.trainer import build_trainer
 
     quiet = {"log": lambda line: None, "heartbeat": heartbeat, "heartbeat_s": 0.0}
     if "specs" in inspect.signature(build_trainer).parameters:

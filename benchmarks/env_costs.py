@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qed_ray.envs import make_env
+from qed_ray.rl.envs import make_env
 from qed_ray.tasks import TASKS
 
 

@@ -41,12 +41,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qed_ray.agents.packed import make_packed_agent
+from qed_ray.rl.agents import make_packed_agent
 from qed_ray.config import TemperatureSpec, agent_spec
-from qed_ray.pack_update import PackUpdater, resolve_mode
-from qed_ray.precision import set_run_precision
-from qed_ray.replay import Replay
-from qed_ray.throughput import SCHEMA
+from qed_ray.rl.update import PackUpdater, resolve_mode
+from qed_ray.rl.precision import set_run_precision
+from qed_ray.rl.replay import Replay
+from qed_ray.service.throughput import SCHEMA
 
 TEMPERATURES = {"te": TemperatureSpec(kind="te"), "qed": TemperatureSpec(kind="qed", k=0.2)}
 AGENTS = ("sac_ln", "mad_sac")

@@ -40,7 +40,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from qed_ray.tasks import TASK_SETS  # noqa: E402
-from qed_ray.throughput import DEFAULT_PATH, Throughput, load_throughput, parse_throughput  # noqa: E402
+from qed_ray.service.throughput import DEFAULT_PATH, Throughput, load_throughput, parse_throughput  # noqa: E402
 
 CONTROL_STEPS_PER_EPISODE = 1000
 REPLAY_TRANSITIONS = 1_000_000  # per seed: the whole run (train.replay_capacity: none)

@@ -27,7 +27,7 @@ import time
 import numpy as np
 import torch
 
-from qed_ray.toy import ToyConfig, leaves_support, run_toys, stays_on_support, summarize
+from qed_ray.paper.toy import ToyConfig, leaves_support, run_toys, stays_on_support, summarize
 from toy_grid import SHOW_FRACTION  # the grid's criterion, unchanged (run from the repository root)
 
 ALPHAS = tuple(round(0.1 * 1.5**k, 6) for k in range(-2, 4))  # 0.0444 .. 0.3375

@@ -32,7 +32,7 @@ import time
 import numpy as np
 import torch
 
-from qed_ray.toy import ToyConfig, leaves_support, run_toys, stays_on_support, summarize
+from qed_ray.paper.toy import ToyConfig, leaves_support, run_toys, stays_on_support, summarize
 
 ALPHAS = (0.1, 0.15)
 SEEDS = (0, 1, 2, 3, 4)

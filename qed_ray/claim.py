@@ -9,7 +9,7 @@ in. Comments and layout of the block are free to change: only its values are has
 
 The block lives in the first fenced code block whose info string is ``yaml claim``. :class:`Endpoints`' defaults
 are the pre-registered thresholds (a test holds ``docs/claim.md`` to them), so a sweep without a claim file is
-judged against the same thresholds, as an exploratory reading (:mod:`qed_ray.verdict`).
+judged against the same thresholds, as an exploratory reading (:mod:`qed_ray.analysis.verdict`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from qed_ray.config import AGENT_SPECS, Frozen, format_validation_error
+from qed_ray.config import AGENT_SPECS, Frozen
+from qed_ray.field_hints import format_validation_error
 from qed_ray.tasks import TASKS
 
 BLOCK = re.compile(r"^```yaml claim[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)

@@ -7,18 +7,18 @@ declares its own defaults in its own spec class (SAC-LN: the standard DMC SAC si
 MAD-SAC: MAD-TD's 512 with batch 512); the sweeps that reproduce the paper set both sizes explicitly.
 
 Every message raised here starts with the field it is about, relative to the model that raises it, so that the
-caller's prefix (``train.``, ``agents.0.overrides.``) makes the full path (see :func:`format_validation_error`).
+caller's prefix (``train.``, ``agents.0.overrides.``) makes the full path (see :func:`qed_ray.field_hints.format_validation_error`).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError, field_validator, \
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, field_validator, \
     model_validator
 
-from qed_ray.hints import short_repr, short_text
+from qed_ray.hints import short_repr
+from qed_ray.labels import temperature_label
 from qed_ray.tasks import check_task
 
 CONTROL_STEPS_PER_EPISODE = 1000  # dm_control's default time limit
@@ -70,8 +70,6 @@ class TemperatureSpec(Frozen):
     @property
     def label(self) -> str:
         """Short variant name used in trial names and tables, e.g. ``te``, ``fixed0.1``, ``qed0.2+alpha_max=0.3``."""
-        from qed_ray.naming import temperature_label  # naming reads these models: imported at call time
-
         return temperature_label(self)
 
 
@@ -223,7 +221,7 @@ class DebugSpec(Frozen):
     nan: NanInjection = Field(NanInjection(), description="testing: NaN injected into one seed's critic loss")
 
 
-# ``train.precision`` (qed_ray.precision): the matrix products of a run on CUDA.
+# ``train.precision`` (qed_ray.rl.precision): the matrix products of a run on CUDA.
 Precision = Literal["auto", "fp32", "3xtf32", "tf32"]
 
 # TrainSpec fields before ``debug`` grouped them; a before-validator moves them into ``debug``.
@@ -344,53 +342,3 @@ class RunSpec(Frozen):
     def name(self) -> str:
         """Deterministic run name ``task/agent/variant/seed``."""
         return f"{self.task}/{self.agent.name}/{self.variant}/{self.seed}"
-
-
-def format_validation_error(err: Exception, prefix: str = "") -> str:
-    """One ``field.path: message (got value)`` line per problem, newline-joined, from a pydantic ValidationError.
-
-    A message that starts with a field name (our validators' convention) is taken as relative to the error's
-    location; pydantic's discriminator tags (agent names) are dropped from locations. Quoted input is cut short;
-    an unknown key gets the agent it belongs to or a near field name, a value outside a choice a near choice
-    (:mod:`qed_ray.field_hints`).
-    """
-    if not isinstance(err, ValidationError):
-        return f"{prefix.rstrip('.')}: {err}" if prefix else str(err)
-    lines = []
-    for e in err.errors():
-        raw_loc = tuple(e.get("loc", ()))
-        loc = [short_text(str(p)) for p in raw_loc if p not in AGENT_SPECS]
-        msg, hint = _message(err.title, raw_loc, e)
-        for line in msg.splitlines():
-            lines.append(_locate(prefix, loc, line, e.get("input"), e.get("type", "")) + hint)
-    return "\n".join(dict.fromkeys(lines))
-
-
-def _message(title: str, loc: tuple, e: dict) -> tuple[str, str]:
-    """The error's message and a hint to append after the value it quotes."""
-    kind, msg = e.get("type", ""), e.get("msg", "").removeprefix("Value error, ")
-    if kind not in ("extra_forbidden", "literal_error", "union_tag_invalid"):
-        return msg, ""
-    from qed_ray import field_hints  # it walks these models: imported at call time
-
-    if kind == "extra_forbidden":
-        return field_hints.unknown_field(title, loc), ""
-    if kind == "literal_error":
-        return msg, field_hints.choice_hint(e.get("input"), e.get("ctx", {}).get("expected", ""))
-    return field_hints.tag_message(e.get("ctx", {})), ""
-
-
-_FIELD_PATH = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
-
-
-def _locate(prefix: str, loc: list[str], msg: str, got: Any, kind: str) -> str:
-    head, sep, rest = msg.partition(": ")
-    if sep and _FIELD_PATH.fullmatch(head):
-        loc, msg = [*loc, head], rest  # our validator named the field, relative to the model it checks
-    path = prefix + ".".join(loc)
-    show = kind not in ("value_error", "assertion_error", "extra_forbidden", "union_tag_invalid") and \
-        not isinstance(got, (dict, list)) and got is not None
-    suffix = f" (got {short_repr(got)})" if show else ""
-    if kind == "missing":
-        msg, suffix = "required field missing", ""
-    return f"{path}: {msg}{suffix}" if path else f"{msg}{suffix}"

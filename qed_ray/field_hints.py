@@ -1,6 +1,6 @@
 """What to say about a key a run model does not have: the agent it belongs to, or the field that was meant.
 
-:func:`qed_ray.config.format_validation_error` asks here when pydantic reports an unknown key ("Extra inputs are
+:func:`format_validation_error` (below) asks here when pydantic reports an unknown key ("Extra inputs are
 not permitted"). The models are walked from the one that was validated (pydantic names it in the error's title)
 along the error's location, so the hint names fields of the right place: ``train.eval_evry`` suggests
 ``eval_every``, and ``mad`` on a SAC-LN agent says that it is a MAD-SAC setting.
@@ -13,10 +13,10 @@ import re
 import typing
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from qed_ray.config import AGENT_SPECS, AgentBase, Frozen
-from qed_ray.hints import close_match, did_you_mean, short_repr
+from qed_ray.hints import close_match, did_you_mean, short_repr, short_text
 
 _AGENT = "agent"  # a field holding any of the agents (RunSpec.agent): the next location part is the agent's name
 
@@ -121,3 +121,51 @@ def tag_message(ctx: dict) -> str:
     match = close_match(tag, choices)
     hint = f"; did you mean {match!r}?" if match is not None else ""
     return f"unknown {short_repr(tag)}; one of {', '.join(choices)}{hint}"
+
+
+def format_validation_error(err: Exception, prefix: str = "") -> str:
+    """One ``field.path: message (got value)`` line per problem, newline-joined, from a pydantic ValidationError.
+
+    A message that starts with a field name (our validators' convention) is taken as relative to the error's
+    location; pydantic's discriminator tags (agent names) are dropped from locations. Quoted input is cut short;
+    an unknown key gets the agent it belongs to or a near field name, a value outside a choice a near choice
+    (the hints above).
+    """
+    if not isinstance(err, ValidationError):
+        return f"{prefix.rstrip('.')}: {err}" if prefix else str(err)
+    lines = []
+    for e in err.errors():
+        raw_loc = tuple(e.get("loc", ()))
+        loc = [short_text(str(p)) for p in raw_loc if p not in AGENT_SPECS]
+        msg, hint = _message(err.title, raw_loc, e)
+        for line in msg.splitlines():
+            lines.append(_locate(prefix, loc, line, e.get("input"), e.get("type", "")) + hint)
+    return "\n".join(dict.fromkeys(lines))
+
+
+def _message(title: str, loc: tuple, e: dict) -> tuple[str, str]:
+    """The error's message and a hint to append after the value it quotes."""
+    kind, msg = e.get("type", ""), e.get("msg", "").removeprefix("Value error, ")
+    if kind not in ("extra_forbidden", "literal_error", "union_tag_invalid"):
+        return msg, ""
+    if kind == "extra_forbidden":
+        return unknown_field(title, loc), ""
+    if kind == "literal_error":
+        return msg, choice_hint(e.get("input"), e.get("ctx", {}).get("expected", ""))
+    return tag_message(e.get("ctx", {})), ""
+
+
+_FIELD_PATH = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
+
+
+def _locate(prefix: str, loc: list[str], msg: str, got: Any, kind: str) -> str:
+    head, sep, rest = msg.partition(": ")
+    if sep and _FIELD_PATH.fullmatch(head):
+        loc, msg = [*loc, head], rest  # our validator named the field, relative to the model it checks
+    path = prefix + ".".join(loc)
+    show = kind not in ("value_error", "assertion_error", "extra_forbidden", "union_tag_invalid") and \
+        not isinstance(got, (dict, list)) and got is not None
+    suffix = f" (got {short_repr(got)})" if show else ""
+    if kind == "missing":
+        msg, suffix = "required field missing", ""
+    return f"{path}: {msg}{suffix}" if path else f"{msg}{suffix}"

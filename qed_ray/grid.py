@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from pydantic import ValidationError
 
-from qed_ray.config import format_validation_error
+from qed_ray.field_hints import format_validation_error
 from qed_ray.hints import short_text
 
 # Values validated over all combinations of one grid mapping (combinations x values in one). An agent's settings

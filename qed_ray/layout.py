@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
-from qed_ray.checkpoint import MANIFEST_FILE
 
 SEP = "__"  # between the parts of a trial folder name; never inside a task, agent or variant
 SEED_PREFIX = "s"
 PACK_PREFIX = "pack"
 PACK_FILE = "pack.json"  # written last into a pack checkpoint: its presence marks a complete one
+STATE_FILE = "state.pt"  # a checkpoint's or policy snapshot's tensors (qed_ray.rl.checkpoint)
+MANIFEST_FILE = "manifest.json"  # written last into a checkpoint or snapshot: its presence marks a complete one
 SNAPSHOT_DIGITS = 10  # policy snapshot folders are zero-padded env steps, so they sort by name
 
 # Each entry of the README's "Where results land" table (relative to the sweep folder, placeholders in <>) with
@@ -237,7 +238,7 @@ class SweepDir:
         return self.gather / "cache"
 
     def cached_group(self, key: str) -> Path:
-        """The cached evaluation of one group under its key (see :mod:`qed_ray.group_cache`)."""
+        """The cached evaluation of one group under its key (see :mod:`qed_ray.analysis.group_cache`)."""
         return self.group_cache / f"{key}.json"
 
     @property

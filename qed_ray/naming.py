@@ -12,57 +12,13 @@ from __future__ import annotations
 
 import functools
 import json
-import re
 from typing import Any, Iterable
 
 from pydantic import BaseModel
 
 from qed_ray.config import AGENT_SPECS, RunSpec, TemperatureSpec, TrainSpec
-
-SEP = "+"  # between the parts of a variant label
-PRIMARY = {"fixed": "alpha", "qed": "k"}  # the value written right after the kind
-_FORBIDDEN = ("/", "__", SEP, "=")  # would break folder names or the parse
-_KIND_RE = re.compile(r"(te|fixed|qed)(.*)")
-_INT_RE = re.compile(r"-?\d+")
-
-
-def format_value(value: Any) -> str:
-    """Shortest text that reads back as ``value``: ``0.2``, ``1e-05``, ``1e6``, ``512``, ``true``, ``relu``."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        short = format(value, "g")
-        # "+" separates a label's settings, so a large value's exponent is written without it (1e+06 -> 1e6)
-        return re.sub(r"e\+0*", "e", short if float(short) == value else repr(value))
-    text = str(value)
-    if any(bad in text for bad in _FORBIDDEN):
-        raise ValueError(f"{text!r} cannot appear in a trial name (it contains one of {' '.join(_FORBIDDEN)})")
-    return text
-
-
-def parse_value(text: str) -> Any:
-    """Inverse of :func:`format_value` (the model's validation fixes int/float where both read alike)."""
-    if text in ("true", "false"):
-        return text == "true"
-    if _INT_RE.fullmatch(text):
-        return int(text)
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
-def differences(model: BaseModel) -> dict[str, Any]:
-    """``{dotted.path: value}`` of every leaf setting of ``model`` whose value differs from its default."""
-    out: dict[str, Any] = {}
-    for name, info in type(model).model_fields.items():
-        value = getattr(model, name)
-        if isinstance(value, BaseModel):
-            out.update({f"{name}.{k}": v for k, v in differences(value).items()})
-        elif value != info.default:
-            out[name] = value
-    return out
-
+from qed_ray.labels import (KIND_RE, PRIMARY, SEP, differences, format_value,  # noqa: F401 - the vocabulary's API
+                            parse_value, temperature_label)
 
 def identity(run: RunSpec) -> dict[str, Any]:
     """What a run *is*: task, agent, seed, temperature kind and every non-default setting, as a flat dict."""
@@ -71,14 +27,6 @@ def identity(run: RunSpec) -> dict[str, Any]:
         out.update({f"{section}.{k}": v for k, v in differences(getattr(run, section)).items()
                     if k not in ("name", "kind")})
     return dict(sorted(out.items()))
-
-
-def temperature_label(t: TemperatureSpec) -> str:
-    """``te``, ``fixed0.05``, ``qed0.2``, then ``+field=value`` for each other non-default temperature setting."""
-    primary = PRIMARY.get(t.kind)
-    label = t.kind + (format_value(getattr(t, primary)) if primary else "")
-    extras = {k: v for k, v in differences(t).items() if k not in ("kind", primary)}
-    return label + "".join(f"{SEP}{k}={format_value(v)}" for k, v in extras.items())
 
 
 def variant_label(run: RunSpec, axes: Iterable[str] = ()) -> str:
@@ -118,7 +66,7 @@ def parse_variant(label: str) -> dict[str, dict[str, Any]]:
     """Inverse of :func:`variant_label`: ``{"temperature": {...}, "agent": {...}, "train": {...}}`` (nested
     mappings of the settings the label names; everything else is at its default or shared by the sweep)."""
     head, *parts = label.split(SEP)
-    m = _KIND_RE.fullmatch(head)
+    m = KIND_RE.fullmatch(head)
     if m is None or (m.group(1) in PRIMARY) != bool(m.group(2)):
         raise ValueError(f"variant {label!r}: does not start with te, fixed<alpha> or qed<k>")
     kind, value = m.groups()

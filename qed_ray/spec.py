@@ -19,8 +19,8 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from qed_ray import yaml_input
-from qed_ray.config import AGENT_SPECS, MAX_SEED, AgentBase, Frozen, RunSpec, TemperatureSpec, TrainSpec, \
-    format_validation_error
+from qed_ray.config import AGENT_SPECS, MAX_SEED, AgentBase, Frozen, RunSpec, TemperatureSpec, TrainSpec
+from qed_ray.field_hints import format_validation_error
 from qed_ray.grid import expand_grid, grid_size, validate_grid
 from qed_ray.hints import duplicates, near, short_repr, short_text
 from qed_ray.naming import identity, variant_label

@@ -1,6 +1,6 @@
 """The task registry: the paper's 18 dm_control tasks as ``domain-task`` names (pure data, no MuJoCo import).
 
-Config validation reads it without loading dm_control; :mod:`qed_ray.envs` builds the tasks.
+Config validation reads it without loading dm_control; :mod:`qed_ray.rl.envs` builds the tasks.
 """
 
 from __future__ import annotations

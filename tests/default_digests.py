@@ -49,7 +49,7 @@ def _agent_state(modules) -> list[torch.Tensor]:
 
 def update_values(name: str, temperature: dict, steps: int = 6) -> list:
     """``steps`` float32 updates of one seed's tiny agent on seeded batches, noise from its own generator."""
-    from qed_ray.agents import make_agent
+    from qed_ray.rl.agents import make_agent
     from qed_ray.config import MadSpec, TemperatureSpec
     from qed_ray.config import agent_spec as make_agent_spec
 
@@ -69,7 +69,7 @@ def update_values(name: str, temperature: dict, steps: int = 6) -> list:
 def trainer_values(temperature: dict) -> list:
     """A tiny SAC-LN run on cartpole-balance through the trainer (env, replay, evaluation): a pack of one seed."""
     from qed_ray.config import RunSpec
-    from qed_ray.trainer import build_trainer
+    from qed_ray.rl.trainer import build_trainer
 
     spec = RunSpec.model_validate({
         "task": "cartpole-balance", "seed": 3, "agent": {"hidden": 16, "batch_size": 16},

@@ -8,9 +8,9 @@ import math
 
 import torch
 
-from qed_ray.agents import make_agent
-from qed_ray.checkpoint import save_checkpoint
-from qed_ray.checksums import recorded_values
+from qed_ray.rl.agents import make_agent
+from qed_ray.rl.checkpoint import save_checkpoint
+from qed_ray.rl.digests import recorded_values
 from qed_ray.config import RunSpec
 from qed_ray.layout import SweepDir, TrialId
 
@@ -56,7 +56,7 @@ def finished_trial(layout: SweepDir, name: str) -> None:
 def new_sweep(layout: SweepDir, finished: list[str], running: dict[str, int]) -> None:
     """``sweep.json``, finished trials, running trials (``name: env steps reached``) and an MLflow store in which
     every finished trial recorded its checksums."""
-    from qed_ray.tracking import Tracker, default_tracking_uri
+    from qed_ray.service.tracking import Tracker, default_tracking_uri
 
     layout.root.mkdir(parents=True, exist_ok=True)
     layout.state_file.write_text(json.dumps({"sweep_id": SWEEP_ID, "fingerprint": "x", "created": 0.0}))
@@ -74,7 +74,7 @@ def new_sweep(layout: SweepDir, finished: list[str], running: dict[str, int]) ->
 
 def finish_running(layout: SweepDir, name: str) -> None:
     """A running trial of :func:`new_sweep` finishes: its snapshots, DONE marker and recorded checksums."""
-    from qed_ray.tracking import Tracker, default_tracking_uri
+    from qed_ray.service.tracking import Tracker, default_tracking_uri
 
     finished_trial(layout, name)
     tracker = Tracker(default_tracking_uri(layout.root), "exp", SWEEP_ID, str(layout.mlartifacts))
@@ -98,7 +98,7 @@ def group_result(task="a", agent="sac_ln", variant="te", scores=(0.1, 0.2), V=1.
                  early_q_gap=1.0, q1_dispersion=2.0, **kw):
     """A GroupResult with the given numbers: returns consistent with the scores, D and the action-distance matrix
     constant off the diagonal (so their pair means are V and action_distance), the rest small and fixed."""
-    from qed_ray.results import GroupResult
+    from qed_ray.analysis.results import GroupResult
 
     n = len(scores)
     seeds = list(range(n))

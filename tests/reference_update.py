@@ -13,9 +13,9 @@ import math
 
 import torch
 
-from qed_ray.hlgauss import cross_entropy
-from qed_ray.networks import tanh_log_det_jacobian
-from qed_ray.temperature import QEDTemperature, TargetEntropyTemperature, expectile
+from qed_ray.rl.hlgauss import cross_entropy
+from qed_ray.rl.networks import tanh_log_det_jacobian
+from qed_ray.rl.temperature import QEDTemperature, TargetEntropyTemperature, expectile
 
 LATENT_TARGET_SMOOTHING = 1e-4
 

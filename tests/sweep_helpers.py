@@ -48,7 +48,7 @@ def cli_env(**extra) -> dict:
 
 
 def run_sweep_cli(spec: Path, *args: str, timeout: float = 900, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Runs ``python -m qed_ray.sweep SPEC`` as a user would (``env``: a whole environment, default :func:`cli_env`)."""
+    """Runs ``python -m qed_ray.service.sweep SPEC`` as a user would (``env``: a whole environment, default :func:`cli_env`)."""
     return subprocess.run([sys.executable, "-m", "qed_ray.sweep", str(spec), *args], cwd=ROOT, env=env or cli_env(),
                           capture_output=True, text=True, timeout=timeout)
 
@@ -141,7 +141,7 @@ class MlflowServer:
 def sweep_runs(sweep_dir: Path, experiment: str, uri: str | None = None):
     """All MLflow runs of the sweep in ``sweep_dir`` (its SQLite store, or the tracking server at ``uri``), via the
     project's tracker."""
-    from qed_ray.tracking import Tracker
+    from qed_ray.service.tracking import Tracker
 
     layout = SweepDir(sweep_dir)
     state = json.loads(layout.state_file.read_text())

@@ -8,15 +8,15 @@ import pytest
 import torch
 from folder_helpers import group_result
 
-from qed_ray import metrics
-from qed_ray.agents import make_agent
-from qed_ray.agents import load_policies
-from qed_ray.analysis import GroupEnvs, action_rollouts, evaluate_group, trial_record
-from qed_ray.checkpoint import save_checkpoint
+from qed_ray.analysis import metrics
+from qed_ray.rl.agents import make_agent
+from qed_ray.rl.agents import load_policies
+from qed_ray.analysis.group_eval import GroupEnvs, action_rollouts, evaluate_group, trial_record
+from qed_ray.rl.checkpoint import save_checkpoint
 from qed_ray.config import RunSpec
-from qed_ray.evaluate import eval_seeds
+from qed_ray.rl.evaluate import eval_seeds
 from qed_ray.layout import SweepDir
-from qed_ray.results import TrialRecord
+from qed_ray.analysis.results import TrialRecord
 from qed_ray.spec import FinalEvalSpec
 
 FINAL_EVAL = FinalEvalSpec(episodes=2, action_rollouts=2, action_steps=30, curve_episodes=1, bootstrap_reps=200,
@@ -94,7 +94,7 @@ def test_trial_record_is_read_from_the_final_snapshot(sweep_copy):
 
 
 def test_critic_proxy_command_prints_r2_and_draws(tmp_path, capsys):
-    from qed_ray.analysis import main
+    from qed_ray.analysis.group_eval import main
 
     groups = [group_result(t, agent="mad_sac", early_q_gap=x, q1_dispersion=y).to_json()
               for t, x, y in [("a", 1.0, 2.0), ("b", 2.0, 4.5), ("c", 3.0, 6.0)]]

@@ -1,6 +1,6 @@
 """The house rules, read from every module's imports with ``ast``: the RL wing imports neither Ray nor MLflow, the
-analysis wing no Ray (and no MLflow: the service logs), only the entry points import the service wing, no import
-circle, no ``__main__`` block in a library module, and no file over 450 lines. The rules must catch a module that
+analysis wing no Ray (and no MLflow: the service logs), only the entry points import the service wing, the shared
+floor imports no wing, no import circle, no ``__main__`` block in a library module, and no file over 450 lines. The rules must catch a module that
 breaks them (checked with temporary modules)."""
 
 import ast
@@ -13,7 +13,7 @@ ROOT = Path(__file__).parents[1] / "qed_ray"
 WINGS = ("rl", "analysis", "service", "paper")
 # The entry points: `python -m qed_ray.X` (and the console scripts) hand over to their wing from these alone.
 ENTRY_POINTS = {"qed_ray.sweep", "qed_ray.train", "qed_ray.gather", "qed_ray.visualize", "qed_ray.toy",
-                "qed_ray.theory", "qed_ray.envs", "qed_ray.pack_run", "qed_ray.analysis.__main__"}
+                "qed_ray.theory", "qed_ray.envs", "qed_ray.relink", "qed_ray.pack_run", "qed_ray.analysis.__main__"}
 FORBIDDEN = {"rl": ("ray", "mlflow"), "analysis": ("ray", "mlflow")}
 MAX_LINES = 450
 
@@ -24,11 +24,21 @@ def module_name(path: Path, root: Path = ROOT) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def _runtime_nodes(tree: ast.AST):
+    """Every node but those under ``if TYPE_CHECKING:`` (imports for annotations only: no module loads them)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        yield node
+        yield from _runtime_nodes(node)
+
+
 def imports_of(path: Path, root: Path = ROOT) -> set[str]:
-    """Every module ``path`` imports (absolute names; ``from pkg import mod`` counts as ``pkg.mod`` when it is one)."""
+    """Every module ``path`` imports at run time, at module level or inside a function (absolute names;
+    ``from pkg import mod`` counts as ``pkg.mod`` when it is one)."""
     tree, out = ast.parse(path.read_text()), set()
     package = module_name(path, root).rsplit(".", 1)[0] if path.name != "__init__.py" else module_name(path, root)
-    for node in ast.walk(tree):
+    for node in _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -63,6 +73,9 @@ def problems(root: Path = ROOT) -> list[str]:
         service = sorted(i for i in edges[name] if i.startswith("qed_ray.service"))
         if service and wing != "service" and name not in ENTRY_POINTS:
             out.append(f"{name}: imports {service[0]} (only the entry points import the service wing)")
+        upward = sorted(i for i in edges[name] if i.split(".")[1:2] and i.split(".")[1] in WINGS)
+        if wing is None and upward and name not in ENTRY_POINTS and name != "qed_ray":
+            out.append(f"{name}: the shared floor imports {upward[0]} (a wing builds on the floor, never under it)")
         if name not in ENTRY_POINTS and re.search(r"^if __name__ == .__main__.:", path.read_text(), re.M):
             out.append(f"{name}: a __main__ block in a library module (entry points: {sorted(ENTRY_POINTS)})")
         lines = len(path.read_text().splitlines())
@@ -119,9 +132,10 @@ def test_the_rl_core_stays_free_of_ray_mlflow_and_the_service():
     ("rl", "import ray\n", "qed_ray.rl.broken: the rl wing imports ray"),
     ("rl", "from mlflow.tracking import MlflowClient\n", "qed_ray.rl.broken: the rl wing imports mlflow"),
     ("analysis", "import ray.tune\n", "qed_ray.analysis.broken: the analysis wing imports ray"),
-    ("paper", "from qed_ray.service import sweep\n", "qed_ray.paper.broken: imports qed_ray.service.sweep (only"),
+    ("paper", "from qed_ray.service import sweep\n", "qed_ray.paper.broken: imports qed_ray.service"),
     ("rl", "from qed_ray.rl import broken_too\n", "import circle: qed_ray.rl.broken -> qed_ray.rl.broken_too"),
     ("rl", "if __name__ == '__main__':\n    pass\n", "qed_ray.rl.broken: a __main__ block in a library module"),
+    ("", "from qed_ray.rl import trainer\n", "qed_ray.broken: the shared floor imports qed_ray.rl"),
     ("rl", "x = 1\n" * 451, "qed_ray.rl.broken: 451 lines (at most 450)"),
 ])
 def test_a_module_that_breaks_a_rule_is_caught(tmp_path, wing, source, needle):
@@ -130,5 +144,5 @@ def test_a_module_that_breaks_a_rule_is_caught(tmp_path, wing, source, needle):
     copy = tmp_path / "qed_ray"
     shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__", "data"))
     (copy / wing / "broken.py").write_text(source)
-    (copy / wing / "broken_too.py").write_text(f"from qed_ray.{wing} import broken\n")
+    (copy / wing / "broken_too.py").write_text(f"from {'.'.join(filter(None, ('qed_ray', wing)))} import broken\n")
     assert any(line.startswith(needle) for line in problems(copy)), problems(copy)

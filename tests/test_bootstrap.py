@@ -4,7 +4,7 @@ interval contains V and shrinks with more seeds, the ragged IQM interval matches
 import numpy as np
 import pytest
 
-from qed_ray import bootstrap, metrics
+from qed_ray.analysis import bootstrap, metrics
 
 D3 = np.array([[0.0, 1.0, 2.0], [1.0, 0.0, 4.0], [2.0, 4.0, 0.0]])
 
@@ -71,7 +71,7 @@ def test_variance_and_percentiles():
 def test_iqm_interval_equal_counts_is_rliables_estimate():
     scores = np.random.default_rng(3).uniform(size=(5, 4))
     got = bootstrap.iqm_interval([scores[:, t] for t in range(4)], 500, 0.95, 7)
-    assert got == metrics.interval_estimate(scores, metrics.iqm, 500, 0.95, 7)
+    assert got == bootstrap.interval_estimate(scores, metrics.iqm, 500, 0.95, 7)
 
 
 def test_iqm_interval_keeps_every_seed_of_unequal_tasks():

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from qed_ray.agents import make_agent
-from qed_ray.checkpoint import (FORMAT_VERSION, CheckpointError, CheckpointVersionError, load_checkpoint,
+from qed_ray.rl.agents import make_agent
+from qed_ray.rl.checkpoint import (FORMAT_VERSION, CheckpointError, CheckpointVersionError, load_checkpoint,
                                 save_checkpoint)
 from qed_ray.config import RunSpec
-from qed_ray.replay import Replay, list_chunks, prune_chunks
+from qed_ray.rl.replay import Replay, list_chunks, prune_chunks
 
 
 def _agent(spec, seed=0):
@@ -94,7 +94,7 @@ def test_checkpoint_of_another_format_is_refused_and_kept(tiny_run, tmp_path, ve
 
 
 def test_policy_snapshots_of_format_1_still_load_for_analysis(tmp_path):
-    from qed_ray.agents import load_policies, load_policy
+    from qed_ray.rl.agents import load_policies, load_policy
 
     # A final policy snapshot written by qed_ray at checkpoint format 1 (SAC-LN, QED k 0.2, hidden 16, after 20
     # updates), with the deterministic actions and log alpha_TE that version computed from it.
@@ -114,7 +114,7 @@ def test_policy_snapshots_of_format_1_still_load_for_analysis(tmp_path):
     assert not torch.equal(fresh.mode_with(fresh.params(), torch.as_tensor(obs[0])),
                            agent.mode_with(agent.params(), torch.as_tensor(obs[0])))  # the weights came from the file
     assert RunSpec.model_validate(manifest["run"]).agent.hidden == 16, "the manifest's run is upgraded (visualize)"
-    from qed_ray.checkpoint import SNAPSHOT_FORMATS, read_manifest
+    from qed_ray.rl.checkpoint import SNAPSHOT_FORMATS, read_manifest
     import hashlib
     stated = read_manifest(snapshot, SNAPSHOT_FORMATS)["state_sha256"]  # what gather and its checksums read
     assert stated == hashlib.sha256((snapshot / "state.pt").read_bytes()).hexdigest()

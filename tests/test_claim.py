@@ -10,11 +10,11 @@ import pytest
 from pydantic import ValidationError
 
 from qed_ray import claim
-from qed_ray.dry_run import dry_run
+from qed_ray.service.dry_run import dry_run
 from qed_ray.layout import SweepDir
 from qed_ray.spec import SweepSpec, load_spec
-from qed_ray.sweep import main
-from qed_ray.sweep_state import plan, write_state
+from qed_ray.service.sweep import main
+from qed_ray.service.sweep_state import plan, write_state
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "claim.md"

@@ -633,9 +633,9 @@ def _worker_types(cfg: dict) -> list[dict]:
 def test_the_dmc18_packs_fit_the_worker_nodes_cpus_gpu_share_and_gpu_memory(provider):
     import json as _json
 
-    from qed_ray.replay import replay_bytes
+    from qed_ray.rl.replay import replay_bytes
     from qed_ray.spec import load_spec
-    from qed_ray.throughput import load_throughput
+    from qed_ray.service.throughput import load_throughput
 
     spec = load_spec(ROOT / "sweeps" / "dmc18.yaml")
     need, per_gpu = spec.trial_resources(), round(1 / spec.resources.gpu)

@@ -9,9 +9,9 @@ import pytest
 from folder_helpers import group_result
 from scipy.stats import trim_mean
 
-from qed_ray import bootstrap, metrics
+from qed_ray.analysis import bootstrap, metrics
 from qed_ray.spec import FinalEvalSpec
-from qed_ray.tables import aggregate, compare_all
+from qed_ray.analysis.tables import aggregate, compare_all
 
 FE = FinalEvalSpec(bootstrap_reps=300, confidence=0.9, seed=3)
 

@@ -4,9 +4,9 @@ start where fresh ones do (the rollout engine on a pool: tests/test_evaluate.py)
 import numpy as np
 import pytest
 
-from qed_ray.env_pool import EnvPool, EnvWorkerError
-from qed_ray.envs import make_env
-from qed_ray.evaluate import eval_seeds
+from qed_ray.rl.env_pool import EnvPool, EnvWorkerError
+from qed_ray.rl.envs import make_env
+from qed_ray.rl.evaluate import eval_seeds
 
 TASK, FRAME_SKIP = "cartpole-balance", 10  # 100 decisions per episode
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from qed_ray.envs import TASKS, check_task, make_env
+from qed_ray.rl.envs import TASKS, check_task, make_env
 
 
 def test_registry_is_the_papers_18_tasks():

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from qed_ray.agents.packed import make_packed_agent
+from qed_ray.rl.agents import make_packed_agent
 from qed_ray.config import SacLnSpec, TemperatureSpec
-from qed_ray.env_pool import EnvPool
-from qed_ray.envs import make_env
-from qed_ray.evaluate import (EVAL_SEED_BASE, SamplingPolicy, episode_noise, eval_policy, eval_seeds,
+from qed_ray.rl.env_pool import EnvPool
+from qed_ray.rl.envs import make_env
+from qed_ray.rl.evaluate import (EVAL_SEED_BASE, SamplingPolicy, episode_noise, eval_policy, eval_seeds,
                               rollout_in_chunks, rollout_lockstep)
 
 TASK = "cartpole-balance"  # obs_dim 5, action_dim 1, physics state (qpos 2, qvel 2)

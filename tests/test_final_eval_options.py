@@ -12,20 +12,20 @@ import pytest
 import torch
 from folder_helpers import group_result
 
-from qed_ray import bootstrap
-from qed_ray.agents import make_agent
-from qed_ray.analysis import evaluate_group
-from qed_ray.checkpoint import save_checkpoint
+from qed_ray.analysis import bootstrap
+from qed_ray.rl.agents import make_agent
+from qed_ray.analysis.group_eval import evaluate_group
+from qed_ray.rl.checkpoint import save_checkpoint
 from qed_ray.config import RunSpec, SacLnSpec, TemperatureSpec
-from qed_ray.agents.packed import make_packed_agent
-from qed_ray.env_pool import EnvPool
-from qed_ray.evaluate import eval_policy, eval_seeds, rollout_lockstep
-from qed_ray.group_cache import ANALYSIS_VERSION, EVAL_FIELDS, cache_key
+from qed_ray.rl.agents import make_packed_agent
+from qed_ray.rl.env_pool import EnvPool
+from qed_ray.rl.evaluate import eval_policy, eval_seeds, rollout_lockstep
+from qed_ray.analysis.group_cache import ANALYSIS_VERSION, EVAL_FIELDS, cache_key
 from qed_ray.layout import SweepDir
-from qed_ray.reanalyze import policy_dir, write_results
-from qed_ray.results import GroupKey, SweepResults, TrialRecord
+from qed_ray.service.reanalysis import policy_dir, write_results
+from qed_ray.analysis.results import GroupKey, SweepResults, TrialRecord
 from qed_ray.spec import FinalEvalSpec
-from qed_ray.tables import sweep_results
+from qed_ray.analysis.tables import sweep_results
 
 TASK = "cartpole-balance"
 FE = FinalEvalSpec(episodes=2, action_rollouts=2, action_steps=30, curve_episodes=1, bootstrap_reps=200)
@@ -135,7 +135,7 @@ def test_the_fixed_alpha_figure_plots_the_mean_return_with_the_iqm_beside_it(tmp
     want = bootstrap.mean_interval([np.array(scores["te"])], FE.bootstrap_reps, FE.confidence, FE.seed)
     assert (rows["te"].mean_score_ci_lower, rows["te"].mean_score_ci_upper) == (want["lower"], want["upper"])
     assert want["lower"] <= 0.375 <= want["upper"] and want["upper"] > want["lower"]
-    from qed_ray.plots import mean_return_vs_kl, save
+    from qed_ray.analysis.plots import mean_return_vs_kl, save
 
     svg = save(mean_return_vs_kl(results), tmp_path / "fig.png").with_suffix(".svg").read_text()
     assert "Mean of normalised final return" in svg and "IQM of normalised final return" in svg

@@ -4,15 +4,16 @@ checksums, metric names MLflow accepts. (The live actor runs in tests/test_sweep
 import pytest
 import torch
 
-from qed_ray import checksums, group_cache
-from qed_ray.agents import make_agent
-from qed_ray.analysis import trial_record
-from qed_ray.checkpoint import read_manifest, save_checkpoint
-from qed_ray.checksums import Recorded, TamperedSnapshotError, recorded_values, verify
-from qed_ray.gather import group_task_resources
-from qed_ray.results import GroupKey
+from qed_ray.analysis import checksums, group_cache
+from qed_ray.rl.agents import make_agent
+from qed_ray.analysis.group_eval import trial_record
+from qed_ray.rl.checkpoint import read_manifest, save_checkpoint
+from qed_ray.analysis.checksums import TamperedSnapshotError, verify
+from qed_ray.rl.digests import Recorded, recorded_values
+from qed_ray.service.gather import group_task_resources
+from qed_ray.analysis.results import GroupKey
 from qed_ray.spec import FinalEvalSpec
-from qed_ray.tracking import metric_key
+from qed_ray.service.tracking import metric_key
 
 NODE = lambda cpu, gpu=0: {"Resources": {"CPU": cpu, "GPU": gpu}}  # noqa: E731
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qed_ray.throughput import parse_throughput
+from qed_ray.service.throughput import parse_throughput
 
 ROOT = Path(__file__).parents[1]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from qed_ray import layout as L
-from qed_ray.checkpoint import MANIFEST_FILE
-from qed_ray.envs import TASKS
+from qed_ray.rl.checkpoint import MANIFEST_FILE
+from qed_ray.rl.envs import TASKS
 from qed_ray.layout import DOCUMENTED, PACK_FILE, PackId, SweepDir, TrialId, parse_trial_dirname, trial_dirname
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from qed_ray.lock import LockHeld, SweepLock, read_lock
+from qed_ray.service.lock import LockHeld, SweepLock, read_lock
 
 
 def _write(path, **fields):

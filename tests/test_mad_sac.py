@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from qed_ray.agents.base import params_of
-from qed_ray.agents.mad_sac import MODEL_METRIC_KEYS, MadSAC, split_sizes
+from qed_ray.rl.agents.base import params_of
+from qed_ray.rl.agents.mad_sac import MODEL_METRIC_KEYS, MadSAC, split_sizes
 from qed_ray.config import MadSacSpec, MadSpec, TemperatureSpec
-from qed_ray.hlgauss import HLGauss, cross_entropy
-from qed_ray.world_model import Dynamics, HLGaussCritic, SimNorm
+from qed_ray.rl.hlgauss import HLGauss, cross_entropy
+from qed_ray.rl.world_model import Dynamics, HLGaussCritic, SimNorm
 
 OBS, ACT = 5, 2
 TINY_MAD = {"latent_dim": 16, "encoder_hidden": 32, "model_hidden": 32}
@@ -243,7 +243,7 @@ def test_target_actor_critic_option_trains_the_actor_against_the_target_critic()
 
 
 def test_acting_and_analysis_methods_read_the_encoded_observation():
-    from qed_ray.agents.packed import PackedAgent
+    from qed_ray.rl.agents.packed import PackedAgent
 
     agent = make_agent()
     pack = PackedAgent([agent])  # a pack of one: what acts and is evaluated
@@ -303,7 +303,7 @@ def _flat_tensors(state, prefix=""):
 @pytest.mark.parametrize("temperature", [{"kind": "te"}, {"kind": "qed", "k": 0.2}])
 def test_resumed_run_matches_a_straight_run(tiny_run, tmp_path, temperature):
     from qed_ray.layout import PackId, SweepDir, seed_dir, trial_dirname
-    from qed_ray.train import run
+    from qed_ray.rl.run import run
 
     agent = {"name": "mad_sac", "hidden": 16, "batch_size": 16,
              "mad": {"latent_dim": 16, "encoder_hidden": 16, "model_hidden": 16, "num_bins": 51, "model_every": 3}}

@@ -1,10 +1,10 @@
-"""Tests for qed_ray.metrics: hand-computed cases, invariants and independent references."""
+"""Tests for qed_ray.analysis.metrics: hand-computed cases, invariants and independent references."""
 
 import numpy as np
 import pytest
 import scipy.stats
 
-from qed_ray import metrics
+from qed_ray.analysis import bootstrap, metrics
 
 
 def _random_gaussians(rng, shape):
@@ -141,22 +141,22 @@ def test_iqm_equals_scipy_trim_mean_exactly():
 def test_bootstrap_ci_properties():
     rng = np.random.default_rng(5)
     scores = rng.uniform(size=(10, 6))
-    lower, upper = metrics.stratified_bootstrap_ci(scores, reps=1000, seed=7)
+    lower, upper = bootstrap.stratified_bootstrap_ci(scores, reps=1000, seed=7)
     assert lower < metrics.iqm(scores) < upper
-    assert (lower, upper) == metrics.stratified_bootstrap_ci(scores, reps=1000, seed=7)
-    assert (lower, upper) != metrics.stratified_bootstrap_ci(scores, reps=1000, seed=8)
+    assert (lower, upper) == bootstrap.stratified_bootstrap_ci(scores, reps=1000, seed=7)
+    assert (lower, upper) != bootstrap.stratified_bootstrap_ci(scores, reps=1000, seed=8)
     # Vectorised IQM path equals applying the statistic rep by rep on the same resamples.
-    looped = metrics.stratified_bootstrap_ci(scores, lambda m: metrics.iqm(m), reps=1000, seed=7)
+    looped = bootstrap.stratified_bootstrap_ci(scores, lambda m: metrics.iqm(m), reps=1000, seed=7)
     np.testing.assert_allclose(looped, (lower, upper), rtol=1e-12)
-    est = metrics.interval_estimate(scores, reps=1000, seed=7)
+    est = bootstrap.interval_estimate(scores, reps=1000, seed=7)
     assert est == {"point": metrics.iqm(scores), "lower": lower, "upper": upper, "width": upper - lower}
 
 
 def test_bootstrap_ci_shrinks_with_more_runs():
     rng = np.random.default_rng(6)
     few, many = rng.normal(size=(5, 4)), rng.normal(size=(50, 4))
-    width_few = metrics.ci_width(*metrics.stratified_bootstrap_ci(few, reps=2000))
-    width_many = metrics.ci_width(*metrics.stratified_bootstrap_ci(many, reps=2000))
+    width_few = bootstrap.ci_width(*bootstrap.stratified_bootstrap_ci(few, reps=2000))
+    width_many = bootstrap.ci_width(*bootstrap.stratified_bootstrap_ci(many, reps=2000))
     assert width_many < 0.6 * width_few  # ~1/sqrt(10) expected
 
 
@@ -165,7 +165,7 @@ def test_bootstrap_resamples_within_tasks_only():
     # column means, so a within-task resample keeps the per-task mean statistic fixed at 0 and 1.
     scores = np.array([[0.0, 1.0]] * 4)
     for col in (0, 1):
-        lo, hi = metrics.stratified_bootstrap_ci(scores, lambda m, c=col: m[:, c].mean(), reps=200)
+        lo, hi = bootstrap.stratified_bootstrap_ci(scores, lambda m, c=col: m[:, c].mean(), reps=200)
         assert lo == hi == float(col)
 
 
@@ -189,7 +189,7 @@ def test_iqm_and_ci_match_rliable():
         finally:
             np.random.set_state(saved)
         theirs = intervals["m"][:, 0]
-        ours = metrics.stratified_bootstrap_ci(scores, reps=reps, seed=trial)
+        ours = bootstrap.stratified_bootstrap_ci(scores, reps=reps, seed=trial)
         tolerance = 0.01 * np.ptp(scores)
         np.testing.assert_allclose(ours, theirs, rtol=0, atol=tolerance)
 
@@ -266,9 +266,9 @@ def test_r_squared_hand_case_and_linregress():
         (lambda: metrics.pool_states([]), "per_policy_states"),
         (lambda: metrics.iqm(np.zeros(5)), "scores: expected 2 dimensions"),
         (lambda: metrics.iqm([[1.0, np.nan]]), "scores: contains 1 non-finite"),
-        (lambda: metrics.stratified_bootstrap_ci(np.zeros((3, 2)), confidence=1.5), "confidence"),
-        (lambda: metrics.stratified_bootstrap_ci(np.zeros((3, 2)), reps=0), "reps"),
-        (lambda: metrics.ci_width(2.0, 1.0), "upper"),
+        (lambda: bootstrap.stratified_bootstrap_ci(np.zeros((3, 2)), confidence=1.5), "confidence"),
+        (lambda: bootstrap.stratified_bootstrap_ci(np.zeros((3, 2)), reps=0), "reps"),
+        (lambda: bootstrap.ci_width(2.0, 1.0), "upper"),
         (lambda: metrics.cumulative_action_distance(np.zeros((1, 2, 3, 4))), "x: need at least 2"),
         (lambda: metrics.cumulative_action_distance(np.zeros((2, 3, 4))), "x: expected 4 dimensions"),
         (lambda: metrics.normalized_score([1200.0]), "returns"),

@@ -143,7 +143,7 @@ def test_writes_and_reads_without_valid_credentials_are_refused(server):
 def test_tracker_logs_through_the_server_with_env_credentials(server, monkeypatch, tmp_path):
     from mlflow.exceptions import MlflowException
 
-    from qed_ray.tracking import Tracker
+    from qed_ray.service.tracking import Tracker
 
     for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
         monkeypatch.delenv(key, raising=False)

@@ -10,7 +10,7 @@ from qed_ray.config import AGENT_SPECS, RunSpec, TemperatureSpec
 from qed_ray.flags import run_flags
 from qed_ray.naming import format_value, identity, parse_value, parse_variant, temperature_label, variant_label
 from qed_ray.spec import load_spec
-from qed_ray.train import main as train_main
+from qed_ray.rl.run import main as train_main
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = {"env_steps": 2000, "eval_every": 1000, "warmup_decisions": 100}
@@ -139,7 +139,7 @@ def test_shipped_sweeps_keep_their_identity():
 
 
 def test_one_registry_of_agent_names():
-    from qed_ray.agents import make_agent  # noqa: F401 - the agents package must agree with config's registry
+    from qed_ray.rl.agents import make_agent  # noqa: F401 - the agents package must agree with config's registry
 
     assert set(AGENT_SPECS) == {"sac_ln", "mad_sac"}
     assert {f.path: f.choices for f in run_flags()}[("agent", "name")] == tuple(AGENT_SPECS)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from qed_ray.networks import TanhGaussianActor, TwinCritic, make_adam, polyak_update, tanh_log_det_jacobian
+from qed_ray.rl.networks import TanhGaussianActor, TwinCritic, make_adam, polyak_update, tanh_log_det_jacobian
 
 
 def test_stable_tanh_correction_matches_naive_formula():

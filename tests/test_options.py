@@ -9,13 +9,13 @@ import pytest
 import torch
 from default_digests import all_fingerprints, same
 
-from qed_ray.agents import make_agent
-from qed_ray.agents.base import params_of
-from qed_ray.agents.packed import make_packed_agent
+from qed_ray.rl.agents import make_agent
+from qed_ray.rl.agents.base import params_of
+from qed_ray.rl.agents import make_packed_agent
 from qed_ray.config import HLGaussSpec, MadSpec, RunSpec, SacLnSpec, TemperatureSpec, agent_spec
-from qed_ray.hlgauss import cross_entropy
-from qed_ray.networks import squashed_sample
-from qed_ray.replay import holdout_draw, keeps_transition
+from qed_ray.rl.hlgauss import cross_entropy
+from qed_ray.rl.networks import squashed_sample
+from qed_ray.rl.replay import holdout_draw, keeps_transition
 
 OBS, ACT, B = 5, 2, 16
 QED = {"kind": "qed", "k": 0.2, "n_actions": 4, "alpha_max": 0.5, "init_alpha": 0.02}
@@ -196,7 +196,7 @@ def test_held_out_share_and_time_limit_masking_decide_what_enters_the_replay():
 
 
 def test_the_trainer_leaves_held_out_and_time_limit_transitions_out_of_each_seeds_replay():
-    from qed_ray.trainer import build_trainer
+    from qed_ray.rl.trainer import build_trainer
 
     train = {"env_steps": 2000, "eval_every": 2000, "eval_episodes": 1, "warmup_decisions": 200, "frame_skip": 10,
              "holdout_fraction": 0.25, "mask_time_limits": True}
@@ -213,7 +213,7 @@ def test_the_trainer_leaves_held_out_and_time_limit_transitions_out_of_each_seed
 # ---- the shipped ablation spec ------------------------------------------------------------------------------
 def test_ablations_spec_crosses_m1_m2_and_m3_with_both_evaluation_policies(capsys):
     from qed_ray.spec import load_spec
-    from qed_ray.sweep import main
+    from qed_ray.service.sweep import main
 
     root = Path(__file__).parent.parent / "sweeps"
     spec = load_spec(root / "ablations.yaml")

@@ -1,4 +1,4 @@
-"""The pack's update runner (qed_ray.pack_update): eager, compiled and CUDA-graphed updates are the same update.
+"""The pack's update runner (qed_ray.rl.update): eager, compiled and CUDA-graphed updates are the same update.
 
 torch + numpy + pydantic only: these tests run on the GPU machine too (``QED_TEST_DEVICE=cuda``, marker
 ``torch_only``), where the graph tests run instead of being skipped.
@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from qed_ray.agents.packed import make_packed_agent
+from qed_ray.rl.agents import make_packed_agent
 from qed_ray.config import MadSpec, TemperatureSpec, TrainSpec, agent_spec
-from qed_ray.pack_update import PackUpdater, make_capturable, resolve_mode
-from qed_ray.replay import Replay
-from qed_ray.update_metrics import MetricAccumulator
+from qed_ray.rl.update import PackUpdater, make_capturable, resolve_mode
+from qed_ray.rl.replay import Replay
+from qed_ray.rl.update_metrics import MetricAccumulator
 
 pytestmark = pytest.mark.torch_only
 
@@ -161,7 +161,7 @@ def test_the_graphed_update_equals_the_eager_one_without_a_host_sync(name, devic
 
 
 def test_device_names_that_mean_one_device_are_the_same_device():
-    from qed_ray.pack_update import same_device
+    from qed_ray.rl.update import same_device
 
     assert same_device("cpu", torch.device("cpu")) and not same_device("cpu", "meta")
     if torch.cuda.is_available():  # the graph path gathers inside the graph only when replay and agent share one

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from qed_ray.agents import make_agent
-from qed_ray.agents.packed import PackedAgent, make_packed_agent
+from qed_ray.rl.agents import make_agent
+from qed_ray.rl.agents.packed import PackedAgent
+from qed_ray.rl.agents import make_packed_agent
 from qed_ray.config import MadSpec, TemperatureSpec, agent_spec
-from qed_ray.networks import per_seed_clip_
-from qed_ray.replay import FIELDS, Replay, list_chunks, read_chunks, replay_bytes
+from qed_ray.rl.networks import per_seed_clip_
+from qed_ray.rl.replay import FIELDS, Replay, list_chunks, read_chunks, replay_bytes
 
 OBS, ACT, B = 5, 2, 16
 SEEDS = (3, 7)

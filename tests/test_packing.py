@@ -8,13 +8,13 @@ import uuid
 import pytest
 from pydantic import ValidationError
 
-from qed_ray.config import format_validation_error
-from qed_ray.dry_run import dry_run
+from qed_ray.field_hints import format_validation_error
+from qed_ray.service.dry_run import dry_run
 from qed_ray.layout import PackId, SweepDir, parse_trial_dirname
-from qed_ray.packing import form_packs, pack_records, seed_trials, tune_folder, tune_name
+from qed_ray.service.packing import form_packs, pack_records, seed_trials, tune_folder, tune_name
 from qed_ray.spec import SweepSpec
-from qed_ray.sweep_state import plan, write_state
-from qed_ray.tracking import PACK_SIZE_TAG, PACK_TAG, Tracker, TrialRun, pack_tags
+from qed_ray.service.sweep_state import plan, write_state
+from qed_ray.service.tracking import PACK_SIZE_TAG, PACK_TAG, Tracker, TrialRun, pack_tags
 
 BASE = {"name": "p", "tasks": ["cartpole-balance", "walker-walk"], "seeds": 5,
         "agents": [{"name": "sac_ln", "overrides": {"hidden": 16}, "temperatures": [{"kind": "te"}]}],

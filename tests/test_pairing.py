@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from qed_ray.agents import make_agent
+from qed_ray.rl.agents import make_agent
 from qed_ray.config import agent_spec
-from qed_ray.evaluate import eval_seeds
-from qed_ray.trainer import build_trainer
+from qed_ray.rl.evaluate import eval_seeds
+from qed_ray.rl.trainer import build_trainer
 
 TEMPERATURES = {"te": {"kind": "te"}, "qed": {"kind": "qed", "k": 0.2}, "fixed": {"kind": "fixed", "alpha": 0.2}}
 AGENTS = {"sac_ln": {"hidden": 32}, "mad_sac": {"name": "mad_sac", "hidden": 32, "batch_size": 32,

@@ -1,4 +1,4 @@
-"""train.precision and QED's critic products (qed_ray.precision) and their numerics gate (qed_ray.precision_gate).
+"""train.precision and QED's critic products (qed_ray.rl.precision) and their numerics gate (qed_ray.rl.precision_gate).
 
 The torch_only tests run on the GPU machine too (``QED_TEST_DEVICE=cuda``): there the gate runs on the tensor cores
 inside a CUDA graph, against FP64 on the same inputs, with the same expectations as the CPU emulation.
@@ -10,13 +10,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from qed_ray.agents import make_agent
-from qed_ray.agents.base import params_of
-from qed_ray.config import RunSpec, TemperatureSpec, TrainSpec, agent_spec, format_validation_error
+from qed_ray.rl.agents import make_agent
+from qed_ray.rl.agents.base import params_of
+from qed_ray.config import RunSpec, TemperatureSpec, TrainSpec, agent_spec
+from qed_ray.field_hints import format_validation_error
 from qed_ray.naming import identity, parse_variant
-from qed_ray.precision import (CUDA_DEFAULT, apply_matmul_precision, resolve_precision, round_tf32, split_linear,
+from qed_ray.rl.precision import (CUDA_DEFAULT, apply_matmul_precision, resolve_precision, round_tf32, split_linear,
                                split_tf32, tf32_linear)
-from qed_ray.precision_gate import GateSettings, run_gate
+from qed_ray.rl.precision_gate import GateSettings, run_gate
 
 ROOT = Path(__file__).parents[1]
 QED = TemperatureSpec(kind="qed", k=0.2, n_actions=4, alpha_max=0.5, init_alpha=0.02)
@@ -201,7 +202,7 @@ def test_ablations_cross_fp32_and_tf32_and_each_precision_is_its_own_group():
 
 
 def test_a_cpu_run_ignores_the_precision_and_says_so(tiny_run):
-    from qed_ray.trainer import build_trainer
+    from qed_ray.rl.trainer import build_trainer
 
     specs = [tiny_run(seed=s, temperature={"kind": "qed", "k": 0.2}, train={"precision": "3xtf32"}) for s in (0, 1)]
     lines = []

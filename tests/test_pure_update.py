@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from qed_ray.agents import make_agent
-from qed_ray.agents.base import params_of
+from qed_ray.rl.agents import make_agent
+from qed_ray.rl.agents.base import params_of
 from qed_ray.config import AgentBase, MadSpec, SacLnSpec, TemperatureSpec
 from qed_ray.config import agent_spec as make_agent_spec
-from qed_ray.update_metrics import MetricAccumulator, MetricLayout
+from qed_ray.rl.update_metrics import MetricAccumulator, MetricLayout
 from reference_update import OldMadSAC, OldSACLN
 
 OBS, ACT, B = 5, 2, 16
@@ -91,7 +91,7 @@ def test_mad_noise_layout_reserves_model_rows_every_update():
 
 @pytest.mark.parametrize("name", ["sac_ln", "mad_sac"])
 def test_update_and_act_draw_one_block_each_from_the_agents_generator(name):
-    from qed_ray.agents.packed import PackedAgent
+    from qed_ray.rl.agents.packed import PackedAgent
 
     a = PackedAgent([make_agent(agent_spec(name, model_every=2), TEMPERATURES["qed"], OBS, ACT, "cpu", 3)])
     b = make_agent(agent_spec(name, model_every=2), TEMPERATURES["qed"], OBS, ACT, "cpu", 3)
@@ -253,8 +253,8 @@ def test_each_agent_declares_its_metric_columns(name, kind, expected):
 
 # ---- one interface ----------------------------------------------------------------------------------------
 def test_registry_builds_agents_that_implement_the_protocol():
-    from qed_ray.agents import AGENTS
-    from qed_ray.agents.base import Agent
+    from qed_ray.rl.agents import AGENTS
+    from qed_ray.rl.agents.base import Agent
 
     assert list(AGENTS) == ["sac_ln", "mad_sac"]
     for name, acting in (("sac_ln", ("actor",)), ("mad_sac", ("encoder", "actor"))):
@@ -276,18 +276,18 @@ def test_training_core_imports_and_updates_with_dm_control_ray_and_mlflow_blocke
                 if name.split(".")[0] in BLOCKED:
                     raise ImportError(f"{name} is blocked")
         sys.meta_path.insert(0, Block())
-        for m in ("qed_ray.agents", "qed_ray.agents.base", "qed_ray.agents.sac_ln", "qed_ray.agents.mad_sac",
-                  "qed_ray.temperature", "qed_ray.networks", "qed_ray.hlgauss", "qed_ray.world_model",
-                  "qed_ray.replay", "qed_ray.update_metrics", "qed_ray.checkpoint", "qed_ray.config",
-                  "qed_ray.trainer", "qed_ray.agents.learner", "qed_ray.agents.packed", "qed_ray.pack",
-                  "qed_ray.pack_checkpoint", "qed_ray.pack_update", "qed_ray.writer", "qed_ray.env_pool",
-                  "qed_ray.evaluate", "qed_ray.run_folder"):
+        for m in ("qed_ray.rl.agents", "qed_ray.rl.agents.base", "qed_ray.rl.agents.sac_ln", "qed_ray.rl.agents.mad_sac",
+                  "qed_ray.rl.temperature", "qed_ray.rl.networks", "qed_ray.rl.hlgauss", "qed_ray.rl.world_model",
+                  "qed_ray.rl.replay", "qed_ray.rl.update_metrics", "qed_ray.rl.checkpoint", "qed_ray.config",
+                  "qed_ray.rl.trainer", "qed_ray.rl.agents.learner", "qed_ray.rl.agents.packed", "qed_ray.rl.pack",
+                  "qed_ray.rl.pack_checkpoint", "qed_ray.rl.update", "qed_ray.rl.writer", "qed_ray.rl.env_pool",
+                  "qed_ray.rl.evaluate", "qed_ray.rl.run_folder", "qed_ray.rl.precision", "qed_ray.rl.digests"):
             importlib.import_module(m)
         import numpy as np, torch
-        from qed_ray.agents import make_agent
+        from qed_ray.rl.agents import make_agent
         from qed_ray.config import MadSpec, TemperatureSpec, agent_spec
-        from qed_ray.agents.packed import make_packed_agent
-        from qed_ray.replay import Replay
+        from qed_ray.rl.agents import make_packed_agent
+        from qed_ray.rl.replay import Replay
         replay = Replay(64, 3, 1, [np.random.default_rng(0)], torch.device("cpu"))
         on = np.ones(1, bool)
         for i in range(64):

@@ -1,4 +1,4 @@
-"""qed_ray.ray_token: the Ray token file stays owner-only (fast cases on a scratch HOME, one slow real ``ray.init``)."""
+"""qed_ray.service.ray_token: the Ray token file stays owner-only (fast cases on a scratch HOME, one slow real ``ray.init``)."""
 
 import os
 import stat
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from qed_ray.ray_token import private_ray_token, restrict, token_path
+from qed_ray.service.ray_token import private_ray_token, restrict, token_path
 
 
 def mode(path: Path) -> int:
@@ -71,7 +71,7 @@ def test_token_path_file_is_restricted_but_its_folder_never_created(tmp_path):
 
 EMBEDDED = """
 import ray
-from qed_ray.ray_token import private_ray_token
+from qed_ray.service.ray_token import private_ray_token
 with private_ray_token():
     ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR")
 ray.shutdown()
@@ -98,7 +98,7 @@ def test_embedded_ray_init_leaves_its_generated_token_owner_only():
 def test_only_rays_opt_out_advice_is_silenced(caplog):
     import logging
 
-    from qed_ray.ray_token import RAY_AUTH_LOGGER, quiet_opt_out_notice
+    from qed_ray.service.ray_token import RAY_AUTH_LOGGER, quiet_opt_out_notice
 
     logger = logging.getLogger(RAY_AUTH_LOGGER)
     quiet_opt_out_notice()

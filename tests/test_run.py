@@ -1,5 +1,5 @@
 """The one training path on real dm_control physics: a pack of S >= 1 seeds (a single run is a pack of one) trained
-into a run folder by :func:`qed_ray.train.run`: exact resume, the per-seed files a sweep reads, one seed's NaN
+into a run folder by :func:`qed_ray.rl.run.run`: exact resume, the per-seed files a sweep reads, one seed's NaN
 stopping only that seed, a finished seed's pruned replay, the newest intact checkpoint, a one-seed run agreeing with
 seed 0 of a three-seed pack.
 
@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 import torch
 
-from qed_ray.agents import load_policy, make_agent
-from qed_ray.checkpoint import CheckpointError, load_checkpoint
+from qed_ray.rl.agents import load_policy, make_agent
+from qed_ray.rl.checkpoint import CheckpointError, load_checkpoint
 from qed_ray.config import RunSpec
 from qed_ray.layout import PACK_FILE, PackId, SweepDir, seed_dir, trial_dirname
-from qed_ray.replay import list_chunks, prune_chunks
-from qed_ray.run_folder import restore_latest
-from qed_ray.train import run
-from qed_ray.trainer import InjectedCrash, build_trainer
+from qed_ray.rl.replay import list_chunks, prune_chunks
+from qed_ray.rl.run_folder import restore_latest
+from qed_ray.rl.run import run
+from qed_ray.rl.trainer import InjectedCrash, build_trainer
 
 TRAIN = {"env_steps": 2000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 50, "frame_skip": 10,
          "nan_check_every": 10}
@@ -268,7 +268,7 @@ def test_heartbeat_and_eta_before_the_first_evaluation(tmp_path):
 
 def test_remaining_time_counts_warmup_training_and_evaluation():
     from qed_ray.config import TrainSpec
-    from qed_ray.pack import remaining_s
+    from qed_ray.rl.pack import remaining_s
 
     t = TrainSpec(env_steps=20_000, eval_every=4000, eval_episodes=2, warmup_decisions=1000)  # 10,000 decisions
     # at decision 400: 600 warm-up at 0.001 s, 9,000 training at 0.01 s, 5 evaluations at 3 s
@@ -298,7 +298,7 @@ def test_policy_snapshots_keep_exactly_the_named_modules(tmp_path):
 
 
 def test_eval_records_round_trip():
-    from qed_ray.pack import EvalRecord
+    from qed_ray.rl.pack import EvalRecord
 
     rec = EvalRecord(2000, 12.5, 0.0625, 0.5)
     assert rec.to_json() == {"env_steps": 2000, "return_mean": 12.5, "alpha_mean": 0.0625, "q_gap_mean": 0.5}
@@ -337,7 +337,7 @@ def test_tf32_is_off_for_critic_passes_once_the_trainer_runs():
 def test_a_trial_checkpoint_of_the_previous_release_is_adopted_by_its_pack_of_one(tmp_path):
     """qed_ray 0.1 kept an unpacked sweep trial's checkpoints in ``checkpoints/<trial>/<env_steps>/`` (one seed's
     files, no pack.json); a start of this release moves them into the trial's pack of one and resumes from them."""
-    from qed_ray.compat import adopt_trial_checkpoints, legacy_checkpoints, legacy_trial_started
+    from qed_ray.rl.compat import adopt_trial_checkpoints, legacy_checkpoints, legacy_trial_started
 
     specs = pack_specs(seeds=[0], env_steps=1000)
     run(specs, tmp_path)

@@ -13,13 +13,13 @@ import pytest
 import yaml
 from folder_helpers import BUDGET, finished_trial
 
-from qed_ray.checkpoint import FORMAT_VERSION
+from qed_ray.rl.checkpoint import FORMAT_VERSION
 from qed_ray.layout import PackId, SweepDir, seed_dir
-from qed_ray.lock import SweepLock
-from qed_ray.packing import Pack, form_packs
-from qed_ray.reanalyze import main as reanalyze
+from qed_ray.service.lock import SweepLock
+from qed_ray.service.packing import Pack, form_packs
+from qed_ray.service.reanalysis import main as reanalyze
 from qed_ray.spec import SweepSpec
-from qed_ray.status import TrialState, driver, projected_wall_s, report, trial_state
+from qed_ray.service.status import TrialState, driver, projected_wall_s, report, trial_state
 
 TE, QED = "cartpole-balance/sac_ln/te", "cartpole-balance/sac_ln/qed0.2"
 SPEC = {"name": "sweep", "tasks": ["cartpole-balance"], "seeds": 2,
@@ -145,7 +145,7 @@ def test_status_flag_starts_nothing_and_reads_the_folder(sweep_copy, tmp_path):
 
 
 def test_status_shows_each_seed_run_with_its_pack(sweep_copy):
-    from qed_ray.sweep_state import write_state
+    from qed_ray.service.sweep_state import write_state
 
     layout, start = sweep_copy, "20260101-120000-0"
     spec = SweepSpec.model_validate({**SPEC, "storage_path": str(layout.root.parent), "pack": {"seeds": 2}})

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from qed_ray.layout import DOCUMENTED, PackId, SweepDir
-from qed_ray.results import Aggregate, BudgetIqm
-from qed_ray.tracking import PACK_SIZE_TAG, PACK_TAG
+from qed_ray.analysis.results import Aggregate, BudgetIqm
+from qed_ray.service.tracking import PACK_SIZE_TAG, PACK_TAG
 from sweep_helpers import ROOT, run_sweep_cli, sweep_runs
 
 pytestmark = pytest.mark.slow

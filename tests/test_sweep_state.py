@@ -11,13 +11,13 @@ import uuid
 import pytest
 import yaml
 
-from qed_ray.checksums import Recorded
+from qed_ray.rl.digests import Recorded
 from qed_ray.layout import PackId, SweepDir
-from qed_ray.packing import form_packs
-from qed_ray.results import FailedTrial
+from qed_ray.service.packing import form_packs
+from qed_ray.analysis.results import FailedTrial
 from qed_ray.spec import SweepSpec
-from qed_ray.sweep_state import check_folder, move_aside, outcome, plan, sync_runs, write_state
-from qed_ray.tracking import Tracker
+from qed_ray.service.sweep_state import check_folder, move_aside, outcome, plan, sync_runs, write_state
+from qed_ray.service.tracking import Tracker
 
 SEED0 = "cartpole-balance/sac_ln/te/0"
 BASE = {"name": "s", "tasks": ["cartpole-balance"], "seeds": 2,
@@ -37,7 +37,7 @@ def cli(monkeypatch, tmp_path, capsys):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("TUNE_DISABLE_SIGINT_HANDLER", "0")  # restored after the test (main() sets it)
     monkeypatch.setenv("RAY_AIR_NEW_OUTPUT", "0")
-    from qed_ray.sweep import main
+    from qed_ray.service.sweep import main
 
     def run(spec: dict, *flags: str):
         path = tmp_path / f"spec-{uuid.uuid4().hex[:6]}.yaml"
@@ -279,7 +279,7 @@ def test_the_folder_is_the_record_and_mlflow_is_brought_in_line(tmp_path):
 def test_ctrl_c_and_sigterm_stop_the_trials_once_then_exit_at_once():
     import signal
 
-    from qed_ray.sweep import Interrupt
+    from qed_ray.service.sweep import Interrupt
 
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     interrupt = Interrupt()
@@ -296,12 +296,12 @@ def test_ctrl_c_and_sigterm_stop_the_trials_once_then_exit_at_once():
 
 
 def test_failed_trials_are_summed_up_by_the_line_that_says_why():
-    from qed_ray.sweep import error_summary, sqlite_on_many_machines
+    from qed_ray.service.sweep import error_summary, sqlite_on_many_machines
 
     traceback = ("Failure # 1 (occurred at 2026-01-01_00-00-00)\nray::ImplicitFunc.train() (pid=1, ip=10.0.0.1)\n"
                  "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n"
-                 "qed_ray.trainer.InjectedCrash: injected crash at env step 2500\n")
-    assert error_summary(traceback) == "qed_ray.trainer.InjectedCrash: injected crash at env step 2500"
+                 "qed_ray.rl.trainer.InjectedCrash: injected crash at env step 2500\n")
+    assert error_summary(traceback) == "qed_ray.rl.trainer.InjectedCrash: injected crash at env step 2500"
     oom = ("Failure # 2 (occurred at 2026-01-01_00-00-00)\n1 worker(s) were killed due to the node running low on "
            "memory.\nObject store memory usage: [...]\nRefer to the documentation on how to address it.\n")
     assert error_summary(oom) == "1 worker(s) were killed due to the node running low on memory."

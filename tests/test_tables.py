@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from folder_helpers import group_result
 
-from qed_ray import bootstrap, metrics
+from qed_ray.analysis import bootstrap, metrics
 from qed_ray.layout import SweepDir
-from qed_ray.reanalyze import write_results
-from qed_ray.results import Aggregate, CriticProxy, FailedTrial, GroupResult, SweepResults
+from qed_ray.service.reanalysis import write_results
+from qed_ray.analysis.results import Aggregate, CriticProxy, FailedTrial, GroupResult, SweepResults
 from qed_ray.spec import FinalEvalSpec
-from qed_ray.tables import (aggregate, baseline_of, critic_proxy, format_table, group_stats, iqm_by_budget,
+from qed_ray.analysis.tables import (aggregate, baseline_of, critic_proxy, format_table, group_stats, iqm_by_budget,
                             sweep_results)
 
 FINAL_EVAL = FinalEvalSpec(episodes=2, action_rollouts=2, action_steps=30, curve_episodes=1, bootstrap_reps=200,

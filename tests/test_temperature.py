@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from qed_ray.config import TemperatureSpec
-from qed_ray.temperature import (QEDTemperature, TargetEntropyTemperature, expectile, make_temperature,
+from qed_ray.rl.temperature import (QEDTemperature, TargetEntropyTemperature, expectile, make_temperature,
                                  qed_disagreement, temperature_state)
 
 

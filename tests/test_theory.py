@@ -1,11 +1,11 @@
-"""Tests for qed_ray.theory: Theorems 4.1-4.2 (paper Sec. 4, App. A) on finite action sets."""
+"""Tests for qed_ray.paper.theory: Theorems 4.1-4.2 (paper Sec. 4, App. A) on finite action sets."""
 
 import math
 
 import numpy as np
 import pytest
 
-from qed_ray import theory
+from qed_ray.paper import theory
 
 
 def test_log_boltzmann_exact_probabilities_and_huge_values():

@@ -1,10 +1,10 @@
-"""The throughput table's reader (qed_ray.throughput): schema, lookups and the no-GPU-yet case."""
+"""The throughput table's reader (qed_ray.service.throughput): schema, lookups and the no-GPU-yet case."""
 
 import json
 
 import pytest
 
-from qed_ray.throughput import DEFAULT_PATH, load_throughput, parse_throughput
+from qed_ray.service.throughput import DEFAULT_PATH, load_throughput, parse_throughput
 
 pytestmark = pytest.mark.torch_only
 

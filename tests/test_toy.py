@@ -1,4 +1,4 @@
-"""Tests for qed_ray.toy and qed_ray.toy_learner: the off-policy toy of Sec. 5.2 / Fig. 2."""
+"""Tests for qed_ray.paper.toy and qed_ray.paper.toy_learner: the off-policy toy of Sec. 5.2 / Fig. 2."""
 
 import json
 import math
@@ -9,7 +9,7 @@ import pydantic
 import pytest
 import torch
 
-from qed_ray import toy, toy_learner
+from qed_ray.paper import toy, toy_learner
 
 
 def test_config_defaults_are_the_papers_setup():

@@ -6,9 +6,9 @@ import socket
 
 import pytest
 
-from qed_ray.checksums import Recorded
+from qed_ray.rl.digests import Recorded
 from qed_ray.layout import SweepDir
-from qed_ray.tracking import Tracker, TrialRun, artifact_location, limit_http_retries, sweep_checksums
+from qed_ray.service.tracking import Tracker, TrialRun, artifact_location, limit_http_retries, sweep_checksums
 
 
 def _history(*steps):

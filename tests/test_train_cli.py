@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from qed_ray.layout import trial_dirname
-from qed_ray.train import main
+from qed_ray.rl.run import main
 
 
 @pytest.mark.parametrize("flags,needle", [
@@ -58,7 +58,7 @@ def test_missing_task_and_missing_budget(tmp_path, capsys):
     assert capsys.readouterr().err == "error: task: required (--task, or 'task' in --config)\n"
     cfg = tmp_path / "run.yaml"
     cfg.write_text("task: cartpole-balance\ntemperature: {kind: qed, k: 0.2}\n")
-    from qed_ray.train import parse_args, spec_from_args
+    from qed_ray.rl.run import parse_args, spec_from_args
 
     args, flags = parse_args(["--config", str(cfg), "--out", str(tmp_path / "run"), "--k", "0.3", "--seed", "4"])
     spec = spec_from_args(args, flags)

@@ -12,10 +12,10 @@ from pydantic import ValidationError
 
 from qed_ray.config import RunSpec, TrainSpec
 from qed_ray.layout import PackId, SweepDir
-from qed_ray.run_folder import snapshot_modules
-from qed_ray.tracking import PACK_SIZE_TAG, PACK_TAG, REASON_TAG, Tracker
-from qed_ray.trainer import InjectedCrash
-from qed_ray.trial import TrialContext, train_trial
+from qed_ray.rl.run_folder import snapshot_modules
+from qed_ray.service.tracking import PACK_SIZE_TAG, PACK_TAG, REASON_TAG, Tracker
+from qed_ray.rl.trainer import InjectedCrash
+from qed_ray.service.trial import TrialContext, train_trial
 
 CONTEXT = {"sweep_id": "0123456789ab", "sweep_dir": "/mnt/qed/sweeps/s", "tracking_uri": "http://head:5000",
            "experiment": "s", "parent_run_id": "abc", "keep_every": 2, "gpu_fraction": 0.1}

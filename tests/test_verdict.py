@@ -11,8 +11,8 @@ from folder_helpers import group_result
 
 from qed_ray import claim
 from qed_ray.spec import FinalEvalSpec
-from qed_ray.tables import compare_all, sweep_results
-from qed_ray.verdict import FAIL, NOT_ENOUGH, PASS, Verdict, combine, iqm_outcome, judge, v_ratio_outcome
+from qed_ray.analysis.tables import compare_all, sweep_results
+from qed_ray.analysis.verdict import FAIL, NOT_ENOUGH, PASS, Verdict, combine, iqm_outcome, judge, v_ratio_outcome
 
 FE = FinalEvalSpec(bootstrap_reps=400, seed=1)
 TASKS = ("cheetah-run", "walker-walk", "hopper-hop")

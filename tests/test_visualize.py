@@ -18,7 +18,8 @@ import pytest
 import torch
 from PIL import Image, ImageSequence
 
-from qed_ray import visualize as vis
+from qed_ray.analysis import behaviour as vis
+from qed_ray.service import behaviour_cli as cli
 from qed_ray.layout import SweepDir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,8 +48,8 @@ def redness(rgb) -> float:
 
 def save_policy(layout: SweepDir, spec, step: int, init_seed: int, dims: tuple[int, int]) -> None:
     """A policy snapshot where the sweep writes it, with weights initialised from ``init_seed``."""
-    from qed_ray.agents import make_agent
-    from qed_ray.checkpoint import save_checkpoint
+    from qed_ray.rl.agents import make_agent
+    from qed_ray.rl.checkpoint import save_checkpoint
 
     agent = make_agent(spec.agent, spec.temperature, *dims, torch.device("cpu"), init_seed)
     manifest = {"task": spec.task, "agent": spec.agent.name, "variant": spec.variant, "seed": spec.seed,
@@ -61,7 +62,7 @@ def save_policy(layout: SweepDir, spec, step: int, init_seed: int, dims: tuple[i
 def sweep(tmp_path_factory) -> Path:
     """``tiny-sweep/``: 2 variants x 3 seeds of tiny SAC-LN policies on cheetah-run, each with an older decoy."""
     from qed_ray.config import RunSpec
-    from qed_ray.envs import make_env
+    from qed_ray.rl.envs import make_env
 
     root = tmp_path_factory.mktemp("vis") / "tiny-sweep"
     layout = SweepDir(root)
@@ -191,12 +192,12 @@ def test_bad_input_names_the_argument_and_what_the_sweep_has(sweep, capsys):
              (["--task", TASK, "--agent", "mad_sac"], ["--agent", "sac_ln"]),
              (["--task", TASK, "--variants", "te", "qed9"], ["--variants", "te, qed0.2"])]
     for args, expected in cases:
-        assert vis.main([str(sweep), *args, "--no-mlflow"]) == 2
+        assert cli.main([str(sweep), *args, "--no-mlflow"]) == 2
         err = capsys.readouterr().err
         assert all(e in err for e in expected), err
-    assert vis.main([str(sweep), "--task", TASK, "--steps", "3", "--frames", "5", "--no-mlflow"]) == 2
+    assert cli.main([str(sweep), "--task", TASK, "--steps", "3", "--frames", "5", "--no-mlflow"]) == 2
     assert "--frames" in capsys.readouterr().err
-    assert vis.main([str(sweep.parent), "--task", TASK, "--no-mlflow"]) == 2
+    assert cli.main([str(sweep.parent), "--task", TASK, "--no-mlflow"]) == 2
     assert "policies" in capsys.readouterr().err
     assert os.environ.get("MUJOCO_GL") == gl_before  # refused before choosing a renderer
 
@@ -213,8 +214,8 @@ def test_final_snapshots_of_every_seed_are_used(behaviour, sweep):
 
 
 def test_shared_start_and_spread_from_recorded_states(behaviour, sweep):
-    from qed_ray.agents import load_policies
-    from qed_ray.envs import make_env
+    from qed_ray.rl.agents import load_policies
+    from qed_ray.rl.envs import make_env
 
     out, meta = behaviour
     for variant, info in meta["variants"].items():
@@ -275,7 +276,7 @@ def test_frames_are_real_headless_renders(behaviour):
 
 
 def test_outputs_are_logged_to_the_sweeps_parent_run(sweep, tmp_path):
-    from qed_ray.tracking import Tracker, default_tracking_uri
+    from qed_ray.service.tracking import Tracker, default_tracking_uri
 
     tracker = Tracker(default_tracking_uri(sweep), sweep.name, "0123456789ab",
                       artifact_location=str(SweepDir(sweep).mlartifacts))
@@ -290,4 +291,4 @@ def test_outputs_are_logged_to_the_sweeps_parent_run(sweep, tmp_path):
             f"behaviour_{TASK}_sac_ln.json"} <= names
     assert tracker.client.get_run(parent).info.status == "FINISHED"  # a finished sweep stays finished
     with pytest.raises(LookupError, match="--experiment"):
-        vis.log_to_mlflow([tmp_path / "b" / f"behaviour_{TASK}_sac_ln.json"], sweep, None, "no-such-sweep")
+        cli.log_to_mlflow([tmp_path / "b" / f"behaviour_{TASK}_sac_ln.json"], sweep, None, "no-such-sweep")

@@ -1,0 +1,317 @@
+"""The sweep's tables from evaluated groups (pure numpy; cheap, so they are recomputed whenever a group lands).
+
+Per group (:class:`GroupStats`): bootstrap intervals over its seeds for V and the action distance, the
+across-seed variance of its scores, and whether QED sat at its cap. Per (agent, variant) across tasks
+(:class:`Aggregate`): the IQM with its stratified-bootstrap interval (paper Sec. 6), V, action distance and return
+variance with intervals, their ratios to the agent's target-entropy baseline (the paper's "two orders of
+magnitude" and "~50%" claims) and where QED sat. Per variant with a baseline (:class:`Comparison`,
+:mod:`qed_ray.analysis.comparisons`): the ratios three ways with intervals paired over seeds, and the IQM ratio; from them
+the claim's verdict (:mod:`qed_ray.analysis.verdict`). Per budget (:class:`BudgetIqm`): the IQM of the training-time
+evaluations at every env-step count all runs share (the sample-efficiency cost, Sec. 6 and App. F). Per (agent,
+variant): the critic proxy (App. D).
+
+Failed policy: a trial that failed for good, diverged, did not finish or was refused by the gather step is left
+out of every statistic and listed in ``failed_trials``; every table shows how many were left out (``n_failed``).
+Tasks keep all their remaining seeds (no cut to the smallest count).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections import Counter
+from typing import Sequence
+
+import numpy as np
+
+from qed_ray.analysis import bootstrap, comparisons, metrics, verdict
+from qed_ray.analysis.comparisons import group_value as _value
+from qed_ray.naming import parse_variant
+from qed_ray.analysis.results import (Aggregate, BudgetIqm, Comparison, CriticProxy, FailedTrial, GroupKey, GroupResult,
+                             GroupStats, SweepResults)
+from qed_ray.spec import FinalEvalSpec
+
+NAN = math.nan
+MAX_BUDGETS = 20  # budgets per variant in iqm_by_budget (a 2M-step run evaluates 100 times)
+WHERE_QED_SAT = ("alpha_frac_floor", "alpha_frac_cap", "alpha_frac_floor_late", "alpha_frac_cap_late",
+                 "log_std_at_min")
+
+
+def _by_agent_variant(groups: Sequence[GroupResult]) -> dict[tuple[str, str], list[GroupResult]]:
+    """Groups per (agent, variant), keys sorted, groups sorted by task."""
+    out: dict[tuple[str, str], list[GroupResult]] = {}
+    for g in sorted(groups, key=lambda g: (g.agent, g.variant, g.task)):
+        out.setdefault((g.agent, g.variant), []).append(g)
+    return out
+
+
+def failed_counts(failed: Sequence[FailedTrial]) -> Counter:
+    """How many trials of each group were left out."""
+    return Counter(f.group for f in failed if f.group is not None)
+
+
+class _Replicates:
+    """Bootstrap replicates per group and statistic, drawn once from streams keyed by (statistic, group), so a
+    group's interval and every ratio that uses it come from the same draws."""
+
+    def __init__(self, final_eval: FinalEvalSpec):
+        self.fe = final_eval
+        self.cache: dict[tuple[str, GroupKey], np.ndarray | None] = {}
+
+    def get(self, stat: str, g: GroupResult) -> np.ndarray | None:
+        """(R,) replicates of ``V``, ``action_distance`` or ``score_var`` for group ``g`` (None: undefined)."""
+        key = (stat, g.key)
+        if key not in self.cache:
+            self.cache[key] = self._draw(stat, g)
+        return self.cache[key]
+
+    def _draw(self, stat: str, g: GroupResult) -> np.ndarray | None:
+        if len(g.seeds) < 2:
+            return None
+        rng = bootstrap.rng_for(self.fe.seed, stat, *g.key)
+        if stat == "score_var":
+            return bootstrap.seed_replicates(g.scores, bootstrap.across_seed_variance, self.fe.bootstrap_reps, rng)
+        matrix = g.D if stat == "V" else g.action_distance_pairs
+        if not np.all(np.isfinite(matrix)):
+            return None
+        return bootstrap.pair_mean_replicates(matrix, self.fe.bootstrap_reps, rng)
+
+
+def _mean_with_ci(stat: str, gs: Sequence[GroupResult], reps: _Replicates) -> tuple[float, float, float]:
+    """Mean over the tasks where ``stat`` is defined, with its stratified interval."""
+    use = [g for g in gs if math.isfinite(_value(stat, g)) and reps.get(stat, g) is not None]
+    if not use:
+        return NAN, NAN, NAN
+    point = float(np.mean([_value(stat, g) for g in use]))
+    rep = bootstrap.stratified_mean_replicates([reps.get(stat, g) for g in use])
+    return (point, *bootstrap.percentile_interval(rep, reps.fe.confidence))
+
+
+def baseline_of(variant: str, variants: Sequence[str]) -> str:
+    """The target-entropy variant with the same agent and training settings as ``variant`` ("" if none, or if
+    ``variant`` is that baseline itself)."""
+    def settings(label: str):
+        try:
+            parsed = parse_variant(label)
+        except ValueError:
+            return None
+        return parsed["temperature"], json.dumps([parsed["agent"], parsed["train"]], sort_keys=True)
+
+    mine = settings(variant)
+    if mine is None or mine[0] == {"kind": "te"}:
+        return ""
+    for v in variants:
+        other = settings(v)
+        if other is not None and other[0] == {"kind": "te"} and other[1] == mine[1]:
+            return v
+    return ""
+
+
+def compare_all(groups: Sequence[GroupResult], final_eval: FinalEvalSpec,
+                reps: _Replicates | None = None) -> list[Comparison]:
+    """Every (agent, variant) with a target-entropy baseline against it (:func:`qed_ray.analysis.comparisons.compare`)."""
+    reps, by_av, out = reps or _Replicates(final_eval), _by_agent_variant(groups), []
+    for (agent, variant), gs in by_av.items():
+        base = baseline_of(variant, [v for a, v in by_av if a == agent])
+        c = comparisons.compare(by_av[(agent, base)], gs, final_eval, reps.get) if base else None
+        out += [c] if c is not None else []
+    return out
+
+
+def _where_qed_sat(gs: Sequence[GroupResult]) -> dict:
+    """The groups' late alpha fractions and log-std share, each a mean over the tasks that logged it."""
+    def mean(name):
+        v = np.array([getattr(g, name) for g in gs], dtype=float)
+        return float(v[np.isfinite(v)].mean()) if np.isfinite(v).any() else NAN
+    return {**{n: mean(n) for n in ("alpha_frac_floor_late", "alpha_frac_cap_late", "log_std_at_min")},
+            "n_tasks_at_cap": sum(g.at_cap for g in gs)}
+
+
+def aggregate(groups: Sequence[GroupResult], final_eval: FinalEvalSpec, failed: Sequence[FailedTrial] = (),
+              comps: Sequence[Comparison] | None = None) -> list[Aggregate]:
+    """Per (agent, variant) across tasks: IQM and mean score + CI over every seed, V / action distance / return
+    variance with intervals, ratios to the target-entropy baseline (the ratio of task means of the variant's
+    comparison: ``comps``, computed here when None), where QED sat, seed and failure counts."""
+    fe, reps, n_failed = final_eval, _Replicates(final_eval), failed_counts(failed)
+    by_av = _by_agent_variant(groups)
+    by_variant = {(c.agent, c.variant): c for c in (compare_all(groups, fe, reps) if comps is None else comps)}
+    out = []
+    for (agent, variant), gs in by_av.items():
+        est = bootstrap.iqm_interval([g.scores for g in gs], fe.bootstrap_reps, fe.confidence, fe.seed)
+        mean = bootstrap.mean_interval([g.scores for g in gs], fe.bootstrap_reps, fe.confidence, fe.seed)
+        vs = np.array([g.V for g in gs], dtype=float)
+        finite_v = vs[np.isfinite(vs)]
+        dist = np.array([g.action_distance for g in gs], dtype=float)
+        _, v_lo, v_hi = _mean_with_ci("V", gs, reps)
+        _, ad_lo, ad_hi = _mean_with_ci("action_distance", gs, reps)
+        var, var_lo, var_hi = _mean_with_ci("score_var", gs, reps)
+        c = by_variant.get((agent, variant))
+        v_ratio = (c.V_ratio_means, c.V_ratio_means_ci_lower, c.V_ratio_means_ci_upper) if c else (NAN,) * 3
+        var_ratio = ((c.score_var_ratio_means, c.score_var_ratio_means_ci_lower, c.score_var_ratio_means_ci_upper)
+                     if c else (NAN,) * 3)
+        failed_here = sum(n for k, n in n_failed.items() if (k.agent, k.variant) == (agent, variant))
+        out.append(Aggregate(
+            agent=agent, variant=variant, n_tasks=len(gs), n_seeds=min(len(g.scores) for g in gs),
+            iqm=est["point"], ci_lower=est["lower"], ci_upper=est["upper"], ci_width=est["width"],
+            mean_score=float(np.mean(np.concatenate([g.scores for g in gs]))),
+            V_mean=float(finite_v.mean()) if finite_v.size else NAN,
+            V_median=float(np.median(finite_v)) if finite_v.size else NAN,
+            action_distance_mean=float(np.nanmean(dist)) if np.isfinite(dist).any() else NAN,
+            n_runs=sum(len(g.scores) for g in gs), n_failed=failed_here,
+            V_mean_ci_lower=v_lo, V_mean_ci_upper=v_hi,
+            action_distance_ci_lower=ad_lo, action_distance_ci_upper=ad_hi,
+            score_var_mean=var, score_var_ci_lower=var_lo, score_var_ci_upper=var_hi,
+            baseline=c.baseline if c else "",
+            V_ratio=v_ratio[0], V_ratio_ci_lower=v_ratio[1], V_ratio_ci_upper=v_ratio[2],
+            score_var_ratio=var_ratio[0], score_var_ratio_ci_lower=var_ratio[1],
+            score_var_ratio_ci_upper=var_ratio[2], mean_score_ci_lower=mean["lower"],
+            mean_score_ci_upper=mean["upper"], ratio_ci=c.pairing if c else "", **_where_qed_sat(gs)))
+    return out
+
+
+def group_stats(groups: Sequence[GroupResult], final_eval: FinalEvalSpec,
+                failed: Sequence[FailedTrial] = ()) -> list[GroupStats]:
+    """Per group: the seed-bootstrap intervals of V and the action distance, the score variance, the counts."""
+    reps, n_failed = _Replicates(final_eval), failed_counts(failed)
+    out = []
+    for g in sorted(groups, key=lambda g: g.key):
+        ci = {}
+        for stat in ("V", "action_distance"):
+            r = reps.get(stat, g)
+            ci[stat] = bootstrap.percentile_interval(r, final_eval.confidence) if r is not None else (NAN, NAN)
+        out.append(GroupStats(g.task, g.agent, g.variant, len(g.seeds), n_failed.get(g.key, 0), *ci["V"],
+                              *ci["action_distance"], _value("score_var", g), g.at_cap))
+    return out
+
+
+def iqm_by_budget(groups: Sequence[GroupResult], final_eval: FinalEvalSpec) -> list[BudgetIqm]:
+    """Per (agent, variant): IQM + CI of the training-time eval return / 1000 at the env-step counts every run of
+    it evaluated at (App. F's learning curves as one number per budget): at most :data:`MAX_BUDGETS` of them,
+    evenly spaced, the last always included (each costs a bootstrap)."""
+    fe, out = final_eval, []
+    for (agent, variant), gs in _by_agent_variant(groups).items():
+        curves = {(g.task, seed): {int(s): r for s, r in g.learning_curves[seed]} for g in gs for seed in g.seeds
+                  if seed in g.learning_curves}
+        if not curves or len(curves) < sum(len(g.seeds) for g in gs):
+            continue  # a run without its history: no budget is shared by every run
+        shared = sorted(set.intersection(*(set(c) for c in curves.values())))
+        picks = sorted({shared[round(i)] for i in np.linspace(0, len(shared) - 1, min(len(shared), MAX_BUDGETS))})
+        for step in picks:
+            per_task = [metrics.normalized_score([curves[(g.task, seed)][step] for seed in g.seeds]) for g in gs]
+            est = bootstrap.iqm_interval(per_task, fe.bootstrap_reps, fe.confidence, fe.seed)
+            out.append(BudgetIqm(agent, variant, step, len(gs), sum(len(t) for t in per_task), est["point"],
+                                 est["lower"], est["upper"]))
+    return out
+
+
+def critic_proxy(groups: Sequence[GroupResult]) -> list[CriticProxy]:
+    """App. D per (agent, variant): early |Q1 - Q2| vs final cross-seed Q1 dispersion across tasks, with R^2."""
+    out = []
+    for (agent, variant), gs in _by_agent_variant(groups).items():
+        pts = [g for g in gs if math.isfinite(g.early_q_gap) and math.isfinite(g.q1_dispersion)]
+        x = np.array([g.early_q_gap for g in pts])
+        y = np.array([g.q1_dispersion for g in pts])
+        r2 = NAN
+        if len(pts) >= 3 and np.ptp(x) > 0 and np.ptp(y) > 0:
+            r2 = metrics.r_squared(x, y)
+        out.append(CriticProxy(agent, variant, [g.task for g in pts], x.tolist(), y.tolist(), r2))
+    return out
+
+
+def group_rows(groups: Sequence[GroupResult], stats: Sequence[GroupStats]) -> list[dict]:
+    """Flat per-group table rows (``groups.csv``): the original ten columns, then the added ones."""
+    by_key = {(s.task, s.agent, s.variant): s for s in stats}
+    rows = []
+    for g in sorted(groups, key=lambda g: g.key):
+        s = by_key[g.key]
+        rows.append({"task": g.task, "agent": g.agent, "variant": g.variant, "n_seeds": len(g.seeds),
+                     "mean_return": float(np.mean([np.mean(r) for r in g.returns])),
+                     "std_return_across_seeds": float(np.std([np.mean(r) for r in g.returns])),
+                     "V": g.V, "action_distance": g.action_distance, "q1_dispersion": g.q1_dispersion,
+                     "early_q_gap": g.early_q_gap, "n_failed": s.n_failed, "V_ci_lower": s.V_ci_lower,
+                     "V_ci_upper": s.V_ci_upper, "action_distance_ci_lower": s.action_distance_ci_lower,
+                     "action_distance_ci_upper": s.action_distance_ci_upper, "score_var": s.score_var,
+                     **{k: getattr(g, k) for k in WHERE_QED_SAT}, "qed_at_cap": s.qed_at_cap})
+    return rows
+
+
+def sweep_results(sweep: str, final_eval: FinalEvalSpec, groups: Sequence[GroupResult],
+                  failed: Sequence[FailedTrial], n_trials: int, claim: dict | None = None) -> SweepResults:
+    """Every table of a sweep from its evaluated groups (any subset: partial results while the sweep runs): under
+    the first evaluation policy of ``final_eval.policies``, and under each other one in ``other_policies`` (from
+    the groups' own ``other_policies``). ``claim``: the sweep's pre-registration record from ``sweep.json`` (None:
+    the verdict applies the default thresholds, :mod:`qed_ray.analysis.verdict`)."""
+    first, *others = final_eval.policies
+    return dataclasses.replace(
+        _tables(sweep, final_eval, groups, failed, n_trials, first, claim),
+        other_policies={p: _tables(sweep, final_eval, [g.other_policies[p] for g in groups if p in g.other_policies],
+                                   failed, n_trials, p, claim) for p in others})
+
+
+def _tables(sweep: str, final_eval: FinalEvalSpec, groups: Sequence[GroupResult], failed: Sequence[FailedTrial],
+            n_trials: int, policy: str, claim: dict | None) -> SweepResults:
+    groups = sorted(groups, key=lambda g: g.key)
+    failed = list(failed)
+    comps = compare_all(groups, final_eval)
+    return SweepResults(sweep, final_eval, aggregate(groups, final_eval, failed, comps) if groups else [], groups,
+                        critic_proxy(groups), failed, n_trials, group_stats(groups, final_eval, failed),
+                        iqm_by_budget(groups, final_eval), policy, comparisons=comps,
+                        verdict=verdict.judge(comps, groups, final_eval, claim))
+
+
+def _g(v: float, p: int = 3) -> str:
+    return f"{v:.{p}g}"  # NaN prints as "nan"
+
+
+def _ci(point: float, lower: float, upper: float) -> str:
+    return f"{_g(point)} [{_g(lower)}, {_g(upper)}]"
+
+
+def format_table(aggregates: Sequence[Aggregate], confidence: float = 0.95) -> str:
+    """The summary table: per agent-variant the counts (tasks, runs used, trials left out), the IQM, mean V and
+    the baseline's V over this V, each with its interval, the action distance and the return-variance ratio."""
+    ci = f"[{100 * confidence:g}% CI]"
+    lines = [f"{'agent':8s} {'variant':10s} {'tasks':>5s} {'runs':>5s} {'left out':>8s} {'IQM ' + ci:>24s} "
+             f"{'V mean ' + ci:>30s} {'te V / this V ' + ci:>30s} {'act.dist':>9s} {'te var / var':>12s}"]
+    for a in aggregates:
+        ratio = _ci(a.V_ratio, a.V_ratio_ci_lower, a.V_ratio_ci_upper) if a.baseline else "-"
+        lines.append(f"{a.agent:8s} {a.variant:10s} {a.n_tasks:5d} {a.n_runs:5d} {a.n_failed:8d} "
+                     f"{_ci(a.iqm, a.ci_lower, a.ci_upper):>24s} "
+                     f"{_ci(a.V_mean, a.V_mean_ci_lower, a.V_mean_ci_upper):>30s} {ratio:>30s} "
+                     f"{_g(a.action_distance_mean):>9s} {_g(a.score_var_ratio) if a.baseline else '-':>12s}")
+    return "\n".join(lines)
+
+
+def format_comparisons(results: SweepResults) -> str:
+    """Each variant against its te baseline: the ratios summarised three ways over tasks with their intervals
+    (``comparisons.csv``), the IQM ratio, and where QED sat late in training (``groups.csv``)."""
+    ci = f"{100 * results.final_eval.confidence:g}% CI"
+    aggs = {(a.agent, a.variant): a for a in results.aggregates}
+    lines = [f"baseline / variant ratios over tasks, [{ci}]: median | geometric mean | ratio of task means"]
+    for c in results.comparisons:
+        lines.append(f"{c.agent} {c.variant} vs {c.baseline} ({c.n_tasks} tasks, {c.n_seeds}+ seeds, intervals "
+                     f"{c.pairing}):")
+        for stat, name in (("V", "V"), ("action_distance", "action distance"), ("score_var", "return variance")):
+            parts = [_ci(*(getattr(c, f"{stat}_ratio_{s}{x}") for x in ("", "_ci_lower", "_ci_upper")))
+                     for s in metrics.RATIO_SUMMARIES]
+            lines.append(f"  {name:16s} {' | '.join(parts)}")
+        lines.append(f"  {'IQM this / te':16s} {_ci(c.iqm_ratio, c.iqm_ratio_ci_lower, c.iqm_ratio_ci_upper)}")
+        a = aggs.get((c.agent, c.variant))
+        if a is not None and math.isfinite(a.alpha_frac_cap_late):
+            at_cap = [g.task for g in results.groups if (g.agent, g.variant) == (c.agent, c.variant) and g.at_cap]
+            lines.append(f"  where QED sat, last quarter of training (mean over tasks): at the floor "
+                         f"{_g(a.alpha_frac_floor_late)}, at the cap {_g(a.alpha_frac_cap_late)} of actor-update "
+                         f"states; log-std within 0.1 of its bound {_g(a.log_std_at_min)}; AT ITS CAP on "
+                         f"{len(at_cap)} of {a.n_tasks} tasks{': ' + ', '.join(at_cap) if at_cap else ''}")
+    return "\n".join(lines)
+
+
+def summary(results: SweepResults) -> str:
+    """What the sweep's summary and ``python -m qed_ray.gather`` print: the table, the comparisons, the verdict."""
+    parts = [format_table(results.aggregates, results.final_eval.confidence)]
+    if results.comparisons:
+        parts.append(format_comparisons(results))
+    if results.verdict is not None:
+        parts.append(verdict.format_verdict(results.verdict, results.final_eval.confidence))
+    return "\n\n".join(parts)

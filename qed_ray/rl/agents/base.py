@@ -1,0 +1,367 @@
+"""The agent interface and the SAC chassis both agents share (paper Sec. 2, Sec. 5.2).
+
+:class:`Agent` declares one seed's agent. :class:`SACBase` writes the parts SAC-LN and MAD-SAC have in common
+once: acting as pure functions through an ``encode_with`` hook (identity for SAC-LN, the SimNorm encoder for
+MAD-SAC), the actor and temperature steps, noise drawing and state handling.
+:class:`SACFunctions` holds the pure functions both updates are built from: every network is called through
+``torch.func.functional_call`` with parameters passed in, and every random number comes in as noise drawn
+outside, so a loss is a function of (parameters, target parameters, temperature state, batch, noise) only and
+can be vmapped over a leading seed axis of stacked parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from typing import Callable, ClassVar, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+from qed_ray.rl.agents.learner import Learner, Params
+from qed_ray.config import AgentSpec, TemperatureSpec
+from qed_ray.rl.networks import freeze, make_adam, polyak_update, require_fp32_matmul, squashed_sample
+from qed_ray.rl.precision import qed_products
+from qed_ray.rl.temperature import alpha_stats, make_temperature, qed_disagreement, temperature_state
+from qed_ray.rl.update_metrics import MetricLayout
+
+
+
+@runtime_checkable
+class Agent(Protocol):
+    """One seed's agent: its modules, optimisers and state layout, and the definition of one seed's update. A pack
+    of seeds (:class:`~qed_ray.rl.agents.packed.PackedAgent`, S >= 1) stacks such agents and is what trains, acts and
+    is evaluated."""
+
+    name: str
+    acting_modules: tuple[str, ...]  # the modules a policy snapshot must hold to act and to be compared
+    device: torch.device
+    generator: torch.Generator
+    metric_layout: MetricLayout  # names of the columns of update()'s metric vector
+
+    def update(self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None = None) -> torch.Tensor:
+        """One learning step; returns the metric vector [K] (``metric_layout``)."""
+
+    def modules(self) -> dict[str, nn.Module]:
+        """Every module whose parameters or buffers define the agent."""
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """Every optimiser."""
+
+    def state_dict(self) -> dict:
+        """Tensors only."""
+
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of state_dict."""
+
+    def report_warnings(self, metrics: dict[str, float]) -> list[str]:
+        """Warning lines for an interval's mean metrics."""
+
+
+def draw_noise(generator: torch.Generator, rows: int, action_dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """Standard-normal noise [rows, A] from ``generator`` on its device: the one way an agent draws noise."""
+    return torch.randn((rows, action_dim), generator=generator, device=generator.device, dtype=dtype)
+
+
+@contextlib.contextmanager
+def seeded_init(seed: int):
+    """Context in which module construction draws from ``seed`` without touching the global torch RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def params_of(module: nn.Module) -> Params:
+    """The module's live parameters by name (gradients reach them)."""
+    return dict(module.named_parameters())
+
+
+def call(module: nn.Module, params: Params, *args, **kwargs):
+    """``module(*args, **kwargs)`` computed with ``params`` in place of its parameters (``functional_call``).
+
+    The agents' modules share no weights, so the per-call search for tied weights is skipped.
+    """
+    return functional_call(module, params, args, kwargs, tie_weights=False)
+
+
+def detached(params: Params) -> Params:
+    """Views of ``params`` without gradient: a loss through them leaves no gradient on the module."""
+    return {k: v.detach() for k, v in params.items()}
+
+
+class SACFunctions:
+    """Pure functions of a SAC agent's actor, critic pair and temperature rule.
+
+    The modules given here serve only as structure: each call takes the parameters to use explicitly.
+
+    Args:
+        actor: a :class:`qed_ray.rl.networks.TanhGaussianActor`.
+        critic: a twin critic whose ``forward(states, actions, repeats)`` returns what :meth:`q_pair` reads.
+        temperature: a rule of :mod:`qed_ray.rl.temperature`.
+    """
+
+    def __init__(self, actor: nn.Module, critic: nn.Module, temperature: nn.Module):
+        self.actor, self.critic, self.temperature = actor, critic, temperature
+        self.n_qed = temperature.n_actions  # QED's policy samples per state; 0 for te and fixed
+        self.n_qed_target = temperature.n_target_actions  # the same at s' for the TD target; 0: alpha_TE there
+        self.qed_precision = "fp32"  # QED's critic products (qed_ray.rl.precision); the run's builder sets it
+
+    def policy(self, actor_p: Params, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-tanh ``(mu, log_std)`` [B, A]."""
+        return call(self.actor, actor_p, states)
+
+    def sample(self, actor_p: Params, states: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(action [B, A], log_prob [B])`` with noise ``eps`` [B, A]."""
+        return squashed_sample(*self.policy(actor_p, states), eps)
+
+    def q_pair(self, critic_p: Params, states: torch.Tensor, actions: torch.Tensor, repeats: int = 1
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(Q1, Q2)`` [B * repeats] (scalar critics: the heads' outputs)."""
+        return call(self.critic, critic_p, states, actions, repeats=repeats)
+
+    def qed_q_pair(self, critic_p: Params, states: torch.Tensor, actions: torch.Tensor, repeats: int = 1
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`q_pair` for QED's no-grad passes, its linear layers at ``qed_precision``
+        (:func:`qed_ray.rl.precision.qed_products`); the TD loss and the actor's critic pass call :meth:`q_pair`."""
+        with qed_products(self.qed_precision):
+            return self.q_pair(critic_p, states, actions, repeats)
+
+    def alpha(self, tstate: Params, actor_p: Params, critic_p: Params, states: torch.Tensor,
+              eps_qed: torch.Tensor, share_state_terms: bool = True,
+              dist: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """[B] temperatures at ``states``; QED reads the critic pair ``critic_p`` at ``n_qed`` policy samples per
+        state drawn with ``eps_qed`` [B * n_qed, A] (no gradient). ``dist``: the policy's (mu, log_std) at
+        ``states`` if already computed."""
+        delta = None
+        if self.n_qed:
+            delta = qed_disagreement(lambda s: self.policy(actor_p, s),
+                                     lambda s, a, r: self.qed_q_pair(critic_p, s, a, r),
+                                     states, eps_qed, self.n_qed, self.temperature.tau, share_state_terms, dist)
+        return self.temperature.alpha(tstate, states.shape[0], delta)
+
+    def target_alpha(self, tstate: Params, actor_p: Params, target_p: Params, next_states: torch.Tensor,
+                     eps_qed: torch.Tensor, dist: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """[B] alpha of the TD target at ``next_states``: :meth:`alpha` read from the target critics, or, when the
+        rule's ``n_target_actions`` is 0 under QED (``temperature.target_alpha: floor``), alpha_TE with no QED pass
+        (``eps_qed`` is then empty)."""
+        if self.n_qed and not self.n_qed_target:
+            return self.temperature.floor(tstate).expand(next_states.shape[0])
+        return self.alpha(tstate, actor_p, target_p, next_states, eps_qed, dist=dist)
+
+    def actor_loss(self, actor_p: Params, critic_p: Params, tstate: Params, states: torch.Tensor,
+                   eps: torch.Tensor, eps_qed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """SAC's actor loss (alpha(s) log pi(a|s) - min_j Q_j(s, a)).mean() with a ~ pi(.|s) (paper Eq. 1).
+
+        The critic enters with detached parameters, so gradients reach only the actor; alpha(s) is read from
+        the same critic pair.
+
+        Returns:
+            ``(loss 0-d, log_prob [B], alpha [B])``.
+        """
+        mu, log_std = self.policy(actor_p, states)
+        a, logp = squashed_sample(mu, log_std, eps)
+        q1, q2 = self.q_pair(detached(critic_p), states, a)
+        alpha = self.alpha(tstate, actor_p, critic_p, states, eps_qed, dist=(mu.detach(), log_std.detach()))
+        return (alpha * logp - torch.minimum(q1, q2)).mean(), logp, alpha
+
+
+class SACBase:
+    """Actor, twin critic (+ Polyak target), temperature, their optimisers and the agent's own generator.
+
+    Subclasses build their networks under :func:`seeded_init`, then call :meth:`_init_sac` and set ``fn`` (their
+    :class:`SACFunctions`, with ``noise_sizes(batch_size)``) and ``metric_layout``; they implement
+    ``learn(learner, batch, noise_parts)``, their update rule against a :class:`Learner`, and may override
+    ``encode``/``encode_with``, ``extra_modules``, ``extra_optimizers``, ``extra_state``/``load_extra_state`` and
+    ``report_warnings``. The agent is itself the :class:`Learner` of its own (single-seed) update.
+    """
+
+    name: ClassVar[str]
+    acting_modules: ClassVar[tuple[str, ...]]
+
+    def __init__(self, spec: AgentSpec, action_dim: int, device: torch.device):
+        require_fp32_matmul()  # critic passes feed QED and the TD target (networks.require_fp32_matmul)
+        self.spec, self.action_dim, self.device = spec, action_dim, torch.device(device)
+        self.updates = 0
+        self.memo: dict[str, torch.Tensor] = {}
+
+    def _init_sac(self, actor: nn.Module, critic: nn.Module, temperature: TemperatureSpec, seed: int) -> None:
+        self.actor, self.critic = actor, critic
+        self.critic_target = freeze(copy.deepcopy(critic))
+        self.temperature = make_temperature(temperature, self.action_dim).to(self.device)
+        self.actor_opt = make_adam(self.actor.parameters(), self.spec.actor_lr, self.device)
+        self.critic_opt = make_adam(self.critic.parameters(), self.spec.critic_lr, self.device)
+        t_params = list(self.temperature.parameters())
+        self.alpha_opt = make_adam(t_params, temperature.lr, self.device) if t_params else None
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+
+    # ---- acting and noise, as pure functions of the parameters ----------------------------------------
+    def noise(self, rows: int) -> torch.Tensor:
+        """Standard-normal noise [rows, A] from the agent's generator, in the parameters' dtype."""
+        return draw_noise(self.generator, rows, self.action_dim, next(self.actor.parameters()).dtype)
+
+    def noise_rows(self, batch_size: int) -> int:
+        """Rows of one update's noise block for ``batch_size`` (the sum of ``fn.noise_sizes``)."""
+        return sum(self.fn.noise_sizes(batch_size))
+
+    def noise_parts(self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+        """The update's noise block split into the agent's parts (``fn.noise_sizes``); the block is drawn from
+        the agent's generator when ``noise`` is None (one draw of fixed shape per update)."""
+        b = batch["obs"].shape[0]
+        if noise is None:
+            noise = self.noise(self.noise_rows(b))
+        return noise.split(self.fn.noise_sizes(b))
+
+    def encode_with(self, params: dict[str, Params], obs: torch.Tensor) -> torch.Tensor:
+        """:meth:`encode` computed with ``params`` (a pure function, mapped over the seeds of a pack)."""
+        return obs
+
+    def sample_with(self, params: dict[str, Params], obs: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
+        """Policy sample [B, A] at observations [B, O] with noise ``eps`` [B, A], computed with ``params``."""
+        return self.fn.sample(params["actor"], self.encode_with(params, obs), eps)[0]
+
+    def policy_with(self, params: dict[str, Params], obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Pre-tanh ``(mu, log_std)`` [B, A] at observations [B, O], computed with ``params``."""
+        return self.fn.policy(params["actor"], self.encode_with(params, obs))
+
+    def mode_with(self, params: dict[str, Params], obs: torch.Tensor) -> torch.Tensor:
+        """Deterministic action tanh(mu) [B, A] at observations [B, O], computed with ``params``."""
+        return torch.tanh(self.policy_with(params, obs)[0])
+
+    def q_with(self, params: dict[str, Params], obs: torch.Tensor, action: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Online ``(Q1, Q2)`` [B] at (obs [B, O], action [B, A]), computed with ``params``."""
+        return self.fn.q_pair(params["critic"], self.encode_with(params, obs), action)
+
+    # ---- the agent as the Learner of its own update ---------------------------------------------------
+    def update(self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None = None) -> torch.Tensor:
+        """One learning step (the subclass's ``learn``) on this agent's parameters.
+
+        Args:
+            batch: replay batch: obs [B, O], action [B, A], reward [B], next_obs [B, O], terminated [B].
+            noise: the update's block [:meth:`noise_rows`, A]; drawn from the agent's generator when None.
+
+        Returns:
+            the metric vector [K] (detached, on the agent's device), columns named by ``metric_layout``.
+        """
+        return self.learn(self, batch, self.noise_parts(batch, noise))
+
+    def per_seed(self, fn: Callable) -> Callable:
+        """One seed: ``fn`` itself."""
+        return fn
+
+    def target_params(self) -> Params:
+        """The target critic's parameters."""
+        return params_of(self.critic_target)
+
+    def step(self, loss: torch.Tensor, *groups: tuple[str, float | None]) -> list[torch.Tensor]:
+        """zero_grad -> backward -> global-norm clip per group (paper App. B: 20) -> Adam step per group."""
+        opts = self.optimizers()
+        for name, _ in groups:
+            opts[name].zero_grad(set_to_none=True)
+        loss.sum().backward()
+        norms = [torch.nn.utils.clip_grad_norm_(opts[name].param_groups[0]["params"], clip)
+                 for name, clip in groups if clip is not None]
+        for name, _ in groups:
+            opts[name].step()
+        return norms
+
+    def polyak(self, rate: float) -> None:
+        """target <- (1 - rate) target + rate online."""
+        polyak_update(self.critic_target, self.critic, rate)
+
+    # ---- learning steps shared by both agents, against a Learner ---------------------------------------
+    def actor_step(self, x: Learner, actor_p: Params, critic_p: Params, tstate: Params, states: torch.Tensor,
+                   eps: torch.Tensor, eps_qed: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """One clipped Adam step on the actor loss (:meth:`SACFunctions.actor_loss`) at ``states``.
+
+        Returns:
+            ``(loss, pre-clip grad norm, log_prob [B] detached, alpha [B])`` (each with a leading seed axis in a
+            pack).
+        """
+        loss, logp, alpha = x.per_seed(self.fn.actor_loss)(actor_p, critic_p, tstate, states, eps, eps_qed)
+        (norm,) = x.step(loss, ("actor_opt", self.spec.grad_clip))
+        return loss.detach(), norm, logp.detach(), alpha
+
+    def temperature_step(self, x: Learner, tstate: Params, logp: torch.Tensor) -> torch.Tensor:
+        """One Adam step on the rule's own loss (alpha_TE, paper Eq. 1); returns the loss (0 for fixed)."""
+        loss = x.per_seed(self.temperature.loss)(tstate, logp)
+        if self.alpha_opt is not None:
+            x.step(loss, ("alpha_opt", None))
+        return loss.detach()
+
+    def step_metrics(self, x: Learner, critic_norm: torch.Tensor, actor_loss: torch.Tensor,
+                     actor_norm: torch.Tensor, logp: torch.Tensor, alpha_loss: torch.Tensor, alpha: torch.Tensor,
+                     tstate: Params) -> torch.Tensor:
+        """The metric columns after the critic's: :data:`STEP_METRICS` of the agents, then the actor's alpha
+        statistics ([..., 6 + alpha stats])."""
+        steps = [critic_norm, actor_loss, actor_norm, -logp.mean(-1), alpha_loss, self.temperature.floor(tstate)]
+        return torch.cat([torch.stack(steps, -1), x.per_seed(self._alpha_stats)(alpha, tstate)], -1)
+
+    def _alpha_stats(self, alpha: torch.Tensor, tstate: Params) -> torch.Tensor:
+        return torch.stack(alpha_stats(alpha, self.temperature, tstate))
+
+    def report_warnings(self, metrics: dict[str, float]) -> list[str]:
+        """Warning lines for an evaluation interval's mean metrics (none by default)."""
+        return []
+
+    # ---- state -----------------------------------------------------------------------------------
+    def extra_modules(self) -> dict[str, nn.Module]:
+        """Modules beyond the SAC chassis (MAD-SAC: encoder and latent model)."""
+        return {}
+
+    def extra_optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """Optimisers beyond the SAC chassis."""
+        return {}
+
+    def extra_state(self) -> dict:
+        """Tensors beyond modules, optimisers and the generator: :meth:`learner_state` of this agent."""
+        return self.learner_state(self.updates, self.memo)
+
+    def load_extra_state(self, state: dict) -> None:
+        """Inverse of :meth:`extra_state`."""
+        self.updates, memo = self.read_learner_state(state)
+        self.memo = {k: v.to(self.device) for k, v in memo.items()}
+
+    def learner_state(self, updates: int, memo: dict[str, torch.Tensor]) -> dict:
+        """The checkpoint entries of a learner's ``updates`` and ``memo`` (one seed's; none for SAC-LN)."""
+        return {}
+
+    def read_learner_state(self, state: dict) -> tuple[int, dict[str, torch.Tensor]]:
+        """Inverse of :meth:`learner_state`: ``(updates, memo)``."""
+        return 0, {}
+
+    def modules(self) -> dict[str, nn.Module]:
+        """Every module whose parameters or buffers define the agent."""
+        return {**self.extra_modules(), "actor": self.actor, "critic": self.critic,
+                "critic_target": self.critic_target, "temperature": self.temperature}
+
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """Every optimiser."""
+        opts = {**self.extra_optimizers(), "actor_opt": self.actor_opt, "critic_opt": self.critic_opt}
+        if self.alpha_opt is not None:
+            opts["alpha_opt"] = self.alpha_opt
+        return opts
+
+    def params(self) -> dict[str, Params]:
+        """Live trainable parameters per module name, and the temperature state (what the losses take)."""
+        out = {k: params_of(m) for k, m in self.modules().items() if k not in ("critic_target", "temperature")}
+        out["temperature"] = temperature_state(self.temperature)
+        return out
+
+    def state_dict(self) -> dict:
+        """Modules, optimisers, the generator and :meth:`extra_state`: tensors only (``weights_only``-loadable)."""
+        state = {k: m.state_dict() for k, m in self.modules().items()}
+        state.update({k: o.state_dict() for k, o in self.optimizers().items()})
+        state["generator"] = self.generator.get_state()
+        state.update(self.extra_state())
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Inverse of :meth:`state_dict`; raises KeyError naming a missing part."""
+        for k, m in self.modules().items():
+            m.load_state_dict(state[k])
+        for k, o in self.optimizers().items():
+            o.load_state_dict(state[k])
+        self.generator.set_state(state["generator"])
+        self.load_extra_state(state)

@@ -1,0 +1,155 @@
+"""Checkpoints: agent tensors in ``state.pt`` plus a JSON ``manifest.json``.
+
+``state.pt`` holds tensors only and is loaded with ``torch.load(..., weights_only=True)`` (no pickle from shared
+storage). The manifest records what the checkpoint is (task, agent, variant, seed, step, package versions), a
+SHA-256 of ``state.pt`` to detect corruption, and the small trainer state (counters, RNG states, history).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from importlib import metadata
+from pathlib import Path
+
+import torch
+
+from qed_ray.atomic import atomic_file, write_json
+from qed_ray.layout import MANIFEST_FILE, STATE_FILE
+
+# 2: agents draw one noise block per update (the random streams changed), temperature state is ``log_alpha``,
+# metrics are one vector. A checkpoint of another version cannot continue the same run exactly.
+FORMAT_VERSION = 2
+# Policy snapshots only feed evaluation: their module weights load from format 1 too (agents.load_policy upgrades
+# the few renamed parameters), so every reader of a snapshot accepts these; resuming needs FORMAT_VERSION.
+SNAPSHOT_FORMATS = (1, FORMAT_VERSION)
+IDENTITY_FIELDS = ("task", "agent", "variant", "seed", "obs_dim", "action_dim")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used: names the file and the problem."""
+
+
+class CheckpointVersionError(CheckpointError):
+    """A checkpoint written by another version of qed_ray (its ``format_version`` differs)."""
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of the packages a checkpoint depends on."""
+    out = {"python": platform.python_version()}
+    for name in ("qed_ray", "torch", "numpy", "dm_control", "mujoco", "ray", "mlflow"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def save_checkpoint(directory: str | os.PathLike, agent_state: dict, manifest: dict) -> Path:
+    """Writes ``state.pt`` and ``manifest.json`` into ``directory`` (created if needed).
+
+    Args:
+        directory: target folder.
+        agent_state: tensors only (``agent.state_dict()``).
+        manifest: JSON-serialisable; must contain :data:`IDENTITY_FIELDS` and ``env_steps``.
+
+    Returns:
+        the directory.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    missing = [k for k in (*IDENTITY_FIELDS, "env_steps") if k not in manifest]
+    if missing:
+        raise ValueError(f"manifest: missing fields {missing}")
+    state_path = directory / STATE_FILE
+    with atomic_file(state_path) as tmp:
+        torch.save(agent_state, tmp)
+    full = {**manifest, "format_version": FORMAT_VERSION, "versions": package_versions(),
+            "state_sha256": _sha256(state_path)}
+    write_json(directory / MANIFEST_FILE, full, indent=1)  # the manifest last: it marks a complete checkpoint
+    return directory
+
+
+def read_json(path: Path, kind: str, what: str) -> dict:
+    """A checkpoint's JSON file (``what`` names it in the corrupt-file message, ``kind`` the folder it belongs in).
+
+    Raises:
+        CheckpointError: the file is missing or not JSON, naming it.
+    """
+    if not path.exists():
+        raise CheckpointError(f"{path}: missing (incomplete or not {kind})")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path}: corrupt {what} ({e})") from e
+
+
+def read_manifest(directory: str | os.PathLike, formats: tuple[int, ...] = (FORMAT_VERSION,)) -> dict:
+    """Reads and checks ``manifest.json``; raises :class:`CheckpointError` naming the file.
+
+    Args:
+        directory: checkpoint folder.
+        formats: format versions accepted (resuming needs :data:`FORMAT_VERSION`; reading weights of a policy
+            snapshot can accept older ones).
+    """
+    path = Path(directory) / MANIFEST_FILE
+    manifest = read_json(path, "a checkpoint", "manifest")
+    version = manifest.get("format_version")
+    if version not in formats:
+        raise CheckpointVersionError(version_message(path, version))
+    return manifest
+
+
+def version_message(path: Path, version) -> str:
+    """Why a checkpoint of format ``version`` is refused, and what to do."""
+    if isinstance(version, int) and version < FORMAT_VERSION:
+        return (f"{path}: written by an older version of qed_ray (checkpoint format {version}; this version reads "
+                f"format {FORMAT_VERSION}, whose agents draw their random numbers differently), so the run cannot "
+                f"continue exactly from it. Start the run again: remove its checkpoint and replay folders (the CLI's "
+                f"--out DIR/checkpoint and DIR/replay) or use a new --out folder, or finish it with the qed_ray "
+                f"version that wrote it")
+    return (f"{path}: checkpoint format {version!r} is not the format {FORMAT_VERSION} this version of qed_ray "
+            f"reads (written by a newer or unknown version); resume it with the qed_ray version that wrote it")
+
+
+def load_checkpoint(directory: str | os.PathLike, expect: dict | None = None,
+                    map_location: str | torch.device = "cpu",
+                    formats: tuple[int, ...] = (FORMAT_VERSION,)) -> tuple[dict, dict]:
+    """Loads ``(agent_state, manifest)`` after integrity and identity checks.
+
+    Args:
+        directory: checkpoint folder.
+        expect: identity fields the checkpoint must match (e.g. task, agent, variant, seed, dims).
+        map_location: device for the tensors.
+        formats: accepted format versions (see :func:`read_manifest`).
+
+    Raises:
+        CheckpointError: missing/corrupt files, checksum mismatch, another format version
+            (:class:`CheckpointVersionError`), or an identity field that differs.
+    """
+    directory = Path(directory)
+    manifest = read_manifest(directory, formats)
+    for key, want in (expect or {}).items():
+        if manifest.get(key) != want:
+            raise CheckpointError(f"{directory / MANIFEST_FILE}: mismatched {key}: checkpoint has "
+                                  f"{manifest.get(key)!r}, this run needs {want!r}")
+    state_path = directory / STATE_FILE
+    if not state_path.exists():
+        raise CheckpointError(f"{state_path}: missing")
+    if _sha256(state_path) != manifest["state_sha256"]:
+        raise CheckpointError(f"{state_path}: corrupt (SHA-256 differs from the manifest)")
+    try:
+        state = torch.load(state_path, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unpickling failure means the same thing to the user
+        raise CheckpointError(f"{state_path}: cannot be loaded ({type(e).__name__}: {e})") from e
+    return state, manifest

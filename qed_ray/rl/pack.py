@@ -1,0 +1,144 @@
+"""What a pack is: S >= 1 runs of one (task, agent, variant) that differ only in seed, trained together (a single
+run is a pack of one).
+
+The pack's name and validation, its counters (:class:`Progress`) and what it keeps per seed (:class:`SeedRun`,
+with its :class:`EvalRecord` history), and the layout of a pack checkpoint: ``pack.json`` (the pack, its shared
+counters and each seed's status; written last, so its presence marks a complete checkpoint) and one
+``seed_<seed>/`` folder per seed (its tensors, manifest and random streams).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from qed_ray.rl.checkpoint import CheckpointError, read_json
+from qed_ray.config import RunSpec, TrainSpec
+from qed_ray.layout import PACK_FILE, PackId
+
+PACK_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class EvalRecord:
+    """One evaluation of a run: env steps, mean deterministic eval return, and two interval means of its updates:
+    the actor's alpha and the double-critic gap |Q1 - Q2| (the critic proxy's x, paper App. D)."""
+
+    env_steps: int
+    return_mean: float
+    alpha_mean: float  # NaN when the interval had no update (all warm-up)
+    q_gap_mean: float = math.nan  # ditto
+
+    def to_json(self) -> dict:
+        """``{"env_steps", "return_mean", "alpha_mean", "q_gap_mean"}`` (in manifests and ``summary.json``)."""
+        return {"env_steps": self.env_steps, "return_mean": self.return_mean, "alpha_mean": self.alpha_mean,
+                "q_gap_mean": self.q_gap_mean}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "EvalRecord":
+        """Inverse of :meth:`to_json` (a record written before ``q_gap_mean`` existed reads it as NaN: unknown)."""
+        return cls(int(d["env_steps"]), float(d["return_mean"]), float(d["alpha_mean"]),
+                   float(d.get("q_gap_mean", math.nan)))
+
+
+def remaining_s(train: TrainSpec, decisions: int, evals_done: int, warmup_s_per_decision: float | None,
+                train_s_per_decision: float | None, eval_s_per_eval: float | None) -> float | None:
+    """Seconds left to finish a run: its warm-up, training and evaluation decisions at their measured costs.
+
+    Warm-up decisions (no updates) are much cheaper than training ones and every evaluation rolls out
+    ``eval_episodes`` whole episodes, so one overall rate would be wrong in both directions. Before the first
+    evaluation its cost is estimated as that many episodes at the warm-up cost per decision (stepping the physics
+    dominates both). None while a needed cost is still unmeasured.
+    """
+    warm_left = max(0, train.warmup_decisions - decisions)
+    train_left = train.decisions - max(decisions, train.warmup_decisions)
+    evals_left = train.decisions // train.eval_every_decisions - evals_done
+    if eval_s_per_eval is None and warmup_s_per_decision is not None:
+        eval_s_per_eval = train.eval_episodes * train.episode_decisions * warmup_s_per_decision
+    parts = [(warm_left, warmup_s_per_decision), (train_left, train_s_per_decision), (evals_left, eval_s_per_eval)]
+    if any(n > 0 and cost is None for n, cost in parts):
+        return None
+    return float(sum(n * cost for n, cost in parts if n > 0))
+
+
+@dataclass
+class Progress:
+    """A pack's shared counters (its seeds act and update in lock-step) and where its time went; with each seed's
+    :class:`SeedRun` what makes a resumed pack continue exactly. Written into ``pack.json``."""
+
+    decisions: int = 0
+    updates: int = 0
+    wall_s: float = 0.0  # real time inside Trainer.run, summed over every start of the pack
+    warmup_s: float = 0.0  # time spent in warm-up decisions
+    train_s: float = 0.0  # time spent in decisions with updates
+    eval_s: float = 0.0  # time spent evaluating and reporting (checkpoints, snapshots, logging)
+
+    def to_json(self) -> dict:
+        """The counters as ``pack.json`` holds them."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Progress":
+        """Inverse of :meth:`to_json` (timings a ``pack.json`` written before they existed lack read as 0)."""
+        return cls(int(d["decisions"]), int(d["updates"]), float(d["wall_s"]),
+                   *(float(d.get(k, 0.0)) for k in ("warmup_s", "train_s", "eval_s")))
+
+
+def pack_name(specs: Sequence[RunSpec]) -> str:
+    """``task/agent/variant/pack0-9`` (consecutive seeds) or ``task/agent/variant/pack0+3+7``
+    (:class:`~qed_ray.layout.PackId`; a sweep names its packs from its trial names, whose variants hold its axes)."""
+    return PackId(specs[0].task, specs[0].agent.name, specs[0].variant, tuple(s.seed for s in specs)).name
+
+
+def check_pack(specs: Sequence[RunSpec]) -> None:
+    """Raises ValueError unless the runs differ only in their (distinct) seeds."""
+    if not specs:
+        raise ValueError("pack: no runs")
+    seeds = [s.seed for s in specs]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"pack.seeds: {seeds} repeats a seed")
+    base = specs[0].model_dump(exclude={"seed"})
+    for s in specs[1:]:
+        other = s.model_dump(exclude={"seed"})
+        if other != base:
+            diff = sorted(k for k in base if base[k] != other[k])
+            raise ValueError(f"pack: run of seed {s.seed} differs from seed {seeds[0]}'s in {', '.join(diff)}; a "
+                             f"pack holds the seeds of one task, agent and variant")
+
+
+def read_pack(directory: Path, seeds: Sequence[int]) -> dict:
+    """Reads a pack checkpoint's pack.json and checks it is the pack of ``seeds`` (in this order).
+
+    Raises:
+        CheckpointError: missing, corrupt, another format, other seeds or another pack size.
+    """
+    path = Path(directory) / PACK_FILE
+    pack = read_json(path, "a pack checkpoint", PACK_FILE)
+    for key, value in {"format": PACK_FORMAT, "seeds": list(seeds), "pack_size": len(seeds)}.items():
+        if pack.get(key) != value:
+            raise CheckpointError(f"{path}: mismatched {key}: checkpoint has {pack.get(key)!r}, this pack needs "
+                                  f"{value!r} (resume a pack with the seeds and pack size it was written with)")
+    return pack
+
+
+@dataclass
+class SeedRun:
+    """What a pack keeps per seed besides its slices of the agent and the replay."""
+
+    spec: RunSpec
+    name: str
+    warmup_rng: np.random.Generator
+    status: str = "running"  # then "finished" or "diverged"
+    reason: str | None = None
+    stopped_at: tuple[int, int] | None = None  # (decisions, updates) when it diverged
+    episodes: int = 0
+    ep_return: float = 0.0
+    evals: list[EvalRecord] = field(default_factory=list)
+    train_returns: list = field(default_factory=list)
+    last_metrics: dict = field(default_factory=dict)
+    saved: tuple[dict, dict] | None = None  # (state, manifest) of its last checkpoint, kept once it diverges

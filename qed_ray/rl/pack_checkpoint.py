@@ -1,0 +1,146 @@
+"""A pack's checkpoints and policy snapshots: what :class:`~qed_ray.rl.trainer.Trainer` writes and restores.
+
+A checkpoint folder holds ``pack.json`` (the pack, its shared counters and each seed's status; written last, so
+its presence marks a complete checkpoint) and one ``seed_<seed>/`` folder per seed: that seed's tensors
+(``state.pt``), its ``manifest.json`` (identity, run settings, episodes, evaluation history, random-stream states,
+replay size) and, when the replay is kept inside the checkpoint, its replay chunks. A policy snapshot is one
+seed's acting modules (or all of them) with a manifest that carries the evaluation history. Everything is copied
+on the training thread and written by the trainer's background writer.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from qed_ray.atomic import write_json
+from qed_ray.rl.checkpoint import MANIFEST_FILE, load_checkpoint, save_checkpoint
+from qed_ray.layout import PACK_FILE, seed_dir
+from qed_ray.rl.pack import PACK_FORMAT, EvalRecord, Progress, SeedRun, read_pack
+
+if TYPE_CHECKING:
+    from qed_ray.rl.trainer import Trainer
+
+REWRITTEN = ("format_version", "versions", "state_sha256")  # save_checkpoint writes these afresh
+
+
+class PackCheckpoints:
+    """Saves and restores one trainer's pack.
+
+    Args:
+        trainer: the pack's trainer (its runs, agent, replay, envs, counters and writer).
+        replay_dirs: per seed, where its replay chunks persist (None: inside each checkpoint).
+    """
+
+    def __init__(self, trainer: "Trainer", replay_dirs: Sequence[Path] | None):
+        self.tr, self.replay_dirs = trainer, replay_dirs
+
+    def identity(self, i: int) -> dict:
+        """Fields seed ``i``'s checkpoint must match."""
+        s, pool = self.tr.runs[i].spec, self.tr.pool
+        return {"task": s.task, "agent": s.agent.name, "variant": s.variant, "seed": s.seed,
+                "obs_dim": pool.obs_dim, "action_dim": pool.action_dim}
+
+    def save(self, directory: Path, modules: Sequence[str] | None = None, index: int | None = None) -> Future:
+        """Queues the pack checkpoint (or, with ``modules`` and ``index``, a policy snapshot of seed ``index``) for
+        the writer thread; the state is copied before this returns."""
+        tr, directory = self.tr, Path(directory)
+        env_steps = tr.p.decisions * tr.t.frame_skip
+        if modules is not None:
+            state = tr.agent.module_state_dicts(index, modules)
+            # The evaluation history and wall time ride along, so the gather step and --status read a finished or
+            # running trial from its snapshots alone (learning curves, critic-proxy x of App. D, cost so far).
+            manifest = {**self.identity(index), "env_steps": env_steps,
+                        "run": tr.runs[index].spec.model_dump(mode="json"), "policy_only": True,
+                        "modules": sorted(state), "evals": [e.to_json() for e in tr.runs[index].evals],
+                        "wall_s": tr.wall_s()}
+            return tr.writer.submit(directory, lambda: save_checkpoint(directory, state, manifest))
+        seeds, chunks = [], []
+        for i, run in enumerate(tr.runs):
+            if run.status != "diverged":
+                run.saved = (tr.agent.seed_state_dict(i), self._manifest(i))
+            if run.saved is not None:
+                sub = directory / seed_dir(run.spec.seed)
+                loc = self.replay_dirs[i] if self.replay_dirs is not None else sub / "replay"
+                if run.status != "diverged":
+                    chunks.append(tr.replay.plan_save(i, loc))
+                elif self.replay_dirs is None:  # a new checkpoint folder needs the rows its manifest counts
+                    chunks.append(tr.replay.plan_save(i, loc, run.saved[1]["replay"]["added"]))
+                seeds.append((sub, *run.saved))
+        pack = {"format": PACK_FORMAT, "pack": tr.name, "names": [r.name for r in tr.runs],
+                "seeds": [r.spec.seed for r in tr.runs], "pack_size": tr.n, "env_steps": env_steps,
+                **tr.p.to_json(), "wall_s": tr.wall_s(), "status": [tr._status(r) for r in tr.runs],
+                "reasons": [r.reason for r in tr.runs], "stopped_at": [r.stopped_at for r in tr.runs]}
+
+        def write() -> None:
+            for chunk in chunks:
+                chunk.write()
+            for sub, state, manifest in seeds:
+                save_checkpoint(sub, state, manifest)
+            write_json(directory / PACK_FILE, pack, indent=1)  # last: it marks a complete pack checkpoint
+
+        return tr.writer.submit(directory, write)
+
+    def _manifest(self, i: int) -> dict:
+        """Seed ``i``'s manifest: identity, settings, progress, random streams, replay size, place in the pack."""
+        tr, run = self.tr, self.tr.runs[i]
+        return {
+            **self.identity(i), "env_steps": tr.p.decisions * tr.t.frame_skip,
+            "run": run.spec.model_dump(mode="json"),
+            "progress": {"decisions": tr.p.decisions, "updates": tr.p.updates, "episodes": run.episodes,
+                         "wall_s": tr.wall_s(), "evals": [e.to_json() for e in run.evals]},
+            "rng": {"warmup": run.warmup_rng.bit_generator.state, "replay": tr.replay.rng_state(i),
+                    "env": tr.pool.random_state(i)},
+            "replay": {"added": int(tr.replay.added[i]), "external": self.replay_dirs is not None},
+            "pack": tr.name, "pack_size": tr.n, "pack_index": i,
+        }
+
+    def restore(self, directory: Path) -> dict:
+        """Loads a pack checkpoint written by :meth:`save` (same seeds, same pack size); returns its pack.json.
+
+        A seed the checkpoint records as finished (the final checkpoint, which a kill between the seeds'
+        ``DONE.json`` writes leaves behind) is restored without its replay: it trains no more, and a later start may
+        have pruned its chunks.
+
+        Raises:
+            CheckpointError: a missing or corrupt file, another pack, or a seed checkpoint that does not match.
+        """
+        tr, directory = self.tr, Path(directory)
+        pack = read_pack(directory, [r.spec.seed for r in tr.runs])
+        states, manifests = [], []
+        for i, run in enumerate(tr.runs):
+            sub = directory / seed_dir(run.spec.seed)
+            if pack["status"][i] == "diverged" and not (sub / MANIFEST_FILE).exists():
+                states.append(None), manifests.append(None)  # diverged before its first checkpoint
+                continue
+            state, m = load_checkpoint(sub, expect={**self.identity(i), "pack_size": tr.n, "pack_index": i},
+                                       map_location="cpu")
+            states.append(state), manifests.append(m)
+        tr.agent.load_seed_state_dicts(states)
+        for i, (run, m) in enumerate(zip(tr.runs, manifests)):
+            done = pack["status"][i] == "finished" and pack["env_steps"] >= tr.t.env_steps  # not a larger budget
+            self._restore_seed(i, run, m, states[i], directory, done)
+            if pack["status"][i] == "diverged":
+                run.status, run.reason, run.stopped_at = "diverged", pack["reasons"][i], tuple(pack["stopped_at"][i])
+                tr.active[i] = False
+                tr.agent.freeze(i)
+        tr.p = Progress.from_json(pack)
+        tr.resumed_from = pack["env_steps"]
+        return pack
+
+    def _restore_seed(self, i: int, run: SeedRun, m: dict | None, state: dict | None, directory: Path,
+                      finished: bool) -> None:
+        """Seed ``i``'s counters, history, random streams and replay from its manifest (None: it has none). A
+        seed ``finished`` in this checkpoint trains no more, so its replay (perhaps pruned since) is not read."""
+        if m is None:
+            return
+        tr, pr = self.tr, m["progress"]
+        run.episodes, run.evals = pr["episodes"], [EvalRecord.from_json(e) for e in pr["evals"]]
+        run.warmup_rng.bit_generator.state = m["rng"]["warmup"]
+        tr.replay.set_rng_state(i, m["rng"]["replay"])
+        tr.pool.set_random_state(i, m["rng"]["env"])
+        src = self.replay_dirs[i] if m["replay"]["external"] else directory / seed_dir(run.spec.seed) / "replay"
+        if not finished:
+            tr.replay.load(i, src, m["replay"]["added"])
+        run.saved = (state, {k: v for k, v in m.items() if k not in REWRITTEN})

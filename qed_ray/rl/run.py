@@ -1,0 +1,262 @@
+"""The run CLI: one seed, or several seeds of one configuration trained together as a pack.
+
+``python -m qed_ray.train --task cartpole-balance --temperature qed --k 0.2 --seed 0 --env-steps 20000 --out DIR``
+(or ``--seeds 0 1 2``, with ``--env-workers W``) trains into DIR, laid out as a sweep folder: per seed its policy
+snapshots, ``history.json`` and ``DONE.json`` in ``policies/<trial>/``, its replay in ``replay/<trial>/``,
+``<trial>/metrics.jsonl`` (one line per evaluation) and ``<trial>/summary.json``; the pack's checkpoints in
+``checkpoints/<pack>/<env_steps>/`` (the newest two) and the validated runs in ``run.json``. Running the same
+command again resumes from the newest checkpoint (the same settings, or a larger ``--env-steps``; anything else is
+refused naming the setting); a finished run is reported, never re-trained. The CLI writes only into a new or empty
+folder or one of its own run folders, and deletes nothing it did not write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from qed_ray.atomic import fsync_file, write_json, write_text
+from qed_ray.rl.checkpoint import CheckpointError
+from qed_ray.config import RunSpec
+from qed_ray.field_hints import format_validation_error
+from qed_ray.flags import Flag, add_run_flags, settings_from_args
+from qed_ray.layout import PackId, SweepDir, trial_dirname
+from qed_ray.naming import EXECUTION_SETTINGS, identity, identity_changes, show_setting
+from qed_ray.rl.pack import check_pack, pack_name
+from qed_ray.rl.run_folder import FolderReporter
+from qed_ray.spec import SpecError, load_yaml
+from qed_ray.rl.trainer import Trainer, build_trainer
+
+RUN_FILE, METRICS_FILE, SUMMARY_FILE = "run.json", "metrics.jsonl", "summary.json"
+RUN_FORMAT = 2  # run.json {"format", "pack", "runs"}; format 1 (qed_ray 0.1) held one run and is not resumed
+RESUMABLE_CHANGES = EXECUTION_SETTINGS | {"train.env_steps"}  # a resume may extend the budget
+HEARTBEAT_S = 15.0  # seconds between progress lines before and between evaluations
+SWEEP_FILES = ("sweep.json", "sweep.lock")
+
+
+def format_eta(seconds: float | None) -> str:
+    """``12.3 min`` (warm-up, training and evaluation time left), or a note while a cost is still unmeasured."""
+    if seconds is None or seconds != seconds:
+        return "after the first updates"
+    return f"{seconds / 60:.1f} min"
+
+
+class RunLog:
+    """The CLI's side of each evaluation: a ``metrics.jsonl`` line per seed and a progress line (and one between
+    evaluations, :meth:`heartbeat`)."""
+
+    def __init__(self, out: Path, names: list[str], total_env_steps: int):
+        self.out, self.names, self.total = out, names, total_env_steps
+
+    def metrics_file(self, name: str) -> Path:
+        """``<trial>/metrics.jsonl``."""
+        return self.out / trial_dirname(name) / METRICS_FILE
+
+    def __call__(self, metrics: dict[int, dict]) -> None:
+        for i, m in metrics.items():
+            path = self.metrics_file(self.names[i])
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as f:
+                f.write(json.dumps(m) + "\n")
+            fsync_file(path)
+            alpha = m.get("alpha/actor_mean", float("nan"))
+            seed = f"seed {self.names[i].rsplit('/', 1)[1]}: " if len(self.names) > 1 else ""
+            print(f"[{int(m['env_steps']):>9,d}/{self.total:,d} env steps] {seed}eval return "
+                  f"{m['eval/return_mean']:7.1f} ± {m['eval/return_std']:5.1f}  alpha {alpha:.4f}  "
+                  f"{m['perf/updates_per_s']:6.1f} upd/s  ETA {format_eta(m.get('perf/eta_s'))}", flush=True)
+
+    def heartbeat(self, h: dict) -> None:
+        """A progress line between evaluations (the trainer calls it at the start and every ``heartbeat_s``)."""
+        phase = "warm-up (uniform random actions)" if h["warmup"] else "training"
+        print(f"[{h['env_steps']:>9,d}/{h['total_env_steps']:,d} env steps] {phase}, "
+              f"{h['wall_s'] / 60:.1f} min so far, ETA {format_eta(h['eta_s'])}", flush=True)
+
+    def trim(self, name: str, env_steps: int) -> None:
+        """Drops ``metrics.jsonl`` lines past ``env_steps`` (written before a crash; the resumed run writes them
+        again)."""
+        path = self.metrics_file(name)
+        if path.exists():
+            kept = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["env_steps"] <= env_steps]
+            write_text(path, "".join(line + "\n" for line in kept))
+
+
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[Flag]]:
+    """Command-line flags: one per RunSpec setting, help and defaults read from the models (:mod:`qed_ray.flags`)."""
+    p = argparse.ArgumentParser(prog="python -m qed_ray.train", description=__doc__.splitlines()[0])
+    p.add_argument("--config", type=Path, help="YAML file with RunSpec settings (flags given override it)")
+    p.add_argument("--out", type=Path, required=True, help="run folder (laid out as a sweep folder)")
+    p.add_argument("--seeds", type=int, nargs="+", help="several seeds trained together as one pack (instead of "
+                                                        "--seed)")
+    p.add_argument("--env-workers", type=int, default=0, help="env worker processes (0: step the envs in-process)")
+    flags = add_run_flags(p)
+    return p.parse_args(argv), flags
+
+
+def spec_from_args(args: argparse.Namespace, flags: list[Flag]) -> RunSpec:
+    """Merges ``--config`` YAML and flags into one validated RunSpec (raises SpecError or ValidationError)."""
+    raw = load_yaml(args.config) if args.config else {}
+    if not isinstance(raw, dict):
+        raise SpecError(f"--config: {args.config} does not hold a mapping of RunSpec settings")
+    try:
+        raw = settings_from_args(args, flags, raw)
+    except ValueError as e:
+        raise SpecError(str(e)) from None
+    if "task" not in raw:
+        raise SpecError("task: required (--task, or 'task' in --config)")
+    spec = RunSpec.model_validate(raw)
+    if spec.train.budget_problem():
+        raise SpecError(f"train.{spec.train.budget_problem()}")
+    if "env_steps" not in raw.get("train", {}):
+        print(f"note: --env-steps not given: training for the default {spec.train.env_steps:,} env steps "
+              f"(the paper's budget)", flush=True)
+    return spec
+
+
+def specs_from_args(args: argparse.Namespace, flags: list[Flag]) -> list[RunSpec]:
+    """The runs of the pack: ``--seeds``, or the one ``--seed`` (raises SpecError, ValidationError)."""
+    base = spec_from_args(args, flags)
+    if args.seeds is None:
+        return [base]
+    if args.seed is not None:
+        raise SpecError("--seeds: give either --seed or --seeds, not both")
+    specs = [RunSpec.model_validate({**base.model_dump(mode="json"), "seed": s}) for s in args.seeds]
+    try:
+        check_pack(specs)
+    except ValueError as e:
+        raise SpecError(f"--seeds: {e}") from None
+    if args.env_workers < 0:
+        raise SpecError(f"--env-workers: {args.env_workers} must be >= 0")
+    return specs
+
+
+def check_out_dir(out: Path) -> dict | None:
+    """Refuses an ``--out`` this CLI must not write into (before anything is written); returns its ``run.json``."""
+    if out.exists() and not out.is_dir():
+        raise SpecError(f"--out: {out} is a file, not a folder")
+    if not out.is_dir() or not any(out.iterdir()):
+        return None
+    sweep = [f for f in SWEEP_FILES if (out / f).exists()]
+    if sweep:
+        raise SpecError(f"--out: {out} is a sweep folder (it holds {sweep[0]}); refusing to write into it (give a new "
+                        f"or empty folder; a sweep is resumed with python -m qed_ray.sweep)")
+    if not (out / RUN_FILE).exists():
+        raise SpecError(f"--out: {out} is not empty and holds no {RUN_FILE}, so it is not a run folder of this CLI; "
+                        f"refusing to write into it (give a new or empty folder)")
+    try:
+        run = json.loads((out / RUN_FILE).read_text())
+    except (OSError, ValueError) as e:
+        raise SpecError(f"--out: {out / RUN_FILE} cannot be read ({type(e).__name__}: {e}); give another --out") \
+            from None
+    version = run.get("format", 1) if isinstance(run, dict) else None
+    if version != RUN_FORMAT:
+        raise SpecError(f"--out: {out} is a run folder of run format {version} (format 1: a single-seed run of "
+                        f"qed_ray 0.1, with checkpoint/ and metrics.jsonl) that this release cannot resume; finish "
+                        f"it with the release that wrote it, or give a new --out")
+    return run
+
+
+def check_resume(prior: dict, specs: list[RunSpec], out: Path) -> None:
+    """Refuses to resume a run folder of other runs, naming each changed setting (a larger budget is fine)."""
+    try:
+        before = [RunSpec.model_validate(r) for r in prior["runs"]]
+    except (KeyError, TypeError, ValidationError) as e:
+        raise CheckpointError(f"{out / RUN_FILE}: its run settings no longer validate ({e})") from None
+    if [r.seed for r in before] != [s.seed for s in specs]:
+        raise SpecError(f"--seeds: {out} holds the pack of seeds {[r.seed for r in before]}, this run gives "
+                        f"{[s.seed for s in specs]}; a pack resumes with its own seeds (or give another --out)")
+    old, new = (json.loads(json.dumps(identity(r))) for r in (before[0], specs[0]))
+    lines = [f"{k}: the run in {out} was trained with {show_setting(a)}, this run gives {show_setting(b)}; resuming "
+             f"would continue a different run (use the same settings, or another --out)"
+             for k, (a, b) in identity_changes(old, new, ignore=RESUMABLE_CHANGES).items()]
+    layout = SweepDir(out)
+    trained = max(layout.pack_checkpoint_steps(PackId.of([s.name for s in specs])), default=0)
+    if specs[0].train.env_steps < trained:
+        lines.append(f"train.env_steps: {specs[0].train.env_steps:,} is below the {trained:,} env steps the run in "
+                     f"{out} already trained")
+    if lines:
+        raise SpecError("\n".join(lines))
+
+
+def run(specs: list[RunSpec], out: Path, env_workers: int = 0) -> list[dict]:
+    """Trains the pack ``specs`` in ``out`` (resuming from its newest checkpoint) and writes each seed's
+    ``summary.json``; returns the summaries.
+
+    Raises:
+        SpecError: ``out`` is not ours to write, or holds a run with other settings.
+        CheckpointError: no checkpoint can be used.
+    """
+    out = out.resolve()
+    prior = check_out_dir(out)
+    if prior is not None:
+        check_resume(prior, specs, out)
+    layout, names = SweepDir(out), [s.name for s in specs]
+    pack = PackId.of(names)
+    for name in names:  # a larger --env-steps continues a finished run: its end is no longer the end
+        if layout.done_marker(name).exists() and \
+                json.loads(layout.done_marker(name).read_text())["env_steps"] < specs[0].train.env_steps:
+            layout.done_marker(name).unlink()
+    if prior is not None and all(layout.trial_state(n) != "pending" for n in names) \
+            and all((out / trial_dirname(n) / SUMMARY_FILE).exists() for n in names):
+        print(f"{pack.name} already finished in {out}; its summaries:", flush=True)
+        return [json.loads((out / trial_dirname(n) / SUMMARY_FILE).read_text()) for n in names]
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / RUN_FILE, {"format": RUN_FORMAT, "pack": pack_name(specs),
+                                "runs": [s.model_dump(mode="json") for s in specs]}, indent=1)
+    log = RunLog(out, names, specs[0].train.env_steps)
+    trainer = build_trainer(specs, lambda metrics, save: folder(metrics, save), [layout.replay(n) for n in names],
+                            names, env_workers, log=lambda line: print(line, file=sys.stderr) if "WARNING" in line
+                            or "stopped" in line else None, heartbeat=log.heartbeat, heartbeat_s=HEARTBEAT_S)
+    folder = FolderReporter(layout, pack, trainer, 1, [[] for _ in names], log)
+    try:
+        _train(trainer, folder, log)
+    finally:
+        trainer.close()
+    folder.record_diverged()
+    folder.finish()
+    summaries = trainer.summaries()
+    for name, summary in zip(names, summaries):
+        write_json(out / trial_dirname(name) / SUMMARY_FILE, summary, indent=1)
+    return summaries
+
+
+def _train(trainer: Trainer, folder: FolderReporter, log: RunLog) -> None:
+    resumed = folder.resume(lambda line: print(line, file=sys.stderr, flush=True))
+    for name in log.names:
+        log.trim(name, resumed or 0)
+    if resumed is not None:
+        print(f"resumed {folder.pack.name} from its checkpoint at env step {resumed:,d}", flush=True)
+    trainer.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; exit code 0 every seed finished, 1 a seed diverged, 2 bad input."""
+    args, flags = parse_args(argv)
+    try:
+        specs = specs_from_args(args, flags)
+    except ValidationError as e:
+        return _errors(format_validation_error(e))
+    except SpecError as e:
+        return _errors(str(e))
+    os.environ.setdefault("MUJOCO_GL", "disable")
+    try:
+        summaries = run(specs, args.out, args.env_workers)
+    except (CheckpointError, SpecError) as e:
+        return _errors(str(e))
+    shown = [{k: v for k, v in s.items() if k != "evals"} for s in summaries]
+    print(json.dumps(shown[0] if len(shown) == 1 else shown, indent=1))
+    for s in summaries:
+        if s["status"] != "finished":
+            print(f"{s['name']} stopped: {s.get('reason', s['status'])}", file=sys.stderr, flush=True)
+    return 0 if all(s["status"] == "finished" for s in summaries) else 1
+
+
+def _errors(text: str) -> int:
+    for line in text.splitlines():
+        print(f"error: {line}", file=sys.stderr)
+    return 2

@@ -1,0 +1,368 @@
+"""The training loop: the S >= 1 seeds of one (task, agent, variant) in one process, in lock-step (a single run is a
+pack of one).
+
+Per decision: one batched act for the S observations, the S envs stepped (here or on env workers), one row per
+seed into the replay, one packed update (:class:`~qed_ray.rl.agents.packed.PackedAgent` through
+:class:`~qed_ray.rl.update.PackUpdater`: eager, compiled, or one CUDA graph). Every evaluation rolls out all
+seeds x episodes in lock-step with one policy call per step (:func:`~qed_ray.rl.evaluate.rollout_lockstep`), and
+checkpoints are hashed and written by a background thread (:class:`~qed_ray.rl.writer.BackgroundWriter`).
+
+Each seed has its run spec, random streams, metrics, evaluations and checkpoint folder. A non-finite loss, Q value
+or observation stops that seed only: its status becomes "diverged" with the reason, its env is no longer stepped,
+its replay and metric rows are ignored, its parameters are frozen, and its last checkpoint stays the last one
+written before it diverged. The other seeds go on; the run ends when every seed has finished or stopped.
+Everything is injected; :func:`build_trainer` is the one place a run's objects are built.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from qed_ray.rl.agents.packed import PackedAgent
+from qed_ray.rl.agents import make_packed_agent
+from qed_ray.config import RunSpec
+from qed_ray.rl.env_pool import EnvPool
+from qed_ray.rl.evaluate import eval_seeds, rollout_lockstep
+from qed_ray.rl.pack import EvalRecord, Progress, SeedRun, check_pack, pack_name, remaining_s
+from qed_ray.rl.pack_checkpoint import PackCheckpoints
+from qed_ray.rl.update import PackUpdater, resolve_mode
+from qed_ray.rl.precision import apply_matmul_precision, set_run_precision
+from qed_ray.rl.replay import Replay, keeps_transition, replay_bytes, replay_device
+from qed_ray.rl.update_metrics import MetricAccumulator
+from qed_ray.rl.writer import BackgroundWriter
+
+HEARTBEAT_EVERY = 100  # decisions between looks at the clock for a heartbeat
+
+
+class SaveFn(Protocol):
+    """``save(folder)`` writes the pack checkpoint; ``save(folder, modules=names, index=i)`` a policy snapshot of
+    seed i. Both return the writer's future (the files exist once it is done)."""
+
+    def __call__(self, directory: Path, modules: Sequence[str] | None = None, index: int | None = None
+                 ) -> Future: ...
+
+
+class Reporter(Protocol):
+    """Receives, at each evaluation, ``{pack index: metrics}`` of the seeds still training, and ``save``."""
+
+    def __call__(self, metrics: dict[int, dict[str, float]], save: SaveFn) -> None: ...
+
+
+class InjectedCrash(RuntimeError):
+    """Raised by ``train.debug.crash_at_env_step`` (fault-injection tests)."""
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks CUDA when available (the device Ray assigned via CUDA_VISIBLE_DEVICES), else CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+class Trainer:
+    """Runs the S runs of a pack to their budget.
+
+    Args:
+        runs: one :class:`SeedRun` per seed, in pack order.
+        pool: S training envs (indices 0..S-1) then S x E evaluation envs.
+        agent, replay: the pack's agent and replay.
+        reporter: metrics/checkpoint sink.
+        writer: the background writer of checkpoint files.
+        replay_dirs: per seed, where its replay chunks persist (None: inside each checkpoint).
+        log: progress-line printer.
+        name: the pack's name (default :func:`~qed_ray.rl.pack.pack_name` of the runs; a sweep's names its axes).
+        heartbeat: called at the start and every ``heartbeat_s`` seconds between evaluations with
+            ``{env_steps, total_env_steps, warmup, eta_s, wall_s}`` (None: no heartbeat).
+    """
+
+    def __init__(self, runs: list[SeedRun], pool: EnvPool, agent: PackedAgent, replay: Replay, reporter: Reporter,
+                 writer: BackgroundWriter, replay_dirs: Sequence[Path] | None = None,
+                 log: Callable[[str], None] = lambda s: None, name: str | None = None,
+                 heartbeat: Callable[[dict], None] | None = None, heartbeat_s: float = 30.0):
+        self.runs, self.pool, self.agent, self.replay = runs, pool, agent, replay
+        self.reporter, self.writer, self.log = reporter, writer, log
+        self.heartbeat, self.heartbeat_s = heartbeat, heartbeat_s
+        self.t, self.n, self.name = runs[0].spec.train, len(runs), name or pack_name([r.spec for r in runs])
+        self.active = np.ones(self.n, bool)
+        self.p = Progress()
+        self.resumed_from: int | None = None
+        self.checkpoints = PackCheckpoints(self, replay_dirs)
+        self._wall_base, self._t_start, self._t_mark = 0.0, None, time.perf_counter()  # _t_start: set in run()
+        self.acc = MetricAccumulator(agent.metric_layout, agent.device, seeds=self.n)
+        mode, why = resolve_mode(self.t.compile, agent.device, agent)
+        self.precision, why_p = set_run_precision(agent.template.fn, self.t.precision, agent.device, mode)
+        self.updater = PackUpdater(agent, replay, self.acc, mode, agent.spec.batch_size)
+        log(f"pack {self.name}: update mode {mode} ({why}); precision {self.precision} ({why_p})")
+        self.eval_index = self.n + np.arange(self.n * self.t.eval_episodes).reshape(self.n, -1)
+
+    # ---- loop --------------------------------------------------------------------------------------------
+    def run(self) -> list[dict]:
+        """Trains every seed to the budget (or until it diverges); returns the per-seed summaries. The checkpoint
+        writes are flushed before it returns or raises, and a stopped run still counts its real wall time."""
+        self._wall_base, self._t_start = self.p.wall_s, time.perf_counter()
+        self._t_mark = self._t_start
+        try:
+            self._loop()
+            for run in self.runs:
+                run.status = self._status(run)
+        finally:
+            self.p.wall_s, self._t_start = self.wall_s(), None
+            self.writer.flush()
+        return self.summaries()
+
+    def _loop(self) -> None:
+        t = self.t
+        apply_matmul_precision(self.precision)  # FP32 for every critic pass feeding QED or the TD target, unless tf32
+        obs = np.zeros((self.n, self.pool.obs_dim), np.float32)
+        fresh = np.ones(self.n, bool)  # episodes start lazily (a checkpoint at an episode end holds the env RNG)
+        interval_start, interval_updates = time.perf_counter(), 0
+        last_beat = time.perf_counter()
+        if self.heartbeat is not None:
+            self._beat()
+        while self.p.decisions < t.decisions and self.active.any():
+            env_steps = (self.p.decisions + 1) * t.frame_skip
+            if env_steps == t.debug.crash_at_env_step and self.resumed_from is None:
+                raise InjectedCrash(f"injected crash at env step {env_steps}")
+            on = np.flatnonzero(self.active)
+            starting = on[fresh[on]]
+            if len(starting):
+                obs[starting], fresh[starting] = self.pool.reset(starting), False
+            obs, done = self._decide(obs, on, env_steps)
+            self.p.decisions += 1
+            if self.p.decisions > t.warmup_decisions:
+                interval_updates += self._update(env_steps)
+            elif self.p.decisions == t.warmup_decisions:
+                self._flush_phase_time()  # the cheap warm-up decisions end here
+            for i in np.flatnonzero(done & self.active):
+                run = self.runs[i]
+                run.train_returns.append(run.ep_return)
+                run.episodes, run.ep_return, fresh[i] = run.episodes + 1, 0.0, True
+            if self.p.decisions % t.nan_check_every == 0:
+                self._check_finite(env_steps)
+            if self.p.decisions % t.eval_every_decisions == 0:
+                self._evaluate_and_report(env_steps, time.perf_counter() - interval_start, interval_updates)
+                interval_start, interval_updates = time.perf_counter(), 0
+                last_beat = interval_start
+            elif self.heartbeat is not None and self.p.decisions % HEARTBEAT_EVERY == 0 \
+                    and time.perf_counter() - last_beat >= self.heartbeat_s:
+                last_beat = time.perf_counter()
+                self._beat()
+
+    def _decide(self, obs: np.ndarray, on: np.ndarray, env_steps: int) -> tuple[np.ndarray, np.ndarray]:
+        """Acts, steps the active envs, stores their transitions; returns (next obs, episode ended) [S]."""
+        if self.p.decisions < self.t.warmup_decisions:
+            actions = np.zeros((self.n, self.pool.action_dim), np.float32)
+            for i in on:
+                actions[i] = self.runs[i].warmup_rng.uniform(-1.0, 1.0, self.pool.action_dim).astype(np.float32)
+        else:
+            actions = self.agent.act(obs, self.active)
+        step = self.pool.step(on, actions[on])
+        nxt, reward, terminated, done = obs.copy(), np.zeros(self.n), np.zeros(self.n, bool), np.zeros(self.n, bool)
+        nxt[on], reward[on], terminated[on], done[on] = step.obs, step.reward, step.terminated, \
+            step.terminated | step.truncated
+        for i in on[~np.isfinite(step.obs).all(axis=1)]:
+            self._stop(i, f"non-finite observation at env step {env_steps}")
+        truncated = done & ~terminated
+        keep = [keeps_transition(self.t, run.spec.seed, self.p.decisions, bool(truncated[i]))
+                for i, run in enumerate(self.runs)]
+        self.replay.add(obs, actions, reward, nxt, terminated, self.active & np.array(keep))
+        for i in np.flatnonzero(self.active):
+            self.runs[i].ep_return += reward[i]
+        return nxt, done
+
+    def _update(self, env_steps: int) -> int:
+        b = self.agent.spec.batch_size
+        for _ in range(self.agent.spec.utd):
+            idx = self.replay.indices(b, self.active)
+            poisoned = [i for i in np.flatnonzero(self.active) if self.t.debug.nan.hits(self.runs[i].spec.seed,
+                                                                                          env_steps)]
+            if poisoned:  # fault injection: a real NaN that flows into seed i's critic loss (an eager update)
+                batch = self.replay.gather(idx)
+                batch["reward"][poisoned, 0] = float("nan")
+                self.updater.eager(batch, self.agent.noise(b, self.active))
+            else:
+                self.updater(idx, self.agent.noise(b, self.active))
+            self.p.updates += 1
+        return self.agent.spec.utd
+
+    def _check_finite(self, env_steps: int) -> None:
+        bad = self.acc.non_finite_per_seed(("loss/", "q/"))  # one sync
+        for i in np.flatnonzero(self.active):
+            if bad[i]:
+                self._stop(i, f"non-finite {', '.join(bad[i])} by env step {env_steps} (decision "
+                              f"{self.p.decisions}, update {self.p.updates})")
+
+    def _stop(self, i: int, reason: str) -> None:
+        run = self.runs[i]
+        run.status, run.reason, run.stopped_at = "diverged", reason, (self.p.decisions, self.p.updates)
+        self.active[i] = False
+        self.agent.freeze(i)
+        others = " (the other seeds of the pack go on)" if self.active.any() else ""
+        self.log(f"{run.name} stopped{others}: {reason}")
+
+    # ---- time ------------------------------------------------------------------------------------
+    def wall_s(self) -> float:
+        """Real time inside :meth:`run` so far, over every start of this pack (resumes add up)."""
+        if self._t_start is None:
+            return self.p.wall_s
+        return self._wall_base + time.perf_counter() - self._t_start
+
+    def _flush_phase_time(self) -> None:
+        """Books the time since the last mark to warm-up or training, whichever the decisions since were."""
+        now = time.perf_counter()
+        if self.p.decisions <= self.t.warmup_decisions:
+            self.p.warmup_s += now - self._t_mark
+        else:
+            self.p.train_s += now - self._t_mark
+        self._t_mark = now
+
+    def eta_s(self) -> float | None:
+        """Seconds to the end of the run at the costs measured so far (see :func:`~qed_ray.rl.pack.remaining_s`)."""
+        t, p = self.t, self.p
+        warm_done, evals = min(p.decisions, t.warmup_decisions), p.decisions // t.eval_every_decisions
+        return remaining_s(t, p.decisions, evals,
+                           p.warmup_s / warm_done if warm_done and p.warmup_s > 0 else None,
+                           p.train_s / (p.decisions - t.warmup_decisions) if p.decisions > t.warmup_decisions
+                           and p.train_s > 0 else None,
+                           p.eval_s / evals if evals and p.eval_s > 0 else None)
+
+    def _beat(self) -> None:
+        self._flush_phase_time()
+        t = self.t
+        self.heartbeat({"env_steps": self.p.decisions * t.frame_skip, "total_env_steps": t.env_steps,
+                        "warmup": self.p.decisions < t.warmup_decisions, "eta_s": self.eta_s(),
+                        "wall_s": self.wall_s()})
+
+    # ---- evaluation ------------------------------------------------------------------------------
+    def _evaluate_and_report(self, env_steps: int, elapsed: float, interval_updates: int) -> None:
+        self._check_finite(env_steps)
+        self._flush_phase_time()
+        t0 = time.perf_counter()
+        returns = rollout_lockstep(self.agent.act_deterministic, self.pool, self.eval_index,
+                                   eval_seeds(self.t.eval_episodes), self.active).returns
+        eval_s = time.perf_counter() - t0
+        interval = self.acc.means_per_seed()
+        # The eval time includes this report (checkpoint, snapshot, logging) only from the next evaluation on:
+        # the checkpoint written here must already hold the count of evaluations it belongs to.
+        self.p.eval_s += eval_s
+        eta = self.eta_s() if self.p.decisions < self.t.decisions else 0.0
+        metrics = {int(i): self._metrics(self.runs[i], returns[i], interval[i], env_steps, elapsed,
+                                         interval_updates, eval_s, eta) for i in np.flatnonzero(self.active)}
+        t_report = time.perf_counter()
+        self.reporter(metrics, self.checkpoints.save)
+        self.p.eval_s += time.perf_counter() - t_report
+        self._t_mark = time.perf_counter()
+        for i, m in metrics.items():
+            self.log(f"{self.runs[i].name} env_steps={env_steps} eval={m['eval/return_mean']:.1f} "
+                     f"alpha={m.get('alpha/actor_mean', float('nan')):.4f} ups={m['perf/updates_per_s']:.1f}")
+
+    def _metrics(self, run: SeedRun, returns: np.ndarray, interval: dict, env_steps: int, elapsed: float,
+                 interval_updates: int, eval_s: float, eta: float | None) -> dict[str, float | None]:
+        """One seed's evaluation metrics."""
+        mean = float(returns.mean())
+        run.evals.append(EvalRecord(env_steps, mean, interval.get("alpha/actor_mean", math.nan),
+                                    interval.get("q/abs_diff_mean", math.nan)))
+        metrics = {
+            "env_steps": env_steps, "decisions": self.p.decisions, "updates": self.p.updates,
+            "episodes": run.episodes, "eval/return_mean": mean, "eval/return_std": float(returns.std()),
+            "eval/return_min": float(returns.min()), "eval/return_max": float(returns.max()),
+            "perf/updates_per_s": interval_updates / max(elapsed, 1e-9),
+            "perf/env_steps_per_s": self.t.eval_every / max(elapsed, 1e-9), "perf/eval_s": eval_s,
+            "perf/wall_s": self.wall_s(), "perf/eta_s": eta,
+        }
+        if run.train_returns:
+            metrics["train/episode_return"] = float(np.mean(run.train_returns))
+        metrics.update(interval)
+        run.train_returns, run.last_metrics = [], metrics
+        for warning in self.agent.template.report_warnings(metrics):
+            self.log(f"WARNING {run.name} at env step {env_steps}: {warning}")
+        return metrics
+
+    # ---- checkpoints and results ----------------------------------------------------------------------
+    def restore(self, directory: Path) -> dict:
+        """Loads a pack checkpoint (:class:`~qed_ray.rl.pack_checkpoint.PackCheckpoints`); returns its pack.json."""
+        return self.checkpoints.restore(directory)
+
+    def _status(self, run: SeedRun) -> str:
+        """``running``, ``diverged``, or ``finished`` once the budget is done (also in the final checkpoint)."""
+        return "finished" if run.status == "running" and self.p.decisions >= self.t.decisions else run.status
+
+    def summaries(self) -> list[dict]:
+        """Per seed, its final figures (``summary.json``; ``reason`` when it diverged)."""
+        return [self._summary(run) for run in self.runs]
+
+    def _summary(self, run: SeedRun) -> dict:
+        s, t, p = run.spec, self.t, self.p
+        decisions, updates = run.stopped_at or (p.decisions, p.updates)
+        alphas = [e.alpha_mean for e in run.evals if math.isfinite(e.alpha_mean)]
+        last = run.last_metrics
+        out = {
+            "name": run.name, "task": s.task, "agent": s.agent.name, "variant": s.variant, "seed": s.seed,
+            "status": self._status(run), "env_steps": decisions * t.frame_skip, "decisions": decisions,
+            "updates": updates, "pack_size": self.n, "precision": self.precision, "wall_s": p.wall_s,
+            "warmup_s": p.warmup_s,
+            "train_s": p.train_s, "eval_s": p.eval_s,
+            "updates_per_s": p.updates / p.train_s if p.train_s else math.nan,
+            "final_eval_return_mean": run.evals[-1].return_mean if run.evals else math.nan,
+            "final_eval_return_std": last.get("eval/return_std", math.nan),
+            "alpha_mean_over_training": float(np.mean(alphas)) if alphas else math.nan,
+            "final_alpha": {k.removeprefix("alpha/"): v for k, v in last.items() if k.startswith("alpha/")},
+            "evals": [e.to_json() for e in run.evals],
+        }
+        if run.reason is not None:
+            out["reason"] = run.reason
+        return out
+
+    def close(self) -> None:
+        """Flushes the writer and frees the envs (and their workers)."""
+        try:
+            self.writer.flush()
+        finally:
+            self.pool.close()
+
+
+def build_trainer(specs: Sequence[RunSpec], reporter: Reporter, replay_dirs: Sequence[Path] | None,
+                  names: Sequence[str] | None = None, env_workers: int = 0, log: Callable[[str], None] = print,
+                  writer: BackgroundWriter | None = None, pack: str | None = None,
+                  heartbeat: Callable[[dict], None] | None = None, heartbeat_s: float = 30.0) -> Trainer:
+    """Builds the envs, the pack's agent, replay, per-seed random streams and the writer for ``specs`` (runs that
+    differ only in seed; one run is a pack of one) and injects them into a :class:`Trainer`. Seed s's streams are
+    derived from s alone, so a seed trains alike whatever pack it is in.
+
+    Args:
+        specs: the runs, in pack order.
+        reporter: metrics/checkpoint sink.
+        replay_dirs: per seed, its replay folder (None: replay inside each checkpoint).
+        names: per seed, its trial name (default: ``spec.name``).
+        env_workers: env worker processes (0: step the envs in this process).
+        log: progress-line printer.
+        writer: the background writer (default: a new one; :meth:`Trainer.close` flushes it).
+        pack: the pack's name (default: :func:`~qed_ray.rl.pack.pack_name` of ``specs``).
+        heartbeat, heartbeat_s: see :class:`Trainer`.
+    """
+    check_pack(specs)
+    spec, t = specs[0], specs[0].train
+    torch.set_num_threads(t.threads)
+    device = resolve_device(t.device)
+    seeds = [s.seed for s in specs]
+    env_seeds = seeds + eval_seeds(t.eval_episodes) * len(seeds)  # eval envs are reseeded before every use
+    pool = EnvPool(spec.task, env_seeds, t.frame_skip, env_workers)
+    agent = make_packed_agent(spec.agent, spec.temperature, pool.obs_dim, pool.action_dim, device, seeds)
+    capacity = t.replay_capacity or t.decisions
+    # Per seed: independent streams for the buffer sampler and warm-up actions, derived from the run seed.
+    streams = [[np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)] for seed in seeds]
+    nbytes = replay_bytes(len(seeds), capacity, pool.obs_dim, pool.action_dim)
+    replay = Replay(capacity, pool.obs_dim, pool.action_dim, [r for r, _ in streams], device,
+                    replay_device(device, nbytes))
+    runs = [SeedRun(s, n, w) for s, n, (_, w) in zip(specs, names or [s.name for s in specs], streams)]
+    log(f"pack {pack or pack_name(specs)}: {len(seeds)} seed{'s' if len(seeds) > 1 else ''} on {device}, replay "
+        f"{nbytes / 2**20:.1f} MiB on {replay.storage.device}, {env_workers} env workers")
+    return Trainer(runs, pool, agent, replay, reporter, writer or BackgroundWriter(), replay_dirs, log, pack,
+                   heartbeat, heartbeat_s)

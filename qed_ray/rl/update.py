@@ -1,0 +1,212 @@
+"""A pack's update as one replayable unit: eager, ``torch.compile``d, or one CUDA graph per update.
+
+:class:`PackUpdater` runs one update of every seed of a :class:`~qed_ray.rl.agents.packed.PackedAgent` from the two
+inputs that change between updates, the batch indices [S, B] and the noise block [S, R, A], and folds the metric
+vector into the trainer's :class:`~qed_ray.rl.update_metrics.MetricAccumulator` on the device. The update itself
+(gather of the batch from the pack's replay, losses, backward, per-seed clip, Adam, Polyak, metric sums) touches
+only tensors that stay where they are, and it never reads a value back to the host, which is what lets
+``graph`` mode capture it once and replay it:
+
+- ``off``: the eager update (the reference every other mode must equal).
+- ``compile``: the same function through ``torch.compile`` (inductor; the backward and the optimiser steps are
+  compiled in pieces around the graph breaks at ``backward()``). Any device; compiles on the first call.
+- ``graph``: CUDA only. The first :data:`WARMUP` calls run eagerly on a side stream (they are real updates: the
+  optimiser moments and the allocator settle), the next is captured with ``torch.cuda.graph`` into static input
+  buffers and replayed, and every later call copies its indices and noise into those buffers and replays the
+  graph: one launch per update instead of hundreds. The graph captures the *eager* update, not a compiled one:
+  inductor takes about a minute per agent variant on CPU for tiny networks, and a sweep builds one pack per
+  (task, agent, temperature), so the compile would cost more than it saves at the paper's sizes.
+- ``auto``: ``graph`` on CUDA, ``off`` elsewhere.
+
+MAD-SAC with ``agent.mad.model_every`` > 1 takes a host-side branch (model step or not) per update; a single
+graph cannot hold both, so ``graph`` falls back to ``off`` there and says so (:func:`resolve_mode`). Stopped
+seeds are held outside the graph after each update (:meth:`PackedAgent.hold_frozen`), so freezing a seed never
+invalidates a capture. The replay must live on the agent's device for the gather to be captured; when it lives in
+host memory the gathered batch is copied into static batch buffers instead.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+
+from qed_ray.rl.agents.packed import PackedAgent
+from qed_ray.rl.replay import Replay
+from qed_ray.rl.update_metrics import MetricAccumulator
+
+MODES = ("auto", "off", "compile", "graph")
+WARMUP = 3  # eager updates on a side stream before the capture (the optimiser state must exist when it starts)
+
+
+def resolve_mode(mode: str, device: torch.device, agent: PackedAgent) -> tuple[str, str]:
+    """The mode a pack's update runs in and why, from ``train.compile`` and the device.
+
+    Returns:
+        ``(mode, reason)``: mode one of ``off``, ``compile``, ``graph``; reason a short phrase for the log.
+
+    Raises:
+        ValueError: an unknown mode, or ``graph`` asked for on a device that is not CUDA.
+    """
+    device = torch.device(device)
+    if mode not in MODES:
+        raise ValueError(f"train.compile: {mode!r} is not one of {', '.join(MODES)}")
+    if mode == "graph" and device.type != "cuda":
+        raise ValueError(f"train.compile: 'graph' needs a CUDA device (the pack runs on {device}); on this device "
+                         f"use one of auto, off, compile")
+    if mode == "auto":
+        mode = "graph" if device.type == "cuda" else "off"
+    every = model_every(agent)
+    if mode == "graph" and every > 1:
+        return "off", (f"agent.mad.model_every={every} branches on the host every update; one CUDA graph cannot "
+                       f"hold both branches, so the update runs eagerly")
+    return mode, {"off": "eager", "compile": "torch.compile", "graph": "one CUDA graph per update"}[mode]
+
+
+def same_device(a: torch.device | str, b: torch.device | str) -> bool:
+    """Whether two device names mean one device (``cuda`` is the current CUDA device, so it equals ``cuda:0``
+    there; comparing ``torch.device`` objects says they differ)."""
+    return torch.empty(0, device=a).device == torch.empty(0, device=b).device
+
+
+def model_every(agent: PackedAgent) -> int:
+    """MAD-SAC's ``agent.mad.model_every`` (1 for agents without a model)."""
+    return getattr(getattr(agent.spec, "mad", None), "model_every", 1)
+
+
+class PackUpdater:
+    """One packed update per call, in the given mode, with the metric sums kept on the device.
+
+    Args:
+        agent: the pack.
+        replay: its replay (batches are gathered from it by index).
+        acc: the trainer's accumulator of [S, K] metric vectors (None: metrics are only returned).
+        mode: ``off``, ``compile`` or ``graph`` (see :func:`resolve_mode`).
+        batch_size: B (fixed: the static buffers have this shape).
+    """
+
+    def __init__(self, agent: PackedAgent, replay: Replay, acc: MetricAccumulator | None, mode: str,
+                 batch_size: int):
+        if mode not in ("off", "compile", "graph"):
+            raise ValueError(f"PackUpdater mode: {mode!r} is not one of off, compile, graph (resolve 'auto' first)")
+        if mode == "graph" and agent.device.type != "cuda":
+            raise ValueError(f"PackUpdater mode 'graph' needs a CUDA agent (it is on {agent.device})")
+        if mode == "graph" and model_every(agent) > 1:
+            raise ValueError(f"PackUpdater mode 'graph': agent.mad.model_every={model_every(agent)} needs the eager "
+                             f"update (one graph holds one branch); resolve_mode chooses it")
+        self.agent, self.replay, self.acc, self.mode = agent, replay, acc, mode
+        self.calls, self.graph = 0, None
+        dev = agent.device
+        self.gather_inside = same_device(replay.storage.device, dev)
+        self.idx = torch.zeros((agent.n, batch_size), dtype=torch.int64, device=replay.storage.device)
+        # Indices reach a CUDA device through pinned host buffers (a copy from pageable memory waits for the
+        # device); two of them, each reused only once its last copy is done (an event, so no stream sync).
+        pinned = self.idx.device.type == "cuda"
+        self._staging = [torch.zeros(self.idx.shape, dtype=torch.int64, pin_memory=True) for _ in range(2)] \
+            if pinned else []
+        self._copied = [torch.cuda.Event() for _ in self._staging]
+        rows = agent.template.noise_rows(batch_size)
+        self.noise = torch.zeros((agent.n, rows, agent.action_dim), device=dev, dtype=agent.dtype)
+        self.batch = None if self.gather_inside else {k: v.clone() for k, v in replay.gather(
+            np.zeros((agent.n, batch_size), np.int64)).items()}
+        if mode == "compile":
+            agent.compile_losses()
+        self.metrics: torch.Tensor | None = None
+
+    def __call__(self, idx: np.ndarray, noise: torch.Tensor) -> torch.Tensor:
+        """One update of every seed from batch indices ``idx`` [S, B] (:meth:`~qed_ray.rl.replay.Replay.indices`) and the
+        noise block ``noise`` [S, R, A] (:meth:`PackedAgent.noise`); folds the metrics into ``acc``.
+
+        Returns:
+            the [S, K] metric vector (in ``graph`` mode a static buffer the next call overwrites).
+        """
+        self._load(idx, noise)
+        if self.mode != "graph":
+            self.metrics = self._step()
+        elif self.graph is not None:
+            self._replay()
+        elif self.calls < WARMUP:
+            self.metrics = self._on_side_stream(self._step)
+        else:
+            self._capture()
+        self.calls += 1
+        if self.acc is not None:
+            self.acc.counted()
+        self.agent.hold_frozen()
+        return self.metrics
+
+    def eager(self, batch: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
+        """One eager update on a given ``batch`` (e.g. one with an injected fault) in any mode; a memo tensor the
+        update rebinds is copied back into the one a captured graph writes, so later replays stay consistent."""
+        kept = dict(self.agent.memo)
+        metrics = self.agent.learn(batch, noise)
+        for k, old in kept.items():
+            if self.agent.memo[k] is not old:
+                old.copy_(self.agent.memo[k])
+                self.agent.memo[k] = old
+        if self.acc is not None:
+            self.acc.add(metrics)
+        self.agent.hold_frozen()
+        return metrics
+
+    # ---- the update as a function of the static buffers --------------------------------------------------
+    def _load(self, idx: np.ndarray, noise: torch.Tensor) -> None:
+        if self.gather_inside and not self._staging:  # CPU: the index buffer is host memory already
+            self.idx.copy_(torch.from_numpy(np.ascontiguousarray(idx, np.int64)))
+        elif self.gather_inside:
+            k = self.calls % 2
+            self._copied[k].synchronize()  # done long ago in a training loop: acting reads actions back
+            self._staging[k].numpy()[...] = idx
+            self.idx.copy_(self._staging[k], non_blocking=True)
+            self._copied[k].record()
+        else:
+            for k, v in self.replay.gather(idx).items():
+                self.batch[k].copy_(v, non_blocking=True)
+        self.noise.copy_(noise)
+
+    def _step(self) -> torch.Tensor:
+        batch = self.replay.gather_tensor(self.idx) if self.gather_inside else self.batch
+        metrics = self.agent.learn(batch, self.noise)
+        if self.acc is not None:
+            self.acc.fold(metrics)
+        return metrics
+
+    # ---- graph mode ------------------------------------------------------------------------------------
+    def _on_side_stream(self, fn: Callable[[], torch.Tensor]) -> torch.Tensor:
+        side = torch.cuda.Stream(self.agent.device)
+        side.wait_stream(torch.cuda.current_stream(self.agent.device))
+        with torch.cuda.stream(side):
+            out = fn()
+        torch.cuda.current_stream(self.agent.device).wait_stream(side)
+        return out
+
+    def _capture(self) -> None:
+        for opt in self.agent.opts.values():
+            make_capturable(opt)
+        updates = self.agent.updates
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):  # records, runs nothing: the replay below is this call's update
+            self.metrics = self._step()
+        # Host-side counters the update moves (MAD-SAC's ``updates``) moved once during the capture; each replay
+        # moves them by the same amount (model_every == 1 here, so the captured branch is the only one).
+        self._host_delta = self.agent.updates - updates
+        self.agent.updates = updates
+        self._replay()
+
+    def _replay(self) -> None:
+        self.graph.replay()
+        self.agent.updates += self._host_delta
+
+
+def make_capturable(opt: torch.optim.Optimizer) -> None:
+    """Sets ``capturable`` on every param group and moves step counters to their parameter's device: a state loaded
+    from a checkpoint written on the CPU carries ``capturable=False`` and host step counters, which a CUDA graph
+    cannot step."""
+    for group in opt.param_groups:
+        group["capturable"] = True
+        for p in group["params"]:
+            state = opt.state.get(p, {})
+            step = state.get("step")
+            if step is not None and step.device != p.device:
+                state["step"] = step.to(p.device, torch.float32)

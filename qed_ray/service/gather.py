@@ -1,0 +1,378 @@
+"""The gather step: a sweep's cross-seed metrics while it runs, and its re-analysis command.
+
+While a driver start runs, one named actor per sweep (:class:`Gatherer`) hears of every trial as it finishes or
+fails (:class:`GatherFeed`, a Tune callback added to every Tuner of this start, so the actor outlives a Tuner that
+is restarted after Ray killed a worker; the driver also hands it the trials the folder shows done or diverged when
+it starts). What a trial's ending means is read from the folder (``DONE.json``, ``DIVERGED.json``): a trial Tune
+calls complete because the sweep was stopped is neither. As soon as every seed of a (task, agent, variant) group
+has finished or failed, the group is evaluated as a Ray task with its own resources (:func:`group_task_resources`),
+in parallel with training, and cached (:mod:`qed_ray.analysis.group_cache`); then the tables and figures are rewritten and
+logged to the sweep's MLflow parent run (best-effort: the files in ``gather/`` are the record). A restarted driver
+finds every unchanged group in the cache and evaluates nothing again. A group that left a finished trial out
+because its checksums were not (yet) in MLflow is gathered again at the end, after the driver has recorded them.
+
+``python -m qed_ray.gather SWEEP_DIR [--episodes N --bootstrap-reps N ...]`` recomputes the gather outputs from
+the saved policies with other final-evaluation settings, in this process: no Ray, no retraining.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import ray
+from ray import tune
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from qed_ray.analysis import group_cache, tables
+from qed_ray.layout import SweepDir
+from qed_ray.service.reanalysis import write_results
+from qed_ray.analysis.results import FailedTrial, GroupKey, GroupResult, SweepResults
+from qed_ray.spec import FinalEvalSpec, SweepSpec
+from qed_ray.service.tracking import Tracker, metric_key
+from qed_ray.service.packing import seed_trials
+
+NAMESPACE = "qed_ray"
+GROUP_METRICS = ("V", "action_distance", "q1_dispersion", "early_q_gap", "alpha_frac_floor_late", "alpha_frac_cap_late",
+                 "log_std_at_min")
+# Per variant against its te baseline (the verdict reads V_ratio_median and iqm_ratio with their intervals).
+COMPARISON_METRICS = ("V_ratio_median", "V_ratio_median_ci_lower", "V_ratio_median_ci_upper", "V_ratio_geomean",
+                      "V_ratio_means", "action_distance_ratio_median", "action_distance_ratio_geomean",
+                      "action_distance_ratio_means", "score_var_ratio_median", "score_var_ratio_geomean",
+                      "score_var_ratio_means", "iqm_ratio", "iqm_ratio_ci_lower", "iqm_ratio_ci_upper")
+
+
+def actor_name(sweep_name: str, sweep_id: str) -> str:
+    """The per-sweep actor name."""
+    return f"qed-gather-{sweep_name}-{sweep_id}"
+
+
+@dataclass(frozen=True)
+class GatherPlan:
+    """What the gather actor of one sweep needs; ``parent_run_id`` None: log nothing to MLflow."""
+
+    sweep: str
+    sweep_id: str
+    sweep_dir: str
+    final_eval: FinalEvalSpec
+    groups: dict[GroupKey, list[str]]
+    tracking_uri: str
+    experiment: str
+    parent_run_id: str | None
+    group_resources: dict
+    max_in_flight: int
+    claim: dict | None = None  # sweep.json's pre-registration record (qed_ray.claim), for the verdict
+
+
+def group_task_resources(nodes: list[dict], trial_cpu: float, trial_gpu: float, n_trials: int,
+                         max_concurrent: int | None) -> tuple[dict, int]:
+    """Ray resources of one group evaluation and how many may run at once, without starving training.
+
+    Where the cluster has CPUs that trials can never use (a GPU node's spare cores, a head with CPUs), group tasks
+    take 1 CPU each, at most as many at once as there are such spare CPUs, so Ray's accounting keeps them off the
+    trials' share. Where trials can fill every CPU (a 2-core laptop running 2 one-CPU trials), a 1-CPU task would
+    wait for the last trial, so it asks for no CPU and runs one at a time on a single thread: one extra busy core
+    while a group is evaluated, and results while the sweep still runs.
+    """
+    fits = 0
+    for node in nodes:
+        res = node.get("Resources", {})
+        by_cpu = math.floor(res.get("CPU", 0) / trial_cpu + 1e-9)
+        by_gpu = math.floor(res.get("GPU", 0) / trial_gpu + 1e-9) if trial_gpu > 0 else by_cpu
+        fits += min(by_cpu, by_gpu)
+    concurrent = min(fits, n_trials, max_concurrent or n_trials)
+    spare = sum(n.get("Resources", {}).get("CPU", 0) for n in nodes) - concurrent * trial_cpu
+    if spare >= 1:
+        return {"num_cpus": 1}, int(spare)
+    return {"num_cpus": 0}, 1
+
+
+@ray.remote
+def _evaluate_group_task(job: group_cache.GroupJob, final_eval: FinalEvalSpec) -> GroupResult:
+    import torch
+
+    torch.set_num_threads(1)
+    return group_cache.evaluate(job, final_eval, device="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def log_rows(tracker: Tracker, run_id: str, results: SweepResults, new_groups: list[GroupResult]) -> None:
+    """Logs the current aggregates and comparisons (step = groups gathered so far), the verdict as the tag
+    ``qed.verdict``, and each new group's row (``group/<task>/<agent>.<variant>/<GROUP_METRICS, mean_score>``)."""
+    finite = lambda d: {k: v for k, v in d.items() if math.isfinite(v)}  # noqa: E731
+    metrics = {metric_key(f"{a.agent}.{a.variant}", k): v for a in results.aggregates for k, v in a.headline().items()}
+    metrics.update({metric_key(f"{c.agent}.{c.variant}", k): getattr(c, k) for c in results.comparisons
+                    for k in COMPARISON_METRICS})
+    if results.verdict is not None:
+        tracker.set_tags(run_id, {"qed.verdict": results.verdict.outcome})
+    tracker.log_metrics(run_id, finite(metrics), step=len(results.groups))
+    rows = {metric_key("group", g.task, f"{g.agent}.{g.variant}", k): float(getattr(g, k))
+            for g in new_groups for k in GROUP_METRICS}
+    rows.update({metric_key("group", g.task, f"{g.agent}.{g.variant}", "mean_score"): float(sum(g.scores)
+                 / len(g.scores)) for g in new_groups})
+    if rows:
+        tracker.log_metrics(run_id, finite(rows), step=0)
+
+
+def log_files(tracker: Tracker, run_id: str, layout: SweepDir) -> None:
+    """Uploads the gather tables under ``gather/`` and the figures under ``gather/figures/`` (the cache stays)."""
+    for path in (layout.results_json, layout.aggregates_csv, layout.groups_csv, layout.budgets_csv,
+                 layout.comparisons_csv, layout.verdict_json):
+        tracker.log_artifact(run_id, path, "gather")
+    if layout.figures.is_dir():
+        tracker.log_artifacts(run_id, layout.figures, "gather/figures")
+
+
+def _cause(e: BaseException) -> str:
+    inner = getattr(e, "cause", None) or e  # a Ray task's error carries the original exception as .cause
+    return f"{type(inner).__name__}: {inner}".splitlines()[0]
+
+
+@ray.remote(num_cpus=0)
+class Gatherer:
+    """Gathers one sweep's groups as their trials finish; see the module notes. Async: group evaluations run as
+    Ray tasks concurrently; file and MLflow work runs on one thread, in order."""
+
+    def __init__(self, plan: GatherPlan):
+        self.plan, self.layout = plan, SweepDir(plan.sweep_dir)
+        self.group_of = {n: k for k, names in plan.groups.items() for n in names}
+        self.finished: set[str] = set()
+        self.failed: dict[str, str] = {}
+        self.results: dict[GroupKey, GroupResult] = {}
+        self.excluded: dict[str, FailedTrial] = {}
+        self.jobs: dict[GroupKey, asyncio.Task] = {}
+        self.seen_at: dict[str, float] = {}
+        self.logged_at: dict[GroupKey, float] = {}
+        self.evaluated: list[str] = []
+        self.from_cache: list[str] = []
+        self.io = ThreadPoolExecutor(1)
+        self.slots = asyncio.Semaphore(plan.max_in_flight)
+        self.dirty = False
+        self.refresher: asyncio.Task | None = None
+        self.tracker: Tracker | None = None
+        self.retry: set[GroupKey] = set()  # groups to gather again at the end (checksums not recorded yet)
+        self.mlflow_down = False
+
+    async def trial_finished(self, name: str, live: bool = True) -> None:
+        """A trial ended; the folder says how (idempotent). ``DONE.json``: it finished; ``DIVERGED.json``: it failed
+        for good; neither (stopped with the sweep): nothing, a later start resumes it. ``live``: it ended now, not
+        before this start."""
+        if name not in self.group_of or name in self.finished:
+            return
+        state = self.layout.trial_state(name)
+        if state == "diverged":
+            await self.trial_failed(name, self.layout.diverged_reason(name), live)
+        elif state == "done":
+            self.finished.add(name)
+            self.failed.pop(name, None)
+            if live:
+                self.seen_at[name] = time.time()
+            self._start_if_complete(self.group_of[name])
+
+    async def trial_failed(self, name: str, error: str, live: bool = True) -> None:
+        """A trial failed for good (no retries left, or diverged); it is left out of its group."""
+        if name in self.group_of and name not in self.finished:
+            self.failed[name] = error
+            if live:
+                self.seen_at[name] = time.time()
+            self._start_if_complete(self.group_of[name])
+
+    def _start_if_complete(self, key: GroupKey) -> None:
+        names = self.plan.groups[key]
+        if key not in self.jobs and all(n in self.finished or n in self.failed for n in names):
+            self.jobs[key] = asyncio.get_running_loop().create_task(self._gather(key))
+
+    async def _blocking(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.io, fn, *args)
+
+    async def _gather(self, key: GroupKey) -> None:
+        names = self.plan.groups[key]
+        for n in names:
+            if n in self.failed:
+                self.excluded[n] = FailedTrial(n, self.failed[n])
+        finished = [n for n in names if n in self.finished]
+        try:
+            job = await self._blocking(self._prepare, key, finished)
+            result = await self._blocking(group_cache.load, self.layout, job.key) if job.records else None
+            if result is not None:
+                self.from_cache.append(key.name)
+            elif job.records:
+                async with self.slots:
+                    task = _evaluate_group_task.options(**self.plan.group_resources)
+                    result = await task.remote(job, self.plan.final_eval)
+                await self._blocking(group_cache.store, self.layout, job.key, result)
+                self.evaluated.append(key.name)
+            if result is not None:
+                self.results[key] = result
+        except Exception as e:  # noqa: BLE001 - a refused or broken group is left out, flagged with the reason
+            for n in finished:
+                self.excluded[n] = FailedTrial(n, f"gather refused {key.name}: {_cause(e)}")
+        self.dirty = True
+        if self.refresher is None or self.refresher.done():
+            self.refresher = asyncio.get_running_loop().create_task(self._refresh_loop())
+
+    def _prepare(self, key: GroupKey, finished: list[str]) -> group_cache.GroupJob:
+        try:
+            recorded = self._tracker().recorded_checksums()
+        except Exception:
+            self.retry.add(key)  # MLflow unreachable: the snapshots cannot be checked now
+            raise
+        if any(n not in recorded for n in finished):
+            self.retry.add(key)  # a trial whose MLflow run was down at its end: the driver records it later
+        job = group_cache.prepare(self.layout, key, finished, recorded, self.plan.final_eval)
+        for f in job.excluded:
+            self.excluded[f.name] = f
+        return job
+
+    def _tracker(self) -> Tracker:
+        if self.tracker is None:
+            p = self.plan
+            self.tracker = Tracker(p.tracking_uri, p.experiment, p.sweep_id)
+        return self.tracker
+
+    async def _refresh_loop(self) -> None:
+        while self.dirty:  # groups landing during a refresh are covered by the next one, not one each
+            self.dirty = False
+            await self._blocking(self._refresh)
+
+    def _refresh(self) -> SweepResults:
+        p = self.plan
+        results = tables.sweep_results(p.sweep, p.final_eval, list(self.results.values()),
+                                       sorted(self.excluded.values(), key=lambda f: f.name), len(self.group_of),
+                                       p.claim)
+        new = [g for g in results.groups if g.key not in self.logged_at]
+        # The rows first (figures take seconds to draw); MLflow is a mirror: gather/ is written either way.
+        if self._mirror(log_rows, results, new):
+            now = time.time()
+            self.logged_at.update({g.key: now for g in new})
+        write_results(results, self.layout)
+        self._mirror(log_files, self.layout)
+        return results
+
+    def _mirror(self, log, *args) -> bool:
+        """One logging call to the parent run, best-effort (one warning per outage); False if it failed."""
+        if self.plan.parent_run_id is None:
+            return False
+        try:
+            log(self._tracker(), self.plan.parent_run_id, *args)
+        except Exception as e:  # noqa: BLE001 - any failure of the tracking store; the next refresh tries again
+            if not self.mlflow_down:
+                print(f"WARNING: gather: MLflow failed ({_cause(e)}); the results are in {self.layout.gather} and "
+                      f"are logged when it answers again", flush=True)
+            self.mlflow_down = True
+            return False
+        self.mlflow_down = False
+        return True
+
+    def _again(self, key: GroupKey) -> None:
+        """Forgets a gathered group's outcome and gathers it again."""
+        self.retry.discard(key)
+        for n in self.plan.groups[key]:
+            if n in self.finished:
+                self.excluded.pop(n, None)
+        self.results.pop(key, None)
+        self.logged_at.pop(key, None)
+        for done in (self.evaluated, self.from_cache):
+            if key.name in done:
+                done.remove(key.name)
+        del self.jobs[key]
+        self._start_if_complete(key)
+
+    async def finish(self, failed: list[FailedTrial]) -> dict:
+        """The sweep ended: the given failures are final, unfinished trials are left out, every group is gathered.
+
+        Returns:
+            ``{"results": SweepResults, "evaluated": [group], "from_cache": [group], "delays_s": {group: s}}``
+            where a delay is the time from a group's last trial finishing to its row in MLflow (for groups whose
+            last trial finished while this driver ran).
+        """
+        for f in failed:  # the driver's reasons are the final ones (the callback only knew that Tune gave up)
+            if f.name in self.group_of and f.name not in self.finished:
+                self.failed[f.name] = f.error
+                if f.name in self.excluded:
+                    self.excluded[f.name] = f
+        for name in self.group_of:
+            if name not in self.finished and name not in self.failed:
+                self.failed[name] = "did not finish"
+        for key in self.plan.groups:
+            self._start_if_complete(key)
+        await asyncio.gather(*self.jobs.values())
+        for key in sorted(self.retry):  # once, now that the driver has recorded what MLflow missed
+            self._again(key)
+        await asyncio.gather(*self.jobs.values())
+        if self.refresher is not None:
+            await self.refresher
+        extra = [f for f in failed if f.name not in self.group_of]  # e.g. a failure of the gather step itself
+        for f in extra:
+            self.excluded[f.name] = f
+        results = await self._blocking(self._refresh)
+        delays = {k.name: self.logged_at[k] - max(self.seen_at[n] for n in self.plan.groups[k] if n in self.seen_at)
+                  for k in self.results if k in self.logged_at and any(n in self.seen_at for n in self.plan.groups[k])}
+        return {"results": results, "evaluated": self.evaluated, "from_cache": self.from_cache, "delays_s": delays}
+
+
+class GatherFeed(tune.Callback):
+    """Tells the sweep's gather actor about every trial that ends or fails for good; the actor is looked up by name
+    at each call, so the feed of every Tuner of a driver start reaches the one live actor."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def _actor(self):
+        return ray.get_actor(self.name, namespace=NAMESPACE)
+
+    def _tell(self, method: str, *args) -> None:
+        try:
+            getattr(self._actor(), method).remote(*args)
+        except ValueError as e:  # the actor is gone: training goes on; the end of the sweep reports it
+            print(f"  gather: cannot reach the gather actor ({e}); results come at the next start", flush=True)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial, **info) -> None:
+        for name in seed_trials(trial.config):  # a pack's seed runs, each as the folder shows it
+            self._tell("trial_finished", name)
+
+    def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
+        for name in seed_trials(trial.config):
+            self._tell("trial_finished", name)  # a seed run that ended before its pack failed is no failure
+            self._tell("trial_failed", name, "failed (see its error.txt)")
+
+
+def launch(spec: SweepSpec, layout: SweepDir, sweep_id: str, uri: str, experiment: str, parent_run_id: str,
+           n_tune_trials: int | None = None, claim: dict | None = None):
+    """Starts the sweep's gather actor for this driver start, handing it the trials the folder shows ended.
+    ``n_tune_trials``: how many Tune trials train them (packs; default one per trial); ``claim``: the sweep's
+    pre-registration record (``sweep.json``), for the verdict."""
+    names = [t.name for t in spec.trials()]
+    need = spec.trial_resources()
+    resources, in_flight = group_task_resources(
+        [n for n in ray.nodes() if n.get("Alive")], need["cpu"], need["gpu"], n_tune_trials or len(names),
+        spec.max_concurrent_trials)
+    plan = GatherPlan(spec.name, sweep_id, str(layout.root), spec.final_eval, group_cache.plan_groups(names), uri,
+                      experiment, parent_run_id, resources, in_flight, claim)
+    return start(plan, [n for n in names if layout.trial_state(n) != "pending"])
+
+
+def start(plan: GatherPlan, done: list[str]):
+    """Starts the sweep's gather actor and hands it the trials already done or diverged (groups start at once)."""
+    # On the driver's node: it lives and dies with the driver, never with a worker node the autoscaler removes.
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    actor = Gatherer.options(name=actor_name(plan.sweep, plan.sweep_id), namespace=NAMESPACE,
+                             scheduling_strategy=here).remote(plan)
+    ray.get([actor.trial_finished.remote(n, False) for n in done])
+    return actor
+
+
+def finish(actor, failed: list[FailedTrial]) -> dict:
+    """Waits for every group, writes the final outputs, stops the actor; see :meth:`Gatherer.finish`."""
+    try:
+        return ray.get(actor.finish.remote(failed))
+    finally:
+        ray.kill(actor)
+
+
+def stop(actor) -> None:
+    """Stops the actor without a final gather (the sweep was interrupted): the groups it gathered stay cached and
+    their rows and figures stay in ``gather/`` and MLflow; evaluations in flight are dropped (redone next start)."""
+    ray.kill(actor)

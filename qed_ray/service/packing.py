@@ -1,0 +1,127 @@
+"""Which seed runs of a sweep train together: its packs, and their membership, fixed once formed.
+
+A sweep's Tune trials are packs: the seed runs of one (task, agent, variant) -- trials whose names differ only in
+the seed -- in seed order, in chunks of ``pack.seeds`` S (the last chunk of a group may be smaller; S = 1, the
+default, gives packs of one). Each seed run keeps its trial name, folders, MLflow run and identity; the pack is
+only how they are scheduled and trained (:mod:`qed_ray.rl.trainer`).
+
+A pack's checkpoint holds its seeds together, so its membership never changes once it exists: ``sweep.json``
+records every pack (``{"packs": {pack name: [trial names]}}``, :func:`qed_ray.service.sweep_state.plan`), and a later start
+keeps each recorded pack as it is and forms new packs only of the trials in none (a sweep grown from 10 to 20 seeds
+gets packs of seeds 10-19; its old packs are never re-formed).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from qed_ray.layout import PackId, SweepDir, TrialId, seed_dir
+from qed_ray.spec import SweepSpec, Trial
+
+
+@dataclass(frozen=True)
+class Pack:
+    """One pack: its id and its seed runs, in pack (seed) order."""
+
+    id: PackId
+    trials: tuple[Trial, ...]
+
+    @property
+    def name(self) -> str:
+        """``task/agent/variant/pack0-2``."""
+        return self.id.name
+
+    @property
+    def names(self) -> list[str]:
+        """Its seed runs' trial names, in pack order."""
+        return [t.name for t in self.trials]
+
+    @property
+    def env_steps(self) -> int:
+        """Env steps of its seed runs together."""
+        return sum(t.run.train.env_steps for t in self.trials)
+
+
+def seed_trials(config: dict) -> list[str]:
+    """The seed runs (trial names) a Tune trial's config ``{"pack": {"name", "trials"}}`` trains."""
+    return [t["name"] for t in config["pack"]["trials"]]
+
+
+def tune_name(config: dict) -> str:
+    """A Tune trial's name from its config (no re-validation): its pack's ``task/agent/variant/pack0-2``."""
+    return config["pack"]["name"]
+
+
+def tune_folder(config: dict) -> str:
+    """A Tune trial's folder name in ``tune/<start>/``: its pack's (:mod:`qed_ray.layout`)."""
+    return PackId.of(seed_trials(config)).dirname
+
+
+def group_of(name: str) -> str:
+    """``task/agent/variant`` of a trial name: the seed runs that may share a pack."""
+    return name.rsplit("/", 1)[0]
+
+
+def form_packs(spec: SweepSpec, recorded: Mapping[str, Sequence[str]] | None = None) -> list[Pack]:
+    """The spec's packs: the ``recorded`` ones (``{pack name: trial names}``, kept as they are), then the trials in
+    none of them, per (task, agent, variant) in seed order, in chunks of ``spec.pack.seeds``. Packs come in the
+    grid order of their (task, agent, variant), then by first seed. Trials of a recorded pack that the spec no
+    longer has are left out (a started sweep refuses dropping trials before this matters,
+    :func:`qed_ray.service.sweep_state.plan`).
+    """
+    trials = spec.trials()
+    by_name, order = {t.name: t for t in trials}, {}
+    for t in trials:
+        order.setdefault(group_of(t.name), len(order))
+    packs, taken = [], set()
+    for names in (recorded or {}).values():
+        members = [by_name[n] for n in names if n in by_name]
+        if members:
+            packs.append(_pack(members))
+            taken.update(t.name for t in members)
+    groups: dict[str, list[Trial]] = {}
+    for t in trials:
+        if t.name not in taken:
+            groups.setdefault(group_of(t.name), []).append(t)
+    size = spec.pack.seeds
+    for members in groups.values():
+        members = sorted(members, key=lambda t: t.run.seed)
+        packs += [_pack(members[i:i + size]) for i in range(0, len(members), size)]
+    return sorted(packs, key=lambda p: (order[group_of(p.names[0])], p.trials[0].run.seed))
+
+
+def _pack(members: Sequence[Trial]) -> Pack:
+    return Pack(PackId.of([t.name for t in members]), tuple(members))
+
+
+def pack_records(packs: Sequence[Pack]) -> dict[str, list[str]]:
+    """``{pack name: trial names}``: what ``sweep.json`` records of the packs."""
+    return {p.name: p.names for p in packs}
+
+
+def pack_of(packs: Sequence[Pack]) -> dict[str, Pack]:
+    """``{trial name: its pack}``."""
+    return {n: p for p in packs for n in p.names}
+
+
+def pack_state(layout: SweepDir, pack: Pack) -> str:
+    """``pending`` while any of its seed runs is (to train or resume), else ``ended`` (each is done or diverged)."""
+    return "pending" if any(layout.trial_state(n) == "pending" for n in pack.names) else "ended"
+
+
+def pack_started(layout: SweepDir, pack_id: PackId) -> bool:
+    """Whether the pack left anything in the folder (a Tune folder, a checkpoint, a seed's policy or replay folder)."""
+    if layout.pack_dirs(pack_id) or layout.pack_checkpoints(pack_id).exists():
+        return True
+    return any(p.exists() for n in pack_id.trials for p in (layout.policies(n), layout.replay(n)))
+
+
+def seed_checkpoint(layout: SweepDir, pack_id: PackId, name: str) -> Path | None:
+    """The newest complete pack checkpoint's folder of seed run ``name`` (``seed_<seed>/``, its single-seed
+    checkpoint), or None before the pack's first checkpoint."""
+    steps = layout.pack_checkpoint_steps(pack_id)
+    if not steps:
+        return None
+    return steps[max(steps)] / seed_dir(TrialId.from_name(name).seed)

@@ -1,0 +1,213 @@
+"""Re-analysis of a sweep from its saved policies with other final-evaluation settings (``python -m qed_ray.gather``).
+
+Nothing is retrained and no Ray cluster is started: each group's evaluation is taken from the cache
+(:mod:`qed_ray.analysis.group_cache`) when its key matches, else computed in this process (or in a local process pool,
+``--workers``); then the tables and figures in ``gather/`` are rewritten. Only ``gather/`` changes: policies,
+trial folders and MLflow stay as they are (the MLflow parent run keeps the outputs of the sweep's own settings;
+a moved or copied folder's own store is relinked to its artifacts, :mod:`qed_ray.service.relink`).
+Snapshots are checked against the checksums their trials recorded in MLflow, as during the sweep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict
+from multiprocessing import get_context
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from qed_ray.analysis import group_cache, plots, tables
+from qed_ray.atomic import atomic_file, write_json
+from qed_ray.rl.digests import Recorded
+from qed_ray.field_hints import format_validation_error
+from qed_ray.layout import SweepDir
+from qed_ray.analysis.results import FailedTrial, GroupResult, SweepResults
+from qed_ray.spec import FinalEvalSpec
+
+# Settings of the final evaluation a re-analysis may change (keep_every decided which snapshots exist: fixed).
+FLAGS = ("policies", "episodes", "action_rollouts", "action_steps", "curve_episodes", "bootstrap_reps",
+         "confidence", "seed", "proxy_window")
+
+
+def _write_csv(rows: list[dict], path: Path) -> None:
+    with atomic_file(path) as tmp, open(tmp, "w", newline="") as f:
+        if rows:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+
+
+def policy_dir(layout: SweepDir, policy: str) -> Path:
+    """``gather/policy_<name>/`` (:meth:`SweepDir.policy_gather`)."""
+    return layout.policy_gather(policy)
+
+
+def write_results(results: SweepResults, layout: SweepDir) -> None:
+    """``results.json`` (strict JSON, every evaluation policy's tables in it), ``aggregates.csv``, ``groups.csv``,
+    ``iqm_by_budget.csv``, ``comparisons.csv``, ``verdict.json`` (``null`` without a te and a QED variant) and,
+    with groups, the figures (PNG and SVG), each replaced atomically (the live gather rewrites them while the sweep
+    runs); the same tables and figures of each further evaluation policy under :func:`policy_dir`."""
+    layout.gather.mkdir(parents=True, exist_ok=True)
+    write_json(layout.results_json, results.to_json(), indent=1)
+    _write_tables(results, layout.gather, layout)
+    for policy, other in results.other_policies.items():
+        _write_tables(other, policy_dir(layout, policy), layout)
+
+
+def _write_tables(results: SweepResults, folder: Path, layout: SweepDir) -> None:
+    """The CSV tables and figures of one evaluation policy in ``folder`` (file names as in ``gather/``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    _write_csv([asdict(a) for a in results.aggregates], folder / layout.aggregates_csv.name)
+    _write_csv(tables.group_rows(results.groups, results.group_stats), folder / layout.groups_csv.name)
+    _write_csv([asdict(b) for b in results.iqm_by_budget], folder / layout.budgets_csv.name)
+    _write_csv([c.csv_row() for c in results.comparisons], folder / layout.comparisons_csv.name)
+    write_json(folder / layout.verdict_json.name, results.verdict.to_json() if results.verdict else None, indent=1)
+    if results.groups:
+        plots.all_figures(results, folder / layout.figures.name)
+
+
+def previous_results(layout: SweepDir) -> dict:
+    """The last ``results.json`` as raw JSON ({} when the sweep was never gathered)."""
+    try:
+        return json.loads(layout.results_json.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def final_eval_with(base: dict, overrides: dict) -> FinalEvalSpec:
+    """The base settings with the overrides; raises ValueError naming the flag of any bad value."""
+    try:
+        return FinalEvalSpec.model_validate({**base, **overrides})
+    except ValidationError as e:
+        lines = []
+        for line in format_validation_error(e).splitlines():
+            field, sep, rest = line.partition(": ")
+            lines.append(f"--{field.replace('_', '-')}: {rest}" if sep and field in FLAGS else line)
+        raise ValueError("\n".join(lines)) from None
+
+
+def _evaluate_in_worker(job: group_cache.GroupJob, final_eval: FinalEvalSpec) -> GroupResult:
+    import torch
+
+    torch.set_num_threads(1)
+    return group_cache.evaluate(job, final_eval)
+
+
+def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, recorded: dict[str, Recorded] | None,
+              workers: int = 1, log=print) -> tuple[SweepResults, list[str]]:
+    """Recomputes every output of ``gather/`` for ``final_eval`` (the verdict by the claim block ``sweep.json``
+    froze, if any); returns the results and the refused groups."""
+    trials = [t.name for t in layout.trials()]
+    old = previous_results(layout)
+    failed = [FailedTrial(**f) for f in old.get("failed_trials", []) if f["name"] not in trials and "/" in f["name"]]
+    finished = [n for n in trials if layout.done_marker(n).exists()]
+    failed += [FailedTrial(n, "did not finish (no DONE.json)") for n in trials if n not in finished]
+    jobs, results, refused = [], {}, []
+    for key, names in group_cache.plan_groups(trials).items():
+        job = group_cache.prepare(layout, key, [n for n in names if n in finished], recorded, final_eval)
+        failed += job.excluded
+        cached = group_cache.load(layout, job.key) if job.records else None
+        if cached is not None:
+            results[key] = cached
+            log(f"  {key.name}: cached")
+        elif job.records:
+            jobs.append(job)
+    pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn")) if workers > 1 else None
+    try:
+        futures = [(job, pool.submit(_evaluate_in_worker, job, final_eval) if pool else None) for job in jobs]
+        for job, future in futures:
+            t0 = time.perf_counter()
+            try:
+                result = future.result() if future else group_cache.evaluate(job, final_eval)
+            except Exception as e:  # noqa: BLE001 - a refused group is reported, the others still land
+                refused.append(f"{job.group.name}: {type(e).__name__}: {e}")
+                failed += [FailedTrial(r.name, f"gather refused {job.group.name}: {e}") for r in job.records]
+                log(f"  {job.group.name}: REFUSED: {e}")
+                continue
+            group_cache.store(layout, job.key, result)
+            results[job.group] = result
+            log(f"  {job.group.name}: evaluated ({time.perf_counter() - t0:.1f} s)")
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    n_trials = max(old.get("n_trials", 0), len(trials) + len([f for f in failed if f.name not in trials]))
+    claim = json.loads(layout.state_file.read_text()).get("claim") if layout.state_file.exists() else None
+    out = tables.sweep_results(old.get("sweep", layout.root.name), final_eval, list(results.values()),
+                               sorted(failed, key=lambda f: f.name), n_trials, claim)
+    write_results(out, layout)
+    return out, refused
+
+
+def _recorded(layout: SweepDir, uri: str | None) -> dict[str, Recorded]:
+    from qed_ray.service.relink import follow_move
+    from qed_ray.service.tracking import default_tracking_uri, sweep_checksums
+
+    if uri is None:
+        if not layout.mlflow_db.exists():
+            raise ValueError(f"--tracking-uri: no MLflow store in {layout.root} (mlflow.db) and MLFLOW_TRACKING_URI "
+                             f"is not set; give the sweep's tracking URI, or --no-verify to trust the folder")
+        uri = default_tracking_uri(layout.root)
+        follow_move(layout)  # a moved or copied folder's store points at its own artifacts again
+    sweep_id = json.loads(layout.state_file.read_text())["sweep_id"]
+    return sweep_checksums(uri, sweep_id)
+
+
+def _name_list(text: str) -> list[str]:
+    """``mean,sample`` -> ``["mean", "sample"]`` (the model checks the names)."""
+    return [part.strip() for part in text.split(",")]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Command-line flags: the sweep folder, the final-evaluation settings to change, verification."""
+    p = argparse.ArgumentParser(prog="python -m qed_ray.gather", description=__doc__.splitlines()[0])
+    p.add_argument("sweep_dir", type=Path, help="the sweep folder (with sweep.json and policies/)")
+    for name in FLAGS:
+        info = FinalEvalSpec.model_fields[name]
+        kind = {float: float, int: int}.get(info.annotation, _name_list)
+        default = ",".join(info.default) if isinstance(info.default, tuple) else info.default
+        p.add_argument(f"--{name.replace('_', '-')}", type=kind, help=f"{info.description} (default: the "
+                       f"sweep's last gather, else {default})".replace("%", "%%"))
+    p.add_argument("--workers", type=int, default=1, help="local processes evaluating groups (default 1)")
+    p.add_argument("--tracking-uri", help="MLflow store with the trials' recorded checksums (default: "
+                   "MLFLOW_TRACKING_URI, else the sweep folder's mlflow.db)")
+    p.add_argument("--no-verify", action="store_true", help="use the snapshots without checking them against the "
+                   "recorded checksums (only for a folder nobody else could write)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; exit code 0 done, 1 a group was refused (a snapshot failed its check), 2 bad input."""
+    args = parse_args(argv)
+    layout = SweepDir(args.sweep_dir.resolve())
+    try:
+        if not layout.state_file.exists():
+            raise ValueError(f"sweep_dir: {layout.root} is not a sweep folder (no {layout.state_file.name})")
+        if args.workers < 1:
+            raise ValueError(f"--workers: {args.workers}; need 1 or more")
+        overrides = {k: getattr(args, k) for k in FLAGS if getattr(args, k) is not None}
+        final_eval = final_eval_with(previous_results(layout).get("final_eval", {}), overrides)
+        uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        recorded = None if args.no_verify else _recorded(layout, uri)
+        layout.trials()  # a folder without policies/ is refused here, naming it
+    except (ValueError, FileNotFoundError) as e:
+        for line in str(e).splitlines():
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("MUJOCO_GL", "disable")
+    print(f"re-analysing {layout.root} with final_eval {final_eval.model_dump()}", flush=True)
+    results, refused = reanalyze(layout, final_eval, recorded, args.workers)
+    print("\n" + tables.summary(results))
+    for policy, other in results.other_policies.items():
+        print(f"\nevaluation policy {policy} ({policy_dir(layout, policy)}):")
+        print(tables.summary(other))
+    for f in results.failed_trials:
+        print(f"LEFT OUT {f.name}: {f.error}")
+    print(f"\nwrote {layout.gather}")
+    return 1 if refused else 0

@@ -1,0 +1,137 @@
+"""Relinks a moved or copied local sweep folder to its own MLflow artifacts (``python -m qed_ray.relink DIR``).
+
+A local sweep keeps its MLflow store (``mlflow.db``) and artifact root (``mlartifacts/``) in the sweep folder, but
+MLflow records artifact locations as absolute paths: it resolves a relative one against the working folder when
+the experiment is created, and its clients and UI (``mlflow ui``/``mlflow server``) open a run's artifacts at the
+run's recorded ``artifact_uri`` as is. After ``mv`` or ``cp -r`` the copy's store therefore still points into the
+original folder: its UI lists no artifacts once the original is gone (the original's while it exists), and new
+artifacts would be written there. Relinking rewrites, in the folder's own store and in one transaction, the
+artifact locations of the sweep's experiments, runs and logged models that point into another folder's
+``mlartifacts/`` so that they point into this folder's; nothing else changes. A sweep start, ``python -m
+qed_ray.gather`` and ``python -m qed_ray.visualize`` relink a moved folder themselves; this command is for a
+folder nothing else will open first (e.g. before ``mlflow ui`` on a copy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import sys
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from qed_ray.layout import SweepDir
+from qed_ray.service.tags import SWEEP_TAG
+
+SQLITE_PREFIX = "sqlite:///"
+
+
+@dataclass(frozen=True)
+class Relinked:
+    """What :func:`relink` changed: the artifact roots the store pointed at, the new one, and how many rows."""
+
+    old: tuple[str, ...]
+    new: str
+    experiments: int
+    runs: int
+
+
+def _local_path(location: str) -> Path | None:
+    """The filesystem path of a plain path or ``file:`` URI (None for any other scheme)."""
+    parsed = urllib.parse.urlparse(location)
+    if parsed.scheme == "file":
+        return Path(urllib.parse.unquote(parsed.path))
+    return Path(location) if parsed.scheme == "" else None
+
+
+def _moved_from(location: str, root: Path) -> bool:
+    """Whether ``location`` is another folder's artifact root of the same name (``.../mlartifacts``)."""
+    path = _local_path(location)
+    return path is not None and path.name == root.name and os.path.realpath(path) != os.path.realpath(root)
+
+
+def relink(db: Path, artifact_root: Path, sweep_id: str) -> Relinked:
+    """Points every artifact location of sweep ``sweep_id`` in the SQLite store ``db`` (its experiments: those
+    holding a run tagged ``qed.sweep_id``, with their runs and logged models) that lies in another folder's
+    ``mlartifacts/`` into ``artifact_root`` instead, in one transaction; returns what changed."""
+    root = Path(artifact_root).absolute()
+    old, n_exp, n_runs = [], 0, 0
+    with sqlite3.connect(db, timeout=60) as conn:  # commits on success, rolls back on an error
+        rows = conn.execute("SELECT e.experiment_id, e.artifact_location FROM experiments e WHERE e.experiment_id IN "
+                            "(SELECT r.experiment_id FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
+                            "WHERE t.key = ? AND t.value = ?)", (SWEEP_TAG, sweep_id)).fetchall()
+        models = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'logged_models'").fetchone()
+        for exp_id, location in rows:
+            if not location or not _moved_from(location, root):
+                continue
+            new = root.as_uri() if location.startswith("file:") else str(root)
+            conn.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = ?", (new, exp_id))
+            n_runs += _replace_prefix(conn, "runs", "artifact_uri", exp_id, location, new)
+            if models:
+                _replace_prefix(conn, "logged_models", "artifact_location", exp_id, location, new)
+            old.append(location)
+            n_exp += 1
+    conn.close()
+    return Relinked(tuple(old), str(root), n_exp, n_runs)
+
+
+def _replace_prefix(conn: sqlite3.Connection, table: str, column: str, exp_id, old: str, new: str) -> int:
+    """``old/...`` -> ``new/...`` in ``table.column`` for the experiment's rows; returns how many changed."""
+    prefix = old.rstrip("/") + "/"
+    cursor = conn.execute(f"UPDATE {table} SET {column} = ? || substr({column}, ?) WHERE experiment_id = ? AND "
+                          f"substr({column}, 1, ?) = ?", (new.rstrip("/") + "/", len(prefix) + 1, exp_id,
+                                                          len(prefix), prefix))
+    return cursor.rowcount
+
+
+def own_store(uri: str, layout: SweepDir) -> bool:
+    """Whether ``uri`` is the sweep folder's own SQLite store (``sqlite:///<folder>/mlflow.db``)."""
+    return (uri.startswith(SQLITE_PREFIX)
+            and os.path.realpath(uri[len(SQLITE_PREFIX):]) == os.path.realpath(layout.mlflow_db))
+
+
+def forget_artifact_repos() -> None:
+    """Drops the artifact repositories this process's MLflow clients cached per run id (with the run's artifact
+    location at the time), so that runs relinked to another folder are read and written there."""
+    from mlflow.tracking._tracking_service import utils
+
+    cache = getattr(utils, "_artifact_repos_cache", None)  # MLflow 3's cache; absent elsewhere: nothing to drop
+    if cache is not None:
+        cache.clear()
+
+
+def follow_move(layout: SweepDir, sweep_id: str | None = None,
+                log: Callable[[str], None] = lambda line: print(line, flush=True)) -> Relinked | None:
+    """Relinks the sweep folder's own store (:func:`relink`) if the folder was moved or copied, logging one line
+    when it changed something; None if the folder has no store. ``sweep_id`` defaults to ``sweep.json``'s."""
+    if not layout.mlflow_db.exists():
+        return None
+    sweep_id = sweep_id or json.loads(layout.state_file.read_text())["sweep_id"]
+    done = relink(layout.mlflow_db, layout.mlartifacts, sweep_id)
+    if done.experiments:
+        forget_artifact_repos()  # clients of this process cached the old locations
+        log(f"MLflow: {layout.root} was moved or copied: pointed {done.runs} run(s) of its store from "
+            f"{', '.join(done.old)} to {done.new}")
+    return done
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; exit code 0 relinked (or nothing to do), 2 bad input."""
+    p = argparse.ArgumentParser(prog="python -m qed_ray.relink", description=__doc__.splitlines()[0])
+    p.add_argument("sweep_dir", type=Path, help="the moved or copied sweep folder (with sweep.json and mlflow.db)")
+    layout = SweepDir(p.parse_args(argv).sweep_dir.absolute())
+    problem = (f"{layout.root} is not a sweep folder (no {layout.state_file.name})" if not layout.state_file.exists()
+               else f"{layout.root} has no MLflow store ({layout.mlflow_db.name}): a sweep tracked by an MLflow server "
+                    f"keeps its artifacts there, nothing to relink" if not layout.mlflow_db.exists() else None)
+    if problem:
+        print(f"error: sweep_dir: {problem}", file=sys.stderr)
+        return 2
+    done = follow_move(layout)
+    if not done.experiments:
+        print(f"nothing to relink: no artifact location of this sweep in {layout.mlflow_db} points outside "
+              f"{layout.mlartifacts}")
+    return 0

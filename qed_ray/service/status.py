@@ -1,0 +1,203 @@
+"""``python -m qed_ray.sweep SPEC --status``: a sweep's progress and partial results, read from its folder alone.
+
+Starts nothing (no Ray, no MLflow) and reads what the sweep folder records (:class:`~qed_ray.layout.SweepDir`):
+``sweep.lock`` whether a driver runs the sweep now (and which); ``DONE.json`` that a trial finished and
+``DIVERGED.json`` that it failed for good; its seed's part of its pack's newest checkpoint
+(``checkpoints/<pack>/``, else its newest policy snapshot) how far it got and how long it has run; an ``error.txt``
+in its pack's Tune folder of the latest start that ran it, newer than that checkpoint, that Tune gave up on it in
+that start (the next start retries it); the group cache (``gather/cache/``) the partial table for the spec's
+final-evaluation settings. The report lists every pack with the state of each of its seed runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from qed_ray.analysis import group_cache, tables
+from qed_ray.rl.checkpoint import MANIFEST_FILE, SNAPSHOT_FORMATS, CheckpointError, read_manifest
+from qed_ray.layout import SweepDir
+from qed_ray.service.lock import STALE_AFTER_S, read_lock, stale_reason
+from qed_ray.service.packing import Pack, form_packs, pack_of, seed_checkpoint
+from qed_ray.analysis.results import FailedTrial, SweepResults
+from qed_ray.spec import SweepSpec
+
+STATES = ("done", "running", "stopped", "failed", "not started")
+
+
+@dataclass(frozen=True)
+class TrialState:
+    """One trial as its folder shows it. ``wall_s`` is NaN where no checkpoint or snapshot recorded it."""
+
+    name: str
+    state: str  # one of STATES; "running"/"stopped": started, not finished, while a driver runs / none does
+    env_steps: int
+    budget: int
+    wall_s: float
+    error: str = ""
+
+
+def driver(layout: SweepDir, now: float | None = None) -> str | None:
+    """Who runs the sweep now, from its lock (``pid 12 on host h (started ..., last heartbeat 3 s ago)``); None
+    when no driver holds a live lock (none, or its holder is gone: the next start takes it over)."""
+    info = read_lock(layout.lock_file)
+    try:
+        mtime = layout.lock_file.stat().st_mtime
+    except OSError:
+        return None
+    now = time.time() if now is None else now
+    if stale_reason(info, mtime, now, socket.gethostname(), STALE_AFTER_S) is not None:
+        return None
+    return info.describe(now) if info is not None else "a driver that is starting"
+
+
+def _progress(layout: SweepDir, name: str, pack: Pack) -> tuple[int, float, float]:
+    """``(env steps, wall seconds, mtime)`` of the trial's seed's part of its pack's newest checkpoint or, past it,
+    of its newest policy snapshot."""
+    steps, wall, mtime = 0, math.nan, 0.0
+    seed = seed_checkpoint(layout, pack.id, name)
+    checkpoints = {0: seed} if seed is not None and (seed / MANIFEST_FILE).exists() else {}
+    for found, read_wall in ((checkpoints, lambda m: m["progress"]["wall_s"]),
+                             (layout.snapshots(name), lambda m: m.get("wall_s", math.nan))):
+        if not found or max(found) < steps:
+            continue
+        folder = found[max(found)]
+        try:
+            m = read_manifest(folder, SNAPSHOT_FORMATS)  # progress only: an older run's files tell it too
+            if int(m["env_steps"]) < steps:
+                continue
+            steps, wall = int(m["env_steps"]), float(read_wall(m))
+            mtime = max(mtime, (folder / MANIFEST_FILE).stat().st_mtime)
+        except (CheckpointError, KeyError, ValueError, OSError):
+            pass
+    return steps, wall, mtime
+
+
+def error_summary(error_txt: str) -> str:
+    """One line of a Tune ``error.txt``: a traceback's last line (``InjectedCrash: ...``), else the first line after
+    the ``Failure # n`` header (a worker killed by Ray: ``1 worker(s) were killed due to ... low on memory ...``)."""
+    lines = [ln.strip() for ln in error_txt.splitlines() if ln.strip() and not ln.startswith("Failure # ")]
+    if not lines:
+        return "failed (no error message)"
+    return lines[-1] if any(ln.startswith("Traceback") for ln in lines) else lines[0]
+
+
+def _last_error(layout: SweepDir, pack: Pack, newer_than: float) -> str | None:
+    """The last line of the ``error.txt`` Tune wrote for the pack in the latest start that ran it, if it is newer
+    than ``newer_than`` (a later checkpoint means the pack was retried and ran on)."""
+    dirs = layout.pack_dirs(pack.id)
+    error = dirs[-1] / "error.txt" if dirs else None
+    if error is None or not error.exists() or error.stat().st_mtime <= newer_than:
+        return None
+    return error_summary(error.read_text(errors="replace"))
+
+
+def trial_state(layout: SweepDir, name: str, budget: int, pack: Pack, live: bool = False) -> TrialState:
+    """Reads one trial's state from its markers, its pack's newest checkpoint and Tune's error file; ``live``: a
+    driver runs the sweep now (a started, unfinished trial is "running", else "stopped")."""
+    steps, wall, newest = _progress(layout, name, pack)
+    if layout.done_marker(name).exists():
+        metrics = json.loads(layout.done_marker(name).read_text())
+        return TrialState(name, "done", budget, budget, float(metrics.get("perf/wall_s", wall)))
+    if layout.diverged_marker(name).exists():
+        return TrialState(name, "failed", steps, budget, wall, f"{layout.diverged_reason(name)} (final)")
+    error = _last_error(layout, pack, newest)
+    if error is not None:
+        return TrialState(name, "failed", steps, budget, wall, f"{error} (the next start retries it)")
+    started = steps > 0 or any(_non_empty(d) for d in layout.pack_dirs(pack.id))
+    return TrialState(name, ("running" if live else "stopped") if started else "not started", steps, budget, wall)
+
+
+def _non_empty(folder: Path) -> bool:
+    return folder.is_dir() and any(folder.iterdir())
+
+
+def projected_wall_s(states: list[TrialState], shares: list[float] | None = None) -> float:
+    """Wall seconds the whole sweep will have cost: done trials as they took, the others scaled to their budget at
+    their own pace so far, trials without a pace at the median pace of the others (NaN if none has one).
+    ``shares``: per trial, its share of its pack's wall time (1 / pack size; default 1)."""
+    paces = [s.wall_s / s.env_steps for s in states if s.env_steps > 0 and math.isfinite(s.wall_s)]
+    if not paces:
+        return math.nan
+    median = statistics.median(paces)
+    total = 0.0
+    for s, share in zip(states, shares or [1.0] * len(states)):
+        own = s.wall_s / s.env_steps if s.env_steps > 0 and math.isfinite(s.wall_s) else median
+        total += share * (s.wall_s if s.state == "done" and math.isfinite(s.wall_s) else own * s.budget)
+    return total
+
+
+def partial_results(spec: SweepSpec, layout: SweepDir, states: list[TrialState]) -> tuple[SweepResults, int]:
+    """The tables of every group whose trials are all done or failed and whose evaluation is cached for the spec's
+    final-evaluation settings; also returns the number of groups."""
+    by_name = {s.name: s for s in states}
+    groups = group_cache.plan_groups(list(by_name))
+    found, failed = [], [FailedTrial(s.name, s.error) for s in states if s.state == "failed"]
+    for key, names in groups.items():
+        if any(by_name[n].state not in ("done", "failed") for n in names):
+            continue
+        done = [n for n in names if by_name[n].state == "done"]
+        job = group_cache.prepare(layout, key, done, None, spec.final_eval) if done else None
+        cached = group_cache.load(layout, job.key) if job is not None and job.records else None
+        if cached is not None:
+            found.append(cached)
+    results = tables.sweep_results(spec.name, spec.final_eval, found, failed, len(states))
+    return results, len(groups)
+
+
+def report(spec: SweepSpec, layout: SweepDir) -> str:
+    """The ``--status`` text: trial counts, env steps, compute spent and projected, the partial table."""
+    trials = spec.trials()
+    if not layout.state_file.exists():
+        return f"sweep {spec.name}: not started ({layout.root} has no {layout.state_file.name})"
+    holder = driver(layout)
+    packs = sweep_packs(spec, layout)
+    in_pack = pack_of(packs)
+    states = [trial_state(layout, t.name, t.run.train.env_steps, in_pack[t.name], holder is not None)
+              for t in trials]
+    counts = {k: sum(s.state == k for s in states) for k in STATES}
+    steps, budget = sum(s.env_steps for s in states), sum(s.budget for s in states)
+    # The seed runs of a pack share its wall time (and its resources): each counts 1 / pack size of it.
+    shares = [1 / len(in_pack[s.name].trials) for s in states]
+    spent = sum(w * s.wall_s for s, w in zip(states, shares) if math.isfinite(s.wall_s))
+    res = spec.trial_resources()
+    lines = [f"sweep {spec.name}: {len(trials)} trials in {layout.root}",
+             f"driver: {holder}" if holder else "driver: none running (started trials resume from their newest "
+                                                "checkpoint at the next start)",
+             "trials: " + ", ".join(f"{counts[k]} {k}" for k in STATES),
+             f"env steps: {steps:,} of {budget:,} ({100 * steps / max(budget, 1):.0f}%)"]
+    projected = projected_wall_s(states, shares)
+    for unit, share in (("GPU", res["gpu"]), ("CPU", res["cpu"])):
+        if share > 0:
+            lines.append(f"{unit}-hours: {spent * share / 3600:.3g} spent, {projected * share / 3600:.3g} projected "
+                         f"for the whole sweep (pack wall time x {share:g} {unit} per pack)")
+    results, n_groups = partial_results(spec, layout, states)
+    lines.append(f"results: {len(results.groups)} of {n_groups} groups gathered (cached in {layout.group_cache} "
+                 f"for this spec's final_eval)")
+    if results.aggregates:
+        lines += ["", tables.format_table(results.aggregates, spec.final_eval.confidence)]
+    by_name = {s.name: s for s in states}
+    lines += ["", f"packs ({len(packs)}, up to {spec.pack.seeds} seed{'s' if spec.pack.seeds > 1 else ''} each): "
+                  f"seed: state [env steps]"]
+    lines += [f"  {p.name}  " + "  ".join(_seed_cell(by_name[t.name], t.run.seed) for t in p.trials) for p in packs]
+    lines += [f"FAILED {s.name} (pack {in_pack[s.name].name}): {s.error}" for s in states if s.state == "failed"]
+    return "\n".join(lines)
+
+
+def sweep_packs(spec: SweepSpec, layout: SweepDir) -> list[Pack]:
+    """The sweep's packs as its ``sweep.json`` records them (and, for its trials in none, as a start forms them)."""
+    try:
+        recorded = json.loads(layout.state_file.read_text()).get("packs") or {}
+    except (OSError, ValueError):
+        recorded = {}
+    return form_packs(spec, recorded)
+
+
+def _seed_cell(s: TrialState, seed: int) -> str:
+    return f"{seed}:{s.state}" + ("" if s.state in ("done", "not started") else f"[{s.env_steps:,}]")
+

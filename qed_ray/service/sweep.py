@@ -1,0 +1,413 @@
+"""The sweep service: ``python -m qed_ray.sweep SPEC`` (or ``ray job submit -- python -m qed_ray.sweep SPEC``).
+
+Joins the Ray cluster it finds (``RAY_ADDRESS`` / a running ``ray start``) or starts an embedded one, runs every
+trial of the spec as a Ray Tune trial, gathers each group of finished policies while the sweep runs (a named
+actor, :mod:`qed_ray.service.gather`) for the cross-seed metrics, and logs everything to MLflow (one parent run per sweep,
+one child run per trial). ``--status`` prints a sweep's progress from its folder (:mod:`qed_ray.service.status`).
+
+The sweep folder is the source of truth, not Tune's saved state: each start checks the folder and the spec
+(:mod:`qed_ray.service.sweep_state`), takes the sweep's lock (:mod:`qed_ray.service.lock`), and builds a *fresh* Tuner over the
+trials that are neither done nor diverged, each resuming from its own newest checkpoint in the folder. So running
+the same command again resumes, a grown spec (more seeds, tasks, variants) trains only the new trials, and the
+context (tracking URI, folder, parent run) always comes from this start. Nothing is unpickled from the folder.
+The gather actor lives for the whole start, across the fresh Tuners started after Ray killed a worker; it is
+handed the trials already done at the start, and the others as they end.
+
+The Tune trials are packs (:mod:`qed_ray.service.packing`): each trains the seed runs of one (task, agent, variant) together
+(``pack.seeds`` of them; one by default), and a pack is scheduled while any of its seed runs is pending; everything
+else (outcomes, MLflow runs, the gather step) stays per seed run.
+
+This module is the driver; what runs inside a trial's Ray worker is :mod:`qed_ray.service.trial`, and every path in the
+sweep folder comes from :class:`qed_ray.layout.SweepDir`.
+
+Exit codes: 0 every trial finished and gathering succeeded; 1 a trial failed, or gathering failed or left a
+finished trial out (a snapshot that does not match its recorded checksum, say); 2 a bad spec,
+a refused folder or another driver running this sweep; 130 stopped by Ctrl-C (SIGINT) and 143 by SIGTERM
+(``ray job stop``): the trials stopped cleanly, their runs are KILLED, and the same command resumes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import ray
+from ray import tune
+
+from qed_ray.service import gather, status
+from qed_ray.analysis import tables
+from qed_ray.service.dry_run import dry_run
+from qed_ray.layout import SweepDir
+from qed_ray.service.lock import LockHeld, SweepLock
+from qed_ray.service.ray_token import private_ray_token, quiet_opt_out_notice
+from qed_ray.analysis.results import FailedTrial, SweepResults
+from qed_ray.spec import SpecError, SweepSpec, load_spec
+from qed_ray.service.status import error_summary
+from qed_ray.rl.compat import adopt_trial_checkpoints
+from qed_ray.service.packing import Pack, tune_folder, tune_name
+from qed_ray.service.sweep_state import check_folder, git_sha, move_aside, outcome, plan, prune_finished, resolve_paths, \
+    sqlite_on_many_machines, sync_runs, write_state
+from qed_ray.service.tracking import Tracker, artifact_location, ui_command
+from qed_ray.service.trial import TrialContext, train_trial
+
+def trial_name(trial) -> str:
+    """A Tune trial's name: its pack's ``task/agent/variant/pack0-2``."""
+    return tune_name(trial.config)
+
+
+def tune_dirname(trial) -> str:
+    """A Tune trial's folder name in ``tune/<start>/`` (:mod:`qed_ray.layout`)."""
+    return tune_folder(trial.config)
+
+
+class Interrupt(tune.Stopper):
+    """Ctrl-C (SIGINT) or ``ray job stop`` (SIGTERM): stop every trial cleanly (Tune's stopper); a second signal
+    exits at once. Tune's own SIGINT handler is disabled (``TUNE_DISABLE_SIGINT_HANDLER``) so both signals take
+    this one path."""
+
+    def __init__(self):
+        self.signum: int | None = None
+
+    def install(self) -> None:
+        """Handles SIGINT and SIGTERM from now on (after ``ray.init``, which sets its own SIGTERM handler)."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(f"\n{signal.Signals(signum).name}: stopping the trials (checkpoints are kept; run the same command "
+              f"to resume). Press Ctrl-C again to exit at once.", flush=True)
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        return False
+
+    def stop_all(self) -> bool:
+        return self.signum is not None
+
+
+class Progress(tune.Callback):
+    """A concise progress view (instead of Tune's tables) that also records trials Tune gave up on."""
+
+    def __init__(self, total_env_steps: int, interrupt: Interrupt | None = None, every_s: float = 15.0):
+        self.total, self.interrupt, self.every_s = total_env_steps, interrupt, every_s
+        self.t0 = time.time()
+        self.last = 0.0
+        self.start_steps: int | None = None
+        self.failed: dict[str, str] = {}  # trial -> last line of its error, once it has no retries left
+
+    def on_step_end(self, iteration: int, trials: list, **info) -> None:
+        now = time.time()
+        if now - self.last >= self.every_s:
+            self.last = now
+            print(self.line(trials), flush=True)
+
+    def on_trial_recover(self, iteration: int, trials: list, trial, **info) -> None:
+        print(f"  trial {trial_name(trial)} failed; retrying from its last checkpoint", flush=True)
+
+    def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
+        text = Path(trial.error_file).read_text() if trial.error_file and Path(trial.error_file).exists() else ""
+        self.failed[trial_name(trial)] = error_summary(text)
+        print(f"  trial {trial_name(trial)} failed and has no retries left", flush=True)
+
+    def on_experiment_end(self, trials: list, **info) -> None:
+        if not self.stopped:
+            print(self.line(trials), flush=True)
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the sweep is being interrupted (Tune then reports the stopped trials as done)."""
+        return self.interrupt is not None and self.interrupt.signum is not None
+
+    def line(self, trials: list) -> str:
+        """One status line."""
+        counts: dict[str, int] = {}
+        for t in trials:
+            counts[t.status] = counts.get(t.status, 0) + 1
+        steps = sum(int((t.last_result or {}).get("seed_env_steps", 0)) for t in trials)  # a pack's seeds together
+        if self.start_steps is None:
+            self.start_steps = steps
+        rate = (steps - self.start_steps) / max(time.time() - self.t0, 1e-9)
+        eta = f"{(self.total - steps) / rate / 60:.1f} min" if rate > 0 else "-"
+        return (f"[{time.strftime('%H:%M:%S')}] trials: {counts.get('TERMINATED', 0)}/{len(trials)} done, "
+                f"{counts.get('RUNNING', 0)} running, {counts.get('PENDING', 0)} pending, "
+                f"{counts.get('ERROR', 0)} failed | env steps {steps:,}/{self.total:,} "
+                f"({100 * steps / max(self.total, 1):.0f}%) | ETA {eta}")
+
+
+def build_tuner(spec: SweepSpec, context: TrialContext, packs: list[Pack], start: str,
+                callbacks: list, stopper: tune.Stopper) -> tune.Tuner:
+    """A fresh Tuner over ``packs`` (one Tune trial each); Tune's folder for this start is ``tune/<start>/`` (logs
+    only).
+
+    The context is bound with ``tune.with_parameters``; trials resume from their own checkpoints in the sweep
+    folder, so nothing of an earlier Tuner is needed (or read). Each Tune trial asks for
+    :meth:`SweepSpec.trial_resources <qed_ray.spec.SweepSpec.trial_resources>`.
+    """
+    trainable = tune.with_resources(tune.with_parameters(train_trial, context=context), spec.trial_resources())
+    space = {"pack": tune.grid_search([{"name": p.name, "trials": [
+        {"name": t.name, "run": t.run.model_dump(mode="json")} for t in p.trials]} for p in packs])}
+    return tune.Tuner(
+        trainable, param_space=space,
+        tune_config=tune.TuneConfig(trial_name_creator=trial_name, trial_dirname_creator=tune_dirname,
+                                    max_concurrent_trials=spec.max_concurrent_trials),
+        run_config=tune.RunConfig(name=start, storage_path=str(context.layout.tune_root), verbose=0, stop=stopper,
+                                  failure_config=tune.FailureConfig(max_failures=spec.max_retries),
+                                  callbacks=callbacks))
+
+
+def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, callbacks: list,
+                  packs: list[Pack]) -> dict[str, str]:
+    """Trains the packs with a seed run that is not done (nor diverged) until each is, or Tune gave up on it;
+    returns ``{trial: error}`` of the seed runs of the latter that were still pending. ``callbacks`` join every
+    Tuner of this start (the gather feed).
+
+    A trial worker killed from outside (Ray's memory monitor) surfaces in Tune 2.60 as an error its actor manager
+    does not handle ("Caught unexpected exception"), which ends ``fit()``. The packs are then started again in a
+    fresh Tuner, each from its newest checkpoint, as often as that makes progress: after ``max_retries`` such
+    restarts in a row without a new checkpoint anywhere, the remaining packs are left unfinished.
+    """
+    layout, stamp = context.layout, time.strftime("%Y%m%d-%H%M%S")
+    failed: dict[str, str] = {}
+    streak, mark = 0, _progress_mark(layout, packs)
+    for attempt in range(10**6):
+        pending = [p for p in packs if p.name not in failed
+                   and any(layout.trial_state(n) == "pending" for n in p.names)]
+        if not pending or interrupt.signum is not None:
+            break
+        progress = Progress(sum(p.env_steps for p in pending), interrupt)
+        try:
+            build_tuner(spec, context, pending, f"{stamp}-{attempt}", [progress, *callbacks], interrupt).fit()
+            failed.update(progress.failed)
+            break
+        except RuntimeError as e:
+            if not isinstance(e.__cause__, ray.exceptions.RayError):
+                raise
+            failed.update(progress.failed)
+            now = _progress_mark(layout, packs)
+            streak, mark = (0 if now > mark else streak + 1), max(now, mark)
+            cause = " ".join(str(e.__cause__).split())[:300]
+            if streak > spec.max_retries:
+                print(f"a trial worker was killed from outside {streak} times without progress ({cause}); "
+                      f"leaving the unfinished trials for the next start", flush=True)
+                break
+            print(f"a trial worker was killed from outside ({type(e.__cause__).__name__}: {cause}); restarting "
+                  f"the unfinished trials from their checkpoints", flush=True)
+    return {n: failed[p.name] for p in packs if p.name in failed for n in p.names
+            if layout.trial_state(n) == "pending"}
+
+
+def _progress_mark(layout: SweepDir, packs: list[Pack]) -> int:
+    """Env steps checkpointed over all packs (grows whenever any of them saves or finishes)."""
+    return sum(max(layout.pack_checkpoint_steps(p.id), default=0) for p in packs)
+
+
+def check_cluster(spec: SweepSpec, sweep_dir: Path, uri: str) -> None:
+    """Refusals that save a multi-node sweep from failing late.
+
+    Some node must be able to hold one trial's resources (else Tune would pend forever, ray#19985). On more than
+    one node every node must see the storage folder (a marker written here is looked for by a task pinned to each
+    node). A SQLite MLflow store is refused once the nodes span more than one machine (SQLite's locking is not
+    reliable over NFS, and every node would write to it); on one machine it must still be visible to every node.
+    """
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    need = {"CPU": spec.trial_resources()["cpu"], "GPU": spec.trial_resources()["gpu"]}
+    if not any(all(n["Resources"].get(k, 0) >= v for k, v in need.items() if v > 0) for n in nodes):
+        have = sorted({f"CPU={n['Resources'].get('CPU', 0):g}, GPU={n['Resources'].get('GPU', 0):g}"
+                       for n in nodes})
+        raise SpecError(f"resources: a trial asks for CPU={need['CPU']:g}, GPU={need['GPU']:g} but no node has "
+                        f"that much (nodes: {'; '.join(have)})")
+    if len(nodes) < 2:
+        return
+    problem = sqlite_on_many_machines(uri, nodes)
+    if problem:
+        raise SpecError(problem)
+    checks = [("storage_path", sweep_dir)]
+    if uri.startswith("sqlite:"):
+        checks.append(("tracking.uri", Path(uri.removeprefix("sqlite:///")).parent))
+    for field, folder in checks:
+        folder.mkdir(parents=True, exist_ok=True)
+        marker = folder / f".qed-reach-{uuid.uuid4().hex[:8]}"
+        marker.write_text("x")
+        try:
+            blind = [n["NodeID"][:8] for n in nodes if not ray.get(_exists_on.options(
+                scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
+                    n["NodeID"], soft=False)).remote(str(marker)))]
+        finally:
+            marker.unlink(missing_ok=True)
+        if blind:
+            raise SpecError(f"{field}: {folder} is local to the driver's node; nodes {', '.join(blind)} cannot "
+                            f"reach it. Use a shared filesystem mounted at the same path on every node or, for "
+                            f"MLflow, a tracking server (MLFLOW_TRACKING_URI=http://head:5000)")
+
+
+@ray.remote(num_cpus=0)
+def _exists_on(path: str) -> bool:
+    return os.path.exists(path)
+
+
+def print_summary(results: SweepResults | None, gathered: dict, failed: list[FailedTrial], uri: str,
+                  experiment_id: str | None = None) -> None:
+    """The closing table (counts, IQM, V and its baseline ratio with CIs), the comparisons with te and the claim's
+    verdict, what the gather step did while the sweep ran, and every trial left out with its reason."""
+    if results is not None:
+        print("\n" + tables.summary(results))
+    if gathered:
+        delays = sorted(gathered["delays_s"][g] for g in gathered["evaluated"] if g in gathered["delays_s"])
+        timing = (f"; from a group's last trial to its row in MLflow: median {delays[len(delays) // 2]:.0f} s, "
+                  f"longest {delays[-1]:.0f} s") if delays else ""
+        print(f"\ngather: {len(gathered['evaluated'])} group(s) evaluated, {len(gathered['from_cache'])} taken from "
+              f"the cache{timing}")
+    for f in failed:
+        print(f"FAILED {f.name}: {f.error}")
+    print(f"\nMLflow: {ui_command(uri, experiment_id)}")
+
+
+def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_partial: bool = False) -> int:
+    """Runs (or resumes, or grows) the sweep end to end; returns the exit code."""
+    layout, uri, experiment = resolve_paths(spec)
+    state = check_folder(layout, spec)
+    if not fresh:  # refused before anything is written; checked again under the lock
+        _refuse(plan(state, spec, layout).problems)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    with SweepLock(layout.lock_file):
+        if fresh and layout.state_file.exists():
+            print(f"--fresh: moved the previous sweep to {move_aside(layout)}", flush=True)
+        p = plan(check_folder(layout, spec), spec, layout)
+        _refuse(p.problems)
+        write_state(layout, p.state)
+        return _run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial, p.packs)
+
+
+def _refuse(problems: list[str]) -> None:
+    if problems:
+        raise SpecError("\n".join(problems))
+
+
+def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, experiment: str, state: dict,
+                new: list[str], gather_partial: bool, packs: list[Pack]) -> int:
+    done = prune_finished(layout, packs, spec.keep_replay)
+    adopted = sum(adopt_trial_checkpoints(layout, p.id, p.trials[0].run.train.env_steps) for p in packs)
+    if adopted:
+        print(f"adopted {adopted} checkpoint(s) of trials an older qed_ray trained outside packs", flush=True)
+    if not ray.is_initialized():
+        quiet_opt_out_notice()  # auth stays on; only Ray's advice to switch it off is not printed
+        with private_ray_token():  # Ray writes a new ~/.ray/auth_token with the umask (0644): keep it 0600
+            ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
+    interrupt = Interrupt()
+    interrupt.install()
+    check_cluster(spec, layout.root, uri)
+    tracker = Tracker(uri, experiment, state["sweep_id"], artifact_location=artifact_location(uri, layout))
+    tracker.mark_training_experiment()  # also on an experiment a resumed sweep created with an older version
+    parent = tracker.parent_run(spec.name, spec.model_dump(mode="json", exclude={"agents"}),
+                                {"qed.spec_path": str(spec_path), "qed.git_sha": git_sha()})
+    tracker.log_artifact(parent, spec_path, "spec")
+    context = TrialContext(sweep_id=state["sweep_id"], sweep_dir=layout.root, tracking_uri=uri,
+                           experiment=experiment, parent_run_id=parent, keep_every=spec.final_eval.keep_every,
+                           gpu_fraction=spec.resources.gpu, keep_replay=spec.keep_replay,
+                           env_workers=spec.pack.env_workers)
+    in_packs = f"{len(packs)} pack{'s' if len(packs) > 1 else ''} of up to {spec.pack.seeds} seed" + \
+        ("s" if spec.pack.seeds > 1 else "")
+    print(f"sweep {spec.name}: {len(spec.trials())} trials ({len(done)} done, {len(new)} new) in {in_packs}, results "
+          f"in {layout.root}", flush=True)
+    # MLflow in line with the folder before the gather step reads it (checksums an earlier start could not record).
+    sync_runs(tracker, parent, layout, spec, *outcome(layout, spec, {}), packs=packs)
+    launch = lambda: gather.launch(spec, layout, state["sweep_id"], uri, experiment, parent,  # noqa: E731
+                                   len(packs), state.get("claim"))
+    gatherer = launch()
+    failed = train_pending(spec, context, interrupt, [gather.GatherFeed(gather.actor_name(spec.name,
+                                                                                          state["sweep_id"]))], packs)
+    prune_finished(layout, packs, spec.keep_replay)
+    failures, unfinished = outcome(layout, spec, failed)
+    sync_runs(tracker, parent, layout, spec, failures, unfinished, packs=packs)  # also checksums trials could not
+    if interrupt.signum is not None and not gather_partial:
+        gather.stop(gatherer)
+        _best_effort(tracker.end_run, parent, killed=True)
+        print(f"stopped: {len(spec.trials()) - len(unfinished) - len(failures)} trials finished, {len(unfinished)} "
+              f"unfinished (resumed by the same command); nothing gathered at the stop (groups complete before it "
+              f"stay gathered; --gather-partial gathers what finished)", flush=True)
+        return 128 + interrupt.signum
+    return _finish(tracker, parent, gatherer, launch, failures, unfinished, interrupt.signum, uri)
+
+
+def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[FailedTrial], unfinished: list[str],
+            signum: int | None, uri: str) -> int:
+    """The final gather (every group; the unfinished trials left out), the parent run's end, the summary; returns
+    the exit code. A gather actor that died meanwhile (killed with its node's memory, say) is started again: the
+    groups it gathered are in the cache."""
+    why = ("stopped before it finished; the same command resumes it" if signum is not None else
+           "unfinished (its worker kept being killed); run the sweep again to resume it")
+    failures = failures + [FailedTrial(n, why) for n in unfinished]
+    results, gathered, gather_ok = None, {}, True
+    try:
+        try:
+            gathered = gather.finish(gatherer, failures)
+        except (ray.exceptions.RayActorError, ray.exceptions.OutOfMemoryError) as e:
+            # Ray's memory monitor may take the gather actor along with a trial worker (it kills several workers
+            # at once); a call on an actor it killed raises OutOfMemoryError rather than RayActorError.
+            print(f"the gather actor died ({type(e).__name__}); gathering again from the cache", flush=True)
+            gathered = gather.finish(launch(), failures)
+        results = gathered["results"]
+        # Left out by the gather step itself (a refused snapshot, no recorded checksum): reported like failures.
+        known = {f.name for f in failures}
+        left_out = [f for f in results.failed_trials if f.name not in known]
+        gather_ok = not left_out
+        failures += left_out
+    except Exception as e:  # noqa: BLE001 - report, log what finished, exit non-zero
+        failures.append(FailedTrial("gather", f"{type(e).__name__}: {e}"))
+        gather_ok = False
+    reason = "; ".join(f"{f.name}: {f.error}" for f in failures) or None
+    _best_effort(tracker.end_run, parent, failed_reason=None if signum is not None else reason,
+                 killed=signum is not None)
+    print_summary(results, gathered, [f for f in failures if signum is None or f.name not in unfinished], uri,
+                  tracker.experiment_id)
+    if signum is not None:
+        return 128 + signum
+    return 0 if gather_ok and not failures else 1
+
+
+def _best_effort(call, *args, **kwargs) -> None:
+    """The sweep's closing MLflow calls: a tracking server that is down costs a warning, not the exit code."""
+    try:
+        call(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - the results are in the sweep folder either way
+        print(f"WARNING: MLflow failed at the end of the sweep ({type(e).__name__}: {e}); the results are in the "
+              f"sweep folder", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point (exit codes in the module docstring)."""
+    p = argparse.ArgumentParser(prog="python -m qed_ray.sweep", description=__doc__.splitlines()[0])
+    p.add_argument("spec", type=Path, help="sweep YAML (see sweeps/ and the README's field table)")
+    p.add_argument("--dry-run", action="store_true", help="print the trials, what a run would do with each and the "
+                                                          "resources; run nothing (refuses what a run would refuse)")
+    p.add_argument("--fresh", action="store_true", help="start a new sweep (this sweep's folder is moved aside)")
+    p.add_argument("--gather-partial", action="store_true", help="when stopped by Ctrl-C/SIGTERM, still gather the "
+                                                                 "trials that finished")
+    p.add_argument("--status", action="store_true", help="print the sweep's progress and partial results from its "
+                   "folder; starts nothing")
+    args = p.parse_args(argv)
+    os.environ.setdefault("MUJOCO_GL", "disable")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0 the legacy reporter prints no tables
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Interrupt handles SIGINT and SIGTERM alike
+    try:
+        spec = load_spec(args.spec)
+        if args.dry_run:
+            return dry_run(spec)
+        if args.status:
+            print(status.report(spec, resolve_paths(spec)[0]))
+            return 0
+        return run_sweep(spec, args.spec.resolve(), args.fresh, args.gather_partial)
+    except (SpecError, LockHeld) as e:
+        for line in str(e).splitlines():
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

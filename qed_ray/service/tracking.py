@@ -1,0 +1,392 @@
+"""Everything MLflow (the only module that imports it): sweep parent runs, trial child runs, artifacts.
+
+Run identity is deterministic: a sweep's parent run carries the tag ``qed.sweep_id`` and a trial's run the tags
+``qed.sweep_id`` + ``qed.trial``; re-opening a sweep or retrying/restoring a trial finds and continues the same run
+instead of creating a duplicate (a run id kept in Tune's state would be lost with it). Runs are driven through an
+explicit ``MlflowClient`` and run ids, never through MLflow's process-global active run.
+
+MLflow mirrors the sweep folder, it is not the record: a trial's metrics are written to its history file first and
+:class:`TrialRun` copies every evaluation not yet in MLflow, so an outage of the tracking server costs a warning,
+never a trial, and each evaluation is logged exactly once when the server is back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from mlflow.entities import Metric, Param, RunStatus
+from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
+
+from qed_ray.layout import SweepDir
+from qed_ray.rl.digests import Recorded
+from qed_ray.service.relink import follow_move, own_store
+
+from qed_ray.service.tags import (NODES_TAG, PACK_SIZE_TAG, PACK_TAG, POLICY_SHA_TAG,  # noqa: F401 - the API
+                                  REASON_TAG, ROLE_TAG, SNAPSHOTS_SHA_TAG, SWEEP_TAG, TRIAL_TAG)
+# MLflow 3's UI opens an experiment on its GenAI overview ("Traces") unless this tag says it holds training runs;
+# the values are the UI's ExperimentKind enum (mlflow/server/js: CUSTOM_MODEL_DEVELOPMENT).
+EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
+STEP_KEY = "eval/return_mean"  # logged at every evaluation: its last step is how far a run's metrics got
+MAX_PARAM_LEN = 6000
+# Runs per search call. MLflow answers at most max_results runs per call (50,000 at most) while a sweep may hold
+# 100,000 trials (qed_ray.spec.MAX_TRIALS): every search of a sweep's runs follows the page tokens to the end.
+SEARCH_PAGE = 10_000
+LOCAL_SCHEMES = ("sqlite:", "file:")
+_BAD_KEY_CHARS = re.compile(r"[^\w.\- :]")  # MLflow metric names: alphanumerics, _ - . space : and /
+
+
+def metric_key(*parts: str) -> str:
+    """A metric name from parts joined by ``/``; characters MLflow refuses (``+``, ``=`` of variant labels) -> ``_``."""
+    return "/".join(_BAD_KEY_CHARS.sub("_", str(p)) for p in parts)
+
+
+def default_tracking_uri(sweep_dir: Path) -> str:
+    """``sqlite:////abs/<sweep_dir>/mlflow.db`` (4 slashes: absolute; relative URIs break inside Ray trials)."""
+    return f"sqlite:///{SweepDir(Path(sweep_dir).resolve()).mlflow_db}"
+
+
+def artifact_location(uri: str, layout: SweepDir) -> str | None:
+    """Where a new experiment keeps artifacts: the sweep folder for a local store (``sqlite:``/``file:``), else
+    None, so that a tracking server decides (its proxied artifact store) and clients never write to local disk."""
+    return str(layout.mlartifacts) if uri.startswith(LOCAL_SCHEMES) else None
+
+
+def limit_http_retries(max_retries: int = 2, timeout_s: int = 20) -> None:
+    """Bounds how long one MLflow HTTP call may block this process (unless the user set these variables).
+
+    MLflow's defaults (7 retries with exponential backoff, 120 s timeouts) would stall a trial's training for
+    minutes per call while a tracking server is down; a trial retries at its next evaluation instead.
+    """
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(max_retries))
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(timeout_s))
+
+
+def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dict -> ``{"a.b": v}``."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+class Tracker:
+    """MLflow access for one sweep.
+
+    Args:
+        uri: tracking URI (``sqlite:////abs/mlflow.db`` or ``http://host:5000``).
+        experiment: experiment name (created on first use with ``artifact_location``).
+        sweep_id: the sweep's stable identity.
+        artifact_location: absolute artifact root for a new experiment; for an existing one in the sweep folder's
+            own store that points into another folder's root (the folder was moved or copied), the store is
+            relinked to it first (:mod:`qed_ray.service.relink`).
+        page_size: runs per search call (:data:`SEARCH_PAGE`; searches read every page).
+    """
+
+    def __init__(self, uri: str, experiment: str, sweep_id: str, artifact_location: str | None = None,
+                 page_size: int = SEARCH_PAGE):
+        self.uri, self.experiment, self.sweep_id, self.page_size = uri, experiment, sweep_id, page_size
+        # A new SQLite store announces its schema set-up at INFO on stderr: routine, not worth a user's attention.
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+        self.client = MlflowClient(tracking_uri=uri)
+        exp = self.client.get_experiment_by_name(experiment)
+        if exp is None:
+            self.experiment_id = self.client.create_experiment(experiment, artifact_location=artifact_location)
+        else:
+            self.experiment_id = exp.experiment_id
+            if artifact_location is not None and exp.artifact_location != artifact_location:
+                _follow_move(uri, Path(artifact_location), sweep_id)
+
+    def mark_training_experiment(self) -> None:
+        """Tags the experiment so the MLflow UI opens on its runs, not on an empty GenAI overview."""
+        self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
+
+    # ---- runs ------------------------------------------------------------------------------------
+    def _find(self, filter_string: str):
+        runs = self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=2,
+                                       order_by=["attributes.start_time ASC"])
+        return runs[0] if runs else None
+
+    def reopen(self, run) -> str:
+        """Sets a found run RUNNING again and drops a failure reason left by an earlier attempt; returns its id."""
+        self.client.update_run(run.info.run_id, status="RUNNING")
+        if REASON_TAG in run.data.tags:
+            self.client.delete_tag(run.info.run_id, REASON_TAG)
+        return run.info.run_id
+
+    def parent_run(self, name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
+        """Finds or creates the sweep's parent run; returns its id (status set to RUNNING)."""
+        run = self._find(f"tags.`{SWEEP_TAG}` = '{self.sweep_id}' and tags.`{ROLE_TAG}` = 'sweep'")
+        if run is not None:
+            return self.reopen(run)
+        run = self.client.create_run(self.experiment_id, run_name=name,
+                                     tags={SWEEP_TAG: self.sweep_id, ROLE_TAG: "sweep", **tags})
+        self._log_params(run.info.run_id, params)
+        return run.info.run_id
+
+    def trial_runs(self) -> dict[str, Any]:
+        """``{trial name: run}`` of this sweep's child runs (one query)."""
+        runs = search_all_runs(self.client, [self.experiment_id], f"tags.`{SWEEP_TAG}` = '{self.sweep_id}' and "
+                                                                  f"tags.`{ROLE_TAG}` = 'trial'", self.page_size)
+        return {r.data.tags[TRIAL_TAG]: r for r in runs if TRIAL_TAG in r.data.tags}
+
+    def trial_run(self, parent_id: str, trial: str, params: Mapping[str, Any],
+                  tags: Mapping[str, Any] | None = None) -> str:
+        """Finds (and reopens) or creates the child run of ``trial``, so a retried, resumed or restarted trial
+        continues its own run; ``tags`` (a pack's, :func:`pack_tags`) are set on it either way."""
+        tags = {k: str(v) for k, v in (tags or {}).items()}
+        run = self._find(f"tags.`{SWEEP_TAG}` = '{self.sweep_id}' and tags.`{TRIAL_TAG}` = '{trial}'")
+        if run is not None:
+            if any(run.data.tags.get(k) != v for k, v in tags.items()):
+                self.set_tags(run.info.run_id, tags)
+            return self.reopen(run)
+        run = self.client.create_run(self.experiment_id, run_name=trial, tags={
+            SWEEP_TAG: self.sweep_id, TRIAL_TAG: trial, ROLE_TAG: "trial", MLFLOW_PARENT_RUN_ID: parent_id,
+            MLFLOW_RUN_NAME: trial, **tags})
+        self._log_params(run.info.run_id, params)
+        return run.info.run_id
+
+    def _log_params(self, run_id: str, params: Mapping[str, Any]) -> None:
+        flat = [Param(k, str(v)[:MAX_PARAM_LEN]) for k, v in flatten(params).items()]
+        for i in range(0, len(flat), 100):  # MLflow caps a batch at 100 params
+            self.client.log_batch(run_id, params=flat[i:i + 100])
+
+    def log_metrics(self, run_id: str, metrics: Mapping[str, float], step: int) -> None:
+        """One batched call; ``step`` is env steps (every x-axis counts env steps: docs/definitions.md)."""
+        ts = int(time.time() * 1000)
+        batch = [Metric(k, float(v), ts, int(step)) for k, v in metrics.items()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        for i in range(0, len(batch), 1000):
+            self.client.log_batch(run_id, metrics=batch[i:i + 1000])
+
+    def log_history(self, run_id: str, entries: Sequence[Mapping[str, Any]], after_step: int) -> int:
+        """Logs the history entries (``{"time_ms", "metrics"}``, step = ``metrics["env_steps"]``) past
+        ``after_step``, oldest first, in batches of whole evaluations; returns the last step now logged.
+
+        Each point keeps the time it was recorded, so logging an entry again (after a call whose answer was lost)
+        adds nothing: MLflow drops a metric identical in key, step, time and value.
+        """
+        todo = sorted((e for e in entries if int(e["metrics"]["env_steps"]) > after_step),
+                      key=lambda e: int(e["metrics"]["env_steps"]))
+        batch: list[Metric] = []
+        for entry in todo:
+            step = int(entry["metrics"]["env_steps"])
+            metrics = [Metric(k, float(v), int(entry["time_ms"]), step) for k, v in entry["metrics"].items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if batch and len(batch) + len(metrics) > 1000:  # MLflow's cap per batch
+                self.client.log_batch(run_id, metrics=batch)
+                batch = []
+            batch += metrics
+        if batch:
+            self.client.log_batch(run_id, metrics=batch)
+        return int(todo[-1]["metrics"]["env_steps"]) if todo else after_step
+
+    def last_step(self, run_id: str, key: str = STEP_KEY) -> int:
+        """Largest step logged for ``key`` in the run (-1 if none)."""
+        history = self.client.get_metric_history(run_id, key)
+        return max((m.step for m in history), default=-1)
+
+    def tags(self, run_id: str) -> dict[str, str]:
+        """The run's tags."""
+        return dict(self.client.get_run(run_id).data.tags)
+
+    def set_tags(self, run_id: str, tags: Mapping[str, Any]) -> None:
+        """Sets string tags."""
+        for k, v in tags.items():
+            self.client.set_tag(run_id, k, str(v))
+
+    def end_run(self, run_id: str, failed_reason: str | None = None, killed: bool = False) -> None:
+        """Ends FINISHED, FAILED with the reason as a tag, or KILLED (stopped before the end, to be resumed)."""
+        if failed_reason is not None:
+            self.client.set_tag(run_id, REASON_TAG, failed_reason[:5000])
+        status = RunStatus.FAILED if failed_reason is not None else RunStatus.KILLED if killed else RunStatus.FINISHED
+        self.client.set_terminated(run_id, status=RunStatus.to_string(status))
+
+    # ---- artifacts -------------------------------------------------------------------------------
+    def log_artifact(self, run_id: str, path: str | os.PathLike, artifact_path: str | None = None) -> None:
+        """Uploads a file."""
+        self.client.log_artifact(run_id, str(path), artifact_path)
+
+    def log_artifacts(self, run_id: str, directory: str | os.PathLike, artifact_path: str | None = None) -> None:
+        """Uploads a folder's files."""
+        self.client.log_artifacts(run_id, str(directory), artifact_path)
+
+    def log_figure(self, run_id: str, figure, name: str) -> None:
+        """Logs a matplotlib figure as an image artifact."""
+        self.client.log_figure(run_id, figure, name)
+
+    def record_checksums(self, run_id: str, recorded: Recorded) -> None:
+        """Records a finished trial's policy checksums in its run (what the gather step checks snapshots against)."""
+        self.set_tags(run_id, checksum_tags(recorded))
+
+    def recorded_checksums(self) -> dict[str, Recorded]:
+        """``{trial name: Recorded}`` of this sweep's trial runs that recorded their checksums."""
+        return _checksums(self.runs())
+
+    # ---- queries (tests, summaries) --------------------------------------------------------------
+    def runs(self) -> list:
+        """Every run of this sweep (parent and children)."""
+        return search_all_runs(self.client, [self.experiment_id], f"tags.`{SWEEP_TAG}` = '{self.sweep_id}'",
+                               self.page_size)
+
+
+def search_all_runs(client: MlflowClient, experiment_ids: list[str], filter_string: str,
+                    page_size: int = SEARCH_PAGE) -> list:
+    """Every run of the experiments that matches ``filter_string``, page after page (MLflow's order)."""
+    runs, token = [], None
+    while True:
+        page = client.search_runs(experiment_ids, filter_string=filter_string, max_results=page_size,
+                                  page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _follow_move(uri: str, artifact_location: Path, sweep_id: str) -> None:
+    """Relinks the store if it is the sweep folder's own and ``artifact_location`` is that folder's root."""
+    layout = SweepDir(artifact_location.parent)
+    if layout.mlartifacts == artifact_location and own_store(uri, layout):
+        follow_move(layout, sweep_id)
+
+
+def pack_tags(pack: str, size: int) -> dict[str, str]:
+    """The run tags of a seed run trained in a pack: the pack's name (``task/agent/variant/pack0-2``) and size."""
+    return {PACK_TAG: pack, PACK_SIZE_TAG: str(size)}
+
+
+def checksum_tags(recorded: Recorded) -> dict[str, str]:
+    """The run tags that record a trial's policy checksums."""
+    return {POLICY_SHA_TAG: recorded.policy_sha256, SNAPSHOTS_SHA_TAG: recorded.snapshots_sha256}
+
+
+def _checksums(runs) -> dict[str, Recorded]:
+    out = {}
+    for r in runs:
+        tags = r.data.tags
+        if TRIAL_TAG in tags and POLICY_SHA_TAG in tags and SNAPSHOTS_SHA_TAG in tags:
+            out[tags[TRIAL_TAG]] = Recorded(tags[POLICY_SHA_TAG], tags[SNAPSHOTS_SHA_TAG])
+    return out
+
+
+def sweep_checksums(uri: str, sweep_id: str, page_size: int = SEARCH_PAGE) -> dict[str, Recorded]:
+    """The recorded checksums of sweep ``sweep_id``'s trials in any experiment of the store at ``uri``."""
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+    client = MlflowClient(tracking_uri=uri)
+    ids, token = [], None
+    while True:  # every experiment: MLflow lists 1,000 a call unless told otherwise
+        page = client.search_experiments(max_results=page_size, page_token=token)
+        ids += [e.experiment_id for e in page]
+        token = page.token
+        if not token:
+            break
+    runs = search_all_runs(client, ids, f"tags.`{SWEEP_TAG}` = '{sweep_id}'", page_size) if ids else []
+    return _checksums(runs)
+
+
+class TrialRun:
+    """A trial's child run, kept in step with the trial's history on disk; every call is best-effort.
+
+    Nothing here raises: a call that fails (server down, database locked, network gone) prints one warning per
+    outage and returns False, and the next :meth:`sync` catches up on every evaluation not yet logged (the history
+    is the buffer, ``last_step`` where MLflow got to). The run is found or created on the first call that reaches
+    the server, reopened (RUNNING, an old failure reason dropped) and, with ``node_id``, tagged with where this
+    attempt runs.
+
+    Args:
+        uri, experiment, sweep_id: the sweep's tracking store (from this driver start, never from saved state).
+        parent_run_id: the sweep's parent run.
+        trial: the trial name.
+        params: the trial's run settings (logged when the run is created).
+        node_id: this attempt's Ray node, appended to the ``qed.node_ids`` tag.
+        log: where warnings go (the trial's log).
+        run_tags: tags the run always carries (a pack's seed run: :func:`pack_tags`).
+    """
+
+    def __init__(self, uri: str, experiment: str, sweep_id: str, parent_run_id: str, trial: str,
+                 params: Mapping[str, Any], node_id: str | None = None,
+                 log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+                 run_tags: Mapping[str, Any] | None = None):
+        self.uri, self.experiment, self.sweep_id, self.parent_run_id = uri, experiment, sweep_id, parent_run_id
+        self.trial, self.params, self.node_id, self.log = trial, params, node_id, log
+        self.run_tags = dict(run_tags or {})
+        self.tracker: Tracker | None = None
+        self.run_id: str | None = None
+        self.logged_up_to = -1
+        self.pending_tags: dict[str, str] = {}
+        self.down = False
+
+    def _connect(self) -> Tracker:
+        if self.tracker is None:
+            tracker = Tracker(self.uri, self.experiment, self.sweep_id)
+            run_id = tracker.trial_run(self.parent_run_id, self.trial, self.params, self.run_tags)
+            if self.node_id:
+                seen = tracker.tags(run_id).get(NODES_TAG, "")
+                tracker.set_tags(run_id, {NODES_TAG: ",".join(filter(None, [seen, self.node_id]))})
+            self.logged_up_to = tracker.last_step(run_id)
+            self.tracker, self.run_id = tracker, run_id
+        return self.tracker
+
+    def sync(self, history: Sequence[Mapping[str, Any]], tags: Mapping[str, Any] | None = None) -> bool:
+        """Logs the history entries MLflow does not have yet and any pending tags; False if MLflow failed."""
+        self.pending_tags.update({k: str(v) for k, v in (tags or {}).items()})
+        try:
+            tracker = self._connect()
+            if self.pending_tags:
+                tracker.set_tags(self.run_id, self.pending_tags)
+                self.pending_tags = {}
+            self.logged_up_to = tracker.log_history(self.run_id, history, self.logged_up_to)
+        except Exception as e:  # noqa: BLE001 - any failure of the tracking store: keep training, retry later
+            if not self.down:
+                self.log(f"WARNING: MLflow at {self.uri} failed for {self.trial} ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:300]}); training goes on, metrics are kept and logged "
+                         f"when it answers again")
+            self.down = True
+            return False
+        if self.down:
+            self.log(f"MLflow at {self.uri} answers again: {self.trial} logged up to env step {self.logged_up_to}")
+            self.down = False
+        return True
+
+    def finish(self, history: Sequence[Mapping[str, Any]], failed_reason: str | None = None, killed: bool = False,
+               tags: Mapping[str, Any] | None = None, timeout_s: float = 300.0, retry_s: float = 5.0) -> bool:
+        """Syncs (with ``tags``) and ends the run (FINISHED, FAILED with the reason, or KILLED), retrying for up to
+        ``timeout_s``; False if MLflow stayed unreachable (the driver syncs the run again at the sweep's end)."""
+        deadline = time.monotonic() + timeout_s
+        tags = dict(tags or {})
+        while True:
+            if self.sync(history, tags):
+                try:
+                    self.tracker.end_run(self.run_id, failed_reason=failed_reason, killed=killed)
+                    return True
+                except Exception as e:  # noqa: BLE001 - as in sync
+                    self.log(f"WARNING: MLflow could not end the run of {self.trial}: {type(e).__name__}: {e}")
+            if time.monotonic() + retry_s > deadline:
+                self.log(f"WARNING: gave up ending the MLflow run of {self.trial} after {timeout_s:.0f} s; its "
+                         f"metrics are in the sweep folder and are logged at the next sweep start")
+                return False
+            time.sleep(retry_s)
+
+
+def ui_command(uri: str, experiment_id: str | None = None) -> str:
+    """The command that opens the MLflow UI on ``uri``, and the address of the experiment's runs.
+
+    MLflow 3.17's UI shows an experiment as its GenAI switch says (remembered per browser, GenAI by default), not
+    as the experiment's kind tag says; ``?workflowType=machine_learning`` opens it on its training runs.
+    """
+    page = f"/#/experiments/{experiment_id}?workflowType=machine_learning" if experiment_id else ""
+    if uri.startswith("sqlite:"):
+        return (f"{sys.executable} -m mlflow ui --backend-store-uri {uri} --port 5000   "
+                f"# then open http://127.0.0.1:5000{page}")
+    return f"open {uri.rstrip('/')}{page} in a browser (MLflow tracking server)"

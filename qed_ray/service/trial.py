@@ -1,0 +1,130 @@
+"""The worker side of a sweep trial: what runs inside a Ray Tune worker.
+
+The driver (``sweep.py``) hands every trial a frozen :class:`TrialContext` through ``tune.with_parameters`` (given
+again by the driver on every start, never read back from saved state) and the trial's own config
+``{"pack": {"name", "trials": [{"name", "run"}, ...]}}`` through Tune's param space: one Tune trial trains one pack
+of seed runs (S >= 1; a single seed is a pack of one). :func:`train_trial` validates it once, builds the pack with
+:func:`~qed_ray.rl.trainer.build_trainer` and records each evaluation in the sweep folder
+(:class:`~qed_ray.rl.run_folder.FolderReporter`: snapshots, checkpoint, history, ``DONE.json``), then reports to Tune
+and mirrors each seed's history to its MLflow run (tagged ``qed.pack`` and ``qed.pack_size``). A started, retried or
+resumed pack restores its newest intact checkpoint from that folder, so a fresh Tuner at every driver start needs
+no Tune state.
+
+Failures: a seed whose loss, Q value or observation turns non-finite stops alone (its ``DIVERGED.json``, its run
+FAILED with the reason; final, since a deterministic continuation would diverge again); the pack goes on with the
+others. Any other exception propagates, and Tune retries the pack from its newest checkpoint (``max_retries``);
+MLflow problems never fail a trial (:class:`~qed_ray.service.tracking.TrialRun`). At its end a seed records in its MLflow
+run the checksums of its snapshots, which the gather step checks the snapshots against (:mod:`qed_ray.analysis.checksums`);
+the same values are in ``DONE.json`` first, so the driver can record them when MLflow was down
+(:func:`qed_ray.service.sweep_state.sync_runs`).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import ray
+from pydantic import Field
+from ray import tune
+
+from qed_ray.rl.digests import done_checksums
+from qed_ray.config import Frozen, RunSpec
+from qed_ray.layout import PackId, SweepDir
+from qed_ray.rl.replay import prune_chunks
+from qed_ray.rl.run_folder import FolderReporter
+from qed_ray.service.tracking import TrialRun, checksum_tags, limit_http_retries, pack_tags
+from qed_ray.rl.trainer import build_trainer
+
+
+class TrialContext(Frozen):
+    """What every trial of a sweep shares, set by the driver (the same on every start of a trial)."""
+
+    sweep_id: str = Field(min_length=1, description="the sweep's stable id (sweep.json)")
+    sweep_dir: Path = Field(strict=False, description="absolute sweep folder (a shared mount on a cluster)")
+    tracking_uri: str = Field(min_length=1, description="MLflow tracking URI reachable from every node")
+    experiment: str = Field(min_length=1, description="MLflow experiment")
+    parent_run_id: str = Field(min_length=1, description="the sweep's MLflow parent run")
+    keep_every: int = Field(1, ge=1, description="keep a policy snapshot every n-th evaluation (and the last)")
+    gpu_fraction: float = Field(0.0, ge=0, le=1, description="this trial's GPU share (caps its GPU memory)")
+    keep_replay: bool = Field(False, description="keep a finished trial's replay chunks (else they are deleted)")
+    mlflow_timeout_s: float = Field(300.0, ge=0, le=86400, description="how long a finishing trial waits for "
+                                                                       "an unreachable MLflow")
+    env_workers: int = Field(0, ge=0, description="env worker processes per pack (pack.env_workers)")
+
+    @property
+    def layout(self) -> SweepDir:
+        """The sweep folder."""
+        return SweepDir(self.sweep_dir)
+
+
+def train_trial(config: dict, context: TrialContext) -> None:
+    """Tune function trainable; the Ray boundary is crossed once, here (config -> the seeds' RunSpecs).
+
+    Args:
+        config: this Tune trial's config, ``{"pack": {"name": pack name, "trials": [{"name", "run"}, ...]}}``.
+        context: the sweep's context (bound by the driver with ``tune.with_parameters``).
+    """
+    trials = config["pack"]["trials"]
+    names, specs = [t["name"] for t in trials], [RunSpec.model_validate(t["run"]) for t in trials]
+    pack, layout = PackId.of(names), context.layout
+    log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731 - the worker's log
+    limit_http_retries()
+    # Outside Ray (a test, a local re-run) there is no node to record, and asking would start a Ray instance.
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    tags = pack_tags(pack.name, len(names))
+    runs = [TrialRun(context.tracking_uri, context.experiment, context.sweep_id, context.parent_run_id, n,
+                     s.model_dump(mode="json"), node_id=node, log=log, run_tags=tags) for n, s in zip(names, specs)]
+    _limit_gpu_memory(context.gpu_fraction)
+    trainer = build_trainer(specs, lambda metrics, save: folder(metrics, save), [layout.replay(n) for n in names],
+                            names, context.env_workers, log, pack=pack.name)
+    folder = FolderReporter(layout, pack, trainer, context.keep_every, [[] for _ in names],
+                            lambda metrics: _report(folder, runs, metrics))
+    try:
+        resumed = folder.resume(log)
+        for run, history in zip(runs, folder.histories):
+            run.sync(history, tags={} if resumed is None else {"qed.resumed_from_env_step": resumed})
+        try:
+            trainer.run()
+        except Exception as e:  # noqa: BLE001 - note it on the runs (best-effort), then let Tune retry the pack
+            for run, history in zip(runs, folder.histories):
+                run.sync(history, tags={"qed.last_error": f"{type(e).__name__}: {e}"[:5000]})
+            raise
+    finally:
+        trainer.close()
+    _finish_diverged(folder, runs, context.mlflow_timeout_s)
+    for name in folder.finish():
+        i = names.index(name)
+        runs[i].finish(folder.histories[i], tags={"qed.status": "finished",
+                                                  **checksum_tags(done_checksums(layout, name))},
+                       timeout_s=context.mlflow_timeout_s)
+        if not context.keep_replay:  # the pack has ended: no checkpoint of it needs the chunks again
+            prune_chunks(layout.replay(name))
+
+
+def _report(folder: FolderReporter, runs: list[TrialRun], metrics: dict[int, dict]) -> None:
+    """An evaluation's report to Tune (the seeds' env steps together, ``seed_env_steps``) and to MLflow."""
+    trainer, train = folder.trainer, folder.trainer.t
+    step = int(next(iter(metrics.values()))["env_steps"])
+    seed_steps = sum(m["env_steps"] for m in metrics.values()) + sum(
+        r.stopped_at[0] * train.frame_skip for r in trainer.runs if r.stopped_at is not None)
+    tune.report({"env_steps": step, "seed_env_steps": seed_steps, "seeds_running": len(metrics),
+                 "eval/return_mean": float(sum(m["eval/return_mean"] for m in metrics.values()) / len(metrics))})
+    for i in metrics:
+        runs[i].sync(folder.histories[i])
+    _finish_diverged(folder, runs, timeout_s=0)
+
+
+def _finish_diverged(folder: FolderReporter, runs: list[TrialRun], timeout_s: float) -> None:
+    """``DIVERGED.json`` and a FAILED run (with the reason) for each seed that diverged and has none yet."""
+    for i in folder.record_diverged():
+        reason = f"DivergenceError: {folder.trainer.runs[i].reason}"
+        runs[i].finish(folder.histories[i], failed_reason=reason, timeout_s=timeout_s)
+
+
+def _limit_gpu_memory(fraction: float) -> None:
+    """Fractional GPUs are a scheduling fiction (no isolation): cap this trial's share of GPU memory."""
+    import torch
+
+    if 0 < fraction < 1 and torch.cuda.is_available():
+        torch.cuda.set_per_process_memory_fraction(fraction)

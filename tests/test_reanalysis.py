@@ -1,0 +1,144 @@
+"""Re-analysis (``python -m qed_ray.gather SWEEP_DIR``) on a hand-built sweep folder with real snapshots, real rollouts
+and a real SQLite MLflow store: cache hits, new settings, only gather/ changes, tampered snapshots refused."""
+
+import csv
+import hashlib
+import json
+
+import pytest
+import torch
+from folder_helpers import finish_running, is_nan, write_history
+
+from qed_ray.rl.agents import make_agent
+from qed_ray.rl.checkpoint import read_manifest, save_checkpoint
+from qed_ray.service.reanalysis import main as gather_main
+from qed_ray.service.reanalysis import main
+from qed_ray.analysis.verdict import iqm_outcome, v_ratio_outcome
+
+SMALL = ["--episodes", "1", "--action-rollouts", "1", "--action-steps", "10", "--curve-episodes", "1",
+         "--bootstrap-reps", "100"]
+TE, QED = "cartpole-balance/sac_ln/te", "cartpole-balance/sac_ln/qed0.2"
+
+
+def _outside_gather(layout) -> dict:
+    """SHA-256 of every file of the sweep folder outside gather/."""
+    return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in layout.root.rglob("*")
+            if p.is_file() and layout.gather not in p.parents}
+
+
+def test_reanalysis_evaluates_once_then_caches_and_changes_only_evaluation_outputs(sweep_copy, capsys):
+    layout = sweep_copy  # a copy of the session's template folder: its MLflow store points into the template
+    before = _outside_gather(layout)
+    assert main([str(layout.root), *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert f"{TE}: evaluated" in out and f"{QED}: evaluated" in out
+    assert f"MLflow: {layout.root} was moved or copied: pointed 5 run(s) of its store from " in out
+    assert f" to {layout.mlartifacts}\n" in out
+    before[layout.mlflow_db] = hashlib.sha256(layout.mlflow_db.read_bytes()).hexdigest()  # relinked, once
+    first = json.loads(layout.results_json.read_text())
+    te = next(g for g in first["groups"] if g["variant"] == "te")
+    assert te["seeds"] == [0, 1] and [len(r) for r in te["returns"]] == [1, 1] and te["V"] >= 0
+    assert te["learning_curves"] == {"0": [[1000, 100.0], [2000, 200.0]], "1": [[1000, 200.0], [2000, 300.0]]}
+    qed = next(g for g in first["groups"] if g["variant"] == "qed0.2")
+    assert qed["seeds"] == [0] and is_nan(qed["V"]), "the unfinished seed is left out, one seed has no V"
+    assert first["failed_trials"] == [{"name": f"{QED}/1", "error": "did not finish (no DONE.json)"}]
+    assert {(s["variant"], s["n_failed"]) for s in first["group_stats"]} == {("te", 0), ("qed0.2", 1)}
+
+    assert main([str(layout.root), *SMALL]) == 0  # same settings: nothing is evaluated again
+    out = capsys.readouterr().out
+    assert f"{TE}: cached" in out and f"{QED}: cached" in out and "evaluated" not in out
+    assert json.loads(layout.results_json.read_text()) == first
+
+    assert main([str(layout.root), *SMALL, "--episodes", "2", "--bootstrap-reps", "200"]) == 0
+    assert capsys.readouterr().out.count(": evaluated") == 2, "other episodes: another cache key"
+    second = json.loads(layout.results_json.read_text())
+    te2 = next(g for g in second["groups"] if g["variant"] == "te")
+    assert [len(r) for r in te2["returns"]] == [2, 2] and second["final_eval"]["episodes"] == 2
+    assert te2["learning_curves"] == te["learning_curves"]
+    assert te2["returns"][0][0] == pytest.approx(te["returns"][0][0], rel=1e-6), "episode 1 is the same episode"
+    assert second["final_eval"]["bootstrap_reps"] == 200 and second["final_eval"]["action_steps"] == 10
+    assert _outside_gather(layout) == before, "only gather/ changes (after the copy's store was relinked)"
+    assert len(list(layout.group_cache.glob("*.json"))) == 4  # both settings stay cached
+
+    assert main([str(layout.root), *SMALL, "--bootstrap-reps", "300"]) == 0  # tables only: no rollouts
+    assert "evaluated" not in capsys.readouterr().out
+    _paired_ratios_where_qed_sat_and_the_verdict(layout, capsys)
+
+
+def _paired_ratios_where_qed_sat_and_the_verdict(layout, capsys):
+    """QED's second seed finishes: te and QED then share seeds 0 and 1, so their comparison is paired; the alpha
+    fractions come from the trials' history.json; the summary and gather/ carry the comparison and the verdict."""
+    finish_running(layout, f"{QED}/1")
+    write_history(layout, f"{QED}/0", floor=[0.1, 0.3], cap=[0.6, 0.8])
+    write_history(layout, f"{QED}/1", floor=[0.2, 0.0], cap=[0.7, 0.9])
+    assert main([str(layout.root), *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert f"{TE}: cached" in out and f"{QED}: evaluated" in out
+    results = json.loads(layout.results_json.read_text())
+    qed = next(g for g in results["groups"] if g["variant"] == "qed0.2")
+    assert qed["seeds"] == [0, 1] and results["failed_trials"] == []
+    # per seed the mean over its evaluations, then over seeds; late: the evaluation at 2000 of 2000 env steps
+    assert qed["alpha_frac_floor"] == pytest.approx(0.15) and qed["alpha_frac_cap"] == pytest.approx(0.75)
+    assert qed["alpha_frac_floor_late"] == pytest.approx(0.15) and qed["alpha_frac_cap_late"] == pytest.approx(0.85)
+    assert 0 <= qed["log_std_at_min"] <= 1 and is_nan(next(g for g in results["groups"] if g["variant"] == "te")[
+        "alpha_frac_cap"]), "te logs no QED fractions"
+    with open(layout.groups_csv) as f:
+        rows = {r["variant"]: r for r in csv.DictReader(f)}
+    assert rows["qed0.2"]["qed_at_cap"] == "True" and rows["te"]["qed_at_cap"] == "False"
+    (c,) = results["comparisons"]
+    assert (c["variant"], c["baseline"], c["pairing"], c["tasks"]) == ("qed0.2", "te", "paired", ["cartpole-balance"])
+    te = next(g for g in results["groups"] if g["variant"] == "te")
+    assert c["V_ratio_median"] == pytest.approx(te["V"] / qed["V"])  # one task: every summary is its ratio
+    with open(layout.comparisons_csv) as f:
+        assert float(next(csv.DictReader(f))["V_ratio_geomean"]) == pytest.approx(te["V"] / qed["V"])
+    verdict = json.loads(layout.verdict_json.read_text())
+    assert verdict == results["verdict"] and verdict["claim_file"] is None
+    (v,) = verdict["variants"]
+    v_ratio, iqm = v["endpoints"]
+    assert v_ratio["outcome"] == v_ratio_outcome(c["V_ratio_median"], c["V_ratio_median_ci_lower"],
+                                                 c["V_ratio_median_ci_upper"])
+    assert iqm["outcome"] == iqm_outcome(c["iqm_ratio_ci_lower"], c["iqm_ratio_ci_upper"])
+    assert v["n_tasks_at_cap"] == 1 and any(s.startswith("no pre-registration named") for s in v["scope"])
+    assert "qed0.2 vs te (1 tasks, 2+ seeds, intervals paired)" in out and "AT ITS CAP on 1 of 1 tasks" in out
+    assert f"sac_ln qed0.2 vs te: {v['outcome'].upper()}" in out and "the claim: " in out
+
+
+def test_a_tampered_snapshot_is_refused_naming_the_file(sweep_copy, capsys):
+    layout = sweep_copy
+    final = layout.snapshot(f"{TE}/1", 2000)
+    manifest = read_manifest(final)
+    other = make_agent(*_agent_args(manifest), torch.device("cpu"), 12345)
+    # Someone with write access to the share rewrites the weights and a manifest that matches them.
+    save_checkpoint(final, {k: m.state_dict() for k, m in other.modules().items()},
+                    {k: v for k, v in manifest.items() if k not in ("format_version", "versions", "state_sha256")})
+    assert read_manifest(final)["state_sha256"] != manifest["state_sha256"]
+    assert gather_main is main  # python -m qed_ray.gather runs this command
+    assert main([str(layout.root), *SMALL]) == 1
+    out = capsys.readouterr().out
+    assert f"{TE}: REFUSED: {final / 'state.pt'}: SHA-256" in out and "recorded in MLflow" in out
+    results = json.loads(layout.results_json.read_text())
+    assert [g["variant"] for g in results["groups"]] == ["qed0.2"], "the refused group has no row"
+    refused = [f for f in results["failed_trials"] if f["name"].startswith(TE)]
+    assert len(refused) == 2 and all(str(final / "state.pt") in f["error"] for f in refused)
+
+
+def _agent_args(manifest: dict):
+    from qed_ray.config import RunSpec
+
+    spec = RunSpec.model_validate(manifest["run"])
+    return spec.agent, spec.temperature, manifest["obs_dim"], manifest["action_dim"]
+
+
+def test_bad_input_is_refused_naming_the_flag_and_nothing_is_written(sweep_copy, tmp_path, capsys):
+    layout = sweep_copy
+    assert main([str(layout.root), "--episodes", "0"]) == 2
+    assert capsys.readouterr().err.startswith("error: --episodes: Input should be greater than or equal to 1")
+    assert main([str(layout.root), "--confidence", "1.5"]) == 2
+    assert "error: --confidence:" in capsys.readouterr().err
+    assert main([str(tmp_path / "nowhere")]) == 2
+    assert "is not a sweep folder (no sweep.json)" in capsys.readouterr().err
+    layout.mlflow_db.rename(layout.root / "moved.db")
+    assert main([str(layout.root)]) == 2
+    err = capsys.readouterr().err
+    assert "error: --tracking-uri: no MLflow store" in err and "--no-verify" in err
+    assert not layout.gather.exists(), "a refused call writes nothing"
