@@ -13,8 +13,11 @@ from qed_ray.rl.checkpoint import save_checkpoint
 from qed_ray.rl.digests import recorded_values
 from qed_ray.config import RunSpec
 from qed_ray.layout import SweepDir, TrialId
+from qed_ray.spec import FinalEvalSpec
 
 SWEEP_ID = "0123456789ab"
+# The final evaluation the hand-built sweep "ran" with (its parent run's params; the re-analysis tests' settings).
+SWEEP_FINAL_EVAL = {"episodes": 1, "action_rollouts": 1, "action_steps": 10, "curve_episodes": 1, "bootstrap_reps": 100}
 TEMPERATURES = {"te": {"kind": "te"}, "qed0.2": {"kind": "qed", "k": 0.2}}
 BUDGET, EVAL_EVERY = 2000, 1000
 
@@ -65,7 +68,7 @@ def new_sweep(layout: SweepDir, finished: list[str], running: dict[str, int]) ->
     for name, step in running.items():
         save_snapshot(layout, name, step, init_seed=7)
     tracker = Tracker(default_tracking_uri(layout.root), "exp", SWEEP_ID, str(layout.mlartifacts))
-    parent = tracker.parent_run("exp", {}, {})
+    parent = tracker.parent_run("exp", {"final_eval": FinalEvalSpec(**SWEEP_FINAL_EVAL).model_dump(mode="json")}, {})
     for name in [*finished, *running]:
         run = tracker.trial_run(parent, name, {})
         if name in finished:

@@ -207,7 +207,7 @@ def test_a_seed_runs_mlflow_run_carries_its_packs_name_and_size(tmp_path):
     run = TrialRun(uri, "p", "sweep0", parent, name, {"seed": 1}, run_tags=pack_tags(pack, 3))
     assert run.sync(history)
     (found,) = [r for r in tracker.runs() if r.data.tags.get("qed.trial") == name]
-    assert found.info.run_name == name and found.data.tags["mlflow.parentRunId"] == parent
+    assert found.info.run_name == "te s1 cartpole-balance sac_ln" and found.data.tags["mlflow.parentRunId"] == parent
     assert (found.data.tags[PACK_TAG], found.data.tags[PACK_SIZE_TAG]) == (pack, "3")
     assert found.data.params["seed"] == "1" and found.data.metrics["eval/return_mean"] == 5.0
     assert len([r for r in tracker.runs() if r.data.tags.get("qed.trial") == name]) == 1

@@ -7,7 +7,8 @@ it starts). What a trial's ending means is read from the folder (``DONE.json``, 
 calls complete because the sweep was stopped is neither. As soon as every seed of a (task, agent, variant) group
 has finished or failed, the group is evaluated as a Ray task with its own resources (:func:`group_task_resources`),
 in parallel with training, and cached (:mod:`qed_ray.analysis.group_cache`); then the tables and figures are rewritten and
-logged to the sweep's MLflow parent run (best-effort: the files in ``gather/`` are the record). A restarted driver
+logged to the sweep's MLflow parent run with the summary as its description (:mod:`qed_ray.service.mirror`;
+best-effort: the files in ``gather/`` are the record). A restarted driver
 finds every unchanged group in the cache and evaluates nothing again. A group that left a finished trial out
 because its checksums were not (yet) in MLflow is gathered again at the end, after the driver has recorded them.
 
@@ -32,19 +33,11 @@ from qed_ray.layout import SweepDir
 from qed_ray.service.reanalysis import write_results
 from qed_ray.analysis.results import FailedTrial, GroupKey, GroupResult, SweepResults
 from qed_ray.spec import FinalEvalSpec, SweepSpec
-from qed_ray.service.tracking import Tracker, metric_key
+from qed_ray.service.mirror import log_files, log_rows
+from qed_ray.service.tracking import Tracker
 from qed_ray.service.packing import seed_trials
 
 NAMESPACE = "qed_ray"
-GROUP_METRICS = ("V", "action_distance", "q1_dispersion", "early_q_gap", "alpha_frac_floor_late", "alpha_frac_cap_late",
-                 "log_std_at_min")
-# Per variant against its te baseline (the verdict reads V_ratio_median and iqm_ratio with their intervals).
-COMPARISON_METRICS = ("V_ratio_median", "V_ratio_median_ci_lower", "V_ratio_median_ci_upper", "V_ratio_geomean",
-                      "V_ratio_means", "action_distance_ratio_median", "action_distance_ratio_geomean",
-                      "action_distance_ratio_means", "score_var_ratio_median", "score_var_ratio_geomean",
-                      "score_var_ratio_means", "iqm_ratio", "iqm_ratio_ci_lower", "iqm_ratio_ci_upper")
-
-
 def actor_name(sweep_name: str, sweep_id: str) -> str:
     """The per-sweep actor name."""
     return f"qed-gather-{sweep_name}-{sweep_id}"
@@ -96,33 +89,6 @@ def _evaluate_group_task(job: group_cache.GroupJob, final_eval: FinalEvalSpec) -
 
     torch.set_num_threads(1)
     return group_cache.evaluate(job, final_eval, device="cuda" if torch.cuda.is_available() else "cpu")
-
-
-def log_rows(tracker: Tracker, run_id: str, results: SweepResults, new_groups: list[GroupResult]) -> None:
-    """Logs the current aggregates and comparisons (step = groups gathered so far), the verdict as the tag
-    ``qed.verdict``, and each new group's row (``group/<task>/<agent>.<variant>/<GROUP_METRICS, mean_score>``)."""
-    finite = lambda d: {k: v for k, v in d.items() if math.isfinite(v)}  # noqa: E731
-    metrics = {metric_key(f"{a.agent}.{a.variant}", k): v for a in results.aggregates for k, v in a.headline().items()}
-    metrics.update({metric_key(f"{c.agent}.{c.variant}", k): getattr(c, k) for c in results.comparisons
-                    for k in COMPARISON_METRICS})
-    if results.verdict is not None:
-        tracker.set_tags(run_id, {"qed.verdict": results.verdict.outcome})
-    tracker.log_metrics(run_id, finite(metrics), step=len(results.groups))
-    rows = {metric_key("group", g.task, f"{g.agent}.{g.variant}", k): float(getattr(g, k))
-            for g in new_groups for k in GROUP_METRICS}
-    rows.update({metric_key("group", g.task, f"{g.agent}.{g.variant}", "mean_score"): float(sum(g.scores)
-                 / len(g.scores)) for g in new_groups})
-    if rows:
-        tracker.log_metrics(run_id, finite(rows), step=0)
-
-
-def log_files(tracker: Tracker, run_id: str, layout: SweepDir) -> None:
-    """Uploads the gather tables under ``gather/`` and the figures under ``gather/figures/`` (the cache stays)."""
-    for path in (layout.results_json, layout.aggregates_csv, layout.groups_csv, layout.budgets_csv,
-                 layout.comparisons_csv, layout.verdict_json):
-        tracker.log_artifact(run_id, path, "gather")
-    if layout.figures.is_dir():
-        tracker.log_artifacts(run_id, layout.figures, "gather/figures")
 
 
 def _cause(e: BaseException) -> str:

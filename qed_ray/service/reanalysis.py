@@ -2,10 +2,12 @@
 
 Nothing is retrained and no Ray cluster is started: each group's evaluation is taken from the cache
 (:mod:`qed_ray.analysis.group_cache`) when its key matches, else computed in this process (or in a local process pool,
-``--workers``); then the tables and figures in ``gather/`` are rewritten. Only ``gather/`` changes: policies,
-trial folders and MLflow stay as they are (the MLflow parent run keeps the outputs of the sweep's own settings;
-a moved or copied folder's own store is relinked to its artifacts, :mod:`qed_ray.service.relink`).
-Snapshots are checked against the checksums their trials recorded in MLflow, as during the sweep.
+``--workers``); then the tables and figures in ``gather/`` are rewritten. In the folder only ``gather/`` changes:
+policies and trial folders stay as they are (a moved or copied folder's own store is relinked to its artifacts,
+:mod:`qed_ray.service.relink`). In MLflow the re-analysis is a child run of the sweep's parent run named for its
+settings, with its tables, figures, summary and verdict (:func:`qed_ray.service.mirror.log_reanalysis`); the parent
+keeps the outputs of the sweep's own settings. Snapshots are checked against the checksums their trials recorded
+in MLflow, as during the sweep.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import logging
 import os
 import sys
 import time
@@ -23,7 +26,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from qed_ray.analysis import group_cache, plots, tables
+from qed_ray.analysis import group_cache, plots, report, tables
 from qed_ray.atomic import atomic_file, write_json
 from qed_ray.rl.digests import Recorded
 from qed_ray.field_hints import format_validation_error
@@ -93,10 +96,25 @@ def final_eval_with(base: dict, overrides: dict) -> FinalEvalSpec:
         raise ValueError("\n".join(lines)) from None
 
 
+class _NoDeprecations(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is deprecated" not in record.getMessage()
+
+
+def quiet_model_deprecations() -> None:
+    """Drops MuJoCo's deprecation notices, which dm_control passes to absl's logger each time it builds a task's
+    model (cheetah's ``settotalmass``: 60 lines in a re-analysis); a sweep's workers print none to its console
+    either. Other absl warnings (a physics instability, say) still show."""
+    absl = logging.getLogger("absl")
+    if not any(isinstance(f, _NoDeprecations) for f in absl.filters):
+        absl.addFilter(_NoDeprecations())
+
+
 def _evaluate_in_worker(job: group_cache.GroupJob, final_eval: FinalEvalSpec) -> GroupResult:
     import torch
 
     torch.set_num_threads(1)
+    quiet_model_deprecations()
     return group_cache.evaluate(job, final_eval)
 
 
@@ -143,6 +161,26 @@ def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, recorded: dict[str, R
                                sorted(failed, key=lambda f: f.name), n_trials, claim)
     write_results(out, layout)
     return out, refused
+
+
+def _log_to_mlflow(layout: SweepDir, uri: str | None, results: SweepResults, refused: list[str]) -> str:
+    """The re-analysis as a child run of the sweep's parent run (best-effort: ``gather/`` is the record); returns
+    the line to print."""
+    from qed_ray.service.mirror import log_reanalysis
+    from qed_ray.service.relink import follow_move
+    from qed_ray.service.tracking import default_tracking_uri
+
+    if uri is None:
+        if not layout.mlflow_db.exists():
+            return "MLflow: not updated: no tracking URI given and no mlflow.db in the sweep folder"
+        uri = default_tracking_uri(layout.root)
+        follow_move(layout)  # artifacts go into this folder's mlartifacts/, not the one it was copied from
+    try:
+        return log_reanalysis(uri, json.loads(layout.state_file.read_text())["sweep_id"], results, layout, FLAGS,
+                              refused)
+    except Exception as e:  # noqa: BLE001 - MLflow mirrors the folder; the new tables are in gather/ either way
+        return f"WARNING: MLflow not updated ({type(e).__name__}: {' '.join(str(e).split())[:300]}); the results " \
+               f"are in {layout.gather}"
 
 
 def _recorded(layout: SweepDir, uri: str | None) -> dict[str, Recorded]:
@@ -201,13 +239,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {line}", file=sys.stderr)
         return 2
     os.environ.setdefault("MUJOCO_GL", "disable")
+    quiet_model_deprecations()
     print(f"re-analysing {layout.root} with final_eval {final_eval.model_dump()}", flush=True)
     results, refused = reanalyze(layout, final_eval, recorded, args.workers)
-    print("\n" + tables.summary(results))
+    print("\n" + report.summary(results))
     for policy, other in results.other_policies.items():
         print(f"\nevaluation policy {policy} ({policy_dir(layout, policy)}):")
-        print(tables.summary(other))
+        print(report.summary(other))
     for f in results.failed_trials:
         print(f"LEFT OUT {f.name}: {f.error}")
     print(f"\nwrote {layout.gather}")
+    print(_log_to_mlflow(layout, uri, results, refused))
     return 1 if refused else 0

@@ -40,7 +40,7 @@ import ray
 from ray import tune
 
 from qed_ray.service import gather, status
-from qed_ray.analysis import tables
+from qed_ray.analysis import report
 from qed_ray.service.dry_run import dry_run
 from qed_ray.layout import SweepDir
 from qed_ray.service.lock import LockHeld, SweepLock
@@ -257,7 +257,7 @@ def print_summary(results: SweepResults | None, gathered: dict, failed: list[Fai
     """The closing table (counts, IQM, V and its baseline ratio with CIs), the comparisons with te and the claim's
     verdict, what the gather step did while the sweep ran, and every trial left out with its reason."""
     if results is not None:
-        print("\n" + tables.summary(results))
+        print("\n" + report.summary(results))
     if gathered:
         delays = sorted(gathered["delays_s"][g] for g in gathered["evaluated"] if g in gathered["delays_s"])
         timing = (f"; from a group's last trial to its row in MLflow: median {delays[len(delays) // 2]:.0f} s, "
