@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from qed_ray.analysis import group_cache, report, tables
+from qed_ray.analysis import group_cache, tables
+from qed_ray.analysis.report import format_table
 from qed_ray.rl.checkpoint import MANIFEST_FILE, SNAPSHOT_FORMATS, CheckpointError, read_manifest
 from qed_ray.layout import SweepDir
 from qed_ray.service.lock import STALE_AFTER_S, read_lock, stale_reason
@@ -180,7 +181,7 @@ def report(spec: SweepSpec, layout: SweepDir) -> str:
     lines.append(f"results: {len(results.groups)} of {n_groups} groups gathered (cached in {layout.group_cache} "
                  f"for this spec's final_eval)")
     if results.aggregates:
-        lines += ["", report.format_table(results)]
+        lines += ["", format_table(results)]
     by_name = {s.name: s for s in states}
     lines += ["", f"packs ({len(packs)}, up to {spec.pack.seeds} seed{'s' if spec.pack.seeds > 1 else ''} each): "
                   f"seed: state [env steps]"]
