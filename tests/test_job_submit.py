@@ -9,7 +9,6 @@ same cluster also shows that the job API and the GCS refuse a client without the
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,16 +20,11 @@ from pathlib import Path
 import pytest
 
 from qed_ray.layout import SweepDir
+from kit import free_port
 from sweep_helpers import ROOT, cli_env, sweep_runs, tiny_spec
 
 pytestmark = pytest.mark.slow
 BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _kill_cluster(temp_dir: str) -> None:
@@ -71,7 +65,7 @@ def _refusals(env: dict, dash: int, gcs: int) -> dict:
 def test_job_submit_runs_the_sweep_where_the_spec_says(tmp_path):
     spec = tiny_spec(tmp_path, "job", seeds=1)
     temp_dir = tempfile.mkdtemp(prefix="qj", dir="/tmp")  # short: unix socket paths are length-limited
-    dash, gcs = _free_port(), _free_port()
+    dash, gcs = free_port(), free_port()
     # Token auth on the head and on the job client, with the session's throwaway token (never auth disabled: Ray
     # binds these ports on every interface).
     env = cli_env(PATH=f"{BIN}:{os.environ['PATH']}")
@@ -80,9 +74,9 @@ def test_job_submit_runs_the_sweep_where_the_spec_says(tmp_path):
                         f"--temp-dir={temp_dir}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
                         f"--dashboard-port={dash}", "--disable-usage-stats",
                         # explicit free ports: another cluster's agent may hold the defaults (52365, ...)
-                        f"--dashboard-agent-listen-port={_free_port()}",
-                        f"--dashboard-agent-grpc-port={_free_port()}",
-                        f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}"],
+                        f"--dashboard-agent-listen-port={free_port()}",
+                        f"--dashboard-agent-grpc-port={free_port()}",
+                        f"--runtime-env-agent-port={free_port()}", f"--metrics-export-port={free_port()}"],
                        env=env, check=True, capture_output=True, text=True, timeout=120)
         for _ in range(4):
             proc = subprocess.run(

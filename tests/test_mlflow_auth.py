@@ -17,7 +17,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from proc_helpers import cmdline, descendants
+from kit import cmdline, descendants, free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
 import mlflow_users  # noqa: E402
@@ -35,12 +34,6 @@ import mlflow_users  # noqa: E402
 pytestmark = pytest.mark.slow
 MLFLOW = str(Path(sys.executable).with_name("mlflow"))
 ADMIN, CLIENT, EXPERIMENT = "qed-admin", "qed-client", "sweep-exp"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _request(url: str, method: str = "GET", body: bytes | None = None, auth: tuple[str, str] | None = None) -> int:
@@ -74,7 +67,7 @@ def server(tmp_path_factory):
     ini.write_text("[mlflow]\ndefault_permission = READ\n"
                    f"database_uri = sqlite:///{tmp / 'auth.db'}\n"
                    "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env.update(MLFLOW_AUTH_CONFIG_PATH=str(ini), MLFLOW_AUTH_ADMIN_USERNAME=ADMIN, MLFLOW_AUTH_ADMIN_PASSWORD=password,
                MLFLOW_FLASK_SERVER_SECRET_KEY=secrets.token_hex(16),

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import torch
 
+from kit import TINY_MAD
+
 from qed_ray.rl.agents import load_policy, make_agent
 from qed_ray.rl.checkpoint import CheckpointError, load_checkpoint
 from qed_ray.config import RunSpec
@@ -27,7 +29,6 @@ from qed_ray.rl.trainer import InjectedCrash, build_trainer
 
 TRAIN = {"env_steps": 2000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 50, "frame_skip": 10,
          "nan_check_every": 10}
-TINY_MAD = {"latent_dim": 8, "encoder_hidden": 8, "model_hidden": 8, "num_bins": 21, "vmin": -50.0, "vmax": 50.0}
 
 
 def pack_specs(agent: str = "sac_ln", seeds=(0, 1), **train) -> list[RunSpec]:

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from qed_ray.layout import PackId, SweepDir
-from proc_helpers import cmdline, descendants
+from kit import cmdline, descendants
 from sweep_helpers import MlflowServer, cli_env, run_sweep_cli, start_sweep, sweep_runs, tiny_spec, wait_for
 
 pytestmark = pytest.mark.slow
