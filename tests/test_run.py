@@ -117,7 +117,7 @@ def test_a_nan_in_one_seed_stops_only_that_seed(packs, tmp_path):
     assert seed1["status"] == "diverged" and seed1["decisions"] == 150
     assert seed1["reason"].startswith("non-finite loss/critic") and "by env step 1500" in seed1["reason"]
     # seed 0 learned exactly what it learns without the NaN next to it (here with its env on a worker process)
-    assert seed0["status"] == "finished" and seed0["evals"] == s["straight"][0]["evals"]
+    assert seed0["status"] == "finished" and seed0["evals"] == s["half"][0]["evals"]
     assert seed1["evals"] == s["straight"][1]["evals"][:1]  # its evaluation before the NaN
     layout, names = SweepDir(root / "nan"), [spec.name for spec in pack_specs()]
     assert layout.done_marker(names[0]).exists() and not layout.done_marker(names[1]).exists()
@@ -366,3 +366,25 @@ def test_a_trial_checkpoint_of_the_previous_release_is_adopted_by_its_pack_of_on
         assert trainer.runs[0].evals[0].env_steps == 1000
     finally:
         trainer.close()
+
+
+def test_a_non_finite_action_stops_its_seed_before_its_env_is_stepped(packs):
+    """A policy that acts NaN (here: seed 1's actor weights set to NaN before training) stops that seed at its first
+    policy action, with the reason, like a NaN loss; its env never gets the action and seed 0 trains as without it."""
+    root, s = packs
+    trainer = build_trainer(pack_specs(env_steps=1000), lambda m, save: None, None, log=lambda line: None)
+    with torch.no_grad():
+        for name in trainer.agent.param_names["actor"]:
+            trainer.agent.state["actor"][name][1].fill_(float("nan"))
+    stepped = []
+    step = trainer.pool.step
+    trainer.pool.step = lambda idx, actions: stepped.append((list(idx), np.isfinite(actions).all())) or step(idx,
+                                                                                                          actions)
+    seed0, seed1 = trainer.run()
+    trainer.close()
+    warmup = TRAIN["warmup_decisions"]
+    assert seed1["status"] == "diverged" and seed1["reason"] == f"non-finite action at env step {(warmup + 1) * 10}"
+    assert seed1["decisions"] == warmup and seed1["updates"] == 0
+    assert stepped[warmup - 1] == ([0, 1], True) and stepped[warmup] == ([0], True)
+    assert all(finite for _, finite in stepped)
+    assert seed0["status"] == "finished" and seed0["evals"] == s["half"][0]["evals"]
