@@ -71,7 +71,7 @@ class ReplayNeed:
         return self.seeds * self.per_trial
 
     def describe(self) -> str:
-        """``quadruped-run: 1,000,000 transitions x 182 floats``."""
+        """``quadruped-run: 1,000,000 transitions x 170 floats``."""
         return f"{self.task}: {self.capacity:,} transitions x {self.width} floats"
 
 
@@ -88,8 +88,7 @@ def replay_problems(needs: list[ReplayNeed], pack_field: str = "pack.seeds") -> 
     if not needs:
         return []
     top, out = needs[0], []
-    fix = (f"lower train.env_steps or set train.replay_capacity (at most {{}} transitions per seed keep it under "
-           f"the cap)")
+    fix = "lower train.env_steps, or set train.replay_capacity to at most {} transitions per seed"
     if top.per_trial > MAX_TRIAL_REPLAY_BYTES:
         fits = MAX_TRIAL_REPLAY_BYTES // (top.width * FLOAT_BYTES)
         out.append(f"train.env_steps: a trial's replay would hold {show_bytes(top.per_trial)} ({top.describe()}), "

@@ -180,8 +180,8 @@ def test_1e10_env_steps_are_refused_with_the_estimate(cli, tmp_path):
         code, err, _ = cli(spec, *flags)
         assert code == 2 and err.splitlines() == [
             "error: train.env_steps: a trial's replay would hold 3.1 TiB (quadruped-run: 5,000,000,000 transitions x "
-            "170 floats), over the 16.0 GiB a trial may hold; lower train.env_steps or set train.replay_capacity (at "
-            "most 25,264,513 transitions per seed keep it under the cap)"], err
+            "170 floats), over the 16.0 GiB a trial may hold; lower train.env_steps, or set train.replay_capacity to "
+            "at most 25,264,513 transitions per seed"], err
     assert 25_264_513 * 170 * 4 <= MAX_TRIAL_REPLAY_BYTES < 25_264_514 * 170 * 4
     assert not (tmp_path / "results").exists()
     # the same run with the paper's FIFO bound fits
@@ -197,9 +197,9 @@ def test_a_pack_past_its_cap_is_refused_naming_pack_seeds(cli):
     code, err, _ = cli(spec, "--dry-run")
     assert code == 2 and err.splitlines() == [
         "error: pack.seeds: a pack's replay would hold 95.0 GiB (10 seeds x quadruped-run: 15,000,000 transitions x "
-        "170 floats), over the 64.0 GiB a pack may hold; pack fewer seeds, or lower train.env_steps or set "
-        "train.replay_capacity (at most 10,105,805 transitions per seed keep it under the cap)"], err
-    assert 10 * 10_105_805 * 170 * 4 <= MAX_PACK_REPLAY_BYTES
+        "170 floats), over the 64.0 GiB a pack may hold; pack fewer seeds, or lower train.env_steps, or set "
+        "train.replay_capacity to at most 10,105,805 transitions per seed"], err
+    assert 10 * 10_105_805 * 170 * 4 <= MAX_PACK_REPLAY_BYTES < 10 * 10_105_806 * 170 * 4
     code, err, out = cli({**spec, "pack": {"seeds": 5}}, "--dry-run")
     assert code == 0 and "replay: up to 9.5 GiB per trial (quadruped-run: 15,000,000 transitions x 170 floats), " \
                           "47.5 GiB per pack of 5;" in out, err
@@ -224,8 +224,8 @@ def test_the_run_cli_refuses_a_replay_past_its_cap_before_writing(tmp_path, caps
                  "--eval-every", "20000", "--out", str(out)]) == 2
     assert capsys.readouterr().err.splitlines() == [
         "error: --seeds: a pack's replay would hold 76.0 GiB (6 seeds x quadruped-run: 20,000,000 transitions x 170 "
-        "floats), over the 64.0 GiB a pack may hold; pack fewer seeds, or lower train.env_steps or set "
-        "train.replay_capacity (at most 16,843,009 transitions per seed keep it under the cap)"]
+        "floats), over the 64.0 GiB a pack may hold; pack fewer seeds, or lower train.env_steps, or set "
+        "train.replay_capacity to at most 16,843,009 transitions per seed"]
     assert not out.exists()
 
 

@@ -22,8 +22,9 @@ sweep folder comes from :class:`qed_ray.layout.SweepDir`.
 
 Exit codes: 0 every trial finished and gathering succeeded; 1 a trial failed, or gathering failed or left a
 finished trial out (a snapshot that does not match its recorded checksum, say); 2 a bad spec,
-a refused folder, a tracking server that does not answer or another driver running this sweep; 130 stopped by Ctrl-C (SIGINT) and 143 by SIGTERM
-(``ray job stop``): the trials stopped cleanly, their runs are KILLED, and the same command resumes them.
+a refused folder, a tracking server that does not answer or another driver running this sweep; 130 stopped by
+Ctrl-C (SIGINT) and 143 by SIGTERM (``ray job stop``): the trials stopped cleanly, their runs are KILLED, and the
+same command resumes them.
 """
 
 from __future__ import annotations
