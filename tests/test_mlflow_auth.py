@@ -261,3 +261,17 @@ def test_password_rotation_as_documented(server, monkeypatch):
         ADMIN, new, current_password=os.environ["MLFLOW_TRACKING_PASSWORD"])
     assert _request(server.url + SEARCH + "?max_results=1", auth=(ADMIN, server.password)) == 401
     assert _request(server.url + SEARCH + "?max_results=1", auth=(ADMIN, new)) == 200
+
+
+def test_a_sweep_start_finds_the_server_and_refuses_its_password_in_a_uri(server):
+    """The start's probe: the health endpoint needs no login, so a basic-auth server counts as there; a URI that
+    carries the clients' password is refused with it masked (the login belongs in the environment)."""
+    from qed_ray.service.tracking_uri import check_uri, unreachable
+    from qed_ray.spec import SpecError
+
+    assert unreachable(server.url) is None
+    host = server.url.split("://", 1)[1]
+    with pytest.raises(SpecError) as e:
+        check_uri(f"http://{CLIENT}:{server.client_password}@{host}", "MLFLOW_TRACKING_URI")
+    assert str(e.value).startswith(f"MLFLOW_TRACKING_URI: 'http://***@{host}' carries credentials")
+    assert server.client_password not in str(e.value) and "MLFLOW_TRACKING_PASSWORD" in str(e.value)

@@ -25,6 +25,7 @@ import torch
 
 from qed_ray.atomic import TMP_MARK, atomic_file
 from qed_ray.rl.checkpoint import CheckpointError
+from qed_ray.replay_memory import FLOAT_BYTES, replay_bytes, replay_capacity, row_width  # noqa: F401 - the API
 
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
 CHUNK_RE = re.compile(r"chunk_(\d{10})_(\d{10})\.npz$")
@@ -64,20 +65,9 @@ def keeps_transition(train, seed: int, decision: int, truncated: bool) -> bool:
     return not (train.holdout_fraction and holdout_draw(seed, decision) < train.holdout_fraction)
 
 
-FLOAT_BYTES = 4
 # Share of the GPU's free memory the replay of a pack may take; the rest is for the networks, QED's [S, B N, H]
 # activations and the allocator's slack.
 GPU_REPLAY_SHARE = 0.5
-
-
-def row_width(obs_dim: int, action_dim: int) -> int:
-    """D: floats per stored transition."""
-    return 2 * obs_dim + action_dim + 2
-
-
-def replay_bytes(seeds: int, capacity: int, obs_dim: int, action_dim: int) -> int:
-    """Bytes of a pack's replay storage: S x capacity x D float32 (cheetah-run 17/6, 1M: 168 MB per seed)."""
-    return seeds * capacity * row_width(obs_dim, action_dim) * FLOAT_BYTES
 
 
 def replay_device(device: torch.device, nbytes: int) -> torch.device:

@@ -30,7 +30,8 @@ from qed_ray.naming import EXECUTION_SETTINGS, identity, identity_changes, show_
 from qed_ray.rl.pack import check_pack, pack_name
 from qed_ray.rl.run_folder import FolderReporter
 from qed_ray.spec import SpecError, load_yaml
-from qed_ray.rl.trainer import Trainer, build_trainer
+from qed_ray.rl.trainer import DeviceError, Trainer, build_trainer, resolve_device
+from qed_ray.replay_memory import replay_needs, replay_problems
 
 RUN_FILE, METRICS_FILE, SUMMARY_FILE = "run.json", "metrics.jsonl", "summary.json"
 RUN_FORMAT = 2  # run.json {"format", "pack", "runs"}; format 1 (qed_ray 0.1) held one run and is not resumed
@@ -133,6 +134,18 @@ def specs_from_args(args: argparse.Namespace, flags: list[Flag]) -> list[RunSpec
     if args.env_workers < 0:
         raise SpecError(f"--env-workers: {args.env_workers} must be >= 0")
     return specs
+
+
+def check_resources(specs: list[RunSpec]) -> None:
+    """Refuses, before anything is written, a pack whose replay passes its cap (:mod:`qed_ray.replay_memory`) or a
+    ``--device`` this process does not have (raises SpecError)."""
+    problems = replay_problems(replay_needs([(specs[0].task, specs[0].train)], len(specs)), pack_field="--seeds")
+    if problems:
+        raise SpecError("\n".join(problems))
+    try:
+        resolve_device(specs[0].train.device)
+    except DeviceError as e:
+        raise SpecError(str(e)) from None
 
 
 def check_out_dir(out: Path) -> dict | None:
@@ -239,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     args, flags = parse_args(argv)
     try:
         specs = specs_from_args(args, flags)
+        check_resources(specs)
     except ValidationError as e:
         return _errors(format_validation_error(e))
     except SpecError as e:

@@ -22,8 +22,9 @@ sweep folder comes from :class:`qed_ray.layout.SweepDir`.
 
 Exit codes: 0 every trial finished and gathering succeeded; 1 a trial failed, or gathering failed or left a
 finished trial out (a snapshot that does not match its recorded checksum, say); 2 a bad spec,
-a refused folder or another driver running this sweep; 130 stopped by Ctrl-C (SIGINT) and 143 by SIGTERM
-(``ray job stop``): the trials stopped cleanly, their runs are KILLED, and the same command resumes them.
+a refused folder, a tracking server that does not answer or another driver running this sweep; 130 stopped by
+Ctrl-C (SIGINT) and 143 by SIGTERM (``ray job stop``): the trials stopped cleanly, their runs are KILLED, and the
+same command resumes them.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from qed_ray.service.packing import Pack, tune_folder, tune_name
 from qed_ray.service.sweep_state import check_folder, git_sha, move_aside, outcome, plan, prune_finished, resolve_paths, \
     sqlite_on_many_machines, sync_runs, write_state
 from qed_ray.service.tracking import Tracker, artifact_location, ui_command
+from qed_ray.service.tracking_uri import unreachable, uri_field
 from qed_ray.service.trial import TrialContext, train_trial
 
 def trial_name(trial) -> str:
@@ -275,6 +277,9 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
     state = check_folder(layout, spec)
     if not fresh:  # refused before anything is written; checked again under the lock
         _refuse(plan(state, spec, layout).problems)
+    problem = unreachable(uri)  # seconds now, not minutes of MLflow retries once Ray is up
+    if problem:
+        raise SpecError(f"{uri_field()}: {problem}; start the tracking server or correct the URI")
     layout.root.mkdir(parents=True, exist_ok=True)
     with SweepLock(layout.lock_file):
         if fresh and layout.state_file.exists():

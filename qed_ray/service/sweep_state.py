@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 import uuid
@@ -46,6 +47,7 @@ from qed_ray.service.packing import Pack, form_packs, pack_of, pack_records, pac
 from qed_ray.rl.replay import prune_chunks
 from qed_ray.analysis.results import FailedTrial
 from qed_ray.spec import SpecError, SweepSpec
+from qed_ray.service.tracking_uri import URI_ENV, check_uri
 from qed_ray.service.tracking import POLICY_SHA_TAG, Tracker, TrialRun, checksum_tags, default_tracking_uri, pack_tags
 
 STATE_FORMAT = 2
@@ -57,6 +59,7 @@ STORAGE_PATH_ENV = "QED_STORAGE_PATH"  # overrides the spec's storage_path
 SYSTEM_TREES = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/proc", "/sys",
                 "/dev", "/run", "/var")
 SYSTEM_FOLDERS = ("/", "/home", "/root", "/opt", "/srv", "/mnt", "/media", "/tmp")
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")  # file:/x, s3:bucket: a URI, never a folder of ours
 
 
 # ---- where the sweep folder is ---------------------------------------------------------------------------
@@ -70,7 +73,7 @@ def storage_root(spec: SweepSpec) -> Path:
     ``QED_STORAGE_ROOT`` (else the current folder, except in a Ray job); raises SpecError naming the field."""
     env = os.environ.get(STORAGE_PATH_ENV)
     raw, fld = (env, STORAGE_PATH_ENV) if env else (spec.storage_path, "storage_path")
-    if "://" in raw:
+    if "://" in raw or _SCHEME.match(raw):
         # Policy snapshots, replay chunks and markers are plain files read by every node; object stores would need
         # a filesystem layer this version does not have.
         raise SpecError(f"{fld}: {raw!r} is a URI; give a filesystem path (on a cluster: a shared mount such as "
@@ -91,7 +94,17 @@ def storage_root(spec: SweepSpec) -> Path:
             path = Path.cwd() / path
     path = path.resolve()
     _refuse_system_folder(path, raw, fld)
+    _refuse_file(path, raw, fld)
     return path
+
+
+def _refuse_file(path: Path, raw: str, fld: str) -> None:
+    """The storage root, or the nearest part of it that exists, must be a folder (a file there would fail the
+    start's first write)."""
+    existing = next(p for p in (path, *path.parents) if os.path.exists(p))  # False, not an error, where unreadable
+    if not os.path.isdir(existing):
+        raise SpecError(f"{fld}: {raw!r} resolves to {path}, but {existing} is a file, not a folder; give a folder "
+                        f"(or a path that does not exist yet)")
 
 
 def _refuse_system_folder(path: Path, raw: str, fld: str) -> None:
@@ -110,7 +123,12 @@ def _refuse_system_folder(path: Path, raw: str, fld: str) -> None:
 
 
 def resolve_paths(spec: SweepSpec) -> tuple[SweepDir, str, str]:
-    """The sweep folder, tracking URI and experiment (env vars override the spec's storage and URI)."""
+    """The sweep folder, tracking URI and experiment (env vars override the spec's storage and URI); raises
+    SpecError for a URI with credentials or one this service cannot use (:mod:`qed_ray.service.tracking_uri`),
+    also for the spec's when the environment overrides it (the spec is stored with the sweep)."""
+    for uri, fld in ((spec.tracking.uri, "tracking.uri"), (os.environ.get(URI_ENV), URI_ENV)):
+        if uri:
+            check_uri(uri, fld)
     layout = SweepDir(storage_root(spec) / spec.name)
     uri = os.environ.get("MLFLOW_TRACKING_URI") or spec.tracking.uri or default_tracking_uri(layout.root)
     return layout, uri, spec.tracking.experiment or spec.name
