@@ -289,6 +289,14 @@ class SweepSpec(Frozen):
             raise ValueError(f"agents: two entries expand to the same trial {dupes[0]} (a duplicate agent/variant)")
         return self
 
+    @model_validator(mode="after")
+    def _check_shared_indices(self) -> "SweepSpec":
+        if self.pack.seeds == 1 and any(t.shared_indices for t in self.train_specs()):
+            raise ValueError("train.shared_indices: true makes the seeds of a pack draw the same replay positions, "
+                             "but pack.seeds is 1 (packs of one share nothing); set pack.seeds to the seeds trained "
+                             "together (the paper's 10)")
+        return self
+
     def train_specs(self) -> list[TrainSpec]:
         """One TrainSpec per combination of ``train``'s axes."""
         return [TrainSpec.model_validate(c) for c in expand_grid(self.train)]
