@@ -362,12 +362,13 @@ def build_trainer(specs: Sequence[RunSpec], reporter: Reporter, replay_dirs: Seq
     pool = EnvPool(spec.task, env_seeds, t.frame_skip, env_workers)
     agent = make_packed_agent(spec.agent, spec.temperature, pool.obs_dim, pool.action_dim, device, seeds)
     capacity = t.replay_capacity or t.decisions
-    # Per seed: independent streams for the buffer sampler and warm-up actions, derived from the run seed (the
-    # sampler from its variant's first seed with train.shared_indices: rl.pack.sampler_seeds).
-    samplers = [_streams(seed)[0] for seed in sampler_seeds(specs)]
+    # Per seed: independent streams for the buffer sampler and warm-up actions, derived from the run seed.
+    streams = [_streams(seed) for seed in seeds]
     nbytes = replay_bytes(len(seeds), capacity, pool.obs_dim, pool.action_dim)
-    replay = Replay(capacity, pool.obs_dim, pool.action_dim, samplers, device, replay_device(device, nbytes))
-    runs = [SeedRun(s, n, _streams(s.seed)[1]) for s, n in zip(specs, names or [s.name for s in specs])]
+    # The sampler: from its variant's first seed instead with train.shared_indices (rl.pack.sampler_seeds).
+    replay = Replay(capacity, pool.obs_dim, pool.action_dim, [_streams(s)[0] for s in sampler_seeds(specs)], device,
+                    replay_device(device, nbytes))
+    runs = [SeedRun(s, n, w) for s, n, (_, w) in zip(specs, names or [s.name for s in specs], streams)]
     log(f"pack {pack or pack_name(specs)}: {len(seeds)} seed{'s' if len(seeds) > 1 else ''} on {device}, replay "
         f"{nbytes / 2**20:.1f} MiB on {replay.storage.device}, {env_workers} env workers")
     return Trainer(runs, pool, agent, replay, reporter, writer or BackgroundWriter(), replay_dirs, log, pack,
