@@ -275,6 +275,14 @@ class SweepSpec(Frozen):
         return v
 
     @model_validator(mode="after")
+    def _check_shared_indices(self) -> "SweepSpec":
+        if self.pack.seeds == 1 and any(t.shared_indices for t in self.train_specs()):
+            raise ValueError("train.shared_indices: true makes the seeds of a pack draw the same replay positions, "
+                             "but pack.seeds is 1 (packs of one share nothing); set pack.seeds to the seeds trained "
+                             "together (the paper's 10)")
+        return self
+
+    @model_validator(mode="after")
     def _check_size(self) -> "SweepSpec":
         for i, entry in enumerate(self.agents):
             bad = [t for t in entry.tasks or [] if t not in self.tasks]

@@ -152,6 +152,9 @@ def specs_from_args(args: argparse.Namespace, flags: list[Flag]) -> list[RunSpec
     """The runs of the pack: ``--seeds``, or the one ``--seed`` (raises SpecError, ValidationError)."""
     base = spec_from_args(args, flags)
     if args.seeds is None:
+        if base.train.shared_indices:
+            raise SpecError("train.shared_indices (--shared-indices): a run of one seed shares its replay positions "
+                            "with no other; train several seeds as one pack with --seeds")
         return [base]
     if args.seed is not None:
         raise SpecError("--seeds: give either --seed or --seeds, not both")

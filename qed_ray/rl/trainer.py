@@ -30,7 +30,7 @@ from qed_ray.rl.agents import make_packed_agent
 from qed_ray.config import RunSpec
 from qed_ray.rl.env_pool import EnvPool
 from qed_ray.rl.evaluate import eval_seeds, rollout_lockstep
-from qed_ray.rl.pack import EvalRecord, Progress, SeedRun, check_pack, pack_name, remaining_s
+from qed_ray.rl.pack import EvalRecord, Progress, SeedRun, check_pack, pack_name, remaining_s, sampler_seeds
 from qed_ray.rl.pack_checkpoint import PackCheckpoints
 from qed_ray.rl.update import PackUpdater, resolve_mode
 from qed_ray.rl.precision import apply_matmul_precision, set_run_precision
@@ -350,13 +350,19 @@ class Trainer:
             self.pool.close()
 
 
+def _streams(seed: int) -> list[np.random.Generator]:
+    """A run seed's two independent numpy streams: its replay sampler and its warm-up actions."""
+    return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)]
+
+
 def build_trainer(specs: Sequence[RunSpec], reporter: Reporter, replay_dirs: Sequence[Path] | None,
                   names: Sequence[str] | None = None, env_workers: int = 0, log: Callable[[str], None] = print,
                   writer: BackgroundWriter | None = None, pack: str | None = None,
                   heartbeat: Callable[[dict], None] | None = None, heartbeat_s: float = 30.0) -> Trainer:
     """Builds the envs, the pack's agent, replay, per-seed random streams and the writer for ``specs`` (runs that
     differ only in seed; one run is a pack of one) and injects them into a :class:`Trainer`. Seed s's streams are
-    derived from s alone, so a seed trains alike whatever pack it is in.
+    derived from s alone, so a seed trains alike whatever pack it is in (except its replay sampler with
+    ``train.shared_indices``: its variant's first seed's, :func:`~qed_ray.rl.pack.sampler_seeds`).
 
     Args:
         specs: the runs, in pack order.
@@ -379,9 +385,10 @@ def build_trainer(specs: Sequence[RunSpec], reporter: Reporter, replay_dirs: Seq
     agent = make_packed_agent(spec.agent, spec.temperature, pool.obs_dim, pool.action_dim, device, seeds)
     capacity = replay_capacity(t)
     # Per seed: independent streams for the buffer sampler and warm-up actions, derived from the run seed.
-    streams = [[np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)] for seed in seeds]
+    streams = [_streams(seed) for seed in seeds]
     nbytes = replay_bytes(len(seeds), capacity, pool.obs_dim, pool.action_dim)
-    replay = Replay(capacity, pool.obs_dim, pool.action_dim, [r for r, _ in streams], device,
+    # The sampler: from its variant's first seed instead with train.shared_indices (rl.pack.sampler_seeds).
+    replay = Replay(capacity, pool.obs_dim, pool.action_dim, [_streams(s)[0] for s in sampler_seeds(specs)], device,
                     replay_device(device, nbytes))
     runs = [SeedRun(s, n, w) for s, n, (_, w) in zip(specs, names or [s.name for s in specs], streams)]
     log(f"pack {pack or pack_name(specs)}: {len(seeds)} seed{'s' if len(seeds) > 1 else ''} on {device}, replay "
