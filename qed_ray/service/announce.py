@@ -86,7 +86,7 @@ def resumed_env_steps(layout: SweepDir, packs: list[Pack]) -> dict[str, int]:
 
 def start_line(spec: SweepSpec, layout: SweepDir, packs: list[Pack], new: list[str]) -> str:
     """``sweep smoke: 12 trials (2 done, 4 resumed from env step 2,000, 6 new) in 12 packs of up to 1 seed``; also
-    trials of the sweep that start from scratch and ones that diverged, when there are any."""
+    trials that resume, start from scratch or diverged, each only when there are any."""
     done, resumed, fresh, diverged = 0, [], 0, 0
     for p in packs:
         steps = checkpoint_steps(layout, p)
@@ -98,8 +98,8 @@ def start_line(spec: SweepSpec, layout: SweepDir, packs: list[Pack], new: list[s
                 resumed.append(steps)
             elif state == "pending" and n not in new:
                 fresh += 1
-    parts = [f"{done} done", f"{len(resumed)} resumed" + (f" from {_steps(resumed)}" if resumed else ""),
-             f"{len(new)} new"] + ([f"{fresh} starting from scratch"] if fresh else []) + \
+    parts = [f"{done} done"] + ([f"{len(resumed)} resumed from {_steps(resumed)}"] if resumed else []) + \
+        [f"{len(new)} new"] + ([f"{fresh} starting from scratch"] if fresh else []) + \
         ([f"{diverged} diverged (final)"] if diverged else [])
     seeds = spec.pack.seeds
     return (f"sweep {spec.name}: {len(spec.trials())} trials ({', '.join(parts)}) in {len(packs)} "
