@@ -10,7 +10,7 @@ import torch
 from folder_helpers import finish_running, is_nan, write_history
 
 from qed_ray.rl.agents import make_agent
-from qed_ray.rl.checkpoint import read_manifest, save_checkpoint
+from qed_ray.rl.checkpoint import manifest_content, read_manifest, save_checkpoint
 from qed_ray.service.reanalysis import main as gather_main
 from qed_ray.service.reanalysis import main
 from qed_ray.analysis.verdict import iqm_outcome, v_ratio_outcome
@@ -109,9 +109,8 @@ def test_a_tampered_snapshot_is_refused_naming_the_file(sweep_copy, capsys):
     manifest = read_manifest(final)
     other = make_agent(*_agent_args(manifest), torch.device("cpu"), 12345)
     # Someone with write access to the share rewrites the weights and a manifest that matches them.
-    save_checkpoint(final, {k: m.state_dict() for k, m in other.modules().items()},
-                    {k: v for k, v in manifest.items() if k not in ("format_version", "versions", "state_sha256")})
-    assert read_manifest(final)["state_sha256"] != manifest["state_sha256"]
+    save_checkpoint(final, {k: m.state_dict() for k, m in other.modules().items()}, manifest_content(manifest))
+    assert read_manifest(final).state_sha256 != manifest.state_sha256
     assert gather_main is main  # python -m qed_ray.gather runs this command
     assert main([str(layout.root), *SMALL]) == 1
     out = capsys.readouterr().out
@@ -122,11 +121,8 @@ def test_a_tampered_snapshot_is_refused_naming_the_file(sweep_copy, capsys):
     assert len(refused) == 2 and all(str(final / "state.pt") in f["error"] for f in refused)
 
 
-def _agent_args(manifest: dict):
-    from qed_ray.config import RunSpec
-
-    spec = RunSpec.model_validate(manifest["run"])
-    return spec.agent, spec.temperature, manifest["obs_dim"], manifest["action_dim"]
+def _agent_args(manifest):
+    return manifest.run.agent, manifest.run.temperature, manifest.obs_dim, manifest.action_dim
 
 
 def test_bad_input_is_refused_naming_the_flag_and_nothing_is_written(sweep_copy, tmp_path, capsys):

@@ -16,7 +16,9 @@ from qed_ray.layout import PackId, SweepDir
 from qed_ray.service.packing import form_packs
 from qed_ray.analysis.results import FailedTrial
 from qed_ray.spec import SweepSpec
-from qed_ray.service.sweep_state import check_folder, move_aside, outcome, plan, sync_runs, write_state
+from qed_ray.run_records import read_history
+from qed_ray.service.sweep_record import SweepState, write_state
+from qed_ray.service.sweep_state import check_folder, move_aside, outcome, plan, sync_runs
 from qed_ray.service.tracking import Tracker
 
 SEED0 = "cartpole-balance/sac_ln/te/0"
@@ -162,9 +164,9 @@ def test_growing_adds_only_new_trials_and_keeps_the_sweeps_identity():
                                     agents=[{"name": "sac_ln", "overrides": {"hidden": 16},
                                              "temperatures": [{"kind": "te"}, {"kind": "qed", "k": [0.2, 0.3]}]}]))
     assert not grown.problems and len(grown.new) == 2 * 3 * 3 - 2
-    assert grown.state["sweep_id"] == first.state["sweep_id"] and grown.state["created"] == first.state["created"]
-    assert set(grown.state["trials"]) == set(first.state["trials"]) | set(grown.new)
-    assert grown.state["trials"]["cartpole-balance/sac_ln/qed0.3/2"]["temperature.k"] == 0.3
+    assert grown.state.sweep_id == first.state.sweep_id and grown.state.created == first.state.created
+    assert set(grown.state.trials) == set(first.state.trials) | set(grown.new)
+    assert grown.state.trials["cartpole-balance/sac_ln/qed0.3/2"]["temperature.k"] == 0.3
     # How a trial executes is not what it is: a device or thread count may change.
     again = plan(grown.state, _spec(seeds=3, tasks=["cartpole-balance", "pendulum-swingup"],
                                     train={**BASE["train"], "device": "cpu", "threads": 2},
@@ -191,19 +193,19 @@ def test_renamed_and_dropped_trials_are_refused_naming_the_setting():
 
 def test_a_sweep_json_from_before_trial_identities_is_upgraded_only_if_its_grid_is_unchanged():
     spec = _spec()
-    old = {"sweep_id": "abc123abc123", "fingerprint": spec.fingerprint(), "created": 1.0}
+    old = SweepState.model_validate({"sweep_id": "abc123abc123", "fingerprint": spec.fingerprint(), "created": 1.0})
     upgraded = plan(old, _spec(seeds=3))
     assert upgraded.problems and upgraded.problems[0].startswith("trials: the spec's grid changed")
     same = plan(old, spec)
-    assert not same.problems and not same.new and same.state["sweep_id"] == "abc123abc123"
-    assert sorted(same.state["trials"]) == ["cartpole-balance/sac_ln/te/0", "cartpole-balance/sac_ln/te/1"]
+    assert not same.problems and not same.new and same.state.sweep_id == "abc123abc123"
+    assert sorted(same.state.trials) == ["cartpole-balance/sac_ln/te/0", "cartpole-balance/sac_ln/te/1"]
 
 
 def test_damaged_sweep_json_gives_the_way_out(tmp_path):
     layout = SweepDir(tmp_path / "s")
     layout.root.mkdir()
     layout.state_file.write_text('{"sweep_id": "ab')
-    with pytest.raises(Exception, match=r"sweep.json: .* is damaged .*start over with --fresh"):
+    with pytest.raises(Exception, match=r"sweep.json: not JSON .*start over with --fresh --force"):
         check_folder(layout, _spec())
 
 
@@ -240,7 +242,8 @@ def test_the_folder_is_the_record_and_mlflow_is_brought_in_line(tmp_path):
     _fake_trial(layout, names[1], [1000, 2000], done=True, checksums=SHA)  # finished and FINISHED in MLflow
     _fake_trial(layout, names[2], [1000], done=False)        # interrupted: RUNNING in MLflow
     layout.policies(names[3]).mkdir(parents=True)
-    layout.diverged_marker(names[3]).write_text(json.dumps({"reason": "DivergenceError: non-finite loss/critic"}))
+    layout.diverged_marker(names[3]).write_text(json.dumps({"reason": "DivergenceError: non-finite loss/critic",
+                                                            "env_steps": 1500}))
     _fake_trial(layout, names[4], [1000, 2000], done=True, checksums=SHA)  # FINISHED, MLflow down as it recorded
     failures, unfinished = outcome(layout, spec, failed={})
     assert unfinished == [names[2]]
@@ -249,11 +252,11 @@ def test_the_folder_is_the_record_and_mlflow_is_brought_in_line(tmp_path):
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "s", "sweep0000001")
     parent = tracker.parent_run("s", {}, {})
     finished = tracker.trial_run(parent, names[1], {})
-    tracker.log_history(finished, layout.read_history(names[1]), -1)
-    tracker.record_checksums(finished, Recorded(SHA["policy_sha256"], SHA["snapshots_sha256"]))
+    tracker.log_history(finished, read_history(layout, names[1]), -1)
+    tracker.record_checksums(finished, Recorded(**SHA))
     tracker.end_run(finished)
     unrecorded = tracker.trial_run(parent, names[4], {})
-    tracker.log_history(unrecorded, layout.read_history(names[4]), -1)
+    tracker.log_history(unrecorded, read_history(layout, names[4]), -1)
     tracker.end_run(unrecorded)
     running = tracker.trial_run(parent, names[2], {})
     end_before = tracker.client.get_run(finished).info.end_time
@@ -269,7 +272,7 @@ def test_the_folder_is_the_record_and_mlflow_is_brought_in_line(tmp_path):
     steps = [m.step for m in tracker.client.get_metric_history(runs[names[0]].info.run_id, "eval/return_mean")]
     assert sorted(steps) == [1000, 2000], "the missing run was created with every evaluation once"
     # The checksums a finished trial could not record in MLflow come from its DONE.json (what the gather step needs).
-    assert tracker.recorded_checksums() == {n: Recorded(SHA["policy_sha256"], SHA["snapshots_sha256"])
+    assert tracker.recorded_checksums() == {n: Recorded(**SHA)
                                             for n in (names[0], names[1], names[4])}
     assert runs[names[4]].info.run_id == unrecorded and "qed.policy_sha256" not in runs[names[2]].data.tags
     assert outcome(layout, spec, failed={names[2]: "InjectedCrash: boom"}) == (
@@ -319,6 +322,6 @@ def test_trials_that_never_started_may_still_change_or_go(tmp_path):
     state = plan(None, _spec(seeds=3)).state  # recorded by a start that a cluster check then refused, say
     layout.policies(SEED0).mkdir(parents=True)  # only seed 0 got anywhere
     fewer = plan(state, _spec(seeds=1), layout)
-    assert not fewer.problems and sorted(fewer.state["trials"]) == [SEED0]
+    assert not fewer.problems and sorted(fewer.state.trials) == [SEED0]
     changed = plan(state, _spec(seeds=1, train={**BASE["train"], "warmup_decisions": 200}), layout)
     assert [p.split(":")[0] for p in changed.problems] == ["train.warmup_decisions"], "a started trial still may not"
