@@ -91,7 +91,7 @@ def load_json(path: str | os.PathLike, error: type[Exception] = RecordError) -> 
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise error(f"{path}: not JSON ({e.msg} at line {e.lineno} column {e.colno}; truncated or damaged)") \
+        raise error(f"{path}: not JSON ({e.msg}: line {e.lineno} column {e.colno}; truncated or damaged)") \
             from None
     except (ValueError, RecursionError) as e:  # a number past Python's digit limit, nesting past the stack
         raise error(f"{path}: not a record of qed_ray ({type(e).__name__}: {short_repr(str(e))})") from None

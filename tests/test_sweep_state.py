@@ -325,3 +325,48 @@ def test_trials_that_never_started_may_still_change_or_go(tmp_path):
     assert not fewer.problems and sorted(fewer.state.trials) == [SEED0]
     changed = plan(state, _spec(seeds=1, train={**BASE["train"], "warmup_decisions": 200}), layout)
     assert [p.split(":")[0] for p in changed.problems] == ["train.warmup_decisions"], "a started trial still may not"
+
+
+def test_a_damaged_history_json_costs_its_trial_only_and_every_run_still_ends(tmp_path):
+    spec = _spec(seeds=3)
+    layout = SweepDir(tmp_path / "s")
+    names = [t.name for t in spec.trials()]
+    for name in names:  # all finished while MLflow was down: their runs must be created and ended now
+        _fake_trial(layout, name, [1000, 2000], done=True, checksums=SHA)
+    layout.history(names[1]).write_text('[{"time_ms": 1, "metrics": {"env_st')  # cut off mid-write
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "s", "sweep0000001")
+    parent = tracker.parent_run("s", {}, {})
+    damaged = sync_runs(tracker, parent, layout, spec, [], [], form_packs(spec))
+    assert [(f.name, f.error.split(": not JSON")[0]) for f in damaged] == [(names[1], str(layout.history(names[1])))]
+    runs = tracker.trial_runs()
+    assert {n: r.info.status for n, r in runs.items()} == dict.fromkeys(names, "FINISHED"), "none left RUNNING"
+    logged = {n: sorted(m.step for m in tracker.client.get_metric_history(r.info.run_id, "eval/return_mean"))
+              for n, r in runs.items()}
+    assert logged == {names[0]: [1000, 2000], names[1]: [], names[2]: [1000, 2000]}
+    assert layout.history(names[1]).read_text() == '[{"time_ms": 1, "metrics": {"env_st', "the file is kept as it is"
+    assert sync_runs(tracker, parent, layout, spec, [], [], form_packs(spec)) == [], "in line: nothing read again"
+
+
+def test_fresh_needs_force_to_move_aside_a_folder_whose_sweep_json_cannot_be_read(cli, tmp_path):
+    storage = tmp_path / "results"
+    layout = SweepDir(storage / "s")
+    write_state(layout, plan(None, _spec()).state)
+    (layout.root / "policies").mkdir()
+    layout.state_file.write_text('{"sweep_id": "ab')
+    before = sorted(p.name for p in storage.rglob("*"))
+    code, err, _ = cli({**BASE, "storage_path": str(storage)}, "--fresh")
+    assert code == 2 and _error_line(err) == (
+        f"error: {layout.state_file}: not JSON (Unterminated string starting at: line 1 column 14; truncated or "
+        f"damaged); --fresh cannot check that this folder holds the sweep 's': add --force to move it aside anyway "
+        f"(nothing is deleted)")
+    code, err, _ = cli({**BASE, "storage_path": str(storage)}, "--force")
+    assert code == 2 and _error_line(err).startswith("error: --force: only with --fresh")
+    code, err, _ = cli({**BASE, "storage_path": str(storage)})
+    assert code == 2 and "start over with --fresh --force" in _error_line(err)
+    assert sorted(p.name for p in storage.rglob("*")) == before, "nothing moved or written"
+    assert check_folder(layout, _spec(), unreadable_ok=True) is None, "--fresh --force: moved aside unchecked"
+    layout.state_file.unlink()
+    layout.state_file.symlink_to(tmp_path / "gone.json")  # a dangling link moves aside too
+    backup = move_aside(layout)
+    assert sorted(p.name for p in backup.iterdir()) == ["policies", "sweep.json"] and backup.joinpath(
+        "sweep.json").is_symlink() and not any(layout.root.iterdir())

@@ -81,10 +81,17 @@ def load(layout: SweepDir, key: str, group: GroupKey | None = None,
         return None
 
 
-def store(layout: SweepDir, key: str, result: GroupResult) -> None:
-    """Writes the evaluation under ``key`` (atomically and durably: a reader never sees half a file)."""
-    write_record(layout.cached_group(key), CacheEntry(key=key, analysis_version=ANALYSIS_VERSION, group=result),
-                 indent=None)
+def store(layout: SweepDir, key: str, result: GroupResult, log: Callable[[str], Any] = print) -> None:
+    """Writes the evaluation under ``key`` (atomically and durably: a reader never sees half a file). A place that
+    cannot take it (a folder or a dangling link where the entry belongs) is named in ``log`` and left as it is: the
+    result is used all the same and the group is evaluated again next time."""
+    path = layout.cached_group(key)
+    try:
+        if os.path.lexists(path) and not path.is_file():
+            raise IsADirectoryError(f"{'a folder' if path.is_dir() else 'a dangling symbolic link'} is in its place")
+        write_record(path, CacheEntry(key=key, analysis_version=ANALYSIS_VERSION, group=result), indent=None)
+    except OSError as e:
+        log(f"WARNING: {path}: cannot be written ({e}); the group is evaluated again next time")
 
 
 def plan_groups(names: list[str]) -> dict[GroupKey, list[str]]:

@@ -30,7 +30,7 @@ from qed_ray.layout import PackId, SweepDir, trial_dirname
 from qed_ray.naming import EXECUTION_SETTINGS, identity, identity_changes, show_setting
 from qed_ray.rl.pack import check_pack, pack_name
 from qed_ray.rl.run_folder import FolderReporter
-from qed_ray.rl.trainer import Trainer, build_trainer
+from qed_ray.rl.trainer import build_trainer
 from qed_ray.run_records import Metrics, RunSummary, read_done
 from qed_ray.spec import SpecError, load_yaml
 
@@ -146,7 +146,8 @@ def specs_from_args(args: argparse.Namespace, flags: list[Flag]) -> list[RunSpec
 
 
 def check_out_dir(out: Path) -> RunFile | None:
-    """Refuses an ``--out`` this CLI must not write into (before anything is written); returns its ``run.json``."""
+    """Refuses an ``--out`` this CLI must not write into (before anything is written); returns its ``run.json``
+    (SpecError; RecordError naming the file and the field of a damaged ``run.json``)."""
     if out.exists() and not out.is_dir():
         raise SpecError(f"--out: {out} is a file, not a folder")
     if not out.is_dir() or not any(out.iterdir()):
@@ -158,13 +159,18 @@ def check_out_dir(out: Path) -> RunFile | None:
     if not (out / RUN_FILE).exists():
         raise SpecError(f"--out: {out} is not empty and holds no {RUN_FILE}, so it is not a run folder of this CLI; "
                         f"refusing to write into it (give a new or empty folder)")
-    raw = load_json(out / RUN_FILE, SpecError)
-    version = raw.get("format", 1) if isinstance(raw, dict) else None
-    if version != RUN_FORMAT:
-        raise SpecError(f"--out: {out} is a run folder of run format {version} (format 1: a single-seed run of "
-                        f"qed_ray 0.1, with checkpoint/ and metrics.jsonl) that this release cannot resume; finish "
-                        f"it with the release that wrote it, or give a new --out")
-    return parse(RunFile, raw, out / RUN_FILE, SpecError)
+    return read_run_file(out)
+
+
+def read_run_file(out: Path) -> RunFile:
+    """The run folder's ``run.json``; raises RecordError naming the file and the field (SpecError for one of qed_ray
+    0.1, which this release does not resume)."""
+    raw = load_json(out / RUN_FILE)
+    if isinstance(raw, dict) and raw.get("format", 1) == 1:
+        raise SpecError(f"--out: {out} is a run folder of run format 1 (format 1: a single-seed run of qed_ray 0.1, "
+                        f"with checkpoint/ and metrics.jsonl) that this release cannot resume; finish it with the "
+                        f"release that wrote it, or give a new --out")
+    return parse(RunFile, raw, out / RUN_FILE)
 
 
 def check_resume(prior: RunFile, specs: list[RunSpec], out: Path) -> None:
@@ -200,22 +206,26 @@ def run(specs: list[RunSpec], out: Path, env_workers: int = 0) -> list[RunSummar
         check_resume(prior, specs, out)
     layout, names = SweepDir(out), [s.name for s in specs]
     pack = PackId.of(names)
-    for name in names:  # a larger --env-steps continues a finished run: its end is no longer the end
-        if layout.trial_state(name) == "done" and read_done(layout, name).env_steps < specs[0].train.env_steps:
-            layout.done_marker(name).unlink()
-    if prior is not None and all(layout.trial_state(n) != "pending" for n in names) \
+    # A larger --env-steps continues a finished run: its end is no longer the end (its DONE.json goes once the
+    # run has resumed, so a refused resume changes nothing).
+    extended = [n for n in names if layout.trial_state(n) == "done" and read_done(layout, n).env_steps
+                < specs[0].train.env_steps]
+    if prior is not None and not extended and all(layout.trial_state(n) != "pending" for n in names) \
             and all((out / trial_dirname(n) / SUMMARY_FILE).exists() for n in names):
         print(f"{pack.name} already finished in {out}; its summaries:", flush=True)
         return [read_record(out / trial_dirname(n) / SUMMARY_FILE, RunSummary) for n in names]
     out.mkdir(parents=True, exist_ok=True)
-    write_record(out / RUN_FILE, RunFile(format=RUN_FORMAT, pack=pack_name(specs), runs=specs))
     log = RunLog(out, names, specs[0].train.env_steps)
     trainer = build_trainer(specs, lambda metrics, save: folder(metrics, save), [layout.replay(n) for n in names],
                             names, env_workers, log=lambda line: print(line, file=sys.stderr) if "WARNING" in line
                             or "stopped" in line else None, heartbeat=log.heartbeat, heartbeat_s=HEARTBEAT_S)
     folder = FolderReporter(layout, pack, trainer, 1, [[] for _ in names], log)
     try:
-        _train(trainer, folder, log)
+        _resume(folder, log)
+        write_record(out / RUN_FILE, RunFile(format=RUN_FORMAT, pack=pack_name(specs), runs=specs))
+        for name in extended:
+            layout.done_marker(name).unlink()
+        trainer.run()
     finally:
         trainer.close()
     folder.record_diverged()
@@ -226,13 +236,13 @@ def run(specs: list[RunSpec], out: Path, env_workers: int = 0) -> list[RunSummar
     return summaries
 
 
-def _train(trainer: Trainer, folder: FolderReporter, log: RunLog) -> None:
+def _resume(folder: FolderReporter, log: RunLog) -> None:
+    """Restores the newest intact checkpoint (if any) and trims the seeds' ``metrics.jsonl`` to it."""
     resumed = folder.resume(lambda line: print(line, file=sys.stderr, flush=True))
     for name in log.names:
         log.trim(name, resumed or 0)
     if resumed is not None:
         print(f"resumed {folder.pack.name} from its checkpoint at env step {resumed:,d}", flush=True)
-    trainer.run()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -142,7 +142,7 @@ def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, recorded: dict[str, R
                 failed += [FailedTrial(r.name, f"gather refused {job.group.name}: {e}") for r in job.records]
                 log(f"  {job.group.name}: REFUSED: {e}")
                 continue
-            group_cache.store(layout, job.key, result)
+            group_cache.store(layout, job.key, result, log)
             results[job.group] = result
             log(f"  {job.group.name}: evaluated ({time.perf_counter() - t0:.1f} s)")
     finally:
@@ -175,12 +175,17 @@ def _recorded(layout: SweepDir, uri: str | None) -> dict[str, Recorded]:
 
 
 def check_folder(layout: SweepDir) -> None:
-    """Refuses a folder a live driver holds (it rewrites ``gather/`` itself) and a ``gather/`` that holds a symbolic
-    link leading out of the sweep folder (what is written there would land elsewhere); raises ValueError."""
+    """Refuses a folder a live driver holds (it rewrites ``gather/`` itself), a folder where an output file belongs
+    and a ``gather/`` that holds a symbolic link leading out of the sweep folder (what is written there would land
+    elsewhere); raises ValueError (LockHeld for a folder or dangling link in place of ``sweep.lock``)."""
     holder = driver(layout)
     if holder is not None:
         raise ValueError(f"sweep_dir: a driver runs this sweep now ({holder}, {layout.lock_file}); re-analyse after "
                          f"it ends (its own gather step rewrites {layout.gather})")
+    for path in (layout.aggregates_csv, layout.groups_csv, layout.budgets_csv, layout.comparisons_csv,
+                 layout.verdict_json):
+        if path.is_dir():
+            raise ValueError(f"sweep_dir: {path} is a folder where the re-analysis writes a file; move it away")
     root = layout.root.resolve()
     for folder, dirs, files in os.walk(layout.gather) if os.path.lexists(layout.gather) else ():
         for entry in [layout.gather] + [Path(folder) / n for n in dirs + files]:

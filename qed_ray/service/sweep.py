@@ -276,8 +276,8 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
     aside first; with ``force`` also a folder whose ``sweep.json`` cannot be read (so its name cannot be checked)."""
     layout, uri, experiment = resolve_paths(spec)
     state = _checked_folder(layout, spec, fresh, force)
-    if not fresh:  # refused before anything is written; checked again under the lock
-        _refuse(plan(state, spec, layout).problems)
+    # Refused before anything is written (or moved aside), and checked again under the lock.
+    _refuse(plan(None, spec).problems if fresh else plan(state, spec, layout).problems)
     layout.root.mkdir(parents=True, exist_ok=True)
     with SweepLock(layout.lock_file):
         _checked_folder(layout, spec, fresh, force)
@@ -342,8 +342,9 @@ def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, ex
                                                                                           state.sweep_id))], packs)
     prune_finished(layout, packs, spec.keep_replay)
     failures, unfinished = outcome(layout, spec, failed)
-    # Also the checksums trials could not record; a trial whose files are damaged is reported with them.
-    failures += sync_runs(tracker, parent, layout, spec, failures, unfinished, packs=packs)
+    # Also the checksums trials could not record; a trial whose files are damaged is reported with the failures.
+    damaged = sync_runs(tracker, parent, layout, spec, failures, unfinished, packs=packs)
+    failures += [f for f in damaged if f.name not in {g.name for g in failures}]
     if interrupt.signum is not None and not gather_partial:
         gather.stop(gatherer)
         _best_effort(tracker.end_run, parent, killed=True)

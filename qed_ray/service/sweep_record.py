@@ -23,7 +23,7 @@ STATE_FORMAT = 2
 SWEEP_ID = r"^[0-9A-Za-z][0-9A-Za-z_.-]{0,63}$"
 
 
-class StateDamaged(SpecError):
+class StateDamaged(SpecError, RecordError):
     """``sweep.json`` cannot be read (:attr:`problem` names the file and what is wrong); the message adds the way
     out."""
 

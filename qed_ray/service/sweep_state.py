@@ -350,16 +350,16 @@ def sync_runs(tracker: Tracker, parent_run_id: str, layout: SweepDir, spec: Swee
         run = runs.get(t.name)
         status = run.info.status if run is not None else None
         want = "KILLED" if t.name in unfinished else "FAILED" if t.name in reasons else "FINISHED"
+        tags, history = {}, []
         try:
             tags = _missing_checksums(layout, t.name, run) if want == "FINISHED" else {}
             if not tags and (status == want or (want == "KILLED" and status in (None, "FINISHED"))):
                 continue
             history = read_history(layout, t.name)
-        except RecordError as e:
+        except RecordError as e:  # its run still ends (with what could be read), the others are synced
             print(f"WARNING: {t.name}: {e}", flush=True)
             damaged.append(FailedTrial(t.name, str(e)))
-            tags, history = {}, []
-            if status == want:
+            if status == want and not tags:
                 continue
         pack = in_pack[t.name]
         mirror = TrialRun(tracker.uri, tracker.experiment, tracker.sweep_id, parent_run_id, t.name,
