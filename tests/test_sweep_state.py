@@ -364,7 +364,7 @@ def test_fresh_needs_force_to_move_aside_a_folder_whose_sweep_json_cannot_be_rea
     code, err, _ = cli({**BASE, "storage_path": str(storage)})
     assert code == 2 and "start over with --fresh --force" in _error_line(err)
     assert sorted(p.name for p in storage.rglob("*")) == before, "nothing moved or written"
-    assert check_folder(layout, _spec(), unreadable_ok=True) is None, "--fresh --force: moved aside unchecked"
+    assert check_folder(layout, _spec(), fresh=True, force=True) is None, "--fresh --force: moved aside unchecked"
     layout.state_file.unlink()
     layout.state_file.symlink_to(tmp_path / "gone.json")  # a dangling link moves aside too
     backup = move_aside(layout)

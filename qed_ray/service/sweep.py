@@ -51,7 +51,7 @@ from qed_ray.service.status import error_summary
 from qed_ray.codec import RecordError
 from qed_ray.compat import adopt_trial_checkpoints
 from qed_ray.service.packing import Pack, TuneTrial
-from qed_ray.service.sweep_record import StateDamaged, SweepState, write_state
+from qed_ray.service.sweep_record import SweepState, write_state
 from qed_ray.service.sweep_state import check_folder, git_sha, move_aside, outcome, plan, prune_finished, resolve_paths, \
     sqlite_on_many_machines, sync_runs
 from qed_ray.service.tracking import Tracker, artifact_location, ui_command
@@ -275,30 +275,18 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
     """Runs (or resumes, or grows) the sweep end to end; returns the exit code. ``fresh`` moves this sweep's folder
     aside first; with ``force`` also a folder whose ``sweep.json`` cannot be read (so its name cannot be checked)."""
     layout, uri, experiment = resolve_paths(spec)
-    state = _checked_folder(layout, spec, fresh, force)
+    state = check_folder(layout, spec, fresh, force)
     # Refused before anything is written (or moved aside), and checked again under the lock.
     _refuse(plan(None, spec).problems if fresh else plan(state, spec, layout).problems)
     layout.root.mkdir(parents=True, exist_ok=True)
     with SweepLock(layout.lock_file):
-        _checked_folder(layout, spec, fresh, force)
+        check_folder(layout, spec, fresh, force)
         if fresh and os.path.lexists(layout.state_file):
             print(f"--fresh: moved the previous sweep to {move_aside(layout)}", flush=True)
         p = plan(check_folder(layout, spec), spec, layout)
         _refuse(p.problems)
         write_state(layout, p.state)
         return _run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial, p.packs)
-
-
-def _checked_folder(layout: SweepDir, spec: SweepSpec, fresh: bool, force: bool) -> SweepState | None:
-    """:func:`check_folder`; with ``--fresh`` an unreadable ``sweep.json`` is refused unless ``--force`` confirms
-    that the folder may be moved aside unchecked."""
-    try:
-        return check_folder(layout, spec, unreadable_ok=fresh and force)
-    except StateDamaged as e:
-        if not fresh:
-            raise
-        raise SpecError(f"{e.problem}; --fresh cannot check that this folder holds the sweep {spec.name!r}: add "
-                        f"--force to move it aside anyway (nothing is deleted)") from None
 
 
 def _refuse(problems: list[str]) -> None:

@@ -114,10 +114,10 @@ def resolve_paths(spec: SweepSpec) -> tuple[SweepDir, str, str]:
 
 
 # ---- is the folder ours ------------------------------------------------------------------------------------
-def check_folder(layout: SweepDir, spec: SweepSpec, unreadable_ok: bool = False) -> SweepState | None:
-    """Refuses a folder that is not this sweep's (before anything is written); returns its state, if any.
-    ``unreadable_ok`` (``--fresh --force``): a damaged ``sweep.json`` counts as no state (the folder is moved
-    aside unchecked)."""
+def check_folder(layout: SweepDir, spec: SweepSpec, fresh: bool = False, force: bool = False) -> SweepState | None:
+    """Refuses a folder that is not this sweep's (before anything is written); returns its state, if any. With
+    ``fresh`` (``--fresh``) a ``sweep.json`` that cannot be read cannot name this sweep, so it is refused unless
+    ``force`` confirms moving the folder aside unchecked (then it counts as no state)."""
     root = layout.root
     if root.exists() and not root.is_dir():
         raise SpecError(f"storage_path: {root} exists and is not a folder")
@@ -125,9 +125,12 @@ def check_folder(layout: SweepDir, spec: SweepSpec, unreadable_ok: bool = False)
         return None
     try:
         state = read_state(layout)
-    except StateDamaged:
-        if unreadable_ok:
+    except StateDamaged as e:
+        if fresh and force:
             return None
+        if fresh:
+            raise SpecError(f"{e.problem}; --fresh cannot check that this folder holds the sweep {spec.name!r}: add "
+                            f"--force to move it aside anyway (nothing is deleted)") from None
         raise
     if state is None:
         raise SpecError(f"storage_path: {root} already holds files but no sweep.json, so it is not a sweep folder; "
