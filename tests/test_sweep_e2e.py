@@ -221,7 +221,7 @@ def test_diverging_trials_fail_loudly_with_their_reason_recorded_and_are_not_ret
     tracker.client.update_run(by_trial[te].info.run_id, status="RUNNING")
     layout.history(te).write_text(layout.history(te).read_text()[:40])
     again = run_sweep_cli(spec)  # a rerun does not retry diverged trials either: they are final
-    assert again.returncode == 1 and "2 trials (0 done, 0 new)" in again.stdout
+    assert again.returncode == 1 and "2 trials (0 done, 0 new, 2 diverged (final))" in again.stdout
     assert f"WARNING: {te}: {layout.history(te)}: not JSON" in again.stdout
     assert len(list(layout.tune_root.iterdir())) == 1
     _, runs = sweep_runs(layout.root, "nan")

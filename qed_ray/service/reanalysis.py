@@ -27,6 +27,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from qed_ray import cli_help
 from qed_ray.analysis import group_cache, plots, tables
 from qed_ray.analysis.results import FailedTrial, GroupResult, SweepResults, read_results
 from qed_ray.atomic import atomic_file, write_json
@@ -34,7 +35,7 @@ from qed_ray.field_hints import format_validation_error
 from qed_ray.layout import SweepDir
 from qed_ray.rl.digests import Recorded
 from qed_ray.service.lock import LockHeld
-from qed_ray.service.status import driver
+from qed_ray.service.status import driver, sweep_folders_in
 from qed_ray.service.sweep_record import read_state, sweep_id
 from qed_ray.spec import FinalEvalSpec
 
@@ -201,7 +202,9 @@ def _name_list(text: str) -> list[str]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command-line flags: the sweep folder, the final-evaluation settings to change, verification."""
-    p = argparse.ArgumentParser(prog="python -m qed_ray.gather", description=__doc__.splitlines()[0])
+    p = cli_help.parser("python -m qed_ray.gather", __doc__, (
+        "python -m qed_ray.gather results/smoke --episodes 20   # more final-evaluation episodes; no retraining",
+        "python -m qed_ray.gather results/smoke --policies mean,sample --workers 2   # also sampled actions"))
     p.add_argument("sweep_dir", type=Path, help="the sweep folder (with sweep.json and policies/)")
     for name in FLAGS:
         info = FinalEvalSpec.model_fields[name]
@@ -222,7 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     layout = SweepDir(args.sweep_dir.resolve())
     try:
-        sweep_id(layout)  # not a sweep folder, or a damaged sweep.json: refused naming it
+        if not os.path.lexists(layout.state_file):
+            inside = sweep_folders_in(layout.root)  # given the storage root, say
+            raise ValueError(f"sweep_dir: {layout.root} is not a sweep folder (no {layout.state_file.name})" + (
+                f"; it holds the sweep folder(s) {', '.join(d.name for d in inside)}: give {inside[0]}" if inside else ""))
+        sweep_id(layout)  # a damaged sweep.json: refused naming it
         check_folder(layout)
         if args.workers < 1:
             raise ValueError(f"--workers: {args.workers}; need 1 or more")
