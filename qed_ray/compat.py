@@ -119,7 +119,7 @@ def adopt_trial_checkpoints(layout: SweepDir, pack: PackId, budget: int) -> int:
     if not old.is_dir() or layout.pack_checkpoints(pack).exists():
         return 0
     moved = 0
-    for step_dir in sorted(d for d in old.iterdir() if d.name.isdigit() and (d / MANIFEST_FILE).exists()):
+    for step_dir in sorted(d for d in old.iterdir() if d.name.isdigit() and os.path.lexists(d / MANIFEST_FILE)):
         legacy = read_record(step_dir / MANIFEST_FILE, _LegacyCheckpoint)
         target = layout.pack_checkpoint(pack, legacy.env_steps)
         target.mkdir(parents=True)

@@ -346,8 +346,9 @@ class SweepDir:
 
 def _complete_steps(root: Path, marker: str = MANIFEST_FILE) -> dict[int, Path]:
     """``{env_steps: folder}`` of the step folders under ``root`` that hold ``marker`` (staging folders, named
-    ``.<step>.tmp-*``, never count), ascending."""
+    ``.<step>.tmp-*``, never count), ascending. A damaged marker (a dangling link, say) counts: its reader names it."""
     if not root.is_dir():
         return {}
-    found = {int(d.name): d for d in root.iterdir() if d.is_dir() and d.name.isdigit() and (d / marker).exists()}
+    found = {int(d.name): d for d in root.iterdir()
+             if d.is_dir() and d.name.isdigit() and os.path.lexists(d / marker)}
     return dict(sorted(found.items()))

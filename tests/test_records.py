@@ -7,10 +7,12 @@ The files are real: a tiny run trained once for this module (a seed that finishe
 hand-built sweep folder of the other service tests.
 """
 
+import ast
 import hashlib
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -179,7 +181,7 @@ def test_the_records_round_trip_as_strict_json(folder):
     assert HistoryEntry.model_validate(dump(history[0])) == history[0]
 
 
-# (command, the file it reads in real use); every case with a truncated file and with a folder in its place
+# (command, the file it reads in real use); every case with each damage
 COMMANDS = [("--status", "sweep.json"), ("--status", "DONE.json"), ("--status", "snapshot manifest"),
             ("--status", "checkpoint manifest"), ("start", "sweep.json"), ("start", "sweep.lock"),
             ("gather", "sweep.json"), ("gather", "results.json"), ("run", "run.json"), ("run", "DONE.json"),
@@ -207,7 +209,7 @@ def _command(command: str, layout: SweepDir, tmp_path) -> int:
     return main(["--config", str(config), "--seeds", "0", "1", "--out", str(layout.root), *budget])
 
 
-@pytest.mark.parametrize("how", ("truncated", "a folder"))
+@pytest.mark.parametrize("how", DAMAGES)
 @pytest.mark.parametrize("command, kind", COMMANDS)
 def test_each_command_refuses_the_damaged_file_it_reads_with_one_line(folder, tmp_path, capsys, monkeypatch, command,
                                                                       kind, how):
@@ -227,3 +229,30 @@ def test_each_command_refuses_the_damaged_file_it_reads_with_one_line(folder, tm
     errors = [line for line in out.err.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and str(path) in errors[0] and "Traceback" not in out.err + out.out, out.err
     assert {p: h for p, h in _files(layout.root).items() if p != path} == before, "nothing else changes"
+
+
+# Where JSON may still be parsed outside the codec: none of them is a file of a sweep or run folder.
+JSON_OUTSIDE_THE_CODEC = {
+    "qed_ray/paper/toy.py": "the --overrides flag's JSON",
+    "qed_ray/service/throughput.py": "benchmarks' GPU throughput table, a file of the repository",
+}
+
+
+def _json_calls(tree, names: tuple[str, ...]) -> list[ast.Call]:
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "json" and node.func.attr in names]
+
+
+def test_no_module_parses_a_folder_file_by_hand_outside_its_model():
+    """Every file the service writes and reads back is parsed by the codec into its model: no other module loads
+    JSON (a ``json.loads(json.dumps(x))`` copy aside)."""
+    package = Path(__file__).resolve().parents[1] / "qed_ray"
+    loads = {}
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package.parent).as_posix()
+        tree = ast.parse(path.read_text())
+        dumps = {id(c) for c in _json_calls(tree, ("dumps",))}
+        hand = [c.lineno for c in _json_calls(tree, ("load", "loads")) if not (c.args and id(c.args[0]) in dumps)]
+        if hand and rel not in ("qed_ray/codec.py", *JSON_OUTSIDE_THE_CODEC):
+            loads[rel] = hand
+    assert loads == {}, "JSON parsed by hand outside qed_ray.codec (read it with codec.read_record and its model)"

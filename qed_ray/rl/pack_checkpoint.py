@@ -10,6 +10,7 @@ on the training thread and written by the trainer's background writer.
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -112,7 +113,7 @@ class PackCheckpoints:
         states, manifests = [], []
         for i, run in enumerate(tr.runs):
             sub = directory / seed_dir(run.spec.seed)
-            if pack.status[i] == "diverged" and not (sub / MANIFEST_FILE).exists():
+            if pack.status[i] == "diverged" and not os.path.lexists(sub / MANIFEST_FILE):
                 states.append(None), manifests.append(None)  # diverged before its first checkpoint
                 continue
             state, m = load_checkpoint(sub, expect={**self.identity(i), "pack_size": tr.n, "pack_index": i},

@@ -201,7 +201,7 @@ def check_out_dir(out: Path) -> RunFile | None:
     if sweep:
         raise SpecError(f"--out: {out} is a sweep folder (it holds {sweep[0]}); refusing to write into it (give a new "
                         f"or empty folder; a sweep is resumed with python -m qed_ray.sweep)")
-    if not (out / RUN_FILE).exists():
+    if not os.path.lexists(out / RUN_FILE):  # a dangling link is a damaged run.json, named when read
         raise SpecError(f"--out: {out} is not empty and holds no {RUN_FILE}, so it is not a run folder of this CLI; "
                         f"refusing to write into it (give a new or empty folder)")
     return read_run_file(out)
@@ -256,7 +256,7 @@ def run(specs: list[RunSpec], out: Path, env_workers: int = 0) -> list[RunSummar
     extended = [n for n in names if layout.trial_state(n) == "done" and read_done(layout, n).env_steps
                 < specs[0].train.env_steps]
     if prior is not None and not extended and all(layout.trial_state(n) != "pending" for n in names) \
-            and all((out / trial_dirname(n) / SUMMARY_FILE).exists() for n in names):
+            and all(os.path.lexists(out / trial_dirname(n) / SUMMARY_FILE) for n in names):
         print(f"{pack.name} already finished in {out}; its summaries:", flush=True)
         return [read_record(out / trial_dirname(n) / SUMMARY_FILE, RunSummary) for n in names]
     out.mkdir(parents=True, exist_ok=True)

@@ -79,7 +79,7 @@ def _progress(layout: SweepDir, name: str, pack: Pack) -> tuple[int, float, floa
     of its newest policy snapshot."""
     steps, wall, mtime = 0, math.nan, 0.0
     seed = seed_checkpoint(layout, pack.id, name)
-    checkpoints = {0: seed} if seed is not None and (seed / MANIFEST_FILE).exists() else {}
+    checkpoints = {0: seed} if seed is not None and os.path.lexists(seed / MANIFEST_FILE) else {}
     for found, read_wall in ((checkpoints, lambda m: m.require(folder / MANIFEST_FILE, "progress")[0].wall_s),
                              (layout.snapshots(name), lambda m: m.wall_s)):
         if not found or max(found) < steps:
