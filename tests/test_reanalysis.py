@@ -6,21 +6,28 @@ import csv
 import hashlib
 import json
 import logging
+import os
 
 import pytest
 import torch
 from folder_helpers import SWEEP_ID, finish_running, is_nan, write_history
 
 from qed_ray.rl.agents import make_agent
-from qed_ray.rl.checkpoint import read_manifest, save_checkpoint
+from qed_ray.rl.checkpoint import manifest_content, read_manifest, save_checkpoint
+from qed_ray.service.lock import SweepLock
 from qed_ray.service.reanalysis import main as gather_main
 from qed_ray.service.reanalysis import main, quiet_model_deprecations
-from qed_ray.service.tracking import default_tracking_uri, open_sweep
+from qed_ray.service.tracking import Tracker, default_tracking_uri, open_sweep
 from qed_ray.analysis.verdict import iqm_outcome, v_ratio_outcome
 
 SMALL = ["--episodes", "1", "--action-rollouts", "1", "--action-steps", "10", "--curve-episodes", "1",
          "--bootstrap-reps", "100"]
 TE, QED = "cartpole-balance/sac_ln/te", "cartpole-balance/sac_ln/qed0.2"
+
+
+def _gather_files(layout) -> dict:
+    """The bytes of every file in gather/."""
+    return {p: p.read_bytes() for p in layout.gather.rglob("*") if p.is_file()}
 
 
 def _outside_gather(layout) -> dict:
@@ -81,6 +88,27 @@ def test_reanalysis_evaluates_once_then_caches_and_changes_only_evaluation_outpu
     assert f"{TE}: cached" in out and f"{QED}: cached" in out and "evaluated" not in out
     assert json.loads(layout.results_json.read_text()) == first
     assert list(_reanalysis_runs(layout)[2]) == ["reanalysis sweep settings"], "the same settings: the same run"
+
+    # The wrong store (an empty one: no trial recorded checksums there) would leave every trial out: gather/ keeps
+    # its outputs, byte for byte, and the exit code says so.
+    outputs = _gather_files(layout)
+    empty = f"sqlite:///{layout.root.parent / 'empty.db'}"
+    Tracker(empty, "other", "0000")
+    assert main([str(layout.root), *SMALL, "--tracking-uri", empty]) == 1
+    captured = capsys.readouterr()
+    assert "every trial was left out" in captured.err and f"LEFT OUT {TE}/0: no policy checksum" in captured.out
+    assert _gather_files(layout) == outputs
+    assert main([str(layout.root), "--tracking-uri", f"sqlite:///{layout.root.parent / 'typo.db'}"]) == 2
+    assert "no MLflow store at that path" in capsys.readouterr().err
+    assert not (layout.root.parent / "typo.db").exists(), "no store is created for a mistyped URI"
+    # A damaged cache entry is named and its group evaluated again (the entry rewritten); the other stays cached.
+    entry = next(p for p in layout.group_cache.glob("*.json")
+                 if json.loads(p.read_text())["group"]["variant"] == "te")
+    entry.write_text(entry.read_text()[:50])
+    assert main([str(layout.root), *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert f"WARNING: {entry}: not JSON" in out and f"{TE}: evaluated" in out and f"{QED}: cached" in out
+    assert json.loads(layout.results_json.read_text()) == first and json.loads(entry.read_text())["key"] == entry.stem
 
     assert main([str(layout.root), *SMALL, "--episodes", "2", "--bootstrap-reps", "200"]) == 0
     out = capsys.readouterr().out
@@ -148,9 +176,8 @@ def test_a_tampered_snapshot_is_refused_naming_the_file(sweep_copy, capsys):
     manifest = read_manifest(final)
     other = make_agent(*_agent_args(manifest), torch.device("cpu"), 12345)
     # Someone with write access to the share rewrites the weights and a manifest that matches them.
-    save_checkpoint(final, {k: m.state_dict() for k, m in other.modules().items()},
-                    {k: v for k, v in manifest.items() if k not in ("format_version", "versions", "state_sha256")})
-    assert read_manifest(final)["state_sha256"] != manifest["state_sha256"]
+    save_checkpoint(final, {k: m.state_dict() for k, m in other.modules().items()}, manifest_content(manifest))
+    assert read_manifest(final).state_sha256 != manifest.state_sha256
     assert gather_main is main  # python -m qed_ray.gather runs this command
     assert main([str(layout.root), *SMALL]) == 1
     out = capsys.readouterr().out
@@ -161,11 +188,8 @@ def test_a_tampered_snapshot_is_refused_naming_the_file(sweep_copy, capsys):
     assert len(refused) == 2 and all(str(final / "state.pt") in f["error"] for f in refused)
 
 
-def _agent_args(manifest: dict):
-    from qed_ray.config import RunSpec
-
-    spec = RunSpec.model_validate(manifest["run"])
-    return spec.agent, spec.temperature, manifest["obs_dim"], manifest["action_dim"]
+def _agent_args(manifest):
+    return manifest.run.agent, manifest.run.temperature, manifest.obs_dim, manifest.action_dim
 
 
 def test_bad_input_is_refused_naming_the_flag_and_nothing_is_written(sweep_copy, tmp_path, capsys):
@@ -180,7 +204,25 @@ def test_bad_input_is_refused_naming_the_flag_and_nothing_is_written(sweep_copy,
     assert main([str(layout.root)]) == 2
     err = capsys.readouterr().err
     assert "error: --tracking-uri: no MLflow store" in err and "--no-verify" in err
-    assert not layout.gather.exists(), "a refused call writes nothing"
+    # A driver running this sweep rewrites gather/ itself: a re-analysis beside it is refused, naming it.
+    with SweepLock(layout.lock_file):
+        assert main([str(layout.root), "--no-verify"]) == 2
+        assert capsys.readouterr().err.startswith(f"error: sweep_dir: a driver runs this sweep now (pid {os.getpid()}")
+    # A symbolic link in gather/ leading out of the folder would write elsewhere: refused before anything is read.
+    layout.gather.mkdir()
+    (layout.gather / "figures").symlink_to(tmp_path)
+    assert main([str(layout.root), "--no-verify"]) == 2
+    assert f"error: sweep_dir: {layout.gather / 'figures'} is a symbolic link to {tmp_path}, outside the sweep " \
+           f"folder" in capsys.readouterr().err
+    (layout.gather / "figures").unlink()
+    layout.results_json.write_text('{"sweep": 3}')
+    assert main([str(layout.root), "--no-verify"]) == 2
+    assert capsys.readouterr().err == (f"error: {layout.results_json}: sweep: Input should be a valid string (got 3) "
+                                       f"(and 6 more problems)\n")
+    layout.state_file.write_text("[]")
+    assert main([str(layout.root), "--no-verify"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {layout.state_file}: Input should be a valid dictionary")
+    assert sorted(p.name for p in layout.gather.iterdir()) == ["results.json"], "a refused call writes nothing"
 
 
 def test_mujoco_deprecation_notices_are_dropped_and_other_absl_warnings_kept(caplog):

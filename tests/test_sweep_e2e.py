@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from qed_ray.layout import PackId, SweepDir
 from sweep_helpers import ROOT, cli_env, done_markers, run_sweep_cli, sweep_runs, tiny_spec
@@ -251,6 +252,25 @@ def test_diverging_trials_fail_loudly_with_their_reason_recorded_and_are_not_ret
         assert not (layout.pack_dirs(PackId.of([trial]))[0] / "error.txt").exists(), "Tune saw a pack that ended"
     parent = [r for r in runs if r.data.tags.get("qed.role") == "sweep"][0]
     assert parent.info.status == "FAILED" and "DivergenceError" in parent.data.tags["qed.failure_reason"]
+    # Before the rerun, one trial's run is left RUNNING (as an MLflow outage at its end leaves it) and its
+    # history.json is damaged: the driver names the file, still ends that run and every other, and ends its own.
+    te = "cartpole-balance/sac_ln/te/0"
+    tracker.client.update_run(by_trial[te].info.run_id, status="RUNNING")
+    layout.history(te).write_text(layout.history(te).read_text()[:40])
     again = run_sweep_cli(spec)  # a rerun does not retry diverged trials either: they are final
     assert again.returncode == 1 and "2 trials (0 done, 0 new, 2 diverged (final))" in again.stdout
+    assert f"WARNING: {te}: {layout.history(te)}: not JSON" in again.stdout
     assert len(list(layout.tune_root.iterdir())) == 1
+    _, runs = sweep_runs(layout.root, "nan")
+    assert {r.data.tags.get("qed.trial"): r.info.status for r in runs} == {
+        None: "FAILED", te: "FAILED", "cartpole-balance/sac_ln/fixed0.1/0": "FAILED"}, "none left RUNNING"
+
+    # An unreadable sweep.json: --fresh cannot check the folder is this sweep's, so --force confirms moving it aside
+    # (the refusals without it: test_sweep_state). The new sweep (more CPUs than the node has) is then refused.
+    layout.state_file.write_text("{")
+    spec.write_text(yaml.safe_dump({**yaml.safe_load(spec.read_text()), "resources": {"cpu": 1000, "gpu": 0}}))
+    forced = run_sweep_cli(spec, "--fresh", "--force")
+    (backup,) = layout.root.parent.glob("nan.old-*")
+    assert (backup / "sweep.json").read_text() == "{" and (backup / "policies").is_dir()
+    assert f"--fresh: moved the previous sweep to {backup}" in forced.stdout
+    assert forced.returncode == 2 and "resources: a trial asks for CPU=1000" in forced.stderr

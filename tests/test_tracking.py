@@ -7,12 +7,13 @@ import socket
 import pytest
 
 from qed_ray.rl.digests import Recorded
+from qed_ray.run_records import HistoryEntry
 from qed_ray.layout import SweepDir
 from qed_ray.service.tracking import Tracker, TrialRun, artifact_location, limit_http_retries, sweep_checksums
 
 
 def _history(*steps):
-    return [{"time_ms": 1_000_000 + s, "metrics": {"env_steps": s, "eval/return_mean": s / 100, "flag": True}}
+    return [HistoryEntry(time_ms=1_000_000 + s, metrics={"env_steps": s, "eval/return_mean": s / 100})
             for s in steps]
 
 
@@ -99,11 +100,12 @@ def test_searches_read_every_page_of_runs(store):
     paged = Tracker(tracker.uri, "exp", "sweep0000001", page_size=3)
     names = [f"t/sac_ln/te/{seed}" for seed in range(7)]
     for name in names:
-        paged.record_checksums(paged.trial_run(parent, name, {}), Recorded(f"p{name}", f"s{name}"))
+        paged.record_checksums(paged.trial_run(parent, name, {}),
+                               Recorded(policy_sha256=f"p{name}", snapshots_sha256=f"s{name}"))
     one_page = paged.client.search_runs([paged.experiment_id], max_results=3)
     assert len(one_page) == 3 and one_page.token, "a single call stops at its page"
     assert sorted(paged.trial_runs()) == names and len(paged.runs()) == 8
-    want = {name: Recorded(f"p{name}", f"s{name}") for name in names}
+    want = {name: Recorded(policy_sha256=f"p{name}", snapshots_sha256=f"s{name}") for name in names}
     assert paged.recorded_checksums() == want
     for name in ("newer", "newest"):  # listed newest first: the sweep's experiment is on the second page of two
         paged.client.create_experiment(name)

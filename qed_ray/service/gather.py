@@ -35,12 +35,25 @@ from qed_ray.analysis.results import FailedTrial, GroupKey, GroupResult, SweepRe
 from qed_ray.spec import FinalEvalSpec, SweepSpec
 from qed_ray.service.mirror import log_files, log_rows
 from qed_ray.service.tracking import Tracker
-from qed_ray.service.packing import seed_trials
+from qed_ray.run_records import diverged_reason
+from qed_ray.service.packing import TuneTrial
 
 NAMESPACE = "qed_ray"
 def actor_name(sweep_name: str, sweep_id: str) -> str:
     """The per-sweep actor name."""
     return f"qed-gather-{sweep_name}-{sweep_id}"
+
+
+@dataclass(frozen=True)
+class GatherReport:
+    """What a driver start's gather step did: the final results, the groups it evaluated and those it took from
+    the cache, and per group the seconds from its last trial's end to its row in MLflow (groups whose last trial
+    ended while this driver ran)."""
+
+    results: SweepResults
+    evaluated: list[str]
+    from_cache: list[str]
+    delays_s: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -129,7 +142,7 @@ class Gatherer:
             return
         state = self.layout.trial_state(name)
         if state == "diverged":
-            await self.trial_failed(name, self.layout.diverged_reason(name), live)
+            await self.trial_failed(name, diverged_reason(self.layout, name), live)
         elif state == "done":
             self.finished.add(name)
             self.failed.pop(name, None)
@@ -161,7 +174,7 @@ class Gatherer:
         finished = [n for n in names if n in self.finished]
         try:
             job = await self._blocking(self._prepare, key, finished)
-            result = await self._blocking(group_cache.load, self.layout, job.key) if job.records else None
+            result = await self._blocking(group_cache.load, self.layout, job.key, key) if job.records else None
             if result is not None:
                 self.from_cache.append(key.name)
             elif job.records:
@@ -246,14 +259,9 @@ class Gatherer:
         del self.jobs[key]
         self._start_if_complete(key)
 
-    async def finish(self, failed: list[FailedTrial]) -> dict:
-        """The sweep ended: the given failures are final, unfinished trials are left out, every group is gathered.
-
-        Returns:
-            ``{"results": SweepResults, "evaluated": [group], "from_cache": [group], "delays_s": {group: s}}``
-            where a delay is the time from a group's last trial finishing to its row in MLflow (for groups whose
-            last trial finished while this driver ran).
-        """
+    async def finish(self, failed: list[FailedTrial]) -> GatherReport:
+        """The sweep ended: the given failures are final, unfinished trials are left out, every group is gathered;
+        returns what the gather step did."""
         for f in failed:  # the driver's reasons are the final ones (the callback only knew that Tune gave up)
             if f.name in self.group_of and f.name not in self.finished:
                 self.failed[f.name] = f.error
@@ -276,7 +284,7 @@ class Gatherer:
         results = await self._blocking(self._refresh)
         delays = {k.name: self.logged_at[k] - max(self.seen_at[n] for n in self.plan.groups[k] if n in self.seen_at)
                   for k in self.results if k in self.logged_at and any(n in self.seen_at for n in self.plan.groups[k])}
-        return {"results": results, "evaluated": self.evaluated, "from_cache": self.from_cache, "delays_s": delays}
+        return GatherReport(results, self.evaluated, self.from_cache, delays)
 
 
 class GatherFeed(tune.Callback):
@@ -296,11 +304,11 @@ class GatherFeed(tune.Callback):
             print(f"  gather: cannot reach the gather actor ({e}); results come at the next start", flush=True)
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info) -> None:
-        for name in seed_trials(trial.config):  # a pack's seed runs, each as the folder shows it
+        for name in TuneTrial.of(trial.config).names:  # a pack's seed runs, each as the folder shows it
             self._tell("trial_finished", name)
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
-        for name in seed_trials(trial.config):
+        for name in TuneTrial.of(trial.config).names:
             self._tell("trial_finished", name)  # a seed run that ended before its pack failed is no failure
             self._tell("trial_failed", name, "failed (see its error.txt)")
 
@@ -330,7 +338,7 @@ def start(plan: GatherPlan, done: list[str]):
     return actor
 
 
-def finish(actor, failed: list[FailedTrial]) -> dict:
+def finish(actor, failed: list[FailedTrial]) -> GatherReport:
     """Waits for every group, writes the final outputs, stops the actor; see :meth:`Gatherer.finish`."""
     try:
         return ray.get(actor.finish.remote(failed))

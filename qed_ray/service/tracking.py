@@ -25,7 +25,7 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 from qed_ray.layout import SweepDir
-from qed_ray.rl.digests import Recorded
+from qed_ray.run_records import HistoryEntry, Recorded
 from qed_ray.service.relink import follow_move, own_store
 
 from qed_ray.service.tags import (GROUP_TAG, NODES_TAG, PACK_SIZE_TAG, PACK_TAG, POLICY_SHA_TAG,  # noqa: F401 - API
@@ -182,27 +182,24 @@ class Tracker:
         for i in range(0, len(batch), 1000):
             self.client.log_batch(run_id, metrics=batch[i:i + 1000])
 
-    def log_history(self, run_id: str, entries: Sequence[Mapping[str, Any]], after_step: int) -> int:
-        """Logs the history entries (``{"time_ms", "metrics"}``, step = ``metrics["env_steps"]``) past
-        ``after_step``, oldest first, in batches of whole evaluations; returns the last step now logged.
+    def log_history(self, run_id: str, entries: Sequence[HistoryEntry], after_step: int) -> int:
+        """Logs the history entries (step = their env steps) past ``after_step``, oldest first, in batches of whole
+        evaluations; returns the last step now logged.
 
         Each point keeps the time it was recorded, so logging an entry again (after a call whose answer was lost)
         adds nothing: MLflow drops a metric identical in key, step, time and value.
         """
-        todo = sorted((e for e in entries if int(e["metrics"]["env_steps"]) > after_step),
-                      key=lambda e: int(e["metrics"]["env_steps"]))
+        todo = sorted((e for e in entries if e.env_steps > after_step), key=lambda e: e.env_steps)
         batch: list[Metric] = []
         for entry in todo:
-            step = int(entry["metrics"]["env_steps"])
-            metrics = [Metric(k, float(v), int(entry["time_ms"]), step) for k, v in entry["metrics"].items()
-                       if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            metrics = [Metric(k, float(v), entry.time_ms, entry.env_steps) for k, v in entry.metrics.items()]
             if batch and len(batch) + len(metrics) > 1000:  # MLflow's cap per batch
                 self.client.log_batch(run_id, metrics=batch)
                 batch = []
             batch += metrics
         if batch:
             self.client.log_batch(run_id, metrics=batch)
-        return int(todo[-1]["metrics"]["env_steps"]) if todo else after_step
+        return todo[-1].env_steps if todo else after_step
 
     def last_step(self, run_id: str, key: str = STEP_KEY) -> int:
         """Largest step logged for ``key`` in the run (-1 if none)."""
@@ -292,7 +289,8 @@ def _checksums(runs) -> dict[str, Recorded]:
     for r in runs:
         tags = r.data.tags
         if TRIAL_TAG in tags and POLICY_SHA_TAG in tags and SNAPSHOTS_SHA_TAG in tags:
-            out[tags[TRIAL_TAG]] = Recorded(tags[POLICY_SHA_TAG], tags[SNAPSHOTS_SHA_TAG])
+            out[tags[TRIAL_TAG]] = Recorded(policy_sha256=tags[POLICY_SHA_TAG],
+                                            snapshots_sha256=tags[SNAPSHOTS_SHA_TAG])
     return out
 
 
@@ -368,7 +366,7 @@ class TrialRun:
             self.tracker, self.run_id = tracker, run_id
         return self.tracker
 
-    def sync(self, history: Sequence[Mapping[str, Any]], tags: Mapping[str, Any] | None = None) -> bool:
+    def sync(self, history: Sequence[HistoryEntry], tags: Mapping[str, Any] | None = None) -> bool:
         """Logs the history entries MLflow does not have yet and any pending tags; False if MLflow failed."""
         self.pending_tags.update({k: str(v) for k, v in (tags or {}).items()})
         try:
@@ -389,7 +387,7 @@ class TrialRun:
             self.down = False
         return True
 
-    def finish(self, history: Sequence[Mapping[str, Any]], failed_reason: str | None = None, killed: bool = False,
+    def finish(self, history: Sequence[HistoryEntry], failed_reason: str | None = None, killed: bool = False,
                tags: Mapping[str, Any] | None = None, timeout_s: float = 300.0, retry_s: float = 5.0) -> bool:
         """Syncs (with ``tags``) and ends the run (FINISHED, FAILED with the reason, or KILLED), retrying for up to
         ``timeout_s``; False if MLflow stayed unreachable (the driver syncs the run again at the sweep's end)."""
