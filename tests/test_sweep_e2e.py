@@ -6,16 +6,25 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from qed_ray.layout import PackId, SweepDir
-from sweep_helpers import ROOT, cli_env, done_markers, run_sweep_cli, sweep_runs, tiny_spec
+from kit import cmdline
+from ray_cluster import processes_naming
+from sweep_helpers import ROOT, cli_env, done_markers, run_sweep_cli, sweep_runs, tiny_spec, wait_for
 
 pytestmark = pytest.mark.slow
+
+
+def _job_workers(cluster_tmp) -> set[int]:
+    """Worker processes of the cluster now running a job's actors (Ray titles them ``ray::<class>``; idle workers
+    are ``ray::IDLE``, the node's agents ``ray::...Agent``)."""
+    return {p for p in processes_naming(str(cluster_tmp))
+            if cmdline(p).startswith("ray::") and not cmdline(p).startswith("ray::IDLE")
+            and not cmdline(p).split()[0].endswith("Agent")}
 
 
 def _children(runs):
@@ -176,11 +185,11 @@ def _groups_land_while_the_sweep_runs(tracker, parent_id: str, children: list, l
     print(f"\nseconds from a group's last trial ending to its row in MLflow: {delays}")
 
 
-def test_crashing_trial_is_retried_from_its_checkpoint(tmp_path):
+def test_crashing_trial_is_retried_from_its_checkpoint(tmp_path, ray_head):
     spec = tiny_spec(tmp_path, "crash", seeds=1,
                      train={"env_steps": 3000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100,
                             "debug": {"crash_at_env_step": 2500}})
-    proc = run_sweep_cli(spec)
+    proc = run_sweep_cli(spec, env=ray_head.env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     tracker, runs = sweep_runs(tmp_path / "results" / "crash", "crash")
     (child,) = _children(runs)
@@ -192,28 +201,26 @@ def test_crashing_trial_is_retried_from_its_checkpoint(tmp_path):
     assert "injected crash at env step 2500" in (tune_dir / "error.txt").read_text()  # Tune's error file
 
 
-def test_killed_driver_resumes_without_retraining(tmp_path):
+def test_killed_driver_resumes_without_retraining(tmp_path, ray_head):
     spec = tiny_spec(tmp_path, "kill", seeds=3, max_concurrent_trials=1,
                      train={"env_steps": 4000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100})
     sweep_dir = tmp_path / "results" / "kill"
-    driver = subprocess.Popen([sys.executable, "-m", "qed_ray.sweep", str(spec)], cwd=ROOT, env=cli_env(),
+    driver = subprocess.Popen([sys.executable, "-m", "qed_ray.sweep", str(spec)], cwd=ROOT, env=ray_head.env(),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.time() + 300
-        while not done_markers(sweep_dir) and time.time() < deadline:
-            time.sleep(0.5)
+        wait_for(lambda: done_markers(sweep_dir), 300, "the first trial's DONE marker", poll_s=0.5, alive=driver)
         done_before = done_markers(sweep_dir)
-        assert done_before and driver.poll() is None, "the first trial finished while the sweep still ran"
+        jobs = _job_workers(ray_head.tmp)
+        assert jobs, "the driver's trial and gather actors run on the cluster"
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait()
         snapshots = {p: p.stat().st_mtime_ns for d in done_before for p in d.parent.rglob("*")}
-        time.sleep(40)  # orphaned trial workers exit once they notice their raylet is gone
+        # Ray ends a dead driver's actors (its trials, its gather actor); the next driver starts once they are gone.
+        wait_for(lambda: not any(cmdline(p) for p in jobs), 120, "the killed driver's actors to end")
     finally:
-        try:
-            os.killpg(driver.pid, signal.SIGKILL)  # leftover agents of the killed session
-        except ProcessLookupError:
-            pass
-    proc = run_sweep_cli(spec)
+        if driver.poll() is None:
+            driver.kill()
+    proc = run_sweep_cli(spec, env=ray_head.env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # The killed driver's lock is stale (its pid is gone on this host): taken over, not a refusal.
     assert f"taking over the sweep's stale lock: its driver (pid {driver.pid} on this host) is gone" in proc.stdout
@@ -229,13 +236,13 @@ def test_killed_driver_resumes_without_retraining(tmp_path):
     assert len(done_markers(sweep_dir)) == 3
 
 
-def test_diverging_trials_fail_loudly_with_their_reason_recorded_and_are_not_retried(tmp_path):
+def test_diverging_trials_fail_loudly_with_their_reason_recorded_and_are_not_retried(tmp_path, ray_head):
     spec = tiny_spec(tmp_path, "nan", seeds=1, max_retries=2,
                      agents=[{"name": "sac_ln", "overrides": {"hidden": 16, "batch_size": 16},
                               "temperatures": [{"kind": "te"}, {"kind": "fixed", "alpha": 0.1}]}],
                      train={"env_steps": 2000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100,
                             "debug": {"nan": {"env_step": 1500}}, "nan_check_every": 10})
-    proc = run_sweep_cli(spec)
+    proc = run_sweep_cli(spec, env=ray_head.env())
     assert proc.returncode == 1
     failed = [line for line in proc.stdout.splitlines() if line.startswith("FAILED cartpole-balance/sac_ln/te/0: ")]
     assert failed and "DivergenceError: non-finite loss/critic" in failed[0] and "by env step 1500" in failed[0]
@@ -257,7 +264,7 @@ def test_diverging_trials_fail_loudly_with_their_reason_recorded_and_are_not_ret
     te = "cartpole-balance/sac_ln/te/0"
     tracker.client.update_run(by_trial[te].info.run_id, status="RUNNING")
     layout.history(te).write_text(layout.history(te).read_text()[:40])
-    again = run_sweep_cli(spec)  # a rerun does not retry diverged trials either: they are final
+    again = run_sweep_cli(spec, env=ray_head.env())  # a rerun does not retry diverged trials either: they are final
     assert again.returncode == 1 and "2 trials (0 done, 0 new, 2 diverged (final))" in again.stdout
     assert f"WARNING: {te}: {layout.history(te)}: not JSON" in again.stdout
     assert len(list(layout.tune_root.iterdir())) == 1
@@ -269,7 +276,7 @@ def test_diverging_trials_fail_loudly_with_their_reason_recorded_and_are_not_ret
     # (the refusals without it: test_sweep_state). The new sweep (more CPUs than the node has) is then refused.
     layout.state_file.write_text("{")
     spec.write_text(yaml.safe_dump({**yaml.safe_load(spec.read_text()), "resources": {"cpu": 1000, "gpu": 0}}))
-    forced = run_sweep_cli(spec, "--fresh", "--force")
+    forced = run_sweep_cli(spec, "--fresh", "--force", env=ray_head.env())
     (backup,) = layout.root.parent.glob("nan.old-*")
     assert (backup / "sweep.json").read_text() == "{" and (backup / "policies").is_dir()
     assert f"--fresh: moved the previous sweep to {backup}" in forced.stdout

@@ -44,8 +44,8 @@ def _csv(path):
     return list(rows[0]), rows
 
 
-def test_smoke_sweep_in_packs_of_three_gathers_what_an_unpacked_one_does(tmp_path):
-    proc = run_sweep_cli(_smoke_packed(tmp_path))
+def test_smoke_sweep_in_packs_of_three_gathers_what_an_unpacked_one_does(tmp_path, ray_head):
+    proc = run_sweep_cli(_smoke_packed(tmp_path), env=ray_head.env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "12 trials (0 done, 12 new) in 4 packs of up to 3 seeds" in proc.stdout
     assert "gather: 4 group(s) evaluated" in proc.stdout
@@ -106,7 +106,7 @@ def test_smoke_sweep_in_packs_of_three_gathers_what_an_unpacked_one_does(tmp_pat
     pack, name = PackId("cartpole-balance", "sac_ln", "te", SEEDS), "cartpole-balance/sac_ln/te/2"
     done = json.loads(layout.done_marker(name).read_text())
     layout.done_marker(name).unlink()
-    again = run_sweep_cli(_smoke_packed(tmp_path))
+    again = run_sweep_cli(_smoke_packed(tmp_path), env=ray_head.env())
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "12 trials (11 done, 1 resumed from env step 2,000, 0 new) in 4 packs of up to 3 seeds" in again.stdout
     assert json.loads(layout.done_marker(name).read_text()) == done, "the same end, from the same checkpoint"
