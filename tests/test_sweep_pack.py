@@ -12,6 +12,7 @@ import yaml
 from qed_ray.layout import DOCUMENTED, PackId, SweepDir
 from qed_ray.analysis.results import Aggregate, BudgetIqm
 from qed_ray.service.tracking import PACK_SIZE_TAG, PACK_TAG, run_name
+from kit import GROUP_COLUMNS
 from sweep_helpers import ROOT, run_sweep_cli, sweep_runs
 
 pytestmark = pytest.mark.slow
@@ -20,9 +21,6 @@ TASKS, VARIANTS, SEEDS = ("cartpole-balance", "cheetah-run"), ("te", "qed0.2"), 
 # What gather/ holds after a sweep, S = 1 or not (the documented layout; gather/behaviour/ is the visualiser's).
 GATHER_FILES = {"results.json", "aggregates.csv", "groups.csv", "iqm_by_budget.csv", "comparisons.csv", "verdict.json",
                 "figures", "cache"}
-GROUP_COLUMNS = ["task", "agent", "variant", "n_seeds", "mean_return", "std_return_across_seeds", "V",
-                 "action_distance", "q1_dispersion", "early_q_gap", "n_failed", "V_ci_lower", "V_ci_upper",
-                 "action_distance_ci_lower", "action_distance_ci_upper", "score_var"]
 
 
 def _smoke_packed(tmp_path):

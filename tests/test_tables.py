@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 from folder_helpers import group_result
+from kit import GROUP_COLUMNS
 
 from qed_ray.analysis import bootstrap, metrics
 from qed_ray.layout import SweepDir
@@ -113,10 +114,6 @@ AGGREGATE_KEYS = ["agent", "variant", "n_tasks", "n_seeds", "iqm", "ci_lower", "
                   "V_ratio_ci_upper", "score_var_ratio", "score_var_ratio_ci_lower", "score_var_ratio_ci_upper",
                   "mean_score_ci_lower", "mean_score_ci_upper", "ratio_ci", "alpha_frac_floor_late",
                   "alpha_frac_cap_late", "log_std_at_min", "n_tasks_at_cap"]
-GROUP_COLUMNS = ["task", "agent", "variant", "n_seeds", "mean_return", "std_return_across_seeds", "V",
-                 "action_distance", "q1_dispersion", "early_q_gap", "n_failed", "V_ci_lower", "V_ci_upper",
-                 "action_distance_ci_lower", "action_distance_ci_upper", "score_var", "alpha_frac_floor",
-                 "alpha_frac_cap", "alpha_frac_floor_late", "alpha_frac_cap_late", "log_std_at_min", "qed_at_cap"]
 
 
 def test_typed_results_round_trip_through_strict_json():
