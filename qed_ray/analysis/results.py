@@ -80,6 +80,9 @@ class GroupResult:
     evaluation intervals, then over seeds), ``*_late`` the same over the intervals ending in the last quarter of the
     budget; ``log_std_at_min`` is the share of the final policies' log-std entries within 0.1 of ``log_std_min``
     on the pooled evaluation states (mean over seeds).
+
+    ``unverified_seeds``: the seeds whose trials never recorded the digest of their files (an MLflow outage at
+    their end), so their files were used without a check (:mod:`qed_ray.analysis.group_cache`).
     """
 
     task: str
@@ -104,6 +107,7 @@ class GroupResult:
     alpha_frac_floor_late: float = math.nan
     alpha_frac_cap_late: float = math.nan
     log_std_at_min: float = math.nan
+    unverified_seeds: list[int] = field(default_factory=list)  # used unchecked: no digest recorded (group_cache)
 
     @property
     def key(self) -> GroupKey:
@@ -125,12 +129,13 @@ class GroupResult:
     def from_json(cls, d: dict) -> "GroupResult":
         """Inverse of :meth:`to_json` (an entry written before ``policy`` existed is the ``mean`` policy's; one
         written before the where-QED-sat fields existed reads them as NaN)."""
-        special = ("learning_curves", "policy", "other_policies")
+        special = ("learning_curves", "policy", "other_policies", "unverified_seeds")
         raw = {f.name: from_strict(d[f.name] if f.default is dataclasses.MISSING else d.get(f.name))
                for f in fields(cls) if f.name not in special}
         curves = {int(seed): from_strict(c) for seed, c in d["learning_curves"].items()}
         others = {p: cls.from_json(g) for p, g in d.get("other_policies", {}).items()}
-        return cls(**raw, learning_curves=curves, policy=d.get("policy", "mean"), other_policies=others)
+        return cls(**raw, learning_curves=curves, policy=d.get("policy", "mean"), other_policies=others,
+                   unverified_seeds=[int(s) for s in d.get("unverified_seeds", [])])
 
 
 @dataclass(frozen=True)

@@ -232,7 +232,8 @@ def group_rows(groups: Sequence[GroupResult], stats: Sequence[GroupStats]) -> li
                      "early_q_gap": g.early_q_gap, "n_failed": s.n_failed, "V_ci_lower": s.V_ci_lower,
                      "V_ci_upper": s.V_ci_upper, "action_distance_ci_lower": s.action_distance_ci_lower,
                      "action_distance_ci_upper": s.action_distance_ci_upper, "score_var": s.score_var,
-                     **{k: getattr(g, k) for k in WHERE_QED_SAT}, "qed_at_cap": s.qed_at_cap})
+                     **{k: getattr(g, k) for k in WHERE_QED_SAT}, "qed_at_cap": s.qed_at_cap,
+                     "n_unverified": len(g.unverified_seeds)})
     return rows
 
 
@@ -307,9 +308,24 @@ def format_comparisons(results: SweepResults) -> str:
     return "\n".join(lines)
 
 
+def unverified_line(groups: Sequence[GroupResult]) -> str | None:
+    """How many of the groups' seeds were used unchecked, and which (None: every seed was checked)."""
+    found = [f"{g.key.name} seed{'s' if len(g.unverified_seeds) > 1 else ''} {', '.join(map(str, g.unverified_seeds))}"
+             for g in sorted(groups, key=lambda g: g.key) if g.unverified_seeds]
+    if not found:
+        return None
+    n, total = sum(len(g.unverified_seeds) for g in groups), sum(len(g.seeds) for g in groups)
+    return (f"UNVERIFIED: {n} of {total} seeds were used without a check (their trials recorded no digest in MLflow "
+            f"when they finished, e.g. during a tracking outage): {'; '.join(found)}")
+
+
 def summary(results: SweepResults) -> str:
-    """What the sweep's summary and ``python -m qed_ray.gather`` print: the table, the comparisons, the verdict."""
+    """What the sweep's summary and ``python -m qed_ray.gather`` print: the table, the unverified seeds, the
+    comparisons, the verdict."""
     parts = [format_table(results.aggregates, results.final_eval.confidence)]
+    unverified = unverified_line(results.groups)
+    if unverified:
+        parts.append(unverified)
     if results.comparisons:
         parts.append(format_comparisons(results))
     if results.verdict is not None:

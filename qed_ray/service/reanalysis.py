@@ -5,7 +5,10 @@ Nothing is retrained and no Ray cluster is started: each group's evaluation is t
 ``--workers``); then the tables and figures in ``gather/`` are rewritten. Only ``gather/`` changes: policies,
 trial folders and MLflow stay as they are (the MLflow parent run keeps the outputs of the sweep's own settings;
 a moved or copied folder's own store is relinked to its artifacts, :mod:`qed_ray.service.relink`).
-Snapshots are checked against the checksums their trials recorded in MLflow, as during the sweep.
+Every seed is checked against the digest its trial signed in MLflow, and every cache entry against its own
+signature, as during the sweep, with the user's results key (:mod:`qed_ray.service.results_key`); seeds without a
+recorded digest are used and reported unverified. A driver running the sweep (a live ``sweep.lock``) refuses the
+re-analysis, which holds the lock itself while it rewrites ``gather/``.
 """
 
 from __future__ import annotations
@@ -25,10 +28,13 @@ from pydantic import ValidationError
 
 from qed_ray.analysis import group_cache, plots, tables
 from qed_ray.atomic import atomic_file, write_json
-from qed_ray.rl.digests import Recorded
 from qed_ray.field_hints import format_validation_error
+from qed_ray.analysis.group_cache import TamperedCacheError
+from qed_ray.analysis.checksums import TamperedSnapshotError, Verifier
 from qed_ray.layout import SweepDir
 from qed_ray.analysis.results import FailedTrial, GroupResult, SweepResults
+from qed_ray.service.lock import LockHeld, SweepLock
+from qed_ray.service.results_key import ResultsKey, ResultsKeyError, key_path, load_key
 from qed_ray.spec import FinalEvalSpec
 
 # Settings of the final evaluation a re-analysis may change (keep_every decided which snapshots exist: fixed).
@@ -93,17 +99,19 @@ def final_eval_with(base: dict, overrides: dict) -> FinalEvalSpec:
         raise ValueError("\n".join(lines)) from None
 
 
-def _evaluate_in_worker(job: group_cache.GroupJob, final_eval: FinalEvalSpec) -> GroupResult:
+def _evaluate_in_worker(job: group_cache.GroupJob, final_eval: FinalEvalSpec) -> GroupResult:  # a spawned process
     import torch
 
     torch.set_num_threads(1)
     return group_cache.evaluate(job, final_eval)
 
 
-def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, recorded: dict[str, Recorded] | None,
-              workers: int = 1, log=print) -> tuple[SweepResults, list[str]]:
+def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, verifier: Verifier | None, workers: int = 1, log=print,
+              signing_key: bytes | None = None) -> tuple[SweepResults, list[str]]:
     """Recomputes every output of ``gather/`` for ``final_eval`` (the verdict by the claim block ``sweep.json``
-    froze, if any); returns the results and the refused groups."""
+    froze, if any); returns the results and the refused groups. ``verifier`` None (``--no-verify``): nothing is
+    checked, every seed is unverified; ``signing_key`` (default the verifier's) signs and checks the cache, which
+    is left alone without one."""
     trials = [t.name for t in layout.trials()]
     old = previous_results(layout)
     failed = [FailedTrial(**f) for f in old.get("failed_trials", []) if f["name"] not in trials and "/" in f["name"]]
@@ -111,9 +119,13 @@ def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, recorded: dict[str, R
     failed += [FailedTrial(n, "did not finish (no DONE.json)") for n in trials if n not in finished]
     jobs, results, refused = [], {}, []
     for key, names in group_cache.plan_groups(trials).items():
-        job = group_cache.prepare(layout, key, [n for n in names if n in finished], recorded, final_eval)
+        job = group_cache.prepare(layout, key, [n for n in names if n in finished], verifier, final_eval, signing_key)
         failed += job.excluded
-        cached = group_cache.load(layout, job.key) if job.records else None
+        try:
+            cached = group_cache.cached(job)
+        except (TamperedSnapshotError, TamperedCacheError) as e:  # refused before anything is evaluated
+            _refuse(job, e, refused, failed, log)
+            continue
         if cached is not None:
             results[key] = cached
             log(f"  {key.name}: cached")
@@ -127,11 +139,10 @@ def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, recorded: dict[str, R
             try:
                 result = future.result() if future else group_cache.evaluate(job, final_eval)
             except Exception as e:  # noqa: BLE001 - a refused group is reported, the others still land
-                refused.append(f"{job.group.name}: {type(e).__name__}: {e}")
-                failed += [FailedTrial(r.name, f"gather refused {job.group.name}: {e}") for r in job.records]
-                log(f"  {job.group.name}: REFUSED: {e}")
+                _refuse(job, e, refused, failed, log)
                 continue
-            group_cache.store(layout, job.key, result)
+            if job.signing_key is not None:
+                group_cache.store(layout, job.key, result, job.signing_key)
             results[job.group] = result
             log(f"  {job.group.name}: evaluated ({time.perf_counter() - t0:.1f} s)")
     finally:
@@ -145,9 +156,16 @@ def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, recorded: dict[str, R
     return out, refused
 
 
-def _recorded(layout: SweepDir, uri: str | None) -> dict[str, Recorded]:
+def _refuse(job: group_cache.GroupJob, e: Exception, refused: list[str], failed: list[FailedTrial], log) -> None:
+    """A refused group: reported, its seeds left out naming the reason (the others still land)."""
+    refused.append(f"{job.group.name}: {type(e).__name__}: {e}")
+    failed.extend(FailedTrial(r.name, f"gather refused {job.group.name}: {e}") for r in job.records)
+    log(f"  {job.group.name}: REFUSED: {e}")
+
+
+def _verifier(layout: SweepDir, uri: str | None, key: bytes) -> Verifier:
     from qed_ray.service.relink import follow_move
-    from qed_ray.service.tracking import default_tracking_uri, sweep_checksums
+    from qed_ray.service.tracking import default_tracking_uri, sweep_digests
 
     if uri is None:
         if not layout.mlflow_db.exists():
@@ -156,7 +174,18 @@ def _recorded(layout: SweepDir, uri: str | None) -> dict[str, Recorded]:
         uri = default_tracking_uri(layout.root)
         follow_move(layout)  # a moved or copied folder's store points at its own artifacts again
     sweep_id = json.loads(layout.state_file.read_text())["sweep_id"]
-    return sweep_checksums(uri, sweep_id)
+    return Verifier(sweep_id, key, sweep_digests(uri, sweep_id))
+
+
+def _key(layout: SweepDir, no_verify: bool) -> ResultsKey | None:
+    """The user's results key; with ``--no-verify`` a missing key only leaves the cache unused."""
+    try:
+        return load_key(sweep_dir=layout.root)
+    except ResultsKeyError:
+        if not no_verify or key_path().exists():
+            raise
+        print(f"note: no results key at {key_path()}: the cache is neither read nor written", flush=True)
+        return None
 
 
 def _name_list(text: str) -> list[str]:
@@ -175,10 +204,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.add_argument(f"--{name.replace('_', '-')}", type=kind, help=f"{info.description} (default: the "
                        f"sweep's last gather, else {default})".replace("%", "%%"))
     p.add_argument("--workers", type=int, default=1, help="local processes evaluating groups (default 1)")
-    p.add_argument("--tracking-uri", help="MLflow store with the trials' recorded checksums (default: "
+    p.add_argument("--tracking-uri", help="MLflow store with the digests the trials signed (default: "
                    "MLFLOW_TRACKING_URI, else the sweep folder's mlflow.db)")
     p.add_argument("--no-verify", action="store_true", help="use the snapshots without checking them against the "
-                   "recorded checksums (only for a folder nobody else could write)")
+                   "digests their trials signed (every seed is reported unverified; only for a folder nobody else "
+                   "could write)")
     return p.parse_args(argv)
 
 
@@ -194,15 +224,22 @@ def main(argv: list[str] | None = None) -> int:
         overrides = {k: getattr(args, k) for k in FLAGS if getattr(args, k) is not None}
         final_eval = final_eval_with(previous_results(layout).get("final_eval", {}), overrides)
         uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-        recorded = None if args.no_verify else _recorded(layout, uri)
+        key = _key(layout, args.no_verify)
+        verifier = None if args.no_verify else _verifier(layout, uri, key.secret)
         layout.trials()  # a folder without policies/ is refused here, naming it
-    except (ValueError, FileNotFoundError) as e:
+        lock = SweepLock(layout.lock_file)
+        lock.acquire()  # a live driver refuses this (it writes gather/ too); a dead one's lock is taken over
+    except (ValueError, FileNotFoundError, LockHeld) as e:
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)
         return 2
     os.environ.setdefault("MUJOCO_GL", "disable")
     print(f"re-analysing {layout.root} with final_eval {final_eval.model_dump()}", flush=True)
-    results, refused = reanalyze(layout, final_eval, recorded, args.workers)
+    try:
+        results, refused = reanalyze(layout, final_eval, verifier, args.workers,
+                                     signing_key=key.secret if key is not None else None)
+    finally:
+        lock.release()
     print("\n" + tables.summary(results))
     for policy, other in results.other_policies.items():
         print(f"\nevaluation policy {policy} ({policy_dir(layout, policy)}):")

@@ -6,7 +6,9 @@ Starts nothing (no Ray, no MLflow) and reads what the sweep folder records (:cla
 (``checkpoints/<pack>/``, else its newest policy snapshot) how far it got and how long it has run; an ``error.txt``
 in its pack's Tune folder of the latest start that ran it, newer than that checkpoint, that Tune gave up on it in
 that start (the next start retries it); the group cache (``gather/cache/``) the partial table for the spec's
-final-evaluation settings. The report lists every pack with the state of each of its seed runs.
+final-evaluation settings, each entry checked against its signature with the user's results key when there is one
+(:mod:`qed_ray.service.results_key`; an edited entry is named and left out), with the seeds the gather step used
+unverified counted. The report lists every pack with the state of each of its seed runs.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from qed_ray.rl.checkpoint import MANIFEST_FILE, SNAPSHOT_FORMATS, CheckpointErr
 from qed_ray.layout import SweepDir
 from qed_ray.service.lock import STALE_AFTER_S, read_lock, stale_reason
 from qed_ray.service.packing import Pack, form_packs, pack_of, seed_checkpoint
+from qed_ray.service.results_key import ResultsKeyError, key_path, load_key
 from qed_ray.analysis.results import FailedTrial, SweepResults
 from qed_ray.spec import SweepSpec
 
@@ -132,22 +135,38 @@ def projected_wall_s(states: list[TrialState], shares: list[float] | None = None
     return total
 
 
-def partial_results(spec: SweepSpec, layout: SweepDir, states: list[TrialState]) -> tuple[SweepResults, int]:
+def partial_results(spec: SweepSpec, layout: SweepDir, states: list[TrialState], signing_key: bytes | None = None
+                    ) -> tuple[SweepResults, int, list[str]]:
     """The tables of every group whose trials are all done or failed and whose evaluation is cached for the spec's
-    final-evaluation settings; also returns the number of groups."""
+    final-evaluation settings (each entry checked with ``signing_key``; None: unchecked); also returns the number
+    of groups and why entries were refused."""
     by_name = {s.name: s for s in states}
     groups = group_cache.plan_groups(list(by_name))
     found, failed = [], [FailedTrial(s.name, s.error) for s in states if s.state == "failed"]
+    refused = []
     for key, names in groups.items():
         if any(by_name[n].state not in ("done", "failed") for n in names):
             continue
         done = [n for n in names if by_name[n].state == "done"]
         job = group_cache.prepare(layout, key, done, None, spec.final_eval) if done else None
-        cached = group_cache.load(layout, job.key) if job is not None and job.records else None
+        try:
+            cached = group_cache.load(layout, job.key, signing_key) if job is not None and job.records else None
+        except group_cache.TamperedCacheError as e:
+            refused.append(str(e))
+            continue
         if cached is not None:
             found.append(cached)
     results = tables.sweep_results(spec.name, spec.final_eval, found, failed, len(states))
-    return results, len(groups)
+    return results, len(groups), refused
+
+
+def _status_key(layout: SweepDir) -> tuple[bytes | None, str]:
+    """The results key if there is a usable one (never created here), and a note when the cache goes unchecked."""
+    try:
+        return load_key(sweep_dir=layout.root).secret, ""
+    except ResultsKeyError as e:
+        return None, f" (NOT CHECKED: {str(e).split(';')[0]})" if key_path().exists() else \
+            f" (NOT CHECKED: no results key at {key_path()})"
 
 
 def report(spec: SweepSpec, layout: SweepDir) -> str:
@@ -176,9 +195,13 @@ def report(spec: SweepSpec, layout: SweepDir) -> str:
         if share > 0:
             lines.append(f"{unit}-hours: {spent * share / 3600:.3g} spent, {projected * share / 3600:.3g} projected "
                          f"for the whole sweep (pack wall time x {share:g} {unit} per pack)")
-    results, n_groups = partial_results(spec, layout, states)
+    signing_key, unchecked = _status_key(layout)
+    results, n_groups, refused = partial_results(spec, layout, states, signing_key)
     lines.append(f"results: {len(results.groups)} of {n_groups} groups gathered (cached in {layout.group_cache} "
-                 f"for this spec's final_eval)")
+                 f"for this spec's final_eval){unchecked}")
+    lines += [f"REFUSED {why}" for why in refused]
+    unverified = tables.unverified_line(results.groups)
+    lines += [unverified] if unverified else []
     if results.aggregates:
         lines += ["", tables.format_table(results.aggregates, spec.final_eval.confidence)]
     by_name = {s.name: s for s in states}

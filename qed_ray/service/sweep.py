@@ -21,9 +21,11 @@ This module is the driver; what runs inside a trial's Ray worker is :mod:`qed_ra
 sweep folder comes from :class:`qed_ray.layout.SweepDir`.
 
 Exit codes: 0 every trial finished and gathering succeeded; 1 a trial failed, or gathering failed or left a
-finished trial out (a snapshot that does not match its recorded checksum, say); 2 a bad spec,
-a refused folder or another driver running this sweep; 130 stopped by Ctrl-C (SIGINT) and 143 by SIGTERM
-(``ray job stop``): the trials stopped cleanly, their runs are KILLED, and the same command resumes them.
+finished trial out (a file that does not match the digest its trial signed, say); 2 a bad spec,
+a refused folder or another driver running this sweep; 3 this driver lost the sweep's lock (another driver took it
+over, or its heartbeat could not be written): it stopped its trials as Ctrl-C does and touched nothing more; 130
+stopped by Ctrl-C (SIGINT) and 143 by SIGTERM (``ray job stop``): the trials stopped cleanly, their runs are KILLED,
+and the same command resumes them.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -44,6 +47,7 @@ from qed_ray.analysis import tables
 from qed_ray.service.dry_run import dry_run
 from qed_ray.layout import SweepDir
 from qed_ray.service.lock import LockHeld, SweepLock
+from qed_ray.service.results_key import ResultsKey, load_key
 from qed_ray.service.ray_token import private_ray_token, quiet_opt_out_notice
 from qed_ray.analysis.results import FailedTrial, SweepResults
 from qed_ray.spec import SpecError, SweepSpec, load_spec
@@ -54,6 +58,9 @@ from qed_ray.service.sweep_state import check_folder, git_sha, move_aside, outco
     sqlite_on_many_machines, sync_runs, write_state
 from qed_ray.service.tracking import Tracker, artifact_location, ui_command
 from qed_ray.service.trial import TrialContext, train_trial
+
+EXIT_LOST = 3  # the driver lost the sweep's lock (module notes)
+
 
 def trial_name(trial) -> str:
     """A Tune trial's name: its pack's ``task/agent/variant/pack0-2``."""
@@ -68,10 +75,11 @@ def tune_dirname(trial) -> str:
 class Interrupt(tune.Stopper):
     """Ctrl-C (SIGINT) or ``ray job stop`` (SIGTERM): stop every trial cleanly (Tune's stopper); a second signal
     exits at once. Tune's own SIGINT handler is disabled (``TUNE_DISABLE_SIGINT_HANDLER``) so both signals take
-    this one path."""
+    this one path. A lost lock (``lost``, set by :class:`~qed_ray.service.lock.SweepLock`) stops the trials alike."""
 
-    def __init__(self):
+    def __init__(self, lost: threading.Event | None = None):
         self.signum: int | None = None
+        self.lost = lost or threading.Event()
 
     def install(self) -> None:
         """Handles SIGINT and SIGTERM from now on (after ``ray.init``, which sets its own SIGTERM handler)."""
@@ -89,7 +97,7 @@ class Interrupt(tune.Stopper):
         return False
 
     def stop_all(self) -> bool:
-        return self.signum is not None
+        return self.signum is not None or self.lost.is_set()
 
 
 class Progress(tune.Callback):
@@ -179,7 +187,7 @@ def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, 
     for attempt in range(10**6):
         pending = [p for p in packs if p.name not in failed
                    and any(layout.trial_state(n) == "pending" for n in p.names)]
-        if not pending or interrupt.signum is not None:
+        if not pending or interrupt.stop_all():
             break
         progress = Progress(sum(p.env_steps for p in pending), interrupt)
         try:
@@ -291,7 +299,7 @@ def _refuse(problems: list[str]) -> None:
 
 
 def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, experiment: str, state: dict,
-                new: list[str], gather_partial: bool, packs: list[Pack]) -> int:
+                new: list[str], gather_partial: bool, packs: list[Pack], lock: SweepLock, key: ResultsKey) -> int:
     done = prune_finished(layout, packs, spec.keep_replay)
     adopted = sum(adopt_trial_checkpoints(layout, p.id, p.trials[0].run.train.env_steps) for p in packs)
     if adopted:
@@ -300,7 +308,7 @@ def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, ex
         quiet_opt_out_notice()  # auth stays on; only Ray's advice to switch it off is not printed
         with private_ray_token():  # Ray writes a new ~/.ray/auth_token with the umask (0644): keep it 0600
             ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
-    interrupt = Interrupt()
+    interrupt = Interrupt(lock.lost)
     interrupt.install()
     check_cluster(spec, layout.root, uri)
     tracker = Tracker(uri, experiment, state["sweep_id"], artifact_location=artifact_location(uri, layout))
@@ -311,21 +319,24 @@ def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, ex
     context = TrialContext(sweep_id=state["sweep_id"], sweep_dir=layout.root, tracking_uri=uri,
                            experiment=experiment, parent_run_id=parent, keep_every=spec.final_eval.keep_every,
                            gpu_fraction=spec.resources.gpu, keep_replay=spec.keep_replay,
-                           env_workers=spec.pack.env_workers)
+                           env_workers=spec.pack.env_workers, results_key=key.secret.hex(), lock_token=lock.info.token)
     in_packs = f"{len(packs)} pack{'s' if len(packs) > 1 else ''} of up to {spec.pack.seeds} seed" + \
         ("s" if spec.pack.seeds > 1 else "")
     print(f"sweep {spec.name}: {len(spec.trials())} trials ({len(done)} done, {len(new)} new) in {in_packs}, results "
           f"in {layout.root}", flush=True)
-    # MLflow in line with the folder before the gather step reads it (checksums an earlier start could not record).
+    # MLflow in line with the folder before the gather step reads it (runs an earlier start could not end).
     sync_runs(tracker, parent, layout, spec, *outcome(layout, spec, {}), packs=packs)
     launch = lambda: gather.launch(spec, layout, state["sweep_id"], uri, experiment, parent,  # noqa: E731
-                                   len(packs), state.get("claim"))
+                                   key.secret, len(packs), state.get("claim"))
     gatherer = launch()
     failed = train_pending(spec, context, interrupt, [gather.GatherFeed(gather.actor_name(spec.name,
                                                                                           state["sweep_id"]))], packs)
+    if lock.lost.is_set() or not lock.beat():  # another driver runs the sweep now: leave its folder and runs alone
+        gather.stop(gatherer)
+        return EXIT_LOST
     prune_finished(layout, packs, spec.keep_replay)
     failures, unfinished = outcome(layout, spec, failed)
-    sync_runs(tracker, parent, layout, spec, failures, unfinished, packs=packs)  # also checksums trials could not
+    sync_runs(tracker, parent, layout, spec, failures, unfinished, packs=packs)
     if interrupt.signum is not None and not gather_partial:
         gather.stop(gatherer)
         _best_effort(tracker.end_run, parent, killed=True)
@@ -354,7 +365,7 @@ def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[Fail
             print(f"the gather actor died ({type(e).__name__}); gathering again from the cache", flush=True)
             gathered = gather.finish(launch(), failures)
         results = gathered["results"]
-        # Left out by the gather step itself (a refused snapshot, no recorded checksum): reported like failures.
+        # Left out by the gather step itself (a file or cache entry that failed its check): reported like failures.
         known = {f.name for f in failures}
         left_out = [f for f in results.failed_trials if f.name not in known]
         gather_ok = not left_out
