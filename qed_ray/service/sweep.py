@@ -283,14 +283,21 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
     state = check_folder(layout, spec)
     if not fresh:  # refused before anything is written; checked again under the lock
         _refuse(plan(state, spec, layout).problems)
+    key = load_key(create=True, sweep_dir=layout.root, log=lambda line: print(line, flush=True))
     layout.root.mkdir(parents=True, exist_ok=True)
-    with SweepLock(layout.lock_file):
+    with SweepLock(layout.lock_file, log=lambda line: print(line, flush=True)) as lock:
         if fresh and layout.state_file.exists():
             print(f"--fresh: moved the previous sweep to {move_aside(layout)}", flush=True)
         p = plan(check_folder(layout, spec), spec, layout)
         _refuse(p.problems)
         write_state(layout, p.state)
-        return _run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial, p.packs)
+        code = _run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial, p.packs, lock,
+                           key)
+        if lock.lost.is_set() or not lock.beat():  # lost while (or after) training: nothing more of this start
+            print(f"error: {lock.why}; this driver stopped its trials and leaves the sweep to the driver that holds "
+                  f"it now", file=sys.stderr, flush=True)
+            return EXIT_LOST
+        return code
 
 
 def _refuse(problems: list[str]) -> None:
