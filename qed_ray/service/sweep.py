@@ -99,6 +99,12 @@ class Interrupt(tune.Stopper):
     def stop_all(self) -> bool:
         return self.signum is not None or self.lost.is_set()
 
+    def __getstate__(self) -> dict:  # Tune pickles its stopper into tuner.pkl (logs only): an Event cannot go
+        return {"signum": self.signum}
+
+    def __setstate__(self, state: dict) -> None:
+        self.signum, self.lost = state["signum"], threading.Event()
+
 
 class Progress(tune.Callback):
     """A concise progress view (instead of Tune's tables) that also records trials Tune gave up on."""
