@@ -136,8 +136,8 @@ class Progress(tune.Callback):
 
     @property
     def stopped(self) -> bool:
-        """Whether the sweep is being interrupted (Tune then reports the stopped trials as done)."""
-        return self.interrupt is not None and self.interrupt.signum is not None
+        """Whether the sweep is being interrupted or lost its lock (Tune then reports the stopped trials as done)."""
+        return self.interrupt is not None and self.interrupt.stop_all()
 
     def line(self, trials: list) -> str:
         """One status line."""
