@@ -121,8 +121,8 @@ def test_every_file_the_gather_reads_is_checked_against_the_signed_digest(sweep_
         verify(layout, TE0, verifier)
     layout.history(TE0).unlink()
     shutil.rmtree(layout.snapshot(TE0, 1000))  # a snapshot of the V curve removed
-    with pytest.raises(TamperedSnapshotError, match=f"^{layout.snapshot(TE0, 1000) / 'manifest.json'}: is missing, "
-                                                    f"but its trial recorded it"):
+    with pytest.raises(TamperedSnapshotError, match=f"^{layout.snapshot(TE0, 1000) / 'state.pt'}: is missing, "
+                                                    f"but its trial recorded it"):  # of two, the weights named
         verify(layout, TE0, verifier)
 
 

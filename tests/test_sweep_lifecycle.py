@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from qed_ray.layout import PackId, SweepDir
-from proc_helpers import cmdline, descendants
+from kit import cmdline, descendants
 from sweep_helpers import MlflowServer, cli_env, run_sweep_cli, start_sweep, sweep_runs, tiny_spec, wait_for
 
 pytestmark = pytest.mark.slow
@@ -125,7 +125,7 @@ def test_second_driver_outage_ctrl_c_then_growth_against_a_moved_server(tmp_path
                 os.killpg(proc.pid, signal.SIGKILL)
     log2, log3 = ((tmp_path / f"start{i}.log").read_text() for i in (2, 3))
     assert f"taking over the sweep's stale lock: its driver (pid {dead.pid} on this host) is gone" in log2
-    assert "3 trials (1 done, 1 new)" in log2
+    assert "3 trials (1 done, 1 resumed from env step " in log2 and ", 1 new) in 3 packs" in log2
     # The first driver stopped its trials and exited 3, leaving the sweep to the driver that took it over.
     assert rc2 == 3, log2[-4000:]
     lost = (f"{layout.lock_file} now belongs to another driver, pid {third.pid} on host {socket.gethostname()} "

@@ -23,7 +23,9 @@ GATHER_FILES = {"results.json", "aggregates.csv", "groups.csv", "iqm_by_budget.c
                 "figures", "cache"}
 GROUP_COLUMNS = ["task", "agent", "variant", "n_seeds", "mean_return", "std_return_across_seeds", "V",
                  "action_distance", "q1_dispersion", "early_q_gap", "n_failed", "V_ci_lower", "V_ci_upper",
-                 "action_distance_ci_lower", "action_distance_ci_upper", "score_var"]
+                 "action_distance_ci_lower", "action_distance_ci_upper", "score_var", "alpha_frac_floor",
+                 "alpha_frac_cap", "alpha_frac_floor_late", "alpha_frac_cap_late", "log_std_at_min", "qed_at_cap",
+                 "n_unverified"]
 
 
 def _smoke_packed(tmp_path):
@@ -109,6 +111,6 @@ def test_smoke_sweep_in_packs_of_three_gathers_what_an_unpacked_one_does(tmp_pat
     layout.done_marker(name).unlink()
     again = run_sweep_cli(_smoke_packed(tmp_path))
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "12 trials (11 done, 0 new) in 4 packs of up to 3 seeds" in again.stdout
+    assert "12 trials (11 done, 1 resumed from env step 2,000, 0 new) in 4 packs of up to 3 seeds" in again.stdout
     assert json.loads(layout.done_marker(name).read_text()) == done, "the same end, from the same checkpoint"
     assert sorted(layout.pack_checkpoint_steps(pack)) == [1000, 2000] and not list(layout.replay(name).glob("*"))

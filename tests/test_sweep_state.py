@@ -4,6 +4,7 @@ that MLflow is brought in line with."""
 
 import json
 import os
+import pickle
 import re
 import threading
 import time
@@ -92,9 +93,12 @@ def test_relative_storage_under_ray_job_submit_is_refused_or_resolved_against_th
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")  # what Ray's job supervisor gives the driver
     code, err, _ = cli({**BASE, "storage_path": "results"})
-    line = _error_line(err)
-    assert code == 2 and line.startswith("error: storage_path: 'results' is relative, and this driver runs as a Ray "
-                                         "job") and "QED_STORAGE_ROOT" in line and line.count("storage_path") == 1
+    lines = err.splitlines()  # the reason, then the --runtime-env-json line to add (tests/test_front_door.py)
+    assert code == 2 and lines[0] == (f"error: storage_path: 'results' is relative, and this Ray job's working folder "
+                                      f"is the folder the Ray head was started in ({tmp_path}), not the folder the "
+                                      f"job was submitted from.")
+    assert """error:   --runtime-env-json '{"env_vars": {"QED_STORAGE_ROOT": "'"$PWD"'"}}'""" in lines
+    assert len(lines) == 4 and all(ln.startswith("error: ") for ln in lines), err
     assert not (tmp_path / "results").exists()
     monkeypatch.setenv("QED_STORAGE_ROOT", str(tmp_path / "stable"))
     code, err, out = cli({**BASE, "storage_path": "results"}, "--dry-run")
@@ -304,6 +308,7 @@ def test_ctrl_c_and_sigterm_stop_the_trials_once_then_exit_at_once():
     assert not on_loss.stop_all()
     lost.set()
     assert on_loss.stop_all() and on_loss.signum is None, "a lost lock stops the trials as Ctrl-C does"
+    assert not pickle.loads(pickle.dumps(on_loss)).stop_all(), "Tune pickles its stopper (tuner.pkl): no Event in it"
 
 
 def test_failed_trials_are_summed_up_by_the_line_that_says_why():

@@ -105,7 +105,7 @@ def _strict_loads(text: str):
 GROUP_KEYS = ["task", "agent", "variant", "seeds", "final_env_steps", "returns", "scores", "V", "D",
               "action_distance", "v_curve", "q1_dispersion", "early_q_gap", "learning_curves", "action_distance_pairs",
               "policy", "other_policies", "alpha_frac_floor", "alpha_frac_cap", "alpha_frac_floor_late",
-              "alpha_frac_cap_late", "log_std_at_min"]
+              "alpha_frac_cap_late", "log_std_at_min", "unverified_seeds"]
 AGGREGATE_KEYS = ["agent", "variant", "n_tasks", "n_seeds", "iqm", "ci_lower", "ci_upper", "ci_width", "mean_score",
                   "V_mean", "V_median", "action_distance_mean", "n_runs", "n_failed", "V_mean_ci_lower",
                   "V_mean_ci_upper", "action_distance_ci_lower", "action_distance_ci_upper", "score_var_mean",
@@ -116,7 +116,8 @@ AGGREGATE_KEYS = ["agent", "variant", "n_tasks", "n_seeds", "iqm", "ci_lower", "
 GROUP_COLUMNS = ["task", "agent", "variant", "n_seeds", "mean_return", "std_return_across_seeds", "V",
                  "action_distance", "q1_dispersion", "early_q_gap", "n_failed", "V_ci_lower", "V_ci_upper",
                  "action_distance_ci_lower", "action_distance_ci_upper", "score_var", "alpha_frac_floor",
-                 "alpha_frac_cap", "alpha_frac_floor_late", "alpha_frac_cap_late", "log_std_at_min", "qed_at_cap"]
+                 "alpha_frac_cap", "alpha_frac_floor_late", "alpha_frac_cap_late", "log_std_at_min", "qed_at_cap",
+                 "n_unverified"]
 
 
 def test_typed_results_round_trip_through_strict_json():

@@ -1,4 +1,4 @@
-"""The sweep service: ``python -m qed_ray.sweep SPEC`` (or ``ray job submit -- python -m qed_ray.sweep SPEC``).
+"""The sweep service: ``python -m qed_ray.sweep SPEC`` runs, resumes or grows a sweep (here, or as a Ray job).
 
 Joins the Ray cluster it finds (``RAY_ADDRESS`` / a running ``ray start``) or starts an embedded one, runs every
 trial of the spec as a Ray Tune trial, gathers each group of finished policies while the sweep runs (a named
@@ -21,16 +21,14 @@ This module is the driver; what runs inside a trial's Ray worker is :mod:`qed_ra
 sweep folder comes from :class:`qed_ray.layout.SweepDir`.
 
 Exit codes: 0 every trial finished and gathering succeeded; 1 a trial failed, or gathering failed or left a
-finished trial out (a file that does not match the digest its trial signed, say); 2 a bad spec,
-a refused folder or another driver running this sweep; 3 this driver lost the sweep's lock (another driver took it
-over, or its heartbeat could not be written): it stopped its trials as Ctrl-C does and touched nothing more; 130
-stopped by Ctrl-C (SIGINT) and 143 by SIGTERM (``ray job stop``): the trials stopped cleanly, their runs are KILLED,
-and the same command resumes them.
+finished trial out (a file that does not match the digest its trial signed, say); 2 a bad spec, a refused folder,
+a tracking server that does not answer or another driver running this sweep; 3 this driver lost the sweep's lock
+(:mod:`qed_ray.service.lock`) and stopped its trials as Ctrl-C does; 130 stopped by Ctrl-C (SIGINT) and 143 by
+SIGTERM (``ray job stop``): the trials stopped cleanly, their runs are KILLED, and the same command resumes them.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
@@ -42,7 +40,8 @@ from pathlib import Path
 import ray
 from ray import tune
 
-from qed_ray.service import gather, status
+from qed_ray import cli_help
+from qed_ray.service import announce, gather, status
 from qed_ray.analysis import tables
 from qed_ray.service.dry_run import dry_run
 from qed_ray.layout import SweepDir
@@ -57,6 +56,7 @@ from qed_ray.service.packing import Pack, tune_folder, tune_name
 from qed_ray.service.sweep_state import check_folder, git_sha, move_aside, outcome, plan, prune_finished, resolve_paths, \
     sqlite_on_many_machines, sync_runs, write_state
 from qed_ray.service.tracking import Tracker, artifact_location, ui_command
+from qed_ray.service.tracking_uri import unreachable, uri_field
 from qed_ray.service.trial import TrialContext, train_trial
 
 EXIT_LOST = 3  # the driver lost the sweep's lock (module notes)
@@ -99,18 +99,17 @@ class Interrupt(tune.Stopper):
     def stop_all(self) -> bool:
         return self.signum is not None or self.lost.is_set()
 
-    def __getstate__(self) -> dict:  # Tune pickles its stopper into tuner.pkl (logs only): an Event cannot go
-        return {"signum": self.signum}
-
-    def __setstate__(self, state: dict) -> None:
-        self.signum, self.lost = state["signum"], threading.Event()
+    def __reduce__(self):  # Tune pickles its stopper into tuner.pkl (never read back here): an Event cannot go
+        return Interrupt, ()
 
 
 class Progress(tune.Callback):
     """A concise progress view (instead of Tune's tables) that also records trials Tune gave up on."""
 
-    def __init__(self, total_env_steps: int, interrupt: Interrupt | None = None, every_s: float = 15.0):
+    def __init__(self, total_env_steps: int, interrupt: Interrupt | None = None, every_s: float = 15.0,
+                 resumed: dict[str, int] | None = None):
         self.total, self.interrupt, self.every_s = total_env_steps, interrupt, every_s
+        self.resumed = resumed or {}  # pack -> env steps its checkpoint holds: counted before it reports again
         self.t0 = time.time()
         self.last = 0.0
         self.start_steps: int | None = None
@@ -144,7 +143,8 @@ class Progress(tune.Callback):
         counts: dict[str, int] = {}
         for t in trials:
             counts[t.status] = counts.get(t.status, 0) + 1
-        steps = sum(int((t.last_result or {}).get("seed_env_steps", 0)) for t in trials)  # a pack's seeds together
+        steps = sum(max(int((t.last_result or {}).get("seed_env_steps", 0)), self.resumed.get(trial_name(t), 0))
+                    for t in trials)  # a pack's seeds together, from its checkpoint on
         if self.start_steps is None:
             self.start_steps = steps
         rate = (steps - self.start_steps) / max(time.time() - self.t0, 1e-9)
@@ -195,7 +195,8 @@ def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, 
                    and any(layout.trial_state(n) == "pending" for n in p.names)]
         if not pending or interrupt.stop_all():
             break
-        progress = Progress(sum(p.env_steps for p in pending), interrupt)
+        progress = Progress(sum(p.env_steps for p in pending), interrupt,
+                            resumed=announce.resumed_env_steps(layout, pending))
         try:
             build_tuner(spec, context, pending, f"{stamp}-{attempt}", [progress, *callbacks], interrupt).fit()
             failed.update(progress.failed)
@@ -289,6 +290,9 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
     state = check_folder(layout, spec)
     if not fresh:  # refused before anything is written; checked again under the lock
         _refuse(plan(state, spec, layout).problems)
+    problem = unreachable(uri)  # seconds now, not minutes of MLflow retries once Ray is up
+    if problem:
+        raise SpecError(f"{uri_field()}: {problem}; start the tracking server or correct the URI")
     key = load_key(create=True, sweep_dir=layout.root, log=lambda line: print(line, flush=True))
     layout.root.mkdir(parents=True, exist_ok=True)
     with SweepLock(layout.lock_file, log=lambda line: print(line, flush=True)) as lock:
@@ -297,8 +301,9 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
         p = plan(check_folder(layout, spec), spec, layout)
         _refuse(p.problems)
         write_state(layout, p.state)
-        code = _run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial, p.packs, lock,
-                           key)
+        for line in announce.first_lines(spec.name, spec_path, layout, uri):
+            print(line, flush=True)
+        code = _run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial, p.packs, lock, key)
         if lock.lost.is_set() or not lock.beat():  # lost while (or after) training: nothing more of this start
             print(f"error: {lock.why}; this driver stopped its trials and leaves the sweep to the driver that holds "
                   f"it now", file=sys.stderr, flush=True)
@@ -313,7 +318,7 @@ def _refuse(problems: list[str]) -> None:
 
 def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, experiment: str, state: dict,
                 new: list[str], gather_partial: bool, packs: list[Pack], lock: SweepLock, key: ResultsKey) -> int:
-    done = prune_finished(layout, packs, spec.keep_replay)
+    prune_finished(layout, packs, spec.keep_replay)
     adopted = sum(adopt_trial_checkpoints(layout, p.id, p.trials[0].run.train.env_steps) for p in packs)
     if adopted:
         print(f"adopted {adopted} checkpoint(s) of trials an older qed_ray trained outside packs", flush=True)
@@ -333,10 +338,7 @@ def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, ex
                            experiment=experiment, parent_run_id=parent, keep_every=spec.final_eval.keep_every,
                            gpu_fraction=spec.resources.gpu, keep_replay=spec.keep_replay,
                            env_workers=spec.pack.env_workers, results_key=key.secret.hex(), lock_token=lock.info.token)
-    in_packs = f"{len(packs)} pack{'s' if len(packs) > 1 else ''} of up to {spec.pack.seeds} seed" + \
-        ("s" if spec.pack.seeds > 1 else "")
-    print(f"sweep {spec.name}: {len(spec.trials())} trials ({len(done)} done, {len(new)} new) in {in_packs}, results "
-          f"in {layout.root}", flush=True)
+    print(announce.start_line(spec, layout, packs, new), flush=True)
     # MLflow in line with the folder before the gather step reads it (runs an earlier start could not end).
     sync_runs(tracker, parent, layout, spec, *outcome(layout, spec, {}), packs=packs)
     launch = lambda: gather.launch(spec, layout, state["sweep_id"], uri, experiment, parent,  # noqa: E731
@@ -405,9 +407,14 @@ def _best_effort(call, *args, **kwargs) -> None:
               f"sweep folder", flush=True)
 
 
+EXAMPLES = ("python -m qed_ray.sweep sweeps/smoke.yaml --dry-run   # the trials and resources; runs nothing",
+            "python -m qed_ray.sweep sweeps/smoke.yaml             # run, resume or grow the sweep",
+            "python -m qed_ray.sweep sweeps/smoke.yaml --status --dir results/smoke   # its progress, from any shell")
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point (exit codes in the module docstring)."""
-    p = argparse.ArgumentParser(prog="python -m qed_ray.sweep", description=__doc__.splitlines()[0])
+    p = cli_help.parser("python -m qed_ray.sweep", __doc__, EXAMPLES, announce.local_head_help())
     p.add_argument("spec", type=Path, help="sweep YAML (see sweeps/ and the README's field table)")
     p.add_argument("--dry-run", action="store_true", help="print the trials, what a run would do with each and the "
                                                           "resources; run nothing (refuses what a run would refuse)")
@@ -416,16 +423,22 @@ def main(argv: list[str] | None = None) -> int:
                                                                  "trials that finished")
     p.add_argument("--status", action="store_true", help="print the sweep's progress and partial results from its "
                    "folder; starts nothing")
+    p.add_argument("--dir", type=Path, help="with --status: the sweep folder to read (the driver prints it first; "
+                   "default: the spec's storage_path, QED_STORAGE_PATH / QED_STORAGE_ROOT of this shell)")
     args = p.parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "disable")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0 the legacy reporter prints no tables
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Interrupt handles SIGINT and SIGTERM alike
     try:
         spec = load_spec(args.spec)
+        if args.dir is not None and not args.status:
+            raise SpecError("--dir: only with --status (a sweep's folder is its storage_path / QED_STORAGE_ROOT)")
         if args.dry_run:
             return dry_run(spec)
         if args.status:
-            print(status.report(spec, resolve_paths(spec)[0]))
+            layout = SweepDir(args.dir.absolute()) if args.dir else resolve_paths(spec)[0]
+            source = "given by --dir" if args.dir else announce.storage_source(spec)
+            print(status.report(spec, layout, source))
             return 0
         return run_sweep(spec, args.spec.resolve(), args.fresh, args.gather_partial)
     except (SpecError, LockHeld) as e:
