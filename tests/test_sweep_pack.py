@@ -12,7 +12,7 @@ import yaml
 from qed_ray.layout import DOCUMENTED, PackId, SweepDir
 from qed_ray.analysis.results import Aggregate, BudgetIqm
 from qed_ray.rl.digests import digest, inventory
-from qed_ray.service.tracking import PACK_SIZE_TAG, PACK_TAG
+from qed_ray.service.tracking import PACK_SIZE_TAG, PACK_TAG, run_name
 from sweep_helpers import ROOT, run_sweep_cli, sweep_runs
 
 pytestmark = pytest.mark.slow
@@ -83,7 +83,7 @@ def test_smoke_sweep_in_packs_of_three_gathers_what_an_unpacked_one_does(tmp_pat
     for r in children:
         name = r.data.tags["qed.trial"]
         task, agent, variant, _ = name.split("/")
-        assert r.info.status == "FINISHED" and r.info.run_name == name
+        assert r.info.status == "FINISHED" and r.info.run_name == run_name(name)
         assert r.data.tags[PACK_TAG] == f"{task}/{agent}/{variant}/pack0-2" and r.data.tags[PACK_SIZE_TAG] == "3"
         history = tracker.client.get_metric_history(r.info.run_id, "eval/return_mean")
         assert sorted(m.step for m in history) == [1000, 2000] and all(math.isfinite(m.value) for m in history)

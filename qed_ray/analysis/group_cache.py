@@ -24,15 +24,19 @@ import dataclasses
 import hashlib
 import hmac
 import json
+import os
 from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict
 
 from qed_ray.analysis.checksums import TamperedSnapshotError, Verifier, verify
 from qed_ray.analysis.group_eval import evaluate_group, trial_record
-from qed_ray.atomic import write_json
+from qed_ray.analysis.results import FailedTrial, GroupKey, GroupResult, TrialRecord
+from qed_ray.codec import RecordError, dump, read_record, write_record
+from qed_ray.layout import SweepDir, TrialId
 from qed_ray.rl.checkpoint import SNAPSHOT_FORMATS, CheckpointError, read_manifest
 from qed_ray.rl.digests import sign
-from qed_ray.layout import SweepDir, TrialId
-from qed_ray.analysis.results import FailedTrial, GroupKey, GroupResult, TrialRecord
 from qed_ray.spec import FinalEvalSpec
 
 # Bump whenever evaluate_group gives other numbers for the same policies and settings (3: where QED sat).
@@ -55,41 +59,81 @@ class TamperedCacheError(RuntimeError):
     """A cache entry whose content does not carry the results key's signature (edited since); names the file."""
 
 
-def _entry_signature(signing_key: bytes, content: dict) -> str:
+class CacheEntry(BaseModel):
+    """``gather/cache/<key>.json``: one group's evaluation under its key and the analysis version that made it, and
+    ``mac``, the HMAC of the rest under the user's results key (None: written before entries were signed)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str
+    analysis_version: int
+    group: GroupResult
+    mac: str | None = None
+
+
+def _entry_signature(signing_key: bytes, entry: CacheEntry) -> str:
+    content = {k: v for k, v in dump(entry).items() if k != "mac"}
     return sign(signing_key, "group cache", json.dumps(content, sort_keys=True, separators=(",", ":")))
 
 
-def load(layout: SweepDir, key: str, signing_key: bytes | None) -> GroupResult | None:
-    """The cached evaluation under ``key``, or None (missing, unreadable, or written before entries were signed:
-    then it is evaluated again). ``signing_key`` None: the entry's signature is not checked (``--status`` without a
-    results key says so).
+def read_entry(layout: SweepDir, key: str, group: GroupKey | None = None,
+               signing_key: bytes | None = None) -> GroupResult | None:
+    """The cached evaluation under ``key`` (None: none cached or, with a ``signing_key``, one written before entries
+    were signed). ``signing_key`` None: the entry's signature is not checked (``--status`` without a results key
+    says so).
+
+    Raises:
+        RecordError: a damaged entry, or one of another key, analysis version or group (naming the file and field).
+        TamperedCacheError: the entry's signature does not match its content (naming the file).
+    """
+    path = layout.cached_group(key)
+    if not os.path.lexists(path):
+        return None
+    entry = read_record(path, CacheEntry)
+    for name, have, want in (("key", entry.key, key), ("analysis_version", entry.analysis_version, ANALYSIS_VERSION),
+                             ("group", entry.group.key, group or entry.group.key)):
+        if have != want:
+            raise RecordError(f"{path}: {name}: {have!r}, not this entry's {want!r}")
+    if signing_key is None:
+        return entry.group
+    if entry.mac is None:
+        return None
+    if not hmac.compare_digest(entry.mac, _entry_signature(signing_key, entry)):
+        raise TamperedCacheError(f"{path}: this cached group's content does not carry the results key's signature "
+                                 f"(edited since it was evaluated, or cached under another user's key); refusing "
+                                 f"it (delete the file to evaluate the group again)")
+    return entry.group
+
+
+def load(layout: SweepDir, key: str, signing_key: bytes | None, group: GroupKey | None = None,
+         log: Callable[[str], Any] = print) -> GroupResult | None:
+    """The cached evaluation of ``group`` under ``key`` (:func:`read_entry`), or None (none, one written before
+    entries were signed, or a damaged or foreign entry: ``log`` names it, and the group is evaluated again and the
+    entry rewritten).
 
     Raises:
         TamperedCacheError: the entry's signature does not match its content (naming the file).
     """
-    path = layout.cached_group(key)
     try:
-        raw = json.loads(path.read_text())
-        content, mac = {k: v for k, v in raw.items() if k != "mac"}, raw.get("mac")
-        result = GroupResult.from_json(content["group"])
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return read_entry(layout, key, group, signing_key)
+    except RecordError as e:
+        log(f"WARNING: {e}; evaluating the group again")
         return None
-    if signing_key is None:
-        return result
-    if not isinstance(mac, str):
-        return None
-    if not hmac.compare_digest(mac, _entry_signature(signing_key, content)):
-        raise TamperedCacheError(f"{path}: this cached group's content does not carry the results key's signature "
-                                 f"(edited since it was evaluated, or cached under another user's key); refusing "
-                                 f"it (delete the file to evaluate the group again)")
-    return result
 
 
-def store(layout: SweepDir, key: str, result: GroupResult, signing_key: bytes) -> None:
+def store(layout: SweepDir, key: str, result: GroupResult, signing_key: bytes,
+          log: Callable[[str], Any] = print) -> None:
     """Writes the evaluation under ``key`` with its signature (atomically and durably: a reader never sees half a
-    file)."""
-    content = {"key": key, "analysis_version": ANALYSIS_VERSION, "group": result.to_json()}
-    write_json(layout.cached_group(key), {**content, "mac": _entry_signature(signing_key, content)})
+    file). A place that cannot take it (a folder or a dangling link where the entry belongs) is named in ``log``
+    and left as it is: the result is used all the same and the group is evaluated again next time."""
+    path = layout.cached_group(key)
+    entry = CacheEntry(key=key, analysis_version=ANALYSIS_VERSION, group=result)
+    try:
+        if os.path.lexists(path) and not path.is_file():
+            raise IsADirectoryError(f"{'a folder' if path.is_dir() else 'a dangling symbolic link'} is in its place")
+        write_record(path, entry.model_copy(update={"mac": _entry_signature(signing_key, entry)}), indent=None)
+    except OSError as e:
+        log(f"WARNING: {path}: cannot be written ({e}); the group is evaluated again next time")
 
 
 def plan_groups(names: list[str]) -> dict[GroupKey, list[str]]:
@@ -131,8 +175,7 @@ def prepare(layout: SweepDir, group: GroupKey, finished: list[str], verifier: Ve
     for name in sorted(finished):
         try:
             record = trial_record(layout, name)
-            finals[record.seed] = str(read_manifest(record.policies[max(record.policies)], SNAPSHOT_FORMATS)
-                                      ["state_sha256"])
+            finals[record.seed] = read_manifest(record.policies[max(record.policies)], SNAPSHOT_FORMATS).state_sha256
         except (OSError, ValueError, KeyError, TypeError, CheckpointError) as e:
             excluded.append(FailedTrial(name, _tampered(layout, name, verifier) or str(e)))
             continue
@@ -167,9 +210,10 @@ def check(job: GroupJob) -> None:
                 verify(job.layout, record.name, job.verifier)
 
 
-def cached(job: GroupJob) -> GroupResult | None:
+def cached(job: GroupJob, log: Callable[[str], Any] = print) -> GroupResult | None:
     """The group's cached evaluation once its seeds pass :func:`check`, carrying this job's unverified seeds; None
-    when there is none, or it was computed while a seed that can be checked now was unverified.
+    when there is none, it was computed while a seed that can be checked now was unverified, or it is damaged
+    (``log`` names it: :func:`load`).
 
     Raises:
         TamperedSnapshotError, TamperedCacheError: a seed's file, or the entry, differs (naming the file).
@@ -177,7 +221,7 @@ def cached(job: GroupJob) -> GroupResult | None:
     if job.signing_key is None or not job.records:
         return None
     check(job)
-    entry = load(job.layout, job.key, job.signing_key)
+    entry = load(job.layout, job.key, job.signing_key, job.group, log)
     if entry is None or not set(entry.unverified_seeds) <= set(job.unverified_seeds):
         return None
     return dataclasses.replace(entry, unverified_seeds=job.unverified_seeds)

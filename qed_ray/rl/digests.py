@@ -6,8 +6,8 @@ and its ``history.json`` (where QED's temperature sat). :func:`inventory` lists 
 and :func:`digest` hashes that list: one digest covers every file the gather reads. At its end the worker that
 trained the trial computes it from the files it has just written and records it in its MLflow run with an HMAC
 (:func:`sign`) under the user's results key, which binds the sweep, the trial and the digest; the key never lies in
-the sweep folder (``qed_ray.service.results_key``). The list itself goes into ``DONE.json`` (under
-:data:`FILES_KEY`) only so that a failed check can name the file: it is believed only when it hashes to the signed
+the sweep folder (``qed_ray.service.results_key``). The list itself goes into ``DONE.json``
+(:class:`~qed_ray.run_records.DoneRecord`'s ``files``) only so that a failed check can name the file: it is believed only when it hashes to the signed
 digest. The checks are :mod:`qed_ray.analysis.checksums`; the threat model is docs/design.md ("Trusting results").
 """
 
@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
+import json  # canonical JSON to hash (the codec parses; nothing is parsed here)
 from dataclasses import dataclass
 from pathlib import Path
 
+from qed_ray.codec import RecordError
 from qed_ray.layout import MANIFEST_FILE, STATE_FILE, SweepDir
+from qed_ray.run_records import read_done
 
-FILES_KEY = "files"  # DONE.json: {path under the trial's policies folder: SHA-256} of the files the digest covers
 SIGNATURE_VERSION = "qed_ray results v1"  # the first line of every signed message (another version: another key use)
 
 
@@ -87,10 +88,8 @@ def signed(key: bytes, sweep_id: str, trial: str, recorded: Recorded) -> bool:
 
 
 def listed_files(layout: SweepDir, name: str) -> dict[str, str] | None:
-    """The file list the trial left in its ``DONE.json`` (None: none, or not a ``{path: sha}`` mapping)."""
+    """The file list the trial left in its ``DONE.json`` (None: none, or a damaged ``DONE.json``)."""
     try:
-        files = json.loads(layout.done_marker(name).read_text()).get(FILES_KEY)
-    except (OSError, ValueError, AttributeError):
+        return read_done(layout, name).files
+    except RecordError:
         return None
-    ok = isinstance(files, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in files.items())
-    return files if ok else None

@@ -44,9 +44,9 @@ def dry_run(spec: SweepSpec, throughput_path: str | Path = DEFAULT_PATH) -> int:
     print(f"sweep {spec.name}: {len(trials)} trials in {len(p.packs)} pack{plural} (Tune trial{plural}) of up to "
           f"{spec.pack.seeds} seed{'s' if spec.pack.seeds > 1 else ''} -> {layout.root}  (MLflow {uri}, experiment "
           f"{exp})")
-    if p.state.get("claim"):
-        rec = p.state["claim"]
-        print(f"pre-registration: {rec['file']} (claim block sha256 {rec['sha256'][:12]}; frozen in sweep.json at the "
+    if p.state.claim is not None:
+        rec = p.state.claim
+        print(f"pre-registration: {rec.file} (claim block sha256 {rec.sha256[:12]}; frozen in sweep.json at the "
               f"first start, a changed block is refused)")
     for pack in p.packs:
         print(f"  pack {pack.name}  ({len(pack.trials)} seed{'s' if len(pack.trials) > 1 else ''})")

@@ -34,7 +34,6 @@ import signal
 import sys
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import ray
@@ -42,7 +41,8 @@ from ray import tune
 
 from qed_ray import cli_help
 from qed_ray.service import announce, gather, status
-from qed_ray.analysis import tables
+from qed_ray.analysis import report
+from qed_ray.service.cluster import check_cluster
 from qed_ray.service.dry_run import dry_run
 from qed_ray.layout import SweepDir
 from qed_ray.service.lock import LockHeld, SweepLock
@@ -51,10 +51,12 @@ from qed_ray.service.ray_token import private_ray_token, quiet_opt_out_notice
 from qed_ray.analysis.results import FailedTrial, SweepResults
 from qed_ray.spec import SpecError, SweepSpec, load_spec
 from qed_ray.service.status import error_summary
-from qed_ray.rl.compat import adopt_trial_checkpoints
-from qed_ray.service.packing import Pack, tune_folder, tune_name
+from qed_ray.codec import RecordError
+from qed_ray.compat import adopt_trial_checkpoints
+from qed_ray.service.packing import Pack, TuneTrial
+from qed_ray.service.sweep_record import SweepState, write_state
 from qed_ray.service.sweep_state import check_folder, git_sha, move_aside, outcome, plan, prune_finished, resolve_paths, \
-    sqlite_on_many_machines, sync_runs, write_state
+    sync_runs
 from qed_ray.service.tracking import Tracker, artifact_location, ui_command
 from qed_ray.service.tracking_uri import unreachable, uri_field
 from qed_ray.service.trial import TrialContext, train_trial
@@ -64,12 +66,12 @@ EXIT_LOST = 3  # the driver lost the sweep's lock (module notes)
 
 def trial_name(trial) -> str:
     """A Tune trial's name: its pack's ``task/agent/variant/pack0-2``."""
-    return tune_name(trial.config)
+    return TuneTrial.of(trial.config).name
 
 
 def tune_dirname(trial) -> str:
     """A Tune trial's folder name in ``tune/<start>/`` (:mod:`qed_ray.layout`)."""
-    return tune_folder(trial.config)
+    return TuneTrial.of(trial.config).id.dirname
 
 
 class Interrupt(tune.Stopper):
@@ -165,8 +167,7 @@ def build_tuner(spec: SweepSpec, context: TrialContext, packs: list[Pack], start
     :meth:`SweepSpec.trial_resources <qed_ray.spec.SweepSpec.trial_resources>`.
     """
     trainable = tune.with_resources(tune.with_parameters(train_trial, context=context), spec.trial_resources())
-    space = {"pack": tune.grid_search([{"name": p.name, "trials": [
-        {"name": t.name, "run": t.run.model_dump(mode="json")} for t in p.trials]} for p in packs])}
+    space = {"pack": tune.grid_search([TuneTrial.from_pack(p).param() for p in packs])}
     return tune.Tuner(
         trainable, param_space=space,
         tune_config=tune.TuneConfig(trial_name_creator=trial_name, trial_dirname_creator=tune_dirname,
@@ -223,80 +224,39 @@ def _progress_mark(layout: SweepDir, packs: list[Pack]) -> int:
     return sum(max(layout.pack_checkpoint_steps(p.id), default=0) for p in packs)
 
 
-def check_cluster(spec: SweepSpec, sweep_dir: Path, uri: str) -> None:
-    """Refusals that save a multi-node sweep from failing late.
-
-    Some node must be able to hold one trial's resources (else Tune would pend forever, ray#19985). On more than
-    one node every node must see the storage folder (a marker written here is looked for by a task pinned to each
-    node). A SQLite MLflow store is refused once the nodes span more than one machine (SQLite's locking is not
-    reliable over NFS, and every node would write to it); on one machine it must still be visible to every node.
-    """
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    need = {"CPU": spec.trial_resources()["cpu"], "GPU": spec.trial_resources()["gpu"]}
-    if not any(all(n["Resources"].get(k, 0) >= v for k, v in need.items() if v > 0) for n in nodes):
-        have = sorted({f"CPU={n['Resources'].get('CPU', 0):g}, GPU={n['Resources'].get('GPU', 0):g}"
-                       for n in nodes})
-        raise SpecError(f"resources: a trial asks for CPU={need['CPU']:g}, GPU={need['GPU']:g} but no node has "
-                        f"that much (nodes: {'; '.join(have)})")
-    if len(nodes) < 2:
-        return
-    problem = sqlite_on_many_machines(uri, nodes)
-    if problem:
-        raise SpecError(problem)
-    checks = [("storage_path", sweep_dir)]
-    if uri.startswith("sqlite:"):
-        checks.append(("tracking.uri", Path(uri.removeprefix("sqlite:///")).parent))
-    for field, folder in checks:
-        folder.mkdir(parents=True, exist_ok=True)
-        marker = folder / f".qed-reach-{uuid.uuid4().hex[:8]}"
-        marker.write_text("x")
-        try:
-            blind = [n["NodeID"][:8] for n in nodes if not ray.get(_exists_on.options(
-                scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
-                    n["NodeID"], soft=False)).remote(str(marker)))]
-        finally:
-            marker.unlink(missing_ok=True)
-        if blind:
-            raise SpecError(f"{field}: {folder} is local to the driver's node; nodes {', '.join(blind)} cannot "
-                            f"reach it. Use a shared filesystem mounted at the same path on every node or, for "
-                            f"MLflow, a tracking server (MLFLOW_TRACKING_URI=http://head:5000)")
-
-
-@ray.remote(num_cpus=0)
-def _exists_on(path: str) -> bool:
-    return os.path.exists(path)
-
-
-def print_summary(results: SweepResults | None, gathered: dict, failed: list[FailedTrial], uri: str,
-                  experiment_id: str | None = None) -> None:
+def print_summary(results: SweepResults | None, gathered: gather.GatherReport | None, failed: list[FailedTrial],
+                  uri: str, experiment_id: str | None = None) -> None:
     """The closing table (counts, IQM, V and its baseline ratio with CIs), the comparisons with te and the claim's
     verdict, what the gather step did while the sweep ran, and every trial left out with its reason."""
     if results is not None:
-        print("\n" + tables.summary(results))
-    if gathered:
-        delays = sorted(gathered["delays_s"][g] for g in gathered["evaluated"] if g in gathered["delays_s"])
+        print("\n" + report.summary(results))
+    if gathered is not None:
+        delays = sorted(gathered.delays_s[g] for g in gathered.evaluated if g in gathered.delays_s)
         timing = (f"; from a group's last trial to its row in MLflow: median {delays[len(delays) // 2]:.0f} s, "
                   f"longest {delays[-1]:.0f} s") if delays else ""
-        print(f"\ngather: {len(gathered['evaluated'])} group(s) evaluated, {len(gathered['from_cache'])} taken from "
+        print(f"\ngather: {len(gathered.evaluated)} group(s) evaluated, {len(gathered.from_cache)} taken from "
               f"the cache{timing}")
     for f in failed:
         print(f"FAILED {f.name}: {f.error}")
     print(f"\nMLflow: {ui_command(uri, experiment_id)}")
 
 
-def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_partial: bool = False) -> int:
-    """Runs (or resumes, or grows) the sweep end to end; returns the exit code."""
+def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_partial: bool = False,
+              force: bool = False) -> int:
+    """Runs (or resumes, or grows) the sweep end to end; returns the exit code. ``fresh`` moves this sweep's folder
+    aside first; with ``force`` also a folder whose ``sweep.json`` cannot be read (so its name cannot be checked)."""
     layout, uri, experiment = resolve_paths(spec)
-    state = check_folder(layout, spec)
-    if not fresh:  # refused before anything is written; checked again under the lock
-        _refuse(plan(state, spec, layout).problems)
+    state = check_folder(layout, spec, fresh, force)
+    # Refused before anything is written (or moved aside), and checked again under the lock.
+    _refuse(plan(None, spec).problems if fresh else plan(state, spec, layout).problems)
     problem = unreachable(uri)  # seconds now, not minutes of MLflow retries once Ray is up
     if problem:
         raise SpecError(f"{uri_field()}: {problem}; start the tracking server or correct the URI")
     key = load_key(create=True, sweep_dir=layout.root, log=lambda line: print(line, flush=True))
     layout.root.mkdir(parents=True, exist_ok=True)
     with SweepLock(layout.lock_file, log=lambda line: print(line, flush=True)) as lock:
-        if fresh and layout.state_file.exists():
+        check_folder(layout, spec, fresh, force)
+        if fresh and os.path.lexists(layout.state_file):
             print(f"--fresh: moved the previous sweep to {move_aside(layout)}", flush=True)
         p = plan(check_folder(layout, spec), spec, layout)
         _refuse(p.problems)
@@ -316,7 +276,7 @@ def _refuse(problems: list[str]) -> None:
         raise SpecError("\n".join(problems))
 
 
-def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, experiment: str, state: dict,
+def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, experiment: str, state: SweepState,
                 new: list[str], gather_partial: bool, packs: list[Pack], lock: SweepLock, key: ResultsKey) -> int:
     prune_finished(layout, packs, spec.keep_replay)
     adopted = sum(adopt_trial_checkpoints(layout, p.id, p.trials[0].run.train.env_steps) for p in packs)
@@ -329,29 +289,32 @@ def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, ex
     interrupt = Interrupt(lock.lost)
     interrupt.install()
     check_cluster(spec, layout.root, uri)
-    tracker = Tracker(uri, experiment, state["sweep_id"], artifact_location=artifact_location(uri, layout))
+    tracker = Tracker(uri, experiment, state.sweep_id, artifact_location=artifact_location(uri, layout))
     tracker.mark_training_experiment()  # also on an experiment a resumed sweep created with an older version
     parent = tracker.parent_run(spec.name, spec.model_dump(mode="json", exclude={"agents"}),
                                 {"qed.spec_path": str(spec_path), "qed.git_sha": git_sha()})
     tracker.log_artifact(parent, spec_path, "spec")
-    context = TrialContext(sweep_id=state["sweep_id"], sweep_dir=layout.root, tracking_uri=uri,
+    context = TrialContext(sweep_id=state.sweep_id, sweep_dir=layout.root, tracking_uri=uri,
                            experiment=experiment, parent_run_id=parent, keep_every=spec.final_eval.keep_every,
                            gpu_fraction=spec.resources.gpu, keep_replay=spec.keep_replay,
                            env_workers=spec.pack.env_workers, results_key=key.secret.hex(), lock_token=lock.info.token)
     print(announce.start_line(spec, layout, packs, new), flush=True)
     # MLflow in line with the folder before the gather step reads it (runs an earlier start could not end).
     sync_runs(tracker, parent, layout, spec, *outcome(layout, spec, {}), packs=packs)
-    launch = lambda: gather.launch(spec, layout, state["sweep_id"], uri, experiment, parent,  # noqa: E731
-                                   key.secret, len(packs), state.get("claim"))
+    claim = state.claim.model_dump() if state.claim is not None else None
+    launch = lambda: gather.launch(spec, layout, state.sweep_id, uri, experiment, parent,  # noqa: E731
+                                   key.secret, len(packs), claim)
     gatherer = launch()
     failed = train_pending(spec, context, interrupt, [gather.GatherFeed(gather.actor_name(spec.name,
-                                                                                          state["sweep_id"]))], packs)
+                                                                                          state.sweep_id))], packs)
     if lock.lost.is_set() or not lock.beat():  # another driver runs the sweep now: leave its folder and runs alone
         gather.stop(gatherer)
         return EXIT_LOST
     prune_finished(layout, packs, spec.keep_replay)
     failures, unfinished = outcome(layout, spec, failed)
-    sync_runs(tracker, parent, layout, spec, failures, unfinished, packs=packs)
+    # A trial whose files are damaged is reported with the failures.
+    damaged = sync_runs(tracker, parent, layout, spec, failures, unfinished, packs=packs)
+    failures += [f for f in damaged if f.name not in {g.name for g in failures}]
     if interrupt.signum is not None and not gather_partial:
         gather.stop(gatherer)
         _best_effort(tracker.end_run, parent, killed=True)
@@ -370,7 +333,7 @@ def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[Fail
     why = ("stopped before it finished; the same command resumes it" if signum is not None else
            "unfinished (its worker kept being killed); run the sweep again to resume it")
     failures = failures + [FailedTrial(n, why) for n in unfinished]
-    results, gathered, gather_ok = None, {}, True
+    results, gathered, gather_ok = None, None, True
     try:
         try:
             gathered = gather.finish(gatherer, failures)
@@ -379,7 +342,7 @@ def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[Fail
             # at once); a call on an actor it killed raises OutOfMemoryError rather than RayActorError.
             print(f"the gather actor died ({type(e).__name__}); gathering again from the cache", flush=True)
             gathered = gather.finish(launch(), failures)
-        results = gathered["results"]
+        results = gathered.results
         # Left out by the gather step itself (a file or cache entry that failed its check): reported like failures.
         known = {f.name for f in failures}
         left_out = [f for f in results.failed_trials if f.name not in known]
@@ -419,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="print the trials, what a run would do with each and the "
                                                           "resources; run nothing (refuses what a run would refuse)")
     p.add_argument("--fresh", action="store_true", help="start a new sweep (this sweep's folder is moved aside)")
+    p.add_argument("--force", action="store_true", help="with --fresh: move the folder aside even when its "
+                   "sweep.json cannot be read (then the folder cannot be checked to be this sweep's)")
     p.add_argument("--gather-partial", action="store_true", help="when stopped by Ctrl-C/SIGTERM, still gather the "
                                                                  "trials that finished")
     p.add_argument("--status", action="store_true", help="print the sweep's progress and partial results from its "
@@ -440,8 +405,11 @@ def main(argv: list[str] | None = None) -> int:
             source = "given by --dir" if args.dir else announce.storage_source(spec)
             print(status.report(spec, layout, source))
             return 0
-        return run_sweep(spec, args.spec.resolve(), args.fresh, args.gather_partial)
-    except (SpecError, LockHeld) as e:
+        if args.force and not args.fresh:
+            raise SpecError("--force: only with --fresh (it confirms moving aside a folder whose sweep.json cannot "
+                            "be read)")
+        return run_sweep(spec, args.spec.resolve(), args.fresh, args.gather_partial, args.force)
+    except (SpecError, LockHeld, RecordError) as e:  # a damaged folder file (RecordError) names itself
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)
         return 2
