@@ -73,7 +73,7 @@ class DoneRecord(Record):
 
     env_steps: int = Field(ge=0)
     files: dict[str, str] | None = None
-    checksums: dict[str, str] | None = None
+    checksums: dict[str, str] | None = Field(default=None, exclude=True)  # read, never written again
 
     @property
     def metrics(self) -> dict[str, float]:

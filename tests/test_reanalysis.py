@@ -237,7 +237,7 @@ def test_a_live_driver_refuses_the_reanalysis(sweep_copy, capsys):
                                             "heartbeat": now - 999, "token": "driver"}))
     assert main([str(layout.root), *SMALL]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"error: {layout.lock_file}: this sweep is being run by another driver, pid {os.getpid()} ")
+    assert err.startswith(f"error: sweep_dir: a driver runs this sweep now (pid {os.getpid()} on host ")
     assert not layout.gather.exists() and json.loads(layout.lock_file.read_text())["token"] == "driver"
 
 
