@@ -3,8 +3,9 @@ other reader reads today's records only (:mod:`qed_ray.codec`).
 
 - Fields added to a record after files were written read as their model's default there: an evaluation's
   ``q_gap_mean`` (NaN), ``pack.json``'s timings (0), a policy snapshot's evaluation history and wall time (none),
-  ``DONE.json``'s checksums (none: :func:`qed_ray.rl.digests.done_checksums` reads the manifests), a numeric column
-  of ``results.json`` (NaN, :func:`missing_numbers`).
+  ``DONE.json``'s file list (none: a failed check cannot name the file), a numeric column
+  of ``results.json`` (NaN, :func:`missing_numbers`). ``DONE.json``'s ``checksums`` (qed_ray before signed
+  digests: unsigned, so read and never used).
 - Checkpoint format 1 (qed_ray 0.1, before agents drew one noise block per update): its policy snapshots still
   load for evaluation, their run settings and module weights renamed to today's (:func:`format1_snapshot`,
   :func:`format1_state`); resuming from them is refused.

@@ -5,8 +5,8 @@ the service and the gather step alike.
   the gather step's :class:`~qed_ray.analysis.results.TrialRecord`, from the trainer to the tables.
 - :class:`HistoryEntry`: one line of ``policies/<trial>/history.json`` (a list): an evaluation's metrics and the
   time they were recorded, what the trial's MLflow run mirrors.
-- :class:`DoneRecord`: ``DONE.json``, the final metrics and the policy checksums the trial records
-  (:class:`Recorded`); :class:`DivergedRecord`: ``DIVERGED.json``, the reason and env step.
+- :class:`DoneRecord`: ``DONE.json``, the final metrics and the SHA-256 of every file the gather step reads of the
+  trial (:func:`qed_ray.rl.digests.inventory`); :class:`DivergedRecord`: ``DIVERGED.json``, the reason and env step.
 - :class:`RunSummary`: the run CLI's ``<trial>/summary.json``; :data:`Metrics`: a line of its ``metrics.jsonl``.
 """
 
@@ -48,13 +48,6 @@ class EvalRecord(Record):
     q_gap_mean: Num = math.nan
 
 
-class Recorded(Record):
-    """What a trial recorded at its end: its final ``state.pt`` SHA-256 and the digest of all its snapshots."""
-
-    policy_sha256: str
-    snapshots_sha256: str
-
-
 class HistoryEntry(Record):
     """One evaluation in ``history.json``: its metrics and when they were recorded (ms since the epoch; MLflow
     keeps the time, so logging an entry twice adds nothing)."""
@@ -69,14 +62,18 @@ class HistoryEntry(Record):
 
 
 class DoneRecord(Record):
-    """``DONE.json``: a finished trial's final metrics (its last evaluation's, flat) and, under ``checksums``, what
-    it records about its snapshots (absent in a file written before it recorded them)."""
+    """``DONE.json``: a finished trial's final metrics (its last evaluation's, flat) and, under ``files``, the
+    SHA-256 of every file the gather step reads of it by its path under the trial's policies folder (what a failed
+    check names, believed only when it hashes to the digest the trial signed in MLflow: qed_ray.analysis.checksums;
+    absent in a file written before trials listed them). ``checksums``: what qed_ray wrote there before results
+    were signed (read, never trusted or used: :mod:`qed_ray.compat`)."""
 
     model_config = ConfigDict(frozen=True, extra="allow", strict=True)
     __pydantic_extra__: dict[str, Union[int, Num]]
 
     env_steps: int = Field(ge=0)
-    checksums: Recorded | None = None
+    files: dict[str, str] | None = None
+    checksums: dict[str, str] | None = Field(default=None, exclude=True)  # read, never written again
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -118,10 +115,10 @@ class RunSummary(Record):
     reason: str | None = None
 
 
-def done_record(metrics: dict, checksums: Recorded | None) -> DoneRecord:
-    """The ``DONE.json`` of a trial that finished with these final metrics (raises RecordError if they are not a
-    valid record: a trainer bug, caught before anything is written)."""
-    return parse(DoneRecord, {**metrics, "checksums": checksums}, "DONE.json")
+def done_record(metrics: dict, files: dict[str, str] | None) -> DoneRecord:
+    """The ``DONE.json`` of a trial that finished with these final metrics and files (raises RecordError if they
+    are not a valid record: a trainer bug, caught before anything is written)."""
+    return parse(DoneRecord, {**metrics, "files": files}, "DONE.json")
 
 
 def read_done(layout: SweepDir, name: str) -> DoneRecord:

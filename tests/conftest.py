@@ -1,4 +1,5 @@
-"""Shared test settings: headless MuJoCo, one torch thread, and Ray token auth with a throwaway token.
+"""Shared test settings: headless MuJoCo, one torch thread, Ray token auth with a throwaway token, and a throwaway
+results key.
 
 Every Ray cluster the tests start (embedded ``ray.init``, ``ray start``, ``ray.cluster_utils.Cluster``) listens on
 all interfaces: Ray 2.60 binds its GCS, raylet and worker gRPC servers to 0.0.0.0 whatever ``--node-ip-address``
@@ -7,8 +8,12 @@ written to ``~/.ray/auth_token``), which every Ray process and client started by
 on the network who can reach those ports cannot run code on them without it.
 """
 
+import atexit
 import os
 import secrets
+import shutil
+import tempfile
+from pathlib import Path
 
 os.environ.setdefault("MUJOCO_GL", "disable")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -16,6 +21,11 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ["RAY_AUTH_MODE"] = "token"
 os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+# The results key (qed_ray.service.results_key) of this session: never the user's own ~/.config/qed_ray/results.key.
+# Created by the first driver or helper that needs it; every subprocess inherits the variable.
+_KEY_DIR = tempfile.mkdtemp(prefix="qed-test-key-")
+atexit.register(shutil.rmtree, _KEY_DIR, True)
+os.environ["QED_RESULTS_KEY_FILE"] = str(Path(_KEY_DIR) / "results.key")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

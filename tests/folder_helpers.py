@@ -1,5 +1,6 @@
 """Sweep folders built by hand for the gather, re-analysis and status tests: real policy snapshots of untrained tiny
-agents where a sweep writes them, DONE markers, and a real SQLite MLflow store with the checksums trials record."""
+agents where a sweep writes them, DONE markers, and a real SQLite MLflow store with the signed digests trials record
+(under the tests' results key, conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 
 from qed_ray.rl.agents import make_agent
 from qed_ray.rl.checkpoint import save_checkpoint
-from qed_ray.rl.digests import recorded_values
+from qed_ray.rl.digests import inventory, record
+from qed_ray.rl.run_folder import write_done
 from qed_ray.config import RunSpec
 from qed_ray.layout import SweepDir, TrialId
 from qed_ray.spec import FinalEvalSpec
@@ -71,7 +73,7 @@ def finished_trial(layout: SweepDir, name: str) -> None:
     seed = TrialId.from_name(name).seed
     for step in range(EVAL_EVERY, BUDGET + 1, EVAL_EVERY):
         save_snapshot(layout, name, step, init_seed=100 * seed + step // EVAL_EVERY)
-    layout.done_marker(name).write_text(json.dumps({"env_steps": BUDGET, "perf/wall_s": 20.0}))
+    write_done(layout, name, {"env_steps": BUDGET, "perf/wall_s": 20.0})
 
 
 def new_sweep(layout: SweepDir, finished: list[str], running: dict[str, int]) -> None:
@@ -88,26 +90,38 @@ def new_sweep(layout: SweepDir, finished: list[str], running: dict[str, int]) ->
     tracker = Tracker(default_tracking_uri(layout.root), "exp", SWEEP_ID, str(layout.mlartifacts))
     parent = tracker.parent_run("exp", {"final_eval": FinalEvalSpec(**SWEEP_FINAL_EVAL).model_dump(mode="json")}, {})
     for name in [*finished, *running]:
-        run = tracker.trial_run(parent, name, {})
+        tracker.trial_run(parent, name, {})
         if name in finished:
-            tracker.record_checksums(run, recorded_values(layout, name))
+            sign_trial(layout, name)
+
+
+def sign_trial(layout: SweepDir, name: str) -> None:
+    """What the trial's worker records at its end: the signed digest of its files, in its MLflow run."""
+    from qed_ray.service.results_key import load_key
+    from qed_ray.service.tracking import Tracker, default_tracking_uri, digest_tags
+
+    key = load_key(create=True).secret
+    tracker = Tracker(default_tracking_uri(layout.root), "exp", SWEEP_ID, str(layout.mlartifacts))
+    run = tracker.trial_runs()[name].info.run_id
+    tracker.set_tags(run, digest_tags(record(key, SWEEP_ID, name, inventory(layout, name))))
 
 
 def finish_running(layout: SweepDir, name: str) -> None:
-    """A running trial of :func:`new_sweep` finishes: its snapshots, DONE marker and recorded checksums."""
-    from qed_ray.service.tracking import Tracker, default_tracking_uri
-
+    """A running trial of :func:`new_sweep` finishes: its snapshots, DONE marker and signed digest."""
     finished_trial(layout, name)
-    tracker = Tracker(default_tracking_uri(layout.root), "exp", SWEEP_ID, str(layout.mlartifacts))
-    tracker.record_checksums(tracker.trial_runs()[name].info.run_id, recorded_values(layout, name))
+    sign_trial(layout, name)
 
 
 def write_history(layout: SweepDir, name: str, floor: list[float], cap: list[float]) -> None:
     """``history.json`` as a trial writes it, with QED's shares of actor-update states at its floor and cap at each
-    evaluation (env steps EVAL_EVERY, 2 * EVAL_EVERY, ...)."""
+    evaluation (env steps EVAL_EVERY, 2 * EVAL_EVERY, ...); a finished trial's DONE.json and digest then cover it,
+    as they would had the trial written it before it finished."""
     entries = [{"time_ms": i, "metrics": {"env_steps": EVAL_EVERY * (i + 1), "alpha/actor_frac_floor": f,
                                           "alpha/actor_frac_cap": c}} for i, (f, c) in enumerate(zip(floor, cap))]
     layout.history(name).write_text(json.dumps(entries))
+    if layout.done_marker(name).exists():
+        write_done(layout, name, {"env_steps": BUDGET, "perf/wall_s": 20.0})
+        sign_trial(layout, name)
 
 
 def is_nan(x) -> bool:

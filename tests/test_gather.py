@@ -1,15 +1,16 @@
-"""The gather step's Ray-free decisions: group task resources, cache keys, snapshot checks against the recorded
-checksums, metric names MLflow accepts. (The live actor runs in tests/test_sweep_e2e.py on a real cluster.)"""
+"""The gather step's Ray-free decisions: group task resources, cache keys, the checks of every file the gather reads
+against the digest its trial signed and of every cache entry against its own signature, unverified seeds, metric
+names MLflow accepts. (The live actor runs in tests/test_sweep_e2e.py on a real cluster.)"""
+
+import json
+import shutil
 
 import pytest
-import torch
 
-from qed_ray.analysis import checksums, group_cache
-from qed_ray.rl.agents import make_agent
-from qed_ray.analysis.group_eval import trial_record
-from qed_ray.rl.checkpoint import manifest_content, read_manifest, save_checkpoint
-from qed_ray.analysis.checksums import TamperedSnapshotError, verify
-from qed_ray.rl.digests import Recorded, recorded_values
+from qed_ray.analysis import group_cache
+from qed_ray.analysis.checksums import TamperedSnapshotError, Verifier, verify
+from qed_ray.rl.digests import Recorded, digest, file_sha256, inventory
+from qed_ray.rl.run_folder import write_done
 from qed_ray.service.gather import group_task_resources
 from qed_ray.analysis.results import GroupKey
 from qed_ray.spec import FinalEvalSpec
@@ -48,18 +49,30 @@ def test_cache_key_covers_policies_and_evaluation_settings_only():
     assert len(base) == 64 and int(base, 16) >= 0
 
 
-def test_group_cache_round_trip_and_unreadable_files(tmp_path):
+def test_group_cache_round_trip_unreadable_and_edited_entries(tmp_path):
     from folder_helpers import group_result
 
     from qed_ray.layout import SweepDir
 
-    layout, g = SweepDir(tmp_path), group_result("a")
-    assert group_cache.load(layout, "k" * 64) is None
-    group_cache.store(layout, "k" * 64, g)
-    assert group_cache.load(layout, "k" * 64) == g and [p.name for p in layout.group_cache.iterdir()] == [
+    layout, g, key = SweepDir(tmp_path), group_result("a"), b"k" * 32
+    assert group_cache.load(layout, "k" * 64, key) is None
+    group_cache.store(layout, "k" * 64, g, key)
+    assert group_cache.load(layout, "k" * 64, key) == g and [p.name for p in layout.group_cache.iterdir()] == [
         "k" * 64 + ".json"]
-    layout.cached_group("k" * 64).write_text("{half a fi")
-    assert group_cache.load(layout, "k" * 64) is None, "a damaged cache entry is evaluated again"
+    path = layout.cached_group("k" * 64)
+    entry = json.loads(path.read_text())
+    entry["group"]["scores"], entry["group"]["V"] = [0.999, 0.999], 1e-6  # published numbers, forged
+    path.write_text(json.dumps(entry))
+    with pytest.raises(group_cache.TamperedCacheError, match=f"^{path}: this cached group's content does not carry"):
+        group_cache.load(layout, "k" * 64, key)
+    group_cache.store(layout, "k" * 64, g, b"x" * 32)
+    with pytest.raises(group_cache.TamperedCacheError, match="cached under another user's key"):
+        group_cache.load(layout, "k" * 64, key)
+    assert group_cache.load(layout, "k" * 64, None) == g, "--status without a key reads it unchecked (and says so)"
+    path.write_text("{half a fi")
+    assert group_cache.load(layout, "k" * 64, key) is None, "a damaged cache entry is evaluated again"
+    path.write_text(json.dumps({"key": "k" * 64, "analysis_version": 3, "group": g.to_json()}))
+    assert group_cache.load(layout, "k" * 64, key) is None, "an entry from before signatures is evaluated again"
 
 
 def test_plan_groups():
@@ -68,34 +81,100 @@ def test_plan_groups():
                                               GroupKey("b", "sac_ln", "te"): ["b/sac_ln/te/0", "b/sac_ln/te/1"]}
 
 
-def _rewrite(path, init_seed: int) -> None:
-    """Rewrites a snapshot's weights and a manifest that matches them (what someone with share access could do)."""
-    m = read_manifest(path)
-    agent = make_agent(m.run.agent, m.run.temperature, m.obs_dim, m.action_dim, torch.device("cpu"), init_seed)
-    save_checkpoint(path, {k: mod.state_dict() for k, mod in agent.modules().items()}, manifest_content(m))
+TE0, TE = "cartpole-balance/sac_ln/te/0", GroupKey("cartpole-balance", "sac_ln", "te")
 
 
-def test_snapshots_are_checked_against_what_the_trial_recorded(sweep_copy):
-    name = "cartpole-balance/sac_ln/te/0"
-    recorded = recorded_values(sweep_copy, name)
-    record = trial_record(sweep_copy, name)
-    verify(record, recorded)  # untouched: passes
-    assert recorded.policy_sha256 == checksums.file_sha256(sweep_copy.snapshot(name, 2000) / "state.pt")
+def _verifier(layout) -> Verifier:
+    """What the gather step checks the hand-built sweep against: the signed digests in its MLflow store."""
+    from folder_helpers import SWEEP_ID
 
-    mid = sweep_copy.snapshot(name, 1000)
-    _rewrite(mid, 999)
-    with pytest.raises(TamperedSnapshotError, match=f"{sweep_copy.policies(name)}: the snapshots' SHA-256 digest"):
-        verify(record, recorded)
-    (mid / "state.pt").write_bytes(b"garbage")
-    with pytest.raises(TamperedSnapshotError, match=f"{mid / 'state.pt'}: SHA-256 differs from its manifest.json"):
-        verify(record, recorded)
-    final = sweep_copy.snapshot(name, 2000)
-    _rewrite(final, 998)
-    with pytest.raises(TamperedSnapshotError, match=f"{final / 'state.pt'}: SHA-256 .* is not the "
-                                                    f"{recorded.policy_sha256[:16]}"):
-        verify(record, recorded)
-    with pytest.raises(TamperedSnapshotError):
-        verify(record, Recorded(policy_sha256="0" * 64, snapshots_sha256=recorded.snapshots_sha256))
+    from qed_ray.service.results_key import load_key
+    from qed_ray.service.tracking import default_tracking_uri, sweep_digests
+
+    return Verifier(SWEEP_ID, load_key().secret, sweep_digests(default_tracking_uri(layout.root), SWEEP_ID))
+
+
+def test_every_file_the_gather_reads_is_checked_against_the_signed_digest(sweep_copy):
+    layout, verifier = sweep_copy, _verifier(sweep_copy)
+    assert sorted(inventory(layout, TE0)) == ["0000001000/manifest.json", "0000001000/state.pt",
+                                              "0000002000/manifest.json", "0000002000/state.pt"]
+    verify(layout, TE0, verifier)  # untouched: passes
+    final = layout.snapshot(TE0, 2000)
+    manifest = json.loads((final / "manifest.json").read_text())
+    manifest["evals"][-1]["return_mean"] = 999.0  # a forged learning curve, state.pt untouched
+    (final / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(TamperedSnapshotError, match=f"^{final / 'manifest.json'}: has SHA-256 .* not the .* its "
+                                                    f"trial recorded in MLflow when it finished"):
+        verify(layout, TE0, verifier)
+    job = group_cache.prepare(layout, TE, [TE0, "cartpole-balance/sac_ln/te/1"], verifier, FE)
+    with pytest.raises(TamperedSnapshotError, match=str(final / "manifest.json")):
+        group_cache.cached(job)  # checked before a cached entry is used, not only before evaluating
+    with pytest.raises(TamperedSnapshotError, match=str(final / "manifest.json")):
+        group_cache.evaluate(job, FE)
+
+    manifest["evals"][-1]["return_mean"] = 200.0
+    (final / "manifest.json").write_text(json.dumps(manifest, indent=1))  # the very bytes the trial wrote
+    verify(layout, TE0, verifier)
+    layout.history(TE0).write_text("[]")  # a file the gather reads that the trial never had
+    with pytest.raises(TamperedSnapshotError, match=f"^{layout.history(TE0)}: is not among the files its trial "
+                                                    f"recorded when it finished"):
+        verify(layout, TE0, verifier)
+    layout.history(TE0).unlink()
+    shutil.rmtree(layout.snapshot(TE0, 1000))  # a snapshot of the V curve removed
+    with pytest.raises(TamperedSnapshotError, match=f"^{layout.snapshot(TE0, 1000) / 'state.pt'}: is missing, "
+                                                    f"but its trial recorded it"):  # of two, the weights named
+        verify(layout, TE0, verifier)
+
+
+def test_a_forged_policy_with_its_done_json_and_manifest_fixed_is_refused_naming_done_json(sweep_copy):
+    layout, verifier = sweep_copy, _verifier(sweep_copy)
+    other = "cartpole-balance/sac_ln/te/1"
+    # Seed 1's final policy copied over seed 0's, with seed 0's manifest and DONE.json made to match it (the
+    # re-audit's forgery that published V = 0 when the driver copied DONE.json's checksums into MLflow).
+    final = layout.snapshot(TE0, 2000)
+    shutil.copy(layout.snapshot(other, 2000) / "state.pt", final / "state.pt")
+    manifest = json.loads((final / "manifest.json").read_text())
+    manifest["state_sha256"] = file_sha256(final / "state.pt")
+    (final / "manifest.json").write_text(json.dumps(manifest))
+    write_done(layout, TE0, {"env_steps": 2000})
+    with pytest.raises(TamperedSnapshotError, match=f"^{layout.done_marker(TE0)}: its file list is not the one its "
+                                                    f"trial signed in MLflow"):
+        verify(layout, TE0, verifier)
+    # Setting the MLflow tags to the forged files' digest needs the results key to sign it.
+    files = inventory(layout, TE0)
+    forged = Verifier(verifier.sweep_id, verifier.key, {TE0: Recorded(digest(files), "0" * 64,
+                                                                      verifier.recorded[TE0].key_id)})
+    with pytest.raises(TamperedSnapshotError, match="does not carry its trial's signature"):
+        verify(layout, TE0, forged)
+    moved = Verifier(verifier.sweep_id, verifier.key, {TE0: verifier.recorded[other]})  # another trial's record
+    with pytest.raises(TamperedSnapshotError, match="does not carry its trial's signature"):
+        verify(layout, TE0, moved)
+    other_key = Verifier(verifier.sweep_id, b"x" * 32, verifier.recorded)
+    with pytest.raises(TamperedSnapshotError, match="signed its digest in MLflow with results key .* not with "
+                                                    "this user's"):
+        verify(layout, TE0, other_key)
+
+
+def test_a_trial_without_a_recorded_digest_is_unverified_not_trusted(sweep_copy):
+    layout = sweep_copy
+    verifier = _verifier(layout)
+    outage = Verifier(verifier.sweep_id, verifier.key, {n: r for n, r in verifier.recorded.items() if n != TE0})
+    job = group_cache.prepare(layout, TE, [TE0, "cartpole-balance/sac_ln/te/1"], outage, FE)
+    assert job.unverified_seeds == [0] and [r.seed for r in job.records] == [0, 1]
+    group_cache.check(job)  # seed 1 is checked; seed 0 cannot be
+    unchecked = group_cache.prepare(layout, TE, [TE0, "cartpole-balance/sac_ln/te/1"], None, FE, verifier.key)
+    assert unchecked.unverified_seeds == [0, 1] and unchecked.key == job.key
+    from folder_helpers import group_result
+
+    group_cache.store(layout, job.key, group_result("cartpole-balance", unverified_seeds=[0, 1]), verifier.key)
+    assert group_cache.cached(unchecked).unverified_seeds == [0, 1]
+    assert group_cache.cached(job) is None, "computed with seed 1 unchecked: never used once seed 1 can be checked"
+    group_cache.store(layout, job.key, group_result("cartpole-balance", unverified_seeds=[0]), verifier.key)
+    assert group_cache.cached(job).unverified_seeds == [0]
+    full = group_cache.prepare(layout, TE, [TE0, "cartpole-balance/sac_ln/te/1"], verifier, FE)
+    assert group_cache.cached(full) is None, "seed 0 can be checked now: evaluated again"
+    group_cache.store(layout, job.key, group_result("cartpole-balance"), verifier.key)
+    assert group_cache.cached(job).unverified_seeds == [0], "a checked entry serves a job with unverified seeds"
 
 
 def test_metric_names_are_ones_mlflow_accepts():

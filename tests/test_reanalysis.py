@@ -88,15 +88,16 @@ def test_reanalysis_evaluates_once_then_caches_and_changes_only_evaluation_outpu
     assert f"{TE}: cached" in out and f"{QED}: cached" in out and "evaluated" not in out
     assert json.loads(layout.results_json.read_text()) == first
     assert list(_reanalysis_runs(layout)[2]) == ["reanalysis sweep settings"], "the same settings: the same run"
+    _an_edited_cache_entry_is_refused_naming_it(layout, capsys, first)
 
-    # The wrong store (an empty one: no trial recorded checksums there) would leave every trial out: gather/ keeps
-    # its outputs, byte for byte, and the exit code says so.
+    # The wrong store (an empty one: no trial of this sweep signed a digest there) would make every seed
+    # unverified: refused before anything is read, gather/ keeps its outputs byte for byte.
     outputs = _gather_files(layout)
     empty = f"sqlite:///{layout.root.parent / 'empty.db'}"
     Tracker(empty, "other", "0000")
-    assert main([str(layout.root), *SMALL, "--tracking-uri", empty]) == 1
-    captured = capsys.readouterr()
-    assert "every trial was left out" in captured.err and f"LEFT OUT {TE}/0: no policy checksum" in captured.out
+    assert main([str(layout.root), *SMALL, "--tracking-uri", empty]) == 2
+    assert (f"error: --tracking-uri: {empty}: holds no signed digest of this sweep's trials"
+            in capsys.readouterr().err)
     assert _gather_files(layout) == outputs
     assert main([str(layout.root), "--tracking-uri", f"sqlite:///{layout.root.parent / 'typo.db'}"]) == 2
     assert "no MLflow store at that path" in capsys.readouterr().err
@@ -127,6 +128,23 @@ def test_reanalysis_evaluates_once_then_caches_and_changes_only_evaluation_outpu
     assert main([str(layout.root), *SMALL, "--bootstrap-reps", "300"]) == 0  # tables only: no rollouts
     assert "evaluated" not in capsys.readouterr().out
     _paired_ratios_where_qed_sat_and_the_verdict(layout, capsys)
+
+
+def _an_edited_cache_entry_is_refused_naming_it(layout, capsys, first: dict):
+    """The re-audit's forgery: scores 0.999 and V 1e-6 written into te's cache entry (its key unchanged)."""
+    (entry,) = [p for p in layout.group_cache.glob("*.json") if '"variant": "te"' in p.read_text()]
+    kept = entry.read_bytes()
+    forged = json.loads(kept)
+    forged["group"]["scores"], forged["group"]["V"] = [0.999, 0.999], 1e-6
+    entry.write_text(json.dumps(forged))
+    assert main([str(layout.root), *SMALL]) == 1
+    out = capsys.readouterr().out
+    assert f"{TE}: REFUSED: {entry}: this cached group's content does not carry the results key's signature" in out
+    results = json.loads(layout.results_json.read_text())
+    assert [g["variant"] for g in results["groups"]] == ["qed0.2"] and "0.999" not in json.dumps(results)
+    entry.write_bytes(kept)
+    assert main([str(layout.root), *SMALL]) == 0 and json.loads(layout.results_json.read_text()) == first
+    capsys.readouterr()
 
 
 def _paired_ratios_where_qed_sat_and_the_verdict(layout, capsys):
@@ -181,11 +199,46 @@ def test_a_tampered_snapshot_is_refused_naming_the_file(sweep_copy, capsys):
     assert gather_main is main  # python -m qed_ray.gather runs this command
     assert main([str(layout.root), *SMALL]) == 1
     out = capsys.readouterr().out
-    assert f"{TE}: REFUSED: {final / 'state.pt'}: SHA-256" in out and "recorded in MLflow" in out
+    assert f"{TE}: REFUSED: {final / 'state.pt'}: has SHA-256" in out and "recorded in MLflow" in out
     results = json.loads(layout.results_json.read_text())
     assert [g["variant"] for g in results["groups"]] == ["qed0.2"], "the refused group has no row"
     refused = [f for f in results["failed_trials"] if f["name"].startswith(TE)]
     assert len(refused) == 2 and all(str(final / "state.pt") in f["error"] for f in refused)
+
+
+def test_a_seed_whose_digest_never_reached_mlflow_is_reported_unverified(sweep_copy, capsys):
+    from mlflow.tracking import MlflowClient
+
+    from qed_ray.service.tracking import DIGEST_TAG, default_tracking_uri
+
+    layout = sweep_copy
+    client = MlflowClient(default_tracking_uri(layout.root))
+    (run,) = [r for r in client.search_runs(client.search_experiments()[0].experiment_id.split())
+              if r.data.tags.get("qed.trial") == f"{TE}/1"]
+    client.delete_tag(run.info.run_id, DIGEST_TAG)  # what an outage at the trial's end leaves: no record
+    assert main([str(layout.root), *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert ("UNVERIFIED: 1 of 3 seeds were used without a check (their trials recorded no digest in MLflow when "
+            f"they finished, e.g. during a tracking outage): {TE} seed 1") in out
+    te = next(g for g in json.loads(layout.results_json.read_text())["groups"] if g["variant"] == "te")
+    assert te["seeds"] == [0, 1] and te["unverified_seeds"] == [1]
+    with open(layout.groups_csv) as f:
+        assert {r["variant"]: r["n_unverified"] for r in csv.DictReader(f)} == {"te": "1", "qed0.2": "0"}
+
+
+def test_a_live_driver_refuses_the_reanalysis(sweep_copy, capsys):
+    import os
+    import socket
+    import time
+
+    layout = sweep_copy
+    now = time.time()  # a driver on this host whose pid is alive (this process), its heartbeat long ago (Ctrl-Z)
+    layout.lock_file.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": now,
+                                            "heartbeat": now - 999, "token": "driver"}))
+    assert main([str(layout.root), *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: sweep_dir: a driver runs this sweep now (pid {os.getpid()} on host ")
+    assert not layout.gather.exists() and json.loads(layout.lock_file.read_text())["token"] == "driver"
 
 
 def _agent_args(manifest):

@@ -11,6 +11,7 @@ import ast
 import hashlib
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -56,7 +57,8 @@ def folder(tmp_path_factory):
     spec = SweepSpec.model_validate({**SPEC, "storage_path": str(root.parent)})
     write_state(layout, plan(None, spec).state)
     write_record(layout.lock_file, LockInfo(host="h", pid=12, started=1.0, heartbeat=2.0, token="t"))
-    group_cache.store(layout, "k", group_result())
+    os.utime(layout.lock_file, (2.0, 2.0))  # another host's driver, long gone: its file untouched since
+    group_cache.store(layout, "k", group_result(), b"k" * 32)
     write_record(layout.results_json, SweepResults("s", FinalEvalSpec(), [], [group_result()], [], [], 2))
     return layout
 
@@ -162,15 +164,16 @@ def test_what_each_model_refuses_names_the_field(folder, tmp_path):
     with pytest.raises(RecordError, match=r"k.json: key: 'other', not this entry's 'k'"):
         group_cache.read_entry(layout, "k")
     said = []
-    assert group_cache.load(layout, "k", log=said.append) is None and "evaluating the group again" in said[0]
+    assert group_cache.load(layout, "k", None, log=said.append) is None and "evaluating the group again" in said[0]
 
 
 def test_the_records_round_trip_as_strict_json(folder):
     done = read_done(folder, DONE)
-    assert done.env_steps == 1000 and done.checksums is not None and math.isfinite(done.metrics["eval/return_mean"])
+    assert done.env_steps == 1000 and math.isfinite(done.metrics["eval/return_mean"])
+    assert sorted(done.files) == ["0000001000/manifest.json", "0000001000/state.pt", "history.json"]
     history = read_history(folder, DONE)
     assert [h.env_steps for h in history] == [1000], "DONE.json holds the final evaluation's metrics"
-    assert {k: v for k, v in dump(done).items() if k != "checksums"} == dump(history[0])["metrics"]
+    assert {k: v for k, v in dump(done).items() if k != "files"} == dump(history[0])["metrics"]
     summary = read_record(folder.root / trial_dirname(DONE) / "summary.json", RunSummary)
     assert summary.status == "finished" and summary.evals == read_manifest(folder.snapshot(DONE, 1000)).evals
     assert read_record(folder.root / trial_dirname(DIVERGED) / "summary.json", RunSummary).reason.startswith(

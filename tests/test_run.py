@@ -162,8 +162,8 @@ def test_a_finished_seed_with_pruned_replay_does_not_block_its_pack(packs, tmp_p
     assert [x["status"] for x in again] == ["finished", "finished"]
     assert [x["evals"] for x in again] == [x["evals"] for x in s["straight"]]
     done = json.loads(layout.done_marker(names[1]).read_text())
-    assert done["env_steps"] == 2000 and done["checksums"] == json.loads(
-        (root / "straight" / "policies" / trial_dirname(names[1]) / "DONE.json").read_text())["checksums"]
+    assert done["env_steps"] == 2000 and done["files"] == json.loads(
+        (root / "straight" / "policies" / trial_dirname(names[1]) / "DONE.json").read_text())["files"]
 
 
 def test_a_pack_resumes_from_its_newest_intact_checkpoint(packs, tmp_path):

@@ -123,11 +123,35 @@ def test_status_of_an_unfinished_then_finished_sweep(sweep_copy, capsys):
     assert "results: 1 of 2 groups gathered" in text, "the te group is complete and cached; qed0.2 still runs"
     table = text.split("results: ", 1)[1].splitlines()
     assert table[3].split()[:5] == ["sac_ln", "te", "1", "2", "0"]  # agent variant tasks runs left-out
+    _unverified_and_edited_entries(layout, spec)
 
     finished_trial(layout, f"{QED}/1")
     text = report(spec, layout)
     assert "trials: 4 done, 0 running, 0 stopped, 0 failed, 0 not started" in text and "env steps: 8,000 of 8,000" in text
     assert "results: 1 of 2 groups gathered" in text, "qed0.2's cache key changed with its new seed"
+
+
+def _unverified_and_edited_entries(layout, spec):
+    """--status counts the seeds a cached group used unchecked, and names a cache entry edited since."""
+    import dataclasses
+
+    from qed_ray.analysis import group_cache
+    from qed_ray.analysis.results import GroupResult
+    from qed_ray.service.results_key import load_key
+
+    (entry,) = [p for p in layout.group_cache.glob("*.json") if '"variant": "te"' in p.read_text()]
+    kept, raw = entry.read_bytes(), json.loads(entry.read_text())
+    group = dataclasses.replace(GroupResult.from_json(raw["group"]), unverified_seeds=[1])
+    group_cache.store(layout, raw["key"], group, load_key().secret)  # as the gather wrote it after an outage
+    text = report(spec, layout)
+    assert "results: 1 of 2 groups gathered" in text
+    assert ("UNVERIFIED: 1 of 2 seeds were used without a check (their trials recorded no digest in MLflow when they "
+            "finished, e.g. during a tracking outage): cartpole-balance/sac_ln/te seed 1") in text
+    raw["group"]["V"] = 1e-6
+    entry.write_text(json.dumps(raw))
+    text = report(spec, layout)
+    assert "results: 0 of 2 groups gathered" in text and f"REFUSED {entry}: this cached group's content" in text
+    entry.write_bytes(kept)
 
 
 def test_status_flag_starts_nothing_and_reads_the_folder(sweep_copy, tmp_path):

@@ -106,7 +106,7 @@ def test_tiny_sweep_end_to_end(tmp_path, ray_head):
     more = tiny_spec(tmp_path, "e2e", tasks=["cartpole-balance", "pendulum-swingup"], agents=agents,
                      final_eval={"episodes": 3, "action_rollouts": 2, "action_steps": 20, "curve_episodes": 1,
                                  "bootstrap_reps": 200})
-    third = run_sweep_cli(more, env=ray_head.env())  # other evaluation settings: every group is evaluated again, nothing retrained
+    third = run_sweep_cli(more, env=ray_head.env())  # other evaluation settings: all evaluated again
     assert third.returncode == 0 and "gather: 4 group(s) evaluated, 0 taken from the cache" in third.stdout
     assert all(len(r) == 3 for g in json.loads(layout.results_json.read_text())["groups"] for r in g["returns"])
 
@@ -165,12 +165,16 @@ def _comparisons_where_qed_sat_and_the_verdict(stdout: str, tracker, pid: str, a
 
 def _groups_land_while_the_sweep_runs(tracker, parent_id: str, children: list, layout: SweepDir) -> None:
     """Each group's row reaches the parent run after its own trials ended; the first one before the sweep's last
-    trial ended; every trial recorded its final policy checksum."""
+    trial ended; every trial's worker signed the digest of its files with the session's results key."""
+    from qed_ray.rl.digests import digest, inventory
+    from qed_ray.service.results_key import load_key
+
     end = {r.data.tags["qed.trial"]: r.info.end_time / 1000 for r in children}
     for r in children:
         name = r.data.tags["qed.trial"]
-        manifest = json.loads((layout.final_snapshot(name) / "manifest.json").read_text())
-        assert r.data.tags["qed.policy_sha256"] == manifest["state_sha256"]
+        files = json.loads(layout.done_marker(name).read_text())["files"]
+        assert files == inventory(layout, name) and r.data.tags["qed.files_sha256"] == digest(files)
+        assert r.data.tags["qed.results_key_id"] == load_key().id and len(r.data.tags["qed.files_hmac"]) == 64
     delays = {}
     for group in {n.rsplit("/", 1)[0] for n in end}:
         task, agent, variant = group.split("/")

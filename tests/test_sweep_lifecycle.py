@@ -1,8 +1,9 @@
 """A sweep's life on a real local Ray cluster and a real ``mlflow server`` (slow: marked, run in CI).
 
 One sweep is started, meets a second driver, loses its tracking server for 20 s, is stopped with Ctrl-C, is
-resumed against a tracking server that moved to another port while growing from 2 to 3 seeds, and is finally
-refused a changed training setting. A second sweep has one trial worker SIGKILLed and another killed by Ray's
+resumed against a tracking server that moved to another port while growing from 2 to 3 seeds, loses its lock to a
+third driver while its own is frozen (its machine asleep) and stops, and is finally refused a changed training
+setting. A second sweep has one trial worker SIGKILLed and another killed by Ray's
 memory monitor while the driver runs on. Each scenario is one sweep, so that every start earns its seconds.
 """
 
@@ -100,14 +101,47 @@ def test_second_driver_outage_ctrl_c_then_growth_against_a_moved_server(tmp_path
     finished_run = by_trial[SEED(0)]
     # (Two trials at a time now: how many run at once is not part of what a trial is.)
     spec.write_text(yaml.safe_dump({**yaml.safe_load(spec.read_text()), "seeds": 3, "max_concurrent_trials": 2}))
-    proc = run_sweep_cli(spec, env=cli_env(MLFLOW_TRACKING_URI=server.url))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert f"taking over the sweep's stale lock: its driver (pid {dead.pid} on this host) is gone" in proc.stdout
-    assert "3 trials (1 done, 1 resumed from env step " in proc.stdout and ", 1 new) in 3 packs" in proc.stdout
-    # Exactly the unfinished and the new trial ran in this start; the finished one was not touched.
-    (start2,) = sorted(set(layout.tune_root.iterdir()) - {d.parent for d in layout.pack_dirs(_alone(SEED(0)))})
-    assert sorted(d.name for d in start2.iterdir() if d.is_dir()) == [
-        "cartpole-balance__sac_ln__te__pack1", "cartpole-balance__sac_ln__te__pack2"]
+    env = cli_env(MLFLOW_TRACKING_URI=server.url)
+    second, third = start_sweep(spec, tmp_path / "start2.log", env=env), None
+    try:
+        # Its machine sleeps while seed 2 trains: the driver is frozen (its trials are not), and a driver on another
+        # machine finds its lock silent. The lock is made to look like that machine's with a stale heartbeat.
+        wait_for(lambda: layout.pack_checkpoint_steps(_alone(SEED(2))), 300, "seed 2's first checkpoint", alive=second)
+        os.kill(second.pid, signal.SIGSTOP)
+        held = json.loads(layout.lock_file.read_text())
+        old = time.time() - 600
+        layout.lock_file.write_text(json.dumps({**held, "host": "sleeping-laptop", "heartbeat": old}))
+        os.utime(layout.lock_file, (old, old))
+        third = start_sweep(spec, tmp_path / "start3.log", env=env)
+        wait_for(lambda: "taking over" in (tmp_path / "start3.log").read_text(), 300, "the takeover", alive=third)
+        os.kill(second.pid, signal.SIGCONT)  # it wakes up: its heartbeat finds the other driver's token
+        rc2 = second.wait(timeout=300)
+        assert third.poll() is None, "the first driver stopped while the new one still trains"
+        rc3 = third.wait(timeout=900)
+    finally:
+        for proc in (second, third):
+            if proc is not None and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGCONT)
+                os.killpg(proc.pid, signal.SIGKILL)
+    log2, log3 = ((tmp_path / f"start{i}.log").read_text() for i in (2, 3))
+    assert f"taking over the sweep's stale lock: its driver (pid {dead.pid} on this host) is gone" in log2
+    assert "3 trials (1 done, 1 resumed from env step " in log2 and ", 1 new) in 3 packs" in log2
+    # The first driver stopped its trials and exited 3, leaving the sweep to the driver that took it over.
+    assert rc2 == 3, log2[-4000:]
+    lost = (f"{layout.lock_file} now belongs to another driver, pid {third.pid} on host {socket.gethostname()} "
+            f"(started ")
+    assert f"WARNING: {lost}" in log2 and "stopping this driver" in log2
+    assert _error_line(log2).startswith(f"error: {lost}") and _error_line(log2).endswith(
+        "this driver stopped its trials and leaves the sweep to the driver that holds it now")
+    assert rc3 == 0, log3[-4000:]
+    assert (f"taking over the sweep's stale lock: its driver (pid {second.pid} on host sleeping-laptop) sent no "
+            f"heartbeat for 6") in log3
+    assert "UNVERIFIED" not in log3 and not layout.lock_file.exists()
+    # Only the unfinished and the new trial ran in these starts; the finished one was not touched.
+    start2, start3 = sorted(set(layout.tune_root.iterdir()) - {d.parent for d in layout.pack_dirs(_alone(SEED(0)))})
+    packs = ["cartpole-balance__sac_ln__te__pack1", "cartpole-balance__sac_ln__te__pack2"]
+    assert sorted(d.name for d in start2.iterdir() if d.is_dir()) == packs
+    assert set(d.name for d in start3.iterdir() if d.is_dir()) <= set(packs)
     assert _files(layout.policies(SEED(0))) | _files(layout.pack_checkpoints(_alone(SEED(0)))) == finished_files
     tracker, runs = sweep_runs(layout.root, "life", server.url)  # the moved server has every run
     by_trial = {r.data.tags.get("qed.trial"): r for r in runs}
@@ -116,9 +150,12 @@ def test_second_driver_outage_ctrl_c_then_growth_against_a_moved_server(tmp_path
     again = by_trial[SEED(0)]
     assert (again.info.run_id, again.info.end_time, again.data.metrics) == (
         finished_run.info.run_id, finished_run.info.end_time, finished_run.data.metrics)
+    # No trial trained twice: each evaluation logged once (a deposed driver's trial stops before it writes or logs
+    # anything more: it reads the lock before every evaluation's writes), every seed's files as its worker signed.
     assert all(_steps(tracker, by_trial[SEED(s)]) == STEPS for s in range(3))
     assert int(by_trial[SEED(1)].data.tags["qed.resumed_from_env_step"]) in STEPS[:-1]
-    assert "qed.resumed_from_env_step" not in by_trial[SEED(2)].data.tags
+    assert int(by_trial[SEED(2)].data.tags["qed.resumed_from_env_step"]) in STEPS[:-1], "the new driver resumed it"
+    assert all("qed.files_hmac" in by_trial[SEED(s)].data.tags for s in range(3))
     # Finished trials keep what gather and a rerun need, not their replay chunks.
     assert all(layout.trial_state(SEED(s)) == "done" and not layout.replay(SEED(s)).exists() for s in range(3))
     assert all(3000 in layout.snapshots(SEED(s)) for s in range(3))

@@ -11,6 +11,7 @@ import yaml
 
 from qed_ray.layout import DOCUMENTED, PackId, SweepDir
 from qed_ray.analysis.results import Aggregate, BudgetIqm
+from qed_ray.rl.digests import digest, inventory
 from qed_ray.service.tracking import PACK_SIZE_TAG, PACK_TAG, run_name
 from kit import GROUP_COLUMNS
 from sweep_helpers import ROOT, run_sweep_cli, sweep_runs
@@ -83,7 +84,7 @@ def test_smoke_sweep_in_packs_of_three_gathers_what_an_unpacked_one_does(tmp_pat
         history = tracker.client.get_metric_history(r.info.run_id, "eval/return_mean")
         assert sorted(m.step for m in history) == [1000, 2000] and all(math.isfinite(m.value) for m in history)
         manifest = json.loads((layout.final_snapshot(name) / "manifest.json").read_text())
-        assert r.data.tags["qed.policy_sha256"] == manifest["state_sha256"]
+        assert r.data.tags["qed.files_sha256"] == digest(inventory(layout, name)), "signed by the pack's worker"
         assert [e["env_steps"] for e in manifest["evals"]] == [1000, 2000]
         assert json.loads(layout.done_marker(name).read_text())["env_steps"] == 2000
         assert not list(layout.replay(name).glob("chunk_*")), "pruned once its pack ended"

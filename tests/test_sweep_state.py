@@ -4,14 +4,16 @@ that MLflow is brought in line with."""
 
 import json
 import os
+import pickle
 import re
+import threading
 import time
 import uuid
 
 import pytest
 import yaml
 
-from qed_ray.rl.digests import Recorded
+from qed_ray.rl.digests import Recorded, digest
 from qed_ray.layout import PackId, SweepDir
 from qed_ray.service.packing import form_packs
 from qed_ray.analysis.results import FailedTrial
@@ -19,7 +21,7 @@ from qed_ray.spec import SweepSpec
 from qed_ray.run_records import read_history
 from qed_ray.service.sweep_record import SweepState, write_state
 from qed_ray.service.sweep_state import check_folder, move_aside, outcome, plan, sync_runs
-from qed_ray.service.tracking import Tracker
+from qed_ray.service.tracking import DIGEST_TAG, UNVERIFIED_TAG, Tracker, digest_tags
 
 SEED0 = "cartpole-balance/sac_ln/te/0"
 BASE = {"name": "s", "tasks": ["cartpole-balance"], "seeds": 2,
@@ -223,7 +225,7 @@ def test_fresh_moves_everything_but_the_lock_aside(tmp_path):
     assert check_folder(layout, _spec()) is None, "a folder holding only the lock is a new sweep's"
 
 
-def _fake_trial(layout: SweepDir, name: str, steps: list[int], done: bool, checksums: dict | None = None):
+def _fake_trial(layout: SweepDir, name: str, steps: list[int], done: bool, files: dict | None = None):
     for s in steps:
         (layout.snapshot(name, s)).mkdir(parents=True)
         (layout.snapshot(name, s) / "manifest.json").write_text("{}")
@@ -231,23 +233,23 @@ def _fake_trial(layout: SweepDir, name: str, steps: list[int], done: bool, check
                                                  "perf/eval_s": 1.0}} for s in steps]
     layout.history(name).write_text(json.dumps(history))
     if done:
-        layout.done_marker(name).write_text(json.dumps({**history[-1]["metrics"], "checksums": checksums}))
+        layout.done_marker(name).write_text(json.dumps({**history[-1]["metrics"], "files": files}))
 
 
-SHA = {"policy_sha256": "a" * 64, "snapshots_sha256": "b" * 64}
+FILES = {"2000/state.pt": "a" * 64, "2000/manifest.json": "b" * 64}
 
 
 def test_the_folder_is_the_record_and_mlflow_is_brought_in_line(tmp_path):
     spec = _spec(seeds=5)
     layout = SweepDir(tmp_path / "s")
     names = [t.name for t in spec.trials()]
-    _fake_trial(layout, names[0], [1000, 2000], done=True, checksums=SHA)  # finished, its run never reached MLflow
-    _fake_trial(layout, names[1], [1000, 2000], done=True, checksums=SHA)  # finished and FINISHED in MLflow
+    _fake_trial(layout, names[0], [1000, 2000], done=True, files=FILES)  # finished, its run never reached MLflow
+    _fake_trial(layout, names[1], [1000, 2000], done=True, files=FILES)  # finished and FINISHED in MLflow
     _fake_trial(layout, names[2], [1000], done=False)        # interrupted: RUNNING in MLflow
     layout.policies(names[3]).mkdir(parents=True)
     layout.diverged_marker(names[3]).write_text(json.dumps({"reason": "DivergenceError: non-finite loss/critic",
                                                             "env_steps": 1500}))
-    _fake_trial(layout, names[4], [1000, 2000], done=True, checksums=SHA)  # FINISHED, MLflow down as it recorded
+    _fake_trial(layout, names[4], [1000, 2000], done=True, files=FILES)  # FINISHED, MLflow down as it recorded
     failures, unfinished = outcome(layout, spec, failed={})
     assert unfinished == [names[2]]
     assert [(f.name, f.error) for f in failures] == [(names[3], "DivergenceError: non-finite loss/critic")]
@@ -256,7 +258,8 @@ def test_the_folder_is_the_record_and_mlflow_is_brought_in_line(tmp_path):
     parent = tracker.parent_run("s", {}, {})
     finished = tracker.trial_run(parent, names[1], {})
     tracker.log_history(finished, read_history(layout, names[1]), -1)
-    tracker.record_checksums(finished, Recorded(**SHA))
+    signed = Recorded(digest(FILES), "m" * 64, "k" * 16)  # what its worker recorded
+    tracker.set_tags(finished, digest_tags(signed))
     tracker.end_run(finished)
     unrecorded = tracker.trial_run(parent, names[4], {})
     tracker.log_history(unrecorded, read_history(layout, names[4]), -1)
@@ -269,15 +272,19 @@ def test_the_folder_is_the_record_and_mlflow_is_brought_in_line(tmp_path):
     assert {n: r.info.status for n, r in runs.items()} == {names[0]: "FINISHED", names[1]: "FINISHED",
                                                            names[2]: "KILLED", names[3]: "FAILED",
                                                            names[4]: "FINISHED"}
-    assert runs[names[1]].info.end_time == end_before, "a FINISHED run with its checksums is not touched"
+    assert runs[names[1]].info.end_time == end_before, "a FINISHED run with its digest is not touched"
     assert runs[names[2]].info.run_id == running and "qed.failure_reason" not in runs[names[2]].data.tags
     assert runs[names[3]].data.tags["qed.failure_reason"] == "DivergenceError: non-finite loss/critic"
     steps = [m.step for m in tracker.client.get_metric_history(runs[names[0]].info.run_id, "eval/return_mean")]
     assert sorted(steps) == [1000, 2000], "the missing run was created with every evaluation once"
-    # The checksums a finished trial could not record in MLflow come from its DONE.json (what the gather step needs).
-    assert tracker.recorded_checksums() == {n: Recorded(**SHA)
-                                            for n in (names[0], names[1], names[4])}
-    assert runs[names[4]].info.run_id == unrecorded and "qed.policy_sha256" not in runs[names[2]].data.tags
+    # Only a trial's worker records its digest: the driver copies nothing from DONE.json, it flags the runs without.
+    assert tracker.recorded_digests() == {names[1]: signed}
+    assert {n for n, r in runs.items() if UNVERIFIED_TAG in r.data.tags} == {names[0], names[4]}
+    assert runs[names[4]].data.tags[UNVERIFIED_TAG].startswith("its worker recorded no digest of its files")
+    assert runs[names[4]].info.run_id == unrecorded and DIGEST_TAG not in runs[names[4]].data.tags
+    again = {n: r.info.end_time for n, r in runs.items()}
+    sync_runs(tracker, parent, layout, spec, failures, unfinished, form_packs(spec))
+    assert {n: r.info.end_time for n, r in tracker.trial_runs().items()} == again, "flagged once, then left alone"
     assert outcome(layout, spec, failed={names[2]: "InjectedCrash: boom"}) == (
         [FailedTrial(names[2], "InjectedCrash: boom"), failures[0]], []), "given up by Tune in this start"
 
@@ -299,10 +306,17 @@ def test_ctrl_c_and_sigterm_stop_the_trials_once_then_exit_at_once():
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    lost = threading.Event()  # SweepLock.lost: the heartbeat found another driver's token
+    on_loss = Interrupt(lost)
+    assert not on_loss.stop_all()
+    lost.set()
+    assert on_loss.stop_all() and on_loss.signum is None, "a lost lock stops the trials as Ctrl-C does"
+    assert not pickle.loads(pickle.dumps(on_loss)).stop_all(), "Tune pickles its stopper (tuner.pkl): no Event in it"
 
 
 def test_failed_trials_are_summed_up_by_the_line_that_says_why():
-    from qed_ray.service.sweep import error_summary, sqlite_on_many_machines
+    from qed_ray.service.sweep import error_summary
+    from qed_ray.service.sweep_state import sqlite_on_many_machines
 
     traceback = ("Failure # 1 (occurred at 2026-01-01_00-00-00)\nray::ImplicitFunc.train() (pid=1, ip=10.0.0.1)\n"
                  "Traceback (most recent call last):\n  File \"x.py\", line 1, in f\n"
@@ -335,7 +349,7 @@ def test_a_damaged_history_json_costs_its_trial_only_and_every_run_still_ends(tm
     layout = SweepDir(tmp_path / "s")
     names = [t.name for t in spec.trials()]
     for name in names:  # all finished while MLflow was down: their runs must be created and ended now
-        _fake_trial(layout, name, [1000, 2000], done=True, checksums=SHA)
+        _fake_trial(layout, name, [1000, 2000], done=True, files=FILES)
     layout.history(names[1]).write_text('[{"time_ms": 1, "metrics": {"env_st')  # cut off mid-write
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "s", "sweep0000001")
     parent = tracker.parent_run("s", {}, {})

@@ -9,7 +9,7 @@ import pytest
 from qed_ray.rl.digests import Recorded
 from qed_ray.run_records import HistoryEntry
 from qed_ray.layout import SweepDir
-from qed_ray.service.tracking import Tracker, TrialRun, artifact_location, limit_http_retries, sweep_checksums
+from qed_ray.service.tracking import Tracker, TrialRun, artifact_location, digest_tags, limit_http_retries, sweep_digests
 
 
 def _history(*steps):
@@ -100,18 +100,17 @@ def test_searches_read_every_page_of_runs(store):
     paged = Tracker(tracker.uri, "exp", "sweep0000001", page_size=3)
     names = [f"t/sac_ln/te/{seed}" for seed in range(7)]
     for name in names:
-        paged.record_checksums(paged.trial_run(parent, name, {}),
-                               Recorded(policy_sha256=f"p{name}", snapshots_sha256=f"s{name}"))
+        paged.set_tags(paged.trial_run(parent, name, {}), digest_tags(Recorded(f"d{name}", f"m{name}", "k")))
     one_page = paged.client.search_runs([paged.experiment_id], max_results=3)
     assert len(one_page) == 3 and one_page.token, "a single call stops at its page"
     assert sorted(paged.trial_runs()) == names and len(paged.runs()) == 8
-    want = {name: Recorded(policy_sha256=f"p{name}", snapshots_sha256=f"s{name}") for name in names}
-    assert paged.recorded_checksums() == want
+    want = {name: Recorded(f"d{name}", f"m{name}", "k") for name in names}
+    assert paged.recorded_digests() == want
     for name in ("newer", "newest"):  # listed newest first: the sweep's experiment is on the second page of two
         paged.client.create_experiment(name)
     first = [e.name for e in paged.client.search_experiments(max_results=2)]
     assert first == ["newest", "newer"]
-    assert sweep_checksums(tracker.uri, "sweep0000001", page_size=2) == want
+    assert sweep_digests(tracker.uri, "sweep0000001", page_size=2) == want
 
 
 def test_a_summary_longer_than_mlflows_tag_limit_is_cut_at_a_line_saying_where_the_rest_is():

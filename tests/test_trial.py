@@ -13,10 +13,13 @@ from pydantic import ValidationError
 from qed_ray.config import RunSpec, TrainSpec
 from qed_ray.layout import PackId, SweepDir
 from qed_ray.rl.run_folder import snapshot_modules
-from qed_ray.service.tracking import GROUP_TAG, PACK_SIZE_TAG, PACK_TAG, REASON_TAG, Tracker, run_name
+from qed_ray.rl.digests import Recorded, digest, inventory, key_id, signed
+from qed_ray.service.tracking import (DIGEST_TAG, GROUP_TAG, KEY_ID_TAG, MAC_TAG, PACK_SIZE_TAG, PACK_TAG, REASON_TAG,
+                                      Tracker, run_name)
 from qed_ray.rl.trainer import InjectedCrash
 from qed_ray.service.trial import TrialContext, train_trial
 
+KEY = bytes(range(32))
 CONTEXT = {"sweep_id": "0123456789ab", "sweep_dir": "/mnt/qed/sweeps/s", "tracking_uri": "http://head:5000",
            "experiment": "s", "parent_run_id": "abc", "keep_every": 2, "gpu_fraction": 0.1}
 
@@ -25,12 +28,15 @@ def test_context_is_typed_frozen_and_survives_pickling():
     ctx = TrialContext(**CONTEXT)
     assert ctx.layout == SweepDir("/mnt/qed/sweeps/s") and ctx.keep_every == 2
     assert pickle.loads(pickle.dumps(ctx)) == ctx  # how Ray ships it to a worker
+    keyed = TrialContext(**CONTEXT, results_key=KEY.hex(), lock_token="t")
+    assert KEY.hex() not in repr(keyed) and pickle.loads(pickle.dumps(keyed)).results_key == KEY.hex()
     with pytest.raises(ValidationError):
         ctx.keep_every = 3
 
 
 @pytest.mark.parametrize("change, field", [({"keep_every": 0}, "keep_every"), ({"gpu_fraction": 1.5}, "gpu_fraction"),
-                                           ({"sweep_id": ""}, "sweep_id"), ({"colour": "red"}, "colour")])
+                                           ({"sweep_id": ""}, "sweep_id"), ({"colour": "red"}, "colour"),
+                                           ({"results_key": "not hex"}, "results_key")])
 def test_bad_context_names_the_field(change, field):
     with pytest.raises(ValidationError, match=field):
         TrialContext(**{**CONTEXT, **change})
@@ -70,7 +76,7 @@ def test_a_diverging_seed_fails_alone_and_the_pack_finishes_the_other(tmp_path):
     tracker = Tracker(uri, "p", "sweep0")
     parent = tracker.parent_run("p", {}, {})
     context = TrialContext(sweep_id="sweep0", sweep_dir=layout.root, tracking_uri=uri, experiment="p",
-                           parent_run_id=parent, mlflow_timeout_s=0)
+                           parent_run_id=parent, mlflow_timeout_s=0, results_key=KEY.hex())
     train_trial(_config({"nan": {"seed": 1, "env_step": 600}}), context)
 
     marker = json.loads(layout.diverged_marker(NAMES[1]).read_text())
@@ -92,7 +98,13 @@ def test_a_diverging_seed_fails_alone_and_the_pack_finishes_the_other(tmp_path):
         assert (run.data.tags[PACK_TAG], run.data.tags[PACK_SIZE_TAG]) == ("cartpole-balance/sac_ln/te/pack0-1", "2")
     history = tracker.client.get_metric_history(runs[NAMES[0]].info.run_id, "eval/return_mean")
     assert [(m.step, m.value) for m in history] == [(1000, done["eval/return_mean"])]
-    assert runs[NAMES[0]].data.tags["qed.policy_sha256"] == done["checksums"]["policy_sha256"]
+    # The worker signed the digest of every file the gather reads of the finished seed; DONE.json lists them.
+    tags = runs[NAMES[0]].data.tags
+    assert sorted(done["files"]) == ["0000001000/manifest.json", "0000001000/state.pt", "history.json"]
+    assert done["files"] == inventory(layout, NAMES[0])
+    assert (tags[DIGEST_TAG], tags[KEY_ID_TAG]) == (digest(done["files"]), key_id(KEY))
+    assert signed(KEY, "sweep0", NAMES[0], Recorded(tags[DIGEST_TAG], tags[MAC_TAG], tags[KEY_ID_TAG]))
+    assert DIGEST_TAG not in runs[NAMES[1]].data.tags, "a diverged seed records none"
 
 
 def _context(tmp_path, name: str, env_workers: int = 0) -> tuple[TrialContext, Tracker]:

@@ -1,53 +1,72 @@
-"""Policy checksums recorded outside the shared folder, and the gather step's check of every snapshot it uses.
+"""The gather step's check of a trial's files against the digest its worker signed when the trial finished.
 
-A snapshot's ``manifest.json`` holds the SHA-256 of its ``state.pt``, but both sit on the same shared folder: the
-manifest catches corruption, not someone who rewrites both. So at its end a trial records, in its MLflow run
-(another trust domain when MLflow is a server, see ``cluster/README.md``), the SHA-256 of its final snapshot's
-``state.pt`` and a digest of every snapshot it kept (:func:`qed_ray.rl.digests.recorded_values`). Before using a trial's snapshots
-the gather step hashes the files again and compares (:func:`verify`); a mismatch refuses the group and names the
-file.
-
-The trial also writes the same values into its ``DONE.json`` before it tries MLflow: the
-tracking server may be down when the trial ends, and the driver then records them from there when it answers
-(:func:`qed_ray.rl.digests.done_checksums`). They are fixed at the trial's end either way; what the gather step trusts is only ever
-the value in MLflow.
+A snapshot's ``manifest.json`` holds the SHA-256 of its ``state.pt``, but both sit in the same folder: that catches
+corruption, not someone who rewrites both. So at its end the worker that trained a trial records, in the trial's
+MLflow run, one digest of every file the gather step reads of it (each snapshot's ``state.pt`` and
+``manifest.json``, and ``history.json``: :func:`qed_ray.rl.digests.inventory`), signed with the user's results key,
+which lies outside the sweep folder (:func:`qed_ray.rl.digests.record`). Before a group is evaluated, or taken from
+the cache, :func:`verify` checks the signature and hashes the files again; any difference refuses the group and names
+the file (with the list the trial left in ``DONE.json``, believed only when it hashes to the signed digest). Nobody
+copies a digest from the folder into MLflow: a trial whose record never reached MLflow (an outage at its end) is
+*unverified*, reported as such and counted (:mod:`qed_ray.analysis.group_cache`). Who this holds against, locally and
+on a cluster: docs/design.md, "Trusting results".
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import dataclass, field
 
-from qed_ray.analysis.results import TrialRecord
-from qed_ray.layout import MANIFEST_FILE, STATE_FILE
-from qed_ray.rl.checkpoint import SNAPSHOT_FORMATS, read_manifest
-from qed_ray.rl.digests import Recorded, digest, file_sha256
+from qed_ray.layout import STATE_FILE, SweepDir
+from qed_ray.rl.digests import Recorded, digest, inventory, key_id, listed_files, signed
 
 
 class TamperedSnapshotError(RuntimeError):
-    """A policy snapshot differs from what its trial recorded at its end; the message names the file."""
+    """A trial's files, or its record in MLflow, differ from what its worker signed at its end; names the file."""
 
 
-def verify(record: TrialRecord, recorded: Recorded) -> None:
-    """Hashes every snapshot file the record uses and compares with what its trial recorded.
+@dataclass(frozen=True)
+class Verifier:
+    """What the gather step checks a sweep's trials against: the sweep's id, the user's results key, and the records
+    the trials' workers left in MLflow (``{trial: Recorded}``; a finished trial missing here is unverified)."""
+
+    sweep_id: str
+    key: bytes = field(repr=False)
+    recorded: dict[str, Recorded]
+
+
+def verify(layout: SweepDir, name: str, verifier: Verifier) -> None:
+    """Checks trial ``name``'s record (its key and signature) and every file the gather step reads of it.
 
     Raises:
-        TamperedSnapshotError: naming the final ``state.pt`` that differs, an intermediate one whose file differs
-            from its manifest, or the trial's snapshot folder when the set of snapshots differs.
+        TamperedSnapshotError: the record was signed with another key or not signed by this one, or a file was
+            changed, added or removed since (naming it), or ``DONE.json``'s file list was edited (naming it).
     """
-    final = max(record.policies)
-    final_state = Path(record.policies[final]) / STATE_FILE
-    actual = {step: file_sha256(Path(path) / STATE_FILE) for step, path in record.policies.items()}
-    if actual[final] != recorded.policy_sha256:
+    recorded, folder = verifier.recorded[name], layout.policies(name)
+    if recorded.key_id != key_id(verifier.key):
         raise TamperedSnapshotError(
-            f"{final_state}: SHA-256 {actual[final][:16]}... is not the {recorded.policy_sha256[:16]}... its trial "
-            f"recorded in MLflow when it finished (replaced or damaged after training); refusing it")
-    if digest(actual) == recorded.snapshots_sha256:
+            f"{folder}: its trial signed its digest in MLflow with results key {recorded.key_id!r}, not with this "
+            f"user's ({key_id(verifier.key)!r}); gather with the key of the user who ran the sweep "
+            f"(QED_RESULTS_KEY_FILE names its file); refusing it")
+    if not signed(verifier.key, verifier.sweep_id, name, recorded):
+        raise TamperedSnapshotError(
+            f"{folder}: the digest recorded in its MLflow run does not carry its trial's signature (edited in the "
+            f"tracking store); refusing it")
+    actual = inventory(layout, name)
+    if digest(actual) == recorded.digest:
         return
-    for step, path in sorted(record.policies.items()):
-        stated = read_manifest(path, SNAPSHOT_FORMATS).state_sha256
-        if stated != actual[step]:
-            raise TamperedSnapshotError(f"{Path(path) / STATE_FILE}: SHA-256 differs from its {MANIFEST_FILE}")
-    folder = Path(record.policies[final]).parent
-    raise TamperedSnapshotError(
-        f"{folder}: the snapshots' SHA-256 digest is not the one the trial recorded in MLflow when it finished "
-        f"(a snapshot was replaced, added or removed since); refusing them")
+    listed = listed_files(layout, name)
+    if listed is None or digest(listed) != recorded.digest:
+        raise TamperedSnapshotError(
+            f"{layout.done_marker(name)}: its file list is not the one its trial signed in MLflow when it finished "
+            f"(edited since), and the trial's files differ from what it recorded; refusing them")
+    for path in sorted(set(actual) | set(listed), key=lambda p: (not p.endswith(STATE_FILE), p)):  # weights first
+        if actual.get(path) == listed.get(path):
+            continue
+        if path not in listed:
+            why = "is not among the files its trial recorded when it finished (added since)"
+        elif path not in actual:
+            why = "is missing, but its trial recorded it when it finished (removed since)"
+        else:
+            why = (f"has SHA-256 {actual[path][:16]}..., not the {listed[path][:16]}... its trial recorded in MLflow "
+                   f"when it finished (replaced or edited since)")
+        raise TamperedSnapshotError(f"{folder / path}: {why}; refusing it")

@@ -3,17 +3,26 @@ re-analysis command and ``--status``.
 
 A group's evaluation depends on its seeds' final policies, the final-evaluation settings that change rollouts
 or per-group numbers, and on the analysis code. The cache key is the SHA-256 of exactly those:
-:data:`ANALYSIS_VERSION`, the group, each seed's final ``state.pt`` SHA-256 as its trial recorded it, the
+:data:`ANALYSIS_VERSION`, the group, each seed's final ``state.pt`` SHA-256 as its final manifest states it, the
 :data:`EVAL_FIELDS` of ``final_eval`` and, where they differ from their defaults, its :data:`OPTIONAL_EVAL_FIELDS`
 (the evaluation policies and the critic-proxy window: keys written before they existed stay valid). The bootstrap
 settings only change the tables, which are recomputed from cached groups. A restarted driver finds every unchanged
 group under ``gather/cache/<key>.json`` and evaluates nothing again; a retrained seed, another
 ``final_eval.episodes`` or another evaluation policy is another key.
+
+Nothing is taken on trust from the folder: every seed's files are checked against what its trial signed
+(:func:`check`, :mod:`qed_ray.analysis.checksums`) before its group is evaluated *and* before a cached entry is
+used, and an entry carries an HMAC under the user's results key over its own content (:func:`store`), so an edited
+entry is refused naming its file (:class:`TamperedCacheError`). A seed whose trial never recorded its digest (an
+MLflow outage at its end) is used but *unverified*: listed in its group's ``unverified_seeds``, in the tables and on
+``--status``; an entry computed while a seed was unverified is never used once that seed can be checked.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import hmac
 import json
 import os
 from dataclasses import dataclass, field
@@ -21,13 +30,13 @@ from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict
 
-from qed_ray.analysis.checksums import verify
+from qed_ray.analysis.checksums import TamperedSnapshotError, Verifier, verify
 from qed_ray.analysis.group_eval import evaluate_group, trial_record
 from qed_ray.analysis.results import FailedTrial, GroupKey, GroupResult, TrialRecord
-from qed_ray.codec import RecordError, read_record, write_record
+from qed_ray.codec import RecordError, dump, read_record, write_record
 from qed_ray.layout import SweepDir, TrialId
 from qed_ray.rl.checkpoint import SNAPSHOT_FORMATS, CheckpointError, read_manifest
-from qed_ray.rl.digests import Recorded
+from qed_ray.rl.digests import sign
 from qed_ray.spec import FinalEvalSpec
 
 # Bump whenever evaluate_group gives other numbers for the same policies and settings (3: where QED sat).
@@ -46,19 +55,37 @@ def cache_key(group: GroupKey, policies: dict[int, str], final_eval: FinalEvalSp
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
+class TamperedCacheError(RuntimeError):
+    """A cache entry whose content does not carry the results key's signature (edited since); names the file."""
+
+
 class CacheEntry(BaseModel):
-    """``gather/cache/<key>.json``: one group's evaluation under its key and the analysis version that made it."""
+    """``gather/cache/<key>.json``: one group's evaluation under its key and the analysis version that made it, and
+    ``mac``, the HMAC of the rest under the user's results key (None: written before entries were signed)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     key: str
     analysis_version: int
     group: GroupResult
+    mac: str | None = None
 
 
-def read_entry(layout: SweepDir, key: str, group: GroupKey | None = None) -> GroupResult | None:
-    """The cached evaluation under ``key`` (None: none cached); raises :class:`~qed_ray.codec.RecordError` naming
-    the file and the field for a damaged entry, or one of another key, analysis version or group."""
+def _entry_signature(signing_key: bytes, entry: CacheEntry) -> str:
+    content = {k: v for k, v in dump(entry).items() if k != "mac"}
+    return sign(signing_key, "group cache", json.dumps(content, sort_keys=True, separators=(",", ":")))
+
+
+def read_entry(layout: SweepDir, key: str, group: GroupKey | None = None,
+               signing_key: bytes | None = None) -> GroupResult | None:
+    """The cached evaluation under ``key`` (None: none cached or, with a ``signing_key``, one written before entries
+    were signed). ``signing_key`` None: the entry's signature is not checked (``--status`` without a results key
+    says so).
+
+    Raises:
+        RecordError: a damaged entry, or one of another key, analysis version or group (naming the file and field).
+        TamperedCacheError: the entry's signature does not match its content (naming the file).
+    """
     path = layout.cached_group(key)
     if not os.path.lexists(path):
         return None
@@ -67,29 +94,44 @@ def read_entry(layout: SweepDir, key: str, group: GroupKey | None = None) -> Gro
                              ("group", entry.group.key, group or entry.group.key)):
         if have != want:
             raise RecordError(f"{path}: {name}: {have!r}, not this entry's {want!r}")
+    if signing_key is None:
+        return entry.group
+    if entry.mac is None:
+        return None
+    if not hmac.compare_digest(entry.mac, _entry_signature(signing_key, entry)):
+        raise TamperedCacheError(f"{path}: this cached group's content does not carry the results key's signature "
+                                 f"(edited since it was evaluated, or cached under another user's key); refusing "
+                                 f"it (delete the file to evaluate the group again)")
     return entry.group
 
 
-def load(layout: SweepDir, key: str, group: GroupKey | None = None,
+def load(layout: SweepDir, key: str, signing_key: bytes | None, group: GroupKey | None = None,
          log: Callable[[str], Any] = print) -> GroupResult | None:
-    """The cached evaluation of ``group`` under ``key``, or None (none, or a damaged or foreign entry: ``log``
-    names it, and the group is evaluated again and the entry rewritten)."""
+    """The cached evaluation of ``group`` under ``key`` (:func:`read_entry`), or None (none, one written before
+    entries were signed, or a damaged or foreign entry: ``log`` names it, and the group is evaluated again and the
+    entry rewritten).
+
+    Raises:
+        TamperedCacheError: the entry's signature does not match its content (naming the file).
+    """
     try:
-        return read_entry(layout, key, group)
+        return read_entry(layout, key, group, signing_key)
     except RecordError as e:
         log(f"WARNING: {e}; evaluating the group again")
         return None
 
 
-def store(layout: SweepDir, key: str, result: GroupResult, log: Callable[[str], Any] = print) -> None:
-    """Writes the evaluation under ``key`` (atomically and durably: a reader never sees half a file). A place that
-    cannot take it (a folder or a dangling link where the entry belongs) is named in ``log`` and left as it is: the
-    result is used all the same and the group is evaluated again next time."""
+def store(layout: SweepDir, key: str, result: GroupResult, signing_key: bytes,
+          log: Callable[[str], Any] = print) -> None:
+    """Writes the evaluation under ``key`` with its signature (atomically and durably: a reader never sees half a
+    file). A place that cannot take it (a folder or a dangling link where the entry belongs) is named in ``log``
+    and left as it is: the result is used all the same and the group is evaluated again next time."""
     path = layout.cached_group(key)
+    entry = CacheEntry(key=key, analysis_version=ANALYSIS_VERSION, group=result)
     try:
         if os.path.lexists(path) and not path.is_file():
             raise IsADirectoryError(f"{'a folder' if path.is_dir() else 'a dangling symbolic link'} is in its place")
-        write_record(path, CacheEntry(key=key, analysis_version=ANALYSIS_VERSION, group=result), indent=None)
+        write_record(path, entry.model_copy(update={"mac": _entry_signature(signing_key, entry)}), indent=None)
     except OSError as e:
         log(f"WARNING: {path}: cannot be written ({e}); the group is evaluated again next time")
 
@@ -105,44 +147,91 @@ def plan_groups(names: list[str]) -> dict[GroupKey, list[str]]:
 
 @dataclass(frozen=True)
 class GroupJob:
-    """A group ready to evaluate: the finished seeds' records, what they recorded, the cache key, and the seeds
-    left out with their reasons. ``recorded`` None: snapshots are not checked (re-analysis ``--no-verify``)."""
+    """A group ready to evaluate: the finished seeds' records, the cache key, the seeds left out with their reasons,
+    and how they are checked. ``verifier`` None: nothing is checked (re-analysis ``--no-verify``, ``--status``), so
+    every seed is unverified; ``signing_key`` None: the cache is neither read nor written."""
 
     group: GroupKey
     records: list[TrialRecord]
-    recorded: dict[str, Recorded] | None
     key: str
+    layout: SweepDir
+    verifier: Verifier | None = None
+    signing_key: bytes | None = field(default=None, repr=False)
     excluded: list[FailedTrial] = field(default_factory=list)
 
+    @property
+    def unverified_seeds(self) -> list[int]:
+        """The seeds whose trials left no record in MLflow to check them against (all of them when unchecked)."""
+        recorded = self.verifier.recorded if self.verifier is not None else {}
+        return sorted(r.seed for r in self.records if r.name not in recorded)
 
-def prepare(layout: SweepDir, group: GroupKey, finished: list[str], recorded: dict[str, Recorded] | None,
-            final_eval: FinalEvalSpec) -> GroupJob:
-    """Reads the finished trials' records from their snapshots; a trial without a usable final snapshot or, when
-    checking, without a recorded checksum is left out with the reason."""
-    records, excluded = [], []
+
+def prepare(layout: SweepDir, group: GroupKey, finished: list[str], verifier: Verifier | None,
+            final_eval: FinalEvalSpec, signing_key: bytes | None = None) -> GroupJob:
+    """Reads the finished trials' records from their snapshots; a trial without a usable final snapshot is left
+    out with the reason (the file that differs from its signed digest, when that is why). ``signing_key`` defaults
+    to the verifier's key."""
+    records, finals, excluded = [], {}, []
     for name in sorted(finished):
         try:
             record = trial_record(layout, name)
-        except (OSError, ValueError, CheckpointError) as e:
-            excluded.append(FailedTrial(name, str(e)))
-            continue
-        if recorded is not None and name not in recorded:
-            excluded.append(FailedTrial(name, "no policy checksum recorded in MLflow at the trial's end, so its "
-                                              "snapshots cannot be checked"))
+            finals[record.seed] = read_manifest(record.policies[max(record.policies)], SNAPSHOT_FORMATS).state_sha256
+        except (OSError, ValueError, KeyError, TypeError, CheckpointError) as e:
+            excluded.append(FailedTrial(name, _tampered(layout, name, verifier) or str(e)))
             continue
         records.append(record)
-    policies = {r.seed: recorded[r.name].policy_sha256 if recorded is not None
-                else read_manifest(r.policies[max(r.policies)], SNAPSHOT_FORMATS).state_sha256 for r in records}
-    return GroupJob(group, records, recorded, cache_key(group, policies, final_eval), excluded)
+    if signing_key is None and verifier is not None:
+        signing_key = verifier.key
+    return GroupJob(group, records, cache_key(group, finals, final_eval), layout, verifier, signing_key, excluded)
+
+
+def _tampered(layout: SweepDir, name: str, verifier: Verifier | None) -> str | None:
+    """Why a trial's unreadable snapshot fails its check, if it has a record to check it against."""
+    if verifier is None or name not in verifier.recorded:
+        return None
+    try:
+        verify(layout, name, verifier)
+    except TamperedSnapshotError as e:
+        return str(e)
+    except OSError:
+        return None
+    return None
+
+
+def check(job: GroupJob) -> None:
+    """Checks every seed whose trial recorded its digest (:func:`qed_ray.analysis.checksums.verify`).
+
+    Raises:
+        TamperedSnapshotError: naming the file (or the record) that differs.
+    """
+    if job.verifier is not None:
+        for record in job.records:
+            if record.name in job.verifier.recorded:
+                verify(job.layout, record.name, job.verifier)
+
+
+def cached(job: GroupJob, log: Callable[[str], Any] = print) -> GroupResult | None:
+    """The group's cached evaluation once its seeds pass :func:`check`, carrying this job's unverified seeds; None
+    when there is none, it was computed while a seed that can be checked now was unverified, or it is damaged
+    (``log`` names it: :func:`load`).
+
+    Raises:
+        TamperedSnapshotError, TamperedCacheError: a seed's file, or the entry, differs (naming the file).
+    """
+    if job.signing_key is None or not job.records:
+        return None
+    check(job)
+    entry = load(job.layout, job.key, job.signing_key, job.group, log)
+    if entry is None or not set(entry.unverified_seeds) <= set(job.unverified_seeds):
+        return None
+    return dataclasses.replace(entry, unverified_seeds=job.unverified_seeds)
 
 
 def evaluate(job: GroupJob, final_eval: FinalEvalSpec, device: str = "cpu") -> GroupResult:
-    """Checks every snapshot against what its trial recorded (unless unchecked), then evaluates the group.
+    """Checks every seed (:func:`check`), then evaluates the group; the result lists the unverified seeds.
 
     Raises:
-        TamperedSnapshotError: a snapshot differs from its recorded checksum (the message names the file).
+        TamperedSnapshotError: a file differs from what its trial recorded (the message names the file).
     """
-    if job.recorded is not None:
-        for record in job.records:
-            verify(record, job.recorded[record.name])
-    return evaluate_group(job.records, final_eval, device)
+    check(job)
+    return dataclasses.replace(evaluate_group(job.records, final_eval, device), unverified_seeds=job.unverified_seeds)

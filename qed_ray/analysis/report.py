@@ -15,7 +15,7 @@ import math
 from typing import Sequence
 
 from qed_ray.analysis import metrics, verdict
-from qed_ray.analysis.results import Aggregate, Comparison, SweepResults
+from qed_ray.analysis.results import Aggregate, Comparison, GroupResult, SweepResults
 from qed_ray.naming import parse_variant
 
 NAMES = ("agent", "variant", "flags")  # left-aligned columns; the others are numbers, right-aligned
@@ -143,9 +143,24 @@ def format_comparisons(results: SweepResults) -> str:
     return "\n".join(lines)
 
 
+def unverified_line(groups: Sequence[GroupResult]) -> str | None:
+    """How many of the groups' seeds were used unchecked, and which (None: every seed was checked)."""
+    found = [f"{g.key.name} seed{'s' if len(g.unverified_seeds) > 1 else ''} {', '.join(map(str, g.unverified_seeds))}"
+             for g in sorted(groups, key=lambda g: g.key) if g.unverified_seeds]
+    if not found:
+        return None
+    n, total = sum(len(g.unverified_seeds) for g in groups), sum(len(g.seeds) for g in groups)
+    return (f"UNVERIFIED: {n} of {total} seeds were used without a check (their trials recorded no digest in MLflow "
+            f"when they finished, e.g. during a tracking outage): {'; '.join(found)}")
+
+
 def summary(results: SweepResults) -> str:
-    """What the sweep's summary and ``python -m qed_ray.gather`` print: the table, the comparisons, the verdict."""
+    """What the sweep's summary and ``python -m qed_ray.gather`` print: the table, the unverified seeds, the
+    comparisons, the verdict."""
     parts = [format_table(results)]
+    unverified = unverified_line(results.groups)
+    if unverified:
+        parts.append(unverified)
     if results.comparisons:
         parts.append(format_comparisons(results))
     if results.verdict is not None:
@@ -172,6 +187,9 @@ def summary_markdown(results: SweepResults, heading: str, footer: str = "") -> s
     lines.append("|" + "|".join(":---" if h in NAMES else "---:" for h in table[0]) + "|")
     lines += ["| " + " | ".join(map(_md_cell, r)) + " |" for r in table[1:]]
     lines += [""] + [f"*{line}*  " for line in legend(results)]
+    unverified = unverified_line(results.groups)
+    if unverified:
+        lines += ["", f"**{unverified}**"]
     v = results.verdict
     if v is not None:
         lines += ["", f"**Verdict on the claim: {v.outcome.upper()}** (by "

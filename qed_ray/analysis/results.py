@@ -86,6 +86,9 @@ class GroupResult(JsonRecord):
     evaluation intervals, then over seeds), ``*_late`` the same over the intervals ending in the last quarter of the
     budget; ``log_std_at_min`` is the share of the final policies' log-std entries within 0.1 of ``log_std_min``
     on the pooled evaluation states (mean over seeds).
+
+    ``unverified_seeds``: the seeds whose trials never recorded the digest of their files (an MLflow outage at
+    their end), so their files were used without a check (:mod:`qed_ray.analysis.group_cache`).
     """
 
     task: str
@@ -110,6 +113,7 @@ class GroupResult(JsonRecord):
     alpha_frac_floor_late: Num = math.nan
     alpha_frac_cap_late: Num = math.nan
     log_std_at_min: Num = math.nan
+    unverified_seeds: list[int] = field(default_factory=list)  # used unchecked: no digest recorded (group_cache)
 
     @property
     def key(self) -> GroupKey:

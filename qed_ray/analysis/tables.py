@@ -232,7 +232,8 @@ def group_rows(groups: Sequence[GroupResult], stats: Sequence[GroupStats]) -> li
                      "early_q_gap": g.early_q_gap, "n_failed": s.n_failed, "V_ci_lower": s.V_ci_lower,
                      "V_ci_upper": s.V_ci_upper, "action_distance_ci_lower": s.action_distance_ci_lower,
                      "action_distance_ci_upper": s.action_distance_ci_upper, "score_var": s.score_var,
-                     **{k: getattr(g, k) for k in WHERE_QED_SAT}, "qed_at_cap": s.qed_at_cap})
+                     **{k: getattr(g, k) for k in WHERE_QED_SAT}, "qed_at_cap": s.qed_at_cap,
+                     "n_unverified": len(g.unverified_seeds)})
     return rows
 
 

@@ -1,18 +1,38 @@
-"""What a trial records about its policy snapshots at its end: the SHA-256 of its final ``state.pt`` and a digest of
-every snapshot it kept (:func:`recorded_values`, a :class:`~qed_ray.run_records.Recorded`), written into its
-``DONE.json`` (:class:`~qed_ray.run_records.DoneRecord`'s ``checksums``) and, by
-the service, into its MLflow run, against which the gather step checks the snapshots
-(:mod:`qed_ray.analysis.checksums`).
+"""What a trial records about the files the gather step reads of it, and the signature that makes the record its own.
+
+The gather step reads, of a finished trial, every policy snapshot (``<env_steps>/state.pt``: the weights;
+``<env_steps>/manifest.json``: the network's shape, the frame skip, the evaluation history behind the learning curves)
+and its ``history.json`` (where QED's temperature sat). :func:`inventory` lists the SHA-256 of each of those files,
+and :func:`digest` hashes that list: one digest covers every file the gather reads. At its end the worker that
+trained the trial computes it from the files it has just written and records it in its MLflow run with an HMAC
+(:func:`sign`) under the user's results key, which binds the sweep, the trial and the digest; the key never lies in
+the sweep folder (``qed_ray.service.results_key``). The list itself goes into ``DONE.json``
+(:class:`~qed_ray.run_records.DoneRecord`'s ``files``) only so that a failed check can name the file: it is believed only when it hashes to the signed
+digest. The checks are :mod:`qed_ray.analysis.checksums`; the threat model is docs/design.md ("Trusting results").
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import json  # canonical JSON to hash (the codec parses; nothing is parsed here)
+from dataclasses import dataclass
 from pathlib import Path
 
-from qed_ray.layout import SweepDir
-from qed_ray.rl.checkpoint import SNAPSHOT_FORMATS, read_manifest
-from qed_ray.run_records import Recorded, read_done
+from qed_ray.codec import RecordError
+from qed_ray.layout import MANIFEST_FILE, STATE_FILE, SweepDir
+from qed_ray.run_records import read_done
+
+SIGNATURE_VERSION = "qed_ray results v1"  # the first line of every signed message (another version: another key use)
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What a trial recorded at its end: the digest of its files, its HMAC, and the id of the key that made it."""
+
+    digest: str
+    mac: str
+    key_id: str
 
 
 def file_sha256(path: str | Path) -> str:
@@ -21,29 +41,55 @@ def file_sha256(path: str | Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def digest(checksums: dict[int, str]) -> str:
-    """SHA-256 over ``"<env_steps> <state.pt sha256>"`` lines of a trial's snapshots, in step order."""
-    lines = "".join(f"{step} {sha}\n" for step, sha in sorted(checksums.items()))
-    return hashlib.sha256(lines.encode()).hexdigest()
+def inventory(layout: SweepDir, name: str) -> dict[str, str]:
+    """``{path relative to the trial's policies folder: SHA-256}`` of every file the gather step reads of the trial:
+    each complete snapshot's ``state.pt`` and ``manifest.json`` and, if it exists, ``history.json``."""
+    root = layout.policies(name)
+    files = {}
+    for folder in layout.snapshots(name).values():
+        for file in (STATE_FILE, MANIFEST_FILE):
+            files[(folder / file).relative_to(root).as_posix()] = file_sha256(folder / file)
+    history = layout.history(name)
+    if history.is_file():
+        files[history.relative_to(root).as_posix()] = file_sha256(history)
+    return files
 
 
-def manifest_checksums(layout: SweepDir, name: str) -> dict[int, str]:
-    """``{env_steps: state.pt SHA-256}`` of the trial's snapshots as their manifests state them."""
-    snapshots = layout.snapshots(name)
-    return {step: read_manifest(path, SNAPSHOT_FORMATS).state_sha256 for step, path in snapshots.items()}
+def digest(files: dict[str, str]) -> str:
+    """SHA-256 of an :func:`inventory` (canonical JSON: sorted keys, no spaces)."""
+    return hashlib.sha256(json.dumps(files, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def recorded_values(layout: SweepDir, name: str) -> Recorded:
-    """What a finished trial records about its own snapshots (from the manifests it has just written)."""
-    checksums = manifest_checksums(layout, name)
-    if not checksums:
-        raise FileNotFoundError(f"{layout.policies(name)}: no complete policy snapshot to record")
-    return Recorded(policy_sha256=checksums[max(checksums)], snapshots_sha256=digest(checksums))
+def key_id(key: bytes) -> str:
+    """A short public name of a results key (16 hex digits of a hash of it; reveals nothing usable of the key)."""
+    return hashlib.sha256(b"qed_ray results key id\n" + key).hexdigest()[:16]
 
 
-def done_checksums(layout: SweepDir, name: str) -> Recorded:
-    """What a finished trial records: the values it wrote into its ``DONE.json`` at its end, or, for a trial that
-    finished before ``DONE.json`` kept them, the values its snapshot manifests state. Raises RecordError naming a
-    damaged ``DONE.json``."""
-    stored = read_done(layout, name).checksums
-    return stored if stored is not None else recorded_values(layout, name)
+def sign(key: bytes, *parts: str) -> str:
+    """HMAC-SHA256 under ``key`` of the :data:`SIGNATURE_VERSION` line and ``parts``, one per line (hex)."""
+    message = "\n".join((SIGNATURE_VERSION, *parts)).encode()
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def trial_signature(key: bytes, sweep_id: str, trial: str, files_digest: str) -> str:
+    """The HMAC of one trial's digest: bound to its sweep and its name, so a record cannot move to another trial."""
+    return sign(key, "trial", sweep_id, trial, files_digest)
+
+
+def record(key: bytes, sweep_id: str, trial: str, files: dict[str, str]) -> Recorded:
+    """What a finished trial records: the digest of its :func:`inventory`, signed."""
+    d = digest(files)
+    return Recorded(d, trial_signature(key, sweep_id, trial, d), key_id(key))
+
+
+def signed(key: bytes, sweep_id: str, trial: str, recorded: Recorded) -> bool:
+    """Whether ``recorded`` carries this key's signature of its digest for this sweep's trial (constant time)."""
+    return hmac.compare_digest(recorded.mac, trial_signature(key, sweep_id, trial, recorded.digest))
+
+
+def listed_files(layout: SweepDir, name: str) -> dict[str, str] | None:
+    """The file list the trial left in its ``DONE.json`` (None: none, or a damaged ``DONE.json``)."""
+    try:
+        return read_done(layout, name).files
+    except RecordError:
+        return None

@@ -4,8 +4,9 @@ single-run CLI and a sweep trial write at each evaluation, and how a pack resume
 At each evaluation, queued on the trainer's writer thread in this order: each seed's policy snapshot
 (``policies/<trial>/<env_steps>/``), the pack checkpoint (``checkpoints/<pack>/<env_steps>/``, the newest two
 kept), each seed's history (``policies/<trial>/history.json``) and, at the last evaluation, its ``DONE.json`` with
-the policy checksums it records (:mod:`qed_ray.analysis.checksums`). A seed that diverged gets its ``DIVERGED.json``. A
-started, retried or resumed pack restores its newest intact checkpoint (an older one if the newest is damaged).
+the SHA-256 of every file the gather step reads of it (:mod:`qed_ray.rl.digests`). A seed that diverged gets its
+``DIVERGED.json``. A started, retried or resumed pack restores its newest intact checkpoint (an older one if the
+newest is damaged).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from qed_ray.codec import write_record
 from qed_ray.config import TrainSpec
 from qed_ray.layout import PACK_FILE, PackId, SweepDir
 from qed_ray.rl.checkpoint import MANIFEST_FILE, CheckpointError, CheckpointVersionError
-from qed_ray.rl.digests import recorded_values
+from qed_ray.rl.digests import inventory
 from qed_ray.rl.pack import SeedRun
 from qed_ray.rl.trainer import SaveFn, Trainer
 from qed_ray.run_records import DivergedRecord, HistoryEntry, done_record, read_history, write_history
@@ -85,8 +86,9 @@ def restore_latest(trainer: Trainer, layout: SweepDir, pack: PackId, log: Callab
 
 def write_done(layout: SweepDir, name: str, metrics: dict) -> None:
     """A finished seed run's ``DONE.json`` (:class:`~qed_ray.run_records.DoneRecord`): its final metrics and the
-    policy checksums it records."""
-    write_record(layout.done_marker(name), done_record(metrics, recorded_values(layout, name)))
+    SHA-256 of every file the gather step reads of it (:func:`qed_ray.rl.digests.inventory`; what a failed check
+    names, never what it trusts)."""
+    write_record(layout.done_marker(name), done_record(metrics, inventory(layout, name)))
 
 
 def final_metrics(run: SeedRun, history: list[HistoryEntry]) -> dict:
@@ -138,7 +140,7 @@ class FolderReporter:
             self.histories[i].append(HistoryEntry(time_ms=int(time.time() * 1000), metrics=m))
             writer.submit(layout.history(name), lambda p=layout.history(name), h=list(self.histories[i]):
                           write_history(p, h))
-            if step == train.env_steps:  # after the final snapshot in the queue: its checksums are fixed by then
+            if step == train.env_steps:  # after the final snapshot and history in the queue: the files it lists are final
                 writer.submit(layout.done_marker(name), lambda n=name, m=m: write_done(layout, n, m))
         if step == train.env_steps:
             writer.flush()  # the seeds' ends are on disk before anyone hears of them (Tune may stop the pack then)

@@ -9,8 +9,10 @@ has finished or failed, the group is evaluated as a Ray task with its own resour
 in parallel with training, and cached (:mod:`qed_ray.analysis.group_cache`); then the tables and figures are rewritten and
 logged to the sweep's MLflow parent run with the summary as its description (:mod:`qed_ray.service.mirror`;
 best-effort: the files in ``gather/`` are the record). A restarted driver
-finds every unchanged group in the cache and evaluates nothing again. A group that left a finished trial out
-because its checksums were not (yet) in MLflow is gathered again at the end, after the driver has recorded them.
+finds every unchanged group in the cache and evaluates nothing again. Every seed is checked against the digest its
+worker signed in MLflow before its group is evaluated or taken from the cache, and every cache entry against its own
+signature (:mod:`qed_ray.analysis.group_cache`); a seed without a recorded digest is used but reported unverified. A
+group gathered while MLflow did not answer is gathered again at the end.
 
 ``python -m qed_ray.gather SWEEP_DIR [--episodes N --bootstrap-reps N ...]`` recomputes the gather outputs from
 the saved policies with other final-evaluation settings, in this process: no Ray, no retraining.
@@ -22,13 +24,14 @@ import asyncio
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ray
 from ray import tune
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from qed_ray.analysis import group_cache, tables
+from qed_ray.analysis.checksums import Verifier
 from qed_ray.layout import SweepDir
 from qed_ray.service.reanalysis import write_results
 from qed_ray.analysis.results import FailedTrial, GroupKey, GroupResult, SweepResults
@@ -71,6 +74,7 @@ class GatherPlan:
     group_resources: dict
     max_in_flight: int
     claim: dict | None = None  # sweep.json's pre-registration record (qed_ray.claim), for the verdict
+    results_key: bytes = field(default=b"", repr=False)  # the user's results key (qed_ray.service.results_key)
 
 
 def group_task_resources(nodes: list[dict], trial_cpu: float, trial_gpu: float, n_trials: int,
@@ -131,7 +135,7 @@ class Gatherer:
         self.dirty = False
         self.refresher: asyncio.Task | None = None
         self.tracker: Tracker | None = None
-        self.retry: set[GroupKey] = set()  # groups to gather again at the end (checksums not recorded yet)
+        self.retry: set[GroupKey] = set()  # groups to gather again at the end (MLflow did not answer)
         self.mlflow_down = False
 
     async def trial_finished(self, name: str, live: bool = True) -> None:
@@ -174,14 +178,14 @@ class Gatherer:
         finished = [n for n in names if n in self.finished]
         try:
             job = await self._blocking(self._prepare, key, finished)
-            result = await self._blocking(group_cache.load, self.layout, job.key, key) if job.records else None
+            result = await self._blocking(group_cache.cached, job)  # each seed checked first, then the entry
             if result is not None:
                 self.from_cache.append(key.name)
             elif job.records:
                 async with self.slots:
                     task = _evaluate_group_task.options(**self.plan.group_resources)
                     result = await task.remote(job, self.plan.final_eval)
-                await self._blocking(group_cache.store, self.layout, job.key, result)
+                await self._blocking(group_cache.store, self.layout, job.key, result, self.plan.results_key)
                 self.evaluated.append(key.name)
             if result is not None:
                 self.results[key] = result
@@ -194,13 +198,12 @@ class Gatherer:
 
     def _prepare(self, key: GroupKey, finished: list[str]) -> group_cache.GroupJob:
         try:
-            recorded = self._tracker().recorded_checksums()
+            recorded = self._tracker().recorded_digests()
         except Exception:
             self.retry.add(key)  # MLflow unreachable: the snapshots cannot be checked now
             raise
-        if any(n not in recorded for n in finished):
-            self.retry.add(key)  # a trial whose MLflow run was down at its end: the driver records it later
-        job = group_cache.prepare(self.layout, key, finished, recorded, self.plan.final_eval)
+        verifier = Verifier(self.plan.sweep_id, self.plan.results_key, recorded)
+        job = group_cache.prepare(self.layout, key, finished, verifier, self.plan.final_eval)
         for f in job.excluded:
             self.excluded[f.name] = f
         return job
@@ -273,7 +276,7 @@ class Gatherer:
         for key in self.plan.groups:
             self._start_if_complete(key)
         await asyncio.gather(*self.jobs.values())
-        for key in sorted(self.retry):  # once, now that the driver has recorded what MLflow missed
+        for key in sorted(self.retry):  # once more: MLflow may answer now
             self._again(key)
         await asyncio.gather(*self.jobs.values())
         if self.refresher is not None:
@@ -314,17 +317,18 @@ class GatherFeed(tune.Callback):
 
 
 def launch(spec: SweepSpec, layout: SweepDir, sweep_id: str, uri: str, experiment: str, parent_run_id: str,
-           n_tune_trials: int | None = None, claim: dict | None = None):
+           results_key: bytes, n_tune_trials: int | None = None, claim: dict | None = None):
     """Starts the sweep's gather actor for this driver start, handing it the trials the folder shows ended.
-    ``n_tune_trials``: how many Tune trials train them (packs; default one per trial); ``claim``: the sweep's
-    pre-registration record (``sweep.json``), for the verdict."""
+    ``results_key``: the user's key (checks the trials' signed digests, signs the cache); ``n_tune_trials``: how
+    many Tune trials train them (packs; default one per trial); ``claim``: the sweep's pre-registration record
+    (``sweep.json``), for the verdict."""
     names = [t.name for t in spec.trials()]
     need = spec.trial_resources()
     resources, in_flight = group_task_resources(
         [n for n in ray.nodes() if n.get("Alive")], need["cpu"], need["gpu"], n_tune_trials or len(names),
         spec.max_concurrent_trials)
     plan = GatherPlan(spec.name, sweep_id, str(layout.root), spec.final_eval, group_cache.plan_groups(names), uri,
-                      experiment, parent_run_id, resources, in_flight, claim)
+                      experiment, parent_run_id, resources, in_flight, claim, results_key)
     return start(plan, [n for n in names if layout.trial_state(n) != "pending"])
 
 

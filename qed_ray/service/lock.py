@@ -3,12 +3,22 @@
 Two drivers on one sweep (a job resubmitted after Ctrl-C only stopped its log tail, a second terminal) would run
 every trial twice in the same folders and delete each other's replay chunks. The driver therefore creates
 ``sweep.lock`` with ``O_CREAT | O_EXCL`` (atomic on local filesystems and on NFSv3+), holding its host, pid,
-start time and a heartbeat that a daemon thread rewrites (atomically) every 30 s (:class:`LockInfo`). A second
-driver finds the file and is refused, naming the holder. A lock is *stale*, and is taken over, when its host is
-this host and its pid is gone, or when its heartbeat is older than two minutes (a driver on another machine that
-died with it). A lock file that holds no valid record (a pid or time out of range, a wrong type, truncated) is
-named with its problem and counts as held until it is two minutes old; a folder or a dangling symbolic link in its
-place is never taken over (:class:`LockDamaged`).
+start time and a heartbeat that a daemon thread rewrites (atomically) every 30 s. A second driver finds the file
+and is refused, naming the holder. A lock is *stale*, and is taken over, when its host is this host and its pid
+is gone (or is another process now), or, for a lock of another host, when neither its heartbeat nor the file's
+modification time is younger than two minutes (a driver on another machine that died with it; the file's time is
+set by the file server, so a clock that runs ahead on one host alone does not make a live lock look old). A live
+pid on this host is never stale, however old its heartbeat (a driver stopped with Ctrl-Z still holds its sweep).
+The file holds a :class:`LockInfo` record; one that holds no valid record (a pid or time out of range, a wrong
+type, truncated) is named with its problem and counts as held until it is two minutes old; a folder or a dangling
+symbolic link in its place is never taken over (:class:`LockDamaged`).
+
+A driver can still lose its lock: a driver on another host presumed it dead (its machine slept, its NFS write
+stalled for two minutes). The heartbeat then finds another holder's token and sets :attr:`SweepLock.lost`; the
+driver stops its trials as Ctrl-C does and exits non-zero (``qed_ray.service.sweep``), and each of its trials,
+which reads the lock before every write (:func:`check_holder`), stops at its next evaluation without writing. A
+driver whose heartbeat cannot be written for half the takeover limit sets :attr:`SweepLock.lost` too, before
+anyone could take its sweep over.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import uuid
 from pathlib import Path
 from typing import Callable
 
+import psutil
 from pydantic import Field
 
 from qed_ray.codec import Record, RecordError, dump, load_json, parse, write_record
@@ -34,6 +45,10 @@ TIME_MAX = 2**33  # seconds since the epoch (year 2242): a later start or heartb
 
 class LockHeld(RuntimeError):
     """Another live driver holds the sweep's lock; the message names it."""
+
+
+class LockLost(RuntimeError):
+    """The sweep's lock names another driver now: this driver (and its trials) must stop; the message says why."""
 
 
 class LockDamaged(LockHeld):
@@ -99,19 +114,52 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+def pid_reused(pid: int, started: float) -> bool:
+    """Whether the live process ``pid`` started after ``started`` (so it is not the lock's driver: the pid was reused
+    after that driver ended, e.g. across a reboot)."""
+    try:
+        return psutil.Process(pid).create_time() > started + 1.0
+    except (psutil.Error, OSError):
+        return False  # cannot tell: a live pid counts as the holder
+
+
 def stale_reason(info: LockInfo | None, mtime: float, now: float, host: str, stale_after_s: float) -> str | None:
     """Why a lock may be taken over, or None while its holder may still be running.
 
     A file that is not a complete record (a holder between ``O_EXCL`` create and its first write) counts as held
-    until its modification time is older than ``stale_after_s``.
+    until its modification time is older than ``stale_after_s``. On this host only the pid decides.
     """
     if info is None:
         return f"an unreadable lock file, untouched for {now - mtime:.0f} s" if now - mtime > stale_after_s else None
-    if info.host == host and not pid_alive(info.pid):
-        return f"its driver (pid {info.pid} on this host) is gone"
-    if now - info.heartbeat > stale_after_s:
-        return f"its driver (pid {info.pid} on host {info.host}) sent no heartbeat for {now - info.heartbeat:.0f} s"
+    if info.host == host:
+        if not pid_alive(info.pid):
+            return f"its driver (pid {info.pid} on this host) is gone"
+        if pid_reused(info.pid, info.started):
+            return f"its driver (pid {info.pid} on this host) is gone (that pid is another process now)"
+        return None
+    silent = now - max(info.heartbeat, mtime)
+    if silent > stale_after_s:
+        return f"its driver (pid {info.pid} on host {info.host}) sent no heartbeat for {silent:.0f} s"
     return None
+
+
+def _holder(path: Path) -> LockInfo | None:
+    """The lock's holder, None where the file is missing, empty or damaged (no other driver's record: a damaged file
+    is named when a driver tries to take it over)."""
+    try:
+        return read_lock(path)
+    except LockDamaged:
+        return None
+
+
+def check_holder(path: Path, token: str | None) -> None:
+    """A trial's fence: raises :class:`LockLost` when ``path`` names a driver other than the one of ``token``
+    (None: no fence; a missing or half-written file does not count as another driver)."""
+    if token is None:
+        return
+    info = _holder(path)
+    if info is not None and info.token != token:
+        raise LockLost(f"{path} now belongs to another driver, {info.describe(time.time())}")
 
 
 class SweepLock:
@@ -129,7 +177,9 @@ class SweepLock:
         self.path, self.heartbeat_s, self.stale_after_s, self.log = Path(path), heartbeat_s, stale_after_s, log
         self.host = socket.gethostname()
         self.info: LockInfo | None = None
-        self.lost = threading.Event()  # set when another driver took the lock over (this one was presumed dead)
+        self.lost = threading.Event()  # set when another driver took the lock over, or heartbeats kept failing
+        self.why = ""  # why it was lost
+        self._written = 0.0  # when the file last got a heartbeat (time.time())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -146,6 +196,7 @@ class SweepLock:
         self.info = LockInfo(host=self.host, pid=os.getpid(), started=now, heartbeat=now, token=uuid.uuid4().hex)
         for _ in range(5):  # a takeover race with a third driver may need a second look
             if self._create():
+                self._written = time.time()
                 self._start_heartbeat()
                 return
             self._take_over_if_stale()
@@ -156,8 +207,11 @@ class SweepLock:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        if self.info is not None and self._owns():
-            self.path.unlink(missing_ok=True)
+        try:
+            if self.info is not None and self._owns():
+                self.path.unlink(missing_ok=True)
+        except OSError as e:  # the disk that failed the heartbeats: the next start sees a stale lock
+            self.log(f"WARNING: could not remove {self.path}: {e}")
         self.info = None
 
     # ---- internals ---------------------------------------------------------------------------------------
@@ -190,7 +244,8 @@ class SweepLock:
             who = holder.describe(now) if holder else f"which is starting or left it damaged ({damage})" if damage \
                 else "which is starting"
             raise LockHeld(f"{self.path}: this sweep is being run by another driver, {who}; wait for it to end, or "
-                           f"stop it (Ctrl-C in its terminal, or `ray job stop` for a submitted job)")
+                           f"stop it (Ctrl-C in its terminal, `fg` first if it was stopped with Ctrl-Z, or `ray job "
+                           f"stop` for a submitted job)")
         aside = self.path.with_name(f".{self.path.name}.stale-{uuid.uuid4().hex[:8]}")
         try:
             os.rename(self.path, aside)
@@ -223,16 +278,32 @@ class SweepLock:
             pass
 
     def beat(self) -> bool:
-        """One heartbeat: rewrites the file with the current time; False (and :attr:`lost` set) if another driver
-        has taken the lock over meanwhile (it presumed this one dead: no heartbeat for ``stale_after_s``)."""
-        if not self._owns():
-            self.lost.set()
-            self.log(f"WARNING: {self.path} now belongs to another driver (this one was presumed dead); stop this "
-                     f"driver")
+        """One heartbeat: rewrites the file with the current time. False, with :attr:`lost` set and :attr:`why`
+        saying why, if another driver has taken the lock over meanwhile (it presumed this one dead: no heartbeat
+        for ``stale_after_s``), or if no heartbeat could be written for half of ``stale_after_s``."""
+        if self.lost.is_set() or self.info is None:
             return False
+        current = _holder(self.path)  # None: missing, empty or damaged
+        if current is not None and current.token != self.info.token:
+            return self._lose(f"{self.path} now belongs to another driver, {current.describe(time.time())}, which "
+                              f"presumed this one dead")
+        if current is None and not os.path.lexists(self.path):
+            return self._lose(f"{self.path} was removed, so another driver may start this sweep")
         self.info = self.info.model_copy(update={"heartbeat": time.time()})
         try:
             write_record(self.path, self.info, indent=None)
-        except OSError as e:  # a full or unreachable disk: the next beat tries again
+        except OSError as e:  # a full or unreachable disk: fail before anyone may take the sweep over
+            silent = time.time() - self._written
+            if silent > self.stale_after_s / 2:
+                return self._lose(f"could not write a heartbeat to {self.path} for {silent:.0f} s ({e}); another "
+                                  f"driver may take this sweep over")
             self.log(f"WARNING: could not refresh {self.path}: {e}")
+            return True
+        self._written = time.time()
         return True
+
+    def _lose(self, why: str) -> bool:
+        self.why = why
+        self.lost.set()
+        self.log(f"WARNING: {why}; stopping this driver")
+        return False

@@ -6,13 +6,15 @@ Nothing is retrained and no Ray cluster is started: each group's evaluation is t
 policies and trial folders stay as they are (a moved or copied folder's own store is relinked to its artifacts,
 :mod:`qed_ray.service.relink`). In MLflow the re-analysis is a child run of the sweep's parent run named for its
 settings, with its tables, figures, summary and verdict (:func:`qed_ray.service.mirror.log_reanalysis`); the parent
-keeps the outputs of the sweep's own settings. Snapshots are checked against the checksums their trials recorded
-in MLflow, as during the sweep.
+keeps the outputs of the sweep's own settings. Every seed is checked against the digest its trial signed in MLflow, and every cache entry against its own
+signature, as during the sweep, with the user's results key (:mod:`qed_ray.service.results_key`); seeds without a
+recorded digest are used and reported unverified. A driver running the sweep (a live ``sweep.lock``) refuses the
+re-analysis, which holds the lock itself while it rewrites ``gather/``.
 
-It never makes things worse: a folder a live driver holds (``sweep.lock``), or whose ``gather/`` holds a symbolic
-link out of the folder, is refused before anything is read; a re-analysis that would leave every trial out (a
-wrong ``--tracking-uri``, say) keeps the previous outputs and exits 1; every file read is validated and a damaged
-one is named (exit 2).
+It never makes things worse: a folder a live driver holds, or whose ``gather/`` holds a symbolic link out of the
+folder, is refused before anything is read; a re-analysis that would leave every trial out (a wrong
+``--tracking-uri``, say) keeps the previous outputs and exits 1; every file read is validated and a damaged one is
+named (exit 2).
 """
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ from qed_ray.analysis import group_cache, plots, report, tables
 from qed_ray.analysis.results import FailedTrial, GroupResult, SweepResults, read_results
 from qed_ray.atomic import atomic_file, write_json
 from qed_ray.field_hints import format_validation_error
+from qed_ray.analysis.group_cache import TamperedCacheError
+from qed_ray.analysis.checksums import TamperedSnapshotError, Verifier
 from qed_ray.layout import SweepDir
-from qed_ray.rl.digests import Recorded
-from qed_ray.service.lock import LockHeld
+from qed_ray.service.lock import LockHeld, SweepLock
+from qed_ray.service.results_key import ResultsKey, ResultsKeyError, key_path, load_key
 from qed_ray.service.status import driver, sweep_folders_in
 from qed_ray.service.sweep_record import read_state, sweep_id
 from qed_ray.spec import FinalEvalSpec
@@ -124,11 +128,13 @@ def _evaluate_in_worker(job: group_cache.GroupJob, final_eval: FinalEvalSpec) ->
     return group_cache.evaluate(job, final_eval)
 
 
-def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, recorded: dict[str, Recorded] | None,
-              workers: int = 1, log=print) -> tuple[SweepResults, list[str]]:
+def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, verifier: Verifier | None, workers: int = 1, log=print,
+              signing_key: bytes | None = None) -> tuple[SweepResults, list[str]]:
     """Recomputes every output of ``gather/`` for ``final_eval`` (the verdict by the claim block ``sweep.json``
-    froze, if any); returns the results and the refused groups. When every trial is left out (no group has a
-    result) nothing is written: the previous outputs stay.
+    froze, if any); returns the results and the refused groups. ``verifier`` None (``--no-verify``): nothing is
+    checked, every seed is unverified; ``signing_key`` (default the verifier's) signs and checks the cache, which
+    is left alone without one. When every trial is left out (no group has a result) nothing is written: the previous
+    outputs stay.
 
     Raises:
         RecordError / SpecError: a damaged ``results.json`` or ``sweep.json`` (naming it and the field).
@@ -141,9 +147,13 @@ def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, recorded: dict[str, R
     failed += [FailedTrial(n, "did not finish (no DONE.json)") for n in trials if n not in finished]
     jobs, results, refused = [], {}, []
     for key, names in group_cache.plan_groups(trials).items():
-        job = group_cache.prepare(layout, key, [n for n in names if n in finished], recorded, final_eval)
+        job = group_cache.prepare(layout, key, [n for n in names if n in finished], verifier, final_eval, signing_key)
         failed += job.excluded
-        cached = group_cache.load(layout, job.key, key, log) if job.records else None
+        try:
+            cached = group_cache.cached(job, log)
+        except (TamperedSnapshotError, TamperedCacheError) as e:  # refused before anything is evaluated
+            _refuse(job, e, refused, failed, log)
+            continue
         if cached is not None:
             results[key] = cached
             log(f"  {key.name}: cached")
@@ -157,11 +167,10 @@ def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, recorded: dict[str, R
             try:
                 result = future.result() if future else group_cache.evaluate(job, final_eval)
             except Exception as e:  # noqa: BLE001 - a refused group is reported, the others still land
-                refused.append(f"{job.group.name}: {type(e).__name__}: {e}")
-                failed += [FailedTrial(r.name, f"gather refused {job.group.name}: {e}") for r in job.records]
-                log(f"  {job.group.name}: REFUSED: {e}")
+                _refuse(job, e, refused, failed, log)
                 continue
-            group_cache.store(layout, job.key, result, log)
+            if job.signing_key is not None:
+                group_cache.store(layout, job.key, result, job.signing_key, log)
             results[job.group] = result
             log(f"  {job.group.name}: evaluated ({time.perf_counter() - t0:.1f} s)")
     finally:
@@ -196,9 +205,16 @@ def _log_to_mlflow(layout: SweepDir, uri: str | None, results: SweepResults, ref
                f"are in {layout.gather}"
 
 
-def _recorded(layout: SweepDir, uri: str | None) -> dict[str, Recorded]:
+def _refuse(job: group_cache.GroupJob, e: Exception, refused: list[str], failed: list[FailedTrial], log) -> None:
+    """A refused group: reported, its seeds left out naming the reason (the others still land)."""
+    refused.append(f"{job.group.name}: {type(e).__name__}: {e}")
+    failed.extend(FailedTrial(r.name, f"gather refused {job.group.name}: {e}") for r in job.records)
+    log(f"  {job.group.name}: REFUSED: {e}")
+
+
+def _verifier(layout: SweepDir, uri: str | None, key: bytes) -> Verifier:
     from qed_ray.service.relink import follow_move
-    from qed_ray.service.tracking import default_tracking_uri, sweep_checksums
+    from qed_ray.service.tracking import default_tracking_uri, sweep_digests
 
     if uri is None:
         if not layout.mlflow_db.exists():
@@ -207,10 +223,27 @@ def _recorded(layout: SweepDir, uri: str | None) -> dict[str, Recorded]:
         uri = default_tracking_uri(layout.root)
         follow_move(layout)  # a moved or copied folder's store points at its own artifacts again
     elif uri.startswith("sqlite:") and not Path(uri.removeprefix("sqlite:").removeprefix("///")).is_file():
-        # MLflow would create an empty store there (and every trial would be left out for want of checksums).
+        # MLflow would create an empty store there (and every trial would be unverified for want of digests).
         raise ValueError(f"--tracking-uri: {uri}: no MLflow store at that path (a SQLite URI needs an existing "
                          f"file: sqlite:////abs/path/mlflow.db)")
-    return sweep_checksums(uri, sweep_id(layout))
+    sid = sweep_id(layout)
+    recorded = sweep_digests(uri, sid)
+    if not recorded and any(layout.done_marker(t.name).exists() for t in layout.trials()):
+        # Every seed would be unverified: the wrong store, far likelier than an outage at every trial's end.
+        raise ValueError(f"--tracking-uri: {uri}: holds no signed digest of this sweep's trials (sweep id {sid}); "
+                         f"give the sweep's tracking URI, or --no-verify to use its files unchecked")
+    return Verifier(sid, key, recorded)
+
+
+def _key(layout: SweepDir, no_verify: bool) -> ResultsKey | None:
+    """The user's results key; with ``--no-verify`` a missing key only leaves the cache unused."""
+    try:
+        return load_key(sweep_dir=layout.root)
+    except ResultsKeyError:
+        if not no_verify or key_path().exists():
+            raise
+        print(f"note: no results key at {key_path()}: the cache is neither read nor written", flush=True)
+        return None
 
 
 def check_folder(layout: SweepDir) -> None:
@@ -251,11 +284,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.add_argument(f"--{name.replace('_', '-')}", type=kind, help=f"{info.description} (default: the "
                        f"sweep's last gather, else {default})".replace("%", "%%"))
     p.add_argument("--workers", type=int, default=1, help="local processes evaluating groups (default 1)")
-    p.add_argument("--tracking-uri", help="MLflow store with the trials' recorded checksums (default: "
+    p.add_argument("--tracking-uri", help="MLflow store with the digests the trials signed (default: "
                    "MLFLOW_TRACKING_URI, else the sweep folder's mlflow.db)")
     p.add_argument("--no-verify", action="store_true", help="use the snapshots without checking them against the "
-                   "recorded checksums (only for a folder nobody else could write)")
+                   "digests their trials signed (every seed is reported unverified; only for a folder nobody else "
+                   "could write)")
     return p.parse_args(argv)
+
+
+def _error(e: Exception) -> int:
+    for line in str(e).splitlines():
+        print(f"error: {line}", file=sys.stderr)
+    return 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -275,16 +315,23 @@ def main(argv: list[str] | None = None) -> int:
         previous = previous_results(layout)
         final_eval = final_eval_with(previous.final_eval if previous else None, overrides)
         uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-        recorded = None if args.no_verify else _recorded(layout, uri)
+        key = _key(layout, args.no_verify)
+        verifier = None if args.no_verify else _verifier(layout, uri, key.secret)
         layout.trials()  # a folder without policies/ is refused here, naming it
-        os.environ.setdefault("MUJOCO_GL", "disable")
-        quiet_model_deprecations()
-        print(f"re-analysing {layout.root} with final_eval {final_eval.model_dump()}", flush=True)
-        results, refused = reanalyze(layout, final_eval, recorded, args.workers)
+        lock = SweepLock(layout.lock_file)
+        lock.acquire()  # a driver that starts meanwhile is refused (it writes gather/ too)
     except (ValueError, FileNotFoundError, LockHeld) as e:  # RecordError and SpecError are ValueErrors
-        for line in str(e).splitlines():
-            print(f"error: {line}", file=sys.stderr)
-        return 2
+        return _error(e)
+    os.environ.setdefault("MUJOCO_GL", "disable")
+    quiet_model_deprecations()
+    print(f"re-analysing {layout.root} with final_eval {final_eval.model_dump()}", flush=True)
+    try:
+        results, refused = reanalyze(layout, final_eval, verifier, args.workers,
+                                     signing_key=key.secret if key is not None else None)
+    except (ValueError, FileNotFoundError) as e:
+        return _error(e)
+    finally:
+        lock.release()
     if not results.groups:
         for f in results.failed_trials:
             print(f"LEFT OUT {f.name}: {f.error}")

@@ -6,9 +6,11 @@ Starts nothing (no Ray, no MLflow) and reads what the sweep folder records (:cla
 (``checkpoints/<pack>/``, else its newest policy snapshot) how far it got and how long it has run; an ``error.txt``
 in its pack's Tune folder of the latest start that ran it, newer than that checkpoint, that Tune gave up on it in
 that start (the next start retries it); the group cache (``gather/cache/``) the partial table for the spec's
-final-evaluation settings. The report lists every pack with the state of each of its seed runs. Every file is
-validated where it is read: a damaged one stops the report with one line naming the file and the field (a damaged
-cache entry only leaves its group out of the partial table, with a line saying so).
+final-evaluation settings, each entry checked against its signature with the user's results key when there is one
+(:mod:`qed_ray.service.results_key`; an edited entry is named and left out), with the seeds the gather step used
+unverified counted. The report lists every pack with the state of each of its seed runs. Every file is validated
+where it is read: a damaged one stops the report with one line naming the file and the field (a damaged cache entry
+only leaves its group out of the partial table, with a line saying so).
 
 The folder is the spec's (``storage_path``, ``QED_STORAGE_PATH``, ``QED_STORAGE_ROOT`` of this shell) or the one
 ``--dir`` names, which finds a sweep from any shell (a ``ray job submit`` sweep's variables are its job's). "Not
@@ -26,13 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qed_ray.analysis import group_cache, tables
-from qed_ray.analysis.report import format_table
+from qed_ray.analysis.report import format_table, unverified_line
 from qed_ray.analysis.results import FailedTrial, SweepResults
 from qed_ray.layout import SweepDir
 from qed_ray.rl.checkpoint import MANIFEST_FILE, SNAPSHOT_FORMATS, CheckpointVersionError, read_manifest
 from qed_ray.run_records import diverged_reason, read_done
 from qed_ray.service.lock import STALE_AFTER_S, LockDamaged, read_lock, stale_reason
 from qed_ray.service.packing import Pack, form_packs, pack_of, seed_checkpoint
+from qed_ray.service.results_key import ResultsKeyError, key_path, load_key
 from qed_ray.service.sweep_record import StateDamaged, read_state
 from qed_ray.spec import SpecError, SweepSpec
 
@@ -152,25 +155,40 @@ def projected_wall_s(states: list[TrialState], shares: list[float] | None = None
     return total
 
 
-def partial_results(spec: SweepSpec, layout: SweepDir, states: list[TrialState], notes: list[str] | None = None
-                    ) -> tuple[SweepResults, int]:
+def partial_results(spec: SweepSpec, layout: SweepDir, states: list[TrialState], signing_key: bytes | None = None,
+                    notes: list[str] | None = None) -> tuple[SweepResults, int, list[str]]:
     """The tables of every group whose trials are all done or failed and whose evaluation is cached for the spec's
-    final-evaluation settings; also returns the number of groups. A damaged cache entry leaves its group out, with a
-    line in ``notes``."""
+    final-evaluation settings (each entry checked with ``signing_key``; None: unchecked); also returns the number
+    of groups and why entries were refused (edited since). A damaged cache entry leaves its group out, with a line
+    in ``notes``."""
     by_name = {s.name: s for s in states}
     groups = group_cache.plan_groups(list(by_name))
     found, failed = [], [FailedTrial(s.name, s.error) for s in states if s.state == "failed"]
+    refused = []
     for key, names in groups.items():
         if any(by_name[n].state not in ("done", "failed") for n in names):
             continue
         done = [n for n in names if by_name[n].state == "done"]
         job = group_cache.prepare(layout, key, done, None, spec.final_eval) if done else None
-        cached = group_cache.load(layout, job.key, key, (notes if notes is not None else []).append) \
-            if job is not None and job.records else None
+        try:
+            cached = group_cache.load(layout, job.key, signing_key, key, (notes if notes is not None else []).append) \
+                if job is not None and job.records else None
+        except group_cache.TamperedCacheError as e:
+            refused.append(str(e))
+            continue
         if cached is not None:
             found.append(cached)
     results = tables.sweep_results(spec.name, spec.final_eval, found, failed, len(states))
-    return results, len(groups)
+    return results, len(groups), refused
+
+
+def _status_key(layout: SweepDir) -> tuple[bytes | None, str]:
+    """The results key if there is a usable one (never created here), and a note when the cache goes unchecked."""
+    try:
+        return load_key(sweep_dir=layout.root).secret, ""
+    except ResultsKeyError as e:
+        return None, f" (NOT CHECKED: {str(e).split(';')[0]})" if key_path().exists() else \
+            f" (NOT CHECKED: no results key at {key_path()})"
 
 
 def report(spec: SweepSpec, layout: SweepDir, source: str = "") -> str:
@@ -205,10 +223,14 @@ def report(spec: SweepSpec, layout: SweepDir, source: str = "") -> str:
         if share > 0:
             lines.append(f"{unit}-hours: {spent * share / 3600:.3g} spent, {projected * share / 3600:.3g} projected "
                          f"for the whole sweep (pack wall time x {share:g} {unit} per pack)")
+    signing_key, unchecked = _status_key(layout)
     notes: list[str] = []
-    results, n_groups = partial_results(spec, layout, states, notes)
+    results, n_groups, refused = partial_results(spec, layout, states, signing_key, notes)
     lines.append(f"results: {len(results.groups)} of {n_groups} groups gathered (cached in {layout.group_cache} "
-                 f"for this spec's final_eval)")
+                 f"for this spec's final_eval){unchecked}")
+    lines += [f"REFUSED {why}" for why in refused]
+    unverified = unverified_line(results.groups)
+    lines += [unverified] if unverified else []
     if results.aggregates:
         lines += ["", format_table(results)]
     by_name = {s.name: s for s in states}

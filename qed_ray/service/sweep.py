@@ -21,10 +21,10 @@ This module is the driver; what runs inside a trial's Ray worker is :mod:`qed_ra
 sweep folder comes from :class:`qed_ray.layout.SweepDir`.
 
 Exit codes: 0 every trial finished and gathering succeeded; 1 a trial failed, or gathering failed or left a
-finished trial out (a snapshot that does not match its recorded checksum, say); 2 a bad spec,
-a refused folder, a tracking server that does not answer or another driver running this sweep; 130 stopped by
-Ctrl-C (SIGINT) and 143 by SIGTERM (``ray job stop``): the trials stopped cleanly, their runs are KILLED, and the
-same command resumes them.
+finished trial out (a file that does not match the digest its trial signed, say); 2 a bad spec, a refused folder,
+a tracking server that does not answer or another driver running this sweep; 3 this driver lost the sweep's lock
+(:mod:`qed_ray.service.lock`) and stopped its trials as Ctrl-C does; 130 stopped by Ctrl-C (SIGINT) and 143 by
+SIGTERM (``ray job stop``): the trials stopped cleanly, their runs are KILLED, and the same command resumes them.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
-import uuid
 from pathlib import Path
 
 import ray
@@ -42,9 +42,11 @@ from ray import tune
 from qed_ray import cli_help
 from qed_ray.service import announce, gather, status
 from qed_ray.analysis import report
+from qed_ray.service.cluster import check_cluster
 from qed_ray.service.dry_run import dry_run
 from qed_ray.layout import SweepDir
 from qed_ray.service.lock import LockHeld, SweepLock
+from qed_ray.service.results_key import ResultsKey, load_key
 from qed_ray.service.ray_token import private_ray_token, quiet_opt_out_notice
 from qed_ray.analysis.results import FailedTrial, SweepResults
 from qed_ray.spec import SpecError, SweepSpec, load_spec
@@ -54,10 +56,13 @@ from qed_ray.compat import adopt_trial_checkpoints
 from qed_ray.service.packing import Pack, TuneTrial
 from qed_ray.service.sweep_record import SweepState, write_state
 from qed_ray.service.sweep_state import check_folder, git_sha, move_aside, outcome, plan, prune_finished, resolve_paths, \
-    sqlite_on_many_machines, sync_runs
+    sync_runs
 from qed_ray.service.tracking import Tracker, artifact_location, ui_command
 from qed_ray.service.tracking_uri import unreachable, uri_field
 from qed_ray.service.trial import TrialContext, train_trial
+
+EXIT_LOST = 3  # the driver lost the sweep's lock (module notes)
+
 
 def trial_name(trial) -> str:
     """A Tune trial's name: its pack's ``task/agent/variant/pack0-2``."""
@@ -72,10 +77,11 @@ def tune_dirname(trial) -> str:
 class Interrupt(tune.Stopper):
     """Ctrl-C (SIGINT) or ``ray job stop`` (SIGTERM): stop every trial cleanly (Tune's stopper); a second signal
     exits at once. Tune's own SIGINT handler is disabled (``TUNE_DISABLE_SIGINT_HANDLER``) so both signals take
-    this one path."""
+    this one path. A lost lock (``lost``, set by :class:`~qed_ray.service.lock.SweepLock`) stops the trials alike."""
 
-    def __init__(self):
+    def __init__(self, lost: threading.Event | None = None):
         self.signum: int | None = None
+        self.lost = lost or threading.Event()
 
     def install(self) -> None:
         """Handles SIGINT and SIGTERM from now on (after ``ray.init``, which sets its own SIGTERM handler)."""
@@ -93,7 +99,10 @@ class Interrupt(tune.Stopper):
         return False
 
     def stop_all(self) -> bool:
-        return self.signum is not None
+        return self.signum is not None or self.lost.is_set()
+
+    def __reduce__(self):  # Tune pickles its stopper into tuner.pkl (never read back here): an Event cannot go
+        return Interrupt, ()
 
 
 class Progress(tune.Callback):
@@ -128,8 +137,8 @@ class Progress(tune.Callback):
 
     @property
     def stopped(self) -> bool:
-        """Whether the sweep is being interrupted (Tune then reports the stopped trials as done)."""
-        return self.interrupt is not None and self.interrupt.signum is not None
+        """Whether the sweep is being interrupted or lost its lock (Tune then reports the stopped trials as done)."""
+        return self.interrupt is not None and self.interrupt.stop_all()
 
     def line(self, trials: list) -> str:
         """One status line."""
@@ -185,7 +194,7 @@ def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, 
     for attempt in range(10**6):
         pending = [p for p in packs if p.name not in failed
                    and any(layout.trial_state(n) == "pending" for n in p.names)]
-        if not pending or interrupt.signum is not None:
+        if not pending or interrupt.stop_all():
             break
         progress = Progress(sum(p.env_steps for p in pending), interrupt,
                             resumed=announce.resumed_env_steps(layout, pending))
@@ -213,50 +222,6 @@ def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, 
 def _progress_mark(layout: SweepDir, packs: list[Pack]) -> int:
     """Env steps checkpointed over all packs (grows whenever any of them saves or finishes)."""
     return sum(max(layout.pack_checkpoint_steps(p.id), default=0) for p in packs)
-
-
-def check_cluster(spec: SweepSpec, sweep_dir: Path, uri: str) -> None:
-    """Refusals that save a multi-node sweep from failing late.
-
-    Some node must be able to hold one trial's resources (else Tune would pend forever, ray#19985). On more than
-    one node every node must see the storage folder (a marker written here is looked for by a task pinned to each
-    node). A SQLite MLflow store is refused once the nodes span more than one machine (SQLite's locking is not
-    reliable over NFS, and every node would write to it); on one machine it must still be visible to every node.
-    """
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    need = {"CPU": spec.trial_resources()["cpu"], "GPU": spec.trial_resources()["gpu"]}
-    if not any(all(n["Resources"].get(k, 0) >= v for k, v in need.items() if v > 0) for n in nodes):
-        have = sorted({f"CPU={n['Resources'].get('CPU', 0):g}, GPU={n['Resources'].get('GPU', 0):g}"
-                       for n in nodes})
-        raise SpecError(f"resources: a trial asks for CPU={need['CPU']:g}, GPU={need['GPU']:g} but no node has "
-                        f"that much (nodes: {'; '.join(have)})")
-    if len(nodes) < 2:
-        return
-    problem = sqlite_on_many_machines(uri, nodes)
-    if problem:
-        raise SpecError(problem)
-    checks = [("storage_path", sweep_dir)]
-    if uri.startswith("sqlite:"):
-        checks.append(("tracking.uri", Path(uri.removeprefix("sqlite:///")).parent))
-    for field, folder in checks:
-        folder.mkdir(parents=True, exist_ok=True)
-        marker = folder / f".qed-reach-{uuid.uuid4().hex[:8]}"
-        marker.write_text("x")
-        try:
-            blind = [n["NodeID"][:8] for n in nodes if not ray.get(_exists_on.options(
-                scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
-                    n["NodeID"], soft=False)).remote(str(marker)))]
-        finally:
-            marker.unlink(missing_ok=True)
-        if blind:
-            raise SpecError(f"{field}: {folder} is local to the driver's node; nodes {', '.join(blind)} cannot "
-                            f"reach it. Use a shared filesystem mounted at the same path on every node or, for "
-                            f"MLflow, a tracking server (MLFLOW_TRACKING_URI=http://head:5000)")
-
-
-@ray.remote(num_cpus=0)
-def _exists_on(path: str) -> bool:
-    return os.path.exists(path)
 
 
 def print_summary(results: SweepResults | None, gathered: gather.GatherReport | None, failed: list[FailedTrial],
@@ -287,8 +252,9 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
     problem = unreachable(uri)  # seconds now, not minutes of MLflow retries once Ray is up
     if problem:
         raise SpecError(f"{uri_field()}: {problem}; start the tracking server or correct the URI")
+    key = load_key(create=True, sweep_dir=layout.root, log=lambda line: print(line, flush=True))
     layout.root.mkdir(parents=True, exist_ok=True)
-    with SweepLock(layout.lock_file):
+    with SweepLock(layout.lock_file, log=lambda line: print(line, flush=True)) as lock:
         check_folder(layout, spec, fresh, force)
         if fresh and os.path.lexists(layout.state_file):
             print(f"--fresh: moved the previous sweep to {move_aside(layout)}", flush=True)
@@ -297,7 +263,12 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
         write_state(layout, p.state)
         for line in announce.first_lines(spec.name, spec_path, layout, uri):
             print(line, flush=True)
-        return _run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial, p.packs)
+        code = _run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial, p.packs, lock, key)
+        if lock.lost.is_set() or not lock.beat():  # lost while (or after) training: nothing more of this start
+            print(f"error: {lock.why}; this driver stopped its trials and leaves the sweep to the driver that holds "
+                  f"it now", file=sys.stderr, flush=True)
+            return EXIT_LOST
+        return code
 
 
 def _refuse(problems: list[str]) -> None:
@@ -306,7 +277,7 @@ def _refuse(problems: list[str]) -> None:
 
 
 def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, experiment: str, state: SweepState,
-                new: list[str], gather_partial: bool, packs: list[Pack]) -> int:
+                new: list[str], gather_partial: bool, packs: list[Pack], lock: SweepLock, key: ResultsKey) -> int:
     prune_finished(layout, packs, spec.keep_replay)
     adopted = sum(adopt_trial_checkpoints(layout, p.id, p.trials[0].run.train.env_steps) for p in packs)
     if adopted:
@@ -315,7 +286,7 @@ def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, ex
         quiet_opt_out_notice()  # auth stays on; only Ray's advice to switch it off is not printed
         with private_ray_token():  # Ray writes a new ~/.ray/auth_token with the umask (0644): keep it 0600
             ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
-    interrupt = Interrupt()
+    interrupt = Interrupt(lock.lost)
     interrupt.install()
     check_cluster(spec, layout.root, uri)
     tracker = Tracker(uri, experiment, state.sweep_id, artifact_location=artifact_location(uri, layout))
@@ -326,19 +297,22 @@ def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, ex
     context = TrialContext(sweep_id=state.sweep_id, sweep_dir=layout.root, tracking_uri=uri,
                            experiment=experiment, parent_run_id=parent, keep_every=spec.final_eval.keep_every,
                            gpu_fraction=spec.resources.gpu, keep_replay=spec.keep_replay,
-                           env_workers=spec.pack.env_workers)
+                           env_workers=spec.pack.env_workers, results_key=key.secret.hex(), lock_token=lock.info.token)
     print(announce.start_line(spec, layout, packs, new), flush=True)
-    # MLflow in line with the folder before the gather step reads it (checksums an earlier start could not record).
+    # MLflow in line with the folder before the gather step reads it (runs an earlier start could not end).
     sync_runs(tracker, parent, layout, spec, *outcome(layout, spec, {}), packs=packs)
     claim = state.claim.model_dump() if state.claim is not None else None
     launch = lambda: gather.launch(spec, layout, state.sweep_id, uri, experiment, parent,  # noqa: E731
-                                   len(packs), claim)
+                                   key.secret, len(packs), claim)
     gatherer = launch()
     failed = train_pending(spec, context, interrupt, [gather.GatherFeed(gather.actor_name(spec.name,
                                                                                           state.sweep_id))], packs)
+    if lock.lost.is_set() or not lock.beat():  # another driver runs the sweep now: leave its folder and runs alone
+        gather.stop(gatherer)
+        return EXIT_LOST
     prune_finished(layout, packs, spec.keep_replay)
     failures, unfinished = outcome(layout, spec, failed)
-    # Also the checksums trials could not record; a trial whose files are damaged is reported with the failures.
+    # A trial whose files are damaged is reported with the failures.
     damaged = sync_runs(tracker, parent, layout, spec, failures, unfinished, packs=packs)
     failures += [f for f in damaged if f.name not in {g.name for g in failures}]
     if interrupt.signum is not None and not gather_partial:
@@ -369,7 +343,7 @@ def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[Fail
             print(f"the gather actor died ({type(e).__name__}); gathering again from the cache", flush=True)
             gathered = gather.finish(launch(), failures)
         results = gathered.results
-        # Left out by the gather step itself (a refused snapshot, no recorded checksum): reported like failures.
+        # Left out by the gather step itself (a file or cache entry that failed its check): reported like failures.
         known = {f.name for f in failures}
         left_out = [f for f in results.failed_trials if f.name not in known]
         gather_ok = not left_out

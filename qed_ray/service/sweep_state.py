@@ -20,9 +20,11 @@ changed field.
 :func:`qed_ray.service.dry_run.dry_run` shows the same refusals and what a run would do with each trial.
 
 Before and after training, :func:`outcome` reads how every trial stands from the folder (``DONE.json``,
-``DIVERGED.json``) and :func:`sync_runs` brings the MLflow runs in line with it, recording the policy checksums a
-finished trial could not record itself (:mod:`qed_ray.analysis.checksums`). A finished trial's evaluations are read by the
-gather step from its snapshot manifests (:mod:`qed_ray.analysis.group_cache`), not from here.
+``DIVERGED.json``) and :func:`sync_runs` brings the MLflow runs in line with it. The signed digest of a finished
+trial's files is recorded by the worker that trained it alone, never copied from the folder here
+(:mod:`qed_ray.analysis.checksums`): a finished run without one is tagged ``qed.unverified``. A finished trial's
+evaluations are read by the gather step from its snapshot manifests (:mod:`qed_ray.analysis.group_cache`), not from
+here.
 """
 
 from __future__ import annotations
@@ -43,13 +45,12 @@ from qed_ray.codec import RecordError
 from qed_ray.compat import legacy_trial_started
 from qed_ray.layout import PackId, SweepDir, TrialId
 from qed_ray.naming import identity, identity_changes, parse_variant, show_setting
-from qed_ray.rl.digests import done_checksums
 from qed_ray.rl.replay import prune_chunks
-from qed_ray.run_records import diverged_reason, read_history
+from qed_ray.run_records import diverged_reason, read_done, read_history
 from qed_ray.service.packing import Pack, form_packs, pack_of, pack_records, pack_started, pack_state
 from qed_ray.service.sweep_record import STATE_FORMAT, StateDamaged, SweepState, read_state
 from qed_ray.service.tracking_uri import URI_ENV, check_uri
-from qed_ray.service.tracking import POLICY_SHA_TAG, Tracker, TrialRun, checksum_tags, default_tracking_uri, pack_tags
+from qed_ray.service.tracking import DIGEST_TAG, UNVERIFIED_TAG, Tracker, TrialRun, default_tracking_uri, pack_tags
 from qed_ray.spec import SpecError, SweepSpec
 STORAGE_ROOT_ENV = "QED_STORAGE_ROOT"  # resolves a relative storage_path (required for one under `ray job submit`)
 STORAGE_PATH_ENV = "QED_STORAGE_PATH"  # overrides the spec's storage_path
@@ -369,8 +370,8 @@ def sqlite_on_many_machines(uri: str, nodes: list[dict]) -> str | None:
 def sync_runs(tracker: Tracker, parent_run_id: str, layout: SweepDir, spec: SweepSpec,
               failures: list[FailedTrial], unfinished: list[str], packs: list[Pack]) -> list[FailedTrial]:
     """Brings every trial's MLflow run in line with the folder: finished runs complete (metrics an outage kept
-    back, a store that moved, the policy checksums from ``DONE.json`` if the run lacks them), failed ones FAILED
-    with the reason, unfinished ones KILLED (to be resumed). Runs already in that state are not touched.
+    back, a store that moved; tagged ``qed.unverified`` when their worker could not record its digest), failed ones
+    FAILED with the reason, unfinished ones KILLED (to be resumed). Runs already in that state are not touched.
     Best-effort: if MLflow fails, the next call (the end of this start, or the next start) tries again. A seed run
     carries its pack's tags. Returns the trials whose ``history.json`` or ``DONE.json`` is damaged, each with the
     file and the problem: their runs end without what those files hold, the other trials' runs are synced."""
@@ -389,7 +390,7 @@ def sync_runs(tracker: Tracker, parent_run_id: str, layout: SweepDir, spec: Swee
         want = "KILLED" if t.name in unfinished else "FAILED" if t.name in reasons else "FINISHED"
         tags, history = {}, []
         try:
-            tags = _missing_checksums(layout, t.name, run) if want == "FINISHED" else {}
+            tags = _unverified(layout, t.name, run) if want == "FINISHED" else {}
             if not tags and (status == want or (want == "KILLED" and status in (None, "FINISHED"))):
                 continue
             history = read_history(layout, t.name)
@@ -408,16 +409,16 @@ def sync_runs(tracker: Tracker, parent_run_id: str, layout: SweepDir, spec: Swee
     return damaged
 
 
-def _missing_checksums(layout: SweepDir, name: str, run) -> dict[str, str]:
-    """The checksum tags a finished trial's run lacks (its MLflow was down when it ended), else ``{}``."""
-    if layout.trial_state(name) != "done" or (run is not None and POLICY_SHA_TAG in run.data.tags):
+def _unverified(layout: SweepDir, name: str, run) -> dict[str, str]:
+    """The ``qed.unverified`` tag for a finished trial whose run lacks the digest only its worker records (its MLflow
+    was down when it ended), unless the run has it already; else ``{}``. Raises RecordError for a damaged
+    ``DONE.json`` (the caller reports it)."""
+    tags = run.data.tags if run is not None else {}
+    if layout.trial_state(name) != "done" or DIGEST_TAG in tags or UNVERIFIED_TAG in tags:
         return {}
-    try:
-        return checksum_tags(done_checksums(layout, name))
-    except RecordError:  # a damaged DONE.json or snapshot manifest: the caller reports it
-        raise
-    except (OSError, ValueError):  # no final snapshot: the gather step names the problem
-        return {}
+    read_done(layout, name)  # validated: a damaged one is named with the trial
+    return {UNVERIFIED_TAG: "its worker recorded no digest of its files when it finished (MLflow did not answer); "
+                            "the gather step uses them unchecked and reports them unverified"}
 
 
 def git_sha() -> str:

@@ -8,8 +8,10 @@ TRIAL_TAG = "qed.trial"
 ROLE_TAG = "qed.role"  # sweep (the parent), trial (a seed run), reanalysis (a python -m qed_ray.gather run)
 REASON_TAG = "qed.failure_reason"
 NODES_TAG = "qed.node_ids"
-POLICY_SHA_TAG = "qed.policy_sha256"  # the final snapshot's state.pt SHA-256, set by the trial at its end
-SNAPSHOTS_SHA_TAG = "qed.snapshots_sha256"  # the digest of all its snapshots (qed_ray.analysis.checksums)
+# What a trial's worker records at its end (qed_ray.rl.digests): the digest of every file the gather reads of it,
+# its HMAC under the user's results key, and that key's id. A finished run without them is flagged UNVERIFIED_TAG.
+DIGEST_TAG, MAC_TAG, KEY_ID_TAG = "qed.files_sha256", "qed.files_hmac", "qed.results_key_id"
+UNVERIFIED_TAG = "qed.unverified"
 PACK_TAG, PACK_SIZE_TAG = "qed.pack", "qed.pack_size"  # a seed run trained in a pack: the pack's name and size
 # A trial run's parts, so the UI can group and filter by them ("Group by" lists tags; params hold no variant).
 TASK_TAG, AGENT_TAG, VARIANT_TAG, SEED_TAG = "qed.task", "qed.agent", "qed.variant", "qed.seed"

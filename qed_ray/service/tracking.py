@@ -25,12 +25,13 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 from qed_ray.layout import SweepDir
-from qed_ray.run_records import HistoryEntry, Recorded
+from qed_ray.rl.digests import Recorded
+from qed_ray.run_records import HistoryEntry
 from qed_ray.service.relink import follow_move, own_store
 
-from qed_ray.service.tags import (GROUP_TAG, NODES_TAG, PACK_SIZE_TAG, PACK_TAG, POLICY_SHA_TAG,  # noqa: F401 - API
-                                  REANALYSIS_TAG, REASON_TAG, ROLE_TAG, SNAPSHOTS_SHA_TAG, SWEEP_TAG, TRIAL_TAG,
-                                  run_name, trial_tags)
+from qed_ray.service.tags import (DIGEST_TAG, GROUP_TAG, KEY_ID_TAG, MAC_TAG, NODES_TAG,  # noqa: F401 - API
+                                  PACK_SIZE_TAG, PACK_TAG, REANALYSIS_TAG, REASON_TAG, ROLE_TAG, SWEEP_TAG, TRIAL_TAG,
+                                  UNVERIFIED_TAG, run_name, trial_tags)
 # MLflow 3's UI opens an experiment on its GenAI overview ("Traces") unless this tag says it holds training runs;
 # the values are the UI's ExperimentKind enum (mlflow/server/js: CUSTOM_MODEL_DEVELOPMENT).
 EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
@@ -239,13 +240,9 @@ class Tracker:
         """Logs a matplotlib figure as an image artifact."""
         self.client.log_figure(run_id, figure, name)
 
-    def record_checksums(self, run_id: str, recorded: Recorded) -> None:
-        """Records a finished trial's policy checksums in its run (what the gather step checks snapshots against)."""
-        self.set_tags(run_id, checksum_tags(recorded))
-
-    def recorded_checksums(self) -> dict[str, Recorded]:
-        """``{trial name: Recorded}`` of this sweep's trial runs that recorded their checksums."""
-        return _checksums(self.runs())
+    def recorded_digests(self) -> dict[str, Recorded]:
+        """``{trial name: Recorded}`` of this sweep's trial runs whose workers recorded their digest."""
+        return _digests(self.runs())
 
     # ---- queries (tests, summaries) --------------------------------------------------------------
     def runs(self) -> list:
@@ -279,18 +276,17 @@ def pack_tags(pack: str, size: int) -> dict[str, str]:
     return {PACK_TAG: pack, PACK_SIZE_TAG: str(size)}
 
 
-def checksum_tags(recorded: Recorded) -> dict[str, str]:
-    """The run tags that record a trial's policy checksums."""
-    return {POLICY_SHA_TAG: recorded.policy_sha256, SNAPSHOTS_SHA_TAG: recorded.snapshots_sha256}
+def digest_tags(recorded: Recorded) -> dict[str, str]:
+    """The run tags by which a trial's worker records the signed digest of its files (set by the worker alone)."""
+    return {DIGEST_TAG: recorded.digest, MAC_TAG: recorded.mac, KEY_ID_TAG: recorded.key_id}
 
 
-def _checksums(runs) -> dict[str, Recorded]:
+def _digests(runs) -> dict[str, Recorded]:
     out = {}
     for r in runs:
         tags = r.data.tags
-        if TRIAL_TAG in tags and POLICY_SHA_TAG in tags and SNAPSHOTS_SHA_TAG in tags:
-            out[tags[TRIAL_TAG]] = Recorded(policy_sha256=tags[POLICY_SHA_TAG],
-                                            snapshots_sha256=tags[SNAPSHOTS_SHA_TAG])
+        if TRIAL_TAG in tags and all(t in tags for t in (DIGEST_TAG, MAC_TAG, KEY_ID_TAG)):
+            out[tags[TRIAL_TAG]] = Recorded(tags[DIGEST_TAG], tags[MAC_TAG], tags[KEY_ID_TAG])
     return out
 
 
@@ -308,9 +304,9 @@ def _sweep_runs(uri: str, filter_string: str, page_size: int = SEARCH_PAGE) -> t
     return client, search_all_runs(client, ids, filter_string, page_size) if ids else []
 
 
-def sweep_checksums(uri: str, sweep_id: str, page_size: int = SEARCH_PAGE) -> dict[str, Recorded]:
-    """The recorded checksums of sweep ``sweep_id``'s trials in any experiment of the store at ``uri``."""
-    return _checksums(_sweep_runs(uri, f"tags.`{SWEEP_TAG}` = '{sweep_id}'", page_size)[1])
+def sweep_digests(uri: str, sweep_id: str, page_size: int = SEARCH_PAGE) -> dict[str, Recorded]:
+    """The recorded digests of sweep ``sweep_id``'s trials in any experiment of the store at ``uri``."""
+    return _digests(_sweep_runs(uri, f"tags.`{SWEEP_TAG}` = '{sweep_id}'", page_size)[1])
 
 
 def open_sweep(uri: str, sweep_id: str) -> tuple[Tracker, Any] | None:

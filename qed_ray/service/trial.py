@@ -15,9 +15,14 @@ Failures: a seed whose loss, Q value or observation turns non-finite stops alone
 FAILED with the reason; final, since a deterministic continuation would diverge again); the pack goes on with the
 others. Any other exception propagates, and Tune retries the pack from its newest checkpoint (``max_retries``);
 MLflow problems never fail a trial (:class:`~qed_ray.service.tracking.TrialRun`). At its end a seed records in its MLflow
-run the checksums of its snapshots, which the gather step checks the snapshots against (:mod:`qed_ray.analysis.checksums`);
-the same values are in ``DONE.json`` first, so the driver can record them when MLflow was down
-(:func:`qed_ray.service.sweep_state.sync_runs`).
+run the digest of every file the gather step reads of it, signed with the user's results key (which the driver hands
+over in the context, never through the folder): the gather step checks the files against it
+(:mod:`qed_ray.analysis.checksums`). Nobody records it later: if MLflow stays down until the worker gives up, the
+seed is reported unverified.
+
+The sweep's lock fences the trial: before each evaluation writes anything, the trial reads ``sweep.lock``; once it
+names another driver (this trial's driver was presumed dead and taken over), the trial stops at once, writing and
+logging nothing more, and ends as a stopped trial does (its seeds stay unfinished for the new driver).
 """
 
 from __future__ import annotations
@@ -29,13 +34,14 @@ import ray
 from pydantic import Field
 from ray import tune
 
-from qed_ray.rl.digests import done_checksums
+from qed_ray.rl.digests import inventory, record
 from qed_ray.config import Frozen
 from qed_ray.layout import SweepDir
 from qed_ray.rl.replay import prune_chunks
 from qed_ray.rl.run_folder import FolderReporter
+from qed_ray.service.lock import LockLost, check_holder
 from qed_ray.service.packing import TuneTrial
-from qed_ray.service.tracking import TrialRun, checksum_tags, limit_http_retries, pack_tags
+from qed_ray.service.tracking import TrialRun, digest_tags, limit_http_retries, pack_tags
 from qed_ray.rl.trainer import build_trainer
 
 
@@ -53,6 +59,10 @@ class TrialContext(Frozen):
     mlflow_timeout_s: float = Field(300.0, ge=0, le=86400, description="how long a finishing trial waits for "
                                                                        "an unreachable MLflow")
     env_workers: int = Field(0, ge=0, description="env worker processes per pack (pack.env_workers)")
+    results_key: str | None = Field(None, repr=False, pattern="^[0-9a-f]{64}$",
+                                    description="the user's results key (hex) that signs each seed's digest; None: "
+                                                "nothing is signed, so the seeds are unverified")
+    lock_token: str | None = Field(None, description="the driver's sweep.lock token; None: no fence")
 
     @property
     def layout(self) -> SweepDir:
@@ -78,8 +88,13 @@ def train_trial(config: dict, context: TrialContext) -> None:
     runs = [TrialRun(context.tracking_uri, context.experiment, context.sweep_id, context.parent_run_id, n,
                      s.model_dump(mode="json"), node_id=node, log=log, run_tags=tags) for n, s in zip(names, specs)]
     _limit_gpu_memory(context.gpu_fraction)
-    trainer = build_trainer(specs, lambda metrics, save: folder(metrics, save), [layout.replay(n) for n in names],
-                            names, context.env_workers, log, pack=pack.name)
+
+    def report(metrics: dict, save) -> None:  # the fence: nothing is written once another driver holds the sweep
+        check_holder(layout.lock_file, context.lock_token)
+        folder(metrics, save)
+
+    trainer = build_trainer(specs, report, [layout.replay(n) for n in names], names, context.env_workers, log,
+                            pack=pack.name)
     folder = FolderReporter(layout, pack, trainer, context.keep_every, [[] for _ in names],
                             lambda metrics: _report(folder, runs, metrics))
     try:
@@ -88,6 +103,10 @@ def train_trial(config: dict, context: TrialContext) -> None:
             run.sync(history, tags={} if resumed is None else {"qed.resumed_from_env_step": resumed})
         try:
             trainer.run()
+            check_holder(layout.lock_file, context.lock_token)
+        except LockLost as e:
+            log(f"{pack.name}: {e}; this trial stops, writing nothing more")
+            return
         except Exception as e:  # noqa: BLE001 - note it on the runs (best-effort), then let Tune retry the pack
             for run, history in zip(runs, folder.histories):
                 run.sync(history, tags={"qed.last_error": f"{type(e).__name__}: {e}"[:5000]})
@@ -95,10 +114,12 @@ def train_trial(config: dict, context: TrialContext) -> None:
     finally:
         trainer.close()
     _finish_diverged(folder, runs, context.mlflow_timeout_s)
+    key = bytes.fromhex(context.results_key) if context.results_key else None
     for name in folder.finish():
         i = names.index(name)
-        runs[i].finish(folder.histories[i], tags={"qed.status": "finished",
-                                                  **checksum_tags(done_checksums(layout, name))},
+        # The worker that trained the seed signs the digest of its files (qed_ray.rl.digests); nobody else does.
+        signed = {} if key is None else digest_tags(record(key, context.sweep_id, name, inventory(layout, name)))
+        runs[i].finish(folder.histories[i], tags={"qed.status": "finished", **signed},
                        timeout_s=context.mlflow_timeout_s)
         if not context.keep_replay:  # the pack has ended: no checkpoint of it needs the chunks again
             prune_chunks(layout.replay(name))

@@ -1,0 +1,103 @@
+"""The user's results key: the secret that signs what a trial records about its files and every cached group, kept
+outside any sweep folder.
+
+Where: ``QED_RESULTS_KEY_FILE`` if set, else ``$XDG_CONFIG_HOME/qed_ray/results.key`` (``~/.config/qed_ray/
+results.key``). The driver creates it on its first start (256 random bits as hex, mode 600, in a folder of mode 700)
+and hands it to its trials and its gather actor in memory (never through the sweep folder or a file Tune writes);
+``python -m qed_ray.gather`` and ``--status`` only read it. A key file that others can read, that is not the user's
+own, that is damaged, or that lies inside the sweep folder is refused naming it. What the key protects, and against
+whom, locally and on a cluster: docs/design.md, "Trusting results".
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qed_ray.rl.digests import key_id
+from qed_ray.spec import SpecError
+
+KEY_FILE_ENV = "QED_RESULTS_KEY_FILE"
+_HEX_KEY = re.compile(r"[0-9a-f]{64}")
+
+
+class ResultsKeyError(SpecError):
+    """A results key that is missing (where it must exist), open to others, not the user's, or damaged."""
+
+
+@dataclass(frozen=True)
+class ResultsKey:
+    """The key's bytes (never printed) and its file."""
+
+    secret: bytes = field(repr=False)
+    path: Path
+
+    @property
+    def id(self) -> str:
+        """Its public name (:func:`qed_ray.rl.digests.key_id`), recorded beside every signature."""
+        return key_id(self.secret)
+
+
+def key_path() -> Path:
+    """Where the key lives: ``QED_RESULTS_KEY_FILE``, else under ``$XDG_CONFIG_HOME`` (``~/.config``)."""
+    if os.environ.get(KEY_FILE_ENV):
+        return Path(os.environ[KEY_FILE_ENV]).expanduser().absolute()
+    config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config).expanduser().absolute() / "qed_ray" / "results.key"
+
+
+def load_key(create: bool = False, sweep_dir: Path | None = None, log=print) -> ResultsKey:
+    """Reads the key (creating it first with ``create``); refuses a key inside ``sweep_dir``.
+
+    Raises:
+        ResultsKeyError: missing (without ``create``), inside the sweep folder, open to others, not the user's own,
+            or not 64 hex digits; the message names the file and the way out.
+    """
+    path = key_path()
+    if sweep_dir is not None and path.resolve().is_relative_to(Path(sweep_dir).resolve()):
+        raise ResultsKeyError(f"{KEY_FILE_ENV}: {path} lies inside the sweep folder {sweep_dir}, where whoever can "
+                              f"write the folder could read it; keep the results key outside it (default "
+                              f"~/.config/qed_ray/results.key)")
+    if create and not path.exists():
+        _create(path, log)
+    try:
+        info = path.stat()
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        raise ResultsKeyError(
+            f"{path}: no results key. The trials of a sweep sign the digests of their files with the key of the "
+            f"user who ran it (its driver creates it on its first start): copy that key here (chmod 600) or point "
+            f"{KEY_FILE_ENV} at it") from None
+    except OSError as e:
+        raise ResultsKeyError(f"{path}: the results key cannot be read ({e})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ResultsKeyError(f"{path}: the results key must be a plain file")
+    if info.st_uid != os.getuid():
+        raise ResultsKeyError(f"{path}: the results key belongs to uid {info.st_uid}, not to you (uid "
+                              f"{os.getuid()}); use a key file of your own")
+    if info.st_mode & 0o077:
+        raise ResultsKeyError(f"{path}: the results key is open to other users (mode "
+                              f"{stat.S_IMODE(info.st_mode):03o}); run chmod 600 {path}")
+    if not _HEX_KEY.fullmatch(text):
+        raise ResultsKeyError(f"{path}: not a results key (64 hex digits); restore it, or move it away to have the "
+                              f"next sweep start create a new one (its trials' digests can then no longer be checked)")
+    return ResultsKey(bytes.fromhex(text), path)
+
+
+def _create(path: Path, log) -> None:
+    """A new random key, owner-only from its first byte (``O_EXCL``: a key another process created meanwhile wins)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    log(f"created the results key {path} (mode 600): it signs what every trial records about its files; keep it, "
+        f"and keep it outside the sweep folders")
