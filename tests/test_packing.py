@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from qed_ray.field_hints import format_validation_error
 from qed_ray.service.dry_run import dry_run
-from qed_ray.layout import PackId, SweepDir, parse_trial_dirname
+from qed_ray.layout import PackId, SweepDir, member_dirs, parse_trial_dirname, trial_dirname
 from qed_ray.service.packing import form_packs, pack_records, seed_trials, tune_folder, tune_name
 from qed_ray.spec import SweepSpec
 from qed_ray.service.sweep_state import plan, write_state
@@ -56,10 +56,20 @@ def test_pack_ids_round_trip_and_are_never_trial_folders():
     assert pack.trials == ["cheetah-run/mad_sac/qed0.2/3", "cheetah-run/mad_sac/qed0.2/4"]
     with pytest.raises(ValueError, match="task__agent__variant__sSEED"):
         parse_trial_dirname(pack.dirname)
-    with pytest.raises(ValueError, match="not seeds of one task, agent and variant"):
-        PackId.of(["cheetah-run/mad_sac/qed0.2/3", "cheetah-run/mad_sac/te/4"])
-    with pytest.raises(ValueError, match="repeat a seed"):
+    with pytest.raises(ValueError, match="differ in agent: a pack holds runs of one task and agent"):
+        PackId.of(["cheetah-run/mad_sac/qed0.2/3", "cheetah-run/sac_ln/qed0.2/4"])
+    with pytest.raises(ValueError, match="seeds \\[3, 3\\] repeat a seed"):
         PackId.of(["cheetah-run/mad_sac/qed0.2/3", "cheetah-run/mad_sac/qed0.2/3"])
+    # Several variants of one task and agent: a pack by shape, named for its variants and their seeds.
+    names = [f"cheetah-run/mad_sac/{v}/{s}" for v in ("qed0.2", "qed0.4") for s in (3, 4)]
+    mixed = PackId.of(names)
+    assert (mixed.name, mixed.dirname) == ("cheetah-run/mad_sac/qed0.2,qed0.4/pack3-4",
+                                           "cheetah-run__mad_sac__qed0.2,qed0.4__pack3-4")
+    assert mixed.trials == names and mixed.seeds == (3, 4, 3, 4) and PackId.of(names[:3]).label == "pack3-4,3"
+    assert member_dirs(mixed.trials, mixed.seeds) == [trial_dirname(n) for n in names]
+    assert member_dirs(pack.trials, pack.seeds) == ["seed_3", "seed_4"]  # a pack of one variant: as it always was
+    with pytest.raises(ValueError, match="'cheetah-run/mad_sac/qed0.4/3' is in it twice"):
+        PackId.of(names + names[2:3])
     config = {"pack": {"name": pack.name, "trials": [{"name": n, "run": {}} for n in pack.trials]}}
     assert seed_trials(config) == pack.trials and tune_name(config) == pack.name
     assert tune_folder(config) == "cheetah-run__mad_sac__qed0.2__pack3-4"
@@ -126,8 +136,9 @@ def test_a_sweep_of_single_seeds_trains_packs_of_one(tmp_path):
     ({"seeds": 2, "env_workers": 3}, "pack.env_workers: 3 workers for the 2 training envs of a pack; allowed 0 to 2 "
                                      "(pack.seeds)"),
     ({"env_workers": 2}, "pack.env_workers: 2 workers for the 1 training env of a pack; allowed 0 to 1"),
-    ({"seeds": 2, "workers": 2}, "pack.workers: not a pack field; pack takes seeds (1 to 1000) and env_workers "
-                                 "(0 to pack.seeds)"),
+    ({"seeds": 2, "workers": 2}, "pack.workers: not a pack field; pack takes seeds (1 to 1000), env_workers "
+                                 "(0 to pack.seeds) and by (variant or shape)"),
+    ({"by": "task"}, "pack.by: Input should be 'variant' or 'shape' (got 'task')"),
 ])
 def test_bad_pack_fields_are_refused_naming_the_field_and_what_is_allowed(pack, says):
     with pytest.raises(ValidationError) as e:

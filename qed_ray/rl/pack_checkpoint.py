@@ -1,7 +1,8 @@
 """A pack's checkpoints and policy snapshots: what :class:`~qed_ray.rl.trainer.Trainer` writes and restores.
 
 A checkpoint folder holds ``pack.json`` (the pack, its shared counters and each seed's status; written last, so
-its presence marks a complete checkpoint) and one ``seed_<seed>/`` folder per seed: that seed's tensors
+its presence marks a complete checkpoint) and one ``seed_<seed>/`` folder per seed (per member, named for its
+trial, in a pack of several variants: :func:`~qed_ray.layout.member_dirs`): that seed's tensors
 (``state.pt``), its ``manifest.json`` (identity, run settings, episodes, evaluation history, random-stream states,
 replay size) and, when the replay is kept inside the checkpoint, its replay chunks. A policy snapshot is one
 seed's acting modules (or all of them) with a manifest that carries the evaluation history. Everything is copied
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from qed_ray.atomic import write_json
 from qed_ray.rl.checkpoint import MANIFEST_FILE, load_checkpoint, save_checkpoint
-from qed_ray.layout import PACK_FILE, seed_dir
+from qed_ray.layout import PACK_FILE, member_dirs
 from qed_ray.rl.pack import PACK_FORMAT, EvalRecord, Progress, SeedRun, read_pack
 
 if TYPE_CHECKING:
@@ -35,6 +36,10 @@ class PackCheckpoints:
 
     def __init__(self, trainer: "Trainer", replay_dirs: Sequence[Path] | None):
         self.tr, self.replay_dirs = trainer, replay_dirs
+
+    def member_dir(self, i: int) -> str:
+        """Member ``i``'s folder inside a pack checkpoint."""
+        return member_dirs([r.name for r in self.tr.runs], [r.spec.seed for r in self.tr.runs])[i]
 
     def identity(self, i: int) -> dict:
         """Fields seed ``i``'s checkpoint must match."""
@@ -61,7 +66,7 @@ class PackCheckpoints:
             if run.status != "diverged":
                 run.saved = (tr.agent.seed_state_dict(i), self._manifest(i))
             if run.saved is not None:
-                sub = directory / seed_dir(run.spec.seed)
+                sub = directory / self.member_dir(i)
                 loc = self.replay_dirs[i] if self.replay_dirs is not None else sub / "replay"
                 if run.status != "diverged":
                     chunks.append(tr.replay.plan_save(i, loc))
@@ -110,7 +115,7 @@ class PackCheckpoints:
         pack = read_pack(directory, [r.spec.seed for r in tr.runs])
         states, manifests = [], []
         for i, run in enumerate(tr.runs):
-            sub = directory / seed_dir(run.spec.seed)
+            sub = directory / self.member_dir(i)
             if pack["status"][i] == "diverged" and not (sub / MANIFEST_FILE).exists():
                 states.append(None), manifests.append(None)  # diverged before its first checkpoint
                 continue
@@ -140,7 +145,7 @@ class PackCheckpoints:
         run.warmup_rng.bit_generator.state = m["rng"]["warmup"]
         tr.replay.set_rng_state(i, m["rng"]["replay"])
         tr.pool.set_random_state(i, m["rng"]["env"])
-        src = self.replay_dirs[i] if m["replay"]["external"] else directory / seed_dir(run.spec.seed) / "replay"
+        src = self.replay_dirs[i] if m["replay"]["external"] else directory / self.member_dir(i) / "replay"
         if not finished:
             tr.replay.load(i, src, m["replay"]["added"])
         run.saved = (state, {k: v for k, v in m.items() if k not in REWRITTEN})

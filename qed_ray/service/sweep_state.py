@@ -49,7 +49,7 @@ from qed_ray.spec import SpecError, SweepSpec
 from qed_ray.service.tracking import POLICY_SHA_TAG, Tracker, TrialRun, checksum_tags, default_tracking_uri, pack_tags
 
 STATE_FORMAT = 2
-PACK_SEEDS_KEY, PACKS_KEY = "pack_seeds", "packs"  # in sweep.json (qed_ray.service.packing)
+PACK_SEEDS_KEY, PACKS_KEY, PACK_BY_KEY = "pack_seeds", "packs", "pack_by"  # in sweep.json (qed_ray.service.packing)
 CLAIM_KEY = "claim"  # in sweep.json only for a spec that names a claim file (qed_ray.claim)
 STORAGE_ROOT_ENV = "QED_STORAGE_ROOT"  # resolves a relative storage_path (required for one under `ray job submit`)
 STORAGE_PATH_ENV = "QED_STORAGE_PATH"  # overrides the spec's storage_path
@@ -200,10 +200,12 @@ def plan(state: dict | None, spec: SweepSpec, layout: SweepDir | None = None) ->
     new = [n for n in current if n not in recorded]
     packs, pack_problems = _plan_packs(state, spec, bool(recorded), layout)
     claim_record, claim_problems = claim.check(state.get(CLAIM_KEY), spec.claim, bool(recorded))
-    state = {k: v for k, v in state.items() if k not in (PACK_SEEDS_KEY, PACKS_KEY, CLAIM_KEY)}
+    state = {k: v for k, v in state.items() if k not in (PACK_SEEDS_KEY, PACKS_KEY, PACK_BY_KEY, CLAIM_KEY)}
     state = {**state, "format": STATE_FORMAT, "name": spec.name, "fingerprint": spec.fingerprint(),
              "trials": {**recorded, **{n: current[n] for n in new}}, PACK_SEEDS_KEY: spec.pack.seeds,
              PACKS_KEY: pack_records(packs)}
+    if spec.pack.by != "variant":  # recorded only when it is not the default (sweep.json of older sweeps unchanged)
+        state[PACK_BY_KEY] = spec.pack.by
     if claim_record is not None:  # the pre-registration, frozen at the first start (qed_ray.claim)
         state[CLAIM_KEY] = claim_record
     return Plan(state, new, _problems(recorded, current, spec) + pack_problems + claim_problems, packs)
@@ -211,7 +213,7 @@ def plan(state: dict | None, spec: SweepSpec, layout: SweepDir | None = None) ->
 
 def _plan_packs(state: dict, spec: SweepSpec, started: bool, layout: SweepDir | None) -> tuple[list[Pack], list[str]]:
     """The sweep's packs (recorded ones kept as they are, see :mod:`qed_ray.service.packing`) and the refusal of a changed
-    pack size once anything started. A recorded pack that never started (nothing of it in the folder) may re-form."""
+    pack size or packing (``pack.by``) once anything started. A recorded pack that never started (nothing of it in the folder) may re-form."""
     old = int(state.get(PACK_SEEDS_KEY, 1))
     recorded = state.get(PACKS_KEY) or {}
     if layout is not None:
@@ -221,6 +223,11 @@ def _plan_packs(state: dict, spec: SweepSpec, started: bool, layout: SweepDir | 
         return shown, [f"pack.seeds: this sweep trains packs of {old} seed{'s' if old > 1 else ''}, the spec now gives "
                        f"{spec.pack.seeds}; a started pack's checkpoint holds its seeds together, so a sweep's pack "
                        f"size cannot change: restore pack.seeds: {old}, or start over with --fresh or another name"]
+    by = state.get(PACK_BY_KEY, "variant")
+    if by != spec.pack.by and spec.pack.seeds > 1 and (recorded or started):  # packs of one: alike either way
+        return form_packs(spec), [f"pack.by: this sweep packs by {by}, the spec now gives {spec.pack.by}; a started "
+                                  f"pack's checkpoint holds its members together: restore pack.by: {by}, or start "
+                                  f"over with --fresh or another name"]
     return form_packs(spec, recorded), []
 
 
