@@ -15,6 +15,15 @@ TASKS: tuple[str, ...] = (
     "walker-run", "walker-stand", "walker-walk",
 )
 TASK_SETS: dict[str, tuple[str, ...]] = {"dmc18": TASKS}
+# (observation size, action size) of each task as qed_ray.rl.envs builds it: what the dry run sizes replay and
+# networks with, without loading MuJoCo (tests compare it with the envs).
+TASK_DIMS: dict[str, tuple[int, int]] = {
+    "acrobot-swingup": (6, 1), "cartpole-balance": (5, 1), "cartpole-swingup": (5, 1), "cheetah-run": (17, 6),
+    "finger-spin": (9, 2), "finger-turn_easy": (12, 2), "finger-turn_hard": (12, 2), "fish-swim": (24, 5),
+    "hopper-hop": (15, 4), "hopper-stand": (15, 4), "pendulum-swingup": (3, 1), "quadruped-run": (78, 12),
+    "quadruped-walk": (78, 12), "reacher-easy": (6, 2), "reacher-hard": (6, 2), "walker-run": (24, 6),
+    "walker-stand": (24, 6), "walker-walk": (24, 6),
+}
 
 
 def check_task(task: str) -> str:
