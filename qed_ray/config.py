@@ -263,6 +263,9 @@ class TrainSpec(Frozen):
                                                                 "never trained on (MAD-TD: 0.05)")
     mask_time_limits: bool = Field(False, description="keep each episode's time-limit transition out of the replay "
                                                       "and so out of every loss (MAD-TD masks it)")
+    shared_indices: bool = Field(False, description="the seeds of one variant in a pack draw the same replay "
+                                                    "positions at every update, as MAD-TD's multi-seed trainer does "
+                                                    "(a control; false: each seed its own, independent runs)")
     debug: DebugSpec = Field(DebugSpec(), description="fault injection for end-to-end tests")
 
     @model_validator(mode="before")
@@ -298,6 +301,12 @@ class TrainSpec(Frozen):
                              f"steps (one episode)")
         if self.env_steps % self.eval_every:
             raise ValueError(f"env_steps: {self.env_steps} must be a multiple of eval_every ({self.eval_every})")
+        if self.shared_indices and self.holdout_fraction:
+            # Each seed holds out other decisions (a hash of its own seed), so one ring position would hold a
+            # different transition in each seed: the seeds could not draw the same replay rows.
+            raise ValueError(f"shared_indices: true needs holdout_fraction 0 (it is {self.holdout_fraction:g}: each "
+                             f"seed holds out other transitions, so the same replay positions would hold different "
+                             f"decisions); set holdout_fraction: 0 or shared_indices: false")
         return self
 
     def budget_problem(self) -> str | None:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from qed_ray.cli_help import plain
 from qed_ray.config import AGENT_SPECS, RunSpec, TemperatureSpec, TrainSpec
 from qed_ray.naming import format_value
 from qed_ray.tasks import TASKS
@@ -116,12 +117,14 @@ def run_flags() -> list[Flag]:
 
 
 def add_run_flags(parser: argparse.ArgumentParser) -> list[Flag]:
-    """Adds :func:`run_flags` to ``parser`` (every default None: only what the user gives is set)."""
+    """Adds :func:`run_flags` to ``parser`` (every default None: only what the user gives is set). The test-only
+    ``train.debug`` settings work but stay out of ``--help``."""
     flags = run_flags()
     groups = {s: parser.add_argument_group(f"{s} settings") for s in ("agent", "temperature", "train")}
     for f in flags:
         target = groups.get(f.path[0], parser)
-        target.add_argument(f.option, dest=f.dest, type=f.type, choices=f.choices, help=f.help, default=None,
+        target.add_argument(f.option, dest=f.dest, type=f.type, choices=f.choices, default=None,
+                            help=argparse.SUPPRESS if "debug" in f.path else plain(f.help),
                             metavar=None if f.choices else f.dest.upper())
     return flags
 

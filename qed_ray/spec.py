@@ -24,6 +24,7 @@ from qed_ray.field_hints import format_validation_error
 from qed_ray.grid import expand_grid, grid_size, validate_grid
 from qed_ray.hints import duplicates, near, short_repr, short_text
 from qed_ray.naming import identity, variant_label
+from qed_ray.replay_memory import ReplayNeed, replay_needs, replay_problems
 from qed_ray.tasks import TASK_SETS, TASKS
 
 MAX_SEEDS = 10_000  # per sweep; far above the paper's 10, far below what exhausts memory while expanding
@@ -280,6 +281,14 @@ class SweepSpec(Frozen):
         return v
 
     @model_validator(mode="after")
+    def _check_shared_indices(self) -> "SweepSpec":
+        if self.pack.seeds == 1 and any(t.shared_indices for t in self.train_specs()):
+            raise ValueError("train.shared_indices: true makes the seeds of a pack draw the same replay positions, "
+                             "but pack.seeds is 1 (packs of one share nothing); set pack.seeds to the seeds trained "
+                             "together (the paper's 10)")
+        return self
+
+    @model_validator(mode="after")
     def _check_size(self) -> "SweepSpec":
         for i, entry in enumerate(self.agents):
             bad = [t for t in entry.tasks or [] if t not in self.tasks]
@@ -290,13 +299,37 @@ class SweepSpec(Frozen):
         if n > MAX_TRIALS:
             raise ValueError(f"seeds: the grid has {n:,} trials (tasks x agents x variants x seeds); at most "
                              f"{MAX_TRIALS:,}")
+        problems = replay_problems(self.replay_needs()) + self._device_problems()
+        if problems:  # before the grid is expanded into trials
+            raise ValueError("\n".join(problems))
         dupes = duplicates(t.name for t in self.trials())  # linear: a grid may hold MAX_TRIALS names
         if dupes:
             raise ValueError(f"agents: two entries expand to the same trial {dupes[0]} (a duplicate agent/variant)")
         return self
 
+    def replay_needs(self) -> list[ReplayNeed]:
+        """The replay sizes of the grid per seed and per pack, largest first (:mod:`qed_ray.replay_memory`)."""
+        tasks = dict.fromkeys(t for entry in self.agents for t in entry.tasks or self.tasks)
+        return replay_needs([(task, train) for task in tasks for train in self.train_specs()],
+                            min(self.pack.seeds, len(self.seeds)))
+
+    def _device_problems(self) -> list[str]:
+        # Ray gives a trial the GPU share it asks for and hides every other device: without resources.gpu a trial
+        # has no CUDA device (it would fail at its start), and with one it sees its GPU as cuda:0.
+        devices = dict.fromkeys(t.device for t in self.train_specs() if t.device.startswith("cuda"))
+        if devices and self.resources.gpu == 0:
+            return [f"train.device: {next(iter(devices))!r} needs a GPU, but resources.gpu is 0 (the trials run on "
+                    f"CPUs); set resources.gpu (1, or 0.5 to share a GPU), or train.device: auto"]
+        other = [d for d in devices if d not in ("cuda", "cuda:0")]
+        return [f"train.device: {other[0]!r}: a trial sees only the GPU Ray assigns it, as cuda:0; use 'cuda' or "
+                f"'auto'"] if other else []
+
     def train_specs(self) -> list[TrainSpec]:
         """One TrainSpec per combination of ``train``'s axes."""
+        return list(self._trains)
+
+    @functools.cached_property
+    def _trains(self) -> list[TrainSpec]:
         return [TrainSpec.model_validate(c) for c in expand_grid(self.train)]
 
     @functools.cached_property

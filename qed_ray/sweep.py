@@ -1,5 +1,5 @@
-"""The sweep service: ``python -m qed_ray.sweep SPEC`` (or ``ray job submit -- python -m qed_ray.sweep SPEC``;
-the driver is :mod:`qed_ray.service.sweep`)."""
+"""The sweep service: ``python -m qed_ray.sweep SPEC``, here or as a Ray job (``--help`` gives the local
+``ray job submit`` recipe; the driver is :mod:`qed_ray.service.sweep`)."""
 
 import sys
 

@@ -15,8 +15,8 @@ TASKS: tuple[str, ...] = (
     "walker-run", "walker-stand", "walker-walk",
 )
 TASK_SETS: dict[str, tuple[str, ...]] = {"dmc18": TASKS}
-# (observation size, action size) of each task as qed_ray.rl.envs builds it: what the dry run sizes replay and
-# networks with, without loading MuJoCo (tests compare it with the envs).
+# (observation size, action size) of each task as the env wrapper flattens them (qed_ray.rl.envs.DMCEnv), so that
+# memory can be estimated without building a task (tests check them against the real envs).
 TASK_DIMS: dict[str, tuple[int, int]] = {
     "acrobot-swingup": (6, 1), "cartpole-balance": (5, 1), "cartpole-swingup": (5, 1), "cheetah-run": (17, 6),
     "finger-spin": (9, 2), "finger-turn_easy": (12, 2), "finger-turn_hard": (12, 2), "fish-swim": (24, 5),

@@ -6,5 +6,5 @@ PY=.venv/bin/python
 export MUJOCO_GL=disable RAY_USAGE_STATS_ENABLED=0
 # Ray auth stays on: tests/conftest.py gives each pytest run a throwaway token (environment only, never a file).
 unset RAY_AUTH_MODE RAY_AUTH_TOKEN RAY_AUTH_TOKEN_PATH RAY_ADDRESS
-$PY -m pytest -m "not slow" -q "$@"
-$PY -m pytest -m slow -q "$@"
+$PY -m pytest -m "not slow" -q --durations=10 "$@"
+$PY -m pytest -m slow -q --durations=40 "$@"

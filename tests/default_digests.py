@@ -18,10 +18,8 @@ import json
 import numpy as np
 import torch
 
-OBS, ACT, B = 5, 2, 16
-TINY_MAD = {"latent_dim": 16, "encoder_hidden": 16, "model_hidden": 16, "num_bins": 21, "vmin": -10.0,
-            "vmax": 10.0}
-QED = {"kind": "qed", "k": 0.2, "n_actions": 4, "alpha_max": 0.5, "init_alpha": 0.02}
+from kit import ACT, B, OBS, QED, spec_of
+
 UPDATE_CASES = {"sac_ln_te": ("sac_ln", {"kind": "te"}), "sac_ln_qed": ("sac_ln", QED),
                 "mad_sac_qed": ("mad_sac", QED)}
 PROJECTIONS = 16
@@ -49,13 +47,10 @@ def _agent_state(modules) -> list[torch.Tensor]:
 
 def update_values(name: str, temperature: dict, steps: int = 6) -> list:
     """``steps`` float32 updates of one seed's tiny agent on seeded batches, noise from its own generator."""
+    from qed_ray.config import TemperatureSpec
     from qed_ray.rl.agents import make_agent
-    from qed_ray.config import MadSpec, TemperatureSpec
-    from qed_ray.config import agent_spec as make_agent_spec
 
-    extra = {"mad": MadSpec(**TINY_MAD)} if name == "mad_sac" else {}
-    spec = make_agent_spec(name=name, hidden=16, batch_size=B, **extra)
-    agent = make_agent(spec, TemperatureSpec(**temperature), OBS, ACT, torch.device("cpu"), 0)
+    agent = make_agent(spec_of(name), TemperatureSpec(**temperature), OBS, ACT, torch.device("cpu"), 0)
     metrics = []
     for step in range(steps):
         g = torch.Generator().manual_seed(100 + step)

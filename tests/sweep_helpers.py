@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from kit import free_port
 from qed_ray.layout import SweepDir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,13 +72,6 @@ def wait_for(condition, timeout: float, what: str, poll_s: float = 0.2, alive: s
         assert alive is None or alive.poll() is None, f"the process ended (rc {alive.returncode}) before: {what}"
         time.sleep(poll_s)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for: {what}")
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class MlflowServer:

@@ -1,6 +1,14 @@
-"""`ray job submit --working-dir . -- python -m qed_ray.sweep SPEC` against a real `ray start --head` (slow).
+"""The README's local recipe (`ray start --head`, `ray job submit --working-dir . --runtime-env-json ...`) run as
+written, against a real head (slow).
 
-A spec with a relative `storage_path` is refused there (its folder would be Ray's per-job package cache).
+The recipe's lines run in one bash, in order, from a copy of the repository whose `sweeps/smoke.yaml` is a tiny
+spec (the shipped name, so that the lines need no change) and whose `.venv` is this venv. The test changes only what
+would collide with other Ray instances on the machine: `ray start --head` gets free ports and its own temp folder,
+and the job API's address follows the dashboard's port. While the job runs, the `--status --dir` command its driver
+prints first runs in another process (none of the job's variables set) and reports the running sweep; afterwards the
+results folder and the MLflow runs are where the README says. The same head then refuses, naming the job's folder
+and the `--runtime-env-json` line, the submission that leaves the storage root out (`QED_STORAGE_ROOT` exported in
+the submitting shell does not reach the job).
 
 The head runs with token auth (the session's throwaway token from conftest.py), as the clusters in cluster/ do; the
 same cluster also shows that the job API and the GCS refuse a client without the right token.
@@ -8,8 +16,10 @@ same cluster also shows that the job API and the GCS refuse a client without the
 
 import json
 import os
+import re
+import shlex
+import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,16 +31,11 @@ from pathlib import Path
 import pytest
 
 from qed_ray.layout import SweepDir
+from kit import free_port
+from qed_ray.service.sweep_state import RUNTIME_ENV_JSON
 from sweep_helpers import ROOT, cli_env, sweep_runs, tiny_spec
 
 pytestmark = pytest.mark.slow
-BIN = Path(sys.executable).parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _kill_cluster(temp_dir: str) -> None:
@@ -68,51 +73,114 @@ def _refusals(env: dict, dash: int, gcs: int) -> dict:
             "http_right": _http_status(jobs, env["RAY_AUTH_TOKEN"]), "gcs_wrong": gcs_wrong}
 
 
-def test_job_submit_runs_the_sweep_where_the_spec_says(tmp_path):
-    spec = tiny_spec(tmp_path, "job", seeds=1)
+def _readme_recipe() -> tuple[str, str]:
+    """The README's local recipe and its `--status` line for another shell (section "On a local Ray head")."""
+    section = (ROOT / "README.md").read_text().split("\n### On a local Ray head (`ray job submit`)\n", 1)[1]
+    recipe, status = re.findall(r"```bash\n(.*?)\n```", section.split("\n### ", 1)[0], re.S)[:2]
+    return recipe, status
+
+
+def _clone(tmp_path: Path) -> Path:
+    """The repository as a user has it, for the recipe: the code, `.rayignore`, a tiny `sweeps/smoke.yaml` (relative
+    storage_path, as the shipped one), and `.venv` (this venv)."""
+    clone = tmp_path / "repo"
+    shutil.copytree(ROOT / "qed_ray", clone / "qed_ray", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / ".rayignore", clone / ".rayignore")
+    (clone / ".venv").symlink_to(sys.prefix, target_is_directory=True)
+    (clone / "sweeps").mkdir()
+    tiny_spec(clone / "sweeps", "smoke", seeds=1, storage_path="results")
+    return clone
+
+
+def _fresh_shell() -> dict:
+    """A shell's environment before the recipe: nothing of this venv on PATH, no Ray auth mode, and the session's
+    throwaway token (standing in for ~/.ray/auth_token, which the test never writes)."""
+    env = cli_env()
+    env.pop("RAY_AUTH_MODE")
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if Path(p) != Path(sys.prefix, "bin"))
+    env.pop("VIRTUAL_ENV", None)
+    return env
+
+
+def _submit(script: str, clone: Path, env: dict, on_status) -> tuple[int, str]:
+    """Runs ``script`` in bash from the clone, following its output; calls ``on_status(command)`` once with the
+    `--status` command the driver prints first. Returns the exit code and the output."""
+    proc = subprocess.Popen(["bash", "-ec", script], cwd=clone, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "progress from any shell: " in line:
+            on_status(line.split("progress from any shell: ", 1)[1].strip())
+    return proc.wait(timeout=900), "".join(lines)
+
+
+def test_the_readme_local_recipe_runs_the_sweep_and_status_follows_it(tmp_path):
+    recipe, readme_status = _readme_recipe()
+    clone, env = _clone(tmp_path), _fresh_shell()
     temp_dir = tempfile.mkdtemp(prefix="qj", dir="/tmp")  # short: unix socket paths are length-limited
-    dash, gcs = _free_port(), _free_port()
-    # Token auth on the head and on the job client, with the session's throwaway token (never auth disabled: Ray
-    # binds these ports on every interface).
-    env = cli_env(PATH=f"{BIN}:{os.environ['PATH']}")
+    dash, gcs = free_port(), free_port()
+    # Only what collides with other Ray instances changes: explicit free ports (another cluster's agent may hold the
+    # defaults: 8265, 52365, ...) and a temp folder of its own.
+    isolated = (f"ray start --head --port={gcs} --num-cpus=2 --temp-dir={temp_dir} --include-dashboard=true "
+                f"--dashboard-host=127.0.0.1 --dashboard-port={dash} --disable-usage-stats "
+                f"--dashboard-agent-listen-port={free_port()} --dashboard-agent-grpc-port={free_port()} "
+                f"--runtime-env-agent-port={free_port()} --metrics-export-port={free_port()}")
+    assert recipe.count("ray start --head") == 1 and "127.0.0.1:8265 " in recipe
+    script = recipe.replace("ray start --head", isolated).replace("127.0.0.1:8265", f"127.0.0.1:{dash}")
+    # The recipe's shell settings (the lines before `ray start`) and its submission (the lines from `ray job submit`).
+    settings = recipe.split("\nray start --head", 1)[0]
+    submission = "ray job submit" + script.split("\nray job submit", 1)[1]
+    probes = []
+
+    def status(command: str) -> None:  # another shell in the repository root: none of the job's variables
+        probes.append((command, subprocess.Popen([sys.executable, *shlex.split(command)[1:]], cwd=clone,
+                                                 env=_fresh_shell(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                                 text=True)))
     try:
-        subprocess.run([str(BIN / "ray"), "start", "--head", f"--port={gcs}", "--num-cpus=2",
-                        f"--temp-dir={temp_dir}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-                        f"--dashboard-port={dash}", "--disable-usage-stats",
-                        # explicit free ports: another cluster's agent may hold the defaults (52365, ...)
-                        f"--dashboard-agent-listen-port={_free_port()}",
-                        f"--dashboard-agent-grpc-port={_free_port()}",
-                        f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}"],
-                       env=env, check=True, capture_output=True, text=True, timeout=120)
-        for _ in range(4):
-            proc = subprocess.run(
-                [str(BIN / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", ".",
-                 "--", "python", "-m", "qed_ray.sweep", str(spec)],
-                cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-            # On a loaded machine the head's job agent can still be starting; only that is retried.
-            if "agent" not in proc.stdout + proc.stderr:
+        code, out = _submit(script, clone, env, status)
+        for _ in range(3):  # on a loaded machine the head's job agent can still be starting: only that is retried
+            if code == 0 or "results in" in out or "agent" not in out:
                 break
             time.sleep(10)
+            code, out = _submit(f"{settings}\n{submission}", clone, env, status)
         refused = _refusals(env, dash, gcs)
-        # A relative storage_path would land in Ray's per-job package cache (the job's working folder): refused.
-        relative = subprocess.run(
-            [str(BIN / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--working-dir", ".",
-             "--", "python", "-m", "qed_ray.sweep", str(tiny_spec(tmp_path, "jobrel", seeds=1,
-                                                                   storage_path="results"))],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        # As the review ran it: the storage root exported in the submitting shell, no --runtime-env-json.
+        left_out = subprocess.run(
+            ["bash", "-ec", f"{settings}\nexport QED_STORAGE_ROOT=$PWD\n"
+                            f"ray job submit --address http://127.0.0.1:{dash} --working-dir . -- python -m "
+                            f"qed_ray.sweep sweeps/smoke.yaml"],
+            cwd=clone, env=env, capture_output=True, text=True, timeout=600)
     finally:
         _kill_cluster(temp_dir)
+        for _, probe in probes:
+            if probe.poll() is None:
+                probe.kill()
     # Without the cluster's token nobody gets in: not the job API (remote code execution by design), not the GCS.
     assert (refused["http_none"], refused["http_wrong"], refused["http_right"]) == (401, 403, 200), refused
     assert refused["gcs_wrong"].returncode != 0 and "connected" not in refused["gcs_wrong"].stdout
     assert "authentication" in refused["gcs_wrong"].stderr.lower(), refused["gcs_wrong"].stderr[-2000:]
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "succeeded" in proc.stdout and "IQM" in proc.stdout
-    assert relative.returncode != 0 and "error: storage_path: 'results' is relative, and this driver runs as a Ray " \
-        "job whose working folder is Ray's per-job package cache" in relative.stdout, relative.stdout[-3000:]
-    sweep_dir = tmp_path / "results" / "job"  # where the spec's absolute storage_path says
+    assert code == 0, out[-6000:]
+    assert "succeeded" in out and "IQM" in out
+    sweep_dir = clone / "results" / "smoke"  # $PWD/results/smoke, as the README says
+    assert f"sweep smoke: results in {sweep_dir} (MLflow: sqlite:///{sweep_dir / 'mlflow.db'})" in out
     results = json.loads(SweepDir(sweep_dir).results_json.read_text())
     assert [(g["task"], g["variant"], g["seeds"]) for g in results["groups"]] == [("cartpole-balance", "te", [0])]
-    _, runs = sweep_runs(sweep_dir, "job")
+    _, runs = sweep_runs(sweep_dir, "smoke")
     assert sorted(r.data.tags["qed.role"] for r in runs) == ["sweep", "trial"]
     assert all(r.info.status == "FINISHED" for r in runs)
+    # The --status command the driver printed is the README's, and from another process it saw the running sweep.
+    (command, probe), = probes
+    assert shlex.split(command)[1:] == shlex.split(readme_status.replace("$PWD", str(clone)))[1:]
+    stdout, stderr = probe.communicate(timeout=120)
+    assert probe.returncode == 0 and stderr == "", stderr
+    lines = stdout.splitlines()
+    assert lines[0] == f"sweep smoke: 1 trials in {sweep_dir}", stdout
+    assert re.fullmatch(r"driver: pid \d+ on host \S+ \(started .*\)", lines[1]), stdout
+    assert re.fullmatch(r"trials: [01] done, [01] running, 0 stopped, 0 failed, [01] not started", lines[2]), stdout
+    # Left out, the storage root is refused in the job, naming its real folder and the line that brings it in.
+    assert left_out.returncode != 0
+    assert re.search(r"error: storage_path: 'results' is relative, and this Ray job's working folder is Ray's "
+                     r"per-job copy of --working-dir \(/\S+/runtime_resources/working_dir_files/\S+\): Ray deletes "
+                     r"it", left_out.stdout), left_out.stdout[-3000:]
+    assert f"error:   {RUNTIME_ENV_JSON}" in left_out.stdout

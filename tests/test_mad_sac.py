@@ -8,28 +8,27 @@ import numpy as np
 import pytest
 import torch
 
+from kit import ACT, OBS, batch_of, spec_of
+
 from qed_ray.rl.agents.base import params_of
 from qed_ray.rl.agents.mad_sac import MODEL_METRIC_KEYS, MadSAC, split_sizes
-from qed_ray.config import MadSacSpec, MadSpec, TemperatureSpec
+from qed_ray.config import MadSpec, TemperatureSpec
 from qed_ray.rl.hlgauss import HLGauss, cross_entropy
 from qed_ray.rl.world_model import Dynamics, HLGaussCritic, SimNorm
 
-OBS, ACT = 5, 2
-TINY_MAD = {"latent_dim": 16, "encoder_hidden": 32, "model_hidden": 32}
+# The kit's tiny world model, at MAD-SAC's default HL-Gauss support and 32 units (these tests read the default
+# support's clipping and need critics that differ visibly after one update).
+AT_DEFAULT_SUPPORT = {**{k: MadSpec.model_fields[k].default for k in ("num_bins", "vmin", "vmax")},
+                      "encoder_hidden": 32, "model_hidden": 32}
 
 
 def make_agent(temperature=None, batch_size=32, seed=0, **mad):
-    spec = MadSacSpec(hidden=32, batch_size=batch_size, mad=MadSpec(**{**TINY_MAD, **mad}))
+    spec = spec_of("mad_sac", {**AT_DEFAULT_SUPPORT, **mad}, hidden=32, batch_size=batch_size)
     return MadSAC(spec, temperature or TemperatureSpec(), OBS, ACT, torch.device("cpu"), seed)
 
 
 def make_batch(batch_size=32, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return {"obs": torch.randn(batch_size, OBS, generator=g),
-            "action": torch.rand(batch_size, ACT, generator=g) * 2 - 1,
-            "reward": torch.rand(batch_size, generator=g) * 2,
-            "next_obs": torch.randn(batch_size, OBS, generator=g),
-            "terminated": torch.zeros(batch_size)}
+    return batch_of(seed, batch_size)
 
 
 def snapshot(module):

@@ -17,7 +17,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from proc_helpers import cmdline, descendants
+from kit import cmdline, descendants, free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
 import mlflow_users  # noqa: E402
@@ -35,12 +34,6 @@ import mlflow_users  # noqa: E402
 pytestmark = pytest.mark.slow
 MLFLOW = str(Path(sys.executable).with_name("mlflow"))
 ADMIN, CLIENT, EXPERIMENT = "qed-admin", "qed-client", "sweep-exp"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _request(url: str, method: str = "GET", body: bytes | None = None, auth: tuple[str, str] | None = None) -> int:
@@ -74,7 +67,7 @@ def server(tmp_path_factory):
     ini.write_text("[mlflow]\ndefault_permission = READ\n"
                    f"database_uri = sqlite:///{tmp / 'auth.db'}\n"
                    "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env.update(MLFLOW_AUTH_CONFIG_PATH=str(ini), MLFLOW_AUTH_ADMIN_USERNAME=ADMIN, MLFLOW_AUTH_ADMIN_PASSWORD=password,
                MLFLOW_FLASK_SERVER_SECRET_KEY=secrets.token_hex(16),
@@ -268,3 +261,17 @@ def test_password_rotation_as_documented(server, monkeypatch):
         ADMIN, new, current_password=os.environ["MLFLOW_TRACKING_PASSWORD"])
     assert _request(server.url + SEARCH + "?max_results=1", auth=(ADMIN, server.password)) == 401
     assert _request(server.url + SEARCH + "?max_results=1", auth=(ADMIN, new)) == 200
+
+
+def test_a_sweep_start_finds_the_server_and_refuses_its_password_in_a_uri(server):
+    """The start's probe: the health endpoint needs no login, so a basic-auth server counts as there; a URI that
+    carries the clients' password is refused with it masked (the login belongs in the environment)."""
+    from qed_ray.service.tracking_uri import check_uri, unreachable
+    from qed_ray.spec import SpecError
+
+    assert unreachable(server.url) is None
+    host = server.url.split("://", 1)[1]
+    with pytest.raises(SpecError) as e:
+        check_uri(f"http://{CLIENT}:{server.client_password}@{host}", "MLFLOW_TRACKING_URI")
+    assert str(e.value).startswith(f"MLFLOW_TRACKING_URI: 'http://***@{host}' carries credentials")
+    assert server.client_password not in str(e.value) and "MLFLOW_TRACKING_PASSWORD" in str(e.value)

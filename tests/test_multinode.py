@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from types import SimpleNamespace
 import pytest
 
 from qed_ray.layout import PackId, SweepDir, trial_dirname
+from kit import free_port
 from sweep_helpers import ROOT, cli_env, done_markers, sweep_runs, tiny_spec
 
 pytestmark = pytest.mark.slow
@@ -54,10 +54,6 @@ def short_tmp():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cmdline(pid: int) -> str:

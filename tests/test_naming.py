@@ -163,8 +163,11 @@ def test_train_help_shows_the_true_default_of_every_flag(capsys, monkeypatch):
             current = None
     assert "(default: None)" not in "\n".join(lines)
     flags = run_flags()
-    assert {f.option for f in flags} <= set(helps)
+    hidden = {f.option for f in flags if "debug" in f.path}  # test-only settings: they work, --help leaves them out
+    assert hidden and not hidden & set(helps) and {f.option for f in flags} - hidden <= set(helps)
     for f in flags:
+        if f.option in hidden:
+            continue
         if f.path == ("task",):
             assert "(required)" in helps[f.option]
             continue

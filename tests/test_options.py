@@ -8,33 +8,18 @@ import numpy as np
 import pytest
 import torch
 from default_digests import all_fingerprints, same
+from kit import ACT, B, OBS, QED, batch_of, spec_of
 
 from qed_ray.rl.agents import make_agent
 from qed_ray.rl.agents.base import params_of
 from qed_ray.rl.agents import make_packed_agent
-from qed_ray.config import HLGaussSpec, MadSpec, RunSpec, SacLnSpec, TemperatureSpec, agent_spec
+from qed_ray.config import HLGaussSpec, MadSpec, RunSpec, SacLnSpec, TemperatureSpec
 from qed_ray.rl.hlgauss import cross_entropy
 from qed_ray.rl.networks import squashed_sample
 from qed_ray.rl.replay import holdout_draw, keeps_transition
 
-OBS, ACT, B = 5, 2, 16
-QED = {"kind": "qed", "k": 0.2, "n_actions": 4, "alpha_max": 0.5, "init_alpha": 0.02}
 FLOOR = TemperatureSpec(**QED, target_alpha="floor")
-TINY_MAD = {"latent_dim": 16, "encoder_hidden": 16, "model_hidden": 16, "num_bins": 21, "vmin": -10.0,
-            "vmax": 10.0}
 HL = {"critic": "hlgauss", "hl": HLGaussSpec(vmin=-5.0, vmax=5.0, num_bins=21)}
-
-
-def batch_of(seed: int, b: int = B, lead: tuple[int, ...] = ()) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return {"obs": torch.randn(*lead, b, OBS, generator=g), "action": torch.rand(*lead, b, ACT, generator=g) * 2 - 1,
-            "reward": torch.rand(*lead, b, generator=g) * 2, "next_obs": torch.randn(*lead, b, OBS, generator=g),
-            "terminated": torch.zeros(*lead, b)}
-
-
-def spec_of(name: str, **overrides):
-    extra = {"mad": MadSpec(**{**TINY_MAD, **overrides.pop("mad", {})})} if name == "mad_sac" else {}
-    return agent_spec(name=name, hidden=16, batch_size=B, **extra, **overrides)
 
 
 def agent_of(name: str, temperature: TemperatureSpec, seed: int = 0, **overrides):

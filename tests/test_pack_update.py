@@ -8,30 +8,25 @@ import numpy as np
 import pytest
 import torch
 
+from kit import ACT, B, OBS, TEMPERATURES, spec_of
+
 from qed_ray.rl.agents import make_packed_agent
-from qed_ray.config import MadSpec, TemperatureSpec, TrainSpec, agent_spec
+from qed_ray.config import TrainSpec
 from qed_ray.rl.update import PackUpdater, make_capturable, resolve_mode
 from qed_ray.rl.replay import Replay
 from qed_ray.rl.update_metrics import MetricAccumulator
 
 pytestmark = pytest.mark.torch_only
 
-OBS, ACT, B, ROWS = 5, 2, 16, 64
+ROWS = 64
 SEEDS = (3, 7)
-TEMPS = {"qed": TemperatureSpec(kind="qed", k=0.2, n_actions=4, alpha_max=0.5, init_alpha=0.02),
-         "te": TemperatureSpec(kind="te")}
+TEMPS = TEMPERATURES
 ON = np.ones(2, bool)
-
-
-def spec_of(name: str, model_every: int = 1):
-    mad = MadSpec(latent_dim=16, encoder_hidden=16, model_hidden=16, num_bins=21, vmin=-10.0, vmax=10.0,
-                  model_every=model_every)
-    return agent_spec(name=name, hidden=16, batch_size=B, **({"mad": mad} if name == "mad_sac" else {}))
 
 
 def setup(name: str, kind: str, device: torch.device, mode: str = "off", model_every: int = 1):
     """A pack with a filled replay (same rows and sampling streams every call) and its updater."""
-    agent = make_packed_agent(spec_of(name, model_every), TEMPS[kind], OBS, ACT, device, SEEDS)
+    agent = make_packed_agent(spec_of(name, {"model_every": model_every}), TEMPS[kind], OBS, ACT, device, SEEDS)
     rngs = [np.random.default_rng(s) for s in SEEDS]
     replay = Replay(ROWS, OBS, ACT, rngs, device)
     data = np.random.default_rng(0)

@@ -9,32 +9,27 @@ import numpy as np
 import pytest
 import torch
 
+from kit import ACT, B, OBS, TEMPERATURES, spec_of
+
 from qed_ray.rl.agents import make_agent
 from qed_ray.rl.agents.packed import PackedAgent
 from qed_ray.rl.agents import make_packed_agent
-from qed_ray.config import MadSpec, TemperatureSpec, agent_spec
+from qed_ray.config import TemperatureSpec
 from qed_ray.rl.networks import per_seed_clip_
 from qed_ray.rl.replay import FIELDS, Replay, list_chunks, read_chunks, replay_bytes
 
-OBS, ACT, B = 5, 2, 16
 SEEDS = (3, 7)
-QED = TemperatureSpec(kind="qed", k=0.2, n_actions=4, alpha_max=0.5, init_alpha=0.02)
-TINY_MAD = MadSpec(latent_dim=16, encoder_hidden=16, model_hidden=16, num_bins=21, vmin=-10.0, vmax=10.0,
-                   model_every=2)
+EVERY_2 = {"model_every": 2}  # MAD-SAC's model step every other update: both branches run
+QED = TEMPERATURES["qed"]
 ON = np.ones(2, bool)
 
 
-def spec_of(name: str):
-    extra = {"mad": TINY_MAD} if name == "mad_sac" else {}
-    return agent_spec(name=name, hidden=16, batch_size=B, **extra)
-
-
 def pack_of(name: str, temperature=QED) -> PackedAgent:
-    return make_packed_agent(spec_of(name), temperature, OBS, ACT, torch.device("cpu"), SEEDS)
+    return make_packed_agent(spec_of(name, EVERY_2), temperature, OBS, ACT, torch.device("cpu"), SEEDS)
 
 
 def singles_of(name: str, temperature=QED) -> list:
-    return [make_agent(spec_of(name), temperature, OBS, ACT, torch.device("cpu"), s) for s in SEEDS]
+    return [make_agent(spec_of(name, EVERY_2), temperature, OBS, ACT, torch.device("cpu"), s) for s in SEEDS]
 
 
 def stacked_batch(step: int) -> dict[str, torch.Tensor]:

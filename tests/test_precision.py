@@ -12,7 +12,9 @@ import torch.nn.functional as F
 
 from qed_ray.rl.agents import make_agent
 from qed_ray.rl.agents.base import params_of
-from qed_ray.config import RunSpec, TemperatureSpec, TrainSpec, agent_spec
+from kit import TEMPERATURES
+
+from qed_ray.config import RunSpec, TrainSpec, agent_spec
 from qed_ray.field_hints import format_validation_error
 from qed_ray.naming import identity, parse_variant
 from qed_ray.rl.precision import (CUDA_DEFAULT, apply_matmul_precision, resolve_precision, round_tf32, split_linear,
@@ -20,7 +22,7 @@ from qed_ray.rl.precision import (CUDA_DEFAULT, apply_matmul_precision, resolve_
 from qed_ray.rl.precision_gate import GateSettings, run_gate
 
 ROOT = Path(__file__).parents[1]
-QED = TemperatureSpec(kind="qed", k=0.2, n_actions=4, alpha_max=0.5, init_alpha=0.02)
+QED = TEMPERATURES["qed"]
 
 
 def bits(x: float) -> int:

@@ -14,27 +14,11 @@ from qed_ray.rl.agents.base import params_of
 from qed_ray.config import AgentBase, MadSpec, SacLnSpec, TemperatureSpec
 from qed_ray.config import agent_spec as make_agent_spec
 from qed_ray.rl.update_metrics import MetricAccumulator, MetricLayout
+from kit import ACT, B, OBS, TEMPERATURES, batch_of, spec_of
 from reference_update import OldMadSAC, OldSACLN
 
-OBS, ACT, B = 5, 2, 16
-TEMPERATURES = {"te": TemperatureSpec(kind="te"), "fixed": TemperatureSpec(kind="fixed", alpha=0.05),
-                "qed": TemperatureSpec(kind="qed", k=0.2, n_actions=4, alpha_max=0.5, init_alpha=0.02)}
-TINY_MAD = {"latent_dim": 16, "encoder_hidden": 16, "model_hidden": 16, "num_bins": 21, "vmin": -10.0,
-            "vmax": 10.0}
-
-
 def agent_spec(name: str, **mad) -> AgentBase:
-    extra = {"mad": MadSpec(**{**TINY_MAD, **mad})} if name == "mad_sac" else {}
-    return make_agent_spec(name=name, hidden=16, batch_size=B, **extra)
-
-
-def batch_of(seed: int, dtype=torch.float32, b: int = B) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return {"obs": torch.randn(b, OBS, generator=g, dtype=dtype),
-            "action": torch.rand(b, ACT, generator=g, dtype=dtype) * 2 - 1,
-            "reward": torch.rand(b, generator=g, dtype=dtype) * 2,
-            "next_obs": torch.randn(b, OBS, generator=g, dtype=dtype),
-            "terminated": torch.zeros(b, dtype=dtype)}
+    return spec_of(name, mad)
 
 
 def float64_agent(name: str, temperature: TemperatureSpec, seed: int = 0, **mad):
@@ -59,7 +43,7 @@ def test_pure_update_equals_the_previous_maths_for_the_same_noise(name, kind, ma
     init = {k: {n: v.detach().clone() for n, v in new.modules()[k].named_parameters()} for k in ("actor", "critic")}
     g = torch.Generator().manual_seed(7)
     for step in range(10):
-        batch = batch_of(100 + step, torch.float64)
+        batch = batch_of(100 + step, dtype=torch.float64)
         noise = torch.randn(new.noise_rows(B), ACT, generator=g, dtype=torch.float64)
         got = new.metric_layout.as_dict(new.update(batch, noise))
         want = old.update(batch, noise) if name == "sac_ln" else old.update(batch, noise, new.fn.noise_sizes(B))

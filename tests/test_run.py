@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import torch
 
+from kit import TINY_MAD
+
 from qed_ray.rl.agents import load_policy, make_agent
 from qed_ray.rl.checkpoint import CheckpointError, load_checkpoint
 from qed_ray.config import RunSpec
@@ -27,7 +29,6 @@ from qed_ray.rl.trainer import InjectedCrash, build_trainer
 
 TRAIN = {"env_steps": 2000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 50, "frame_skip": 10,
          "nan_check_every": 10}
-TINY_MAD = {"latent_dim": 8, "encoder_hidden": 8, "model_hidden": 8, "num_bins": 21, "vmin": -50.0, "vmax": 50.0}
 
 
 def pack_specs(agent: str = "sac_ln", seeds=(0, 1), **train) -> list[RunSpec]:
@@ -366,3 +367,25 @@ def test_a_trial_checkpoint_of_the_previous_release_is_adopted_by_its_pack_of_on
         assert trainer.runs[0].evals[0].env_steps == 1000
     finally:
         trainer.close()
+
+
+def test_a_non_finite_action_stops_its_seed_before_its_env_is_stepped(packs):
+    """A policy that acts NaN (here: seed 1's actor weights set to NaN before training) stops that seed at its first
+    policy action, with the reason, like a NaN loss; its env never gets the action and seed 0 trains as without it."""
+    root, s = packs
+    trainer = build_trainer(pack_specs(env_steps=1000), lambda m, save: None, None, log=lambda line: None)
+    with torch.no_grad():
+        for name in trainer.agent.param_names["actor"]:
+            trainer.agent.state["actor"][name][1].fill_(float("nan"))
+    stepped = []
+    step = trainer.pool.step
+    trainer.pool.step = lambda idx, actions: stepped.append((list(idx), np.isfinite(actions).all())) or step(idx,
+                                                                                                          actions)
+    seed0, seed1 = trainer.run()
+    trainer.close()
+    warmup = TRAIN["warmup_decisions"]
+    assert seed1["status"] == "diverged" and seed1["reason"] == f"non-finite action at env step {(warmup + 1) * 10}"
+    assert seed1["decisions"] == warmup and seed1["updates"] == 0
+    assert stepped[warmup - 1] == ([0, 1], True) and stepped[warmup] == ([0], True)
+    assert all(finite for _, finite in stepped)
+    assert seed0["status"] == "finished" and seed0["evals"] == s["half"][0]["evals"]

@@ -215,5 +215,5 @@ def test_diverging_trials_fail_loudly_with_their_reason_recorded_and_are_not_ret
     parent = [r for r in runs if r.data.tags.get("qed.role") == "sweep"][0]
     assert parent.info.status == "FAILED" and "DivergenceError" in parent.data.tags["qed.failure_reason"]
     again = run_sweep_cli(spec)  # a rerun does not retry diverged trials either: they are final
-    assert again.returncode == 1 and "2 trials (0 done, 0 new)" in again.stdout
+    assert again.returncode == 1 and "2 trials (0 done, 0 new, 2 diverged (final))" in again.stdout
     assert len(list(layout.tune_root.iterdir())) == 1

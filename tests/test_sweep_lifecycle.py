@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from qed_ray.layout import PackId, SweepDir
-from proc_helpers import cmdline, descendants
+from kit import cmdline, descendants
 from sweep_helpers import MlflowServer, cli_env, run_sweep_cli, start_sweep, sweep_runs, tiny_spec, wait_for
 
 pytestmark = pytest.mark.slow
@@ -103,7 +103,7 @@ def test_second_driver_outage_ctrl_c_then_growth_against_a_moved_server(tmp_path
     proc = run_sweep_cli(spec, env=cli_env(MLFLOW_TRACKING_URI=server.url))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"taking over the sweep's stale lock: its driver (pid {dead.pid} on this host) is gone" in proc.stdout
-    assert "3 trials (1 done, 1 new)" in proc.stdout
+    assert "3 trials (1 done, 1 resumed from env step " in proc.stdout and ", 1 new) in 3 packs" in proc.stdout
     # Exactly the unfinished and the new trial ran in this start; the finished one was not touched.
     (start2,) = sorted(set(layout.tune_root.iterdir()) - {d.parent for d in layout.pack_dirs(_alone(SEED(0)))})
     assert sorted(d.name for d in start2.iterdir() if d.is_dir()) == [

@@ -108,6 +108,6 @@ def test_smoke_sweep_in_packs_of_three_gathers_what_an_unpacked_one_does(tmp_pat
     layout.done_marker(name).unlink()
     again = run_sweep_cli(_smoke_packed(tmp_path))
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert "12 trials (11 done, 0 new) in 4 packs of up to 3 seeds" in again.stdout
+    assert "12 trials (11 done, 1 resumed from env step 2,000, 0 new) in 4 packs of up to 3 seeds" in again.stdout
     assert json.loads(layout.done_marker(name).read_text()) == done, "the same end, from the same checkpoint"
     assert sorted(layout.pack_checkpoint_steps(pack)) == [1000, 2000] and not list(layout.replay(name).glob("*"))

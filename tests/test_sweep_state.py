@@ -91,9 +91,12 @@ def test_relative_storage_under_ray_job_submit_is_refused_or_resolved_against_th
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")  # what Ray's job supervisor gives the driver
     code, err, _ = cli({**BASE, "storage_path": "results"})
-    line = _error_line(err)
-    assert code == 2 and line.startswith("error: storage_path: 'results' is relative, and this driver runs as a Ray "
-                                         "job") and "QED_STORAGE_ROOT" in line and line.count("storage_path") == 1
+    lines = err.splitlines()  # the reason, then the --runtime-env-json line to add (tests/test_front_door.py)
+    assert code == 2 and lines[0] == (f"error: storage_path: 'results' is relative, and this Ray job's working folder "
+                                      f"is the folder the Ray head was started in ({tmp_path}), not the folder the "
+                                      f"job was submitted from.")
+    assert """error:   --runtime-env-json '{"env_vars": {"QED_STORAGE_ROOT": "'"$PWD"'"}}'""" in lines
+    assert len(lines) == 4 and all(ln.startswith("error: ") for ln in lines), err
     assert not (tmp_path / "results").exists()
     monkeypatch.setenv("QED_STORAGE_ROOT", str(tmp_path / "stable"))
     code, err, out = cli({**BASE, "storage_path": "results"}, "--dry-run")

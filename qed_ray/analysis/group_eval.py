@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     gather's ``final_eval.proxy_window`` first evaluations) and the final cross-seed Q1 dispersion per task with the
     R^2 of the line through them, and redraws the scatter plot.
     """
-    import argparse
+    from qed_ray import cli_help
     import json
     import sys
     from pathlib import Path
@@ -222,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     from qed_ray.analysis import plots
     from qed_ray.analysis.tables import critic_proxy
 
-    p = argparse.ArgumentParser(prog="python -m qed_ray.analysis", description=main.__doc__.splitlines()[0])
+    p = cli_help.parser("python -m qed_ray.analysis", main.__doc__, (
+        "python -m qed_ray.analysis results/smoke   # the critic-proxy table of the demo sweep",
+        "python -m qed_ray.analysis results/dmc18   # App. D's table and scatter plot"))
     p.add_argument("sweep_dir", type=Path, help="a finished sweep folder (with gather/results.json)")
     args = p.parse_args(argv)
     layout = SweepDir(args.sweep_dir)

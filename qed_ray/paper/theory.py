@@ -17,11 +17,12 @@ and save plots.
 
 from __future__ import annotations
 
-import argparse
 import os
 from dataclasses import dataclass
 
 import numpy as np
+
+from qed_ray import cli_help
 
 
 def _require_positive(name: str, value: float) -> None:
@@ -372,7 +373,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     Returns:
         The printed worst ratios keyed by name.
     """
-    parser = argparse.ArgumentParser(prog="python -m qed_ray.theory", description=__doc__.splitlines()[0])
+    parser = cli_help.parser("python -m qed_ray.theory", __doc__, (
+        "python -m qed_ray.theory                        # both theorems, plots in theory_out/",
+        "python -m qed_ray.theory --cases 1000 --mdps 10 --out /tmp/theory   # a quick check"))
     parser.add_argument("--cases", type=int, default=10_000, help="random Q-pairs for Theorem 4.1")
     parser.add_argument("--mdps", type=int, default=50, help="random MDPs for Theorem 4.2")
     parser.add_argument("--iters", type=int, default=150, help="soft value-iteration steps per MDP")

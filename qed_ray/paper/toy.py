@@ -24,7 +24,6 @@ Choices the paper leaves open (the grid in ``benchmarks/toy_grid.py`` varies the
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from qed_ray import cli_help
 from qed_ray.paper.toy_config import ToyConfig, toy_reward  # noqa: F401 - part of the toy's interface
 from qed_ray.paper.toy_learner import ToyLearner
 
@@ -244,7 +244,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     """
     from qed_ray.paper.toy_plots import plot_panels  # matplotlib only when drawing
 
-    parser = argparse.ArgumentParser(prog="python -m qed_ray.toy", description=__doc__.splitlines()[0])
+    parser = cli_help.parser("python -m qed_ray.toy", __doc__, (
+        "python -m qed_ray.toy                           # Fig. 2's runs, figures in toy_out/",
+        "python -m qed_ray.toy --alphas 0.05 0.2 --seeds 0 1 --steps 500 --out /tmp/toy   # a quick variant"))
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.1, 0.15])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--steps", type=int, default=2000, help="gradient updates per run")

@@ -11,6 +11,7 @@ bits whatever W is: the same envs get the same float32 actions.
 from __future__ import annotations
 
 import multiprocessing as mp
+import signal
 import traceback
 from dataclasses import dataclass
 from typing import Sequence
@@ -78,6 +79,9 @@ def _worker(conn, task: str, frame_skip: int, owned: list[tuple[int, int]], raw:
             action_dim: int) -> None:
     """Worker process: builds its envs, then serves commands until ``close`` or until the pool's end of the pipe
     closes (the pack's process is gone)."""
+    # Ctrl-C is the pack's process's to handle (it closes the pipe): started with SIGINT blocked, the worker ignores
+    # it before any library thread could take it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     envs: dict[int, DMCEnv] = {}
     try:
         envs = {i: make_env(task, seed, frame_skip) for i, seed in owned}
@@ -126,16 +130,22 @@ class EnvPool:
         self.obs_dim, self.action_dim = probe.obs_dim, probe.action_dim
         ctx = mp.get_context("spawn")
         self._sh = _Shared.create(ctx, self.n, self.obs_dim, self.action_dim)
-        for w in range(self.workers):
-            owned = [(i, s) for i, s in enumerate(seeds) if i % self.workers == w]
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, name=f"env-worker-{w}", daemon=True,
-                               args=(child, task, frame_skip, owned, self._sh.raw, self.n, self.obs_dim,
-                                     self.action_dim))
-            proc.start()
-            child.close()
-            self._conns.append(parent)
-            self._procs.append(proc)
+        # The workers start with SIGINT blocked (the mask survives the spawn) until they ignore it: Ctrl-C reaches a
+        # terminal's whole process group, and it is the pack's process that stops, closing the pipes.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            for w in range(self.workers):
+                owned = [(i, s) for i, s in enumerate(seeds) if i % self.workers == w]
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_worker, name=f"env-worker-{w}", daemon=True,
+                                   args=(child, task, frame_skip, owned, self._sh.raw, self.n, self.obs_dim,
+                                         self.action_dim))
+                proc.start()
+                child.close()
+                self._conns.append(parent)
+                self._procs.append(proc)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         for w in range(self.workers):
             self._reply(w)
 

@@ -8,12 +8,12 @@ Actions in [-1, 1] are mapped linearly to the action spec's bounds.
 
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from qed_ray import cli_help
 from qed_ray.tasks import TASK_SETS, TASKS, check_task  # noqa: F401 - re-exported: the registry lives beside config
 
 
@@ -127,7 +127,9 @@ def check_all(frame_skip: int = 2) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``python -m qed_ray.envs --check-all`` loads all 18 tasks (the image smoke command)."""
-    parser = argparse.ArgumentParser(prog="python -m qed_ray.envs", description=__doc__.splitlines()[0])
+    parser = cli_help.parser("python -m qed_ray.envs", __doc__, (
+        "python -m qed_ray.envs               # list the 18 task names",
+        "python -m qed_ray.envs --check-all   # load every task and take one step"))
     parser.add_argument("--check-all", action="store_true", help="load every task and take one step")
     args = parser.parse_args(argv)
     if not args.check_all:

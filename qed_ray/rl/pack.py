@@ -11,6 +11,7 @@ counters and each seed's status; written last, so its presence marks a complete 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,6 +130,27 @@ def check_pack(specs: Sequence[RunSpec]) -> None:
             raise ValueError(f"{diff[0]}: run {s.name} differs from {specs[0].name} in {', '.join(diff)}; a pack "
                              f"holds runs of one task, agent, temperature kind and network shape, which differ only "
                              f"in seed and {members}")
+
+
+def sampler_seeds(specs: Sequence[RunSpec]) -> list[int]:
+    """Per run of a pack, in pack order, the seed its replay sampler is derived from: its own seed, or, with
+    ``train.shared_indices``, the first seed (in pack order) of its variant -- the runs whose settings other than
+    the seed are equal.
+
+    The samplers of one variant's seeds then start in one state and draw the same ring positions at every update
+    (their rings always hold equally many transitions: dm_control episodes end only at the time limit, every
+    seed stores each decision, ``holdout_fraction`` is refused with the option, and a stopped seed draws nothing),
+    as MAD-TD's multi-seed trainer draws one index set for all seeds (paper App. C ran its seeds together in that
+    code). Each seed still keeps, checkpoints and resumes its own generator. Other variants stay apart, and the
+    first seed samples as it would alone: te and QED packs of the same seeds draw alike, as their seed runs do
+    without the option (the pairing of docs/claim.md).
+    """
+    first: dict[str, int] = {}
+    out = []
+    for spec in specs:
+        variant = json.dumps(spec.model_dump(mode="json", exclude={"seed"}), sort_keys=True)
+        out.append(first.setdefault(variant, spec.seed) if spec.train.shared_indices else spec.seed)
+    return out
 
 
 def read_pack(directory: Path, seeds: Sequence[int]) -> dict:

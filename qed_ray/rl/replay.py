@@ -3,12 +3,13 @@ persistence.
 
 A row is one transition laid out as ``obs | action | reward | next_obs | terminated`` (D = 2 O + A + 2, float32),
 so a decision writes the S seeds' rows with one copy and an update gathers [S, B, D] with one kernel (on the GPU
-when the storage fits there). Seed s samples with its own generator (``rng.integers(0, len_s, B)``). What enters
-the buffer is decided by :func:`keeps_transition` (MAD-TD's held-out share and time-limit masking, both off by
-default). Persistence writes, per seed, only the transitions added since the previous save, as numbered ``.npz``
-chunks, so a checkpoint never rewrites the whole buffer. A chunk holds ``n * (2 * obs_dim + action_dim + 2) * 4``
-bytes (float32); a 1M-decision run on cheetah-run (17/6) stores about 168 MB per seed, on quadruped (78/12) about
-680 MB.
+when the storage fits there). Seed s samples with its own generator (``rng.integers(0, len_s, B)``; with
+``train.shared_indices`` the generators of one variant's seeds start in one state, so they draw the same
+positions, :func:`~qed_ray.rl.pack.sampler_seeds`). What enters the buffer is decided by :func:`keeps_transition`
+(MAD-TD's held-out share and time-limit masking, both off by default). Persistence writes, per seed, only the
+transitions added since the previous save, as numbered ``.npz`` chunks, so a checkpoint never rewrites the whole
+buffer. A chunk holds ``n * (2 * obs_dim + action_dim + 2) * 4`` bytes (float32); a 1M-decision run on cheetah-run
+(17/6) stores about 168 MB per seed, on quadruped (78/12) about 680 MB.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 
 from qed_ray.atomic import TMP_MARK, atomic_file
 from qed_ray.rl.checkpoint import CheckpointError
+from qed_ray.replay_memory import FLOAT_BYTES, replay_bytes, replay_capacity, row_width  # noqa: F401 - the API
 
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
 CHUNK_RE = re.compile(r"chunk_(\d{10})_(\d{10})\.npz$")
@@ -64,20 +66,9 @@ def keeps_transition(train, seed: int, decision: int, truncated: bool) -> bool:
     return not (train.holdout_fraction and holdout_draw(seed, decision) < train.holdout_fraction)
 
 
-FLOAT_BYTES = 4
 # Share of the GPU's free memory the replay of a pack may take; the rest is for the networks, QED's [S, B N, H]
 # activations and the allocator's slack.
 GPU_REPLAY_SHARE = 0.5
-
-
-def row_width(obs_dim: int, action_dim: int) -> int:
-    """D: floats per stored transition."""
-    return 2 * obs_dim + action_dim + 2
-
-
-def replay_bytes(seeds: int, capacity: int, obs_dim: int, action_dim: int) -> int:
-    """Bytes of a pack's replay storage: S x capacity x D float32 (cheetah-run 17/6, 1M: 168 MB per seed)."""
-    return seeds * capacity * row_width(obs_dim, action_dim) * FLOAT_BYTES
 
 
 def replay_device(device: torch.device, nbytes: int) -> torch.device:
@@ -97,7 +88,8 @@ class Replay:
     Args:
         capacity: transitions kept per seed.
         obs_dim, action_dim: sizes.
-        rngs: one sampling generator per seed (what :func:`~qed_ray.rl.trainer.build_trainer` derives from the seed).
+        rngs: one sampling generator per seed (what :func:`~qed_ray.rl.trainer.build_trainer` derives from the seed,
+            or from its variant's first seed with ``train.shared_indices``).
         device: where batches go (the agent's device).
         storage_device: where the rows live (default: ``device``).
     """

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -22,7 +23,8 @@ from pydantic import ValidationError
 
 from qed_ray.atomic import fsync_file, write_json, write_text
 from qed_ray.rl.checkpoint import CheckpointError
-from qed_ray.config import RunSpec
+from qed_ray import cli_help
+from qed_ray.config import RunSpec, TrainSpec
 from qed_ray.field_hints import format_validation_error
 from qed_ray.flags import Flag, add_run_flags, settings_from_args
 from qed_ray.layout import PackId, SweepDir, trial_dirname
@@ -30,7 +32,8 @@ from qed_ray.naming import EXECUTION_SETTINGS, identity, identity_changes, show_
 from qed_ray.rl.pack import check_pack, pack_name
 from qed_ray.rl.run_folder import FolderReporter
 from qed_ray.spec import SpecError, load_yaml
-from qed_ray.rl.trainer import Trainer, build_trainer
+from qed_ray.rl.trainer import DeviceError, Trainer, build_trainer, resolve_device
+from qed_ray.replay_memory import replay_needs, replay_problems
 
 RUN_FILE, METRICS_FILE, SUMMARY_FILE = "run.json", "metrics.jsonl", "summary.json"
 RUN_FORMAT = 2  # run.json {"format", "pack", "runs"}; format 1 (qed_ray 0.1) held one run and is not resumed
@@ -86,9 +89,16 @@ class RunLog:
             write_text(path, "".join(line + "\n" for line in kept))
 
 
+EXAMPLES = (
+    "python -m qed_ray.train --task cartpole-balance --temperature qed --k 0.2 --seed 0 --env-steps 20000 "
+    "--out runs/cp-qed   # one seed; the same command resumes it",
+    "python -m qed_ray.train --task cheetah-run --agent mad_sac --seeds 0 1 2 --env-workers 3 --env-steps 100000 "
+    "--out runs/ch-mad   # three seeds as one pack")
+
+
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[Flag]]:
     """Command-line flags: one per RunSpec setting, help and defaults read from the models (:mod:`qed_ray.flags`)."""
-    p = argparse.ArgumentParser(prog="python -m qed_ray.train", description=__doc__.splitlines()[0])
+    p = cli_help.parser("python -m qed_ray.train", __doc__, EXAMPLES)
     p.add_argument("--config", type=Path, help="YAML file with RunSpec settings (flags given override it)")
     p.add_argument("--out", type=Path, required=True, help="run folder (laid out as a sweep folder)")
     p.add_argument("--seeds", type=int, nargs="+", help="several seeds trained together as one pack (instead of "
@@ -109,19 +119,42 @@ def spec_from_args(args: argparse.Namespace, flags: list[Flag]) -> RunSpec:
         raise SpecError(str(e)) from None
     if "task" not in raw:
         raise SpecError("task: required (--task, or 'task' in --config)")
-    spec = RunSpec.model_validate(raw)
+    _evaluate_at_the_end(raw)
+    try:
+        spec = RunSpec.model_validate(raw)
+    except ValidationError as e:
+        raise SpecError("\n".join(line + (EVERY_HINT if EVERY_PROBLEM in line else "")
+                                   for line in format_validation_error(e).splitlines())) from None
     if spec.train.budget_problem():
-        raise SpecError(f"train.{spec.train.budget_problem()}")
+        raise SpecError(f"train.{spec.train.budget_problem()} (--warmup-decisions, --env-steps)")
     if "env_steps" not in raw.get("train", {}):
         print(f"note: --env-steps not given: training for the default {spec.train.env_steps:,} env steps "
               f"(the paper's budget)", flush=True)
     return spec
 
 
+EVERY_PROBLEM = " must be a multiple of eval_every ("  # TrainSpec's refusal of a budget evaluations do not divide
+EVERY_HINT = "; give --eval-every, a multiple of 1000 env steps that divides --env-steps"
+
+
+def _evaluate_at_the_end(raw: dict) -> None:
+    """A budget below the default ``eval_every`` and no ``eval_every`` given: one evaluation (and checkpoint), at the
+    end, said in a note (a short test run needs no second flag)."""
+    train = raw.get("train") if isinstance(raw.get("train"), dict) else {}
+    steps, default = train.get("env_steps"), TrainSpec.model_fields["eval_every"].default
+    if isinstance(steps, int) and 0 < steps < default and "eval_every" not in train:
+        train["eval_every"] = steps
+        print(f"note: --env-steps {steps:,} is below the default eval_every ({default:,}): evaluating once, at the "
+              f"end (--eval-every N evaluates every N env steps)", flush=True)
+
+
 def specs_from_args(args: argparse.Namespace, flags: list[Flag]) -> list[RunSpec]:
     """The runs of the pack: ``--seeds``, or the one ``--seed`` (raises SpecError, ValidationError)."""
     base = spec_from_args(args, flags)
     if args.seeds is None:
+        if base.train.shared_indices:
+            raise SpecError("train.shared_indices (--shared-indices): a run of one seed shares its replay positions "
+                            "with no other; train several seeds as one pack with --seeds")
         return [base]
     if args.seed is not None:
         raise SpecError("--seeds: give either --seed or --seeds, not both")
@@ -133,6 +166,18 @@ def specs_from_args(args: argparse.Namespace, flags: list[Flag]) -> list[RunSpec
     if args.env_workers < 0:
         raise SpecError(f"--env-workers: {args.env_workers} must be >= 0")
     return specs
+
+
+def check_resources(specs: list[RunSpec]) -> None:
+    """Refuses, before anything is written, a pack whose replay passes its cap (:mod:`qed_ray.replay_memory`) or a
+    ``--device`` this process does not have (raises SpecError)."""
+    problems = replay_problems(replay_needs([(specs[0].task, specs[0].train)], len(specs)), pack_field="--seeds")
+    if problems:
+        raise SpecError("\n".join(problems))
+    try:
+        resolve_device(specs[0].train.device)
+    except DeviceError as e:
+        raise SpecError(str(e)) from None
 
 
 def check_out_dir(out: Path) -> dict | None:
@@ -213,16 +258,45 @@ def run(specs: list[RunSpec], out: Path, env_workers: int = 0) -> list[dict]:
                             names, env_workers, log=lambda line: print(line, file=sys.stderr) if "WARNING" in line
                             or "stopped" in line else None, heartbeat=log.heartbeat, heartbeat_s=HEARTBEAT_S)
     folder = FolderReporter(layout, pack, trainer, 1, [[] for _ in names], log)
+    stopped = False
     try:
         _train(trainer, folder, log)
+    except KeyboardInterrupt:
+        stopped = True
     finally:
-        trainer.close()
+        trainer.close()  # also lands the checkpoint writes in flight
+    if stopped:
+        raise RunStopped(trainer.p.decisions * trainer.t.frame_skip, specs[0].train,
+                         max(layout.pack_checkpoint_steps(pack), default=0))
     folder.record_diverged()
     folder.finish()
     summaries = trainer.summaries()
     for name, summary in zip(names, summaries):
         write_json(out / trial_dirname(name) / SUMMARY_FILE, summary, indent=1)
     return summaries
+
+
+class RunStopped(Exception):
+    """Ctrl-C during training: how far the run got and the checkpoint the same command resumes from."""
+
+    def __init__(self, reached: int, train: TrainSpec, checkpoint: int):
+        super().__init__(reached)
+        self.reached, self.train, self.checkpoint = reached, train, checkpoint
+
+    def line(self) -> str:
+        """The one line the CLI prints."""
+        head = f"stopped (Ctrl-C) at env step {self.reached:,} of {self.train.env_steps:,}"
+        if self.checkpoint:
+            return f"{head}; run the same command to resume from its checkpoint at env step {self.checkpoint:,}"
+        return (f"{head}, before its first checkpoint (at env step {self.train.eval_every:,}); run the same command "
+                f"to start it again")
+
+
+def _stop_once(signum, frame) -> None:
+    """The CLI's SIGINT handler: the first Ctrl-C stops the run (KeyboardInterrupt); later ones are ignored while
+    the checkpoint writes in flight finish, so nothing is cut off midway."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def _train(trainer: Trainer, folder: FolderReporter, log: RunLog) -> None:
@@ -235,19 +309,31 @@ def _train(trainer: Trainer, folder: FolderReporter, log: RunLog) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; exit code 0 every seed finished, 1 a seed diverged, 2 bad input."""
+    """Entry point; exit code 0 every seed finished, 1 a seed diverged, 2 bad input, 130 stopped by Ctrl-C (one line
+    says how far it got and what the same command resumes from)."""
     args, flags = parse_args(argv)
     try:
         specs = specs_from_args(args, flags)
+        check_resources(specs)
     except ValidationError as e:
         return _errors(format_validation_error(e))
     except SpecError as e:
         return _errors(str(e))
     os.environ.setdefault("MUJOCO_GL", "disable")
+    previous = signal.signal(signal.SIGINT, _stop_once)
     try:
         summaries = run(specs, args.out, args.env_workers)
     except (CheckpointError, SpecError) as e:
         return _errors(str(e))
+    except RunStopped as e:
+        print(e.line(), file=sys.stderr, flush=True)
+        return 130
+    except KeyboardInterrupt:
+        print("stopped (Ctrl-C) before training started; run the same command to start it", file=sys.stderr,
+              flush=True)
+        return 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
     shown = [{k: v for k, v in s.items() if k != "evals"} for s in summaries]
     print(json.dumps(shown[0] if len(shown) == 1 else shown, indent=1))
     for s in summaries:

@@ -30,11 +30,11 @@ from qed_ray.rl.agents import make_packed_agent
 from qed_ray.config import RunSpec
 from qed_ray.rl.env_pool import EnvPool
 from qed_ray.rl.evaluate import eval_seeds, rollout_lockstep
-from qed_ray.rl.pack import EvalRecord, Progress, SeedRun, check_pack, pack_name, remaining_s
+from qed_ray.rl.pack import EvalRecord, Progress, SeedRun, check_pack, pack_name, remaining_s, sampler_seeds
 from qed_ray.rl.pack_checkpoint import PackCheckpoints
 from qed_ray.rl.update import PackUpdater, resolve_mode
 from qed_ray.rl.precision import apply_matmul_precision, set_run_precision
-from qed_ray.rl.replay import Replay, keeps_transition, replay_bytes, replay_device
+from qed_ray.rl.replay import Replay, keeps_transition, replay_bytes, replay_capacity, replay_device
 from qed_ray.rl.update_metrics import MetricAccumulator
 from qed_ray.rl.writer import BackgroundWriter
 
@@ -59,11 +59,28 @@ class InjectedCrash(RuntimeError):
     """Raised by ``train.debug.crash_at_env_step`` (fault-injection tests)."""
 
 
+class DeviceError(ValueError):
+    """``train.device`` names a CUDA device this process does not have; the message is one line."""
+
+
 def resolve_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when available (the device Ray assigned via CUDA_VISIBLE_DEVICES), else CPU."""
+    """``auto`` picks CUDA when available (the device Ray assigned via CUDA_VISIBLE_DEVICES), else CPU; ``cuda`` or
+    ``cuda:N`` without such a device raises :class:`DeviceError` (before anything is built on it)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            built = torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None
+            why = "no CUDA device is visible to this process" if built else \
+                f"this torch ({torch.__version__}) is built without CUDA"
+        elif (device.index or 0) >= torch.cuda.device_count():
+            why = f"only {torch.cuda.device_count()} CUDA device(s) are visible (cuda:0..)"
+        else:
+            return device
+        raise DeviceError(f"train.device: {name!r} asks for CUDA, but {why}; use 'auto' (CUDA when available, "
+                          f"else CPU) or 'cpu' (--device on the command line)")
+    return device
 
 
 class Trainer:
@@ -163,6 +180,11 @@ class Trainer:
                 actions[i] = self.runs[i].warmup_rng.uniform(-1.0, 1.0, self.pool.action_dim).astype(np.float32)
         else:
             actions = self.agent.act(obs, self.active)
+            # The actions are on the host already (for env.step): a NaN/inf one stops its seed like a NaN loss,
+            # before its env is stepped with it.
+            for i in on[~np.isfinite(actions[on]).all(axis=1)]:
+                self._stop(i, f"non-finite action at env step {env_steps}")
+            on = on[self.active[on]]
         step = self.pool.step(on, actions[on])
         nxt, reward, terminated, done = obs.copy(), np.zeros(self.n), np.zeros(self.n, bool), np.zeros(self.n, bool)
         nxt[on], reward[on], terminated[on], done[on] = step.obs, step.reward, step.terminated, \
@@ -328,6 +350,11 @@ class Trainer:
             self.pool.close()
 
 
+def _streams(seed: int) -> list[np.random.Generator]:
+    """A run seed's two independent numpy streams: its replay sampler and its warm-up actions."""
+    return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)]
+
+
 def build_trainer(specs: Sequence[RunSpec], reporter: Reporter, replay_dirs: Sequence[Path] | None,
                   names: Sequence[str] | None = None, env_workers: int = 0, log: Callable[[str], None] = print,
                   writer: BackgroundWriter | None = None, pack: str | None = None,
@@ -335,7 +362,8 @@ def build_trainer(specs: Sequence[RunSpec], reporter: Reporter, replay_dirs: Seq
     """Builds the envs, the pack's agent, replay, per-seed random streams and the writer for ``specs`` (runs that
     differ only in seed, or also in the temperature's member scalars: :func:`~qed_ray.rl.pack.check_pack`; one run
     is a pack of one) and injects them into a :class:`Trainer`. Seed s's streams are derived from s alone, so a
-    member trains alike whatever pack it is in.
+    member trains alike whatever pack it is in (except its replay sampler with ``train.shared_indices``: its
+    variant's first seed's, :func:`~qed_ray.rl.pack.sampler_seeds`).
 
     Args:
         specs: the runs, in pack order.
@@ -356,11 +384,12 @@ def build_trainer(specs: Sequence[RunSpec], reporter: Reporter, replay_dirs: Seq
     env_seeds = seeds + eval_seeds(t.eval_episodes) * len(seeds)  # eval envs are reseeded before every use
     pool = EnvPool(spec.task, env_seeds, t.frame_skip, env_workers)
     agent = make_packed_agent(spec.agent, [s.temperature for s in specs], pool.obs_dim, pool.action_dim, device, seeds)
-    capacity = t.replay_capacity or t.decisions
+    capacity = replay_capacity(t)
     # Per seed: independent streams for the buffer sampler and warm-up actions, derived from the run seed.
-    streams = [[np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2)] for seed in seeds]
+    streams = [_streams(seed) for seed in seeds]
     nbytes = replay_bytes(len(seeds), capacity, pool.obs_dim, pool.action_dim)
-    replay = Replay(capacity, pool.obs_dim, pool.action_dim, [r for r, _ in streams], device,
+    # The sampler: from its variant's first seed instead with train.shared_indices (rl.pack.sampler_seeds).
+    replay = Replay(capacity, pool.obs_dim, pool.action_dim, [_streams(s)[0] for s in sampler_seeds(specs)], device,
                     replay_device(device, nbytes))
     runs = [SeedRun(s, n, w) for s, n, (_, w) in zip(specs, names or [s.name for s in specs], streams)]
     log(f"pack {pack or pack_name(specs)}: {len(seeds)} seed{'s' if len(seeds) > 1 else ''} on {device}, replay "

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+from qed_ray import cli_help
 from qed_ray.analysis.behaviour import COLORMAP, RenderError, configure_rendering, frame_steps, run, select_snapshots
 from qed_ray.layout import SweepDir
 from qed_ray.rl.checkpoint import CheckpointError
@@ -47,7 +48,9 @@ def _int_at_least(low: int) -> Callable[[str], int]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The CLI's arguments."""
-    p = argparse.ArgumentParser(prog="python -m qed_ray.visualize", description="the behaviour figure of a finished sweep (paper Fig. 1)")
+    p = cli_help.parser("python -m qed_ray.visualize", "the behaviour figure of a finished sweep (paper Fig. 1)", (
+        "python -m qed_ray.visualize results/smoke --task cartpole-balance   # te and QED seeds side by side",
+        "python -m qed_ray.visualize results/dmc18 --task cheetah-run --variants te qed0.2 --no-mlflow"))
     p.add_argument("sweep_dir", type=Path, help="a finished sweep folder (holds policies/ and sweep.json)")
     p.add_argument("--task", required=True, help="task of the figure, e.g. cheetah-run")
     p.add_argument("--agent", default="sac_ln", help="agent name (default sac_ln)")

@@ -2,8 +2,10 @@
 
 Prints the packs (one Tune trial each) and the trials they train, what a run would do with each from the folder on
 disk (``new``, ``start``, ``resume from env step N``, ``done``, ``diverged``), the
-resources per Tune trial and all at once, and the GPU-hours the grid needs by the measured throughput table
-(:mod:`qed_ray.service.throughput`). A spec that a real run would refuse is refused the same way (exit 2).
+resources per Tune trial and all at once, the GPU-hours the grid needs by the measured throughput table
+(:mod:`qed_ray.service.throughput`) and the largest replay per trial and per pack against their caps
+(:mod:`qed_ray.replay_memory`). A spec that a real run would refuse is refused the same way (exit 2); a tracking
+server that does not answer from here is only warned about (:mod:`qed_ray.service.tracking_uri`).
 
 The GPU-hours estimate: per pack, its seed-decisions (seeds x ``train.env_steps / frame_skip``) over the measured
 seed-decisions per second of one GPU holding ``1 / resources.gpu`` such packs (so each pack's share of a GPU is
@@ -15,6 +17,7 @@ Each pack's cell is read at the precision it would train at on a GPU (``train.pr
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -23,6 +26,8 @@ from qed_ray.service.packing import Pack
 from qed_ray.rl.precision import CUDA_DEFAULT
 from qed_ray.spec import SpecError, SweepSpec, Trial
 from qed_ray.service.sweep_state import check_folder, plan, resolve_paths
+from qed_ray.replay_memory import replay_line
+from qed_ray.service.tracking_uri import unreachable, uri_field
 from qed_ray.service.throughput import DEFAULT_PATH, SHARE_CELL, Throughput, load_throughput
 
 # A pack's update mode on a GPU by train.compile (auto: graph on CUDA) -> the throughput table's key.
@@ -54,6 +59,11 @@ def dry_run(spec: SweepSpec, throughput_path: str | Path = DEFAULT_PATH) -> int:
           f"{res['gpu']:g} GPU; all {n} packs at once: {res['cpu'] * n:g} CPU, {res['gpu'] * n:g} GPU; total "
           f"env steps {total:,}")
     print(gpu_hours_line(spec, p.packs, load_throughput(throughput_path)))
+    print(replay_line(spec.replay_needs()))
+    problem = unreachable(uri)
+    if problem:  # a cluster-only address is normal where a dry run is made: a start refuses it, this warns
+        print(f"warning: {uri_field()}: {problem}; a start from here would be refused (fine if the address is "
+              f"reachable only from the cluster's head)", file=sys.stderr)
     if p.problems:
         raise SpecError("\n".join(p.problems))
     return 0

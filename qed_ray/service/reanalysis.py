@@ -23,6 +23,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from qed_ray import cli_help
 from qed_ray.analysis import group_cache, plots, tables
 from qed_ray.atomic import atomic_file, write_json
 from qed_ray.rl.digests import Recorded
@@ -30,6 +31,7 @@ from qed_ray.field_hints import format_validation_error
 from qed_ray.layout import SweepDir
 from qed_ray.analysis.results import FailedTrial, GroupResult, SweepResults
 from qed_ray.spec import FinalEvalSpec
+from qed_ray.service.status import sweep_folders_in
 
 # Settings of the final evaluation a re-analysis may change (keep_every decided which snapshots exist: fixed).
 FLAGS = ("policies", "episodes", "action_rollouts", "action_steps", "curve_episodes", "bootstrap_reps",
@@ -166,7 +168,9 @@ def _name_list(text: str) -> list[str]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command-line flags: the sweep folder, the final-evaluation settings to change, verification."""
-    p = argparse.ArgumentParser(prog="python -m qed_ray.gather", description=__doc__.splitlines()[0])
+    p = cli_help.parser("python -m qed_ray.gather", __doc__, (
+        "python -m qed_ray.gather results/smoke --episodes 20   # more final-evaluation episodes; no retraining",
+        "python -m qed_ray.gather results/smoke --policies mean,sample --workers 2   # also sampled actions"))
     p.add_argument("sweep_dir", type=Path, help="the sweep folder (with sweep.json and policies/)")
     for name in FLAGS:
         info = FinalEvalSpec.model_fields[name]
@@ -188,7 +192,9 @@ def main(argv: list[str] | None = None) -> int:
     layout = SweepDir(args.sweep_dir.resolve())
     try:
         if not layout.state_file.exists():
-            raise ValueError(f"sweep_dir: {layout.root} is not a sweep folder (no {layout.state_file.name})")
+            inside = sweep_folders_in(layout.root)  # given the storage root, say
+            raise ValueError(f"sweep_dir: {layout.root} is not a sweep folder (no {layout.state_file.name})" + (
+                f"; it holds the sweep folder(s) {', '.join(d.name for d in inside)}: give {inside[0]}" if inside else ""))
         if args.workers < 1:
             raise ValueError(f"--workers: {args.workers}; need 1 or more")
         overrides = {k: getattr(args, k) for k in FLAGS if getattr(args, k) is not None}

@@ -14,7 +14,6 @@ folder nothing else will open first (e.g. before ``mlflow ui`` on a copy).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sqlite3
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from qed_ray import cli_help
 from qed_ray.layout import SweepDir
 from qed_ray.service.tags import SWEEP_TAG
 
@@ -121,7 +121,9 @@ def follow_move(layout: SweepDir, sweep_id: str | None = None,
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; exit code 0 relinked (or nothing to do), 2 bad input."""
-    p = argparse.ArgumentParser(prog="python -m qed_ray.relink", description=__doc__.splitlines()[0])
+    p = cli_help.parser("python -m qed_ray.relink", __doc__, (
+        "mv results/smoke archive/smoke && python -m qed_ray.relink archive/smoke   # after a move",
+        "cp -r results/smoke /data/smoke && python -m qed_ray.relink /data/smoke    # a copy keeps its own"))
     p.add_argument("sweep_dir", type=Path, help="the moved or copied sweep folder (with sweep.json and mlflow.db)")
     layout = SweepDir(p.parse_args(argv).sweep_dir.absolute())
     problem = (f"{layout.root} is not a sweep folder (no {layout.state_file.name})" if not layout.state_file.exists()

@@ -7,6 +7,10 @@ Starts nothing (no Ray, no MLflow) and reads what the sweep folder records (:cla
 in its pack's Tune folder of the latest start that ran it, newer than that checkpoint, that Tune gave up on it in
 that start (the next start retries it); the group cache (``gather/cache/``) the partial table for the spec's
 final-evaluation settings. The report lists every pack with the state of each of its seed runs.
+
+The folder is the spec's (``storage_path``, ``QED_STORAGE_PATH``, ``QED_STORAGE_ROOT`` of this shell) or the one
+``--dir`` names, which finds a sweep from any shell (a ``ray job submit`` sweep's variables are its job's). "Not
+started" names the folder and how it was found; a folder of another sweep, or of no sweep, is refused saying so.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from qed_ray.layout import SweepDir
 from qed_ray.service.lock import STALE_AFTER_S, read_lock, stale_reason
 from qed_ray.service.packing import Pack, form_packs, pack_of, seed_checkpoint
 from qed_ray.analysis.results import FailedTrial, SweepResults
-from qed_ray.spec import SweepSpec
+from qed_ray.spec import SpecError, SweepSpec
 
 STATES = ("done", "running", "stopped", "failed", "not started")
 
@@ -150,11 +154,17 @@ def partial_results(spec: SweepSpec, layout: SweepDir, states: list[TrialState])
     return results, len(groups)
 
 
-def report(spec: SweepSpec, layout: SweepDir) -> str:
-    """The ``--status`` text: trial counts, env steps, compute spent and projected, the partial table."""
+def report(spec: SweepSpec, layout: SweepDir, source: str = "") -> str:
+    """The ``--status`` text: trial counts, env steps, compute spent and projected, the partial table. ``source``
+    says how the folder was found (``--dir``, or the setting and variables read); a folder that is not this sweep's
+    raises SpecError saying whose it is (:func:`check_owner`)."""
     trials = spec.trials()
+    found = f"; the folder is {source}" if source else ""
+    check_owner(spec, layout, found)
     if not layout.state_file.exists():
-        return f"sweep {spec.name}: not started ({layout.root} has no {layout.state_file.name})"
+        return (f"sweep {spec.name}: not started ({layout.root} has no {layout.state_file.name}{found}). A sweep "
+                f"submitted with `ray job submit` stores where its job's variables say: its driver's first lines "
+                f"print the --status --dir command that finds it.")
     holder = driver(layout)
     packs = sweep_packs(spec, layout)
     in_pack = pack_of(packs)
@@ -187,6 +197,33 @@ def report(spec: SweepSpec, layout: SweepDir) -> str:
     lines += [f"  {p.name}  " + "  ".join(_seed_cell(by_name[t.name], t.run.seed) for t in p.trials) for p in packs]
     lines += [f"FAILED {s.name} (pack {in_pack[s.name].name}): {s.error}" for s in states if s.state == "failed"]
     return "\n".join(lines)
+
+
+def sweep_folders_in(folder: Path) -> list[Path]:
+    """The sweep folders (holding a ``sweep.json``) directly inside ``folder``, by name."""
+    try:
+        return sorted(d for d in folder.iterdir() if (d / SweepDir(d).state_file.name).is_file())
+    except OSError:
+        return []
+
+
+def check_owner(spec: SweepSpec, layout: SweepDir, found: str = "") -> None:
+    """Refuses (SpecError) a folder that holds another sweep (its ``sweep.json`` names it) or files but no
+    ``sweep.json`` (not a sweep folder); ``found`` says how the folder was found."""
+    root = layout.root
+    if layout.state_file.exists():
+        try:
+            owner = json.loads(layout.state_file.read_text()).get("name", spec.name)
+        except (OSError, ValueError, AttributeError):
+            return  # a damaged sweep.json: the report names what it can read, a start names the damage
+        if owner != spec.name:
+            raise SpecError(f"{root} holds the sweep {owner!r}, not {spec.name!r}{found}; give the folder of "
+                            f"{spec.name!r} with --dir, or the spec of {owner!r}")
+    elif root.is_dir() and [p for p in root.iterdir() if p.name != layout.lock_file.name]:
+        inside = sweep_folders_in(root)
+        hint = f"; it holds the sweep folder(s) {', '.join(d.name for d in inside)}: give --dir {inside[0]}" \
+            if inside else ""
+        raise SpecError(f"{root} is not a sweep folder (files but no {layout.state_file.name}{found}){hint}")
 
 
 def sweep_packs(spec: SweepSpec, layout: SweepDir) -> list[Pack]:

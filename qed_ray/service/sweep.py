@@ -1,4 +1,4 @@
-"""The sweep service: ``python -m qed_ray.sweep SPEC`` (or ``ray job submit -- python -m qed_ray.sweep SPEC``).
+"""The sweep service: ``python -m qed_ray.sweep SPEC`` runs, resumes or grows a sweep (here, or as a Ray job).
 
 Joins the Ray cluster it finds (``RAY_ADDRESS`` / a running ``ray start``) or starts an embedded one, runs every
 trial of the spec as a Ray Tune trial, gathers each group of finished policies while the sweep runs (a named
@@ -22,13 +22,13 @@ sweep folder comes from :class:`qed_ray.layout.SweepDir`.
 
 Exit codes: 0 every trial finished and gathering succeeded; 1 a trial failed, or gathering failed or left a
 finished trial out (a snapshot that does not match its recorded checksum, say); 2 a bad spec,
-a refused folder or another driver running this sweep; 130 stopped by Ctrl-C (SIGINT) and 143 by SIGTERM
-(``ray job stop``): the trials stopped cleanly, their runs are KILLED, and the same command resumes them.
+a refused folder, a tracking server that does not answer or another driver running this sweep; 130 stopped by
+Ctrl-C (SIGINT) and 143 by SIGTERM (``ray job stop``): the trials stopped cleanly, their runs are KILLED, and the
+same command resumes them.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
@@ -39,7 +39,8 @@ from pathlib import Path
 import ray
 from ray import tune
 
-from qed_ray.service import gather, status
+from qed_ray import cli_help
+from qed_ray.service import announce, gather, status
 from qed_ray.analysis import tables
 from qed_ray.service.dry_run import dry_run
 from qed_ray.layout import SweepDir
@@ -53,6 +54,7 @@ from qed_ray.service.packing import Pack, tune_folder, tune_name
 from qed_ray.service.sweep_state import check_folder, git_sha, move_aside, outcome, plan, prune_finished, resolve_paths, \
     sqlite_on_many_machines, sync_runs, write_state
 from qed_ray.service.tracking import Tracker, artifact_location, ui_command
+from qed_ray.service.tracking_uri import unreachable, uri_field
 from qed_ray.service.trial import TrialContext, train_trial
 
 def trial_name(trial) -> str:
@@ -95,8 +97,10 @@ class Interrupt(tune.Stopper):
 class Progress(tune.Callback):
     """A concise progress view (instead of Tune's tables) that also records trials Tune gave up on."""
 
-    def __init__(self, total_env_steps: int, interrupt: Interrupt | None = None, every_s: float = 15.0):
+    def __init__(self, total_env_steps: int, interrupt: Interrupt | None = None, every_s: float = 15.0,
+                 resumed: dict[str, int] | None = None):
         self.total, self.interrupt, self.every_s = total_env_steps, interrupt, every_s
+        self.resumed = resumed or {}  # pack -> env steps its checkpoint holds: counted before it reports again
         self.t0 = time.time()
         self.last = 0.0
         self.start_steps: int | None = None
@@ -130,7 +134,8 @@ class Progress(tune.Callback):
         counts: dict[str, int] = {}
         for t in trials:
             counts[t.status] = counts.get(t.status, 0) + 1
-        steps = sum(int((t.last_result or {}).get("seed_env_steps", 0)) for t in trials)  # a pack's seeds together
+        steps = sum(max(int((t.last_result or {}).get("seed_env_steps", 0)), self.resumed.get(trial_name(t), 0))
+                    for t in trials)  # a pack's seeds together, from its checkpoint on
         if self.start_steps is None:
             self.start_steps = steps
         rate = (steps - self.start_steps) / max(time.time() - self.t0, 1e-9)
@@ -181,7 +186,8 @@ def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, 
                    and any(layout.trial_state(n) == "pending" for n in p.names)]
         if not pending or interrupt.signum is not None:
             break
-        progress = Progress(sum(p.env_steps for p in pending), interrupt)
+        progress = Progress(sum(p.env_steps for p in pending), interrupt,
+                            resumed=announce.resumed_env_steps(layout, pending))
         try:
             build_tuner(spec, context, pending, f"{stamp}-{attempt}", [progress, *callbacks], interrupt).fit()
             failed.update(progress.failed)
@@ -275,6 +281,9 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
     state = check_folder(layout, spec)
     if not fresh:  # refused before anything is written; checked again under the lock
         _refuse(plan(state, spec, layout).problems)
+    problem = unreachable(uri)  # seconds now, not minutes of MLflow retries once Ray is up
+    if problem:
+        raise SpecError(f"{uri_field()}: {problem}; start the tracking server or correct the URI")
     layout.root.mkdir(parents=True, exist_ok=True)
     with SweepLock(layout.lock_file):
         if fresh and layout.state_file.exists():
@@ -282,6 +291,8 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
         p = plan(check_folder(layout, spec), spec, layout)
         _refuse(p.problems)
         write_state(layout, p.state)
+        for line in announce.first_lines(spec.name, spec_path, layout, uri):
+            print(line, flush=True)
         return _run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial, p.packs)
 
 
@@ -292,7 +303,7 @@ def _refuse(problems: list[str]) -> None:
 
 def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, experiment: str, state: dict,
                 new: list[str], gather_partial: bool, packs: list[Pack]) -> int:
-    done = prune_finished(layout, packs, spec.keep_replay)
+    prune_finished(layout, packs, spec.keep_replay)
     adopted = sum(adopt_trial_checkpoints(layout, p.id, p.trials[0].run.train.env_steps) for p in packs)
     if adopted:
         print(f"adopted {adopted} checkpoint(s) of trials an older qed_ray trained outside packs", flush=True)
@@ -312,10 +323,7 @@ def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, ex
                            experiment=experiment, parent_run_id=parent, keep_every=spec.final_eval.keep_every,
                            gpu_fraction=spec.resources.gpu, keep_replay=spec.keep_replay,
                            env_workers=spec.pack.env_workers)
-    in_packs = f"{len(packs)} pack{'s' if len(packs) > 1 else ''} of up to {spec.pack.seeds} seed" + \
-        ("s" if spec.pack.seeds > 1 else "")
-    print(f"sweep {spec.name}: {len(spec.trials())} trials ({len(done)} done, {len(new)} new) in {in_packs}, results "
-          f"in {layout.root}", flush=True)
+    print(announce.start_line(spec, layout, packs, new), flush=True)
     # MLflow in line with the folder before the gather step reads it (checksums an earlier start could not record).
     sync_runs(tracker, parent, layout, spec, *outcome(layout, spec, {}), packs=packs)
     launch = lambda: gather.launch(spec, layout, state["sweep_id"], uri, experiment, parent,  # noqa: E731
@@ -381,9 +389,14 @@ def _best_effort(call, *args, **kwargs) -> None:
               f"sweep folder", flush=True)
 
 
+EXAMPLES = ("python -m qed_ray.sweep sweeps/smoke.yaml --dry-run   # the trials and resources; runs nothing",
+            "python -m qed_ray.sweep sweeps/smoke.yaml             # run, resume or grow the sweep",
+            "python -m qed_ray.sweep sweeps/smoke.yaml --status --dir results/smoke   # its progress, from any shell")
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point (exit codes in the module docstring)."""
-    p = argparse.ArgumentParser(prog="python -m qed_ray.sweep", description=__doc__.splitlines()[0])
+    p = cli_help.parser("python -m qed_ray.sweep", __doc__, EXAMPLES, announce.local_head_help())
     p.add_argument("spec", type=Path, help="sweep YAML (see sweeps/ and the README's field table)")
     p.add_argument("--dry-run", action="store_true", help="print the trials, what a run would do with each and the "
                                                           "resources; run nothing (refuses what a run would refuse)")
@@ -392,16 +405,22 @@ def main(argv: list[str] | None = None) -> int:
                                                                  "trials that finished")
     p.add_argument("--status", action="store_true", help="print the sweep's progress and partial results from its "
                    "folder; starts nothing")
+    p.add_argument("--dir", type=Path, help="with --status: the sweep folder to read (the driver prints it first; "
+                   "default: the spec's storage_path, QED_STORAGE_PATH / QED_STORAGE_ROOT of this shell)")
     args = p.parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "disable")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0 the legacy reporter prints no tables
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Interrupt handles SIGINT and SIGTERM alike
     try:
         spec = load_spec(args.spec)
+        if args.dir is not None and not args.status:
+            raise SpecError("--dir: only with --status (a sweep's folder is its storage_path / QED_STORAGE_ROOT)")
         if args.dry_run:
             return dry_run(spec)
         if args.status:
-            print(status.report(spec, resolve_paths(spec)[0]))
+            layout = SweepDir(args.dir.absolute()) if args.dir else resolve_paths(spec)[0]
+            source = "given by --dir" if args.dir else announce.storage_source(spec)
+            print(status.report(spec, layout, source))
             return 0
         return run_sweep(spec, args.spec.resolve(), args.fresh, args.gather_partial)
     except (SpecError, LockHeld) as e:

@@ -2,8 +2,9 @@
 
 Every refusal here happens before anything is created on disk or a cluster is joined, and names its field:
 - the storage root must be a folder of the user's own: not ``/``, a system folder or the home folder itself;
-- under ``ray job submit`` a relative ``storage_path`` would land in Ray's per-job working-dir cache (deleted by
-  Ray, and new with every code change), so it resolves against ``QED_STORAGE_ROOT`` or is refused;
+- under ``ray job submit`` a relative ``storage_path`` would land in the job's working folder (Ray's per-job copy of
+  ``--working-dir``, deleted by Ray; or wherever the head was started), so it resolves against ``QED_STORAGE_ROOT``
+  or is refused, naming that folder and the ``--runtime-env-json`` that sets the root;
 - an existing folder must be this sweep's (its ``sweep.json`` names this sweep) or empty: the driver never
   writes into, or with ``--fresh`` moves, a folder it did not create.
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 import uuid
@@ -46,6 +48,7 @@ from qed_ray.service.packing import Pack, form_packs, pack_of, pack_records, pac
 from qed_ray.rl.replay import prune_chunks
 from qed_ray.analysis.results import FailedTrial
 from qed_ray.spec import SpecError, SweepSpec
+from qed_ray.service.tracking_uri import URI_ENV, check_uri
 from qed_ray.service.tracking import POLICY_SHA_TAG, Tracker, TrialRun, checksum_tags, default_tracking_uri, pack_tags
 
 STATE_FORMAT = 2
@@ -53,10 +56,13 @@ PACK_SEEDS_KEY, PACKS_KEY, PACK_BY_KEY = "pack_seeds", "packs", "pack_by"  # in 
 CLAIM_KEY = "claim"  # in sweep.json only for a spec that names a claim file (qed_ray.claim)
 STORAGE_ROOT_ENV = "QED_STORAGE_ROOT"  # resolves a relative storage_path (required for one under `ray job submit`)
 STORAGE_PATH_ENV = "QED_STORAGE_PATH"  # overrides the spec's storage_path
+# What `ray job submit` needs to bring the storage root into the job: the shell's $PWD, expanded when submitted.
+RUNTIME_ENV_JSON = f"""--runtime-env-json '{{"env_vars": {{"{STORAGE_ROOT_ENV}": "'"$PWD"'"}}}}'"""
 # Folders a sweep must never be put in (nor anywhere inside them), and folders it must not be put directly into.
 SYSTEM_TREES = ("/etc", "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/boot", "/proc", "/sys",
                 "/dev", "/run", "/var")
 SYSTEM_FOLDERS = ("/", "/home", "/root", "/opt", "/srv", "/mnt", "/media", "/tmp")
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:")  # file:/x, s3:bucket: a URI, never a folder of ours
 
 
 # ---- where the sweep folder is ---------------------------------------------------------------------------
@@ -70,7 +76,7 @@ def storage_root(spec: SweepSpec) -> Path:
     ``QED_STORAGE_ROOT`` (else the current folder, except in a Ray job); raises SpecError naming the field."""
     env = os.environ.get(STORAGE_PATH_ENV)
     raw, fld = (env, STORAGE_PATH_ENV) if env else (spec.storage_path, "storage_path")
-    if "://" in raw:
+    if "://" in raw or _SCHEME.match(raw):
         # Policy snapshots, replay chunks and markers are plain files read by every node; object stores would need
         # a filesystem layer this version does not have.
         raise SpecError(f"{fld}: {raw!r} is a URI; give a filesystem path (on a cluster: a shared mount such as "
@@ -83,15 +89,38 @@ def storage_root(spec: SweepSpec) -> Path:
         if base:
             path = Path(base).expanduser() / path
         elif in_ray_job():
-            raise SpecError(f"{fld}: {raw!r} is relative, and this driver runs as a Ray job whose working folder "
-                            f"is Ray's per-job package cache ({Path.cwd()}): results there are deleted by Ray and "
-                            f"a new submission would start over. Give an absolute path (a shared mount on a "
-                            f"cluster), or set {STORAGE_ROOT_ENV} to resolve relative paths against")
+            raise SpecError(relative_in_job(raw, fld, Path.cwd()))
         else:
             path = Path.cwd() / path
     path = path.resolve()
     _refuse_system_folder(path, raw, fld)
+    _refuse_file(path, raw, fld)
     return path
+
+
+def _refuse_file(path: Path, raw: str, fld: str) -> None:
+    """The storage root, or the nearest part of it that exists, must be a folder (a file there would fail the
+    start's first write)."""
+    existing = next(p for p in (path, *path.parents) if os.path.exists(p))  # False, not an error, where unreadable
+    if not os.path.isdir(existing):
+        raise SpecError(f"{fld}: {raw!r} resolves to {path}, but {existing} is a file, not a folder; give a folder "
+                        f"(or a path that does not exist yet)")
+
+
+def relative_in_job(raw: str, fld: str, cwd: Path) -> str:
+    """The refusal of a relative storage path in a Ray job without ``QED_STORAGE_ROOT``: the job's real working
+    folder, and the ``--runtime-env-json`` that brings the root into the job (the submitting shell's variables stay
+    there)."""
+    if "runtime_resources" in cwd.parts:
+        where = (f"Ray's per-job copy of --working-dir ({cwd}): Ray deletes it, and the next submission gets a new "
+                 f"one and would start over")
+    else:
+        where = f"the folder the Ray head was started in ({cwd}), not the folder the job was submitted from"
+    return (f"{fld}: {raw!r} is relative, and this Ray job's working folder is {where}.\n"
+            f"Give the job a storage root: run `ray job submit` from the folder results belong under, adding\n"
+            f"  {RUNTIME_ENV_JSON}\n"
+            f"({STORAGE_ROOT_ENV} exported in the submitting shell does not reach the job; on a cluster, give a "
+            f"shared mount, or an absolute storage_path / {STORAGE_PATH_ENV})")
 
 
 def _refuse_system_folder(path: Path, raw: str, fld: str) -> None:
@@ -110,7 +139,12 @@ def _refuse_system_folder(path: Path, raw: str, fld: str) -> None:
 
 
 def resolve_paths(spec: SweepSpec) -> tuple[SweepDir, str, str]:
-    """The sweep folder, tracking URI and experiment (env vars override the spec's storage and URI)."""
+    """The sweep folder, tracking URI and experiment (env vars override the spec's storage and URI); raises
+    SpecError for a URI with credentials or one this service cannot use (:mod:`qed_ray.service.tracking_uri`),
+    also for the spec's when the environment overrides it (the spec is stored with the sweep)."""
+    for uri, fld in ((spec.tracking.uri, "tracking.uri"), (os.environ.get(URI_ENV), URI_ENV)):
+        if uri:
+            check_uri(uri, fld)
     layout = SweepDir(storage_root(spec) / spec.name)
     uri = os.environ.get("MLFLOW_TRACKING_URI") or spec.tracking.uri or default_tracking_uri(layout.root)
     return layout, uri, spec.tracking.experiment or spec.name

@@ -1,0 +1,123 @@
+"""What the sweep tells its user about where it runs and where it stands.
+
+It covers the local ``ray job submit`` recipe (README and ``--help``), the driver's first lines (where results
+land, and the ``--status --dir`` command that finds them from another shell), the start line of a restarted sweep
+(how many trials resumed, from which env step) and where ``--status`` looked.
+
+A sweep's folder comes from the spec's ``storage_path`` and two variables of the *driver's* environment,
+``QED_STORAGE_PATH`` and ``QED_STORAGE_ROOT``. Under ``ray job submit`` that environment is the job's (set by
+``--runtime-env-json``), not the submitting shell's. So another shell finds the folder by ``--dir``, and the driver
+prints that command first.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+from qed_ray.layout import SweepDir
+from qed_ray.service.packing import Pack
+from qed_ray.service.sweep_state import STORAGE_PATH_ENV, STORAGE_ROOT_ENV
+from qed_ray.spec import SweepSpec
+
+# The local recipe, as the README gives it (tests/test_job_submit.py runs the README's copy): the head must run the
+# venv's `python`, Ray's token auth must be on for the head and its clients, and only --runtime-env-json brings the
+# storage root into the job (a variable exported in the submitting shell stays there).
+LOCAL_HEAD = """\
+source .venv/bin/activate                    # the head then runs the job's python from the venv
+export RAY_AUTH_MODE=token                   # token auth for the head and for its clients
+(umask 077 && ray get-auth-token --generate > /dev/null)   # a private ~/.ray/auth_token, if there is none
+ray start --head                             # a local head; its job API is http://127.0.0.1:8265
+ray job submit --address http://127.0.0.1:8265 --working-dir . \\
+    --runtime-env-json '{"env_vars": {"QED_STORAGE_ROOT": "'"$PWD"'"}}' -- python -m qed_ray.sweep sweeps/smoke.yaml"""
+LOCAL_STATUS = 'python -m qed_ray.sweep sweeps/smoke.yaml --status --dir "$PWD/results/smoke"'
+
+
+def local_head_help() -> str:
+    """The recipe for ``--help``: the commands, then where results land and how another shell follows them."""
+    return (f"on a local Ray head (ray job submit), from the repository root:\n{_indent(LOCAL_HEAD)}\n"
+            f"results land in $PWD/results/<name>; from another shell in the repository root:\n"
+            f"{_indent(LOCAL_STATUS)}\nand: ray stop  # ends the head (and any other Ray processes of yours on this machine)")
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"  {line}" for line in text.splitlines())
+
+
+def shown(path: Path) -> str:
+    """``path`` as a user types it: relative to the current folder when inside it (under ``ray job submit`` that is
+    the uploaded ``--working-dir``, so ``sweeps/smoke.yaml`` as submitted), else absolute."""
+    path = Path(path).absolute()
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def status_command(spec_path: Path, layout: SweepDir) -> str:
+    """``python -m qed_ray.sweep SPEC --status --dir FOLDER``: finds the sweep from any shell, whatever its
+    variables."""
+    return (f"python -m qed_ray.sweep {shlex.quote(shown(spec_path))} --status "
+            f"--dir {shlex.quote(str(layout.root))}")
+
+
+def first_lines(name: str, spec_path: Path, layout: SweepDir, uri: str) -> list[str]:
+    """The driver's first lines: where results land, and the command another shell follows them with."""
+    return [f"sweep {name}: results in {layout.root} (MLflow: {uri})",
+            f"  progress from any shell: {status_command(spec_path, layout)}"]
+
+
+def checkpoint_steps(layout: SweepDir, pack: Pack) -> int:
+    """Env steps of the pack's newest complete checkpoint (0: none; each seed run of the pack is that far)."""
+    return max(layout.pack_checkpoint_steps(pack.id), default=0)
+
+
+def resumed_env_steps(layout: SweepDir, packs: list[Pack]) -> dict[str, int]:
+    """``{pack name: env steps of all its seed runs together}`` at the checkpoints the packs resume from (what a
+    Tune trial reports as ``seed_env_steps``), for packs with a pending seed run and a checkpoint."""
+    out = {}
+    for p in packs:
+        steps = checkpoint_steps(layout, p)
+        if steps and any(layout.trial_state(n) == "pending" for n in p.names):
+            out[p.name] = steps * len(p.trials)
+    return out
+
+
+def start_line(spec: SweepSpec, layout: SweepDir, packs: list[Pack], new: list[str]) -> str:
+    """``sweep smoke: 12 trials (2 done, 4 resumed from env step 2,000, 6 new) in 12 packs of up to 1 seed``; also
+    trials that resume, start from scratch or diverged, each only when there are any."""
+    done, resumed, fresh, diverged = 0, [], 0, 0
+    for p in packs:
+        steps = checkpoint_steps(layout, p)
+        for n in p.names:
+            state = layout.trial_state(n)
+            done += state == "done"
+            diverged += state == "diverged"
+            if state == "pending" and steps:
+                resumed.append(steps)
+            elif state == "pending" and n not in new:
+                fresh += 1
+    parts = [f"{done} done"] + ([f"{len(resumed)} resumed from {_steps(resumed)}"] if resumed else []) + \
+        [f"{len(new)} new"] + ([f"{fresh} starting from scratch"] if fresh else []) + \
+        ([f"{diverged} diverged (final)"] if diverged else [])
+    seeds = spec.pack.seeds
+    return (f"sweep {spec.name}: {len(spec.trials())} trials ({', '.join(parts)}) in {len(packs)} "
+            f"pack{'s' if len(packs) != 1 else ''} of up to {seeds} seed{'s' if seeds > 1 else ''}")
+
+
+def _steps(steps: list[int]) -> str:
+    low, high = min(steps), max(steps)
+    return f"env step {low:,}" if low == high else f"env steps {low:,} to {high:,}"
+
+
+def storage_source(spec: SweepSpec) -> str:
+    """How ``--status`` found the sweep folder without ``--dir``: the setting and each variable it read."""
+    path_env, root_env = os.environ.get(STORAGE_PATH_ENV), os.environ.get(STORAGE_ROOT_ENV)
+    raw = path_env or spec.storage_path
+    text = f"{STORAGE_PATH_ENV}={path_env}" if path_env else f"storage_path {raw!r} of the spec ({STORAGE_PATH_ENV} " \
+                                                             f"not set)"
+    if not Path(raw).expanduser().is_absolute():
+        text += (f" against {STORAGE_ROOT_ENV}={root_env}" if root_env else
+                 f" against the current folder {Path.cwd()} ({STORAGE_ROOT_ENV} not set)")
+    return text

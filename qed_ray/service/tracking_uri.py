@@ -1,0 +1,124 @@
+"""The tracking URI before MLflow sees it: a scheme this service works with, no credentials in it, a server that
+answers.
+
+:func:`check_uri` refuses, naming its source (``tracking.uri`` or ``MLFLOW_TRACKING_URI``):
+- a scheme other than ``http(s)`` (a tracking server), ``sqlite``/``file`` (a local store, by absolute path: a Ray
+  trial runs in another folder) or a database (``postgresql``, ``mysql``, ``mssql``, with an optional ``+driver``);
+  a typo such as ``htp://`` gets a suggestion;
+- credentials in the URI (``http://user:pass@host``): they would be printed, written into warnings and stored as a
+  parameter of the parent run. A tracking server's login comes from ``MLFLOW_TRACKING_USERNAME`` and
+  ``MLFLOW_TRACKING_PASSWORD``, a database's from its driver's password file (``~/.pgpass``). A refusal shows the
+  URI with its password masked, never the password.
+
+:func:`unreachable` asks the server with a short timeout (an HTTP request to ``/health``: any answer, even a refusal
+of the login, means it is there; a TCP connection for a database). A start refuses an unreachable server at once
+(instead of failing minutes later in the first MLflow call); ``--dry-run`` only warns, since a cluster-only address
+is normal where a dry run is made.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import urllib.error
+import urllib.request
+from urllib.parse import SplitResult, urlsplit
+
+from qed_ray.hints import near, short_text
+from qed_ray.spec import SpecError
+
+URI_ENV = "MLFLOW_TRACKING_URI"
+SERVERS = ("http", "https")
+LOCAL = ("sqlite", "file")
+DATABASES = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}  # default ports
+PROBE_TIMEOUT_S = 5.0
+_DEFAULT_PORTS = {"http": 80, "https": 443, **DATABASES}
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+ALLOWED = ("http(s)://host:port (a tracking server), sqlite:////abs/path/mlflow.db, file:///abs/path or "
+           "postgresql/mysql/mssql://host/db")
+
+
+def masked(uri: str) -> str:
+    """``uri`` with everything before its last ``@`` after the scheme (the user part) replaced by ``***``, cut to a
+    line: a password with unescaped ``/`` or ``@`` in it is hidden too."""
+    if "@" in uri:
+        head = uri[:uri.index("://") + 3] if "://" in uri else ""
+        uri = f"{head}***@{uri.rsplit('@', 1)[1]}"
+    return short_text(uri, 120)
+
+
+def _user_part(uri: str) -> str | None:
+    """What stands before the last ``@`` after ``scheme://`` (None: nothing)."""
+    rest = uri.split("://", 1)[1] if "://" in uri else uri
+    return rest.rsplit("@", 1)[0] if "@" in rest else None
+
+
+def uri_field() -> str:
+    """Where the URI in use comes from: ``MLFLOW_TRACKING_URI`` when it is set, else the spec's ``tracking.uri``."""
+    return URI_ENV if os.environ.get(URI_ENV) else "tracking.uri"
+
+
+def base_scheme(uri: str) -> str:
+    """``postgresql`` for ``postgresql+psycopg2://...``; "" without a scheme."""
+    found = _SCHEME.match(uri)
+    return found.group(1).lower().split("+", 1)[0] if found else ""
+
+
+def check_uri(uri: str, field: str) -> None:
+    """Raises SpecError (one line naming ``field``, the password masked) for a URI this service cannot use."""
+    problem = _problem(uri)
+    if problem:
+        raise SpecError(f"{field}: {problem}")
+
+
+def _problem(uri: str) -> str | None:
+    shown, scheme = repr(masked(uri)), base_scheme(uri)
+    if scheme not in (*SERVERS, *LOCAL, *DATABASES):
+        what = f"unknown scheme {scheme!r}{near(scheme, (*SERVERS, *LOCAL, *DATABASES))}" if scheme else "no scheme"
+        return f"{shown} has {what}; use {ALLOWED}"
+    user = _user_part(uri)
+    if user is not None and (scheme in SERVERS or ":" in user):
+        where = ("set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD instead" if scheme in SERVERS else
+                 "give the password in the driver's password file (PostgreSQL: ~/.pgpass) instead")
+        return (f"{shown} carries credentials, which would be printed and stored with the sweep; give the URI "
+                f"without them and {where}")
+    try:  # only now: a parser's message may quote any part of the URI, and it holds no password any more
+        parts = urlsplit(uri)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in 0..65535
+    except ValueError as e:
+        return f"{shown} is not a valid URI ({e})"
+    if scheme == "sqlite" and not re.match(r"sqlite(\+\w+)?:////", uri, re.I):
+        return (f"{shown} is not an absolute SQLite path (sqlite:/// and then a relative path; a Ray trial runs in "
+                f"another folder); use sqlite:////abs/path/mlflow.db (four slashes)")
+    if scheme == "file" and (parts.netloc or not parts.path.startswith("/")):
+        return f"{shown} is not an absolute local path; use file:///abs/path"
+    if scheme not in LOCAL and not parts.hostname:
+        return f"{shown} names no host; use {ALLOWED}"
+    return None
+
+
+def unreachable(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why nothing answers at a server or database URI within ``timeout_s`` (None: it answered, or the store is
+    local). Sends no credentials."""
+    scheme, parts = base_scheme(uri), urlsplit(uri)
+    if scheme in LOCAL:
+        return None
+    try:
+        if scheme in SERVERS:
+            _ask_http(parts, timeout_s)
+        else:
+            socket.create_connection((parts.hostname, parts.port or _DEFAULT_PORTS[scheme]), timeout_s).close()
+    except (OSError, ValueError) as e:
+        why = getattr(e, "reason", None) or e
+        return (f"nothing answers at {masked(uri)} within {timeout_s:g} s ({type(why).__name__}: "
+                f"{short_text(str(why), 100)})")
+    return None
+
+
+def _ask_http(parts: SplitResult, timeout_s: float) -> None:
+    url = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}/health"
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=timeout_s).close()
+    except urllib.error.HTTPError:
+        pass  # an HTTP answer of any status: a server is there (a login it refuses shows in the first MLflow call)

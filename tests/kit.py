@@ -1,0 +1,74 @@
+"""The test kit: the tiny settings every agent-level test builds from, and the small process helpers of the
+end-to-end tests (free ports, processes seen through /proc). Defined here once; sweep folders by hand are in
+``folder_helpers.py``, sweep specs and the real CLI in ``sweep_helpers.py``, fixtures in ``conftest.py``."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import torch
+
+from qed_ray.config import MadSpec, TemperatureSpec, agent_spec
+
+OBS, ACT, B = 5, 2, 16  # observation and action sizes of the synthetic batches, and their batch size
+QED = {"kind": "qed", "k": 0.2, "n_actions": 4, "alpha_max": 0.5, "init_alpha": 0.02}  # QED with N = 4 samples
+TEMPERATURES = {"te": TemperatureSpec(kind="te"), "fixed": TemperatureSpec(kind="fixed", alpha=0.05),
+                "qed": TemperatureSpec(**QED)}
+TINY_MAD = {"latent_dim": 16, "encoder_hidden": 16, "model_hidden": 16, "num_bins": 21, "vmin": -10.0,
+            "vmax": 10.0}
+
+
+def tiny_mad(**overrides) -> MadSpec:
+    """MAD-SAC's world-model settings at test size (``overrides`` replace single fields)."""
+    return MadSpec(**{**TINY_MAD, **overrides})
+
+
+def spec_of(name: str, mad: dict | None = None, **overrides):
+    """A tiny agent spec (16 hidden units, batch :data:`B`); MAD-SAC gets :func:`tiny_mad` with ``mad``'s fields."""
+    extra = {"mad": tiny_mad(**(mad or {}))} if name == "mad_sac" else {}
+    return agent_spec(name=name, **{"hidden": 16, "batch_size": B, **extra, **overrides})
+
+
+def batch_of(seed: int, b: int = B, lead: tuple[int, ...] = (), dtype=torch.float32) -> dict[str, torch.Tensor]:
+    """A seeded synthetic batch: observations N(0, 1) [*lead, b, OBS], actions U(-1, 1), rewards U(0, 2), no
+    terminal transitions."""
+    g = torch.Generator().manual_seed(seed)
+    return {"obs": torch.randn(*lead, b, OBS, generator=g, dtype=dtype),
+            "action": torch.rand(*lead, b, ACT, generator=g, dtype=dtype) * 2 - 1,
+            "reward": torch.rand(*lead, b, generator=g, dtype=dtype) * 2,
+            "next_obs": torch.randn(*lead, b, OBS, generator=g, dtype=dtype),
+            "terminated": torch.zeros(*lead, b, dtype=dtype)}
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cmdline(pid: int) -> str:
+    """The process's command line with spaces between its arguments, or "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def descendants(root: int) -> set[int]:
+    """Every process below ``root`` (children, their children, ...), from one read of /proc."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    found, grew = {root}, True
+    while grew:
+        children = {p for p, pp in parents.items() if pp in found} - found
+        found |= children
+        grew = bool(children)
+    return found - {root}
