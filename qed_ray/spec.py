@@ -310,8 +310,9 @@ class SweepSpec(Frozen):
     def replay_needs(self) -> list[ReplayNeed]:
         """The replay sizes of the grid per seed and per pack, largest first (:mod:`qed_ray.replay_memory`)."""
         tasks = dict.fromkeys(t for entry in self.agents for t in entry.tasks or self.tasks)
-        return replay_needs([(task, train) for task in tasks for train in self.train_specs()],
-                            min(self.pack.seeds, len(self.seeds)))
+        # A pack by shape holds several variants' seeds: up to pack.seeds members.
+        members = self.pack.seeds if self.pack.by == "shape" else min(self.pack.seeds, len(self.seeds))
+        return replay_needs([(task, train) for task in tasks for train in self.train_specs()], members)
 
     def _device_problems(self) -> list[str]:
         # Ray gives a trial the GPU share it asks for and hides every other device: without resources.gpu a trial

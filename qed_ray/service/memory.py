@@ -27,12 +27,13 @@ card in the card.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import weakref
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -84,6 +85,18 @@ NODE_TYPES: dict[str, NodeType] = {n.name: n for n in (
 )}
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one CPU thread inside: a probe's small matmuls run ten times faster so on a loaded machine (no
+    threads competing for the cores) and no slower on an idle one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 class AllocationPeak(TorchDispatchMode):
     """Bytes of the tensor storages created inside (on any device) that are alive at once, at their peak: the
     CPU's counterpart of ``torch.cuda.max_memory_allocated`` for the code run inside. ``trace`` holds the live
@@ -133,7 +146,8 @@ def member_memory(run: RunSpec, obs_dim: int, action_dim: int) -> MemberMemory:
     settings and dims, whatever its task, seed or member scalars (measured once per process)."""
     temperature = {**run.temperature.shared(), **({"k": 0.2} if run.temperature.kind == "qed" else {}),
                    **({"alpha": 0.1} if run.temperature.kind == "fixed" else {})}
-    canonical = {**run.model_dump(mode="json"), "task": "cheetah-run", "seed": 0, "temperature": temperature}
+    # Only the agent and the temperature shape the probe (train settings do not: it runs one update on the CPU).
+    canonical = {"agent": run.agent.model_dump(mode="json"), "task": "cheetah-run", "temperature": temperature}
     return _member_memory(json.dumps(canonical, sort_keys=True), obs_dim, action_dim)
 
 
@@ -141,7 +155,7 @@ def member_memory(run: RunSpec, obs_dim: int, action_dim: int) -> MemberMemory:
 def _member_memory(run_json: str, obs_dim: int, action_dim: int) -> MemberMemory:
     run = RunSpec.model_validate_json(run_json)
     cpu, traces, on, rows = torch.device("cpu"), [], np.ones(1, bool), 2 * max(PROBE_BATCHES)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), one_thread():
         agent = make_packed_agent(run.agent, run.temperature, obs_dim, action_dim, cpu, [0])
         replay = Replay(rows, obs_dim, action_dim, [np.random.default_rng(0)], cpu)
         replay.storage.normal_()

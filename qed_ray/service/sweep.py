@@ -42,6 +42,7 @@ from ray import tune
 from qed_ray import cli_help
 from qed_ray.service import announce, gather, status
 from qed_ray.analysis import tables
+from qed_ray.service.dry_plan import order_packs
 from qed_ray.service.dry_run import dry_run
 from qed_ray.layout import SweepDir
 from qed_ray.service.lock import LockHeld, SweepLock
@@ -55,6 +56,7 @@ from qed_ray.service.sweep_state import check_folder, git_sha, move_aside, outco
     sqlite_on_many_machines, sync_runs, write_state
 from qed_ray.service.tracking import Tracker, artifact_location, ui_command
 from qed_ray.service.tracking_uri import unreachable, uri_field
+from qed_ray.service.throughput import load_throughput
 from qed_ray.service.trial import TrialContext, train_trial
 
 def trial_name(trial) -> str:
@@ -293,7 +295,8 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
         write_state(layout, p.state)
         for line in announce.first_lines(spec.name, spec_path, layout, uri):
             print(line, flush=True)
-        return _run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial, p.packs)
+        packs = order_packs(spec, p.packs, load_throughput())  # longest first (qed_ray.service.bill)
+        return _run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial, packs)
 
 
 def _refuse(problems: list[str]) -> None:
@@ -400,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("spec", type=Path, help="sweep YAML (see sweeps/ and the README's field table)")
     p.add_argument("--dry-run", action="store_true", help="print the trials, what a run would do with each and the "
                                                           "resources; run nothing (refuses what a run would refuse)")
+    p.add_argument("--list", action="store_true", help="with --dry-run: every trial, pack by pack (longest first)")
+    p.add_argument("--workers", type=int, metavar="N", help="with --dry-run: the bill on N worker nodes (default: "
+                                                            "the shipped cluster configs' max_workers)")
     p.add_argument("--fresh", action="store_true", help="start a new sweep (this sweep's folder is moved aside)")
     p.add_argument("--gather-partial", action="store_true", help="when stopped by Ctrl-C/SIGTERM, still gather the "
                                                                  "trials that finished")
@@ -415,8 +421,12 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_spec(args.spec)
         if args.dir is not None and not args.status:
             raise SpecError("--dir: only with --status (a sweep's folder is its storage_path / QED_STORAGE_ROOT)")
+        if (args.list or args.workers is not None) and not args.dry_run:
+            raise SpecError("--list, --workers: only with --dry-run")
+        if args.workers is not None and args.workers < 1:
+            raise SpecError(f"--workers: {args.workers} worker nodes; allowed 1 or more")
         if args.dry_run:
-            return dry_run(spec)
+            return dry_run(spec, listing=args.list, workers=args.workers)
         if args.status:
             layout = SweepDir(args.dir.absolute()) if args.dir else resolve_paths(spec)[0]
             source = "given by --dir" if args.dir else announce.storage_source(spec)
