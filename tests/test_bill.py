@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from qed_ray.config import RunSpec
-from qed_ray.service.bill import ENV_COSTS_PATH, PackRate, pack_rate, pack_seconds, schedule
+from qed_ray.service.bill import CLUSTERS, ENV_COSTS_PATH, PackRate, pack_rate, pack_seconds, schedule
 from qed_ray.service.dry_plan import bill_line, order_packs, price
 from qed_ray.service.memory import NODE_TYPES
 from qed_ray.service.packing import form_packs
@@ -107,3 +107,27 @@ def test_dmc18s_dry_run_is_a_plan_of_at_most_40_lines(tmp_path, monkeypatch, cap
                                                  f"GPU-hours on the {H100}"]
     assert "(cluster/aws.yaml: 8 x g5.4xlarge, 2 packs each)" in bills[0] and "wall clock" in bills[0]
     assert not (tmp_path / "results").exists()
+
+
+def test_list_and_workers_belong_to_the_dry_run(tmp_path, monkeypatch, capsys):
+    from qed_ray.service.sweep import main
+
+    monkeypatch.setenv("QED_STORAGE_PATH", str(tmp_path / "results"))
+    smoke = str(ROOT / "sweeps" / "smoke.yaml")
+    assert main([smoke, "--list"]) == 2
+    assert capsys.readouterr().err == "error: --list, --workers: only with --dry-run\n"
+    assert main([smoke, "--dry-run", "--workers", "0"]) == 2
+    assert capsys.readouterr().err == "error: --workers: 0 worker nodes; allowed 1 or more\n"
+    assert main([smoke, "--dry-run", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "trials: 12 new\n" in out and out.count("\n    cheetah-run/sac_ln/") == 6
+    assert "CPU-hours: at least " in out and "on 1 node(s) of 16 CPUs" in out
+    assert not (tmp_path / "results").exists()
+
+
+def test_the_shipped_clusters_are_the_configs_workers():
+    import yaml
+
+    for config, node, max_workers in CLUSTERS.values():
+        cfg = yaml.safe_load((ROOT / config).read_text())
+        assert cfg["max_workers"] == max_workers and node in str(cfg["available_node_types"])

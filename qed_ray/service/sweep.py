@@ -392,7 +392,7 @@ def _best_effort(call, *args, **kwargs) -> None:
               f"sweep folder", flush=True)
 
 
-EXAMPLES = ("python -m qed_ray.sweep sweeps/smoke.yaml --dry-run   # the trials and resources; runs nothing",
+EXAMPLES = ("python -m qed_ray.sweep sweeps/smoke.yaml --dry-run   # the plan and its cost; runs nothing",
             "python -m qed_ray.sweep sweeps/smoke.yaml             # run, resume or grow the sweep",
             "python -m qed_ray.sweep sweeps/smoke.yaml --status --dir results/smoke   # its progress, from any shell")
 
@@ -401,8 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry point (exit codes in the module docstring)."""
     p = cli_help.parser("python -m qed_ray.sweep", __doc__, EXAMPLES, announce.local_head_help())
     p.add_argument("spec", type=Path, help="sweep YAML (see sweeps/ and the README's field table)")
-    p.add_argument("--dry-run", action="store_true", help="print the trials, what a run would do with each and the "
-                                                          "resources; run nothing (refuses what a run would refuse)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (trials, packs by shape, memory, GPU-hours "
+                                                          "and wall clock); run nothing (refuses what a run would refuse)")
     p.add_argument("--list", action="store_true", help="with --dry-run: every trial, pack by pack (longest first)")
     p.add_argument("--workers", type=int, metavar="N", help="with --dry-run: the bill on N worker nodes (default: "
                                                             "the shipped cluster configs' max_workers)")
