@@ -44,7 +44,7 @@ from qed_ray.rl.agents import make_packed_agent
 from qed_ray.rl.precision import CUDA_DEFAULT
 from qed_ray.rl.replay import Replay
 from qed_ray.rl.update import PackUpdater
-from qed_ray.service.memory import NODE_TYPES, NodeType, one_thread, packs_per_node
+from qed_ray.service.memory import NODE_TYPES, NodeType, one_thread
 from qed_ray.service.packing import Pack
 from qed_ray.service.throughput import SHARE_CELL, Throughput
 from qed_ray.tasks import TASK_DIMS
