@@ -35,6 +35,9 @@ from pathlib import Path
 
 import yaml
 
+from qed_ray.analysis.results import read_results
+from qed_ray.codec import RecordError, dump
+
 SWEEP_NAME = "replication"
 CLAIM_FILE = Path(__file__).resolve().parents[1] / "docs" / "claim.md"
 
@@ -206,11 +209,21 @@ def report(results: dict) -> list[str]:
     return [*table(results), "", *comparison_table(results), "```", *verdict_lines(results), "```"]
 
 
+def read_results_json(path: Path) -> dict:
+    """A ``gather/results.json`` validated by its model (:class:`SweepResults`), as the JSON the tables read;
+    raises RecordError naming the file and the field."""
+    return dump(read_results(path))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Writes the spec, runs the sweep, prints and saves the table (or, with ``--results``, only prints it)."""
     args = parse_args(argv)
     if args.results is not None:
-        print("\n".join(report(json.loads(args.results.read_text()))))
+        try:
+            print("\n".join(report(read_results_json(args.results))))
+        except RecordError as e:
+            print(f"error: --results: {e}", file=sys.stderr)
+            return 2
         return 0
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -228,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     if rc != 0 or not results_path.exists():
         print(f"error: no results ({results_path}); see the log", file=sys.stderr)
         return 1
-    results = json.loads(results_path.read_text())
+    results = read_results_json(results_path)
     lines = report(results)
     print(f"\n{args.task}, SAC-LN {args.hidden}x{args.hidden} batch {args.batch}, {args.env_steps} env steps, "
           f"{args.seeds} seeds, final eval {args.episodes} episodes (tanh(mu)), "

@@ -10,7 +10,7 @@ land" table lists :data:`DOCUMENTED` (a test compares the two).
 
 from __future__ import annotations
 
-import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Sequence
@@ -20,6 +20,7 @@ SEP = "__"  # between the parts of a trial folder name; never inside a task, age
 SEED_PREFIX = "s"
 PACK_PREFIX = "pack"
 PACK_FILE = "pack.json"  # written last into a pack checkpoint: its presence marks a complete one
+PACK_FORMAT = 1  # pack.json's format (qed_ray.rl.manifests.PackRecord)
 STATE_FILE = "state.pt"  # a checkpoint's or policy snapshot's tensors (qed_ray.rl.checkpoint)
 MANIFEST_FILE = "manifest.json"  # written last into a checkpoint or snapshot: its presence marks a complete one
 SNAPSHOT_DIGITS = 10  # policy snapshot folders are zero-padded env steps, so they sort by name
@@ -334,27 +335,16 @@ class SweepDir:
 
     def history(self, name: str) -> Path:
         """The trial's metrics at every evaluation so far, each with the time it was recorded: what its MLflow run
-        mirrors. (The gather step and ``--status`` read the evaluation history in the snapshot manifests.)"""
+        mirrors (:func:`qed_ray.run_records.read_history`; the gather step and ``--status`` read the evaluation
+        history in the snapshot manifests)."""
         return self.policies(name) / "history.json"
 
-    def read_history(self, name: str) -> list[dict]:
-        """The trial's recorded evaluations, oldest first: ``[{"time_ms": ..., "metrics": {...}}]`` (``[]``
-        before its first one)."""
-        path = self.history(name)
-        return json.loads(path.read_text()) if path.exists() else []
-
-    def diverged_reason(self, name: str) -> str:
-        """The reason ``DIVERGED.json`` records (``diverged`` if it cannot be read)."""
-        try:
-            return str(json.loads(self.diverged_marker(name).read_text()).get("reason", "diverged"))
-        except (OSError, ValueError, AttributeError):
-            return "diverged"
-
     def trial_state(self, name: str) -> str:
-        """``done`` (DONE.json), ``diverged`` (DIVERGED.json) or ``pending`` (to train or resume)."""
-        if self.done_marker(name).exists():
+        """``done`` (DONE.json), ``diverged`` (DIVERGED.json) or ``pending`` (to train or resume). A marker that is
+        there counts, whatever it holds (its reader names a damaged one)."""
+        if os.path.lexists(self.done_marker(name)):
             return "done"
-        return "diverged" if self.diverged_marker(name).exists() else "pending"
+        return "diverged" if os.path.lexists(self.diverged_marker(name)) else "pending"
 
     def replay(self, name: str) -> Path:
         """The trial's replay chunks (append-only; a checkpoint never rewrites the buffer)."""
@@ -388,8 +378,9 @@ class SweepDir:
 
 def _complete_steps(root: Path, marker: str = MANIFEST_FILE) -> dict[int, Path]:
     """``{env_steps: folder}`` of the step folders under ``root`` that hold ``marker`` (staging folders, named
-    ``.<step>.tmp-*``, never count), ascending."""
+    ``.<step>.tmp-*``, never count), ascending. A damaged marker (a dangling link, say) counts: its reader names it."""
     if not root.is_dir():
         return {}
-    found = {int(d.name): d for d in root.iterdir() if d.is_dir() and d.name.isdigit() and (d / marker).exists()}
+    found = {int(d.name): d for d in root.iterdir()
+             if d.is_dir() and d.name.isdigit() and os.path.lexists(d / marker)}
     return dict(sorted(found.items()))

@@ -72,6 +72,20 @@ def sweep_copy(sweep_template, tmp_path):
     return SweepDir(shutil.copytree(sweep_template, tmp_path / "sweep"))
 
 
+@pytest.fixture(scope="session")
+def ray_head():
+    """One Ray head from ``ray start`` (this machine's CPUs, no dashboard), shared by the slow tests whose sweep
+    drivers need no cluster of their own: a driver run with ``ray_head.env(...)`` joins it instead of starting an
+    embedded Ray, as a driver on a real cluster does (tests/ray_cluster.py: isolated folder, token auth)."""
+    from types import SimpleNamespace
+
+    from ray_cluster import ray_env, short_tmp, start_head
+
+    with short_tmp() as tmp:
+        address = start_head(tmp)
+        yield SimpleNamespace(address=address, tmp=tmp, env=lambda **extra: ray_env(tmp, address, **extra))
+
+
 @pytest.fixture
 def device():
     """The torch device of the ``torch_only`` tests: ``QED_TEST_DEVICE`` (default cpu; the GPU check sets cuda)."""

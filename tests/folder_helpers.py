@@ -13,8 +13,11 @@ from qed_ray.rl.checkpoint import save_checkpoint
 from qed_ray.rl.digests import recorded_values
 from qed_ray.config import RunSpec
 from qed_ray.layout import SweepDir, TrialId
+from qed_ray.spec import FinalEvalSpec
 
 SWEEP_ID = "0123456789ab"
+# The final evaluation the hand-built sweep "ran" with (its parent run's params; the re-analysis tests' settings).
+SWEEP_FINAL_EVAL = {"episodes": 1, "action_rollouts": 1, "action_steps": 10, "curve_episodes": 1, "bootstrap_reps": 100}
 TEMPERATURES = {"te": {"kind": "te"}, "qed0.2": {"kind": "qed", "k": 0.2}}
 BUDGET, EVAL_EVERY = 2000, 1000
 
@@ -45,6 +48,24 @@ def save_snapshot(layout: SweepDir, name: str, step: int, init_seed: int) -> Non
                      "wall_s": 10.0 * step / EVAL_EVERY})
 
 
+def seed_checkpoint(folder, name: str, step: int, wall_s: float, pack_size: int = 1, index: int = 0) -> None:
+    """A seed's part of a pack checkpoint as the trainer writes it (weights of an untrained tiny agent, real random
+    stream states, ``wall_s`` so far), at ``step`` env steps."""
+    import numpy as np
+
+    spec = run_spec(name)
+    agent = make_agent(spec.agent, spec.temperature, 5, 1, torch.device("cpu"), 0)
+    pcg = np.random.default_rng(0).bit_generator.state
+    mt = {"name": "MT19937", "keys": [1] * 624, "pos": 624, "has_gauss": 0, "cached": 0.0}
+    save_checkpoint(folder, agent.state_dict(), {
+        "task": spec.task, "agent": spec.agent.name, "variant": spec.variant, "seed": spec.seed, "obs_dim": 5,
+        "action_dim": 1, "env_steps": step, "run": spec.model_dump(mode="json"),
+        "progress": {"decisions": step // 2, "updates": 0, "episodes": 0, "wall_s": wall_s,
+                     "evals": evals_until(step, spec.seed)},
+        "rng": {"warmup": pcg, "replay": pcg, "env": mt}, "replay": {"added": step // 2, "external": True},
+        "pack": "p", "pack_size": pack_size, "pack_index": index})
+
+
 def finished_trial(layout: SweepDir, name: str) -> None:
     """Snapshots at every evaluation and the DONE marker of a trial that finished."""
     seed = TrialId.from_name(name).seed
@@ -65,7 +86,7 @@ def new_sweep(layout: SweepDir, finished: list[str], running: dict[str, int]) ->
     for name, step in running.items():
         save_snapshot(layout, name, step, init_seed=7)
     tracker = Tracker(default_tracking_uri(layout.root), "exp", SWEEP_ID, str(layout.mlartifacts))
-    parent = tracker.parent_run("exp", {}, {})
+    parent = tracker.parent_run("exp", {"final_eval": FinalEvalSpec(**SWEEP_FINAL_EVAL).model_dump(mode="json")}, {})
     for name in [*finished, *running]:
         run = tracker.trial_run(parent, name, {})
         if name in finished:

@@ -72,3 +72,10 @@ def descendants(root: int) -> set[int]:
         found |= children
         grew = bool(children)
     return found - {root}
+
+
+# groups.csv's columns in order: the original ten, then the added ones (tables.group_rows).
+GROUP_COLUMNS = ["task", "agent", "variant", "n_seeds", "mean_return", "std_return_across_seeds", "V",
+                 "action_distance", "q1_dispersion", "early_q_gap", "n_failed", "V_ci_lower", "V_ci_upper",
+                 "action_distance_ci_lower", "action_distance_ci_upper", "score_var", "alpha_frac_floor",
+                 "alpha_frac_cap", "alpha_frac_floor_late", "alpha_frac_cap_late", "log_std_at_min", "qed_at_cap"]

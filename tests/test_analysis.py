@@ -2,6 +2,7 @@
 trial's record read from its snapshots; the critic-proxy command."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -16,7 +17,8 @@ from qed_ray.rl.checkpoint import save_checkpoint
 from qed_ray.config import RunSpec
 from qed_ray.rl.evaluate import eval_seeds
 from qed_ray.layout import SweepDir
-from qed_ray.analysis.results import TrialRecord
+from qed_ray.analysis.results import GroupResult, SweepResults, TrialRecord
+from qed_ray.run_records import EvalRecord
 from qed_ray.spec import FinalEvalSpec
 
 FINAL_EVAL = FinalEvalSpec(episodes=2, action_rollouts=2, action_steps=30, curve_episodes=1, bootstrap_reps=200,
@@ -40,9 +42,12 @@ def _record(root, seed, history=(), same_weights_as=None):
                        list(history))
 
 
+def _eval(env_steps: int, return_mean: float, q_gap_mean: float = math.nan) -> EvalRecord:
+    return EvalRecord(env_steps=env_steps, return_mean=return_mean, alpha_mean=0.1, q_gap_mean=q_gap_mean)
+
+
 def test_group_numbers_follow_the_protocol(tmp_path):
-    hist = [{"env_steps": 1000, "eval/return_mean": 10.0, "q/abs_diff_mean": 0.5},
-            {"env_steps": 2000, "eval/return_mean": 20.0, "q/abs_diff_mean": 0.3}]
+    hist = [_eval(1000, 10.0, 0.5), _eval(2000, 20.0, 0.3)]
     g = evaluate_group([_record(tmp_path, s, hist) for s in (2, 0, 1)], FINAL_EVAL)
     assert g.seeds == [0, 1, 2] and g.final_env_steps == 2000 and g.key == ("cartpole-balance", "sac_ln", "te")
     assert np.shape(g.returns) == (3, 2) and np.shape(g.D) == (3, 3)
@@ -85,8 +90,7 @@ def test_trial_record_is_read_from_the_final_snapshot(sweep_copy):
     assert (r.name, r.task, r.agent, r.variant, r.seed, r.frame_skip) == (name, "cartpole-balance", "sac_ln", "te",
                                                                           1, 2)
     assert r.policies == {s: str(sweep_copy.snapshot(name, s)) for s in (1000, 2000)}
-    assert r.history == [{"env_steps": 1000, "eval/return_mean": 200.0, "q/abs_diff_mean": 0.1},
-                         {"env_steps": 2000, "eval/return_mean": 300.0, "q/abs_diff_mean": 0.2}]
+    assert r.history == [_eval(1000, 200.0, 0.1), _eval(2000, 300.0, 0.2)], "the evaluations as the trainer recorded"
     with pytest.raises(ValueError, match=r"last policy snapshot at 1,000 env steps, the trial's budget is 2,000"):
         trial_record(sweep_copy, "cartpole-balance/sac_ln/qed0.2/1")
     with pytest.raises(FileNotFoundError, match="no complete policy snapshot"):
@@ -100,7 +104,8 @@ def test_critic_proxy_command_prints_r2_and_draws(tmp_path, capsys):
               for t, x, y in [("a", 1.0, 2.0), ("b", 2.0, 4.5), ("c", 3.0, 6.0)]]
     layout = SweepDir(tmp_path)
     layout.gather.mkdir()
-    layout.results_json.write_text(json.dumps({"groups": groups}))
+    results = SweepResults("s", FinalEvalSpec(), [], [GroupResult.from_json(g) for g in groups], [], [], 3)
+    layout.results_json.write_text(json.dumps(results.to_json()))
     assert main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     r2 = metrics.r_squared([1.0, 2.0, 3.0], [2.0, 4.5, 6.0])

@@ -37,8 +37,8 @@ def test_agent_roundtrip_gives_identical_actions_and_updates(tiny_run, tmp_path)
     assert torch.equal(a.sample_with(a.params(), obs, a.noise(7)), b.sample_with(b.params(), obs, b.noise(7))), \
         "same generator state"
     assert torch.equal(a.update(batch), b.update(batch))
-    assert manifest["env_steps"] == 10 and manifest["format_version"] == FORMAT_VERSION == 2
-    assert manifest["versions"]["torch"] == metadata.version("torch")
+    assert manifest.env_steps == 10 and manifest.format_version == FORMAT_VERSION == 2
+    assert manifest.versions["torch"] == metadata.version("torch")
 
 
 def _replay() -> Replay:
@@ -109,14 +109,14 @@ def test_policy_snapshots_of_format_1_still_load_for_analysis(tmp_path):
                                    rtol=1e-6)
     np.testing.assert_allclose(pack.act_deterministic(obs).ravel(), then, rtol=1e-6)
     assert agent.temperature.log_alpha.item() == pytest.approx(-2.3086886405944824, abs=1e-7)
-    fresh = _agent(RunSpec.model_validate({**manifest["run"], "agent": {"name": "sac_ln", "hidden": 16,
-                                                                        "batch_size": 16}}))
+    fresh = _agent(RunSpec.model_validate({**manifest.run.model_dump(mode="json"),
+                                           "agent": {"name": "sac_ln", "hidden": 16, "batch_size": 16}}))
     assert not torch.equal(fresh.mode_with(fresh.params(), torch.as_tensor(obs[0])),
                            agent.mode_with(agent.params(), torch.as_tensor(obs[0])))  # the weights came from the file
-    assert RunSpec.model_validate(manifest["run"]).agent.hidden == 16, "the manifest's run is upgraded (visualize)"
+    assert manifest.run.agent.hidden == 16, "the manifest's run is upgraded (visualize)"
     from qed_ray.rl.checkpoint import SNAPSHOT_FORMATS, read_manifest
     import hashlib
-    stated = read_manifest(snapshot, SNAPSHOT_FORMATS)["state_sha256"]  # what gather and its checksums read
+    stated = read_manifest(snapshot, SNAPSHOT_FORMATS).state_sha256  # what gather and its checksums read
     assert stated == hashlib.sha256((snapshot / "state.pt").read_bytes()).hexdigest()
     with pytest.raises(CheckpointVersionError, match="written by an older version of qed_ray"):
         load_checkpoint(snapshot)  # resuming from it is still refused

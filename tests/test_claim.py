@@ -14,7 +14,9 @@ from qed_ray.service.dry_run import dry_run
 from qed_ray.layout import SweepDir
 from qed_ray.spec import SweepSpec, load_spec
 from qed_ray.service.sweep import main
-from qed_ray.service.sweep_state import plan, write_state
+from qed_ray.codec import dump
+from qed_ray.service.sweep_record import SweepState, write_state
+from qed_ray.service.sweep_state import plan
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "claim.md"
@@ -63,9 +65,9 @@ def test_the_block_is_frozen_at_the_first_start_and_a_changed_block_is_refused(t
     doc = tmp_path / "claim.md"
     shutil.copy(DOC, doc)
     first = plan(None, _spec(str(doc)))
-    rec = first.state["claim"]
+    rec = dump(first.state)["claim"]
     assert first.problems == [] and rec["sha256"] == claim.block_sha256(rec["block"]) and rec["file"] == str(doc)
-    state = json.loads(json.dumps(first.state))  # as sweep.json keeps it
+    state = SweepState.model_validate(json.loads(json.dumps(dump(first.state))))  # as sweep.json keeps it
     doc.write_text(doc.read_text().replace("tasks: [cheetah-run", "# a comment\ntasks: [cheetah-run"))
     assert plan(state, _spec(str(doc))).problems == [], "comments and layout are not the block's values"
 
@@ -76,7 +78,7 @@ def test_the_block_is_frozen_at_the_first_start_and_a_changed_block_is_refused(t
                               f"(endpoints.v_ratio.at_least: 10 -> 5; block sha256 {rec['sha256'][:12]}")
     (problem,) = plan(state, _spec(None)).problems
     assert problem.startswith(f"claim: this sweep was started against {doc}") and "restore claim:" in problem
-    (problem,) = plan({**state, "claim": None}, _spec(str(DOC))).problems  # trials recorded, no claim at the start
+    (problem,) = plan(state.model_copy(update={"claim": None}), _spec(str(DOC))).problems  # no claim at the start
     assert "was not named when this sweep first started" in problem
 
 

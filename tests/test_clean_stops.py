@@ -15,7 +15,7 @@ from qed_ray.config import TrainSpec
 from qed_ray.layout import PackId, SweepDir, seed_dir
 from qed_ray.rl.run import RunStopped, parse_args, spec_from_args
 from qed_ray.service.announce import resumed_env_steps, start_line
-from qed_ray.service.packing import form_packs
+from qed_ray.service.packing import TuneTrial, form_packs
 from qed_ray.spec import SpecError, SweepSpec
 from sweep_helpers import ROOT
 
@@ -92,7 +92,8 @@ def test_a_restart_says_what_resumed_from_where_and_counts_progress_from_there(t
     assert offsets == {resumed.name: 4000, resumed_later.name: 6000}
 
     def trial(pack, reported=None):
-        return SimpleNamespace(status="RUNNING" if reported else "PENDING", config={"pack": {"name": pack.name}},
+        return SimpleNamespace(status="RUNNING" if reported else "PENDING",
+                               config={"pack": TuneTrial.from_pack(pack).param()},
                                last_result={"seed_env_steps": reported} if reported else {})
 
     progress = Progress(3 * 8000, resumed=offsets)

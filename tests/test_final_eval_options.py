@@ -12,6 +12,7 @@ import pytest
 import torch
 from folder_helpers import group_result
 
+from qed_ray.run_records import EvalRecord
 from qed_ray.analysis import bootstrap
 from qed_ray.rl.agents import make_agent
 from qed_ray.analysis.group_eval import evaluate_group
@@ -62,7 +63,7 @@ def _record(root, seed: int, history) -> TrialRecord:
 
 
 def test_each_evaluation_policy_gives_its_own_numbers_and_the_first_keeps_todays(tmp_path):
-    hist = [{"env_steps": 1000 * i, "eval/return_mean": 1.0, "q/abs_diff_mean": float(i)} for i in (1, 2, 3)]
+    hist = [EvalRecord(env_steps=1000 * i, return_mean=1.0, alpha_mean=0.1, q_gap_mean=float(i)) for i in (1, 2, 3)]
     records = [_record(tmp_path, s, hist) for s in (0, 1)]
     mean_only = evaluate_group(records, FE)
     both = evaluate_group(records, FE.model_copy(update={"policies": ("mean", "sample"), "proxy_window": 2}))

@@ -7,7 +7,7 @@ import torch
 from qed_ray.analysis import checksums, group_cache
 from qed_ray.rl.agents import make_agent
 from qed_ray.analysis.group_eval import trial_record
-from qed_ray.rl.checkpoint import read_manifest, save_checkpoint
+from qed_ray.rl.checkpoint import manifest_content, read_manifest, save_checkpoint
 from qed_ray.analysis.checksums import TamperedSnapshotError, verify
 from qed_ray.rl.digests import Recorded, recorded_values
 from qed_ray.service.gather import group_task_resources
@@ -70,13 +70,9 @@ def test_plan_groups():
 
 def _rewrite(path, init_seed: int) -> None:
     """Rewrites a snapshot's weights and a manifest that matches them (what someone with share access could do)."""
-    from qed_ray.config import RunSpec
-
     m = read_manifest(path)
-    spec = RunSpec.model_validate(m["run"])
-    agent = make_agent(spec.agent, spec.temperature, m["obs_dim"], m["action_dim"], torch.device("cpu"), init_seed)
-    save_checkpoint(path, {k: mod.state_dict() for k, mod in agent.modules().items()},
-                    {k: v for k, v in m.items() if k not in ("format_version", "versions", "state_sha256")})
+    agent = make_agent(m.run.agent, m.run.temperature, m.obs_dim, m.action_dim, torch.device("cpu"), init_seed)
+    save_checkpoint(path, {k: mod.state_dict() for k, mod in agent.modules().items()}, manifest_content(m))
 
 
 def test_snapshots_are_checked_against_what_the_trial_recorded(sweep_copy):
@@ -99,7 +95,7 @@ def test_snapshots_are_checked_against_what_the_trial_recorded(sweep_copy):
                                                     f"{recorded.policy_sha256[:16]}"):
         verify(record, recorded)
     with pytest.raises(TamperedSnapshotError):
-        verify(record, Recorded("0" * 64, recorded.snapshots_sha256))
+        verify(record, Recorded(policy_sha256="0" * 64, snapshots_sha256=recorded.snapshots_sha256))
 
 
 def test_metric_names_are_ones_mlflow_accepts():

@@ -19,7 +19,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,22 +31,11 @@ import pytest
 
 from qed_ray.layout import SweepDir
 from kit import free_port
+from ray_cluster import kill_processes_naming
 from qed_ray.service.sweep_state import RUNTIME_ENV_JSON
 from sweep_helpers import ROOT, cli_env, sweep_runs, tiny_spec
 
 pytestmark = pytest.mark.slow
-
-
-def _kill_cluster(temp_dir: str) -> None:
-    """Stops only the processes of this test's cluster (a bare `ray stop` would hit other clusters too)."""
-    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    for line in out.splitlines()[1:]:
-        pid, _, args = line.strip().partition(" ")
-        if temp_dir in args and int(pid) != os.getpid():
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def _http_status(url: str, token: str | None) -> int:
@@ -152,7 +140,7 @@ def test_the_readme_local_recipe_runs_the_sweep_and_status_follows_it(tmp_path):
                             f"qed_ray.sweep sweeps/smoke.yaml"],
             cwd=clone, env=env, capture_output=True, text=True, timeout=600)
     finally:
-        _kill_cluster(temp_dir)
+        kill_processes_naming(temp_dir)
         for _, probe in probes:
             if probe.poll() is None:
                 probe.kill()

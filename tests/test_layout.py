@@ -10,6 +10,7 @@ from qed_ray import layout as L
 from qed_ray.rl.checkpoint import MANIFEST_FILE
 from qed_ray.rl.envs import TASKS
 from qed_ray.layout import DOCUMENTED, PACK_FILE, PackId, SweepDir, TrialId, parse_trial_dirname, trial_dirname
+from qed_ray.run_records import HistoryEntry, read_history
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ["te", "qed0.2", "fixed0.05", "k=0.2+alpha_max=0.3", "hidden=64+kind=qed+k=0.1", "tau=0.95",
@@ -90,8 +91,8 @@ def test_readme_table_lists_exactly_what_layout_builds(tmp_path):
     # Every path-building member of SweepDir is documented (the queries and the parents of documented paths aside).
     members = {n for n in vars(SweepDir) if not n.startswith("_") and n != "root"}
     assert members - set(DOCUMENTED.values()) == {"policies_root", "policies", "gather", "snapshots", "final_snapshot",
-                                                  "trials", "group_cache", "tune_root", "read_history",
-                                                  "diverged_reason", "trial_state", "pack_dirs", "pack_checkpoints",
+                                                  "trials", "group_cache", "tune_root", "trial_state", "pack_dirs",
+                                                  "pack_checkpoints",
                                                   "pack_checkpoint_steps"}
 
 
@@ -135,7 +136,7 @@ def test_layout_is_frozen_and_compares_by_root(tmp_path):
 def test_trial_state_history_pack_checkpoints_and_tune_folders(tmp_path):
     layout = SweepDir(tmp_path)
     name, pack = "cartpole-balance/sac_ln/qed0.2/3", PackId("cartpole-balance", "sac_ln", "qed0.2", (3,))
-    assert layout.trial_state(name) == "pending" and layout.read_history(name) == []
+    assert layout.trial_state(name) == "pending" and read_history(layout, name) == []
     assert layout.pack_checkpoint_steps(pack) == {} and layout.pack_dirs(pack) == []
     for steps in (1000, 3000):
         layout.pack_checkpoint(pack, steps).mkdir(parents=True)
@@ -147,7 +148,7 @@ def test_trial_state_history_pack_checkpoints_and_tune_folders(tmp_path):
         / "0000001000"
     layout.policies(name).mkdir(parents=True)
     layout.history(name).write_text('[{"time_ms": 5, "metrics": {"env_steps": 1000}}]')
-    assert layout.read_history(name) == [{"time_ms": 5, "metrics": {"env_steps": 1000}}]
+    assert read_history(layout, name) == [HistoryEntry(time_ms=5, metrics={"env_steps": 1000})]
     layout.diverged_marker(name).write_text("{}")
     assert layout.trial_state(name) == "diverged"
     layout.done_marker(name).write_text("{}")

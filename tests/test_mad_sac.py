@@ -301,6 +301,7 @@ def _flat_tensors(state, prefix=""):
 
 @pytest.mark.parametrize("temperature", [{"kind": "te"}, {"kind": "qed", "k": 0.2}])
 def test_resumed_run_matches_a_straight_run(tiny_run, tmp_path, temperature):
+    from qed_ray.codec import dump
     from qed_ray.layout import PackId, SweepDir, seed_dir, trial_dirname
     from qed_ray.rl.run import run
 
@@ -308,9 +309,9 @@ def test_resumed_run_matches_a_straight_run(tiny_run, tmp_path, temperature):
              "mad": {"latent_dim": 16, "encoder_hidden": 16, "model_hidden": 16, "num_bins": 51, "model_every": 3}}
     fast = {"frame_skip": 10, "eval_every": 1000, "warmup_decisions": 50}  # 100 decisions per 1000 env steps
     spec = tiny_run(agent=agent, temperature=temperature, train={**fast, "env_steps": 2000})
-    (straight,) = run([spec], tmp_path / "a")
+    (straight,) = map(dump, run([spec], tmp_path / "a"))  # as summary.json holds them
     run([tiny_run(agent=agent, temperature=temperature, train={**fast, "env_steps": 1000})], tmp_path / "b")
-    (resumed,) = run([spec], tmp_path / "b")
+    (resumed,) = map(dump, run([spec], tmp_path / "b"))
     assert straight["status"] == resumed["status"] == "finished"
     assert straight["final_eval_return_mean"] == resumed["final_eval_return_mean"]
     assert straight["evals"] == resumed["evals"] and len(straight["evals"]) == 2

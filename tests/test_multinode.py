@@ -8,25 +8,20 @@
    filesystem), a worker node removed while its trial runs; Tune retries the lost trial from its last checkpoint
    on another node, and MLflow still holds exactly one run per trial with one point per evaluation.
 
-Isolation from other Ray users of this machine: every process gets ``RAY_TMPDIR``/``--temp-dir`` under a fresh
-short folder (unix sockets cap paths at ~107 chars), so ``ray.init()`` never finds someone else's cluster through
-``/tmp/ray/ray_current_cluster`` and nothing here writes that file; clean-up kills only processes whose command
-line names that folder (and their children), never ``ray stop``. Every cluster runs with Ray token auth (the
-session's throwaway token), never with auth disabled: these ports listen on all interfaces.
+Isolation from other Ray users of this machine (private short temp folders, token auth, clean-up of only this
+test's processes): tests/ray_cluster.py.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import time
-from contextlib import closing, contextmanager
+from contextlib import closing
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -34,79 +29,10 @@ import pytest
 
 from qed_ray.layout import PackId, SweepDir, trial_dirname
 from kit import free_port
-from sweep_helpers import ROOT, cli_env, done_markers, sweep_runs, tiny_spec
+from ray_cluster import HEAD_RESOURCE, RAY, ray_env, short_tmp, start_head
+from sweep_helpers import ROOT, done_markers, run_sweep_cli, sweep_runs, tiny_spec
 
 pytestmark = pytest.mark.slow
-
-RAY = str(Path(sys.executable).with_name("ray"))
-HEAD_RESOURCE = "node:__internal_head__"
-
-
-# ---- processes, ports, short temp folders --------------------------------------------------------------
-@contextmanager
-def short_tmp():
-    """A fresh ``/tmp/qmnXXXX`` (short: Ray's socket paths live under it); its processes are killed at exit."""
-    tmp = Path(tempfile.mkdtemp(prefix="qmn", dir="/tmp"))
-    try:
-        yield tmp
-    finally:
-        kill_processes_naming(str(tmp))
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _parent(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return -1
-
-
-def processes_naming(token: str) -> set[int]:
-    """Processes whose command line contains ``token``, plus all their descendants (Ray renames its workers and
-    agents to ``ray::...``, so those are found through their raylet)."""
-    pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
-    found = {p for p in pids if token in _cmdline(p)}
-    parents = {p: _parent(p) for p in pids}
-    grew = True
-    while grew:
-        children = {p for p, pp in parents.items() if pp in found} - found
-        found |= children
-        grew = bool(children)
-    return found
-
-
-def kill_processes_naming(token: str, grace_s: float = 15.0) -> None:
-    """SIGTERM, then SIGKILL after ``grace_s``, every process of ``processes_naming(token)``."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in processes_naming(token):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.time() + grace_s
-        while processes_naming(token) and time.time() < deadline:
-            time.sleep(0.2)
-
-
-def ray_env(tmp: Path, address: str | None = None) -> dict:
-    """The environment of every Ray process and sweep driver here: isolated temp dir, token auth with the session's
-    throwaway token (conftest.py; the in-process ``Cluster`` reads the same one from ``os.environ``), explicit
-    address."""
-    return cli_env(RAY_TMPDIR=str(tmp), **({"RAY_ADDRESS": address} if address else {}))
-
-
-def run_cli(spec: Path, env: dict, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "qed_ray.sweep", str(spec)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 NODES_SCRIPT = """
@@ -146,15 +72,10 @@ def blind_cluster():
     with short_tmp() as tmp:
         hidden = tmp / "hidden"
         hidden.mkdir()
-        port = free_port()
-        address = f"127.0.0.1:{port}"
-        common = ["--num-cpus=1", f"--temp-dir={tmp / 'ray'}", f"--dashboard-agent-listen-port={free_port()}"]
-        head = subprocess.run([RAY, "start", "--head", f"--port={port}", "--include-dashboard=false",
-                               f"--ray-client-server-port={free_port()}", f"--dashboard-port={free_port()}", *common],
-                              env=ray_env(tmp), capture_output=True, text=True, timeout=180)
-        assert head.returncode == 0, head.stdout[-2000:] + head.stderr[-2000:]
+        address = start_head(tmp, "--num-cpus=1")
         # --block keeps the worker node in the foreground of this namespace; killing its group ends it.
-        join = f"{RAY} start --address={address} --block " + " ".join(common)
+        join = (f"{RAY} start --address={address} --block --num-cpus=1 --temp-dir={tmp / 'ray'} "
+                f"--dashboard-agent-listen-port={free_port()}")
         with open(tmp / "worker.log", "w") as log:
             worker = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
                                        f"mount -t tmpfs tmpfs {hidden} && exec {join}"],
@@ -176,7 +97,7 @@ def blind_cluster():
 def test_storage_path_invisible_to_a_worker_node_is_refused(blind_cluster, tmp_path):
     storage = blind_cluster.hidden / "results"
     spec = tiny_spec(tmp_path, "blind_store", storage_path=str(storage))
-    proc = run_cli(spec, blind_cluster.env)
+    proc = run_sweep_cli(spec, env=blind_cluster.env)
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     # Exactly the worker node is named (by the first 8 hex digits of its id), not the head.
     assert error_line(proc.stderr).startswith(
@@ -192,7 +113,7 @@ def test_sqlite_tracking_uri_invisible_to_a_worker_node_is_refused(blind_cluster
     db_dir = blind_cluster.hidden / "mlflow"
     db_dir.mkdir()
     spec = tiny_spec(tmp_path, "blind_db", tracking={"uri": f"sqlite:///{db_dir / 'mlflow.db'}"})
-    proc = run_cli(spec, blind_cluster.env)
+    proc = run_sweep_cli(spec, env=blind_cluster.env)
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert error_line(proc.stderr).startswith(
         f"error: tracking.uri: {db_dir} is local to the driver's node; nodes {blind_cluster.worker[:8]} cannot "
@@ -201,16 +122,15 @@ def test_sqlite_tracking_uri_invisible_to_a_worker_node_is_refused(blind_cluster
     assert list(db_dir.iterdir()) == [], "no MLflow store was created and the marker is removed"
 
 
-# ---- 1c. resources no node has (one-node embedded cluster) --------------------------------------------------
+# ---- 1c. resources no node has (the session's shared one-node cluster) --------------------------------------
 @pytest.mark.parametrize("resources, asked", [({"cpu": 1, "gpu": 1}, "CPU=1, GPU=1"),
                                               ({"cpu": 64, "gpu": 0}, "CPU=64, GPU=0")])
-def test_resources_no_node_has_are_refused_before_submitting(tmp_path, resources, asked):
+def test_resources_no_node_has_are_refused_before_submitting(tmp_path, ray_head, resources, asked):
     from ray._private.utils import get_num_cpus
 
-    with short_tmp() as tmp:  # RAY_TMPDIR without RAY_ADDRESS: the CLI starts its own embedded cluster
-        proc = run_cli(tiny_spec(tmp_path, "greedy", resources=resources), ray_env(tmp))
+    proc = run_sweep_cli(tiny_spec(tmp_path, "greedy", resources=resources), env=ray_head.env())
     assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
-    # The embedded node has the CPUs Ray detects here (cgroup-aware) and no GPU; the message lists them.
+    # The node has the CPUs Ray detects here (cgroup-aware) and no GPU; the message lists them.
     assert error_line(proc.stderr) == (f"error: resources: a trial asks for {asked} but no node has that much "
                                        f"(nodes: CPU={get_num_cpus():g}, GPU=0)")
     assert_no_trial_started(tmp_path / "results" / "greedy")

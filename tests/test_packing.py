@@ -11,9 +11,12 @@ from pydantic import ValidationError
 from qed_ray.field_hints import format_validation_error
 from qed_ray.service.dry_run import dry_run
 from qed_ray.layout import PackId, SweepDir, member_dirs, parse_trial_dirname, trial_dirname
-from qed_ray.service.packing import form_packs, pack_records, seed_trials, tune_folder, tune_name
+from qed_ray.service.packing import TuneTrial, form_packs, pack_records
 from qed_ray.spec import SweepSpec
-from qed_ray.service.sweep_state import plan, write_state
+from qed_ray.codec import dump
+from qed_ray.run_records import HistoryEntry
+from qed_ray.service.sweep_record import SweepState, read_state, write_state
+from qed_ray.service.sweep_state import plan
 from qed_ray.service.tracking import PACK_SIZE_TAG, PACK_TAG, Tracker, TrialRun, pack_tags
 
 BASE = {"name": "p", "tasks": ["cartpole-balance", "walker-walk"], "seeds": 5,
@@ -70,18 +73,28 @@ def test_pack_ids_round_trip_and_are_never_trial_folders():
     assert member_dirs(pack.trials, pack.seeds) == ["seed_3", "seed_4"]  # a pack of one variant: as it always was
     with pytest.raises(ValueError, match="'cheetah-run/mad_sac/qed0.4/3' is in it twice"):
         PackId.of(names + names[2:3])
-    config = {"pack": {"name": pack.name, "trials": [{"name": n, "run": {}} for n in pack.trials]}}
-    assert seed_trials(config) == pack.trials and tune_name(config) == pack.name
-    assert tune_folder(config) == "cheetah-run__mad_sac__qed0.2__pack3-4"
+    run = {"task": "cheetah-run", "agent": {"name": "mad_sac"}, "temperature": {"kind": "qed", "k": 0.2}}
+    config = {"pack": {"name": pack.name, "trials": [{"name": n, "run": {**run, "seed": int(n[-1])}}
+                                                     for n in pack.trials]}}
+    trial = TuneTrial.of(config)  # what the trainable and the driver's callbacks read of a Tune trial's config
+    assert trial.names == pack.trials and trial.name == pack.name and trial.param() == TuneTrial.of(
+        {"pack": trial.param()}).param()
+    assert trial.id.dirname == "cheetah-run__mad_sac__qed0.2__pack3-4" and trial.trials[1].run.seed == 4
+    with pytest.raises(ValueError, match=r"^Tune trial config: pack: name: 'cheetah-run/mad_sac/qed0.2/pack3' is not "
+                                         r"the pack of its trials"):
+        TuneTrial.of({"pack": {**config["pack"], "name": "cheetah-run/mad_sac/qed0.2/pack3"}})
+    with pytest.raises(ValueError, match=r"^Tune trial config: pack: trials.0.run.seed: Input should be a valid "
+                                         r"integer \(got '3'\)"):
+        TuneTrial.of({"pack": {**config["pack"], "trials": [{"name": pack.trials[0], "run": {**run, "seed": "3"}}]}})
     alone = PackId.of(["cheetah-run/mad_sac/qed0.2/3"])  # a single seed is a pack of one
     assert (alone.name, alone.dirname) == ("cheetah-run/mad_sac/qed0.2/pack3", "cheetah-run__mad_sac__qed0.2__pack3")
 
 
-def _started(layout: SweepDir, state: dict, spec: SweepSpec) -> None:
+def _started(layout: SweepDir, state: SweepState, spec: SweepSpec) -> None:
     """Marks every recorded pack as started (a checkpoint folder of its own) and writes sweep.json."""
-    for members in state.get("packs", {}).values():
+    for members in state.packs.values():
         layout.pack_checkpoints(PackId.of(members)).mkdir(parents=True)
-    for name in state["trials"]:
+    for name in state.trials:
         layout.policies(name).mkdir(parents=True, exist_ok=True)
     write_state(layout, state)
 
@@ -89,17 +102,17 @@ def _started(layout: SweepDir, state: dict, spec: SweepSpec) -> None:
 def test_membership_is_fixed_when_the_sweep_grows(tmp_path):
     layout = SweepDir(tmp_path / "p")
     first = plan(None, _spec(seeds=3, pack={"seeds": 2}), layout)
-    assert first.problems == [] and first.state["pack_seeds"] == 2
-    assert first.state["packs"] == pack_records(first.packs) == {
+    assert first.problems == [] and first.state.pack_seeds == 2
+    assert first.state.packs == pack_records(first.packs) == {
         f"{t}/sac_ln/te/{p}": [f"{t}/sac_ln/te/{s}" for s in seeds] for t in BASE["tasks"]
         for p, seeds in (("pack0-1", (0, 1)), ("pack2", (2,)))}
     _started(layout, first.state, _spec(seeds=3))
-    grown = plan(json.loads(layout.state_file.read_text()), _spec(seeds=6, pack={"seeds": 2}), layout)
+    grown = plan(read_state(layout), _spec(seeds=6, pack={"seeds": 2}), layout)
     assert grown.problems == [] and grown.new == [f"{t}/sac_ln/te/{s}" for t in BASE["tasks"] for s in (3, 4, 5)]
     # Seed 2's pack stays a pack of one; the new seeds form new packs of their own, in chunks of 2.
     assert [p.name for p in grown.packs] == [f"{t}/sac_ln/te/{p}" for t in BASE["tasks"]
                                             for p in ("pack0-1", "pack2", "pack3-4", "pack5")]
-    assert grown.state["packs"] == pack_records(grown.packs)
+    assert grown.state.packs == pack_records(grown.packs)
     # A recorded pack that never started (nothing of it in the folder) may re-form with the grown grid.
     unstarted = plan(first.state, _spec(seeds=6, pack={"seeds": 2}), SweepDir(tmp_path / "empty"))
     assert [p.name for p in unstarted.packs][:3] == [f"cartpole-balance/sac_ln/te/pack{p}"
@@ -114,16 +127,17 @@ def test_a_sweep_of_single_seeds_trains_packs_of_one(tmp_path):
     p = plan(None, explicit)
     assert [pk.name for pk in p.packs][:3] == [f"cartpole-balance/sac_ln/te/pack{s}" for s in range(3)]
     assert all(len(pk.trials) == 1 for pk in p.packs) and len(p.packs) == len(plain.trials())
-    assert p.state["pack_seeds"] == 1 and p.state["packs"] == {pk.name: pk.names for pk in p.packs}
+    assert p.state.pack_seeds == 1 and p.state.packs == {pk.name: pk.names for pk in p.packs}
     assert explicit.trial_resources() == {"cpu": 1.0, "gpu": 0.0}
     assert _spec(pack={"env_workers": 1}).trial_resources() == {"cpu": 2.0, "gpu": 0.0}, "its env on a worker"
     # A sweep.json of the previous release (seed runs outside packs: no packs recorded) resumes as packs of one.
     layout = SweepDir(tmp_path / "p")
-    legacy = {k: v for k, v in p.state.items() if k not in ("pack_seeds", "packs")}
-    _started(layout, legacy, plain)
-    again = plan(json.loads(layout.state_file.read_text()), explicit, layout)
-    assert again.problems == [] and again.new == [] and again.state == {**legacy, "pack_seeds": 1,
-                                                                        "packs": p.state["packs"]}
+    legacy = {k: v for k, v in dump(p.state).items() if k not in ("pack_seeds", "packs")}
+    _started(layout, SweepState.model_validate(legacy), plain)
+    layout.state_file.write_text(json.dumps(legacy))  # as that release wrote it: no pack fields
+    again = plan(read_state(layout), explicit, layout)
+    assert again.problems == [] and again.new == [] and dump(again.state) == {**legacy, "pack_seeds": 1,
+                                                                              "packs": p.state.packs}
     assert _spec(pack={"seeds": 5, "env_workers": 3}, resources={"cpu": 2, "gpu": 0.5}).trial_resources() == {
         "cpu": 5.0, "gpu": 0.5}
 
@@ -155,7 +169,7 @@ def test_a_started_sweeps_pack_size_cannot_change(tmp_path, before, after, says)
     layout = SweepDir(tmp_path / "p")
     first = plan(None, _spec(pack={"seeds": before}), layout)
     _started(layout, first.state, _spec())
-    again = plan(json.loads(layout.state_file.read_text()), _spec(pack={"seeds": after}), layout)
+    again = plan(read_state(layout), _spec(pack={"seeds": after}), layout)
     assert len(again.problems) == 1 and again.problems[0].startswith(says)
     assert "restore pack.seeds: " + str(before) in again.problems[0]
     # Before anything started, the pack size may still change.
@@ -213,13 +227,13 @@ def test_a_seed_runs_mlflow_run_carries_its_packs_name_and_size(tmp_path):
     tracker = Tracker(uri, "p", "sweep0")
     parent = tracker.parent_run("p", {}, {})
     name, pack = "cartpole-balance/sac_ln/te/1", "cartpole-balance/sac_ln/te/pack0-2"
-    history = [{"time_ms": 1000, "metrics": {"env_steps": 1000, "eval/return_mean": 5.0}}]
+    history = [HistoryEntry(time_ms=1000, metrics={"env_steps": 1000, "eval/return_mean": 5.0})]
     # A run the driver created without the pack's tags (synced as KILLED before the pack first ran) gets them.
     assert TrialRun(uri, "p", "sweep0", parent, name, {"seed": 1}).finish([], killed=True, timeout_s=0)
     run = TrialRun(uri, "p", "sweep0", parent, name, {"seed": 1}, run_tags=pack_tags(pack, 3))
     assert run.sync(history)
     (found,) = [r for r in tracker.runs() if r.data.tags.get("qed.trial") == name]
-    assert found.info.run_name == name and found.data.tags["mlflow.parentRunId"] == parent
+    assert found.info.run_name == "te s1 cartpole-balance sac_ln" and found.data.tags["mlflow.parentRunId"] == parent
     assert (found.data.tags[PACK_TAG], found.data.tags[PACK_SIZE_TAG]) == (pack, "3")
     assert found.data.params["seed"] == "1" and found.data.metrics["eval/return_mean"] == 5.0
     assert len([r for r in tracker.runs() if r.data.tags.get("qed.trial") == name]) == 1

@@ -213,7 +213,7 @@ def test_a_cpu_run_ignores_the_precision_and_says_so(tiny_run):
         reason = "train.precision '3xtf32' is ignored on cpu: it has no TF32 tensor cores, every product is IEEE FP32"
         assert f"update mode off (eager); precision fp32 ({reason})" in lines[-1]
         assert pack.precision == "fp32" and pack.agent.template.fn.qed_precision == "fp32"
-        assert [s["precision"] for s in pack.summaries()] == ["fp32", "fp32"]
+        assert [s.precision for s in pack.summaries()] == ["fp32", "fp32"]
         assert torch.get_float32_matmul_precision() == "highest"
     finally:
         pack.close()

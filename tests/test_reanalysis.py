@@ -1,18 +1,23 @@
 """Re-analysis (``python -m qed_ray.gather SWEEP_DIR``) on a hand-built sweep folder with real snapshots, real rollouts
-and a real SQLite MLflow store: cache hits, new settings, only gather/ changes, tampered snapshots refused."""
+and a real SQLite MLflow store: cache hits, new settings, only gather/ and MLflow change (a child run of the
+sweep's run per settings, with the new tables), tampered snapshots refused, MuJoCo's deprecation notices dropped."""
 
 import csv
 import hashlib
 import json
+import logging
+import os
 
 import pytest
 import torch
-from folder_helpers import finish_running, is_nan, write_history
+from folder_helpers import SWEEP_ID, finish_running, is_nan, write_history
 
 from qed_ray.rl.agents import make_agent
-from qed_ray.rl.checkpoint import read_manifest, save_checkpoint
+from qed_ray.rl.checkpoint import manifest_content, read_manifest, save_checkpoint
+from qed_ray.service.lock import SweepLock
 from qed_ray.service.reanalysis import main as gather_main
-from qed_ray.service.reanalysis import main
+from qed_ray.service.reanalysis import main, quiet_model_deprecations
+from qed_ray.service.tracking import Tracker, default_tracking_uri, open_sweep
 from qed_ray.analysis.verdict import iqm_outcome, v_ratio_outcome
 
 SMALL = ["--episodes", "1", "--action-rollouts", "1", "--action-steps", "10", "--curve-episodes", "1",
@@ -20,10 +25,44 @@ SMALL = ["--episodes", "1", "--action-rollouts", "1", "--action-steps", "10", "-
 TE, QED = "cartpole-balance/sac_ln/te", "cartpole-balance/sac_ln/qed0.2"
 
 
+def _gather_files(layout) -> dict:
+    """The bytes of every file in gather/."""
+    return {p: p.read_bytes() for p in layout.gather.rglob("*") if p.is_file()}
+
+
 def _outside_gather(layout) -> dict:
-    """SHA-256 of every file of the sweep folder outside gather/."""
+    """SHA-256 of every file of the sweep folder outside gather/ and the MLflow store."""
     return {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in layout.root.rglob("*")
-            if p.is_file() and layout.gather not in p.parents}
+            if p.is_file() and not {layout.gather, layout.mlartifacts} & set(p.parents) and p != layout.mlflow_db}
+
+
+def _reanalysis_runs(layout):
+    """The sweep's parent run, its tracker and ``{run name: run}`` of its re-analysis child runs."""
+    tracker, parent = open_sweep(default_tracking_uri(layout.root), SWEEP_ID)
+    runs = {r.info.run_name: r for r in tracker.runs() if r.data.tags["qed.role"] == "reanalysis"}
+    return tracker, parent, runs
+
+
+def _logged_as_child_run(layout, out: str, name: str, results: dict):
+    """The re-analysis ``name`` is a FINISHED child run of the sweep's run holding its new tables, figures, summary
+    (its description: te's row before QED's) and metrics; the sweep's run is left as it was."""
+    assert f"MLflow: logged as run '{name}' under the sweep's run 'exp' (experiment 'exp')" in out
+    tracker, parent, runs = _reanalysis_runs(layout)
+    run = runs[name]
+    assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert run.data.params["final_eval.episodes"] == str(results["final_eval"]["episodes"])
+    arts = {a.path for a in tracker.client.list_artifacts(run.info.run_id, "gather")}
+    assert {"gather/aggregates.csv", "gather/comparisons.csv", "gather/verdict.json", "gather/results.json",
+            "gather/summary.md", "gather/figures"} <= arts
+    got = tracker.client.download_artifacts(run.info.run_id, "gather/results.json", str(layout.root.parent / name))
+    assert json.loads(open(got).read()) == results, "the run holds this re-analysis's tables"
+    te = next(a for a in results["aggregates"] if a["variant"] == "te")
+    assert run.data.metrics["sac_ln.te/iqm"] == pytest.approx(te["iqm"])
+    note = run.data.tags["mlflow.note.content"]
+    assert note.startswith(f"### Re-analysis of sweep: {name.removeprefix('reanalysis ')}\n")
+    assert note.index("| sac_ln | te |") < note.index("| sac_ln | qed0.2 |") and "*IQM: interquartile mean" in note
+    assert "mlflow.note.content" not in parent.data.tags and not parent.data.metrics, "the sweep's run is as it was"
+    return run
 
 
 def test_reanalysis_evaluates_once_then_caches_and_changes_only_evaluation_outputs(sweep_copy, capsys):
@@ -34,8 +73,8 @@ def test_reanalysis_evaluates_once_then_caches_and_changes_only_evaluation_outpu
     assert f"{TE}: evaluated" in out and f"{QED}: evaluated" in out
     assert f"MLflow: {layout.root} was moved or copied: pointed 5 run(s) of its store from " in out
     assert f" to {layout.mlartifacts}\n" in out
-    before[layout.mlflow_db] = hashlib.sha256(layout.mlflow_db.read_bytes()).hexdigest()  # relinked, once
     first = json.loads(layout.results_json.read_text())
+    _logged_as_child_run(layout, out, "reanalysis sweep settings", first)  # the parent's own final_eval
     te = next(g for g in first["groups"] if g["variant"] == "te")
     assert te["seeds"] == [0, 1] and [len(r) for r in te["returns"]] == [1, 1] and te["V"] >= 0
     assert te["learning_curves"] == {"0": [[1000, 100.0], [2000, 200.0]], "1": [[1000, 200.0], [2000, 300.0]]}
@@ -48,10 +87,35 @@ def test_reanalysis_evaluates_once_then_caches_and_changes_only_evaluation_outpu
     out = capsys.readouterr().out
     assert f"{TE}: cached" in out and f"{QED}: cached" in out and "evaluated" not in out
     assert json.loads(layout.results_json.read_text()) == first
+    assert list(_reanalysis_runs(layout)[2]) == ["reanalysis sweep settings"], "the same settings: the same run"
+
+    # The wrong store (an empty one: no trial recorded checksums there) would leave every trial out: gather/ keeps
+    # its outputs, byte for byte, and the exit code says so.
+    outputs = _gather_files(layout)
+    empty = f"sqlite:///{layout.root.parent / 'empty.db'}"
+    Tracker(empty, "other", "0000")
+    assert main([str(layout.root), *SMALL, "--tracking-uri", empty]) == 1
+    captured = capsys.readouterr()
+    assert "every trial was left out" in captured.err and f"LEFT OUT {TE}/0: no policy checksum" in captured.out
+    assert _gather_files(layout) == outputs
+    assert main([str(layout.root), "--tracking-uri", f"sqlite:///{layout.root.parent / 'typo.db'}"]) == 2
+    assert "no MLflow store at that path" in capsys.readouterr().err
+    assert not (layout.root.parent / "typo.db").exists(), "no store is created for a mistyped URI"
+    # A damaged cache entry is named and its group evaluated again (the entry rewritten); the other stays cached.
+    entry = next(p for p in layout.group_cache.glob("*.json")
+                 if json.loads(p.read_text())["group"]["variant"] == "te")
+    entry.write_text(entry.read_text()[:50])
+    assert main([str(layout.root), *SMALL]) == 0
+    out = capsys.readouterr().out
+    assert f"WARNING: {entry}: not JSON" in out and f"{TE}: evaluated" in out and f"{QED}: cached" in out
+    assert json.loads(layout.results_json.read_text()) == first and json.loads(entry.read_text())["key"] == entry.stem
 
     assert main([str(layout.root), *SMALL, "--episodes", "2", "--bootstrap-reps", "200"]) == 0
-    assert capsys.readouterr().out.count(": evaluated") == 2, "other episodes: another cache key"
+    out = capsys.readouterr().out
+    assert out.count(": evaluated") == 2, "other episodes: another cache key"
     second = json.loads(layout.results_json.read_text())
+    _logged_as_child_run(layout, out, "reanalysis episodes=2 bootstrap_reps=200", second)
+    assert len(_reanalysis_runs(layout)[2]) == 2
     te2 = next(g for g in second["groups"] if g["variant"] == "te")
     assert [len(r) for r in te2["returns"]] == [2, 2] and second["final_eval"]["episodes"] == 2
     assert te2["learning_curves"] == te["learning_curves"]
@@ -101,6 +165,9 @@ def _paired_ratios_where_qed_sat_and_the_verdict(layout, capsys):
     assert v["n_tasks_at_cap"] == 1 and any(s.startswith("no pre-registration named") for s in v["scope"])
     assert "qed0.2 vs te (1 tasks, 2+ seeds, intervals paired)" in out and "AT ITS CAP on 1 of 1 tasks" in out
     assert f"sac_ln qed0.2 vs te: {v['outcome'].upper()}" in out and "the claim: " in out
+    run = _logged_as_child_run(layout, out, "reanalysis sweep settings", results)
+    assert run.data.tags["qed.verdict"] == verdict["outcome"]
+    assert f"**Verdict on the claim: {verdict['outcome'].upper()}**" in run.data.tags["mlflow.note.content"]
 
 
 def test_a_tampered_snapshot_is_refused_naming_the_file(sweep_copy, capsys):
@@ -109,9 +176,8 @@ def test_a_tampered_snapshot_is_refused_naming_the_file(sweep_copy, capsys):
     manifest = read_manifest(final)
     other = make_agent(*_agent_args(manifest), torch.device("cpu"), 12345)
     # Someone with write access to the share rewrites the weights and a manifest that matches them.
-    save_checkpoint(final, {k: m.state_dict() for k, m in other.modules().items()},
-                    {k: v for k, v in manifest.items() if k not in ("format_version", "versions", "state_sha256")})
-    assert read_manifest(final)["state_sha256"] != manifest["state_sha256"]
+    save_checkpoint(final, {k: m.state_dict() for k, m in other.modules().items()}, manifest_content(manifest))
+    assert read_manifest(final).state_sha256 != manifest.state_sha256
     assert gather_main is main  # python -m qed_ray.gather runs this command
     assert main([str(layout.root), *SMALL]) == 1
     out = capsys.readouterr().out
@@ -122,11 +188,8 @@ def test_a_tampered_snapshot_is_refused_naming_the_file(sweep_copy, capsys):
     assert len(refused) == 2 and all(str(final / "state.pt") in f["error"] for f in refused)
 
 
-def _agent_args(manifest: dict):
-    from qed_ray.config import RunSpec
-
-    spec = RunSpec.model_validate(manifest["run"])
-    return spec.agent, spec.temperature, manifest["obs_dim"], manifest["action_dim"]
+def _agent_args(manifest):
+    return manifest.run.agent, manifest.run.temperature, manifest.obs_dim, manifest.action_dim
 
 
 def test_bad_input_is_refused_naming_the_flag_and_nothing_is_written(sweep_copy, tmp_path, capsys):
@@ -141,4 +204,44 @@ def test_bad_input_is_refused_naming_the_flag_and_nothing_is_written(sweep_copy,
     assert main([str(layout.root)]) == 2
     err = capsys.readouterr().err
     assert "error: --tracking-uri: no MLflow store" in err and "--no-verify" in err
-    assert not layout.gather.exists(), "a refused call writes nothing"
+    # A driver running this sweep rewrites gather/ itself: a re-analysis beside it is refused, naming it.
+    with SweepLock(layout.lock_file):
+        assert main([str(layout.root), "--no-verify"]) == 2
+        assert capsys.readouterr().err.startswith(f"error: sweep_dir: a driver runs this sweep now (pid {os.getpid()}")
+    # A symbolic link in gather/ leading out of the folder would write elsewhere: refused before anything is read.
+    layout.gather.mkdir()
+    (layout.gather / "figures").symlink_to(tmp_path)
+    assert main([str(layout.root), "--no-verify"]) == 2
+    assert f"error: sweep_dir: {layout.gather / 'figures'} is a symbolic link to {tmp_path}, outside the sweep " \
+           f"folder" in capsys.readouterr().err
+    (layout.gather / "figures").unlink()
+    layout.results_json.write_text('{"sweep": 3}')
+    assert main([str(layout.root), "--no-verify"]) == 2
+    assert capsys.readouterr().err == (f"error: {layout.results_json}: sweep: Input should be a valid string (got 3) "
+                                       f"(and 6 more problems)\n")
+    layout.state_file.write_text("[]")
+    assert main([str(layout.root), "--no-verify"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {layout.state_file}: Input should be a valid dictionary")
+    assert sorted(p.name for p in layout.gather.iterdir()) == ["results.json"], "a refused call writes nothing"
+
+
+def test_mujoco_deprecation_notices_are_dropped_and_other_absl_warnings_kept(caplog):
+    """dm_control passes MuJoCo's compiler notices to absl's logger each time it builds a model (cheetah's
+    settotalmass); the re-analysis drops those, and only those."""
+    from absl import logging as absl_logging
+    from dm_control import suite
+
+    absl = logging.getLogger("absl")
+    kept = list(absl.filters)
+    with caplog.at_level(logging.WARNING, logger="absl"):
+        absl.filters.clear()
+        suite.load("cheetah", "run")
+        assert any("'settotalmass' is deprecated" in r.getMessage() for r in caplog.records), "the real notice"
+        caplog.clear()
+        quiet_model_deprecations()
+        quiet_model_deprecations()  # once is enough: a second call adds no second filter
+        assert len(absl.filters) == 1
+        suite.load("cheetah", "run")
+        absl_logging.warning("Nan, Inf or huge value in QACC at DOF 0")
+    absl.filters[:] = kept
+    assert [r.getMessage() for r in caplog.records if r.name == "absl"] == ["Nan, Inf or huge value in QACC at DOF 0"]

@@ -24,8 +24,10 @@ from qed_ray.config import RunSpec
 from qed_ray.layout import PACK_FILE, PackId, SweepDir, seed_dir, trial_dirname
 from qed_ray.rl.replay import list_chunks, prune_chunks
 from qed_ray.rl.run_folder import restore_latest
+from qed_ray.codec import dump
 from qed_ray.rl.run import run
 from qed_ray.rl.trainer import InjectedCrash, build_trainer
+from qed_ray.run_records import read_history
 
 TRAIN = {"env_steps": 2000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 50, "frame_skip": 10,
          "nan_check_every": 10}
@@ -41,10 +43,15 @@ def pack_specs(agent: str = "sac_ln", seeds=(0, 1), **train) -> list[RunSpec]:
 @pytest.fixture(scope="module")
 def packs(tmp_path_factory):
     root = tmp_path_factory.mktemp("packs")
-    out = {"straight": run(pack_specs(), root / "straight"), "half": run(pack_specs(env_steps=1000), root / "half")}
+
+    def summaries(*args, **kwargs) -> list[dict]:  # the summaries as summary.json holds them
+        return [dump(x) for x in run(*args, **kwargs)]
+
+    out = {"straight": summaries(pack_specs(), root / "straight"),
+           "half": summaries(pack_specs(env_steps=1000), root / "half")}
     shutil.copytree(root / "half", root / "resumed")
-    out["resumed"] = run(pack_specs(), root / "resumed")
-    out["nan"] = run(pack_specs(debug={"nan": {"seed": 1, "env_step": 1500}}), root / "nan", env_workers=1)
+    out["resumed"] = summaries(pack_specs(), root / "resumed")
+    out["nan"] = summaries(pack_specs(debug={"nan": {"seed": 1, "env_step": 1500}}), root / "nan", env_workers=1)
     return root, out
 
 
@@ -91,7 +98,7 @@ def test_each_seed_has_the_files_of_a_sweep_trial(packs):
             "actor", "critic", "critic_target", "temperature"]
         done = json.loads(layout.done_marker(spec.name).read_text())
         assert done["env_steps"] == 2000 and done["eval/return_mean"] == s["straight"][i]["evals"][-1]["return_mean"]
-        assert [h["metrics"]["env_steps"] for h in layout.read_history(spec.name)] == [1000, 2000]
+        assert [h.env_steps for h in read_history(layout, spec.name)] == [1000, 2000]
         summary = json.loads((root / "straight" / trial_dirname(spec.name) / "summary.json").read_text())
         assert summary["status"] == "finished" and summary["seed"] == spec.seed and summary["name"] == spec.name
         assert summary["pack_size"] == 2 and summary["eval_s"] > 0 and summary["train_s"] > 0
@@ -136,7 +143,7 @@ def test_a_nan_in_one_seed_stops_only_that_seed(packs, tmp_path):
     shutil.copytree(root / "nan", tmp_path / "nan")
     shutil.rmtree(checkpoint(tmp_path, "nan") / seed_dir(1))
     (tmp_path / "nan" / trial_dirname(names[0]) / "summary.json").unlink()  # not reported: the run resumes
-    again = run(pack_specs(debug={"nan": {"seed": 1, "env_step": 1500}}), tmp_path / "nan")
+    again = [dump(x) for x in run(pack_specs(debug={"nan": {"seed": 1, "env_step": 1500}}), tmp_path / "nan")]
     assert again[1]["status"] == "diverged" and again[1]["reason"] == seed1["reason"]
     assert again[1]["decisions"] == 150 and again[0]["evals"] == seed0["evals"]
 
@@ -151,7 +158,7 @@ def test_a_finished_seed_with_pruned_replay_does_not_block_its_pack(packs, tmp_p
     for name in names:
         (tmp_path / "r" / trial_dirname(name) / "summary.json").unlink()
     prune_chunks(layout.replay(names[0]))
-    again = run(pack_specs(), tmp_path / "r")
+    again = [dump(x) for x in run(pack_specs(), tmp_path / "r")]
     assert [x["status"] for x in again] == ["finished", "finished"]
     assert [x["evals"] for x in again] == [x["evals"] for x in s["straight"]]
     done = json.loads(layout.done_marker(names[1]).read_text())
@@ -203,14 +210,14 @@ def test_a_pack_resumes_from_its_newest_intact_checkpoint(packs, tmp_path):
 def test_a_mad_sac_pack_trains_and_its_seed_state_loads_into_the_single_seed_agent(tmp_path):
     specs = pack_specs("mad_sac", env_steps=1000, warmup_decisions=80)
     summaries = run(specs, tmp_path)
-    assert [x["status"] for x in summaries] == ["finished", "finished"] and summaries[0]["updates"] == 20
-    assert all(np.isfinite(x["final_eval_return_mean"]) for x in summaries)
+    assert [x.status for x in summaries] == ["finished", "finished"] and summaries[0].updates == 20
+    assert all(np.isfinite(x.final_eval_return_mean) for x in summaries)
     state, manifest = load_checkpoint(SweepDir(tmp_path).pack_checkpoint(PackId.of([x.name for x in specs]), 1000)
                                       / seed_dir(1))
-    agent = make_agent(specs[1].agent, specs[1].temperature, manifest["obs_dim"], manifest["action_dim"],
+    agent = make_agent(specs[1].agent, specs[1].temperature, manifest.obs_dim, manifest.action_dim,
                        torch.device("cpu"), specs[1].seed)
     agent.load_state_dict(state)
-    assert manifest["pack_index"] == 1 and agent.updates == 20  # the shared model_every counter
+    assert manifest.pack_index == 1 and agent.updates == 20  # the shared model_every counter
     assert torch.isfinite(agent.memo["model_metrics"]).all() and agent.memo["model_metrics"].shape == (6,)
 
 
@@ -248,8 +255,8 @@ def test_an_injected_crash_happens_only_on_a_fresh_start(tmp_path):
     with pytest.raises(InjectedCrash, match="injected crash at env step 2500"):
         run(specs, tmp_path)
     (summary,) = run(specs, tmp_path)  # resumes from the 2000-step checkpoint, so no crash
-    assert summary["status"] == "finished" and summary["env_steps"] == 3000
-    assert [e["env_steps"] for e in summary["evals"]] == [1000, 2000, 3000]
+    assert summary.status == "finished" and summary.env_steps == 3000
+    assert [e.env_steps for e in summary.evals] == [1000, 2000, 3000]
 
 
 def test_heartbeat_and_eta_before_the_first_evaluation(tmp_path):
@@ -264,7 +271,7 @@ def test_heartbeat_and_eta_before_the_first_evaluation(tmp_path):
     assert [b["env_steps"] for b in beats] == [0, 1000], "every 100 decisions at heartbeat_s 0 (frame skip 10)"
     assert beats[1]["warmup"] is False and beats[1]["eta_s"] > 0, "known once training decisions were timed"
     assert reports[0][0]["perf/eta_s"] == 0.0 and len(reports) == 1
-    assert summary["wall_s"] >= beats[-1]["wall_s"] > 0
+    assert summary.wall_s >= beats[-1]["wall_s"] > 0
 
 
 def test_remaining_time_counts_warmup_training_and_evaluation():
@@ -298,14 +305,20 @@ def test_policy_snapshots_keep_exactly_the_named_modules(tmp_path):
         trainer.close()
 
 
-def test_eval_records_round_trip():
-    from qed_ray.rl.pack import EvalRecord
+def test_eval_records_round_trip_through_the_codec():
+    from qed_ray.codec import RecordError, parse
+    from qed_ray.run_records import EvalRecord
 
-    rec = EvalRecord(2000, 12.5, 0.0625, 0.5)
-    assert rec.to_json() == {"env_steps": 2000, "return_mean": 12.5, "alpha_mean": 0.0625, "q_gap_mean": 0.5}
-    assert EvalRecord.from_json(rec.to_json()) == rec
-    warmup_only = EvalRecord.from_json(json.loads(json.dumps(EvalRecord(1000, 3.0, math.nan, math.nan).to_json())))
+    rec = EvalRecord(env_steps=2000, return_mean=12.5, alpha_mean=0.0625, q_gap_mean=0.5)
+    assert dump(rec) == {"env_steps": 2000, "return_mean": 12.5, "alpha_mean": 0.0625, "q_gap_mean": 0.5}
+    assert parse(EvalRecord, dump(rec), "x") == rec
+    warmup_only = parse(EvalRecord, json.loads(json.dumps(dump(EvalRecord(
+        env_steps=1000, return_mean=3.0, alpha_mean=math.nan, q_gap_mean=math.nan)))), "x")
     assert warmup_only.env_steps == 1000 and math.isnan(warmup_only.alpha_mean) and math.isnan(warmup_only.q_gap_mean)
+    older = parse(EvalRecord, {"env_steps": 1000, "return_mean": 3.0, "alpha_mean": 0.1}, "x")
+    assert math.isnan(older.q_gap_mean), "a record written before q_gap_mean existed reads it as unknown"
+    with pytest.raises(RecordError, match=r"^manifest.json: env_steps: Input should be a valid integer \(got '1000'\)"):
+        parse(EvalRecord, {"env_steps": "1000", "return_mean": 3.0, "alpha_mean": 0.1}, "manifest.json")
 
 
 def test_tf32_is_off_for_critic_passes_once_the_trainer_runs():
@@ -338,7 +351,7 @@ def test_tf32_is_off_for_critic_passes_once_the_trainer_runs():
 def test_a_trial_checkpoint_of_the_previous_release_is_adopted_by_its_pack_of_one(tmp_path):
     """qed_ray 0.1 kept an unpacked sweep trial's checkpoints in ``checkpoints/<trial>/<env_steps>/`` (one seed's
     files, no pack.json); a start of this release moves them into the trial's pack of one and resumes from them."""
-    from qed_ray.rl.compat import adopt_trial_checkpoints, legacy_checkpoints, legacy_trial_started
+    from qed_ray.compat import adopt_trial_checkpoints, legacy_checkpoints, legacy_trial_started
 
     specs = pack_specs(seeds=[0], env_steps=1000)
     run(specs, tmp_path)
@@ -381,7 +394,7 @@ def test_a_non_finite_action_stops_its_seed_before_its_env_is_stepped(packs):
     step = trainer.pool.step
     trainer.pool.step = lambda idx, actions: stepped.append((list(idx), np.isfinite(actions).all())) or step(idx,
                                                                                                           actions)
-    seed0, seed1 = trainer.run()
+    seed0, seed1 = (dump(x) for x in trainer.run())
     trainer.close()
     warmup = TRAIN["warmup_decisions"]
     assert seed1["status"] == "diverged" and seed1["reason"] == f"non-finite action at env step {(warmup + 1) * 10}"

@@ -11,9 +11,8 @@ import time
 
 import pytest
 import yaml
-from folder_helpers import BUDGET, finished_trial
+from folder_helpers import BUDGET, finished_trial, seed_checkpoint
 
-from qed_ray.rl.checkpoint import FORMAT_VERSION
 from qed_ray.layout import PackId, SweepDir, seed_dir
 from qed_ray.service.lock import SweepLock
 from qed_ray.service.packing import Pack, form_packs
@@ -46,9 +45,7 @@ def _checkpoint(layout: SweepDir, name: str, step: int, wall_s: float) -> None:
     """The seed's part of its pack of one's checkpoint (all --status reads of it) at ``step``."""
     pack = _alone(name).id
     folder = layout.pack_checkpoint(pack, step) / seed_dir(pack.seeds[0])
-    folder.mkdir(parents=True)
-    (folder / "manifest.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "env_steps": step,
-                                                      "progress": {"wall_s": wall_s}}))
+    seed_checkpoint(folder, name, step, wall_s)
     (folder.parent / "pack.json").write_text("{}")
 
 
@@ -79,7 +76,8 @@ def test_trial_states_from_the_folder(sweep_copy):
     time.sleep(0.01)  # a newer checkpoint means the trial was retried and runs again
     _checkpoint(layout, f"{QED}/1", 2000 - 1, 19.0)
     assert state(f"{QED}/1").state == "stopped"
-    layout.diverged_marker(f"{QED}/1").write_text(json.dumps({"reason": "DivergenceError: non-finite loss/critic"}))
+    layout.diverged_marker(f"{QED}/1").write_text(json.dumps({"reason": "DivergenceError: non-finite loss/critic",
+                                                              "env_steps": 1990}))
     assert state(f"{QED}/1") == TrialState(
         f"{QED}/1", "failed", 1999, BUDGET, 19.0, "DivergenceError: non-finite loss/critic (final)")
 
@@ -145,17 +143,15 @@ def test_status_flag_starts_nothing_and_reads_the_folder(sweep_copy, tmp_path):
 
 
 def test_status_shows_each_seed_run_with_its_pack(sweep_copy):
-    from qed_ray.service.sweep_state import write_state
+    from qed_ray.service.sweep_record import read_state, write_state
 
     layout, start = sweep_copy, "20260101-120000-0"
     spec = SweepSpec.model_validate({**SPEC, "storage_path": str(layout.root.parent), "pack": {"seeds": 2}})
-    state = json.loads(layout.state_file.read_text())
-    write_state(layout, {**state, "pack_seeds": 2, "packs": {p.name: p.names for p in form_packs(spec)}})
+    write_state(layout, read_state(layout).model_copy(update={
+        "pack_seeds": 2, "packs": {p.name: p.names for p in form_packs(spec)}}))
     pack = PackId("cartpole-balance", "sac_ln", "qed0.2", (0, 1))
     folder = layout.pack_checkpoint(pack, 1500)
-    (folder / "seed_1").mkdir(parents=True)  # the seed's part of the pack's checkpoint: the single-seed manifest
-    (folder / "seed_1" / "manifest.json").write_text(json.dumps({"format_version": FORMAT_VERSION, "env_steps": 1500,
-                                                                 "progress": {"wall_s": 15.0}}))
+    seed_checkpoint(folder / "seed_1", f"{QED}/1", 1500, 15.0, 2, 1)  # the seed's part of the pack's checkpoint
     (folder / "pack.json").write_text("{}")
     (pack_, ) = [p for p in form_packs(spec) if p.id == pack]
     assert trial_state(layout, f"{QED}/1", BUDGET, pack_) == TrialState(f"{QED}/1", "stopped", 1500, BUDGET, 15.0)

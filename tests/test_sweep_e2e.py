@@ -6,14 +6,25 @@ import os
 import signal
 import subprocess
 import sys
-import time
+from pathlib import Path
 
 import pytest
+import yaml
 
 from qed_ray.layout import PackId, SweepDir
-from sweep_helpers import ROOT, cli_env, done_markers, run_sweep_cli, sweep_runs, tiny_spec
+from kit import cmdline
+from ray_cluster import processes_naming
+from sweep_helpers import ROOT, cli_env, done_markers, run_sweep_cli, sweep_runs, tiny_spec, wait_for
 
 pytestmark = pytest.mark.slow
+
+
+def _job_workers(cluster_tmp) -> set[int]:
+    """Worker processes of the cluster now running a job's actors (Ray titles them ``ray::<class>``; idle workers
+    are ``ray::IDLE``, the node's agents ``ray::...Agent``)."""
+    return {p for p in processes_naming(str(cluster_tmp))
+            if cmdline(p).startswith("ray::") and not cmdline(p).startswith("ray::IDLE")
+            and not cmdline(p).split()[0].endswith("Agent")}
 
 
 def _children(runs):
@@ -42,6 +53,15 @@ def test_tiny_sweep_end_to_end(tmp_path):
     assert {r.data.tags["qed.trial"] for r in children} == {
         f"{t}/sac_ln/{v}/{s}" for t in ("cartpole-balance", "pendulum-swingup") for v in ("te", "qed0.2")
         for s in (0, 1)}
+    for r in children:  # the UI groups te and QED of each task by qed.group; names lead with variant and seed
+        task, agent, variant, seed = r.data.tags["qed.trial"].split("/")
+        assert [r.data.tags[f"qed.{k}"] for k in ("task", "agent", "variant", "seed", "group")] == [
+            task, agent, variant, seed, f"{task}/{agent}/{variant}"]
+        assert r.info.run_name == f"{variant} s{seed} {task} {agent}"
+    note = parents[0].data.tags["mlflow.note.content"]  # the summary on the parent run's page
+    assert note.startswith("### Sweep e2e: summary\n") and "*IQM: interquartile mean of final return" in note
+    assert note.index("| sac_ln | te | 2 | 4 | 0 |") < note.index("| sac_ln | qed0.2 | 2 | 4 | 0 |")
+    assert "**Verdict on the claim: " in note and "child run named `reanalysis <settings>`" in note
     assert all(r.info.status == "FINISHED" for r in children)
     for r in children:
         hist = tracker.client.get_metric_history(r.info.run_id, "eval/return_mean")
@@ -93,6 +113,33 @@ def test_tiny_sweep_end_to_end(tmp_path):
                             capture_output=True, text=True, timeout=120)
     assert status.returncode == 0 and "trials: 8 done, 0 running, 0 stopped, 0 failed, 0 not started" in status.stdout
     assert "env steps: 16,000 of 16,000 (100%)" in status.stdout and "results: 4 of 4 groups gathered" in status.stdout
+    _reanalysis_is_a_child_run_with_the_new_tables(sweep_dir, pid)
+
+
+def _reanalysis_is_a_child_run_with_the_new_tables(sweep_dir, parent_id: str) -> None:
+    """``python -m qed_ray.gather DIR`` (its main, in this process: the groups are cached, only the tables change)
+    logs its tables, figures, summary and verdict as a child run of the sweep's run, named for the settings that
+    differ from the run's params; the sweep's run keeps its own."""
+    from qed_ray.service.reanalysis import main as gather_main
+
+    layout = SweepDir(sweep_dir)
+    parent_note = sweep_runs(sweep_dir, "e2e")[0].client.get_run(parent_id).data.tags["mlflow.note.content"]
+    assert gather_main([str(sweep_dir), "--bootstrap-reps", "300"]) == 0
+    results = json.loads(layout.results_json.read_text())
+    assert results["final_eval"]["bootstrap_reps"] == 300 and results["final_eval"]["episodes"] == 3
+    tracker, runs = sweep_runs(sweep_dir, "e2e")
+    (child,) = [r for r in runs if r.data.tags.get("qed.role") == "reanalysis"]
+    assert child.info.run_name == "reanalysis episodes=3 bootstrap_reps=300", "vs the parent's final_eval params"
+    assert child.data.tags["mlflow.parentRunId"] == parent_id and child.info.status == "FINISHED"
+    got = tracker.client.download_artifacts(child.info.run_id, "gather/results.json", str(sweep_dir.parent))
+    assert json.loads(Path(got).read_text()) == results, "the re-analysis run holds the new tables"
+    figs = {a.path for a in tracker.client.list_artifacts(child.info.run_id, "gather/figures")}
+    assert "gather/figures/pareto_kl_vs_iqm.png" in figs and len(figs) == 16
+    assert child.data.tags["qed.verdict"] == results["verdict"]["outcome"]
+    qed = next(c for c in results["comparisons"] if c["variant"] == "qed0.2")
+    assert child.data.metrics["sac_ln.qed0.2/V_ratio_median_ci_lower"] == pytest.approx(qed["V_ratio_median_ci_lower"])
+    assert child.data.tags["mlflow.note.content"].startswith("### Re-analysis of e2e: episodes=3 bootstrap_reps=300")
+    assert tracker.client.get_run(parent_id).data.tags["mlflow.note.content"] == parent_note
 
 
 def _comparisons_where_qed_sat_and_the_verdict(stdout: str, tracker, pid: str, arts: set, layout: SweepDir) -> None:
@@ -138,11 +185,11 @@ def _groups_land_while_the_sweep_runs(tracker, parent_id: str, children: list, l
     print(f"\nseconds from a group's last trial ending to its row in MLflow: {delays}")
 
 
-def test_crashing_trial_is_retried_from_its_checkpoint(tmp_path):
+def test_crashing_trial_is_retried_from_its_checkpoint(tmp_path, ray_head):
     spec = tiny_spec(tmp_path, "crash", seeds=1,
                      train={"env_steps": 3000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100,
                             "debug": {"crash_at_env_step": 2500}})
-    proc = run_sweep_cli(spec)
+    proc = run_sweep_cli(spec, env=ray_head.env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     tracker, runs = sweep_runs(tmp_path / "results" / "crash", "crash")
     (child,) = _children(runs)
@@ -154,28 +201,26 @@ def test_crashing_trial_is_retried_from_its_checkpoint(tmp_path):
     assert "injected crash at env step 2500" in (tune_dir / "error.txt").read_text()  # Tune's error file
 
 
-def test_killed_driver_resumes_without_retraining(tmp_path):
+def test_killed_driver_resumes_without_retraining(tmp_path, ray_head):
     spec = tiny_spec(tmp_path, "kill", seeds=3, max_concurrent_trials=1,
                      train={"env_steps": 4000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100})
     sweep_dir = tmp_path / "results" / "kill"
-    driver = subprocess.Popen([sys.executable, "-m", "qed_ray.sweep", str(spec)], cwd=ROOT, env=cli_env(),
+    driver = subprocess.Popen([sys.executable, "-m", "qed_ray.sweep", str(spec)], cwd=ROOT, env=ray_head.env(),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        deadline = time.time() + 300
-        while not done_markers(sweep_dir) and time.time() < deadline:
-            time.sleep(0.5)
+        wait_for(lambda: done_markers(sweep_dir), 300, "the first trial's DONE marker", poll_s=0.5, alive=driver)
         done_before = done_markers(sweep_dir)
-        assert done_before and driver.poll() is None, "the first trial finished while the sweep still ran"
+        jobs = _job_workers(ray_head.tmp)
+        assert jobs, "the driver's trial and gather actors run on the cluster"
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait()
         snapshots = {p: p.stat().st_mtime_ns for d in done_before for p in d.parent.rglob("*")}
-        time.sleep(40)  # orphaned trial workers exit once they notice their raylet is gone
+        # Ray ends a dead driver's actors (its trials, its gather actor); the next driver starts once they are gone.
+        wait_for(lambda: not any(cmdline(p) for p in jobs), 120, "the killed driver's actors to end")
     finally:
-        try:
-            os.killpg(driver.pid, signal.SIGKILL)  # leftover agents of the killed session
-        except ProcessLookupError:
-            pass
-    proc = run_sweep_cli(spec)
+        if driver.poll() is None:
+            driver.kill()
+    proc = run_sweep_cli(spec, env=ray_head.env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # The killed driver's lock is stale (its pid is gone on this host): taken over, not a refusal.
     assert f"taking over the sweep's stale lock: its driver (pid {driver.pid} on this host) is gone" in proc.stdout
@@ -191,13 +236,13 @@ def test_killed_driver_resumes_without_retraining(tmp_path):
     assert len(done_markers(sweep_dir)) == 3
 
 
-def test_diverging_trials_fail_loudly_with_their_reason_recorded_and_are_not_retried(tmp_path):
+def test_diverging_trials_fail_loudly_with_their_reason_recorded_and_are_not_retried(tmp_path, ray_head):
     spec = tiny_spec(tmp_path, "nan", seeds=1, max_retries=2,
                      agents=[{"name": "sac_ln", "overrides": {"hidden": 16, "batch_size": 16},
                               "temperatures": [{"kind": "te"}, {"kind": "fixed", "alpha": 0.1}]}],
                      train={"env_steps": 2000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100,
                             "debug": {"nan": {"env_step": 1500}}, "nan_check_every": 10})
-    proc = run_sweep_cli(spec)
+    proc = run_sweep_cli(spec, env=ray_head.env())
     assert proc.returncode == 1
     failed = [line for line in proc.stdout.splitlines() if line.startswith("FAILED cartpole-balance/sac_ln/te/0: ")]
     assert failed and "DivergenceError: non-finite loss/critic" in failed[0] and "by env step 1500" in failed[0]
@@ -214,6 +259,25 @@ def test_diverging_trials_fail_loudly_with_their_reason_recorded_and_are_not_ret
         assert not (layout.pack_dirs(PackId.of([trial]))[0] / "error.txt").exists(), "Tune saw a pack that ended"
     parent = [r for r in runs if r.data.tags.get("qed.role") == "sweep"][0]
     assert parent.info.status == "FAILED" and "DivergenceError" in parent.data.tags["qed.failure_reason"]
-    again = run_sweep_cli(spec)  # a rerun does not retry diverged trials either: they are final
+    # Before the rerun, one trial's run is left RUNNING (as an MLflow outage at its end leaves it) and its
+    # history.json is damaged: the driver names the file, still ends that run and every other, and ends its own.
+    te = "cartpole-balance/sac_ln/te/0"
+    tracker.client.update_run(by_trial[te].info.run_id, status="RUNNING")
+    layout.history(te).write_text(layout.history(te).read_text()[:40])
+    again = run_sweep_cli(spec, env=ray_head.env())  # a rerun does not retry diverged trials either: they are final
     assert again.returncode == 1 and "2 trials (0 done, 0 new, 2 diverged (final))" in again.stdout
+    assert f"WARNING: {te}: {layout.history(te)}: not JSON" in again.stdout
     assert len(list(layout.tune_root.iterdir())) == 1
+    _, runs = sweep_runs(layout.root, "nan")
+    assert {r.data.tags.get("qed.trial"): r.info.status for r in runs} == {
+        None: "FAILED", te: "FAILED", "cartpole-balance/sac_ln/fixed0.1/0": "FAILED"}, "none left RUNNING"
+
+    # An unreadable sweep.json: --fresh cannot check the folder is this sweep's, so --force confirms moving it aside
+    # (the refusals without it: test_sweep_state). The new sweep (more CPUs than the node has) is then refused.
+    layout.state_file.write_text("{")
+    spec.write_text(yaml.safe_dump({**yaml.safe_load(spec.read_text()), "resources": {"cpu": 1000, "gpu": 0}}))
+    forced = run_sweep_cli(spec, "--fresh", "--force", env=ray_head.env())
+    (backup,) = layout.root.parent.glob("nan.old-*")
+    assert (backup / "sweep.json").read_text() == "{" and (backup / "policies").is_dir()
+    assert f"--fresh: moved the previous sweep to {backup}" in forced.stdout
+    assert forced.returncode == 2 and "resources: a trial asks for CPU=1000" in forced.stderr

@@ -11,7 +11,8 @@ import yaml
 
 from qed_ray.layout import DOCUMENTED, PackId, SweepDir
 from qed_ray.analysis.results import Aggregate, BudgetIqm
-from qed_ray.service.tracking import PACK_SIZE_TAG, PACK_TAG
+from qed_ray.service.tracking import PACK_SIZE_TAG, PACK_TAG, run_name
+from kit import GROUP_COLUMNS
 from sweep_helpers import ROOT, run_sweep_cli, sweep_runs
 
 pytestmark = pytest.mark.slow
@@ -20,9 +21,6 @@ TASKS, VARIANTS, SEEDS = ("cartpole-balance", "cheetah-run"), ("te", "qed0.2"), 
 # What gather/ holds after a sweep, S = 1 or not (the documented layout; gather/behaviour/ is the visualiser's).
 GATHER_FILES = {"results.json", "aggregates.csv", "groups.csv", "iqm_by_budget.csv", "comparisons.csv", "verdict.json",
                 "figures", "cache"}
-GROUP_COLUMNS = ["task", "agent", "variant", "n_seeds", "mean_return", "std_return_across_seeds", "V",
-                 "action_distance", "q1_dispersion", "early_q_gap", "n_failed", "V_ci_lower", "V_ci_upper",
-                 "action_distance_ci_lower", "action_distance_ci_upper", "score_var"]
 
 
 def _smoke_packed(tmp_path):
@@ -44,8 +42,8 @@ def _csv(path):
     return list(rows[0]), rows
 
 
-def test_smoke_sweep_in_packs_of_three_gathers_what_an_unpacked_one_does(tmp_path):
-    proc = run_sweep_cli(_smoke_packed(tmp_path))
+def test_smoke_sweep_in_packs_of_three_gathers_what_an_unpacked_one_does(tmp_path, ray_head):
+    proc = run_sweep_cli(_smoke_packed(tmp_path), env=ray_head.env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "12 trials (0 done, 12 new) in 4 packs of up to 3 seeds" in proc.stdout
     assert "gather: 4 group(s) evaluated" in proc.stdout
@@ -80,7 +78,7 @@ def test_smoke_sweep_in_packs_of_three_gathers_what_an_unpacked_one_does(tmp_pat
     for r in children:
         name = r.data.tags["qed.trial"]
         task, agent, variant, _ = name.split("/")
-        assert r.info.status == "FINISHED" and r.info.run_name == name
+        assert r.info.status == "FINISHED" and r.info.run_name == run_name(name)
         assert r.data.tags[PACK_TAG] == f"{task}/{agent}/{variant}/pack0-2" and r.data.tags[PACK_SIZE_TAG] == "3"
         history = tracker.client.get_metric_history(r.info.run_id, "eval/return_mean")
         assert sorted(m.step for m in history) == [1000, 2000] and all(math.isfinite(m.value) for m in history)
@@ -106,7 +104,7 @@ def test_smoke_sweep_in_packs_of_three_gathers_what_an_unpacked_one_does(tmp_pat
     pack, name = PackId("cartpole-balance", "sac_ln", "te", SEEDS), "cartpole-balance/sac_ln/te/2"
     done = json.loads(layout.done_marker(name).read_text())
     layout.done_marker(name).unlink()
-    again = run_sweep_cli(_smoke_packed(tmp_path))
+    again = run_sweep_cli(_smoke_packed(tmp_path), env=ray_head.env())
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "12 trials (11 done, 1 resumed from env step 2,000, 0 new) in 4 packs of up to 3 seeds" in again.stdout
     assert json.loads(layout.done_marker(name).read_text()) == done, "the same end, from the same checkpoint"

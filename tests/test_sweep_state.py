@@ -16,7 +16,9 @@ from qed_ray.layout import PackId, SweepDir
 from qed_ray.service.packing import form_packs
 from qed_ray.analysis.results import FailedTrial
 from qed_ray.spec import SweepSpec
-from qed_ray.service.sweep_state import check_folder, move_aside, outcome, plan, sync_runs, write_state
+from qed_ray.run_records import read_history
+from qed_ray.service.sweep_record import SweepState, write_state
+from qed_ray.service.sweep_state import check_folder, move_aside, outcome, plan, sync_runs
 from qed_ray.service.tracking import Tracker
 
 SEED0 = "cartpole-balance/sac_ln/te/0"
@@ -166,9 +168,9 @@ def test_growing_adds_only_new_trials_and_keeps_the_sweeps_identity():
                                     agents=[{"name": "sac_ln", "overrides": {"hidden": 16},
                                              "temperatures": [{"kind": "te"}, {"kind": "qed", "k": [0.2, 0.3]}]}]))
     assert not grown.problems and len(grown.new) == 2 * 3 * 3 - 2
-    assert grown.state["sweep_id"] == first.state["sweep_id"] and grown.state["created"] == first.state["created"]
-    assert set(grown.state["trials"]) == set(first.state["trials"]) | set(grown.new)
-    assert grown.state["trials"]["cartpole-balance/sac_ln/qed0.3/2"]["temperature.k"] == 0.3
+    assert grown.state.sweep_id == first.state.sweep_id and grown.state.created == first.state.created
+    assert set(grown.state.trials) == set(first.state.trials) | set(grown.new)
+    assert grown.state.trials["cartpole-balance/sac_ln/qed0.3/2"]["temperature.k"] == 0.3
     # How a trial executes is not what it is: a device or thread count may change.
     again = plan(grown.state, _spec(seeds=3, tasks=["cartpole-balance", "pendulum-swingup"],
                                     train={**BASE["train"], "device": "cpu", "threads": 2},
@@ -195,19 +197,19 @@ def test_renamed_and_dropped_trials_are_refused_naming_the_setting():
 
 def test_a_sweep_json_from_before_trial_identities_is_upgraded_only_if_its_grid_is_unchanged():
     spec = _spec()
-    old = {"sweep_id": "abc123abc123", "fingerprint": spec.fingerprint(), "created": 1.0}
+    old = SweepState.model_validate({"sweep_id": "abc123abc123", "fingerprint": spec.fingerprint(), "created": 1.0})
     upgraded = plan(old, _spec(seeds=3))
     assert upgraded.problems and upgraded.problems[0].startswith("trials: the spec's grid changed")
     same = plan(old, spec)
-    assert not same.problems and not same.new and same.state["sweep_id"] == "abc123abc123"
-    assert sorted(same.state["trials"]) == ["cartpole-balance/sac_ln/te/0", "cartpole-balance/sac_ln/te/1"]
+    assert not same.problems and not same.new and same.state.sweep_id == "abc123abc123"
+    assert sorted(same.state.trials) == ["cartpole-balance/sac_ln/te/0", "cartpole-balance/sac_ln/te/1"]
 
 
 def test_damaged_sweep_json_gives_the_way_out(tmp_path):
     layout = SweepDir(tmp_path / "s")
     layout.root.mkdir()
     layout.state_file.write_text('{"sweep_id": "ab')
-    with pytest.raises(Exception, match=r"sweep.json: .* is damaged .*start over with --fresh"):
+    with pytest.raises(Exception, match=r"sweep.json: not JSON .*start over with --fresh --force"):
         check_folder(layout, _spec())
 
 
@@ -244,7 +246,8 @@ def test_the_folder_is_the_record_and_mlflow_is_brought_in_line(tmp_path):
     _fake_trial(layout, names[1], [1000, 2000], done=True, checksums=SHA)  # finished and FINISHED in MLflow
     _fake_trial(layout, names[2], [1000], done=False)        # interrupted: RUNNING in MLflow
     layout.policies(names[3]).mkdir(parents=True)
-    layout.diverged_marker(names[3]).write_text(json.dumps({"reason": "DivergenceError: non-finite loss/critic"}))
+    layout.diverged_marker(names[3]).write_text(json.dumps({"reason": "DivergenceError: non-finite loss/critic",
+                                                            "env_steps": 1500}))
     _fake_trial(layout, names[4], [1000, 2000], done=True, checksums=SHA)  # FINISHED, MLflow down as it recorded
     failures, unfinished = outcome(layout, spec, failed={})
     assert unfinished == [names[2]]
@@ -253,11 +256,11 @@ def test_the_folder_is_the_record_and_mlflow_is_brought_in_line(tmp_path):
     tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "s", "sweep0000001")
     parent = tracker.parent_run("s", {}, {})
     finished = tracker.trial_run(parent, names[1], {})
-    tracker.log_history(finished, layout.read_history(names[1]), -1)
-    tracker.record_checksums(finished, Recorded(SHA["policy_sha256"], SHA["snapshots_sha256"]))
+    tracker.log_history(finished, read_history(layout, names[1]), -1)
+    tracker.record_checksums(finished, Recorded(**SHA))
     tracker.end_run(finished)
     unrecorded = tracker.trial_run(parent, names[4], {})
-    tracker.log_history(unrecorded, layout.read_history(names[4]), -1)
+    tracker.log_history(unrecorded, read_history(layout, names[4]), -1)
     tracker.end_run(unrecorded)
     running = tracker.trial_run(parent, names[2], {})
     end_before = tracker.client.get_run(finished).info.end_time
@@ -273,7 +276,7 @@ def test_the_folder_is_the_record_and_mlflow_is_brought_in_line(tmp_path):
     steps = [m.step for m in tracker.client.get_metric_history(runs[names[0]].info.run_id, "eval/return_mean")]
     assert sorted(steps) == [1000, 2000], "the missing run was created with every evaluation once"
     # The checksums a finished trial could not record in MLflow come from its DONE.json (what the gather step needs).
-    assert tracker.recorded_checksums() == {n: Recorded(SHA["policy_sha256"], SHA["snapshots_sha256"])
+    assert tracker.recorded_checksums() == {n: Recorded(**SHA)
                                             for n in (names[0], names[1], names[4])}
     assert runs[names[4]].info.run_id == unrecorded and "qed.policy_sha256" not in runs[names[2]].data.tags
     assert outcome(layout, spec, failed={names[2]: "InjectedCrash: boom"}) == (
@@ -323,6 +326,51 @@ def test_trials_that_never_started_may_still_change_or_go(tmp_path):
     state = plan(None, _spec(seeds=3)).state  # recorded by a start that a cluster check then refused, say
     layout.policies(SEED0).mkdir(parents=True)  # only seed 0 got anywhere
     fewer = plan(state, _spec(seeds=1), layout)
-    assert not fewer.problems and sorted(fewer.state["trials"]) == [SEED0]
+    assert not fewer.problems and sorted(fewer.state.trials) == [SEED0]
     changed = plan(state, _spec(seeds=1, train={**BASE["train"], "warmup_decisions": 200}), layout)
     assert [p.split(":")[0] for p in changed.problems] == ["train.warmup_decisions"], "a started trial still may not"
+
+
+def test_a_damaged_history_json_costs_its_trial_only_and_every_run_still_ends(tmp_path):
+    spec = _spec(seeds=3)
+    layout = SweepDir(tmp_path / "s")
+    names = [t.name for t in spec.trials()]
+    for name in names:  # all finished while MLflow was down: their runs must be created and ended now
+        _fake_trial(layout, name, [1000, 2000], done=True, checksums=SHA)
+    layout.history(names[1]).write_text('[{"time_ms": 1, "metrics": {"env_st')  # cut off mid-write
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "s", "sweep0000001")
+    parent = tracker.parent_run("s", {}, {})
+    damaged = sync_runs(tracker, parent, layout, spec, [], [], form_packs(spec))
+    assert [(f.name, f.error.split(": not JSON")[0]) for f in damaged] == [(names[1], str(layout.history(names[1])))]
+    runs = tracker.trial_runs()
+    assert {n: r.info.status for n, r in runs.items()} == dict.fromkeys(names, "FINISHED"), "none left RUNNING"
+    logged = {n: sorted(m.step for m in tracker.client.get_metric_history(r.info.run_id, "eval/return_mean"))
+              for n, r in runs.items()}
+    assert logged == {names[0]: [1000, 2000], names[1]: [], names[2]: [1000, 2000]}
+    assert layout.history(names[1]).read_text() == '[{"time_ms": 1, "metrics": {"env_st', "the file is kept as it is"
+    assert sync_runs(tracker, parent, layout, spec, [], [], form_packs(spec)) == [], "in line: nothing read again"
+
+
+def test_fresh_needs_force_to_move_aside_a_folder_whose_sweep_json_cannot_be_read(cli, tmp_path):
+    storage = tmp_path / "results"
+    layout = SweepDir(storage / "s")
+    write_state(layout, plan(None, _spec()).state)
+    (layout.root / "policies").mkdir()
+    layout.state_file.write_text('{"sweep_id": "ab')
+    before = sorted(p.name for p in storage.rglob("*"))
+    code, err, _ = cli({**BASE, "storage_path": str(storage)}, "--fresh")
+    assert code == 2 and _error_line(err) == (
+        f"error: {layout.state_file}: not JSON (Unterminated string starting at: line 1 column 14; truncated or "
+        f"damaged); --fresh cannot check that this folder holds the sweep 's': add --force to move it aside anyway "
+        f"(nothing is deleted)")
+    code, err, _ = cli({**BASE, "storage_path": str(storage)}, "--force")
+    assert code == 2 and _error_line(err).startswith("error: --force: only with --fresh")
+    code, err, _ = cli({**BASE, "storage_path": str(storage)})
+    assert code == 2 and "start over with --fresh --force" in _error_line(err)
+    assert sorted(p.name for p in storage.rglob("*")) == before, "nothing moved or written"
+    assert check_folder(layout, _spec(), fresh=True, force=True) is None, "--fresh --force: moved aside unchecked"
+    layout.state_file.unlink()
+    layout.state_file.symlink_to(tmp_path / "gone.json")  # a dangling link moves aside too
+    backup = move_aside(layout)
+    assert sorted(p.name for p in backup.iterdir()) == ["policies", "sweep.json"] and backup.joinpath(
+        "sweep.json").is_symlink() and not any(layout.root.iterdir())

@@ -9,14 +9,15 @@ import math
 import numpy as np
 import pytest
 from folder_helpers import group_result
+from kit import GROUP_COLUMNS
 
 from qed_ray.analysis import bootstrap, metrics
 from qed_ray.layout import SweepDir
 from qed_ray.service.reanalysis import write_results
 from qed_ray.analysis.results import Aggregate, CriticProxy, FailedTrial, GroupResult, SweepResults
 from qed_ray.spec import FinalEvalSpec
-from qed_ray.analysis.tables import (aggregate, baseline_of, critic_proxy, format_table, group_stats, iqm_by_budget,
-                            sweep_results)
+from qed_ray.analysis.tables import (aggregate, baseline_of, critic_proxy, group_stats, iqm_by_budget,
+                                    sweep_results)
 
 FINAL_EVAL = FinalEvalSpec(episodes=2, action_rollouts=2, action_steps=30, curve_episodes=1, bootstrap_reps=200,
                            confidence=0.95, seed=0)
@@ -113,10 +114,6 @@ AGGREGATE_KEYS = ["agent", "variant", "n_tasks", "n_seeds", "iqm", "ci_lower", "
                   "V_ratio_ci_upper", "score_var_ratio", "score_var_ratio_ci_lower", "score_var_ratio_ci_upper",
                   "mean_score_ci_lower", "mean_score_ci_upper", "ratio_ci", "alpha_frac_floor_late",
                   "alpha_frac_cap_late", "log_std_at_min", "n_tasks_at_cap"]
-GROUP_COLUMNS = ["task", "agent", "variant", "n_seeds", "mean_return", "std_return_across_seeds", "V",
-                 "action_distance", "q1_dispersion", "early_q_gap", "n_failed", "V_ci_lower", "V_ci_upper",
-                 "action_distance_ci_lower", "action_distance_ci_upper", "score_var", "alpha_frac_floor",
-                 "alpha_frac_cap", "alpha_frac_floor_late", "alpha_frac_cap_late", "log_std_at_min", "qed_at_cap"]
 
 
 def test_typed_results_round_trip_through_strict_json():
@@ -182,11 +179,3 @@ def test_gather_writes_results_and_tables_with_fixed_columns(tmp_path):
     assert "<svg" in svg and "3 tasks x 2 seeds (12 runs; 0 trials left out)" in svg  # the caption, as text
     assert "Uncertainty of the IQM" in svg and "Return variance across seeds" not in svg
 
-
-def test_summary_table_shows_counts_and_intervals():
-    groups = [group_result(t, variant=v, scores=(0.1, 0.2, 0.3)) for v in ("te", "qed0.2") for t in ("a", "b")]
-    text = format_table(aggregate(groups, FINAL_EVAL, [FailedTrial("a/sac_ln/te/3", "boom")]))
-    header, qed, te = text.splitlines()
-    assert "left out" in header and "te V / this V [95% CI]" in header
-    assert qed.split()[:5] == ["sac_ln", "qed0.2", "2", "6", "0"] and te.split()[:5] == ["sac_ln", "te", "2", "6", "1"]
-    assert "1 [1, 1]" in qed and te.rstrip().endswith("-")

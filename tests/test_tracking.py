@@ -7,12 +7,13 @@ import socket
 import pytest
 
 from qed_ray.rl.digests import Recorded
+from qed_ray.run_records import HistoryEntry
 from qed_ray.layout import SweepDir
 from qed_ray.service.tracking import Tracker, TrialRun, artifact_location, limit_http_retries, sweep_checksums
 
 
 def _history(*steps):
-    return [{"time_ms": 1_000_000 + s, "metrics": {"env_steps": s, "eval/return_mean": s / 100, "flag": True}}
+    return [HistoryEntry(time_ms=1_000_000 + s, metrics={"env_steps": s, "eval/return_mean": s / 100})
             for s in steps]
 
 
@@ -99,14 +100,43 @@ def test_searches_read_every_page_of_runs(store):
     paged = Tracker(tracker.uri, "exp", "sweep0000001", page_size=3)
     names = [f"t/sac_ln/te/{seed}" for seed in range(7)]
     for name in names:
-        paged.record_checksums(paged.trial_run(parent, name, {}), Recorded(f"p{name}", f"s{name}"))
+        paged.record_checksums(paged.trial_run(parent, name, {}),
+                               Recorded(policy_sha256=f"p{name}", snapshots_sha256=f"s{name}"))
     one_page = paged.client.search_runs([paged.experiment_id], max_results=3)
     assert len(one_page) == 3 and one_page.token, "a single call stops at its page"
     assert sorted(paged.trial_runs()) == names and len(paged.runs()) == 8
-    want = {name: Recorded(f"p{name}", f"s{name}") for name in names}
+    want = {name: Recorded(policy_sha256=f"p{name}", snapshots_sha256=f"s{name}") for name in names}
     assert paged.recorded_checksums() == want
     for name in ("newer", "newest"):  # listed newest first: the sweep's experiment is on the second page of two
         paged.client.create_experiment(name)
     first = [e.name for e in paged.client.search_experiments(max_results=2)]
     assert first == ["newest", "newer"]
     assert sweep_checksums(tracker.uri, "sweep0000001", page_size=2) == want
+
+
+def test_a_summary_longer_than_mlflows_tag_limit_is_cut_at_a_line_saying_where_the_rest_is():
+    from qed_ray.service.mirror import note
+
+    text = "\n".join(f"| row {i} | {'x' * 40} |" for i in range(200))
+    assert note(text[:4000]) == text[:4000]
+    cut = note(text)
+    assert len(cut) <= 5000 and cut.startswith(cut.split("\n\n*(cut")[0]) and text.startswith(cut.split("\n\n")[0])
+    assert cut.split("\n\n")[0].endswith("x |"), "whole lines only"
+    assert cut.endswith("\n\n*(cut to MLflow's tag limit: the whole summary is `gather/summary.md` in Artifacts)*")
+
+
+def test_trial_runs_carry_their_parts_as_tags_and_a_name_that_fits_the_runs_list(store):
+    tracker, parent = store
+    name = "cheetah-run/sac_ln/qed0.2/3"
+    # A run an older qed_ray created (named by its trial, no part tags) gets them when its trial runs again.
+    old = tracker.client.create_run(tracker.experiment_id, run_name=name, tags={
+        "qed.sweep_id": "sweep0000001", "qed.trial": name, "qed.role": "trial", "mlflow.parentRunId": parent})
+    assert TrialRun(tracker.uri, "exp", "sweep0000001", parent, name, {}).sync([])
+    new = tracker.trial_run(parent, "finger-turn_easy/mad_sac/te/10", {})
+    runs = {r.info.run_id: r for r in tracker.runs()}
+    tags = ("qed.task", "qed.agent", "qed.variant", "qed.seed", "qed.group")
+    assert [runs[old.info.run_id].info.run_name, *(runs[old.info.run_id].data.tags[t] for t in tags)] == [
+        "qed0.2 s3 cheetah-run sac_ln", "cheetah-run", "sac_ln", "qed0.2", "3", "cheetah-run/sac_ln/qed0.2"]
+    assert [runs[new].info.run_name, *(runs[new].data.tags[t] for t in tags)] == [
+        "te s10 finger-turn_easy mad_sac", "finger-turn_easy", "mad_sac", "te", "10", "finger-turn_easy/mad_sac/te"]
+    assert len(runs) == 3 and set(tracker.trial_runs()) == {name, "finger-turn_easy/mad_sac/te/10"}

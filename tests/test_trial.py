@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from qed_ray.config import RunSpec, TrainSpec
 from qed_ray.layout import PackId, SweepDir
 from qed_ray.rl.run_folder import snapshot_modules
-from qed_ray.service.tracking import PACK_SIZE_TAG, PACK_TAG, REASON_TAG, Tracker
+from qed_ray.service.tracking import GROUP_TAG, PACK_SIZE_TAG, PACK_TAG, REASON_TAG, Tracker, run_name
 from qed_ray.rl.trainer import InjectedCrash
 from qed_ray.service.trial import TrialContext, train_trial
 
@@ -87,7 +87,8 @@ def test_a_diverging_seed_fails_alone_and_the_pack_finishes_the_other(tmp_path):
     assert runs[NAMES[0]].info.status == "FINISHED" and runs[NAMES[1]].info.status == "FAILED"
     assert runs[NAMES[1]].data.tags[REASON_TAG] == marker["reason"]
     for name, run in runs.items():
-        assert run.info.run_name == name and run.data.tags["mlflow.parentRunId"] == parent
+        assert run.info.run_name == run_name(name) and run.data.tags["mlflow.parentRunId"] == parent
+        assert run.data.tags[GROUP_TAG] == "cartpole-balance/sac_ln/te"
         assert (run.data.tags[PACK_TAG], run.data.tags[PACK_SIZE_TAG]) == ("cartpole-balance/sac_ln/te/pack0-1", "2")
     history = tracker.client.get_metric_history(runs[NAMES[0]].info.run_id, "eval/return_mean")
     assert [(m.step, m.value) for m in history] == [(1000, done["eval/return_mean"])]

@@ -128,12 +128,11 @@ def rollout_states(snapshots: Sequence[Path], task: str, steps: int, env_seed: i
     Every policy starts from env seed ``env_seed``'s initial state and acts deterministically.
     """
     from qed_ray.rl.agents import load_policies
-    from qed_ray.config import RunSpec
     from qed_ray.rl.env_pool import EnvPool
     from qed_ray.rl.evaluate import rollout_lockstep
 
     pack, manifests = load_policies(snapshots, "cpu")
-    skips = {RunSpec.model_validate(m["run"]).train.frame_skip for m in manifests}
+    skips = {m.run.train.frame_skip for m in manifests}
     if len(skips) != 1:
         raise ValueError(f"--variants: the seeds' policies were trained with different frame skips {sorted(skips)}")
     with EnvPool(task, [env_seed] * pack.n, skips.pop()) as pool:

@@ -44,7 +44,7 @@ def verify(record: TrialRecord, recorded: Recorded) -> None:
     if digest(actual) == recorded.snapshots_sha256:
         return
     for step, path in sorted(record.policies.items()):
-        stated = read_manifest(path, SNAPSHOT_FORMATS).get("state_sha256")
+        stated = read_manifest(path, SNAPSHOT_FORMATS).state_sha256
         if stated != actual[step]:
             raise TamperedSnapshotError(f"{Path(path) / STATE_FILE}: SHA-256 differs from its {MANIFEST_FILE}")
     folder = Path(record.policies[final]).parent

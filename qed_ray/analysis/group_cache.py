@@ -15,15 +15,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
-from qed_ray.analysis.group_eval import evaluate_group, trial_record
-from qed_ray.atomic import write_json
-from qed_ray.rl.checkpoint import SNAPSHOT_FORMATS, CheckpointError, read_manifest
+from pydantic import BaseModel, ConfigDict
+
 from qed_ray.analysis.checksums import verify
-from qed_ray.rl.digests import Recorded
-from qed_ray.layout import SweepDir, TrialId
+from qed_ray.analysis.group_eval import evaluate_group, trial_record
 from qed_ray.analysis.results import FailedTrial, GroupKey, GroupResult, TrialRecord
+from qed_ray.codec import RecordError, read_record, write_record
+from qed_ray.layout import SweepDir, TrialId
+from qed_ray.rl.checkpoint import SNAPSHOT_FORMATS, CheckpointError, read_manifest
+from qed_ray.rl.digests import Recorded
 from qed_ray.spec import FinalEvalSpec
 
 # Bump whenever evaluate_group gives other numbers for the same policies and settings (3: where QED sat).
@@ -42,18 +46,52 @@ def cache_key(group: GroupKey, policies: dict[int, str], final_eval: FinalEvalSp
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def load(layout: SweepDir, key: str) -> GroupResult | None:
-    """The cached evaluation under ``key``, or None (missing, or unreadable: then it is evaluated again)."""
+class CacheEntry(BaseModel):
+    """``gather/cache/<key>.json``: one group's evaluation under its key and the analysis version that made it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    key: str
+    analysis_version: int
+    group: GroupResult
+
+
+def read_entry(layout: SweepDir, key: str, group: GroupKey | None = None) -> GroupResult | None:
+    """The cached evaluation under ``key`` (None: none cached); raises :class:`~qed_ray.codec.RecordError` naming
+    the file and the field for a damaged entry, or one of another key, analysis version or group."""
     path = layout.cached_group(key)
+    if not os.path.lexists(path):
+        return None
+    entry = read_record(path, CacheEntry)
+    for name, have, want in (("key", entry.key, key), ("analysis_version", entry.analysis_version, ANALYSIS_VERSION),
+                             ("group", entry.group.key, group or entry.group.key)):
+        if have != want:
+            raise RecordError(f"{path}: {name}: {have!r}, not this entry's {want!r}")
+    return entry.group
+
+
+def load(layout: SweepDir, key: str, group: GroupKey | None = None,
+         log: Callable[[str], Any] = print) -> GroupResult | None:
+    """The cached evaluation of ``group`` under ``key``, or None (none, or a damaged or foreign entry: ``log``
+    names it, and the group is evaluated again and the entry rewritten)."""
     try:
-        return GroupResult.from_json(json.loads(path.read_text())["group"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return read_entry(layout, key, group)
+    except RecordError as e:
+        log(f"WARNING: {e}; evaluating the group again")
         return None
 
 
-def store(layout: SweepDir, key: str, result: GroupResult) -> None:
-    """Writes the evaluation under ``key`` (atomically and durably: a reader never sees half a file)."""
-    write_json(layout.cached_group(key), {"key": key, "analysis_version": ANALYSIS_VERSION, "group": result.to_json()})
+def store(layout: SweepDir, key: str, result: GroupResult, log: Callable[[str], Any] = print) -> None:
+    """Writes the evaluation under ``key`` (atomically and durably: a reader never sees half a file). A place that
+    cannot take it (a folder or a dangling link where the entry belongs) is named in ``log`` and left as it is: the
+    result is used all the same and the group is evaluated again next time."""
+    path = layout.cached_group(key)
+    try:
+        if os.path.lexists(path) and not path.is_file():
+            raise IsADirectoryError(f"{'a folder' if path.is_dir() else 'a dangling symbolic link'} is in its place")
+        write_record(path, CacheEntry(key=key, analysis_version=ANALYSIS_VERSION, group=result), indent=None)
+    except OSError as e:
+        log(f"WARNING: {path}: cannot be written ({e}); the group is evaluated again next time")
 
 
 def plan_groups(names: list[str]) -> dict[GroupKey, list[str]]:
@@ -94,7 +132,7 @@ def prepare(layout: SweepDir, group: GroupKey, finished: list[str], recorded: di
             continue
         records.append(record)
     policies = {r.seed: recorded[r.name].policy_sha256 if recorded is not None
-                else read_manifest(r.policies[max(r.policies)], SNAPSHOT_FORMATS)["state_sha256"] for r in records}
+                else read_manifest(r.policies[max(r.policies)], SNAPSHOT_FORMATS).state_sha256 for r in records}
     return GroupJob(group, records, recorded, cache_key(group, policies, final_eval), excluded)
 
 

@@ -20,7 +20,9 @@ import numpy as np
 
 from qed_ray.analysis import metrics
 from qed_ray.rl.agents import PackedAgent, load_policies
+from qed_ray.layout import MANIFEST_FILE
 from qed_ray.rl.checkpoint import SNAPSHOT_FORMATS, read_manifest
+from qed_ray.run_records import read_history
 from qed_ray.rl.env_pool import EnvPool
 from qed_ray.rl.evaluate import EvalPolicy, Rollouts, eval_policy, eval_seeds, rollout_in_chunks
 from qed_ray.layout import SweepDir, TrialId
@@ -32,41 +34,36 @@ def trial_record(layout: SweepDir, name: str) -> TrialRecord:
     """A finished trial's record from its policy snapshots (the final one's manifest holds the eval history).
 
     Raises:
-        FileNotFoundError / ValueError: no snapshot, or the last one is not at the trial's budget.
+        FileNotFoundError / ValueError: no snapshot, or the last one is not at the trial's budget; RecordError
+        (a ValueError): a damaged manifest or ``history.json``, naming it.
     """
     snapshots = layout.snapshots(name)
     if not snapshots:
         raise FileNotFoundError(f"{layout.policies(name)}: no complete policy snapshot")
     final = max(snapshots)
     manifest = read_manifest(snapshots[final], SNAPSHOT_FORMATS)
-    budget = manifest["run"]["train"]["env_steps"]
+    (run,) = manifest.require(snapshots[final] / MANIFEST_FILE, "run")
+    budget = run.train.env_steps
     if final != budget:
         raise ValueError(f"{layout.policies(name)}: last policy snapshot at {final:,} env steps, the trial's budget "
                          f"is {budget:,} (finished without a final snapshot)")
-    history = []
-    fractions = _alpha_fraction_history(layout, name)
-    for e in manifest.get("evals", []):
-        h = {"env_steps": e["env_steps"], "eval/return_mean": e["return_mean"], **fractions.get(e["env_steps"], {})}
-        if e.get("q_gap_mean") is not None and math.isfinite(e["q_gap_mean"]):
-            h["q/abs_diff_mean"] = e["q_gap_mean"]
-        history.append(h)
     t = TrialId.from_name(name)
-    return TrialRecord(name, t.task, t.agent, t.variant, t.seed, manifest["run"]["train"]["frame_skip"],
-                       {step: str(path) for step, path in snapshots.items()}, history)
+    return TrialRecord(name, t.task, t.agent, t.variant, t.seed, run.train.frame_skip,
+                       {step: str(path) for step, path in snapshots.items()}, list(manifest.evals),
+                       _alpha_fraction_history(layout, name))
 
 
 ALPHA_FRACTIONS = ("alpha/actor_frac_floor", "alpha/actor_frac_cap")  # logged per evaluation interval, QED only
 
 
-def _alpha_fraction_history(layout: SweepDir, name: str) -> dict[int, dict[str, float]]:
-    """``{env_steps: {alpha/actor_frac_floor, alpha/actor_frac_cap}}`` from the trial's ``history.json`` (the
+def _alpha_fraction_history(layout: SweepDir, name: str) -> dict[int, tuple[float, float]]:
+    """``{env_steps: (alpha/actor_frac_floor, alpha/actor_frac_cap)}`` from the trial's ``history.json`` (the
     snapshot manifests do not carry them; a diagnostic, so the file is not among the checked snapshots)."""
     out = {}
-    for entry in layout.read_history(name):
-        m = entry.get("metrics", {})
-        fr = {k: float(m[k]) for k in ALPHA_FRACTIONS if isinstance(m.get(k), (int, float)) and math.isfinite(m[k])}
-        if fr and "env_steps" in m:
-            out[int(m["env_steps"])] = fr
+    for entry in read_history(layout, name):
+        fr = tuple(float(entry.metrics.get(k, math.nan)) for k in ALPHA_FRACTIONS)
+        if any(math.isfinite(f) for f in fr):
+            out[entry.env_steps] = fr
     return out
 
 
@@ -75,10 +72,10 @@ def alpha_fractions(records: Sequence[TrialRecord], final_step: int) -> dict[str
     at the floor and at the cap, over all of training and over the intervals ending in the last quarter of the
     budget (``*_late``), then the mean over seeds (NaN where nothing was logged)."""
     out = {}
-    for key, field in zip(ALPHA_FRACTIONS, ("alpha_frac_floor", "alpha_frac_cap")):
+    for k, field in enumerate(("alpha_frac_floor", "alpha_frac_cap")):
         for suffix, start in (("", 0), ("_late", 0.75 * final_step)):
-            per_seed = [np.mean(v) for r in records
-                        if (v := [h[key] for h in r.history if key in h and h["env_steps"] > start])]
+            per_seed = [np.mean(v) for r in records if (v := [f[k] for step, f in r.alpha_fractions.items()
+                                                              if math.isfinite(f[k]) and step > start])]
             out[field + suffix] = float(np.mean(per_seed)) if per_seed else math.nan
     return out
 
@@ -156,8 +153,8 @@ def q1_dispersion(pack: PackedAgent, pooled: np.ndarray) -> float:
 def _early_q_gap(records: Sequence[TrialRecord], window: int) -> float:
     """Mean within-run |Q1 - Q2| over each seed's first ``window`` evaluations, then over seeds (App. D's
     "early-training interval (first 15 rollouts)", read as evaluations: ``final_eval.proxy_window``)."""
-    early = [np.mean([h["q/abs_diff_mean"] for h in r.history[:window] if "q/abs_diff_mean" in h])
-             for r in records if any("q/abs_diff_mean" in h for h in r.history)]
+    early = [np.mean([e.q_gap_mean for e in r.history[:window] if math.isfinite(e.q_gap_mean)])
+             for r in records if any(math.isfinite(e.q_gap_mean) for e in r.history)]
     return float(np.mean(early)) if early else math.nan
 
 
@@ -202,8 +199,7 @@ def _evaluate_policy(records: Sequence[TrialRecord], pack: PackedAgent, envs: Gr
         action_distance_pairs=pairs.tolist(),
         v_curve=curve, q1_dispersion=q1_dispersion(pack, pooled),
         early_q_gap=_early_q_gap(records, final_eval.proxy_window),
-        learning_curves={r.seed: [[h["env_steps"], h["eval/return_mean"]] for h in r.history
-                                  if "eval/return_mean" in h] for r in records}, policy=policy,
+        learning_curves={r.seed: [[e.env_steps, e.return_mean] for e in r.history] for r in records}, policy=policy,
         log_std_at_min=at_min, **alpha_fractions(records, final_step))
 
 
@@ -215,12 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     R^2 of the line through them, and redraws the scatter plot.
     """
     from qed_ray import cli_help
-    import json
     import sys
     from pathlib import Path
 
     from qed_ray.analysis import plots
+    from qed_ray.analysis.results import read_results
     from qed_ray.analysis.tables import critic_proxy
+    from qed_ray.codec import RecordError
 
     p = cli_help.parser("python -m qed_ray.analysis", main.__doc__, (
         "python -m qed_ray.analysis results/smoke   # the critic-proxy table of the demo sweep",
@@ -233,13 +230,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     try:
-        raw = json.loads(layout.results_json.read_text())
-        groups = [GroupResult.from_json(g) for g in raw["groups"]]
-        window = FinalEvalSpec.model_validate(raw.get("final_eval", {})).proxy_window
-    except KeyError as e:
-        print(f"error: sweep_dir: {layout.results_json} lacks {e} (written by an older version); rewrite it with "
-              f"python -m qed_ray.gather {args.sweep_dir}", file=sys.stderr)
+        results = read_results(layout.results_json)
+    except RecordError as e:
+        print(f"error: {e}; rewrite it with python -m qed_ray.gather {args.sweep_dir}", file=sys.stderr)
         return 2
+    groups, window = results.groups, results.final_eval.proxy_window
     proxy = critic_proxy(groups)
     for row in proxy:
         print(f"{row.agent} {row.variant}: R^2 = {row.r_squared:.3f} over {len(row.tasks)} tasks")

@@ -11,24 +11,28 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING, NamedTuple
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any, NamedTuple
 
-from qed_ray.codec import from_strict, strict_json  # noqa: F401 - strict_json: the results' writers use it
+from qed_ray import compat
+from qed_ray.analysis.verdict import Verdict
+from qed_ray.codec import JsonRecord, Num, RecordError, load_json, parse
+from qed_ray.run_records import EvalRecord
 from qed_ray.spec import FinalEvalSpec
-
-if TYPE_CHECKING:  # qed_ray.analysis.verdict reads these results; imported at call time below
-    from qed_ray.analysis.verdict import Verdict
-
 
 AT_CAP_SHARE = 0.5  # a group "sat at QED's cap" when its late alpha_frac_cap is above this ("most states")
 
 
-def _numeric_from_json(cls, d: dict, text: tuple[str, ...] = ()):
-    # A numeric column added after a file was written reads as NaN (unknown), a text column as its default, so
-    # older results.json files load.
-    return cls(**{f.name: d.get(f.name, f.default) if f.name in text else from_strict(d.get(f.name))
-                  for f in fields(cls)})
+class Row(JsonRecord):
+    """A table row: ``to_json`` / ``from_json`` through :mod:`qed_ray.codec` (:func:`dataclasses.asdict` is its CSV
+    row); a numeric column a row written before it existed lacks reads as NaN
+    (:func:`qed_ray.compat.missing_numbers`)."""
+
+    @classmethod
+    def from_json(cls, data: Any):
+        """Inverse of :meth:`to_json`; raises :class:`~qed_ray.codec.RecordError` naming the field."""
+        return parse(cls, compat.missing_numbers(cls, data), cls.__name__)
 
 
 class GroupKey(NamedTuple):
@@ -55,7 +59,9 @@ class TrialRecord:
     seed: int
     frame_skip: int
     policies: dict[int, str]  # env_steps -> policy snapshot folder
-    history: list[dict] = field(default_factory=list)  # per eval: env_steps, eval/return_mean, q/abs_diff_mean
+    history: list[EvalRecord] = field(default_factory=list)  # the evaluations, as the trainer recorded them
+    # env_steps -> QED's shares of actor-update states at its floor and cap in the interval (history.json)
+    alpha_fractions: dict[int, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def group(self) -> GroupKey:
@@ -64,7 +70,7 @@ class TrialRecord:
 
 
 @dataclass(frozen=True)
-class GroupResult:
+class GroupResult(JsonRecord):
     """Every evaluated number of one (task, agent, variant); self-contained, so a group is cached alone.
 
     Shapes (P seeds, ascending; E final-eval episodes): ``returns`` [P][E], ``scores`` [P] (normalised mean
@@ -87,23 +93,23 @@ class GroupResult:
     variant: str
     seeds: list[int]
     final_env_steps: int
-    returns: list[list[float]]
-    scores: list[float]
-    V: float
-    D: list[list[float]]
-    action_distance: float
-    v_curve: list[list[float]]
-    q1_dispersion: float
-    early_q_gap: float
-    learning_curves: dict[int, list[list[float]]]
-    action_distance_pairs: list[list[float]]
+    returns: list[list[Num]]
+    scores: list[Num]
+    V: Num
+    D: list[list[Num]]
+    action_distance: Num
+    v_curve: list[list[Num]]
+    q1_dispersion: Num
+    early_q_gap: Num
+    learning_curves: dict[int, list[list[Num]]]
+    action_distance_pairs: list[list[Num]]
     policy: str = "mean"
     other_policies: dict[str, "GroupResult"] = field(default_factory=dict)
-    alpha_frac_floor: float = math.nan
-    alpha_frac_cap: float = math.nan
-    alpha_frac_floor_late: float = math.nan
-    alpha_frac_cap_late: float = math.nan
-    log_std_at_min: float = math.nan
+    alpha_frac_floor: Num = math.nan
+    alpha_frac_cap: Num = math.nan
+    alpha_frac_floor_late: Num = math.nan
+    alpha_frac_cap_late: Num = math.nan
+    log_std_at_min: Num = math.nan
 
     @property
     def key(self) -> GroupKey:
@@ -117,24 +123,14 @@ class GroupResult:
 
     def to_json(self, with_others: bool = True) -> dict:
         """The cache and ``results.json`` entry (strict JSON: NaN as null, seeds of ``learning_curves`` as
-        strings); ``with_others`` False leaves ``other_policies`` empty (``results.json`` lists them apart)."""
-        d = asdict(dataclasses.replace(self, other_policies={}) if not with_others else self)
-        return strict_json(d)
-
-    @classmethod
-    def from_json(cls, d: dict) -> "GroupResult":
-        """Inverse of :meth:`to_json` (an entry written before ``policy`` existed is the ``mean`` policy's; one
-        written before the where-QED-sat fields existed reads them as NaN)."""
-        special = ("learning_curves", "policy", "other_policies")
-        raw = {f.name: from_strict(d[f.name] if f.default is dataclasses.MISSING else d.get(f.name))
-               for f in fields(cls) if f.name not in special}
-        curves = {int(seed): from_strict(c) for seed, c in d["learning_curves"].items()}
-        others = {p: cls.from_json(g) for p, g in d.get("other_policies", {}).items()}
-        return cls(**raw, learning_curves=curves, policy=d.get("policy", "mean"), other_policies=others)
+        strings); ``with_others`` False leaves ``other_policies`` empty (``results.json`` lists them apart). An
+        entry written before ``policy`` existed reads as the ``mean`` policy's, one written before the
+        where-QED-sat fields existed reads them as NaN."""
+        return super().to_json() if with_others else dataclasses.replace(self, other_policies={}).to_json()
 
 
 @dataclass(frozen=True)
-class GroupStats:
+class GroupStats(Row):
     """Per-group numbers that depend on the bootstrap settings (a row of ``groups.csv`` beyond the evaluation).
 
     ``n_failed`` counts the group's trials left out (see :class:`FailedTrial`). Intervals are percentile
@@ -149,25 +145,17 @@ class GroupStats:
     variant: str
     n_seeds: int
     n_failed: int
-    V_ci_lower: float
-    V_ci_upper: float
-    action_distance_ci_lower: float
-    action_distance_ci_upper: float
-    score_var: float
+    V_ci_lower: Num
+    V_ci_upper: Num
+    action_distance_ci_lower: Num
+    action_distance_ci_upper: Num
+    score_var: Num
     qed_at_cap: bool = False
 
-    def to_json(self) -> dict:
-        """The ``results.json`` entry (strict JSON)."""
-        return strict_json(asdict(self))
-
-    @classmethod
-    def from_json(cls, d: dict) -> "GroupStats":
-        """Inverse of :meth:`to_json`."""
-        return _numeric_from_json(cls, d, ("task", "agent", "variant", "qed_at_cap"))
 
 
 @dataclass(frozen=True)
-class Aggregate:
+class Aggregate(Row):
     """One (agent, variant) across tasks: IQM and mean score with their stratified-bootstrap CIs, V, action
     distance, variance.
 
@@ -183,36 +171,36 @@ class Aggregate:
     variant: str
     n_tasks: int
     n_seeds: int  # the smallest seed count over tasks (every seed is used; see n_runs)
-    iqm: float
-    ci_lower: float
-    ci_upper: float
-    ci_width: float
-    mean_score: float
-    V_mean: float
-    V_median: float
-    action_distance_mean: float
+    iqm: Num
+    ci_lower: Num
+    ci_upper: Num
+    ci_width: Num
+    mean_score: Num
+    V_mean: Num
+    V_median: Num
+    action_distance_mean: Num
     n_runs: int
     n_failed: int
-    V_mean_ci_lower: float
-    V_mean_ci_upper: float
-    action_distance_ci_lower: float
-    action_distance_ci_upper: float
-    score_var_mean: float
-    score_var_ci_lower: float
-    score_var_ci_upper: float
+    V_mean_ci_lower: Num
+    V_mean_ci_upper: Num
+    action_distance_ci_lower: Num
+    action_distance_ci_upper: Num
+    score_var_mean: Num
+    score_var_ci_lower: Num
+    score_var_ci_upper: Num
     baseline: str
-    V_ratio: float
-    V_ratio_ci_lower: float
-    V_ratio_ci_upper: float
-    score_var_ratio: float
-    score_var_ratio_ci_lower: float
-    score_var_ratio_ci_upper: float
-    mean_score_ci_lower: float = math.nan
-    mean_score_ci_upper: float = math.nan
+    V_ratio: Num
+    V_ratio_ci_lower: Num
+    V_ratio_ci_upper: Num
+    score_var_ratio: Num
+    score_var_ratio_ci_lower: Num
+    score_var_ratio_ci_upper: Num
+    mean_score_ci_lower: Num = math.nan
+    mean_score_ci_upper: Num = math.nan
     ratio_ci: str = ""
-    alpha_frac_floor_late: float = math.nan
-    alpha_frac_cap_late: float = math.nan
-    log_std_at_min: float = math.nan
+    alpha_frac_floor_late: Num = math.nan
+    alpha_frac_cap_late: Num = math.nan
+    log_std_at_min: Num = math.nan
     n_tasks_at_cap: int = 0
 
     def headline(self) -> dict[str, float]:
@@ -222,18 +210,10 @@ class Aggregate:
             "n_failed", "V_mean_ci_lower", "V_mean_ci_upper", "V_ratio", "score_var_mean", "score_var_ratio",
             "alpha_frac_floor_late", "alpha_frac_cap_late", "log_std_at_min", "n_tasks_at_cap")}
 
-    def to_json(self) -> dict:
-        """The ``results.json`` entry (strict JSON); :func:`dataclasses.asdict` is the CSV row."""
-        return strict_json(asdict(self))
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Aggregate":
-        """Inverse of :meth:`to_json`."""
-        return _numeric_from_json(cls, d, ("agent", "variant", "baseline", "ratio_ci"))
 
 
 @dataclass(frozen=True)
-class Comparison:
+class Comparison(Row):
     """One variant against its target-entropy ``baseline`` over the tasks both have (``comparisons.csv``).
 
     For V, the action distance and the across-seed return variance: the per-task ratio baseline / variant summarised
@@ -255,53 +235,44 @@ class Comparison:
     n_paired_tasks: int
     n_seeds: int
     env_steps: int
-    V_ratio_median: float
-    V_ratio_median_ci_lower: float
-    V_ratio_median_ci_upper: float
-    V_ratio_geomean: float
-    V_ratio_geomean_ci_lower: float
-    V_ratio_geomean_ci_upper: float
-    V_ratio_means: float
-    V_ratio_means_ci_lower: float
-    V_ratio_means_ci_upper: float
-    action_distance_ratio_median: float
-    action_distance_ratio_median_ci_lower: float
-    action_distance_ratio_median_ci_upper: float
-    action_distance_ratio_geomean: float
-    action_distance_ratio_geomean_ci_lower: float
-    action_distance_ratio_geomean_ci_upper: float
-    action_distance_ratio_means: float
-    action_distance_ratio_means_ci_lower: float
-    action_distance_ratio_means_ci_upper: float
-    score_var_ratio_median: float
-    score_var_ratio_median_ci_lower: float
-    score_var_ratio_median_ci_upper: float
-    score_var_ratio_geomean: float
-    score_var_ratio_geomean_ci_lower: float
-    score_var_ratio_geomean_ci_upper: float
-    score_var_ratio_means: float
-    score_var_ratio_means_ci_lower: float
-    score_var_ratio_means_ci_upper: float
-    iqm_ratio: float
-    iqm_ratio_ci_lower: float
-    iqm_ratio_ci_upper: float
-
-    def to_json(self) -> dict:
-        """The ``results.json`` entry (strict JSON); :meth:`csv_row` is the CSV row."""
-        return strict_json(asdict(self))
+    V_ratio_median: Num
+    V_ratio_median_ci_lower: Num
+    V_ratio_median_ci_upper: Num
+    V_ratio_geomean: Num
+    V_ratio_geomean_ci_lower: Num
+    V_ratio_geomean_ci_upper: Num
+    V_ratio_means: Num
+    V_ratio_means_ci_lower: Num
+    V_ratio_means_ci_upper: Num
+    action_distance_ratio_median: Num
+    action_distance_ratio_median_ci_lower: Num
+    action_distance_ratio_median_ci_upper: Num
+    action_distance_ratio_geomean: Num
+    action_distance_ratio_geomean_ci_lower: Num
+    action_distance_ratio_geomean_ci_upper: Num
+    action_distance_ratio_means: Num
+    action_distance_ratio_means_ci_lower: Num
+    action_distance_ratio_means_ci_upper: Num
+    score_var_ratio_median: Num
+    score_var_ratio_median_ci_lower: Num
+    score_var_ratio_median_ci_upper: Num
+    score_var_ratio_geomean: Num
+    score_var_ratio_geomean_ci_lower: Num
+    score_var_ratio_geomean_ci_upper: Num
+    score_var_ratio_means: Num
+    score_var_ratio_means_ci_lower: Num
+    score_var_ratio_means_ci_upper: Num
+    iqm_ratio: Num
+    iqm_ratio_ci_lower: Num
+    iqm_ratio_ci_upper: Num
 
     def csv_row(self) -> dict:
         """The ``comparisons.csv`` row: the fields, ``tasks`` joined by ``;``."""
         return {**asdict(self), "tasks": ";".join(self.tasks)}
 
-    @classmethod
-    def from_json(cls, d: dict) -> "Comparison":
-        """Inverse of :meth:`to_json`."""
-        return _numeric_from_json(cls, d, ("agent", "variant", "baseline", "pairing", "tasks"))
-
 
 @dataclass(frozen=True)
-class BudgetIqm:
+class BudgetIqm(Row):
     """IQM of the training-time evaluation returns / 1000 at one env-step budget (sample efficiency, App. F)."""
 
     agent: str
@@ -309,43 +280,25 @@ class BudgetIqm:
     env_steps: int
     n_tasks: int
     n_runs: int
-    iqm: float
-    ci_lower: float
-    ci_upper: float
-
-    def to_json(self) -> dict:
-        """The ``results.json`` entry (strict JSON)."""
-        return strict_json(asdict(self))
-
-    @classmethod
-    def from_json(cls, d: dict) -> "BudgetIqm":
-        """Inverse of :meth:`to_json`."""
-        return _numeric_from_json(cls, d, ("agent", "variant"))
+    iqm: Num
+    ci_lower: Num
+    ci_upper: Num
 
 
 @dataclass(frozen=True)
-class CriticProxy:
+class CriticProxy(Row):
     """App. D for one (agent, variant): early |Q1 - Q2| vs final cross-seed Q1 dispersion per task, and R^2."""
 
     agent: str
     variant: str
     tasks: list[str]
-    early_q_gap: list[float]
-    q1_dispersion: list[float]
-    r_squared: float  # NaN with fewer than 3 tasks or no spread
-
-    def to_json(self) -> dict:
-        """The ``results.json`` entry (strict JSON)."""
-        return strict_json(asdict(self))
-
-    @classmethod
-    def from_json(cls, d: dict) -> "CriticProxy":
-        """Inverse of :meth:`to_json`."""
-        return _numeric_from_json(cls, d, ("agent", "variant", "tasks"))
+    early_q_gap: list[Num]
+    q1_dispersion: list[Num]
+    r_squared: Num  # NaN with fewer than 3 tasks or no spread
 
 
 @dataclass(frozen=True)
-class FailedTrial:
+class FailedTrial(JsonRecord):
     """A trial left out of the tables (failed for good, diverged, unfinished, or refused by the gather step), or
     ``gather`` itself, with the last line of the error."""
 
@@ -360,7 +313,7 @@ class FailedTrial:
 
 
 @dataclass(frozen=True)
-class SweepResults:
+class SweepResults(JsonRecord):
     """Everything the gather step computes for a sweep (``results.json``), under the evaluation policy ``policy``
     (the first of ``final_eval.policies``); ``other_policies`` holds the same tables under each further one.
     ``comparisons``: each variant against its te baseline; ``verdict``: the claim's endpoints judged on them
@@ -382,28 +335,34 @@ class SweepResults:
 
     def to_json(self) -> dict:
         """``results.json`` (strict JSON); each group once, under the policy whose tables it is in."""
-        return {"sweep": self.sweep, "final_eval": self.final_eval.model_dump(mode="json"),
-                "aggregates": [a.to_json() for a in self.aggregates],
-                "groups": [g.to_json(with_others=False) for g in self.groups],
-                "critic_proxy": [c.to_json() for c in self.critic_proxy],
-                "failed_trials": [asdict(f) for f in self.failed_trials], "n_trials": self.n_trials,
-                "group_stats": [s.to_json() for s in self.group_stats],
-                "iqm_by_budget": [b.to_json() for b in self.iqm_by_budget], "policy": self.policy,
-                "other_policies": {p: r.to_json() for p, r in self.other_policies.items()},
-                "comparisons": [c.to_json() for c in self.comparisons],
-                "verdict": self.verdict.to_json() if self.verdict is not None else None}
+        return super(SweepResults, dataclasses.replace(self, groups=[
+            dataclasses.replace(g, other_policies={}) for g in self.groups])).to_json()
 
     @classmethod
-    def from_json(cls, d: dict) -> "SweepResults":
-        """Inverse of :meth:`to_json`."""
-        from qed_ray.analysis.verdict import Verdict
+    def from_json(cls, data: Any) -> "SweepResults":
+        """Inverse of :meth:`to_json` (the rows' numeric columns added since a file was written read as NaN)."""
+        return parse(cls, _older_rows(data), cls.__name__)
 
-        return cls(d["sweep"], FinalEvalSpec.model_validate(d["final_eval"]),
-                   [Aggregate.from_json(a) for a in d["aggregates"]], [GroupResult.from_json(g) for g in d["groups"]],
-                   [CriticProxy.from_json(c) for c in d["critic_proxy"]],
-                   [FailedTrial(**f) for f in d["failed_trials"]], d["n_trials"],
-                   [GroupStats.from_json(s) for s in d["group_stats"]],
-                   [BudgetIqm.from_json(b) for b in d["iqm_by_budget"]], d.get("policy", "mean"),
-                   {p: cls.from_json(r) for p, r in d.get("other_policies", {}).items()},
-                   [Comparison.from_json(c) for c in d.get("comparisons", [])],
-                   Verdict.from_json(d["verdict"]) if d.get("verdict") else None)
+
+_ROWS = {"aggregates": Aggregate, "critic_proxy": CriticProxy, "group_stats": GroupStats, "iqm_by_budget": BudgetIqm,
+         "comparisons": Comparison}
+
+
+def _older_rows(data: Any) -> Any:
+    """``results.json`` with each row's missing numeric columns as null (:func:`qed_ray.compat.missing_numbers`)."""
+    if not isinstance(data, dict):
+        return data
+    out = {**data, **{k: [compat.missing_numbers(row, r) for r in data[k]] for k, row in _ROWS.items()
+                      if isinstance(data.get(k), list)}}
+    if isinstance(data.get("other_policies"), dict):
+        out["other_policies"] = {p: _older_rows(r) for p, r in data["other_policies"].items()}
+    return out
+
+
+def read_results(path: str | os.PathLike) -> SweepResults:
+    """``gather/results.json``; raises :class:`~qed_ray.codec.RecordError` naming the file and the field."""
+    data = load_json(path)
+    try:
+        return SweepResults.from_json(data)
+    except RecordError as e:
+        raise RecordError(f"{path}: {str(e).removeprefix('SweepResults: ')}") from None

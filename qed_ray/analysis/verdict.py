@@ -17,12 +17,11 @@ departure from the design is listed (``scope``): such a verdict is exploratory.
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
 from qed_ray.claim import ClaimBlock, Endpoints, IqmEndpoint, VRatioEndpoint
-from qed_ray.codec import strict_json
+from qed_ray.codec import JsonRecord, Num
 from qed_ray.naming import parse_variant
 
 if TYPE_CHECKING:
@@ -56,19 +55,19 @@ def combine(outcomes: Sequence[str], any_pass: bool) -> str:
 
 
 @dataclass(frozen=True)
-class EndpointResult:
+class EndpointResult(JsonRecord):
     """One endpoint of one variant: its estimate and interval, the rule and the outcome."""
 
     name: str
     outcome: str
-    estimate: float
-    lower: float
-    upper: float
+    estimate: Num
+    lower: Num
+    upper: Num
     rule: str
 
 
 @dataclass(frozen=True)
-class VariantVerdict:
+class VariantVerdict(JsonRecord):
     """One QED variant against its te baseline; ``scope`` lists its departures from the pre-registered design
     (empty: pre-registered)."""
 
@@ -84,27 +83,14 @@ class VariantVerdict:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Verdict(JsonRecord):
     """The claim's verdict: per variant and overall (``claim_file`` None: judged by the default thresholds)."""
 
     claim_file: str | None
     claim_sha256: str | None
     outcome: str
     judged_over: str
-    variants: list[VariantVerdict] = field(default_factory=list)
-
-    def to_json(self) -> dict:
-        """``gather/verdict.json`` and ``results.json``'s ``verdict`` (strict JSON: NaN as null)."""
-
-        return strict_json(asdict(self))
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Verdict":
-        """Inverse of :meth:`to_json`."""
-        nan = lambda x: math.nan if x is None else x  # noqa: E731
-        variants = [VariantVerdict(**{**v, "endpoints": [EndpointResult(**{**e, **{k: nan(e[k]) for k in (
-            "estimate", "lower", "upper")}}) for e in v["endpoints"]]}) for v in d["variants"]]
-        return cls(d["claim_file"], d["claim_sha256"], d["outcome"], d["judged_over"], variants)
+    variants: list[VariantVerdict] = field(default_factory=list)  # as JSON: gather/verdict.json
 
 
 def _is_qed(label: str) -> bool:

@@ -1,14 +1,14 @@
 """Checkpoints: agent tensors in ``state.pt`` plus a JSON ``manifest.json``.
 
 ``state.pt`` holds tensors only and is loaded with ``torch.load(..., weights_only=True)`` (no pickle from shared
-storage). The manifest records what the checkpoint is (task, agent, variant, seed, step, package versions), a
-SHA-256 of ``state.pt`` to detect corruption, and the small trainer state (counters, RNG states, history).
+storage). The manifest (:class:`~qed_ray.rl.manifests.Manifest`, validated where it is written and where it is
+read) records what the checkpoint is (task, agent, variant, seed, step, package versions), a SHA-256 of
+``state.pt`` to detect corruption, and the small trainer state (counters, RNG states, history).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import platform
 from importlib import metadata
@@ -16,8 +16,11 @@ from pathlib import Path
 
 import torch
 
-from qed_ray.atomic import atomic_file, write_json
+from qed_ray import compat
+from qed_ray.atomic import atomic_file
+from qed_ray.codec import dump, load_json, parse, write_record
 from qed_ray.layout import MANIFEST_FILE, STATE_FILE
+from qed_ray.rl.manifests import CheckpointError, CheckpointVersionError, Manifest
 
 # 2: agents draw one noise block per update (the random streams changed), temperature state is ``log_alpha``,
 # metrics are one vector. A checkpoint of another version cannot continue the same run exactly.
@@ -26,14 +29,6 @@ FORMAT_VERSION = 2
 # the few renamed parameters), so every reader of a snapshot accepts these; resuming needs FORMAT_VERSION.
 SNAPSHOT_FORMATS = (1, FORMAT_VERSION)
 IDENTITY_FIELDS = ("task", "agent", "variant", "seed", "obs_dim", "action_dim")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be used: names the file and the problem."""
-
-
-class CheckpointVersionError(CheckpointError):
-    """A checkpoint written by another version of qed_ray (its ``format_version`` differs)."""
 
 
 def package_versions() -> dict[str, str]:
@@ -61,53 +56,58 @@ def save_checkpoint(directory: str | os.PathLike, agent_state: dict, manifest: d
     Args:
         directory: target folder.
         agent_state: tensors only (``agent.state_dict()``).
-        manifest: JSON-serialisable; must contain :data:`IDENTITY_FIELDS` and ``env_steps``.
+        manifest: the manifest's content (a :class:`~qed_ray.rl.manifests.Manifest` but for the fields written
+            here: format, versions, ``state.pt``'s SHA-256); must contain :data:`IDENTITY_FIELDS` and ``env_steps``.
 
     Returns:
         the directory.
+
+    Raises:
+        ValueError: the content is not a valid manifest (naming the field); nothing is written then.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     missing = [k for k in (*IDENTITY_FIELDS, "env_steps") if k not in manifest]
     if missing:
         raise ValueError(f"manifest: missing fields {missing}")
+    path = directory / MANIFEST_FILE
+    full = {**manifest, "format_version": FORMAT_VERSION, "versions": package_versions(), "state_sha256": "0" * 64}
+    checked = parse(Manifest, full, path, ValueError)  # before anything is written
     state_path = directory / STATE_FILE
     with atomic_file(state_path) as tmp:
         torch.save(agent_state, tmp)
-    full = {**manifest, "format_version": FORMAT_VERSION, "versions": package_versions(),
-            "state_sha256": _sha256(state_path)}
-    write_json(directory / MANIFEST_FILE, full, indent=1)  # the manifest last: it marks a complete checkpoint
+    checked = checked.model_copy(update={"state_sha256": _sha256(state_path)})
+    write_manifest(path, checked)  # the manifest last: it marks a complete checkpoint
     return directory
 
 
-def read_json(path: Path, kind: str, what: str) -> dict:
-    """A checkpoint's JSON file (``what`` names it in the corrupt-file message, ``kind`` the folder it belongs in).
-
-    Raises:
-        CheckpointError: the file is missing or not JSON, naming it.
-    """
-    if not path.exists():
-        raise CheckpointError(f"{path}: missing (incomplete or not {kind})")
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: corrupt {what} ({e})") from e
+def write_manifest(path: Path, manifest: Manifest) -> None:
+    """Writes ``manifest.json``: the fields the manifest was given (a snapshot holds no counters, say)."""
+    given = manifest.model_fields_set | {"format_version", "versions", "state_sha256"}
+    write_record(path, {k: v for k, v in dump(manifest).items() if k in given}, dict)
 
 
-def read_manifest(directory: str | os.PathLike, formats: tuple[int, ...] = (FORMAT_VERSION,)) -> dict:
-    """Reads and checks ``manifest.json``; raises :class:`CheckpointError` naming the file.
+def manifest_content(manifest: Manifest) -> dict:
+    """What :func:`save_checkpoint` was given to write ``manifest`` (a seed's manifest rewritten unchanged into
+    a later checkpoint of its pack)."""
+    return {k: v for k, v in dump(manifest).items() if k in manifest.model_fields_set
+            and k not in ("format_version", "versions", "state_sha256")}
+
+
+def read_manifest(directory: str | os.PathLike, formats: tuple[int, ...] = (FORMAT_VERSION,)) -> Manifest:
+    """Reads and validates ``manifest.json``; raises :class:`CheckpointError` naming the file and the field.
 
     Args:
         directory: checkpoint folder.
         formats: format versions accepted (resuming needs :data:`FORMAT_VERSION`; reading weights of a policy
-            snapshot can accept older ones).
+            snapshot can accept older ones, upgraded by :func:`qed_ray.compat.format1_snapshot`).
     """
     path = Path(directory) / MANIFEST_FILE
-    manifest = read_json(path, "a checkpoint", "manifest")
-    version = manifest.get("format_version")
+    raw = load_json(path, CheckpointError)
+    version = raw.get("format_version") if isinstance(raw, dict) else None
     if version not in formats:
         raise CheckpointVersionError(version_message(path, version))
-    return manifest
+    return parse(Manifest, compat.format1_snapshot(raw) if version == 1 else raw, path, CheckpointError)
 
 
 def version_message(path: Path, version) -> str:
@@ -124,7 +124,7 @@ def version_message(path: Path, version) -> str:
 
 def load_checkpoint(directory: str | os.PathLike, expect: dict | None = None,
                     map_location: str | torch.device = "cpu",
-                    formats: tuple[int, ...] = (FORMAT_VERSION,)) -> tuple[dict, dict]:
+                    formats: tuple[int, ...] = (FORMAT_VERSION,)) -> tuple[dict, Manifest]:
     """Loads ``(agent_state, manifest)`` after integrity and identity checks.
 
     Args:
@@ -140,13 +140,13 @@ def load_checkpoint(directory: str | os.PathLike, expect: dict | None = None,
     directory = Path(directory)
     manifest = read_manifest(directory, formats)
     for key, want in (expect or {}).items():
-        if manifest.get(key) != want:
+        if getattr(manifest, key) != want:
             raise CheckpointError(f"{directory / MANIFEST_FILE}: mismatched {key}: checkpoint has "
-                                  f"{manifest.get(key)!r}, this run needs {want!r}")
+                                  f"{getattr(manifest, key)!r}, this run needs {want!r}")
     state_path = directory / STATE_FILE
     if not state_path.exists():
         raise CheckpointError(f"{state_path}: missing")
-    if _sha256(state_path) != manifest["state_sha256"]:
+    if _sha256(state_path) != manifest.state_sha256:
         raise CheckpointError(f"{state_path}: corrupt (SHA-256 differs from the manifest)")
     try:
         state = torch.load(state_path, map_location=map_location, weights_only=True)

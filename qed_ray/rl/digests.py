@@ -1,5 +1,6 @@
 """What a trial records about its policy snapshots at its end: the SHA-256 of its final ``state.pt`` and a digest of
-every snapshot it kept (:func:`recorded_values`), written into its ``DONE.json`` (under :data:`DONE_KEY`) and, by
+every snapshot it kept (:func:`recorded_values`, a :class:`~qed_ray.run_records.Recorded`), written into its
+``DONE.json`` (:class:`~qed_ray.run_records.DoneRecord`'s ``checksums``) and, by
 the service, into its MLflow run, against which the gather step checks the snapshots
 (:mod:`qed_ray.analysis.checksums`).
 """
@@ -7,23 +8,11 @@ the service, into its MLflow run, against which the gather step checks the snaps
 from __future__ import annotations
 
 import hashlib
-import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from qed_ray.layout import SweepDir
 from qed_ray.rl.checkpoint import SNAPSHOT_FORMATS, read_manifest
-
-
-DONE_KEY = "checksums"  # DONE.json: the final metrics and, under this key, the checksums to record
-
-
-@dataclass(frozen=True)
-class Recorded:
-    """What a trial recorded at its end: its final ``state.pt`` SHA-256 and the digest of all its snapshots."""
-
-    policy_sha256: str
-    snapshots_sha256: str
+from qed_ray.run_records import Recorded, read_done
 
 
 def file_sha256(path: str | Path) -> str:
@@ -41,7 +30,7 @@ def digest(checksums: dict[int, str]) -> str:
 def manifest_checksums(layout: SweepDir, name: str) -> dict[int, str]:
     """``{env_steps: state.pt SHA-256}`` of the trial's snapshots as their manifests state them."""
     snapshots = layout.snapshots(name)
-    return {step: read_manifest(path, SNAPSHOT_FORMATS)["state_sha256"] for step, path in snapshots.items()}
+    return {step: read_manifest(path, SNAPSHOT_FORMATS).state_sha256 for step, path in snapshots.items()}
 
 
 def recorded_values(layout: SweepDir, name: str) -> Recorded:
@@ -49,13 +38,12 @@ def recorded_values(layout: SweepDir, name: str) -> Recorded:
     checksums = manifest_checksums(layout, name)
     if not checksums:
         raise FileNotFoundError(f"{layout.policies(name)}: no complete policy snapshot to record")
-    return Recorded(checksums[max(checksums)], digest(checksums))
+    return Recorded(policy_sha256=checksums[max(checksums)], snapshots_sha256=digest(checksums))
 
 
 def done_checksums(layout: SweepDir, name: str) -> Recorded:
     """What a finished trial records: the values it wrote into its ``DONE.json`` at its end, or, for a trial that
-    finished before ``DONE.json`` kept them, the values its snapshot manifests state."""
-    stored = json.loads(layout.done_marker(name).read_text()).get(DONE_KEY)
-    if isinstance(stored, dict) and {"policy_sha256", "snapshots_sha256"} <= set(stored):
-        return Recorded(str(stored["policy_sha256"]), str(stored["snapshots_sha256"]))
-    return recorded_values(layout, name)
+    finished before ``DONE.json`` kept them, the values its snapshot manifests state. Raises RecordError naming a
+    damaged ``DONE.json``."""
+    stored = read_done(layout, name).checksums
+    return stored if stored is not None else recorded_values(layout, name)

@@ -3,49 +3,26 @@ run is a pack of one); or, a pack by shape, runs of one task, agent, temperature
 differ in the temperature's member scalars (:data:`~qed_ray.config.TemperatureSpec.MEMBER_FIELDS`: QED's k, ...).
 
 The pack's name and validation, its counters (:class:`Progress`) and what it keeps per seed (:class:`SeedRun`,
-with its :class:`EvalRecord` history), and the layout of a pack checkpoint: ``pack.json`` (the pack, its shared
-counters and each seed's status; written last, so its presence marks a complete checkpoint) and one
-``seed_<seed>/`` folder per seed (its tensors, manifest and random streams).
+with its evaluation history), and the layout of a pack checkpoint: ``pack.json`` (the pack, its shared counters and
+each seed's status, :class:`~qed_ray.rl.manifests.PackRecord`; written last, so its presence marks a complete
+checkpoint) and one ``seed_<seed>/`` folder per seed (its tensors, manifest and random streams).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from qed_ray.rl.checkpoint import CheckpointError, read_json
+from qed_ray.codec import read_record
 from qed_ray.config import RunSpec, TrainSpec
 from qed_ray.layout import PACK_FILE, PackId
-
-PACK_FORMAT = 1
-
-
-@dataclass(frozen=True)
-class EvalRecord:
-    """One evaluation of a run: env steps, mean deterministic eval return, and two interval means of its updates:
-    the actor's alpha and the double-critic gap |Q1 - Q2| (the critic proxy's x, paper App. D)."""
-
-    env_steps: int
-    return_mean: float
-    alpha_mean: float  # NaN when the interval had no update (all warm-up)
-    q_gap_mean: float = math.nan  # ditto
-
-    def to_json(self) -> dict:
-        """``{"env_steps", "return_mean", "alpha_mean", "q_gap_mean"}`` (in manifests and ``summary.json``)."""
-        return {"env_steps": self.env_steps, "return_mean": self.return_mean, "alpha_mean": self.alpha_mean,
-                "q_gap_mean": self.q_gap_mean}
-
-    @classmethod
-    def from_json(cls, d: dict) -> "EvalRecord":
-        """Inverse of :meth:`to_json` (a record written before ``q_gap_mean`` existed reads it as NaN: unknown)."""
-        return cls(int(d["env_steps"]), float(d["return_mean"]), float(d["alpha_mean"]),
-                   float(d.get("q_gap_mean", math.nan)))
+from qed_ray.rl.manifests import CheckpointError, PackRecord
+from qed_ray.run_records import EvalRecord
 
 
 def remaining_s(train: TrainSpec, decisions: int, evals_done: int, warmup_s_per_decision: float | None,
@@ -80,15 +57,14 @@ class Progress:
     train_s: float = 0.0  # time spent in decisions with updates
     eval_s: float = 0.0  # time spent evaluating and reporting (checkpoints, snapshots, logging)
 
-    def to_json(self) -> dict:
-        """The counters as ``pack.json`` holds them."""
+    def fields(self) -> dict:
+        """The counters as ``pack.json`` (:class:`~qed_ray.rl.manifests.PackRecord`) holds them."""
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_json(cls, d: dict) -> "Progress":
-        """Inverse of :meth:`to_json` (timings a ``pack.json`` written before they existed lack read as 0)."""
-        return cls(int(d["decisions"]), int(d["updates"]), float(d["wall_s"]),
-                   *(float(d.get(k, 0.0)) for k in ("warmup_s", "train_s", "eval_s")))
+    def of(cls, pack: PackRecord) -> "Progress":
+        """The counters a pack checkpoint's ``pack.json`` holds."""
+        return cls(**{f.name: getattr(pack, f.name) for f in dataclasses.fields(cls)})
 
 
 def pack_name(specs: Sequence[RunSpec]) -> str:
@@ -153,17 +129,17 @@ def sampler_seeds(specs: Sequence[RunSpec]) -> list[int]:
     return out
 
 
-def read_pack(directory: Path, seeds: Sequence[int]) -> dict:
+def read_pack(directory: Path, seeds: Sequence[int]) -> PackRecord:
     """Reads a pack checkpoint's pack.json and checks it is the pack of ``seeds`` (in this order).
 
     Raises:
-        CheckpointError: missing, corrupt, another format, other seeds or another pack size.
+        CheckpointError: missing, corrupt, another format (naming the field), other seeds or another pack size.
     """
     path = Path(directory) / PACK_FILE
-    pack = read_json(path, "a pack checkpoint", PACK_FILE)
-    for key, value in {"format": PACK_FORMAT, "seeds": list(seeds), "pack_size": len(seeds)}.items():
-        if pack.get(key) != value:
-            raise CheckpointError(f"{path}: mismatched {key}: checkpoint has {pack.get(key)!r}, this pack needs "
+    pack = read_record(path, PackRecord, CheckpointError)
+    for key, value in {"seeds": list(seeds), "pack_size": len(seeds)}.items():
+        if getattr(pack, key) != value:
+            raise CheckpointError(f"{path}: mismatched {key}: checkpoint has {getattr(pack, key)!r}, this pack needs "
                                   f"{value!r} (resume a pack with the seeds and pack size it was written with)")
     return pack
 

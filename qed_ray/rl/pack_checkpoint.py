@@ -11,20 +11,20 @@ on the training thread and written by the trainer's background writer.
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from qed_ray.atomic import write_json
-from qed_ray.rl.checkpoint import MANIFEST_FILE, load_checkpoint, save_checkpoint
-from qed_ray.layout import PACK_FILE, member_dirs
-from qed_ray.rl.pack import PACK_FORMAT, EvalRecord, Progress, SeedRun, read_pack
+from qed_ray.codec import dump, write_record
+from qed_ray.layout import PACK_FILE, PACK_FORMAT, member_dirs
+from qed_ray.rl.checkpoint import MANIFEST_FILE, load_checkpoint, manifest_content, save_checkpoint
+from qed_ray.rl.manifests import CheckpointError, Manifest, PackRecord
+from qed_ray.rl.pack import Progress, SeedRun, read_pack
+from qed_ray.run_records import EvalRecord
 
 if TYPE_CHECKING:
     from qed_ray.rl.trainer import Trainer
-
-REWRITTEN = ("format_version", "versions", "state_sha256")  # save_checkpoint writes these afresh
-
 
 class PackCheckpoints:
     """Saves and restores one trainer's pack.
@@ -58,7 +58,7 @@ class PackCheckpoints:
             # running trial from its snapshots alone (learning curves, critic-proxy x of App. D, cost so far).
             manifest = {**self.identity(index), "env_steps": env_steps,
                         "run": tr.runs[index].spec.model_dump(mode="json"), "policy_only": True,
-                        "modules": sorted(state), "evals": [e.to_json() for e in tr.runs[index].evals],
+                        "modules": sorted(state), "evals": dump(tr.runs[index].evals, list[EvalRecord]),
                         "wall_s": tr.wall_s()}
             return tr.writer.submit(directory, lambda: save_checkpoint(directory, state, manifest))
         seeds, chunks = [], []
@@ -73,17 +73,18 @@ class PackCheckpoints:
                 elif self.replay_dirs is None:  # a new checkpoint folder needs the rows its manifest counts
                     chunks.append(tr.replay.plan_save(i, loc, run.saved[1]["replay"]["added"]))
                 seeds.append((sub, *run.saved))
-        pack = {"format": PACK_FORMAT, "pack": tr.name, "names": [r.name for r in tr.runs],
-                "seeds": [r.spec.seed for r in tr.runs], "pack_size": tr.n, "env_steps": env_steps,
-                **tr.p.to_json(), "wall_s": tr.wall_s(), "status": [tr._status(r) for r in tr.runs],
-                "reasons": [r.reason for r in tr.runs], "stopped_at": [r.stopped_at for r in tr.runs]}
+        pack = PackRecord(format=PACK_FORMAT, pack=tr.name, names=[r.name for r in tr.runs],
+                          seeds=[r.spec.seed for r in tr.runs], pack_size=tr.n, env_steps=env_steps,
+                          **{**tr.p.fields(), "wall_s": tr.wall_s()}, status=[tr._status(r) for r in tr.runs],
+                          reasons=[r.reason for r in tr.runs],
+                          stopped_at=[list(r.stopped_at) if r.stopped_at else None for r in tr.runs])
 
         def write() -> None:
             for chunk in chunks:
                 chunk.write()
             for sub, state, manifest in seeds:
                 save_checkpoint(sub, state, manifest)
-            write_json(directory / PACK_FILE, pack, indent=1)  # last: it marks a complete pack checkpoint
+            write_record(directory / PACK_FILE, pack)  # last: it marks a complete pack checkpoint
 
         return tr.writer.submit(directory, write)
 
@@ -94,14 +95,14 @@ class PackCheckpoints:
             **self.identity(i), "env_steps": tr.p.decisions * tr.t.frame_skip,
             "run": run.spec.model_dump(mode="json"),
             "progress": {"decisions": tr.p.decisions, "updates": tr.p.updates, "episodes": run.episodes,
-                         "wall_s": tr.wall_s(), "evals": [e.to_json() for e in run.evals]},
+                         "wall_s": tr.wall_s(), "evals": dump(run.evals, list[EvalRecord])},
             "rng": {"warmup": run.warmup_rng.bit_generator.state, "replay": tr.replay.rng_state(i),
                     "env": tr.pool.random_state(i)},
             "replay": {"added": int(tr.replay.added[i]), "external": self.replay_dirs is not None},
             "pack": tr.name, "pack_size": tr.n, "pack_index": i,
         }
 
-    def restore(self, directory: Path) -> dict:
+    def restore(self, directory: Path) -> PackRecord:
         """Loads a pack checkpoint written by :meth:`save` (same seeds, same pack size); returns its pack.json.
 
         A seed the checkpoint records as finished (the final checkpoint, which a kill between the seeds'
@@ -109,14 +110,15 @@ class PackCheckpoints:
         have pruned its chunks.
 
         Raises:
-            CheckpointError: a missing or corrupt file, another pack, or a seed checkpoint that does not match.
+            CheckpointError: a missing or corrupt file (naming it and the field), another pack, or a seed checkpoint
+                that does not match.
         """
         tr, directory = self.tr, Path(directory)
         pack = read_pack(directory, [r.spec.seed for r in tr.runs])
         states, manifests = [], []
         for i, run in enumerate(tr.runs):
             sub = directory / self.member_dir(i)
-            if pack["status"][i] == "diverged" and not (sub / MANIFEST_FILE).exists():
+            if pack.status[i] == "diverged" and not os.path.lexists(sub / MANIFEST_FILE):
                 states.append(None), manifests.append(None)  # diverged before its first checkpoint
                 continue
             state, m = load_checkpoint(sub, expect={**self.identity(i), "pack_size": tr.n, "pack_index": i},
@@ -124,28 +126,35 @@ class PackCheckpoints:
             states.append(state), manifests.append(m)
         tr.agent.load_seed_state_dicts(states)
         for i, (run, m) in enumerate(zip(tr.runs, manifests)):
-            done = pack["status"][i] == "finished" and pack["env_steps"] >= tr.t.env_steps  # not a larger budget
+            done = pack.status[i] == "finished" and pack.env_steps >= tr.t.env_steps  # not a larger budget
             self._restore_seed(i, run, m, states[i], directory, done)
-            if pack["status"][i] == "diverged":
-                run.status, run.reason, run.stopped_at = "diverged", pack["reasons"][i], tuple(pack["stopped_at"][i])
+            if pack.status[i] == "diverged":
+                if pack.stopped_at[i] is None:
+                    raise CheckpointError(f"{directory / PACK_FILE}: stopped_at.{i}: missing for a diverged seed")
+                run.status, run.reason, run.stopped_at = "diverged", pack.reasons[i], tuple(pack.stopped_at[i])
                 tr.active[i] = False
                 tr.agent.freeze(i)
-        tr.p = Progress.from_json(pack)
-        tr.resumed_from = pack["env_steps"]
+        tr.p = Progress.of(pack)
+        tr.resumed_from = pack.env_steps
         return pack
 
-    def _restore_seed(self, i: int, run: SeedRun, m: dict | None, state: dict | None, directory: Path,
+    def _restore_seed(self, i: int, run: SeedRun, m: Manifest | None, state: dict | None, directory: Path,
                       finished: bool) -> None:
         """Seed ``i``'s counters, history, random streams and replay from its manifest (None: it has none). A
         seed ``finished`` in this checkpoint trains no more, so its replay (perhaps pruned since) is not read."""
         if m is None:
             return
-        tr, pr = self.tr, m["progress"]
-        run.episodes, run.evals = pr["episodes"], [EvalRecord.from_json(e) for e in pr["evals"]]
-        run.warmup_rng.bit_generator.state = m["rng"]["warmup"]
-        tr.replay.set_rng_state(i, m["rng"]["replay"])
-        tr.pool.set_random_state(i, m["rng"]["env"])
-        src = self.replay_dirs[i] if m["replay"]["external"] else directory / self.member_dir(i) / "replay"
+        tr, sub = self.tr, directory / self.member_dir(i)
+        progress, rng, replay = m.require(sub / MANIFEST_FILE, "progress", "rng", "replay")
+        run.episodes, run.evals = progress.episodes, list(progress.evals)
+        try:  # the model checked each state's shape; the generators check the rest of what they are given
+            run.warmup_rng.bit_generator.state = rng.warmup.model_dump()
+            tr.replay.set_rng_state(i, rng.replay.model_dump())
+            tr.pool.set_random_state(i, rng.env.model_dump())
+        except (TypeError, ValueError, KeyError) as e:
+            raise CheckpointError(f"{sub / MANIFEST_FILE}: rng: not a state this generator can take "
+                                  f"({type(e).__name__}: {e})") from None
+        src = self.replay_dirs[i] if replay.external else sub / "replay"
         if not finished:
-            tr.replay.load(i, src, m["replay"]["added"])
-        run.saved = (state, {k: v for k, v in m.items() if k not in REWRITTEN})
+            tr.replay.load(i, src, replay.added)
+        run.saved = (state, manifest_content(m))

@@ -18,11 +18,12 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Literal
 
 from pydantic import ValidationError
 
-from qed_ray.atomic import fsync_file, write_json, write_text
-from qed_ray.rl.checkpoint import CheckpointError
+from qed_ray.atomic import fsync_file, write_text
+from qed_ray.codec import Record, RecordError, dump, load_json, parse, read_lines, read_record, write_record
 from qed_ray import cli_help
 from qed_ray.config import RunSpec, TrainSpec
 from qed_ray.field_hints import format_validation_error
@@ -31,8 +32,9 @@ from qed_ray.layout import PackId, SweepDir, trial_dirname
 from qed_ray.naming import EXECUTION_SETTINGS, identity, identity_changes, show_setting
 from qed_ray.rl.pack import check_pack, pack_name
 from qed_ray.rl.run_folder import FolderReporter
+from qed_ray.run_records import Metrics, RunSummary, read_done
 from qed_ray.spec import SpecError, load_yaml
-from qed_ray.rl.trainer import DeviceError, Trainer, build_trainer, resolve_device
+from qed_ray.rl.trainer import DeviceError, build_trainer, resolve_device
 from qed_ray.replay_memory import replay_needs, replay_problems
 
 RUN_FILE, METRICS_FILE, SUMMARY_FILE = "run.json", "metrics.jsonl", "summary.json"
@@ -40,6 +42,15 @@ RUN_FORMAT = 2  # run.json {"format", "pack", "runs"}; format 1 (qed_ray 0.1) he
 RESUMABLE_CHANGES = EXECUTION_SETTINGS | {"train.env_steps"}  # a resume may extend the budget
 HEARTBEAT_S = 15.0  # seconds between progress lines before and between evaluations
 SWEEP_FILES = ("sweep.json", "sweep.lock")
+
+
+class RunFile(Record):
+    """``run.json``: the validated runs of the pack a run folder trains (format 1, one run of qed_ray 0.1, is not
+    resumed)."""
+
+    format: Literal[RUN_FORMAT]
+    pack: str
+    runs: list[RunSpec]
 
 
 def format_eta(seconds: float | None) -> str:
@@ -65,7 +76,7 @@ class RunLog:
             path = self.metrics_file(self.names[i])
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "a") as f:
-                f.write(json.dumps(m) + "\n")
+                f.write(json.dumps(dump(m, Metrics), allow_nan=False) + "\n")
             fsync_file(path)
             alpha = m.get("alpha/actor_mean", float("nan"))
             seed = f"seed {self.names[i].rsplit('/', 1)[1]}: " if len(self.names) > 1 else ""
@@ -81,12 +92,11 @@ class RunLog:
 
     def trim(self, name: str, env_steps: int) -> None:
         """Drops ``metrics.jsonl`` lines past ``env_steps`` (written before a crash; the resumed run writes them
-        again)."""
+        again). Raises RecordError naming the file and the line of a damaged one (nothing is dropped then)."""
         path = self.metrics_file(name)
-        if path.exists():
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["env_steps"] <= env_steps]
-            write_text(path, "".join(line + "\n" for line in kept))
+        if os.path.lexists(path):
+            kept = [m for m in read_lines(path, Metrics) if m["env_steps"] <= env_steps]
+            write_text(path, "".join(json.dumps(dump(m, Metrics), allow_nan=False) + "\n" for m in kept))
 
 
 EXAMPLES = (
@@ -180,8 +190,9 @@ def check_resources(specs: list[RunSpec]) -> None:
         raise SpecError(str(e)) from None
 
 
-def check_out_dir(out: Path) -> dict | None:
-    """Refuses an ``--out`` this CLI must not write into (before anything is written); returns its ``run.json``."""
+def check_out_dir(out: Path) -> RunFile | None:
+    """Refuses an ``--out`` this CLI must not write into (before anything is written); returns its ``run.json``
+    (SpecError; RecordError naming the file and the field of a damaged ``run.json``)."""
     if out.exists() and not out.is_dir():
         raise SpecError(f"--out: {out} is a file, not a folder")
     if not out.is_dir() or not any(out.iterdir()):
@@ -190,28 +201,26 @@ def check_out_dir(out: Path) -> dict | None:
     if sweep:
         raise SpecError(f"--out: {out} is a sweep folder (it holds {sweep[0]}); refusing to write into it (give a new "
                         f"or empty folder; a sweep is resumed with python -m qed_ray.sweep)")
-    if not (out / RUN_FILE).exists():
+    if not os.path.lexists(out / RUN_FILE):  # a dangling link is a damaged run.json, named when read
         raise SpecError(f"--out: {out} is not empty and holds no {RUN_FILE}, so it is not a run folder of this CLI; "
                         f"refusing to write into it (give a new or empty folder)")
-    try:
-        run = json.loads((out / RUN_FILE).read_text())
-    except (OSError, ValueError) as e:
-        raise SpecError(f"--out: {out / RUN_FILE} cannot be read ({type(e).__name__}: {e}); give another --out") \
-            from None
-    version = run.get("format", 1) if isinstance(run, dict) else None
-    if version != RUN_FORMAT:
-        raise SpecError(f"--out: {out} is a run folder of run format {version} (format 1: a single-seed run of "
-                        f"qed_ray 0.1, with checkpoint/ and metrics.jsonl) that this release cannot resume; finish "
-                        f"it with the release that wrote it, or give a new --out")
-    return run
+    return read_run_file(out)
 
 
-def check_resume(prior: dict, specs: list[RunSpec], out: Path) -> None:
+def read_run_file(out: Path) -> RunFile:
+    """The run folder's ``run.json``; raises RecordError naming the file and the field (SpecError for one of qed_ray
+    0.1, which this release does not resume)."""
+    raw = load_json(out / RUN_FILE)
+    if isinstance(raw, dict) and raw.get("format", 1) == 1:
+        raise SpecError(f"--out: {out} is a run folder of run format 1 (format 1: a single-seed run of qed_ray 0.1, "
+                        f"with checkpoint/ and metrics.jsonl) that this release cannot resume; finish it with the "
+                        f"release that wrote it, or give a new --out")
+    return parse(RunFile, raw, out / RUN_FILE)
+
+
+def check_resume(prior: RunFile, specs: list[RunSpec], out: Path) -> None:
     """Refuses to resume a run folder of other runs, naming each changed setting (a larger budget is fine)."""
-    try:
-        before = [RunSpec.model_validate(r) for r in prior["runs"]]
-    except (KeyError, TypeError, ValidationError) as e:
-        raise CheckpointError(f"{out / RUN_FILE}: its run settings no longer validate ({e})") from None
+    before = prior.runs
     if [r.seed for r in before] != [s.seed for s in specs]:
         raise SpecError(f"--seeds: {out} holds the pack of seeds {[r.seed for r in before]}, this run gives "
                         f"{[s.seed for s in specs]}; a pack resumes with its own seeds (or give another --out)")
@@ -228,13 +237,13 @@ def check_resume(prior: dict, specs: list[RunSpec], out: Path) -> None:
         raise SpecError("\n".join(lines))
 
 
-def run(specs: list[RunSpec], out: Path, env_workers: int = 0) -> list[dict]:
+def run(specs: list[RunSpec], out: Path, env_workers: int = 0) -> list[RunSummary]:
     """Trains the pack ``specs`` in ``out`` (resuming from its newest checkpoint) and writes each seed's
     ``summary.json``; returns the summaries.
 
     Raises:
         SpecError: ``out`` is not ours to write, or holds a run with other settings.
-        CheckpointError: no checkpoint can be used.
+        RecordError: a damaged file of the run folder (naming it); CheckpointError: no checkpoint can be used.
     """
     out = out.resolve()
     prior = check_out_dir(out)
@@ -242,17 +251,18 @@ def run(specs: list[RunSpec], out: Path, env_workers: int = 0) -> list[dict]:
         check_resume(prior, specs, out)
     layout, names = SweepDir(out), [s.name for s in specs]
     pack = PackId.of(names)
-    for name in names:  # a larger --env-steps continues a finished run: its end is no longer the end
-        if layout.done_marker(name).exists() and \
-                json.loads(layout.done_marker(name).read_text())["env_steps"] < specs[0].train.env_steps:
-            layout.done_marker(name).unlink()
-    if prior is not None and all(layout.trial_state(n) != "pending" for n in names) \
-            and all((out / trial_dirname(n) / SUMMARY_FILE).exists() for n in names):
+    # A larger --env-steps continues a finished run: its end is no longer the end (its DONE.json goes once the
+    # run has resumed, so a refused resume changes nothing).
+    extended = [n for n in names if layout.trial_state(n) == "done" and read_done(layout, n).env_steps
+                < specs[0].train.env_steps]
+    if prior is not None and not extended and all(layout.trial_state(n) != "pending" for n in names) \
+            and all(os.path.lexists(out / trial_dirname(n) / SUMMARY_FILE) for n in names):
         print(f"{pack.name} already finished in {out}; its summaries:", flush=True)
-        return [json.loads((out / trial_dirname(n) / SUMMARY_FILE).read_text()) for n in names]
+        return [read_record(out / trial_dirname(n) / SUMMARY_FILE, RunSummary) for n in names]
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / RUN_FILE, {"format": RUN_FORMAT, "pack": pack_name(specs),
-                                "runs": [s.model_dump(mode="json") for s in specs]}, indent=1)
+    run_file = RunFile(format=RUN_FORMAT, pack=pack_name(specs), runs=specs)
+    if prior is None:  # a new folder is marked as this CLI's run before anything else lands in it (a Ctrl-C then)
+        write_record(out / RUN_FILE, run_file)
     log = RunLog(out, names, specs[0].train.env_steps)
     trainer = build_trainer(specs, lambda metrics, save: folder(metrics, save), [layout.replay(n) for n in names],
                             names, env_workers, log=lambda line: print(line, file=sys.stderr) if "WARNING" in line
@@ -260,7 +270,11 @@ def run(specs: list[RunSpec], out: Path, env_workers: int = 0) -> list[dict]:
     folder = FolderReporter(layout, pack, trainer, 1, [[] for _ in names], log)
     stopped = False
     try:
-        _train(trainer, folder, log)
+        _resume(folder, log)
+        write_record(out / RUN_FILE, run_file)  # a resumed run's settings once it has resumed
+        for name in extended:
+            layout.done_marker(name).unlink()
+        trainer.run()
     except KeyboardInterrupt:
         stopped = True
     finally:
@@ -272,7 +286,7 @@ def run(specs: list[RunSpec], out: Path, env_workers: int = 0) -> list[dict]:
     folder.finish()
     summaries = trainer.summaries()
     for name, summary in zip(names, summaries):
-        write_json(out / trial_dirname(name) / SUMMARY_FILE, summary, indent=1)
+        write_record(out / trial_dirname(name) / SUMMARY_FILE, summary)
     return summaries
 
 
@@ -299,13 +313,13 @@ def _stop_once(signum, frame) -> None:
     raise KeyboardInterrupt
 
 
-def _train(trainer: Trainer, folder: FolderReporter, log: RunLog) -> None:
+def _resume(folder: FolderReporter, log: RunLog) -> None:
+    """Restores the newest intact checkpoint (if any) and trims the seeds' ``metrics.jsonl`` to it."""
     resumed = folder.resume(lambda line: print(line, file=sys.stderr, flush=True))
     for name in log.names:
         log.trim(name, resumed or 0)
     if resumed is not None:
         print(f"resumed {folder.pack.name} from its checkpoint at env step {resumed:,d}", flush=True)
-    trainer.run()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -323,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGINT, _stop_once)
     try:
         summaries = run(specs, args.out, args.env_workers)
-    except (CheckpointError, SpecError) as e:
+    except (RecordError, SpecError) as e:  # CheckpointError is a RecordError
         return _errors(str(e))
     except RunStopped as e:
         print(e.line(), file=sys.stderr, flush=True)
@@ -334,12 +348,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         signal.signal(signal.SIGINT, previous)
-    shown = [{k: v for k, v in s.items() if k != "evals"} for s in summaries]
+    shown = [{k: v for k, v in dump(s).items() if k != "evals"} for s in summaries]
     print(json.dumps(shown[0] if len(shown) == 1 else shown, indent=1))
     for s in summaries:
-        if s["status"] != "finished":
-            print(f"{s['name']} stopped: {s.get('reason', s['status'])}", file=sys.stderr, flush=True)
-    return 0 if all(s["status"] == "finished" for s in summaries) else 1
+        if s.status != "finished":
+            print(f"{s.name} stopped: {s.reason or s.status}", file=sys.stderr, flush=True)
+    return 0 if all(s.status == "finished" for s in summaries) else 1
 
 
 def _errors(text: str) -> int:

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import shutil
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-from qed_ray.atomic import TMP_MARK, publish_dir, staging_dir, write_json
-from qed_ray.rl.checkpoint import MANIFEST_FILE, CheckpointError, CheckpointVersionError
-from qed_ray.rl.digests import DONE_KEY, recorded_values
+from qed_ray.atomic import TMP_MARK, publish_dir, staging_dir
+from qed_ray.codec import write_record
 from qed_ray.config import TrainSpec
 from qed_ray.layout import PACK_FILE, PackId, SweepDir
+from qed_ray.rl.checkpoint import MANIFEST_FILE, CheckpointError, CheckpointVersionError
+from qed_ray.rl.digests import recorded_values
 from qed_ray.rl.pack import SeedRun
 from qed_ray.rl.trainer import SaveFn, Trainer
+from qed_ray.run_records import DivergedRecord, HistoryEntry, done_record, read_history, write_history
 
 KEEP_CHECKPOINTS = 2  # the newest two: a damaged newest one still leaves one to resume from
 
@@ -40,11 +41,6 @@ def snapshot_modules(env_steps: int, train: TrainSpec, keep_every: int, acting: 
     if (env_steps // train.eval_every) % keep_every == 0:
         return acting  # MAD-SAC: ~1 MB instead of 18 MB per snapshot
     return None
-
-
-def history_step(entry: dict) -> int:
-    """The env step of one history entry ``{"time_ms", "metrics"}``."""
-    return int(entry["metrics"]["env_steps"])
 
 
 def prune_steps(steps: dict[int, Path], root: Path, keep: int = KEEP_CHECKPOINTS, leftovers: bool = True) -> None:
@@ -88,15 +84,16 @@ def restore_latest(trainer: Trainer, layout: SweepDir, pack: PackId, log: Callab
 
 
 def write_done(layout: SweepDir, name: str, metrics: dict) -> None:
-    """A finished seed run's ``DONE.json``: its final metrics and the policy checksums it records."""
-    write_json(layout.done_marker(name), {**metrics, DONE_KEY: asdict(recorded_values(layout, name))})
+    """A finished seed run's ``DONE.json`` (:class:`~qed_ray.run_records.DoneRecord`): its final metrics and the
+    policy checksums it records."""
+    write_record(layout.done_marker(name), done_record(metrics, recorded_values(layout, name)))
 
 
-def final_metrics(run: SeedRun, history: list[dict]) -> dict:
+def final_metrics(run: SeedRun, history: list[HistoryEntry]) -> dict:
     """A finished seed's final metrics: its last history entry, or, if that was not written, what its checkpoint
     kept of the final evaluation."""
-    if history and history_step(history[-1]) == run.spec.train.env_steps:
-        return history[-1]["metrics"]
+    if history and history[-1].env_steps == run.spec.train.env_steps:
+        return dict(history[-1].metrics)
     last = run.evals[-1]
     return {"env_steps": last.env_steps, "eval/return_mean": last.return_mean}
 
@@ -114,7 +111,8 @@ class FolderReporter:
             MLflow there; the CLI prints).
     """
 
-    def __init__(self, layout: SweepDir, pack: PackId, trainer: Trainer, keep_every: int, histories: list[list[dict]],
+    def __init__(self, layout: SweepDir, pack: PackId, trainer: Trainer, keep_every: int,
+                 histories: list[list[HistoryEntry]],
                  after: Callable[[dict[int, dict]], None] = lambda metrics: None):
         self.layout, self.pack, self.trainer, self.keep_every, self.after = layout, pack, trainer, keep_every, after
         self.histories = [list(h) for h in histories]
@@ -136,10 +134,10 @@ class FolderReporter:
         for i, m in metrics.items():
             name = self.names[i]
             # The history after the checkpoint: a crash in between re-runs this interval and records it then.
-            self.histories[i] = [h for h in self.histories[i] if history_step(h) < step]
-            self.histories[i].append({"time_ms": int(time.time() * 1000), "metrics": m})
+            self.histories[i] = [h for h in self.histories[i] if h.env_steps < step]
+            self.histories[i].append(HistoryEntry(time_ms=int(time.time() * 1000), metrics=m))
             writer.submit(layout.history(name), lambda p=layout.history(name), h=list(self.histories[i]):
-                          write_json(p, h))
+                          write_history(p, h))
             if step == train.env_steps:  # after the final snapshot in the queue: its checksums are fixed by then
                 writer.submit(layout.done_marker(name), lambda n=name, m=m: write_done(layout, n, m))
         if step == train.env_steps:
@@ -166,8 +164,8 @@ class FolderReporter:
         for i, run in enumerate(self.trainer.runs):
             if run.status == "diverged" and not self.layout.diverged_marker(run.name).exists():
                 steps = run.stopped_at[0] * self.trainer.t.frame_skip
-                write_json(self.layout.diverged_marker(run.name), {"reason": f"DivergenceError: {run.reason}",
-                                                                   "env_steps": steps})
+                write_record(self.layout.diverged_marker(run.name),
+                             DivergedRecord(reason=f"DivergenceError: {run.reason}", env_steps=steps))
                 out.append(i)
         return out
 
@@ -184,9 +182,13 @@ class FolderReporter:
 
     def resume(self, log: Callable[[str], None]) -> int | None:
         """Clears a crash's staging folders, restores the newest intact checkpoint and keeps each seed's history up
-        to it; returns its env step (None: a fresh start)."""
+        to it; returns its env step (None: a fresh start).
+
+        Raises:
+            CheckpointError: no checkpoint can be used. RecordError: a damaged ``history.json`` (naming it).
+        """
         prune_steps(self.layout.pack_checkpoint_steps(self.pack), self.layout.pack_checkpoints(self.pack))
         resumed = restore_latest(self.trainer, self.layout, self.pack, log)
-        self.histories = [[h for h in self.layout.read_history(n) if resumed is not None and history_step(h) <= resumed]
+        self.histories = [[h for h in read_history(self.layout, n) if resumed is not None and h.env_steps <= resumed]
                           for n in self.names]
         return resumed

@@ -30,13 +30,15 @@ from qed_ray.rl.agents import make_packed_agent
 from qed_ray.config import RunSpec
 from qed_ray.rl.env_pool import EnvPool
 from qed_ray.rl.evaluate import eval_seeds, rollout_lockstep
-from qed_ray.rl.pack import EvalRecord, Progress, SeedRun, check_pack, pack_name, remaining_s, sampler_seeds
+from qed_ray.rl.manifests import PackRecord
+from qed_ray.rl.pack import Progress, SeedRun, check_pack, pack_name, remaining_s, sampler_seeds
 from qed_ray.rl.pack_checkpoint import PackCheckpoints
 from qed_ray.rl.update import PackUpdater, resolve_mode
 from qed_ray.rl.precision import apply_matmul_precision, set_run_precision
 from qed_ray.rl.replay import Replay, keeps_transition, replay_bytes, replay_capacity, replay_device
 from qed_ray.rl.update_metrics import MetricAccumulator
 from qed_ray.rl.writer import BackgroundWriter
+from qed_ray.run_records import EvalRecord, RunSummary
 
 HEARTBEAT_EVERY = 100  # decisions between looks at the clock for a heartbeat
 
@@ -120,7 +122,7 @@ class Trainer:
         self.eval_index = self.n + np.arange(self.n * self.t.eval_episodes).reshape(self.n, -1)
 
     # ---- loop --------------------------------------------------------------------------------------------
-    def run(self) -> list[dict]:
+    def run(self) -> list[RunSummary]:
         """Trains every seed to the budget (or until it diverges); returns the per-seed summaries. The checkpoint
         writes are flushed before it returns or raises, and a stopped run still counts its real wall time."""
         self._wall_base, self._t_start = self.p.wall_s, time.perf_counter()
@@ -289,8 +291,9 @@ class Trainer:
                  interval_updates: int, eval_s: float, eta: float | None) -> dict[str, float | None]:
         """One seed's evaluation metrics."""
         mean = float(returns.mean())
-        run.evals.append(EvalRecord(env_steps, mean, interval.get("alpha/actor_mean", math.nan),
-                                    interval.get("q/abs_diff_mean", math.nan)))
+        run.evals.append(EvalRecord(env_steps=env_steps, return_mean=mean,
+                                    alpha_mean=interval.get("alpha/actor_mean", math.nan),
+                                    q_gap_mean=interval.get("q/abs_diff_mean", math.nan)))
         metrics = {
             "env_steps": env_steps, "decisions": self.p.decisions, "updates": self.p.updates,
             "episodes": run.episodes, "eval/return_mean": mean, "eval/return_std": float(returns.std()),
@@ -308,7 +311,7 @@ class Trainer:
         return metrics
 
     # ---- checkpoints and results ----------------------------------------------------------------------
-    def restore(self, directory: Path) -> dict:
+    def restore(self, directory: Path) -> PackRecord:
         """Loads a pack checkpoint (:class:`~qed_ray.rl.pack_checkpoint.PackCheckpoints`); returns its pack.json."""
         return self.checkpoints.restore(directory)
 
@@ -316,31 +319,25 @@ class Trainer:
         """``running``, ``diverged``, or ``finished`` once the budget is done (also in the final checkpoint)."""
         return "finished" if run.status == "running" and self.p.decisions >= self.t.decisions else run.status
 
-    def summaries(self) -> list[dict]:
+    def summaries(self) -> list[RunSummary]:
         """Per seed, its final figures (``summary.json``; ``reason`` when it diverged)."""
         return [self._summary(run) for run in self.runs]
 
-    def _summary(self, run: SeedRun) -> dict:
+    def _summary(self, run: SeedRun) -> RunSummary:
         s, t, p = run.spec, self.t, self.p
         decisions, updates = run.stopped_at or (p.decisions, p.updates)
         alphas = [e.alpha_mean for e in run.evals if math.isfinite(e.alpha_mean)]
         last = run.last_metrics
-        out = {
-            "name": run.name, "task": s.task, "agent": s.agent.name, "variant": s.variant, "seed": s.seed,
-            "status": self._status(run), "env_steps": decisions * t.frame_skip, "decisions": decisions,
-            "updates": updates, "pack_size": self.n, "precision": self.precision, "wall_s": p.wall_s,
-            "warmup_s": p.warmup_s,
-            "train_s": p.train_s, "eval_s": p.eval_s,
-            "updates_per_s": p.updates / p.train_s if p.train_s else math.nan,
-            "final_eval_return_mean": run.evals[-1].return_mean if run.evals else math.nan,
-            "final_eval_return_std": last.get("eval/return_std", math.nan),
-            "alpha_mean_over_training": float(np.mean(alphas)) if alphas else math.nan,
-            "final_alpha": {k.removeprefix("alpha/"): v for k, v in last.items() if k.startswith("alpha/")},
-            "evals": [e.to_json() for e in run.evals],
-        }
-        if run.reason is not None:
-            out["reason"] = run.reason
-        return out
+        return RunSummary(
+            name=run.name, task=s.task, agent=s.agent.name, variant=s.variant, seed=s.seed,
+            status=self._status(run), env_steps=decisions * t.frame_skip, decisions=decisions, updates=updates,
+            pack_size=self.n, precision=self.precision, wall_s=p.wall_s, warmup_s=p.warmup_s, train_s=p.train_s,
+            eval_s=p.eval_s, updates_per_s=p.updates / p.train_s if p.train_s else math.nan,
+            final_eval_return_mean=run.evals[-1].return_mean if run.evals else math.nan,
+            final_eval_return_std=last.get("eval/return_std", math.nan),
+            alpha_mean_over_training=float(np.mean(alphas)) if alphas else math.nan,
+            final_alpha={k.removeprefix("alpha/"): v for k, v in last.items() if k.startswith("alpha/")},
+            evals=list(run.evals), reason=run.reason)
 
     def close(self) -> None:
         """Flushes the writer and frees the envs (and their workers)."""

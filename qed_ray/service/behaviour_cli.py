@@ -4,7 +4,6 @@ by :mod:`qed_ray.analysis.behaviour`, and its upload to the sweep's MLflow paren
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -15,15 +14,13 @@ from qed_ray import cli_help
 from qed_ray.analysis.behaviour import COLORMAP, RenderError, configure_rendering, frame_steps, run, select_snapshots
 from qed_ray.layout import SweepDir
 from qed_ray.rl.checkpoint import CheckpointError
+from qed_ray.service.sweep_record import sweep_id as read_sweep_id
 from qed_ray.service.tracking import ROLE_TAG, Tracker, artifact_location, default_tracking_uri
 
 
 def log_to_mlflow(paths: Sequence[Path], sweep_dir: Path, uri: str | None, experiment: str) -> str:
     """Uploads ``paths`` under ``behaviour/`` of the sweep's MLflow parent run; returns the run id."""
-    state_file = SweepDir(sweep_dir).state_file
-    if not state_file.exists():
-        raise FileNotFoundError(f"sweep_dir: {state_file} is missing, so the sweep id is unknown (or pass --no-mlflow)")
-    sweep_id = json.loads(state_file.read_text())["sweep_id"]
+    sweep_id = read_sweep_id(SweepDir(sweep_dir))  # SpecError (a ValueError) names a missing or damaged sweep.json
     uri = uri or default_tracking_uri(sweep_dir)
     layout = SweepDir(Path(sweep_dir).resolve())
     tracker = Tracker(uri, experiment, sweep_id, artifact_location(uri, layout))  # relinks a moved folder's store

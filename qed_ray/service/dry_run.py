@@ -27,6 +27,20 @@ from qed_ray.service.dry_plan import order_packs, plan_lines
 from qed_ray.service.throughput import DEFAULT_PATH, load_throughput
 
 
+def check_options(dry: bool, listing: bool, workers: int | None) -> None:
+    """Refuses ``--list`` or ``--workers`` without ``--dry-run``, and a worker count below 1 (SpecError)."""
+    if (listing or workers is not None) and not dry:
+        raise SpecError("--list, --workers: only with --dry-run")
+    if workers is not None and workers < 1:
+        raise SpecError(f"--workers: {workers} worker nodes; allowed 1 or more")
+
+
+def tune_order(spec: SweepSpec, packs: list[Pack]) -> list[Pack]:
+    """The packs in the order the driver hands them to Tune: longest first on the measured table's card
+    (:func:`qed_ray.service.dry_plan.order_packs`)."""
+    return order_packs(spec, packs, load_throughput())
+
+
 def dry_run(spec: SweepSpec, throughput_path: str | Path = DEFAULT_PATH, listing: bool = False,
             workers: int | None = None) -> int:
     """Prints the plan (see the module notes; every trial with ``listing``; ``workers`` nodes instead of the
@@ -39,9 +53,9 @@ def dry_run(spec: SweepSpec, throughput_path: str | Path = DEFAULT_PATH, listing
     print(f"sweep {spec.name}: {len(trials)} trials in {len(p.packs)} pack{plural} (Tune trial{plural}) of up to "
           f"{spec.pack.seeds} seed{'s' if spec.pack.seeds > 1 else ''} -> {layout.root}  (MLflow {uri}, experiment "
           f"{exp})")
-    if p.state.get("claim"):
-        rec = p.state["claim"]
-        print(f"pre-registration: {rec['file']} (claim block sha256 {rec['sha256'][:12]}; frozen in sweep.json at the "
+    if p.state.claim is not None:
+        rec = p.state.claim
+        print(f"pre-registration: {rec.file} (claim block sha256 {rec.sha256[:12]}; frozen in sweep.json at the "
               f"first start, a changed block is refused)")
     table = load_throughput(throughput_path)
     packs = order_packs(spec, p.packs, table)

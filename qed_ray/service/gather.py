@@ -7,7 +7,8 @@ it starts). What a trial's ending means is read from the folder (``DONE.json``, 
 calls complete because the sweep was stopped is neither. As soon as every seed of a (task, agent, variant) group
 has finished or failed, the group is evaluated as a Ray task with its own resources (:func:`group_task_resources`),
 in parallel with training, and cached (:mod:`qed_ray.analysis.group_cache`); then the tables and figures are rewritten and
-logged to the sweep's MLflow parent run (best-effort: the files in ``gather/`` are the record). A restarted driver
+logged to the sweep's MLflow parent run with the summary as its description (:mod:`qed_ray.service.mirror`;
+best-effort: the files in ``gather/`` are the record). A restarted driver
 finds every unchanged group in the cache and evaluates nothing again. A group that left a finished trial out
 because its checksums were not (yet) in MLflow is gathered again at the end, after the driver has recorded them.
 
@@ -32,22 +33,27 @@ from qed_ray.layout import SweepDir
 from qed_ray.service.reanalysis import write_results
 from qed_ray.analysis.results import FailedTrial, GroupKey, GroupResult, SweepResults
 from qed_ray.spec import FinalEvalSpec, SweepSpec
-from qed_ray.service.tracking import Tracker, metric_key
-from qed_ray.service.packing import seed_trials
+from qed_ray.service.mirror import log_files, log_rows
+from qed_ray.service.tracking import Tracker
+from qed_ray.run_records import diverged_reason
+from qed_ray.service.packing import TuneTrial
 
 NAMESPACE = "qed_ray"
-GROUP_METRICS = ("V", "action_distance", "q1_dispersion", "early_q_gap", "alpha_frac_floor_late", "alpha_frac_cap_late",
-                 "log_std_at_min")
-# Per variant against its te baseline (the verdict reads V_ratio_median and iqm_ratio with their intervals).
-COMPARISON_METRICS = ("V_ratio_median", "V_ratio_median_ci_lower", "V_ratio_median_ci_upper", "V_ratio_geomean",
-                      "V_ratio_means", "action_distance_ratio_median", "action_distance_ratio_geomean",
-                      "action_distance_ratio_means", "score_var_ratio_median", "score_var_ratio_geomean",
-                      "score_var_ratio_means", "iqm_ratio", "iqm_ratio_ci_lower", "iqm_ratio_ci_upper")
-
-
 def actor_name(sweep_name: str, sweep_id: str) -> str:
     """The per-sweep actor name."""
     return f"qed-gather-{sweep_name}-{sweep_id}"
+
+
+@dataclass(frozen=True)
+class GatherReport:
+    """What a driver start's gather step did: the final results, the groups it evaluated and those it took from
+    the cache, and per group the seconds from its last trial's end to its row in MLflow (groups whose last trial
+    ended while this driver ran)."""
+
+    results: SweepResults
+    evaluated: list[str]
+    from_cache: list[str]
+    delays_s: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -98,33 +104,6 @@ def _evaluate_group_task(job: group_cache.GroupJob, final_eval: FinalEvalSpec) -
     return group_cache.evaluate(job, final_eval, device="cuda" if torch.cuda.is_available() else "cpu")
 
 
-def log_rows(tracker: Tracker, run_id: str, results: SweepResults, new_groups: list[GroupResult]) -> None:
-    """Logs the current aggregates and comparisons (step = groups gathered so far), the verdict as the tag
-    ``qed.verdict``, and each new group's row (``group/<task>/<agent>.<variant>/<GROUP_METRICS, mean_score>``)."""
-    finite = lambda d: {k: v for k, v in d.items() if math.isfinite(v)}  # noqa: E731
-    metrics = {metric_key(f"{a.agent}.{a.variant}", k): v for a in results.aggregates for k, v in a.headline().items()}
-    metrics.update({metric_key(f"{c.agent}.{c.variant}", k): getattr(c, k) for c in results.comparisons
-                    for k in COMPARISON_METRICS})
-    if results.verdict is not None:
-        tracker.set_tags(run_id, {"qed.verdict": results.verdict.outcome})
-    tracker.log_metrics(run_id, finite(metrics), step=len(results.groups))
-    rows = {metric_key("group", g.task, f"{g.agent}.{g.variant}", k): float(getattr(g, k))
-            for g in new_groups for k in GROUP_METRICS}
-    rows.update({metric_key("group", g.task, f"{g.agent}.{g.variant}", "mean_score"): float(sum(g.scores)
-                 / len(g.scores)) for g in new_groups})
-    if rows:
-        tracker.log_metrics(run_id, finite(rows), step=0)
-
-
-def log_files(tracker: Tracker, run_id: str, layout: SweepDir) -> None:
-    """Uploads the gather tables under ``gather/`` and the figures under ``gather/figures/`` (the cache stays)."""
-    for path in (layout.results_json, layout.aggregates_csv, layout.groups_csv, layout.budgets_csv,
-                 layout.comparisons_csv, layout.verdict_json):
-        tracker.log_artifact(run_id, path, "gather")
-    if layout.figures.is_dir():
-        tracker.log_artifacts(run_id, layout.figures, "gather/figures")
-
-
 def _cause(e: BaseException) -> str:
     inner = getattr(e, "cause", None) or e  # a Ray task's error carries the original exception as .cause
     return f"{type(inner).__name__}: {inner}".splitlines()[0]
@@ -163,7 +142,7 @@ class Gatherer:
             return
         state = self.layout.trial_state(name)
         if state == "diverged":
-            await self.trial_failed(name, self.layout.diverged_reason(name), live)
+            await self.trial_failed(name, diverged_reason(self.layout, name), live)
         elif state == "done":
             self.finished.add(name)
             self.failed.pop(name, None)
@@ -195,7 +174,7 @@ class Gatherer:
         finished = [n for n in names if n in self.finished]
         try:
             job = await self._blocking(self._prepare, key, finished)
-            result = await self._blocking(group_cache.load, self.layout, job.key) if job.records else None
+            result = await self._blocking(group_cache.load, self.layout, job.key, key) if job.records else None
             if result is not None:
                 self.from_cache.append(key.name)
             elif job.records:
@@ -280,14 +259,9 @@ class Gatherer:
         del self.jobs[key]
         self._start_if_complete(key)
 
-    async def finish(self, failed: list[FailedTrial]) -> dict:
-        """The sweep ended: the given failures are final, unfinished trials are left out, every group is gathered.
-
-        Returns:
-            ``{"results": SweepResults, "evaluated": [group], "from_cache": [group], "delays_s": {group: s}}``
-            where a delay is the time from a group's last trial finishing to its row in MLflow (for groups whose
-            last trial finished while this driver ran).
-        """
+    async def finish(self, failed: list[FailedTrial]) -> GatherReport:
+        """The sweep ended: the given failures are final, unfinished trials are left out, every group is gathered;
+        returns what the gather step did."""
         for f in failed:  # the driver's reasons are the final ones (the callback only knew that Tune gave up)
             if f.name in self.group_of and f.name not in self.finished:
                 self.failed[f.name] = f.error
@@ -310,7 +284,7 @@ class Gatherer:
         results = await self._blocking(self._refresh)
         delays = {k.name: self.logged_at[k] - max(self.seen_at[n] for n in self.plan.groups[k] if n in self.seen_at)
                   for k in self.results if k in self.logged_at and any(n in self.seen_at for n in self.plan.groups[k])}
-        return {"results": results, "evaluated": self.evaluated, "from_cache": self.from_cache, "delays_s": delays}
+        return GatherReport(results, self.evaluated, self.from_cache, delays)
 
 
 class GatherFeed(tune.Callback):
@@ -330,11 +304,11 @@ class GatherFeed(tune.Callback):
             print(f"  gather: cannot reach the gather actor ({e}); results come at the next start", flush=True)
 
     def on_trial_complete(self, iteration: int, trials: list, trial, **info) -> None:
-        for name in seed_trials(trial.config):  # a pack's seed runs, each as the folder shows it
+        for name in TuneTrial.of(trial.config).names:  # a pack's seed runs, each as the folder shows it
             self._tell("trial_finished", name)
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
-        for name in seed_trials(trial.config):
+        for name in TuneTrial.of(trial.config).names:
             self._tell("trial_finished", name)  # a seed run that ended before its pack failed is no failure
             self._tell("trial_failed", name, "failed (see its error.txt)")
 
@@ -364,7 +338,7 @@ def start(plan: GatherPlan, done: list[str]):
     return actor
 
 
-def finish(actor, failed: list[FailedTrial]) -> dict:
+def finish(actor, failed: list[FailedTrial]) -> GatherReport:
     """Waits for every group, writes the final outputs, stops the actor; see :meth:`Gatherer.finish`."""
     try:
         return ray.get(actor.finish.remote(failed))

@@ -3,9 +3,12 @@
 Two drivers on one sweep (a job resubmitted after Ctrl-C only stopped its log tail, a second terminal) would run
 every trial twice in the same folders and delete each other's replay chunks. The driver therefore creates
 ``sweep.lock`` with ``O_CREAT | O_EXCL`` (atomic on local filesystems and on NFSv3+), holding its host, pid,
-start time and a heartbeat that a daemon thread rewrites (atomically) every 30 s. A second driver finds the file
-and is refused, naming the holder. A lock is *stale*, and is taken over, when its host is this host and its pid
-is gone, or when its heartbeat is older than two minutes (a driver on another machine that died with it).
+start time and a heartbeat that a daemon thread rewrites (atomically) every 30 s (:class:`LockInfo`). A second
+driver finds the file and is refused, naming the holder. A lock is *stale*, and is taken over, when its host is
+this host and its pid is gone, or when its heartbeat is older than two minutes (a driver on another machine that
+died with it). A lock file that holds no valid record (a pid or time out of range, a wrong type, truncated) is
+named with its problem and counts as held until it is two minutes old; a folder or a dangling symbolic link in its
+place is never taken over (:class:`LockDamaged`).
 """
 
 from __future__ import annotations
@@ -16,29 +19,40 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from qed_ray.atomic import write_json
+from pydantic import Field
+
+from qed_ray.codec import Record, RecordError, dump, load_json, parse, write_record
 
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 120.0
+PID_MAX = 2**22  # Linux's ceiling on pids (PID_MAX_LIMIT); a larger one is no process of any host
+TIME_MAX = 2**33  # seconds since the epoch (year 2242): a later start or heartbeat is a damaged record
 
 
 class LockHeld(RuntimeError):
     """Another live driver holds the sweep's lock; the message names it."""
 
 
-@dataclass(frozen=True)
-class LockInfo:
+class LockDamaged(LockHeld):
+    """``sweep.lock`` is there but holds no lock record; the message names the file and the problem. ``mtime`` is
+    the file's modification time, None for a folder or a dangling symbolic link (never taken over)."""
+
+    def __init__(self, problem: str, mtime: float | None):
+        super().__init__(problem)
+        self.mtime = mtime
+
+
+class LockInfo(Record):
     """The content of a lock file."""
 
-    host: str
-    pid: int
-    started: float
-    heartbeat: float
-    token: str
+    host: str = Field(min_length=1)
+    pid: int = Field(ge=1, le=PID_MAX)
+    started: float = Field(ge=0, le=TIME_MAX)
+    heartbeat: float = Field(ge=0, le=TIME_MAX)
+    token: str = Field(min_length=1)
 
     def describe(self, now: float) -> str:
         """``pid 123 on host h (started 2026-01-01 12:00:00, last heartbeat 12 s ago)``."""
@@ -48,13 +62,30 @@ class LockInfo:
 
 
 def read_lock(path: Path) -> LockInfo | None:
-    """The lock file's content; None if it is missing or not (yet) a complete lock record."""
+    """The lock file's content; None if it is missing or empty (a holder between its ``O_EXCL`` create and its
+    first write).
+
+    Raises:
+        LockDamaged: it holds no valid lock record, or is a folder or a dangling symbolic link (naming the problem).
+    """
     try:
-        raw = json.loads(path.read_text())
-        return LockInfo(str(raw["host"]), int(raw["pid"]), float(raw["started"]), float(raw["heartbeat"]),
-                        str(raw["token"]))
-    except (OSError, ValueError, KeyError, TypeError):
+        st = path.lstat()
+    except FileNotFoundError:
         return None
+    if path.is_file() and st.st_size == 0:
+        return None
+    try:
+        return parse(LockInfo, load_json(path), path)
+    except RecordError as e:
+        return _damaged(path, str(e))
+
+
+def _damaged(path: Path, problem: str) -> None:
+    try:
+        mtime = path.stat().st_mtime if path.is_file() else None
+    except OSError:
+        mtime = None
+    raise LockDamaged(problem, mtime)
 
 
 def pid_alive(pid: int) -> bool:
@@ -112,7 +143,7 @@ class SweepLock:
     def acquire(self) -> None:
         """Creates the lock file, taking over a stale one; raises :class:`LockHeld` naming a live holder."""
         now = time.time()
-        self.info = LockInfo(self.host, os.getpid(), now, now, uuid.uuid4().hex)
+        self.info = LockInfo(host=self.host, pid=os.getpid(), started=now, heartbeat=now, token=uuid.uuid4().hex)
         for _ in range(5):  # a takeover race with a third driver may need a second look
             if self._create():
                 self._start_heartbeat()
@@ -136,22 +167,29 @@ class SweepLock:
         except FileExistsError:
             return False
         with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(asdict(self.info)))
+            f.write(json.dumps(dump(self.info)))
             f.flush()
             os.fsync(f.fileno())
         return True
 
     def _take_over_if_stale(self) -> None:
         try:
+            holder, damage = read_lock(self.path), None
+        except LockDamaged as e:
+            if e.mtime is None:
+                raise LockHeld(f"{e}; no driver writes that: remove it (after making sure no driver runs this "
+                               f"sweep)") from None
+            holder, damage = None, e
+        try:
             seen, mtime = self.path.read_bytes(), self.path.stat().st_mtime
         except FileNotFoundError:
             return  # released meanwhile: try to create it again
-        holder = read_lock(self.path)
         now = time.time()
         reason = stale_reason(holder, mtime, now, self.host, self.stale_after_s)
         if reason is None:
-            raise LockHeld(f"{self.path}: this sweep is being run by another driver, "
-                           f"{holder.describe(now) if holder else 'which is starting'}; wait for it to end, or "
+            who = holder.describe(now) if holder else f"which is starting or left it damaged ({damage})" if damage \
+                else "which is starting"
+            raise LockHeld(f"{self.path}: this sweep is being run by another driver, {who}; wait for it to end, or "
                            f"stop it (Ctrl-C in its terminal, or `ray job stop` for a submitted job)")
         aside = self.path.with_name(f".{self.path.name}.stale-{uuid.uuid4().hex[:8]}")
         try:
@@ -166,10 +204,13 @@ class SweepLock:
             aside.unlink(missing_ok=True)
             raise LockHeld(f"{self.path}: another driver took this sweep over just now; wait for it to end")
         aside.unlink(missing_ok=True)
-        self.log(f"taking over the sweep's stale lock: {reason}")
+        self.log(f"taking over the sweep's stale lock: {reason}" + (f" ({damage})" if damage else ""))
 
     def _owns(self) -> bool:
-        current = read_lock(self.path)
+        try:
+            current = read_lock(self.path)
+        except LockDamaged:
+            return False
         return current is not None and self.info is not None and current.token == self.info.token
 
     def _start_heartbeat(self) -> None:
@@ -189,9 +230,9 @@ class SweepLock:
             self.log(f"WARNING: {self.path} now belongs to another driver (this one was presumed dead); stop this "
                      f"driver")
             return False
-        self.info = LockInfo(**{**asdict(self.info), "heartbeat": time.time()})
+        self.info = self.info.model_copy(update={"heartbeat": time.time()})
         try:
-            write_json(self.path, asdict(self.info))
+            write_record(self.path, self.info, indent=None)
         except OSError as e:  # a full or unreachable disk: the next beat tries again
             self.log(f"WARNING: could not refresh {self.path}: {e}")
         return True

@@ -16,11 +16,14 @@ gets packs of seeds 10-19; its old packs are never re-formed).
 from __future__ import annotations
 
 import json
-
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
+from pydantic import Field, model_validator
+
+from qed_ray.codec import Record, dump, parse
+from qed_ray.config import RunSpec
 from qed_ray.layout import PackId, SweepDir, member_dirs
 from qed_ray.rl.pack import shared_settings
 from qed_ray.spec import SweepSpec, Trial
@@ -49,19 +52,50 @@ class Pack:
         return sum(t.run.train.env_steps for t in self.trials)
 
 
-def seed_trials(config: dict) -> list[str]:
-    """The seed runs (trial names) a Tune trial's config ``{"pack": {"name", "trials"}}`` trains."""
-    return [t["name"] for t in config["pack"]["trials"]]
+class SeedTrial(Record):
+    """One seed run of a Tune trial: its trial name and validated settings."""
+
+    name: str
+    run: RunSpec
 
 
-def tune_name(config: dict) -> str:
-    """A Tune trial's name from its config (no re-validation): its pack's ``task/agent/variant/pack0-2``."""
-    return config["pack"]["name"]
+class TuneTrial(Record):
+    """A Tune trial's config ``{"pack": {"name", "trials": [{"name", "run"}, ...]}}`` (the param space the driver
+    builds, :meth:`param`): the pack's name and its seed runs. Parsed once where a config is read (:meth:`of`): at
+    the top of the trainable, and by the driver's callbacks."""
 
+    name: str
+    trials: list[SeedTrial] = Field(min_length=1)
 
-def tune_folder(config: dict) -> str:
-    """A Tune trial's folder name in ``tune/<start>/``: its pack's (:mod:`qed_ray.layout`)."""
-    return PackId.of(seed_trials(config)).dirname
+    @model_validator(mode="after")
+    def _is_a_pack(self) -> "TuneTrial":
+        if PackId.of(self.names).name != self.name:
+            raise ValueError(f"name: {self.name!r} is not the pack of its trials ({PackId.of(self.names).name!r})")
+        return self
+
+    @property
+    def names(self) -> list[str]:
+        """Its seed runs' trial names, in pack order."""
+        return [t.name for t in self.trials]
+
+    @property
+    def id(self) -> PackId:
+        """The pack."""
+        return PackId.of(self.names)
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any]) -> "TuneTrial":
+        """A Tune trial's config parsed; raises ValueError naming the field."""
+        return parse(cls, config.get("pack"), "Tune trial config: pack", ValueError)
+
+    @classmethod
+    def from_pack(cls, pack: "Pack") -> "TuneTrial":
+        """The Tune trial of a pack."""
+        return cls(name=pack.name, trials=[SeedTrial(name=t.name, run=t.run) for t in pack.trials])
+
+    def param(self) -> dict:
+        """The config Tune's param space holds (JSON)."""
+        return dump(self)
 
 
 def group_of(name: str) -> str:

@@ -2,17 +2,24 @@
 
 Nothing is retrained and no Ray cluster is started: each group's evaluation is taken from the cache
 (:mod:`qed_ray.analysis.group_cache`) when its key matches, else computed in this process (or in a local process pool,
-``--workers``); then the tables and figures in ``gather/`` are rewritten. Only ``gather/`` changes: policies,
-trial folders and MLflow stay as they are (the MLflow parent run keeps the outputs of the sweep's own settings;
-a moved or copied folder's own store is relinked to its artifacts, :mod:`qed_ray.service.relink`).
-Snapshots are checked against the checksums their trials recorded in MLflow, as during the sweep.
+``--workers``); then the tables and figures in ``gather/`` are rewritten. In the folder only ``gather/`` changes:
+policies and trial folders stay as they are (a moved or copied folder's own store is relinked to its artifacts,
+:mod:`qed_ray.service.relink`). In MLflow the re-analysis is a child run of the sweep's parent run named for its
+settings, with its tables, figures, summary and verdict (:func:`qed_ray.service.mirror.log_reanalysis`); the parent
+keeps the outputs of the sweep's own settings. Snapshots are checked against the checksums their trials recorded
+in MLflow, as during the sweep.
+
+It never makes things worse: a folder a live driver holds (``sweep.lock``), or whose ``gather/`` holds a symbolic
+link out of the folder, is refused before anything is read; a re-analysis that would leave every trial out (a
+wrong ``--tracking-uri``, say) keeps the previous outputs and exits 1; every file read is validated and a damaged
+one is named (exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import json
+import logging
 import os
 import sys
 import time
@@ -24,14 +31,16 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from qed_ray import cli_help
-from qed_ray.analysis import group_cache, plots, tables
+from qed_ray.analysis import group_cache, plots, report, tables
+from qed_ray.analysis.results import FailedTrial, GroupResult, SweepResults, read_results
 from qed_ray.atomic import atomic_file, write_json
-from qed_ray.rl.digests import Recorded
 from qed_ray.field_hints import format_validation_error
 from qed_ray.layout import SweepDir
-from qed_ray.analysis.results import FailedTrial, GroupResult, SweepResults
+from qed_ray.rl.digests import Recorded
+from qed_ray.service.lock import LockHeld
+from qed_ray.service.status import driver, sweep_folders_in
+from qed_ray.service.sweep_record import read_state, sweep_id
 from qed_ray.spec import FinalEvalSpec
-from qed_ray.service.status import sweep_folders_in
 
 # Settings of the final evaluation a re-analysis may change (keep_every decided which snapshots exist: fixed).
 FLAGS = ("policies", "episodes", "action_rollouts", "action_steps", "curve_episodes", "bootstrap_reps",
@@ -75,18 +84,16 @@ def _write_tables(results: SweepResults, folder: Path, layout: SweepDir) -> None
         plots.all_figures(results, folder / layout.figures.name)
 
 
-def previous_results(layout: SweepDir) -> dict:
-    """The last ``results.json`` as raw JSON ({} when the sweep was never gathered)."""
-    try:
-        return json.loads(layout.results_json.read_text())
-    except (OSError, ValueError):
-        return {}
+def previous_results(layout: SweepDir) -> SweepResults | None:
+    """The last ``results.json`` (None when the sweep was never gathered); raises RecordError naming a damaged one."""
+    return read_results(layout.results_json) if os.path.lexists(layout.results_json) else None
 
 
-def final_eval_with(base: dict, overrides: dict) -> FinalEvalSpec:
-    """The base settings with the overrides; raises ValueError naming the flag of any bad value."""
+def final_eval_with(base: FinalEvalSpec | None, overrides: dict) -> FinalEvalSpec:
+    """The base settings (default: the defaults) with the overrides; raises ValueError naming the flag of any bad
+    value."""
     try:
-        return FinalEvalSpec.model_validate({**base, **overrides})
+        return FinalEvalSpec.model_validate({**(base.model_dump() if base else {}), **overrides})
     except ValidationError as e:
         lines = []
         for line in format_validation_error(e).splitlines():
@@ -95,27 +102,48 @@ def final_eval_with(base: dict, overrides: dict) -> FinalEvalSpec:
         raise ValueError("\n".join(lines)) from None
 
 
+class _NoDeprecations(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "is deprecated" not in record.getMessage()
+
+
+def quiet_model_deprecations() -> None:
+    """Drops MuJoCo's deprecation notices, which dm_control passes to absl's logger each time it builds a task's
+    model (cheetah's ``settotalmass``: 60 lines in a re-analysis); a sweep's workers print none to its console
+    either. Other absl warnings (a physics instability, say) still show."""
+    absl = logging.getLogger("absl")
+    if not any(isinstance(f, _NoDeprecations) for f in absl.filters):
+        absl.addFilter(_NoDeprecations())
+
+
 def _evaluate_in_worker(job: group_cache.GroupJob, final_eval: FinalEvalSpec) -> GroupResult:
     import torch
 
     torch.set_num_threads(1)
+    quiet_model_deprecations()
     return group_cache.evaluate(job, final_eval)
 
 
 def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, recorded: dict[str, Recorded] | None,
               workers: int = 1, log=print) -> tuple[SweepResults, list[str]]:
     """Recomputes every output of ``gather/`` for ``final_eval`` (the verdict by the claim block ``sweep.json``
-    froze, if any); returns the results and the refused groups."""
+    froze, if any); returns the results and the refused groups. When every trial is left out (no group has a
+    result) nothing is written: the previous outputs stay.
+
+    Raises:
+        RecordError / SpecError: a damaged ``results.json`` or ``sweep.json`` (naming it and the field).
+    """
     trials = [t.name for t in layout.trials()]
     old = previous_results(layout)
-    failed = [FailedTrial(**f) for f in old.get("failed_trials", []) if f["name"] not in trials and "/" in f["name"]]
+    state = read_state(layout)
+    failed = [f for f in (old.failed_trials if old else []) if f.name not in trials and "/" in f.name]
     finished = [n for n in trials if layout.done_marker(n).exists()]
     failed += [FailedTrial(n, "did not finish (no DONE.json)") for n in trials if n not in finished]
     jobs, results, refused = [], {}, []
     for key, names in group_cache.plan_groups(trials).items():
         job = group_cache.prepare(layout, key, [n for n in names if n in finished], recorded, final_eval)
         failed += job.excluded
-        cached = group_cache.load(layout, job.key) if job.records else None
+        cached = group_cache.load(layout, job.key, key, log) if job.records else None
         if cached is not None:
             results[key] = cached
             log(f"  {key.name}: cached")
@@ -133,18 +161,39 @@ def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, recorded: dict[str, R
                 failed += [FailedTrial(r.name, f"gather refused {job.group.name}: {e}") for r in job.records]
                 log(f"  {job.group.name}: REFUSED: {e}")
                 continue
-            group_cache.store(layout, job.key, result)
+            group_cache.store(layout, job.key, result, log)
             results[job.group] = result
             log(f"  {job.group.name}: evaluated ({time.perf_counter() - t0:.1f} s)")
     finally:
         if pool is not None:
             pool.shutdown()
-    n_trials = max(old.get("n_trials", 0), len(trials) + len([f for f in failed if f.name not in trials]))
-    claim = json.loads(layout.state_file.read_text()).get("claim") if layout.state_file.exists() else None
-    out = tables.sweep_results(old.get("sweep", layout.root.name), final_eval, list(results.values()),
+    n_trials = max(old.n_trials if old else 0, len(trials) + len([f for f in failed if f.name not in trials]))
+    claim = state.claim.model_dump() if state is not None and state.claim is not None else None
+    out = tables.sweep_results(old.sweep if old else layout.root.name, final_eval, list(results.values()),
                                sorted(failed, key=lambda f: f.name), n_trials, claim)
-    write_results(out, layout)
+    if out.groups:
+        write_results(out, layout)
     return out, refused
+
+
+def _log_to_mlflow(layout: SweepDir, uri: str | None, results: SweepResults, refused: list[str]) -> str:
+    """The re-analysis as a child run of the sweep's parent run (best-effort: ``gather/`` is the record); returns
+    the line to print."""
+    from qed_ray.service.mirror import log_reanalysis
+    from qed_ray.service.relink import follow_move
+    from qed_ray.service.tracking import default_tracking_uri
+
+    if uri is None:
+        if not layout.mlflow_db.exists():
+            return "MLflow: not updated: no tracking URI given and no mlflow.db in the sweep folder"
+        uri = default_tracking_uri(layout.root)
+        follow_move(layout)  # artifacts go into this folder's mlartifacts/, not the one it was copied from
+    try:
+        return log_reanalysis(uri, sweep_id(layout), results, layout, FLAGS,
+                              refused)
+    except Exception as e:  # noqa: BLE001 - MLflow mirrors the folder; the new tables are in gather/ either way
+        return f"WARNING: MLflow not updated ({type(e).__name__}: {' '.join(str(e).split())[:300]}); the results " \
+               f"are in {layout.gather}"
 
 
 def _recorded(layout: SweepDir, uri: str | None) -> dict[str, Recorded]:
@@ -157,8 +206,31 @@ def _recorded(layout: SweepDir, uri: str | None) -> dict[str, Recorded]:
                              f"is not set; give the sweep's tracking URI, or --no-verify to trust the folder")
         uri = default_tracking_uri(layout.root)
         follow_move(layout)  # a moved or copied folder's store points at its own artifacts again
-    sweep_id = json.loads(layout.state_file.read_text())["sweep_id"]
-    return sweep_checksums(uri, sweep_id)
+    elif uri.startswith("sqlite:") and not Path(uri.removeprefix("sqlite:").removeprefix("///")).is_file():
+        # MLflow would create an empty store there (and every trial would be left out for want of checksums).
+        raise ValueError(f"--tracking-uri: {uri}: no MLflow store at that path (a SQLite URI needs an existing "
+                         f"file: sqlite:////abs/path/mlflow.db)")
+    return sweep_checksums(uri, sweep_id(layout))
+
+
+def check_folder(layout: SweepDir) -> None:
+    """Refuses a folder a live driver holds (it rewrites ``gather/`` itself), a folder where an output file belongs
+    and a ``gather/`` that holds a symbolic link leading out of the sweep folder (what is written there would land
+    elsewhere); raises ValueError (LockHeld for a folder or dangling link in place of ``sweep.lock``)."""
+    holder = driver(layout)
+    if holder is not None:
+        raise ValueError(f"sweep_dir: a driver runs this sweep now ({holder}, {layout.lock_file}); re-analyse after "
+                         f"it ends (its own gather step rewrites {layout.gather})")
+    for path in (layout.aggregates_csv, layout.groups_csv, layout.budgets_csv, layout.comparisons_csv,
+                 layout.verdict_json):
+        if path.is_dir():
+            raise ValueError(f"sweep_dir: {path} is a folder where the re-analysis writes a file; move it away")
+    root = layout.root.resolve()
+    for folder, dirs, files in os.walk(layout.gather) if os.path.lexists(layout.gather) else ():
+        for entry in [layout.gather] + [Path(folder) / n for n in dirs + files]:
+            if entry.is_symlink() and root not in entry.resolve().parents:
+                raise ValueError(f"sweep_dir: {entry} is a symbolic link to {entry.resolve()}, outside the sweep "
+                                 f"folder; refusing to write through it (replace it with a folder or file of its own)")
 
 
 def _name_list(text: str) -> list[str]:
@@ -191,29 +263,40 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     layout = SweepDir(args.sweep_dir.resolve())
     try:
-        if not layout.state_file.exists():
+        if not os.path.lexists(layout.state_file):
             inside = sweep_folders_in(layout.root)  # given the storage root, say
             raise ValueError(f"sweep_dir: {layout.root} is not a sweep folder (no {layout.state_file.name})" + (
                 f"; it holds the sweep folder(s) {', '.join(d.name for d in inside)}: give {inside[0]}" if inside else ""))
+        sweep_id(layout)  # a damaged sweep.json: refused naming it
+        check_folder(layout)
         if args.workers < 1:
             raise ValueError(f"--workers: {args.workers}; need 1 or more")
         overrides = {k: getattr(args, k) for k in FLAGS if getattr(args, k) is not None}
-        final_eval = final_eval_with(previous_results(layout).get("final_eval", {}), overrides)
+        previous = previous_results(layout)
+        final_eval = final_eval_with(previous.final_eval if previous else None, overrides)
         uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
         recorded = None if args.no_verify else _recorded(layout, uri)
         layout.trials()  # a folder without policies/ is refused here, naming it
-    except (ValueError, FileNotFoundError) as e:
+        os.environ.setdefault("MUJOCO_GL", "disable")
+        quiet_model_deprecations()
+        print(f"re-analysing {layout.root} with final_eval {final_eval.model_dump()}", flush=True)
+        results, refused = reanalyze(layout, final_eval, recorded, args.workers)
+    except (ValueError, FileNotFoundError, LockHeld) as e:  # RecordError and SpecError are ValueErrors
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)
         return 2
-    os.environ.setdefault("MUJOCO_GL", "disable")
-    print(f"re-analysing {layout.root} with final_eval {final_eval.model_dump()}", flush=True)
-    results, refused = reanalyze(layout, final_eval, recorded, args.workers)
-    print("\n" + tables.summary(results))
+    if not results.groups:
+        for f in results.failed_trials:
+            print(f"LEFT OUT {f.name}: {f.error}")
+        print(f"error: every trial was left out, so {layout.gather} keeps its previous outputs (a wrong "
+              f"--tracking-uri, or no trial finished?)", file=sys.stderr)
+        return 1
+    print("\n" + report.summary(results))
     for policy, other in results.other_policies.items():
         print(f"\nevaluation policy {policy} ({policy_dir(layout, policy)}):")
-        print(tables.summary(other))
+        print(report.summary(other))
     for f in results.failed_trials:
         print(f"LEFT OUT {f.name}: {f.error}")
     print(f"\nwrote {layout.gather}")
+    print(_log_to_mlflow(layout, uri, results, refused))
     return 1 if refused else 0

@@ -14,7 +14,6 @@ folder nothing else will open first (e.g. before ``mlflow ui`` on a copy).
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import sys
@@ -25,6 +24,7 @@ from typing import Callable
 
 from qed_ray import cli_help
 from qed_ray.layout import SweepDir
+from qed_ray.service.sweep_record import sweep_id as read_sweep_id
 from qed_ray.service.tags import SWEEP_TAG
 
 SQLITE_PREFIX = "sqlite:///"
@@ -110,7 +110,7 @@ def follow_move(layout: SweepDir, sweep_id: str | None = None,
     when it changed something; None if the folder has no store. ``sweep_id`` defaults to ``sweep.json``'s."""
     if not layout.mlflow_db.exists():
         return None
-    sweep_id = sweep_id or json.loads(layout.state_file.read_text())["sweep_id"]
+    sweep_id = sweep_id or read_sweep_id(layout)
     done = relink(layout.mlflow_db, layout.mlartifacts, sweep_id)
     if done.experiments:
         forget_artifact_repos()  # clients of this process cached the old locations
@@ -129,10 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     problem = (f"{layout.root} is not a sweep folder (no {layout.state_file.name})" if not layout.state_file.exists()
                else f"{layout.root} has no MLflow store ({layout.mlflow_db.name}): a sweep tracked by an MLflow server "
                     f"keeps its artifacts there, nothing to relink" if not layout.mlflow_db.exists() else None)
-    if problem:
-        print(f"error: sweep_dir: {problem}", file=sys.stderr)
+    try:
+        if problem:
+            raise ValueError(f"sweep_dir: {problem}")
+        done = follow_move(layout)
+    except ValueError as e:  # also a damaged sweep.json (SpecError, naming the file and the field)
+        print(f"error: {e}", file=sys.stderr)
         return 2
-    done = follow_move(layout)
     if not done.experiments:
         print(f"nothing to relink: no artifact location of this sweep in {layout.mlflow_db} points outside "
               f"{layout.mlartifacts}")

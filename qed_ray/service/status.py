@@ -6,7 +6,9 @@ Starts nothing (no Ray, no MLflow) and reads what the sweep folder records (:cla
 (``checkpoints/<pack>/``, else its newest policy snapshot) how far it got and how long it has run; an ``error.txt``
 in its pack's Tune folder of the latest start that ran it, newer than that checkpoint, that Tune gave up on it in
 that start (the next start retries it); the group cache (``gather/cache/``) the partial table for the spec's
-final-evaluation settings. The report lists every pack with the state of each of its seed runs.
+final-evaluation settings. The report lists every pack with the state of each of its seed runs. Every file is
+validated where it is read: a damaged one stops the report with one line naming the file and the field (a damaged
+cache entry only leaves its group out of the partial table, with a line saying so).
 
 The folder is the spec's (``storage_path``, ``QED_STORAGE_PATH``, ``QED_STORAGE_ROOT`` of this shell) or the one
 ``--dir`` names, which finds a sweep from any shell (a ``ray job submit`` sweep's variables are its job's). "Not
@@ -15,8 +17,8 @@ started" names the folder and how it was found; a folder of another sweep, or of
 
 from __future__ import annotations
 
-import json
 import math
+import os
 import socket
 import statistics
 import time
@@ -24,11 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qed_ray.analysis import group_cache, tables
-from qed_ray.rl.checkpoint import MANIFEST_FILE, SNAPSHOT_FORMATS, CheckpointError, read_manifest
-from qed_ray.layout import SweepDir
-from qed_ray.service.lock import STALE_AFTER_S, read_lock, stale_reason
-from qed_ray.service.packing import Pack, form_packs, pack_of, seed_checkpoint
+from qed_ray.analysis.report import format_table
 from qed_ray.analysis.results import FailedTrial, SweepResults
+from qed_ray.layout import SweepDir
+from qed_ray.rl.checkpoint import MANIFEST_FILE, SNAPSHOT_FORMATS, CheckpointVersionError, read_manifest
+from qed_ray.run_records import diverged_reason, read_done
+from qed_ray.service.lock import STALE_AFTER_S, LockDamaged, read_lock, stale_reason
+from qed_ray.service.packing import Pack, form_packs, pack_of, seed_checkpoint
+from qed_ray.service.sweep_record import StateDamaged, read_state
 from qed_ray.spec import SpecError, SweepSpec
 
 STATES = ("done", "running", "stopped", "failed", "not started")
@@ -48,16 +53,26 @@ class TrialState:
 
 def driver(layout: SweepDir, now: float | None = None) -> str | None:
     """Who runs the sweep now, from its lock (``pid 12 on host h (started ..., last heartbeat 3 s ago)``); None
-    when no driver holds a live lock (none, or its holder is gone: the next start takes it over)."""
-    info = read_lock(layout.lock_file)
+    when no driver holds a live lock (none, or its holder is gone: the next start takes it over).
+
+    Raises:
+        LockDamaged: a folder or a dangling symbolic link in place of ``sweep.lock``.
+    """
     try:
+        info, damage = read_lock(layout.lock_file), None
         mtime = layout.lock_file.stat().st_mtime
+    except LockDamaged as e:
+        if e.mtime is None:  # a folder or a dangling link: no driver holds that
+            raise
+        info, damage, mtime = None, e, e.mtime
     except OSError:
         return None
     now = time.time() if now is None else now
     if stale_reason(info, mtime, now, socket.gethostname(), STALE_AFTER_S) is not None:
         return None
-    return info.describe(now) if info is not None else "a driver that is starting"
+    if info is not None:
+        return info.describe(now)
+    return f"unknown ({damage})" if damage is not None else "a driver that is starting"
 
 
 def _progress(layout: SweepDir, name: str, pack: Pack) -> tuple[int, float, float]:
@@ -65,20 +80,20 @@ def _progress(layout: SweepDir, name: str, pack: Pack) -> tuple[int, float, floa
     of its newest policy snapshot."""
     steps, wall, mtime = 0, math.nan, 0.0
     seed = seed_checkpoint(layout, pack.id, name)
-    checkpoints = {0: seed} if seed is not None and (seed / MANIFEST_FILE).exists() else {}
-    for found, read_wall in ((checkpoints, lambda m: m["progress"]["wall_s"]),
-                             (layout.snapshots(name), lambda m: m.get("wall_s", math.nan))):
+    checkpoints = {0: seed} if seed is not None and os.path.lexists(seed / MANIFEST_FILE) else {}
+    for found, read_wall in ((checkpoints, lambda m: m.require(folder / MANIFEST_FILE, "progress")[0].wall_s),
+                             (layout.snapshots(name), lambda m: m.wall_s)):
         if not found or max(found) < steps:
             continue
         folder = found[max(found)]
         try:
             m = read_manifest(folder, SNAPSHOT_FORMATS)  # progress only: an older run's files tell it too
-            if int(m["env_steps"]) < steps:
-                continue
-            steps, wall = int(m["env_steps"]), float(read_wall(m))
-            mtime = max(mtime, (folder / MANIFEST_FILE).stat().st_mtime)
-        except (CheckpointError, KeyError, ValueError, OSError):
-            pass
+        except CheckpointVersionError:
+            continue  # written by a qed_ray that cannot be read here: its progress is unknown
+        if m.env_steps < steps:
+            continue
+        steps, wall = m.env_steps, float(read_wall(m))
+        mtime = max(mtime, (folder / MANIFEST_FILE).stat().st_mtime)
     return steps, wall, mtime
 
 
@@ -105,11 +120,12 @@ def trial_state(layout: SweepDir, name: str, budget: int, pack: Pack, live: bool
     """Reads one trial's state from its markers, its pack's newest checkpoint and Tune's error file; ``live``: a
     driver runs the sweep now (a started, unfinished trial is "running", else "stopped")."""
     steps, wall, newest = _progress(layout, name, pack)
-    if layout.done_marker(name).exists():
-        metrics = json.loads(layout.done_marker(name).read_text())
+    state = layout.trial_state(name)
+    if state == "done":
+        metrics = read_done(layout, name).metrics
         return TrialState(name, "done", budget, budget, float(metrics.get("perf/wall_s", wall)))
-    if layout.diverged_marker(name).exists():
-        return TrialState(name, "failed", steps, budget, wall, f"{layout.diverged_reason(name)} (final)")
+    if state == "diverged":
+        return TrialState(name, "failed", steps, budget, wall, f"{diverged_reason(layout, name)} (final)")
     error = _last_error(layout, pack, newest)
     if error is not None:
         return TrialState(name, "failed", steps, budget, wall, f"{error} (the next start retries it)")
@@ -136,9 +152,11 @@ def projected_wall_s(states: list[TrialState], shares: list[float] | None = None
     return total
 
 
-def partial_results(spec: SweepSpec, layout: SweepDir, states: list[TrialState]) -> tuple[SweepResults, int]:
+def partial_results(spec: SweepSpec, layout: SweepDir, states: list[TrialState], notes: list[str] | None = None
+                    ) -> tuple[SweepResults, int]:
     """The tables of every group whose trials are all done or failed and whose evaluation is cached for the spec's
-    final-evaluation settings; also returns the number of groups."""
+    final-evaluation settings; also returns the number of groups. A damaged cache entry leaves its group out, with a
+    line in ``notes``."""
     by_name = {s.name: s for s in states}
     groups = group_cache.plan_groups(list(by_name))
     found, failed = [], [FailedTrial(s.name, s.error) for s in states if s.state == "failed"]
@@ -147,7 +165,8 @@ def partial_results(spec: SweepSpec, layout: SweepDir, states: list[TrialState])
             continue
         done = [n for n in names if by_name[n].state == "done"]
         job = group_cache.prepare(layout, key, done, None, spec.final_eval) if done else None
-        cached = group_cache.load(layout, job.key) if job is not None and job.records else None
+        cached = group_cache.load(layout, job.key, key, (notes if notes is not None else []).append) \
+            if job is not None and job.records else None
         if cached is not None:
             found.append(cached)
     results = tables.sweep_results(spec.name, spec.final_eval, found, failed, len(states))
@@ -161,7 +180,7 @@ def report(spec: SweepSpec, layout: SweepDir, source: str = "") -> str:
     trials = spec.trials()
     found = f"; the folder is {source}" if source else ""
     check_owner(spec, layout, found)
-    if not layout.state_file.exists():
+    if not os.path.lexists(layout.state_file):
         return (f"sweep {spec.name}: not started ({layout.root} has no {layout.state_file.name}{found}). A sweep "
                 f"submitted with `ray job submit` stores where its job's variables say: its driver's first lines "
                 f"print the --status --dir command that finds it.")
@@ -186,17 +205,18 @@ def report(spec: SweepSpec, layout: SweepDir, source: str = "") -> str:
         if share > 0:
             lines.append(f"{unit}-hours: {spent * share / 3600:.3g} spent, {projected * share / 3600:.3g} projected "
                          f"for the whole sweep (pack wall time x {share:g} {unit} per pack)")
-    results, n_groups = partial_results(spec, layout, states)
+    notes: list[str] = []
+    results, n_groups = partial_results(spec, layout, states, notes)
     lines.append(f"results: {len(results.groups)} of {n_groups} groups gathered (cached in {layout.group_cache} "
                  f"for this spec's final_eval)")
     if results.aggregates:
-        lines += ["", tables.format_table(results.aggregates, spec.final_eval.confidence)]
+        lines += ["", format_table(results)]
     by_name = {s.name: s for s in states}
     lines += ["", f"packs ({len(packs)}, up to {spec.pack.seeds} seed{'s' if spec.pack.seeds > 1 else ''} each): "
                   f"seed: state [env steps]"]
     lines += [f"  {p.name}  " + "  ".join(_seed_cell(by_name[t.name], t.run.seed) for t in p.trials) for p in packs]
     lines += [f"FAILED {s.name} (pack {in_pack[s.name].name}): {s.error}" for s in states if s.state == "failed"]
-    return "\n".join(lines)
+    return "\n".join(lines + notes)
 
 
 def sweep_folders_in(folder: Path) -> list[Path]:
@@ -211,11 +231,11 @@ def check_owner(spec: SweepSpec, layout: SweepDir, found: str = "") -> None:
     """Refuses (SpecError) a folder that holds another sweep (its ``sweep.json`` names it) or files but no
     ``sweep.json`` (not a sweep folder); ``found`` says how the folder was found."""
     root = layout.root
-    if layout.state_file.exists():
+    if os.path.lexists(layout.state_file):
         try:
-            owner = json.loads(layout.state_file.read_text()).get("name", spec.name)
-        except (OSError, ValueError, AttributeError):
-            return  # a damaged sweep.json: the report names what it can read, a start names the damage
+            owner = read_state(layout).name or spec.name
+        except StateDamaged:
+            return  # a damaged sweep.json: the report (or a start) names the damage
         if owner != spec.name:
             raise SpecError(f"{root} holds the sweep {owner!r}, not {spec.name!r}{found}; give the folder of "
                             f"{spec.name!r} with --dir, or the spec of {owner!r}")
@@ -227,12 +247,10 @@ def check_owner(spec: SweepSpec, layout: SweepDir, found: str = "") -> None:
 
 
 def sweep_packs(spec: SweepSpec, layout: SweepDir) -> list[Pack]:
-    """The sweep's packs as its ``sweep.json`` records them (and, for its trials in none, as a start forms them)."""
-    try:
-        recorded = json.loads(layout.state_file.read_text()).get("packs") or {}
-    except (OSError, ValueError):
-        recorded = {}
-    return form_packs(spec, recorded)
+    """The sweep's packs as its ``sweep.json`` records them (and, for its trials in none, as a start forms them);
+    raises SpecError naming a damaged ``sweep.json``."""
+    state = read_state(layout)
+    return form_packs(spec, state.packs if state is not None else {})
 
 
 def _seed_cell(s: TrialState, seed: int) -> str:

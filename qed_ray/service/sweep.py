@@ -41,32 +41,32 @@ from ray import tune
 
 from qed_ray import cli_help
 from qed_ray.service import announce, gather, status
-from qed_ray.analysis import tables
-from qed_ray.service.dry_plan import order_packs
-from qed_ray.service.dry_run import dry_run
+from qed_ray.analysis import report
+from qed_ray.service.dry_run import check_options, dry_run, tune_order
 from qed_ray.layout import SweepDir
 from qed_ray.service.lock import LockHeld, SweepLock
 from qed_ray.service.ray_token import private_ray_token, quiet_opt_out_notice
 from qed_ray.analysis.results import FailedTrial, SweepResults
 from qed_ray.spec import SpecError, SweepSpec, load_spec
 from qed_ray.service.status import error_summary
-from qed_ray.rl.compat import adopt_trial_checkpoints
-from qed_ray.service.packing import Pack, tune_folder, tune_name
+from qed_ray.codec import RecordError
+from qed_ray.compat import adopt_trial_checkpoints
+from qed_ray.service.packing import Pack, TuneTrial
+from qed_ray.service.sweep_record import SweepState, write_state
 from qed_ray.service.sweep_state import check_folder, git_sha, move_aside, outcome, plan, prune_finished, resolve_paths, \
-    sqlite_on_many_machines, sync_runs, write_state
+    sqlite_on_many_machines, sync_runs
 from qed_ray.service.tracking import Tracker, artifact_location, ui_command
 from qed_ray.service.tracking_uri import unreachable, uri_field
-from qed_ray.service.throughput import load_throughput
 from qed_ray.service.trial import TrialContext, train_trial
 
 def trial_name(trial) -> str:
     """A Tune trial's name: its pack's ``task/agent/variant/pack0-2``."""
-    return tune_name(trial.config)
+    return TuneTrial.of(trial.config).name
 
 
 def tune_dirname(trial) -> str:
     """A Tune trial's folder name in ``tune/<start>/`` (:mod:`qed_ray.layout`)."""
-    return tune_folder(trial.config)
+    return TuneTrial.of(trial.config).id.dirname
 
 
 class Interrupt(tune.Stopper):
@@ -158,8 +158,7 @@ def build_tuner(spec: SweepSpec, context: TrialContext, packs: list[Pack], start
     :meth:`SweepSpec.trial_resources <qed_ray.spec.SweepSpec.trial_resources>`.
     """
     trainable = tune.with_resources(tune.with_parameters(train_trial, context=context), spec.trial_resources())
-    space = {"pack": tune.grid_search([{"name": p.name, "trials": [
-        {"name": t.name, "run": t.run.model_dump(mode="json")} for t in p.trials]} for p in packs])}
+    space = {"pack": tune.grid_search([TuneTrial.from_pack(p).param() for p in packs])}
     return tune.Tuner(
         trainable, param_space=space,
         tune_config=tune.TuneConfig(trial_name_creator=trial_name, trial_dirname_creator=tune_dirname,
@@ -260,43 +259,45 @@ def _exists_on(path: str) -> bool:
     return os.path.exists(path)
 
 
-def print_summary(results: SweepResults | None, gathered: dict, failed: list[FailedTrial], uri: str,
-                  experiment_id: str | None = None) -> None:
+def print_summary(results: SweepResults | None, gathered: gather.GatherReport | None, failed: list[FailedTrial],
+                  uri: str, experiment_id: str | None = None) -> None:
     """The closing table (counts, IQM, V and its baseline ratio with CIs), the comparisons with te and the claim's
     verdict, what the gather step did while the sweep ran, and every trial left out with its reason."""
     if results is not None:
-        print("\n" + tables.summary(results))
-    if gathered:
-        delays = sorted(gathered["delays_s"][g] for g in gathered["evaluated"] if g in gathered["delays_s"])
+        print("\n" + report.summary(results))
+    if gathered is not None:
+        delays = sorted(gathered.delays_s[g] for g in gathered.evaluated if g in gathered.delays_s)
         timing = (f"; from a group's last trial to its row in MLflow: median {delays[len(delays) // 2]:.0f} s, "
                   f"longest {delays[-1]:.0f} s") if delays else ""
-        print(f"\ngather: {len(gathered['evaluated'])} group(s) evaluated, {len(gathered['from_cache'])} taken from "
+        print(f"\ngather: {len(gathered.evaluated)} group(s) evaluated, {len(gathered.from_cache)} taken from "
               f"the cache{timing}")
     for f in failed:
         print(f"FAILED {f.name}: {f.error}")
     print(f"\nMLflow: {ui_command(uri, experiment_id)}")
 
 
-def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_partial: bool = False) -> int:
-    """Runs (or resumes, or grows) the sweep end to end; returns the exit code."""
+def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_partial: bool = False,
+              force: bool = False) -> int:
+    """Runs (or resumes, or grows) the sweep end to end; returns the exit code. ``fresh`` moves this sweep's folder
+    aside first; with ``force`` also a folder whose ``sweep.json`` cannot be read (so its name cannot be checked)."""
     layout, uri, experiment = resolve_paths(spec)
-    state = check_folder(layout, spec)
-    if not fresh:  # refused before anything is written; checked again under the lock
-        _refuse(plan(state, spec, layout).problems)
+    state = check_folder(layout, spec, fresh, force)
+    # Refused before anything is written (or moved aside), and checked again under the lock.
+    _refuse(plan(None, spec).problems if fresh else plan(state, spec, layout).problems)
     problem = unreachable(uri)  # seconds now, not minutes of MLflow retries once Ray is up
     if problem:
         raise SpecError(f"{uri_field()}: {problem}; start the tracking server or correct the URI")
     layout.root.mkdir(parents=True, exist_ok=True)
     with SweepLock(layout.lock_file):
-        if fresh and layout.state_file.exists():
+        check_folder(layout, spec, fresh, force)
+        if fresh and os.path.lexists(layout.state_file):
             print(f"--fresh: moved the previous sweep to {move_aside(layout)}", flush=True)
         p = plan(check_folder(layout, spec), spec, layout)
         _refuse(p.problems)
         write_state(layout, p.state)
         for line in announce.first_lines(spec.name, spec_path, layout, uri):
             print(line, flush=True)
-        packs = order_packs(spec, p.packs, load_throughput())  # longest first (qed_ray.service.bill)
-        return _run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial, packs)
+        return _run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial, p.packs)
 
 
 def _refuse(problems: list[str]) -> None:
@@ -304,7 +305,7 @@ def _refuse(problems: list[str]) -> None:
         raise SpecError("\n".join(problems))
 
 
-def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, experiment: str, state: dict,
+def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, experiment: str, state: SweepState,
                 new: list[str], gather_partial: bool, packs: list[Pack]) -> int:
     prune_finished(layout, packs, spec.keep_replay)
     adopted = sum(adopt_trial_checkpoints(layout, p.id, p.trials[0].run.train.env_steps) for p in packs)
@@ -317,26 +318,30 @@ def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, ex
     interrupt = Interrupt()
     interrupt.install()
     check_cluster(spec, layout.root, uri)
-    tracker = Tracker(uri, experiment, state["sweep_id"], artifact_location=artifact_location(uri, layout))
+    packs = tune_order(spec, packs)  # longest first on GPUs (qed_ray.service.bill), once the cluster can take them
+    tracker = Tracker(uri, experiment, state.sweep_id, artifact_location=artifact_location(uri, layout))
     tracker.mark_training_experiment()  # also on an experiment a resumed sweep created with an older version
     parent = tracker.parent_run(spec.name, spec.model_dump(mode="json", exclude={"agents"}),
                                 {"qed.spec_path": str(spec_path), "qed.git_sha": git_sha()})
     tracker.log_artifact(parent, spec_path, "spec")
-    context = TrialContext(sweep_id=state["sweep_id"], sweep_dir=layout.root, tracking_uri=uri,
+    context = TrialContext(sweep_id=state.sweep_id, sweep_dir=layout.root, tracking_uri=uri,
                            experiment=experiment, parent_run_id=parent, keep_every=spec.final_eval.keep_every,
                            gpu_fraction=spec.resources.gpu, keep_replay=spec.keep_replay,
                            env_workers=spec.pack.env_workers)
     print(announce.start_line(spec, layout, packs, new), flush=True)
     # MLflow in line with the folder before the gather step reads it (checksums an earlier start could not record).
     sync_runs(tracker, parent, layout, spec, *outcome(layout, spec, {}), packs=packs)
-    launch = lambda: gather.launch(spec, layout, state["sweep_id"], uri, experiment, parent,  # noqa: E731
-                                   len(packs), state.get("claim"))
+    claim = state.claim.model_dump() if state.claim is not None else None
+    launch = lambda: gather.launch(spec, layout, state.sweep_id, uri, experiment, parent,  # noqa: E731
+                                   len(packs), claim)
     gatherer = launch()
     failed = train_pending(spec, context, interrupt, [gather.GatherFeed(gather.actor_name(spec.name,
-                                                                                          state["sweep_id"]))], packs)
+                                                                                          state.sweep_id))], packs)
     prune_finished(layout, packs, spec.keep_replay)
     failures, unfinished = outcome(layout, spec, failed)
-    sync_runs(tracker, parent, layout, spec, failures, unfinished, packs=packs)  # also checksums trials could not
+    # Also the checksums trials could not record; a trial whose files are damaged is reported with the failures.
+    damaged = sync_runs(tracker, parent, layout, spec, failures, unfinished, packs=packs)
+    failures += [f for f in damaged if f.name not in {g.name for g in failures}]
     if interrupt.signum is not None and not gather_partial:
         gather.stop(gatherer)
         _best_effort(tracker.end_run, parent, killed=True)
@@ -355,7 +360,7 @@ def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[Fail
     why = ("stopped before it finished; the same command resumes it" if signum is not None else
            "unfinished (its worker kept being killed); run the sweep again to resume it")
     failures = failures + [FailedTrial(n, why) for n in unfinished]
-    results, gathered, gather_ok = None, {}, True
+    results, gathered, gather_ok = None, None, True
     try:
         try:
             gathered = gather.finish(gatherer, failures)
@@ -364,7 +369,7 @@ def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[Fail
             # at once); a call on an actor it killed raises OutOfMemoryError rather than RayActorError.
             print(f"the gather actor died ({type(e).__name__}); gathering again from the cache", flush=True)
             gathered = gather.finish(launch(), failures)
-        results = gathered["results"]
+        results = gathered.results
         # Left out by the gather step itself (a refused snapshot, no recorded checksum): reported like failures.
         known = {f.name for f in failures}
         left_out = [f for f in results.failed_trials if f.name not in known]
@@ -407,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, metavar="N", help="with --dry-run: the bill on N worker nodes (default: "
                                                             "the shipped cluster configs' max_workers)")
     p.add_argument("--fresh", action="store_true", help="start a new sweep (this sweep's folder is moved aside)")
+    p.add_argument("--force", action="store_true", help="with --fresh: move the folder aside even when its "
+                   "sweep.json cannot be read (then the folder cannot be checked to be this sweep's)")
     p.add_argument("--gather-partial", action="store_true", help="when stopped by Ctrl-C/SIGTERM, still gather the "
                                                                  "trials that finished")
     p.add_argument("--status", action="store_true", help="print the sweep's progress and partial results from its "
@@ -421,10 +428,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_spec(args.spec)
         if args.dir is not None and not args.status:
             raise SpecError("--dir: only with --status (a sweep's folder is its storage_path / QED_STORAGE_ROOT)")
-        if (args.list or args.workers is not None) and not args.dry_run:
-            raise SpecError("--list, --workers: only with --dry-run")
-        if args.workers is not None and args.workers < 1:
-            raise SpecError(f"--workers: {args.workers} worker nodes; allowed 1 or more")
+        check_options(args.dry_run, args.list, args.workers)
         if args.dry_run:
             return dry_run(spec, listing=args.list, workers=args.workers)
         if args.status:
@@ -432,8 +436,11 @@ def main(argv: list[str] | None = None) -> int:
             source = "given by --dir" if args.dir else announce.storage_source(spec)
             print(status.report(spec, layout, source))
             return 0
-        return run_sweep(spec, args.spec.resolve(), args.fresh, args.gather_partial)
-    except (SpecError, LockHeld) as e:
+        if args.force and not args.fresh:
+            raise SpecError("--force: only with --fresh (it confirms moving aside a folder whose sweep.json cannot "
+                            "be read)")
+        return run_sweep(spec, args.spec.resolve(), args.fresh, args.gather_partial, args.force)
+    except (SpecError, LockHeld, RecordError) as e:  # a damaged folder file (RecordError) names itself
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)
         return 2

@@ -38,22 +38,19 @@ from pathlib import Path
 from typing import Any
 
 from qed_ray import claim
-from qed_ray.atomic import write_json
-from qed_ray.rl.checkpoint import CheckpointError
-from qed_ray.rl.digests import done_checksums
+from qed_ray.analysis.results import FailedTrial
+from qed_ray.codec import RecordError
+from qed_ray.compat import legacy_trial_started
 from qed_ray.layout import PackId, SweepDir, TrialId
 from qed_ray.naming import identity, identity_changes, parse_variant, show_setting
-from qed_ray.rl.compat import legacy_trial_started
-from qed_ray.service.packing import Pack, form_packs, pack_of, pack_records, pack_started, pack_state
+from qed_ray.rl.digests import done_checksums
 from qed_ray.rl.replay import prune_chunks
-from qed_ray.analysis.results import FailedTrial
-from qed_ray.spec import SpecError, SweepSpec
+from qed_ray.run_records import diverged_reason, read_history
+from qed_ray.service.packing import Pack, form_packs, pack_of, pack_records, pack_started, pack_state
+from qed_ray.service.sweep_record import STATE_FORMAT, StateDamaged, SweepState, read_state
 from qed_ray.service.tracking_uri import URI_ENV, check_uri
 from qed_ray.service.tracking import POLICY_SHA_TAG, Tracker, TrialRun, checksum_tags, default_tracking_uri, pack_tags
-
-STATE_FORMAT = 2
-PACK_SEEDS_KEY, PACKS_KEY, PACK_BY_KEY = "pack_seeds", "packs", "pack_by"  # in sweep.json (qed_ray.service.packing)
-CLAIM_KEY = "claim"  # in sweep.json only for a spec that names a claim file (qed_ray.claim)
+from qed_ray.spec import SpecError, SweepSpec
 STORAGE_ROOT_ENV = "QED_STORAGE_ROOT"  # resolves a relative storage_path (required for one under `ray job submit`)
 STORAGE_PATH_ENV = "QED_STORAGE_PATH"  # overrides the spec's storage_path
 # What `ray job submit` needs to bring the storage root into the job: the shell's $PWD, expanded when submitted.
@@ -151,34 +148,29 @@ def resolve_paths(spec: SweepSpec) -> tuple[SweepDir, str, str]:
 
 
 # ---- is the folder ours ------------------------------------------------------------------------------------
-def read_state(layout: SweepDir) -> dict | None:
-    """``sweep.json`` (None if absent); a damaged file raises SpecError with the way out."""
-    path = layout.state_file
-    if not path.exists():
-        return None
-    try:
-        state = json.loads(path.read_text())
-        if not isinstance(state, dict) or not isinstance(state.get("sweep_id"), str):
-            raise ValueError("no sweep_id")
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise SpecError(f"sweep.json: {path} is damaged ({type(e).__name__}: {e}); restore it, or start over "
-                        f"with --fresh (the folder is moved aside, nothing is deleted)") from None
-    return state
-
-
-def check_folder(layout: SweepDir, spec: SweepSpec) -> dict | None:
-    """Refuses a folder that is not this sweep's (before anything is written); returns its state, if any."""
+def check_folder(layout: SweepDir, spec: SweepSpec, fresh: bool = False, force: bool = False) -> SweepState | None:
+    """Refuses a folder that is not this sweep's (before anything is written); returns its state, if any. With
+    ``fresh`` (``--fresh``) a ``sweep.json`` that cannot be read cannot name this sweep, so it is refused unless
+    ``force`` confirms moving the folder aside unchecked (then it counts as no state)."""
     root = layout.root
     if root.exists() and not root.is_dir():
         raise SpecError(f"storage_path: {root} exists and is not a folder")
     if not root.exists() or not [p for p in root.iterdir() if p.name != layout.lock_file.name]:
         return None
-    state = read_state(layout)
+    try:
+        state = read_state(layout)
+    except StateDamaged as e:
+        if fresh and force:
+            return None
+        if fresh:
+            raise SpecError(f"{e.problem}; --fresh cannot check that this folder holds the sweep {spec.name!r}: add "
+                            f"--force to move it aside anyway (nothing is deleted)") from None
+        raise
     if state is None:
         raise SpecError(f"storage_path: {root} already holds files but no sweep.json, so it is not a sweep folder; "
                         f"refusing to write into it (choose another name or storage_path)")
-    if state.get("name", spec.name) != spec.name:
-        raise SpecError(f"name: {root} holds the sweep {state['name']!r}, not {spec.name!r} (a backup made by "
+    if (state.name or spec.name) != spec.name:
+        raise SpecError(f"name: {root} holds the sweep {state.name!r}, not {spec.name!r} (a backup made by "
                         f"--fresh?); choose another name")
     return state
 
@@ -192,7 +184,8 @@ def move_aside(layout: SweepDir) -> Path:
         backup = backup.with_name(f"{backup.name}-{uuid.uuid4().hex[:4]}")
     backup.mkdir()
     keep = {layout.lock_file.name, layout.state_file.name}
-    for entry in [p for p in root.iterdir() if p.name not in keep] + [layout.state_file]:
+    last = [layout.state_file] if os.path.lexists(layout.state_file) else []
+    for entry in [p for p in root.iterdir() if p.name not in keep] + last:
         os.rename(entry, backup / entry.name)
     return backup
 
@@ -207,13 +200,13 @@ def trial_identities(spec: SweepSpec) -> dict[str, dict[str, Any]]:
 class Plan:
     """What a start will do: the sweep's state and the trials by what they need (names in grid order)."""
 
-    state: dict
+    state: SweepState
     new: list[str] = field(default_factory=list)  # not in the sweep yet
     problems: list[str] = field(default_factory=list)  # refusals, one line each, each naming its field
     packs: list[Pack] = field(default_factory=list)  # the Tune trials
 
 
-def plan(state: dict | None, spec: SweepSpec, layout: SweepDir | None = None) -> Plan:
+def plan(state: SweepState | None, spec: SweepSpec, layout: SweepDir | None = None) -> Plan:
     """Compares the spec with ``sweep.json`` (None: a new sweep); the returned state records every trial.
 
     With ``layout``, recorded trials that never started (nothing of theirs in the folder, say after a start that
@@ -221,10 +214,10 @@ def plan(state: dict | None, spec: SweepSpec, layout: SweepDir | None = None) ->
     """
     current = trial_identities(spec)
     if state is None:
-        state = {"sweep_id": uuid.uuid4().hex[:12], "created": time.time(), "trials": {}}
-    recorded = state.get("trials")
+        state = SweepState(sweep_id=uuid.uuid4().hex[:12], created=time.time(), trials={})
+    recorded = state.trials
     if recorded is None:  # written before per-trial identities: only an unchanged grid can be checked
-        if state.get("fingerprint") != spec.fingerprint():
+        if state.fingerprint != spec.fingerprint():
             return Plan(state, problems=["trials: the spec's grid changed since this sweep started, and its "
                                          "sweep.json predates per-trial identities, so the change cannot be "
                                          "named; restore the spec, or start over with --fresh or another name"])
@@ -233,23 +226,22 @@ def plan(state: dict | None, spec: SweepSpec, layout: SweepDir | None = None) ->
         recorded = {n: i for n, i in recorded.items() if _started(layout, n)}
     new = [n for n in current if n not in recorded]
     packs, pack_problems = _plan_packs(state, spec, bool(recorded), layout)
-    claim_record, claim_problems = claim.check(state.get(CLAIM_KEY), spec.claim, bool(recorded))
-    state = {k: v for k, v in state.items() if k not in (PACK_SEEDS_KEY, PACKS_KEY, PACK_BY_KEY, CLAIM_KEY)}
-    state = {**state, "format": STATE_FORMAT, "name": spec.name, "fingerprint": spec.fingerprint(),
-             "trials": {**recorded, **{n: current[n] for n in new}}, PACK_SEEDS_KEY: spec.pack.seeds,
-             PACKS_KEY: pack_records(packs)}
-    if spec.pack.by != "variant":  # recorded only when it is not the default (sweep.json of older sweeps unchanged)
-        state[PACK_BY_KEY] = spec.pack.by
-    if claim_record is not None:  # the pre-registration, frozen at the first start (qed_ray.claim)
-        state[CLAIM_KEY] = claim_record
+    old_claim = state.claim.model_dump() if state.claim is not None else None
+    claim_record, claim_problems = claim.check(old_claim, spec.claim, bool(recorded))
+    # The pre-registration is frozen at the first start (qed_ray.claim); None when the spec names no claim file.
+    state = SweepState.model_validate({
+        "sweep_id": state.sweep_id, "created": state.created, "format": STATE_FORMAT, "name": spec.name,
+        "fingerprint": spec.fingerprint(), "trials": {**recorded, **{n: current[n] for n in new}},
+        "pack_seeds": spec.pack.seeds, "pack_by": spec.pack.by, "packs": pack_records(packs), "claim": claim_record})
     return Plan(state, new, _problems(recorded, current, spec) + pack_problems + claim_problems, packs)
 
 
-def _plan_packs(state: dict, spec: SweepSpec, started: bool, layout: SweepDir | None) -> tuple[list[Pack], list[str]]:
-    """The sweep's packs (recorded ones kept as they are, see :mod:`qed_ray.service.packing`) and the refusal of a changed
-    pack size or packing (``pack.by``) once anything started. A recorded pack that never started (nothing of it in the folder) may re-form."""
-    old = int(state.get(PACK_SEEDS_KEY, 1))
-    recorded = state.get(PACKS_KEY) or {}
+def _plan_packs(state: SweepState, spec: SweepSpec, started: bool, layout: SweepDir | None
+                ) -> tuple[list[Pack], list[str]]:
+    """The sweep's packs (recorded ones kept as they are, see :mod:`qed_ray.service.packing`) and the refusal of a
+    changed pack size or packing (``pack.by``) once anything started. A recorded pack that never started (nothing
+    of it in the folder) may re-form."""
+    old, recorded = state.pack_seeds, state.packs
     if layout is not None:
         recorded = {n: m for n, m in recorded.items() if pack_started(layout, PackId.of(m))}
     if old != spec.pack.seeds and (recorded or (old == 1 and started)):
@@ -257,7 +249,7 @@ def _plan_packs(state: dict, spec: SweepSpec, started: bool, layout: SweepDir | 
         return shown, [f"pack.seeds: this sweep trains packs of {old} seed{'s' if old > 1 else ''}, the spec now gives "
                        f"{spec.pack.seeds}; a started pack's checkpoint holds its seeds together, so a sweep's pack "
                        f"size cannot change: restore pack.seeds: {old}, or start over with --fresh or another name"]
-    by = state.get(PACK_BY_KEY, "variant")
+    by = state.pack_by
     if by != spec.pack.by and spec.pack.seeds > 1 and (recorded or started):  # packs of one: alike either way
         return form_packs(spec), [f"pack.by: this sweep packs by {by}, the spec now gives {spec.pack.by}; a started "
                                   f"pack's checkpoint holds its members together: restore pack.by: {by}, or start "
@@ -350,7 +342,7 @@ def outcome(layout: SweepDir, spec: SweepSpec, failed: dict[str, str]) -> tuple[
     for t in spec.trials():
         state, name = layout.trial_state(t.name), t.name
         if state == "diverged":
-            failures.append(FailedTrial(name, layout.diverged_reason(name)))
+            failures.append(FailedTrial(name, diverged_reason(layout, name)))
         elif state == "pending" and name in failed:
             failures.append(FailedTrial(name, failed[name]))
         elif state == "pending":
@@ -380,34 +372,45 @@ def sqlite_on_many_machines(uri: str, nodes: list[dict]) -> str | None:
 
 
 def sync_runs(tracker: Tracker, parent_run_id: str, layout: SweepDir, spec: SweepSpec,
-              failures: list[FailedTrial], unfinished: list[str], packs: list[Pack]) -> None:
+              failures: list[FailedTrial], unfinished: list[str], packs: list[Pack]) -> list[FailedTrial]:
     """Brings every trial's MLflow run in line with the folder: finished runs complete (metrics an outage kept
     back, a store that moved, the policy checksums from ``DONE.json`` if the run lacks them), failed ones FAILED
     with the reason, unfinished ones KILLED (to be resumed). Runs already in that state are not touched.
     Best-effort: if MLflow fails, the next call (the end of this start, or the next start) tries again. A seed run
-    carries its pack's tags."""
+    carries its pack's tags. Returns the trials whose ``history.json`` or ``DONE.json`` is damaged, each with the
+    file and the problem: their runs end without what those files hold, the other trials' runs are synced."""
     try:
         runs = tracker.trial_runs()
     except Exception as e:  # noqa: BLE001 - MLflow is a mirror; the folder keeps everything
         print(f"WARNING: MLflow unreachable ({type(e).__name__}); the trials' runs are synced at the end of this "
               f"start or at the next one", flush=True)
-        return
+        return []
+    damaged = []
     reasons = {f.name: f.error for f in failures}
     in_pack = pack_of(packs)
     for t in spec.trials():
         run = runs.get(t.name)
         status = run.info.status if run is not None else None
         want = "KILLED" if t.name in unfinished else "FAILED" if t.name in reasons else "FINISHED"
-        tags = _missing_checksums(layout, t.name, run) if want == "FINISHED" else {}
-        if not tags and (status == want or (want == "KILLED" and status in (None, "FINISHED"))):
-            continue
+        tags, history = {}, []
+        try:
+            tags = _missing_checksums(layout, t.name, run) if want == "FINISHED" else {}
+            if not tags and (status == want or (want == "KILLED" and status in (None, "FINISHED"))):
+                continue
+            history = read_history(layout, t.name)
+        except RecordError as e:  # its run still ends (with what could be read), the others are synced
+            print(f"WARNING: {t.name}: {e}", flush=True)
+            damaged.append(FailedTrial(t.name, str(e)))
+            if status == want and not tags:
+                continue
         pack = in_pack[t.name]
         mirror = TrialRun(tracker.uri, tracker.experiment, tracker.sweep_id, parent_run_id, t.name,
                           t.run.model_dump(mode="json"), log=lambda line: print(line, flush=True),
                           run_tags=pack_tags(pack.name, len(pack.trials)))
-        if not mirror.finish(layout.read_history(t.name), failed_reason=reasons.get(t.name),
-                             killed=want == "KILLED", tags=tags, timeout_s=30):
-            return
+        if not mirror.finish(history, failed_reason=reasons.get(t.name), killed=want == "KILLED", tags=tags,
+                             timeout_s=30):
+            return damaged
+    return damaged
 
 
 def _missing_checksums(layout: SweepDir, name: str, run) -> dict[str, str]:
@@ -416,7 +419,9 @@ def _missing_checksums(layout: SweepDir, name: str, run) -> dict[str, str]:
         return {}
     try:
         return checksum_tags(done_checksums(layout, name))
-    except (OSError, ValueError, CheckpointError):  # no final snapshot: the gather step names the problem
+    except RecordError:  # a damaged DONE.json or snapshot manifest: the caller reports it
+        raise
+    except (OSError, ValueError):  # no final snapshot: the gather step names the problem
         return {}
 
 
@@ -427,8 +432,3 @@ def git_sha() -> str:
                               cwd=Path(__file__).parent).stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
-
-
-def write_state(layout: SweepDir, state: dict) -> None:
-    """Writes ``sweep.json`` atomically."""
-    write_json(layout.state_file, state, indent=1)

@@ -1,11 +1,36 @@
 """The tags that give the sweep's MLflow runs their identity (read by :mod:`qed_ray.service.tracking` and, in the
-store's own tables, by :mod:`qed_ray.service.relink`)."""
+store's own tables, by :mod:`qed_ray.service.relink`), and the ones the MLflow UI groups and shows them by."""
+
+from qed_ray.layout import TrialId
 
 SWEEP_TAG = "qed.sweep_id"
 TRIAL_TAG = "qed.trial"
-ROLE_TAG = "qed.role"
+ROLE_TAG = "qed.role"  # sweep (the parent), trial (a seed run), reanalysis (a python -m qed_ray.gather run)
 REASON_TAG = "qed.failure_reason"
 NODES_TAG = "qed.node_ids"
 POLICY_SHA_TAG = "qed.policy_sha256"  # the final snapshot's state.pt SHA-256, set by the trial at its end
 SNAPSHOTS_SHA_TAG = "qed.snapshots_sha256"  # the digest of all its snapshots (qed_ray.analysis.checksums)
 PACK_TAG, PACK_SIZE_TAG = "qed.pack", "qed.pack_size"  # a seed run trained in a pack: the pack's name and size
+# A trial run's parts, so the UI can group and filter by them ("Group by" lists tags; params hold no variant).
+TASK_TAG, AGENT_TAG, VARIANT_TAG, SEED_TAG = "qed.task", "qed.agent", "qed.variant", "qed.seed"
+GROUP_TAG = "qed.group"  # task/agent/variant: the seeds of one cross-seed group, te and QED of a task side by side
+VERDICT_TAG = "qed.verdict"  # the claim's outcome (pass, fail, not enough data) on a sweep or re-analysis run
+REANALYSIS_TAG = "qed.reanalysis"  # a re-analysis run's settings (its name without the prefix): one run each
+NOTE_TAG = "mlflow.note.content"  # a run's description (markdown), shown on its page in the MLflow UI
+RUN_NAME_TAG = "mlflow.runName"  # MLflow's own: the run's name
+
+
+def run_name(trial: str) -> str:
+    """A trial run's name in the MLflow UI: ``qed0.2 s0 cheetah-run sac_ln``. The runs list cuts names to its Run
+    Name column (190 px by default: about 14 characters under the parent run, 24 in a group), so what tells sibling
+    runs apart, the variant and the seed, comes first; the task and agent follow (each part is a tag as well)."""
+    t = TrialId.from_name(trial)
+    return f"{t.variant} s{t.seed} {t.task} {t.agent}"
+
+
+def trial_tags(trial: str) -> dict[str, str]:
+    """A trial run's parts as tags (task, agent, variant, seed, and the group ``task/agent/variant`` by which the UI
+    puts te and QED of each task side by side) and its name."""
+    t = TrialId.from_name(trial)
+    return {TASK_TAG: t.task, AGENT_TAG: t.agent, VARIANT_TAG: t.variant, SEED_TAG: str(t.seed),
+            GROUP_TAG: f"{t.task}/{t.agent}/{t.variant}", RUN_NAME_TAG: run_name(trial)}

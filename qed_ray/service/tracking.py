@@ -25,11 +25,12 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
 from qed_ray.layout import SweepDir
-from qed_ray.rl.digests import Recorded
+from qed_ray.run_records import HistoryEntry, Recorded
 from qed_ray.service.relink import follow_move, own_store
 
-from qed_ray.service.tags import (NODES_TAG, PACK_SIZE_TAG, PACK_TAG, POLICY_SHA_TAG,  # noqa: F401 - the API
-                                  REASON_TAG, ROLE_TAG, SNAPSHOTS_SHA_TAG, SWEEP_TAG, TRIAL_TAG)
+from qed_ray.service.tags import (GROUP_TAG, NODES_TAG, PACK_SIZE_TAG, PACK_TAG, POLICY_SHA_TAG,  # noqa: F401 - API
+                                  REANALYSIS_TAG, REASON_TAG, ROLE_TAG, SNAPSHOTS_SHA_TAG, SWEEP_TAG, TRIAL_TAG,
+                                  run_name, trial_tags)
 # MLflow 3's UI opens an experiment on its GenAI overview ("Traces") unless this tag says it holds training runs;
 # the values are the UI's ExperimentKind enum (mlflow/server/js: CUSTOM_MODEL_DEVELOPMENT).
 EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
@@ -144,16 +145,27 @@ class Tracker:
     def trial_run(self, parent_id: str, trial: str, params: Mapping[str, Any],
                   tags: Mapping[str, Any] | None = None) -> str:
         """Finds (and reopens) or creates the child run of ``trial``, so a retried, resumed or restarted trial
-        continues its own run; ``tags`` (a pack's, :func:`pack_tags`) are set on it either way."""
-        tags = {k: str(v) for k, v in (tags or {}).items()}
-        run = self._find(f"tags.`{SWEEP_TAG}` = '{self.sweep_id}' and tags.`{TRIAL_TAG}` = '{trial}'")
+        continues its own run; its :func:`trial_tags` and ``tags`` (a pack's, :func:`pack_tags`) are set on it
+        either way (a run an older version created gets them when it is reopened)."""
+        tags = {**trial_tags(trial), **{k: str(v) for k, v in (tags or {}).items()}}
+        return self._child(parent_id, f"tags.`{TRIAL_TAG}` = '{trial}'",
+                           {TRIAL_TAG: trial, ROLE_TAG: "trial", **tags}, params)
+
+    def reanalysis_run(self, parent_id: str, settings: str, params: Mapping[str, Any]) -> str:
+        """Finds (and reopens) or creates the child run of a re-analysis with ``settings`` (its name after
+        ``reanalysis``), so re-running the same settings updates one run rather than adding another."""
+        return self._child(parent_id, f"tags.`{ROLE_TAG}` = 'reanalysis' and tags.`{REANALYSIS_TAG}` = '{settings}'",
+                           {ROLE_TAG: "reanalysis", REANALYSIS_TAG: settings,
+                            MLFLOW_RUN_NAME: f"reanalysis {settings}"}, params)
+
+    def _child(self, parent_id: str, match: str, tags: Mapping[str, str], params: Mapping[str, Any]) -> str:
+        run = self._find(f"tags.`{SWEEP_TAG}` = '{self.sweep_id}' and {match}")
         if run is not None:
             if any(run.data.tags.get(k) != v for k, v in tags.items()):
                 self.set_tags(run.info.run_id, tags)
             return self.reopen(run)
-        run = self.client.create_run(self.experiment_id, run_name=trial, tags={
-            SWEEP_TAG: self.sweep_id, TRIAL_TAG: trial, ROLE_TAG: "trial", MLFLOW_PARENT_RUN_ID: parent_id,
-            MLFLOW_RUN_NAME: trial, **tags})
+        run = self.client.create_run(self.experiment_id, run_name=tags[MLFLOW_RUN_NAME], tags={
+            SWEEP_TAG: self.sweep_id, MLFLOW_PARENT_RUN_ID: parent_id, **tags})
         self._log_params(run.info.run_id, params)
         return run.info.run_id
 
@@ -170,27 +182,24 @@ class Tracker:
         for i in range(0, len(batch), 1000):
             self.client.log_batch(run_id, metrics=batch[i:i + 1000])
 
-    def log_history(self, run_id: str, entries: Sequence[Mapping[str, Any]], after_step: int) -> int:
-        """Logs the history entries (``{"time_ms", "metrics"}``, step = ``metrics["env_steps"]``) past
-        ``after_step``, oldest first, in batches of whole evaluations; returns the last step now logged.
+    def log_history(self, run_id: str, entries: Sequence[HistoryEntry], after_step: int) -> int:
+        """Logs the history entries (step = their env steps) past ``after_step``, oldest first, in batches of whole
+        evaluations; returns the last step now logged.
 
         Each point keeps the time it was recorded, so logging an entry again (after a call whose answer was lost)
         adds nothing: MLflow drops a metric identical in key, step, time and value.
         """
-        todo = sorted((e for e in entries if int(e["metrics"]["env_steps"]) > after_step),
-                      key=lambda e: int(e["metrics"]["env_steps"]))
+        todo = sorted((e for e in entries if e.env_steps > after_step), key=lambda e: e.env_steps)
         batch: list[Metric] = []
         for entry in todo:
-            step = int(entry["metrics"]["env_steps"])
-            metrics = [Metric(k, float(v), int(entry["time_ms"]), step) for k, v in entry["metrics"].items()
-                       if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            metrics = [Metric(k, float(v), entry.time_ms, entry.env_steps) for k, v in entry.metrics.items()]
             if batch and len(batch) + len(metrics) > 1000:  # MLflow's cap per batch
                 self.client.log_batch(run_id, metrics=batch)
                 batch = []
             batch += metrics
         if batch:
             self.client.log_batch(run_id, metrics=batch)
-        return int(todo[-1]["metrics"]["env_steps"]) if todo else after_step
+        return todo[-1].env_steps if todo else after_step
 
     def last_step(self, run_id: str, key: str = STEP_KEY) -> int:
         """Largest step logged for ``key`` in the run (-1 if none)."""
@@ -221,6 +230,10 @@ class Tracker:
     def log_artifacts(self, run_id: str, directory: str | os.PathLike, artifact_path: str | None = None) -> None:
         """Uploads a folder's files."""
         self.client.log_artifacts(run_id, str(directory), artifact_path)
+
+    def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
+        """Uploads ``text`` as the artifact ``artifact_file`` (a path inside the run's artifacts)."""
+        self.client.log_text(run_id, text, artifact_file)
 
     def log_figure(self, run_id: str, figure, name: str) -> None:
         """Logs a matplotlib figure as an image artifact."""
@@ -276,12 +289,13 @@ def _checksums(runs) -> dict[str, Recorded]:
     for r in runs:
         tags = r.data.tags
         if TRIAL_TAG in tags and POLICY_SHA_TAG in tags and SNAPSHOTS_SHA_TAG in tags:
-            out[tags[TRIAL_TAG]] = Recorded(tags[POLICY_SHA_TAG], tags[SNAPSHOTS_SHA_TAG])
+            out[tags[TRIAL_TAG]] = Recorded(policy_sha256=tags[POLICY_SHA_TAG],
+                                            snapshots_sha256=tags[SNAPSHOTS_SHA_TAG])
     return out
 
 
-def sweep_checksums(uri: str, sweep_id: str, page_size: int = SEARCH_PAGE) -> dict[str, Recorded]:
-    """The recorded checksums of sweep ``sweep_id``'s trials in any experiment of the store at ``uri``."""
+def _sweep_runs(uri: str, filter_string: str, page_size: int = SEARCH_PAGE) -> tuple[MlflowClient, list]:
+    """A client of the store at ``uri`` and its runs in any experiment that match ``filter_string``."""
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     client = MlflowClient(tracking_uri=uri)
     ids, token = [], None
@@ -291,8 +305,22 @@ def sweep_checksums(uri: str, sweep_id: str, page_size: int = SEARCH_PAGE) -> di
         token = page.token
         if not token:
             break
-    runs = search_all_runs(client, ids, f"tags.`{SWEEP_TAG}` = '{sweep_id}'", page_size) if ids else []
-    return _checksums(runs)
+    return client, search_all_runs(client, ids, filter_string, page_size) if ids else []
+
+
+def sweep_checksums(uri: str, sweep_id: str, page_size: int = SEARCH_PAGE) -> dict[str, Recorded]:
+    """The recorded checksums of sweep ``sweep_id``'s trials in any experiment of the store at ``uri``."""
+    return _checksums(_sweep_runs(uri, f"tags.`{SWEEP_TAG}` = '{sweep_id}'", page_size)[1])
+
+
+def open_sweep(uri: str, sweep_id: str) -> tuple[Tracker, Any] | None:
+    """The tracker of the experiment that holds sweep ``sweep_id``'s parent run, and that run (None if the store
+    at ``uri`` has none); for a re-analysis, which knows the folder but not the experiment."""
+    client, runs = _sweep_runs(uri, f"tags.`{SWEEP_TAG}` = '{sweep_id}' and tags.`{ROLE_TAG}` = 'sweep'")
+    if not runs:
+        return None
+    experiment = client.get_experiment(runs[0].info.experiment_id).name
+    return Tracker(uri, experiment, sweep_id), runs[0]
 
 
 class TrialRun:
@@ -338,7 +366,7 @@ class TrialRun:
             self.tracker, self.run_id = tracker, run_id
         return self.tracker
 
-    def sync(self, history: Sequence[Mapping[str, Any]], tags: Mapping[str, Any] | None = None) -> bool:
+    def sync(self, history: Sequence[HistoryEntry], tags: Mapping[str, Any] | None = None) -> bool:
         """Logs the history entries MLflow does not have yet and any pending tags; False if MLflow failed."""
         self.pending_tags.update({k: str(v) for k, v in (tags or {}).items()})
         try:
@@ -359,7 +387,7 @@ class TrialRun:
             self.down = False
         return True
 
-    def finish(self, history: Sequence[Mapping[str, Any]], failed_reason: str | None = None, killed: bool = False,
+    def finish(self, history: Sequence[HistoryEntry], failed_reason: str | None = None, killed: bool = False,
                tags: Mapping[str, Any] | None = None, timeout_s: float = 300.0, retry_s: float = 5.0) -> bool:
         """Syncs (with ``tags``) and ends the run (FINISHED, FAILED with the reason, or KILLED), retrying for up to
         ``timeout_s``; False if MLflow stayed unreachable (the driver syncs the run again at the sweep's end)."""

@@ -2,8 +2,9 @@
 
 The driver (``sweep.py``) hands every trial a frozen :class:`TrialContext` through ``tune.with_parameters`` (given
 again by the driver on every start, never read back from saved state) and the trial's own config
-``{"pack": {"name", "trials": [{"name", "run"}, ...]}}`` through Tune's param space: one Tune trial trains one pack
-of seed runs (S >= 1; a single seed is a pack of one). :func:`train_trial` validates it once, builds the pack with
+``{"pack": {"name", "trials": [{"name", "run"}, ...]}}`` through Tune's param space
+(:class:`~qed_ray.service.packing.TuneTrial`): one Tune trial trains one pack of seed runs (S >= 1; a single seed
+is a pack of one). :func:`train_trial` validates it once, at its top, builds the pack with
 :func:`~qed_ray.rl.trainer.build_trainer` and records each evaluation in the sweep folder
 (:class:`~qed_ray.rl.run_folder.FolderReporter`: snapshots, checkpoint, history, ``DONE.json``), then reports to Tune
 and mirrors each seed's history to its MLflow run (tagged ``qed.pack`` and ``qed.pack_size``). A started, retried or
@@ -29,10 +30,11 @@ from pydantic import Field
 from ray import tune
 
 from qed_ray.rl.digests import done_checksums
-from qed_ray.config import Frozen, RunSpec
-from qed_ray.layout import PackId, SweepDir
+from qed_ray.config import Frozen
+from qed_ray.layout import SweepDir
 from qed_ray.rl.replay import prune_chunks
 from qed_ray.rl.run_folder import FolderReporter
+from qed_ray.service.packing import TuneTrial
 from qed_ray.service.tracking import TrialRun, checksum_tags, limit_http_retries, pack_tags
 from qed_ray.rl.trainer import build_trainer
 
@@ -65,9 +67,9 @@ def train_trial(config: dict, context: TrialContext) -> None:
         config: this Tune trial's config, ``{"pack": {"name": pack name, "trials": [{"name", "run"}, ...]}}``.
         context: the sweep's context (bound by the driver with ``tune.with_parameters``).
     """
-    trials = config["pack"]["trials"]
-    names, specs = [t["name"] for t in trials], [RunSpec.model_validate(t["run"]) for t in trials]
-    pack, layout = PackId.of(names), context.layout
+    tune_trial = TuneTrial.of(config)
+    names, specs = tune_trial.names, [t.run for t in tune_trial.trials]
+    pack, layout = tune_trial.id, context.layout
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731 - the worker's log
     limit_http_retries()
     # Outside Ray (a test, a local re-run) there is no node to record, and asking would start a Ray instance.

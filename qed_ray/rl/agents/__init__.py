@@ -8,22 +8,25 @@ configuration as a pack (:class:`~qed_ray.rl.agents.packed.PackedAgent`), which 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Sequence
 
 import torch
 
+from qed_ray import compat
+from qed_ray.config import AgentSpec, TemperatureSpec
+from qed_ray.layout import MANIFEST_FILE
 from qed_ray.rl.agents.base import Agent, SACBase
 from qed_ray.rl.agents.mad_sac import MadSAC
 from qed_ray.rl.agents.packed import PackedAgent
 from qed_ray.rl.agents.sac_ln import SACLN
 from qed_ray.rl.checkpoint import SNAPSHOT_FORMATS, load_checkpoint
-from qed_ray.config import AgentSpec, RunSpec, TemperatureSpec
+from qed_ray.rl.manifests import Manifest
 
 AGENTS: dict[str, type[SACBase]] = {SACLN.name: SACLN, MadSAC.name: MadSAC}
-# Module weights are laid out as in format 1 except QED's log alpha_TE, which was a submodule's parameter. A
-# snapshot's weights do not depend on the random streams that changed in format 2, so older ones still load.
+# A snapshot's weights do not depend on the random streams that changed in format 2, so format 1 ones still load
+# (their few renamed parameters upgraded, qed_ray.compat).
 POLICY_FORMATS = SNAPSHOT_FORMATS
-FORMAT1_RENAMES = {"temperature": {"te.log_alpha": "log_alpha"}}
 
 
 def make_agent(agent: AgentSpec, temperature: TemperatureSpec, obs_dim: int, action_dim: int,
@@ -49,38 +52,36 @@ def make_packed_agent(agent: AgentSpec, temperature: TemperatureSpec | Sequence[
     return PackedAgent([make_agent(agent, t, obs_dim, action_dim, device, s) for t, s in zip(rules, seeds)])
 
 
-def load_policy(directory: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[Agent, dict]:
+def load_policy(directory: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[Agent, Manifest]:
     """Builds the agent a checkpoint or policy snapshot describes and loads its modules.
 
     Intermediate snapshots carry only the agent's ``acting_modules``; the others keep their seeded
     initialisation. Snapshots of checkpoint format 1 load too (their module weights are upgraded).
 
     Returns:
-        ``(agent, manifest)``; the manifest's ``run`` is upgraded to today's settings, so
-        ``RunSpec.model_validate(manifest["run"])`` holds.
+        ``(agent, manifest)``; the manifest's ``run`` holds today's settings (a format-1 one upgraded).
 
     Raises:
         CheckpointError: unreadable, corrupt or outdated files. ValueError: a snapshot without the modules
         needed to act.
     """
     state, manifest = load_checkpoint(directory, map_location=device, formats=POLICY_FORMATS)
-    run = manifest["run"]
-    if manifest["format_version"] == 1:
-        state, run = _upgrade_format1(state), _upgrade_format1_run(run)
-    spec = RunSpec.model_validate(run)
-    agent = make_agent(spec.agent, spec.temperature, manifest["obs_dim"], manifest["action_dim"],
-                       torch.device(device), spec.seed)
+    (spec,) = manifest.require(Path(directory) / MANIFEST_FILE, "run")
+    if manifest.format_version == 1:
+        state = compat.format1_state(state)
+    agent = make_agent(spec.agent, spec.temperature, manifest.obs_dim, manifest.action_dim, torch.device(device),
+                       spec.seed)
     missing = [n for n in agent.acting_modules if n not in state]
     if missing:
         raise ValueError(f"{directory}: snapshot lacks the modules {missing} needed to act")
     for name, module in agent.modules().items():
         if name in state:
             module.load_state_dict(state[name])
-    return agent, {**manifest, "run": run}
+    return agent, manifest
 
 
 def load_policies(directories: Sequence[str | os.PathLike], device: str | torch.device = "cpu"
-                  ) -> tuple[PackedAgent, list[dict]]:
+                  ) -> tuple[PackedAgent, list[Manifest]]:
     """The policies of several snapshots of one configuration (the seeds of a group, in this order) as one pack,
     which acts, gives its distributions and Q values for all of them in one call each (:func:`load_policy`).
 
@@ -92,21 +93,3 @@ def load_policies(directories: Sequence[str | os.PathLike], device: str | torch.
     """
     loaded = [load_policy(d, device) for d in directories]
     return PackedAgent([agent for agent, _ in loaded]), [m for _, m in loaded]
-
-
-def _upgrade_format1_run(run: dict) -> dict:
-    """A format-1 run dict as today's RunSpec reads it: every agent carried (and ignored) ``mad`` settings then;
-    only MAD-SAC has them now."""
-    agent = dict(run.get("agent", {}))
-    if agent.get("name", "sac_ln") != "mad_sac":
-        agent.pop("mad", None)
-    return {**run, "agent": agent}
-
-
-def _upgrade_format1(state: dict) -> dict:
-    """Module states of a format-1 snapshot with the parameter names of today's modules."""
-    out = dict(state)
-    for module, renames in FORMAT1_RENAMES.items():
-        if module in out:
-            out[module] = {renames.get(n, n): v for n, v in out[module].items()}
-    return out

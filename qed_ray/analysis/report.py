@@ -1,0 +1,183 @@
+"""The sweep's summary as a researcher reads it, without the code: the table (te first, then its variants) with a
+two-line legend, each variant against te, and the claim's verdict; as plain text (the sweep's closing summary,
+``--status``, ``python -m qed_ray.gather``) and as markdown (the MLflow run's description). Pure text from
+:class:`~qed_ray.analysis.results.SweepResults`: no files, no MLflow.
+
+A statistic is shown with its interval or not at all ("-"): a ratio without an interval (one seed, a missing
+baseline) would invite the over-reading the intervals exist to prevent. The table's te/variant ratios are the
+claim's (:mod:`qed_ray.analysis.verdict`): the median over tasks of te V / V with its interval paired over seeds,
+and IQM / te IQM (:mod:`qed_ray.analysis.comparisons`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from qed_ray.analysis import metrics, verdict
+from qed_ray.analysis.results import Aggregate, Comparison, SweepResults
+from qed_ray.naming import parse_variant
+
+NAMES = ("agent", "variant", "flags")  # left-aligned columns; the others are numbers, right-aligned
+DASH = "-"
+
+
+def _g(v: float) -> str:
+    return f"{v:.3g}"
+
+
+def with_ci(point: float, lower: float, upper: float) -> str:
+    """``point [lower, upper]`` to 3 significant digits, or ``-`` when any of them is undefined (NaN)."""
+    if not all(math.isfinite(x) for x in (point, lower, upper)):
+        return DASH
+    return f"{_g(point)} [{_g(lower)}, {_g(upper)}]"
+
+
+def _share(x: float) -> str:
+    return f"{100 * x:.0f}%" if math.isfinite(x) else DASH
+
+
+def is_baseline(variant: str) -> bool:
+    """Whether ``variant`` is a target-entropy variant (``te``, ``te+hidden=512``): a baseline of the others."""
+    try:
+        return parse_variant(variant)["temperature"] == {"kind": "te"}
+    except ValueError:
+        return False
+
+
+def ordered(aggregates: Sequence[Aggregate]) -> list[Aggregate]:
+    """The table's rows: per agent, its te variants first (the baselines), then the others; names sorted within."""
+    return sorted(aggregates, key=lambda a: (a.agent, not is_baseline(a.variant), a.variant))
+
+
+def headers(confidence: float) -> list[str]:
+    """The table's column headers (the legend explains the units and directions)."""
+    ci = f"[{100 * confidence:g}% CI]"
+    return ["agent", "variant", "tasks", "seeds used", "seeds left out", f"IQM {ci}", f"V {ci}",
+            f"te V / V {ci}", f"IQM / te IQM {ci}", f"action distance {ci}", "alpha at floor / cap", "flags"]
+
+
+def flags(a: Aggregate, c: Comparison | None) -> str:
+    """What a reader must know before trusting the row: the baseline, unpaired intervals, ratios over fewer
+    tasks, QED at its cap (then te is compared with an almost fixed alpha), too few seeds for V."""
+    out = []
+    if is_baseline(a.variant):
+        out.append("baseline")
+    elif c is None:
+        out.append("no te baseline: no ratios")
+    else:
+        if c.pairing != "paired":
+            out.append(f"intervals {c.pairing}")
+        if c.n_tasks < a.n_tasks:
+            out.append(f"ratios over {c.n_tasks} of {a.n_tasks} tasks")
+        if c.n_tasks_V < c.n_tasks:
+            out.append(f"V ratio over {c.n_tasks_V} of {c.n_tasks} tasks")
+    if a.n_tasks_at_cap:
+        out.append(f"QED AT ITS CAP on {a.n_tasks_at_cap} of {a.n_tasks} tasks")
+    if a.n_seeds < 2:
+        out.append("a task with 1 seed: no V there")
+    return "; ".join(out)
+
+
+def rows(results: SweepResults) -> list[list[str]]:
+    """The table's cells, one row per (agent, variant) in :func:`ordered` order."""
+    comps = {(c.agent, c.variant): c for c in results.comparisons}
+    out = []
+    for a in ordered(results.aggregates):
+        c = comps.get((a.agent, a.variant))
+        v_ratio = with_ci(c.V_ratio_median, c.V_ratio_median_ci_lower, c.V_ratio_median_ci_upper) if c else DASH
+        iqm_ratio = with_ci(c.iqm_ratio, c.iqm_ratio_ci_lower, c.iqm_ratio_ci_upper) if c else DASH
+        at = DASH if is_baseline(a.variant) or not math.isfinite(a.alpha_frac_cap_late) else \
+            f"{_share(a.alpha_frac_floor_late)} / {_share(a.alpha_frac_cap_late)}"
+        out.append([a.agent, a.variant, str(a.n_tasks), str(a.n_runs), str(a.n_failed),
+                    with_ci(a.iqm, a.ci_lower, a.ci_upper), with_ci(a.V_mean, a.V_mean_ci_lower, a.V_mean_ci_upper),
+                    v_ratio, iqm_ratio,
+                    with_ci(a.action_distance_mean, a.action_distance_ci_lower, a.action_distance_ci_upper), at,
+                    flags(a, c)])
+    return out
+
+
+def legend(results: SweepResults) -> list[str]:
+    """Two lines under the table: units and which direction is better; the ratios, alpha and a left-out seed."""
+    steps = results.final_eval.action_steps
+    return [f"IQM: interquartile mean of final return / 1000 (0 to 1, higher is better). V: mean KL between two "
+            f"seeds' policies; action distance: L2 between their actions summed over {steps} steps (lower: seeds "
+            f"agree).",
+            "Ratios > 1 favour the variant over its te (V: median over tasks). alpha at floor / cap: QED's share of "
+            "states at te's alpha / at alpha_max, last quarter. Seeds left out (failed, diverged, unfinished, "
+            "refused) count in no statistic."]
+
+
+def format_table(results: SweepResults) -> str:
+    """The summary table as text (columns padded to their widest cell), then its legend."""
+    table = [headers(results.final_eval.confidence), *rows(results)]
+    widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
+    names = [h in NAMES for h in table[0]]
+    lines = ["  ".join(cell.ljust(w) if left else cell.rjust(w) for cell, w, left in zip(r, widths, names)).rstrip()
+             for r in table]
+    return "\n".join(lines + legend(results))
+
+
+def format_comparisons(results: SweepResults) -> str:
+    """Each variant against its te baseline: the ratios summarised three ways over tasks with their intervals
+    (``comparisons.csv``), the IQM ratio, and where QED sat late in training (``groups.csv``)."""
+    ci = f"{100 * results.final_eval.confidence:g}% CI"
+    aggs = {(a.agent, a.variant): a for a in results.aggregates}
+    lines = [f"te / variant ratios over tasks (> 1: the variant varies less), [{ci}]: median | geometric mean | "
+             f"ratio of task means"]
+    for c in results.comparisons:
+        lines.append(f"{c.agent} {c.variant} vs {c.baseline} ({c.n_tasks} tasks, {c.n_seeds}+ seeds, intervals "
+                     f"{c.pairing}):")
+        for stat, name in (("V", "V"), ("action_distance", "action distance"), ("score_var", "return variance")):
+            parts = [with_ci(*(getattr(c, f"{stat}_ratio_{s}{x}") for x in ("", "_ci_lower", "_ci_upper")))
+                     for s in metrics.RATIO_SUMMARIES]
+            lines.append(f"  {name:16s} {' | '.join(parts)}")
+        lines.append(f"  {'IQM this / te':16s} {with_ci(c.iqm_ratio, c.iqm_ratio_ci_lower, c.iqm_ratio_ci_upper)}")
+        a = aggs.get((c.agent, c.variant))
+        if a is not None and math.isfinite(a.alpha_frac_cap_late):
+            at_cap = [g.task for g in results.groups if (g.agent, g.variant) == (c.agent, c.variant) and g.at_cap]
+            lines.append(f"  where QED sat, last quarter of training (mean over tasks): at the floor "
+                         f"{_g(a.alpha_frac_floor_late)}, at the cap {_g(a.alpha_frac_cap_late)} of actor-update "
+                         f"states; log-std within 0.1 of its bound {_g(a.log_std_at_min)}; AT ITS CAP on "
+                         f"{len(at_cap)} of {a.n_tasks} tasks{': ' + ', '.join(at_cap) if at_cap else ''}")
+    return "\n".join(lines)
+
+
+def summary(results: SweepResults) -> str:
+    """What the sweep's summary and ``python -m qed_ray.gather`` print: the table, the comparisons, the verdict."""
+    parts = [format_table(results)]
+    if results.comparisons:
+        parts.append(format_comparisons(results))
+    if results.verdict is not None:
+        parts.append(verdict.format_verdict(results.verdict, results.final_eval.confidence))
+    return "\n\n".join(parts)
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|") or " "
+
+
+def summary_markdown(results: SweepResults, heading: str, footer: str = "") -> str:
+    """The summary as markdown (an MLflow run's description): ``heading``, what the tables rest on, the table and
+    its legend, the claim's verdict per variant, then ``footer``."""
+    fe = results.final_eval
+    left_out = len([f for f in results.failed_trials if f.group is not None])
+    lines = [f"### {heading}", "",
+             f"{len(results.groups)} groups on {len({g.task for g in results.groups})} tasks; {left_out} of "
+             f"{results.n_trials} trials left out. Final evaluation: {fe.episodes} episodes per seed, policy "
+             f"`{results.policy}`; intervals: {100 * fe.confidence:g}% bootstrap over seeds, {fe.bootstrap_reps:,} "
+             f"resamples.", ""]
+    table = [headers(fe.confidence), *rows(results)]
+    lines += ["| " + " | ".join(map(_md_cell, r)) + " |" for r in table[:1]]
+    lines.append("|" + "|".join(":---" if h in NAMES else "---:" for h in table[0]) + "|")
+    lines += ["| " + " | ".join(map(_md_cell, r)) + " |" for r in table[1:]]
+    lines += [""] + [f"*{line}*  " for line in legend(results)]
+    v = results.verdict
+    if v is not None:
+        lines += ["", f"**Verdict on the claim: {v.outcome.upper()}** (by "
+                      f"{v.claim_file or 'the default thresholds of docs/claim.md'}), judged over {v.judged_over}:"]
+        for r in v.variants:
+            ends = "; ".join(f"{e.name}: {e.outcome} {with_ci(e.estimate, e.lower, e.upper)}" for e in r.endpoints)
+            lines.append(f"- {r.agent} {r.variant} vs {r.baseline}: **{r.outcome.upper()}** ({ends}; "
+                         f"{'pre-registered' if not r.scope else 'exploratory'})")
+    return "\n".join(lines + (["", footer] if footer else []))

@@ -1,0 +1,157 @@
+"""The JSON records of checkpoints and policy snapshots, one model per file (:mod:`qed_ray.codec`).
+
+:class:`Manifest` is a checkpoint's or policy snapshot's ``manifest.json``: what it is (task, agent, variant, seed,
+dims, env steps, the run's settings), the SHA-256 of its ``state.pt`` and the versions that wrote it; a policy
+snapshot adds the modules it keeps, the evaluation history and the wall time so far; a seed's part of a pack
+checkpoint adds its counters (:class:`SeedProgress`), random streams (:class:`RngStates`), replay size
+(:class:`ReplayInfo`) and place in the pack. :class:`PackRecord` is a pack checkpoint's ``pack.json``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from qed_ray.codec import Num, Record, RecordError
+from qed_ray.config import MAX_SEED, RunSpec
+from qed_ray.layout import PACK_FORMAT
+from qed_ray.run_records import STATUSES, EvalRecord
+
+MAX_WORD128 = 2**128 - 1  # PCG64's state and increment are 128-bit words
+SHA256_HEX = r"^[0-9a-f]{64}$"
+
+
+class CheckpointError(RecordError):
+    """A checkpoint that cannot be used: names the file and the problem."""
+
+
+class CheckpointVersionError(CheckpointError):
+    """A checkpoint written by another version of qed_ray (its ``format_version`` differs)."""
+
+
+class Pcg64Words(Record):
+    """A PCG64 generator's 128-bit state and increment."""
+
+    state: int = Field(ge=0, le=MAX_WORD128)
+    inc: int = Field(ge=0, le=MAX_WORD128)
+
+
+class Pcg64State(Record):
+    """A numpy ``Generator``'s ``bit_generator.state`` (the warm-up actions' and the replay sampler's streams)."""
+
+    bit_generator: Literal["PCG64"]
+    state: Pcg64Words
+    has_uint32: int = Field(ge=0, le=1)
+    uinteger: int = Field(ge=0, le=2**32 - 1)
+
+
+class Mt19937State(Record):
+    """A dm_control task's MT19937 state (:meth:`qed_ray.rl.envs.DMCEnv.random_state`)."""
+
+    name: Literal["MT19937"]
+    keys: list[int] = Field(min_length=624, max_length=624)
+    pos: int = Field(ge=0, le=624)
+    has_gauss: int = Field(ge=0, le=1)
+    cached: float
+
+    @model_validator(mode="after")
+    def _keys_are_words(self) -> "Mt19937State":
+        if any(not 0 <= k <= 2**32 - 1 for k in self.keys):
+            raise ValueError("keys: each must be a 32-bit word (0 .. 2**32 - 1)")
+        return self
+
+
+class RngStates(Record):
+    """A seed's random streams in its checkpoint: warm-up actions, replay sampler, training env."""
+
+    warmup: Pcg64State
+    replay: Pcg64State
+    env: Mt19937State
+
+
+class ReplayInfo(Record):
+    """How many transitions the seed's replay held, and whether its chunks live outside the checkpoint."""
+
+    added: int = Field(ge=0)
+    external: bool
+
+
+class SeedProgress(Record):
+    """A seed's counters and evaluation history in its checkpoint. (The timings are the pack's, in ``pack.json``;
+    a single-seed checkpoint of qed_ray 0.1, adopted into its pack of one, kept them here.)"""
+
+    decisions: int = Field(ge=0)
+    updates: int = Field(ge=0)
+    episodes: int = Field(ge=0)
+    wall_s: Num
+    evals: list[EvalRecord]
+    warmup_s: Num = 0.0
+    train_s: Num = 0.0
+    eval_s: Num = 0.0
+
+
+class Manifest(Record):
+    """A checkpoint's or policy snapshot's ``manifest.json`` (see the module notes); the parts one kind of
+    checkpoint lacks are None (a resume asks for them with :meth:`require`)."""
+
+    task: str = Field(min_length=1)
+    agent: str = Field(min_length=1)
+    variant: str = Field(min_length=1)
+    seed: int = Field(ge=0, le=MAX_SEED)
+    obs_dim: int = Field(ge=1, le=1_000_000)
+    action_dim: int = Field(ge=1, le=1_000_000)
+    env_steps: int = Field(ge=0)
+    format_version: int
+    versions: dict[str, str]
+    state_sha256: str = Field(pattern=SHA256_HEX)
+    run: RunSpec | None = None
+    policy_only: bool = False
+    modules: list[str] | None = None
+    evals: list[EvalRecord] = Field(default_factory=list)  # a snapshot's evaluation history (format 1: none)
+    wall_s: Num = math.nan  # a snapshot's wall time so far (format 1: unknown)
+    progress: SeedProgress | None = None
+    rng: RngStates | None = None
+    replay: ReplayInfo | None = None
+    pack: str | None = None
+    pack_size: int | None = Field(None, ge=1)
+    pack_index: int | None = Field(None, ge=0)
+
+    def require(self, path: Path, *names: str) -> tuple[Any, ...]:
+        """The named parts, which the use at hand needs; raises CheckpointError naming the file and the first
+        missing part."""
+        missing = [n for n in names if getattr(self, n) is None]
+        if missing:
+            kind = "a policy snapshot" if self.policy_only else "this manifest"
+            raise CheckpointError(f"{path}: {missing[0]}: missing ({kind} cannot be used here)")
+        return tuple(getattr(self, n) for n in names)
+
+
+class PackRecord(Record):
+    """A pack checkpoint's ``pack.json``: the pack, its shared counters and timings, and each seed's status (written
+    last, so its presence marks a complete checkpoint). Timings a file written before they existed lacks are 0."""
+
+    format: Literal[PACK_FORMAT]
+    pack: str = Field(min_length=1)
+    names: list[str]
+    seeds: list[int]
+    pack_size: int = Field(ge=1)
+    env_steps: int = Field(ge=0)
+    decisions: int = Field(ge=0)
+    updates: int = Field(ge=0)
+    wall_s: Num
+    warmup_s: Num = 0.0
+    train_s: Num = 0.0
+    eval_s: Num = 0.0
+    status: list[Literal[STATUSES]]
+    reasons: list[str | None]
+    stopped_at: list[Annotated[list[int], Field(min_length=2, max_length=2)] | None]  # (decisions, updates)
+
+    @model_validator(mode="after")
+    def _one_entry_per_seed(self) -> "PackRecord":
+        for name in ("names", "seeds", "status", "reasons", "stopped_at"):
+            if len(getattr(self, name)) != self.pack_size:
+                raise ValueError(f"{name}: {len(getattr(self, name))} entries for a pack of {self.pack_size} seeds")
+        return self

@@ -1,0 +1,157 @@
+"""What a seed run records in its run folder, one model per file (:mod:`qed_ray.codec`), read back by the trainer,
+the service and the gather step alike.
+
+- :class:`EvalRecord`: one evaluation; the same record in checkpoint and snapshot manifests, ``summary.json`` and
+  the gather step's :class:`~qed_ray.analysis.results.TrialRecord`, from the trainer to the tables.
+- :class:`HistoryEntry`: one line of ``policies/<trial>/history.json`` (a list): an evaluation's metrics and the
+  time they were recorded, what the trial's MLflow run mirrors.
+- :class:`DoneRecord`: ``DONE.json``, the final metrics and the policy checksums the trial records
+  (:class:`Recorded`); :class:`DivergedRecord`: ``DIVERGED.json``, the reason and env step.
+- :class:`RunSummary`: the run CLI's ``<trial>/summary.json``; :data:`Metrics`: a line of its ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pydantic import AfterValidator, ConfigDict, Field
+
+from qed_ray.codec import Num, Record, RecordError, parse, read_record, write_record
+from qed_ray.layout import SweepDir
+
+STATUSES = ("running", "finished", "diverged")
+
+
+def _has_env_steps(metrics: dict) -> dict:
+    steps = metrics.get("env_steps")
+    if not isinstance(steps, int) or steps < 0:
+        raise ValueError(f"env_steps must be an integer >= 0 (got {steps!r})")
+    return metrics
+
+
+# One evaluation's metrics by name (``eval/return_mean``, ``alpha/actor_mean``, ...), ``env_steps`` among them;
+# counts stay integers, an unknown value (NaN, or ``perf/eta_s`` before it is measured) is NaN.
+Metrics = Annotated[dict[str, Union[int, Num]], AfterValidator(_has_env_steps)]
+
+
+class EvalRecord(Record):
+    """One evaluation of a run: env steps, mean deterministic eval return, and two interval means of its updates:
+    the actor's alpha and the double-critic gap |Q1 - Q2| (the critic proxy's x, paper App. D). NaN where the
+    interval had no update (all warm-up), and ``q_gap_mean`` where a record predates it."""
+
+    env_steps: int = Field(ge=0)
+    return_mean: Num
+    alpha_mean: Num
+    q_gap_mean: Num = math.nan
+
+
+class Recorded(Record):
+    """What a trial recorded at its end: its final ``state.pt`` SHA-256 and the digest of all its snapshots."""
+
+    policy_sha256: str
+    snapshots_sha256: str
+
+
+class HistoryEntry(Record):
+    """One evaluation in ``history.json``: its metrics and when they were recorded (ms since the epoch; MLflow
+    keeps the time, so logging an entry twice adds nothing)."""
+
+    time_ms: int = Field(ge=0)
+    metrics: Metrics
+
+    @property
+    def env_steps(self) -> int:
+        """The env step of the evaluation."""
+        return int(self.metrics["env_steps"])
+
+
+class DoneRecord(Record):
+    """``DONE.json``: a finished trial's final metrics (its last evaluation's, flat) and, under ``checksums``, what
+    it records about its snapshots (absent in a file written before it recorded them)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", strict=True)
+    __pydantic_extra__: dict[str, Union[int, Num]]
+
+    env_steps: int = Field(ge=0)
+    checksums: Recorded | None = None
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The final metrics (``env_steps`` among them)."""
+        return {"env_steps": self.env_steps, **(self.model_extra or {})}
+
+
+class DivergedRecord(Record):
+    """``DIVERGED.json``: why a trial stopped for good (a NaN/inf, ``DivergenceError: ...``) and at which env step."""
+
+    reason: str
+    env_steps: int = Field(ge=0)
+
+
+class RunSummary(Record):
+    """A seed run's final figures: the run CLI's ``<trial>/summary.json`` (``reason`` when it diverged)."""
+
+    name: str
+    task: str
+    agent: str
+    variant: str
+    seed: int = Field(ge=0)
+    status: Literal[STATUSES]
+    env_steps: int = Field(ge=0)
+    decisions: int = Field(ge=0)
+    updates: int = Field(ge=0)
+    pack_size: int = Field(ge=1)
+    precision: str
+    wall_s: Num
+    warmup_s: Num
+    train_s: Num
+    eval_s: Num
+    updates_per_s: Num
+    final_eval_return_mean: Num
+    final_eval_return_std: Num
+    alpha_mean_over_training: Num
+    final_alpha: dict[str, Num]
+    evals: list[EvalRecord]
+    reason: str | None = None
+
+
+def done_record(metrics: dict, checksums: Recorded | None) -> DoneRecord:
+    """The ``DONE.json`` of a trial that finished with these final metrics (raises RecordError if they are not a
+    valid record: a trainer bug, caught before anything is written)."""
+    return parse(DoneRecord, {**metrics, "checksums": checksums}, "DONE.json")
+
+
+def read_done(layout: SweepDir, name: str) -> DoneRecord:
+    """The trial's ``DONE.json``; raises :class:`~qed_ray.codec.RecordError` naming the file and the field."""
+    return read_record(layout.done_marker(name), DoneRecord)
+
+
+def read_diverged(layout: SweepDir, name: str) -> DivergedRecord:
+    """The trial's ``DIVERGED.json``; raises :class:`~qed_ray.codec.RecordError` naming the file and the field."""
+    return read_record(layout.diverged_marker(name), DivergedRecord)
+
+
+def diverged_reason(layout: SweepDir, name: str) -> str:
+    """The reason ``DIVERGED.json`` records; for a damaged file, ``diverged`` and what is wrong with the file (the
+    trial stays diverged either way: the marker is there)."""
+    try:
+        return read_diverged(layout, name).reason
+    except RecordError as e:
+        return f"diverged ({e})"
+
+
+def read_history(layout: SweepDir, name: str) -> list[HistoryEntry]:
+    """The trial's recorded evaluations, oldest first (``[]`` before its first one); raises
+    :class:`~qed_ray.codec.RecordError` naming the file and the entry for a damaged file."""
+    path = layout.history(name)
+    if not os.path.lexists(path):
+        return []
+    return read_record(path, list[HistoryEntry])
+
+
+def write_history(path: Path, entries: list[HistoryEntry]) -> None:
+    """Writes ``history.json`` (atomically, strict JSON)."""
+    write_record(path, entries, list[HistoryEntry], indent=None)

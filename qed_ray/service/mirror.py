@@ -1,0 +1,106 @@
+"""The gather step's outputs in MLflow, a mirror of ``gather/`` (the files are the record): the aggregates,
+comparisons and per-group rows as metrics, the summary as the run's description (markdown, shown on its page),
+the tables and figures as artifacts. The sweep's gather actor writes them to the sweep's parent run as groups land
+(:mod:`qed_ray.service.gather`); a re-analysis (``python -m qed_ray.gather``) writes its own to a child run of that
+parent named for its settings (:func:`log_reanalysis`), so the parent keeps the numbers of the sweep's own
+settings and each re-analysis's numbers sit beside them, never in place of them. Every MLflow call goes through
+:mod:`qed_ray.service.tracking`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+from qed_ray.analysis import report
+from qed_ray.analysis.results import GroupResult, SweepResults
+from qed_ray.labels import format_value
+from qed_ray.layout import SweepDir
+from qed_ray.service.tags import NOTE_TAG, VERDICT_TAG
+from qed_ray.service.tracking import Tracker, metric_key, open_sweep
+
+GROUP_METRICS = ("V", "action_distance", "q1_dispersion", "early_q_gap", "alpha_frac_floor_late", "alpha_frac_cap_late",
+                 "log_std_at_min")
+# Per variant against its te baseline (the verdict reads V_ratio_median and iqm_ratio with their intervals).
+COMPARISON_METRICS = ("V_ratio_median", "V_ratio_median_ci_lower", "V_ratio_median_ci_upper", "V_ratio_geomean",
+                      "V_ratio_means", "action_distance_ratio_median", "action_distance_ratio_geomean",
+                      "action_distance_ratio_means", "score_var_ratio_median", "score_var_ratio_geomean",
+                      "score_var_ratio_means", "iqm_ratio", "iqm_ratio_ci_lower", "iqm_ratio_ci_upper")
+# Tag values: MLflow 3 keeps 8,000 characters, older tracking servers 5,000; a longer summary is cut at a line.
+NOTE_LIMIT = 5000
+SUMMARY_FILE = "gather/summary.md"  # the whole summary, as an artifact beside the tables
+SWEEP_FOOTER = ("Tables and figures: Artifacts, `gather/` (this summary in full: `gather/summary.md`). A re-analysis "
+                "with other evaluation settings (`python -m qed_ray.gather DIR`) is a child run named `reanalysis "
+                "<settings>`; this run keeps the numbers of the sweep's own settings.")
+
+
+def log_rows(tracker: Tracker, run_id: str, results: SweepResults, new_groups: Sequence[GroupResult],
+             heading: str | None = None, footer: str = SWEEP_FOOTER) -> None:
+    """Logs the current aggregates and comparisons (step = groups gathered so far), the verdict as the tag
+    ``qed.verdict``, each new group's row (``group/<task>/<agent>.<variant>/<GROUP_METRICS, mean_score>``) and
+    the summary as the run's description (``heading``: default the sweep's) and ``gather/summary.md``."""
+    finite = lambda d: {k: v for k, v in d.items() if math.isfinite(v)}  # noqa: E731
+    metrics = {metric_key(f"{a.agent}.{a.variant}", k): v for a in results.aggregates for k, v in a.headline().items()}
+    metrics.update({metric_key(f"{c.agent}.{c.variant}", k): getattr(c, k) for c in results.comparisons
+                    for k in COMPARISON_METRICS})
+    if results.verdict is not None:
+        tracker.set_tags(run_id, {VERDICT_TAG: results.verdict.outcome})
+    tracker.log_metrics(run_id, finite(metrics), step=len(results.groups))
+    rows = {metric_key("group", g.task, f"{g.agent}.{g.variant}", k): float(getattr(g, k))
+            for g in new_groups for k in GROUP_METRICS}
+    rows.update({metric_key("group", g.task, f"{g.agent}.{g.variant}", "mean_score"): float(sum(g.scores)
+                 / len(g.scores)) for g in new_groups})
+    if rows:
+        tracker.log_metrics(run_id, finite(rows), step=0)
+    text = report.summary_markdown(results, heading or f"Sweep {results.sweep}: summary", footer)
+    tracker.set_tags(run_id, {NOTE_TAG: note(text)})
+    tracker.log_text(run_id, text, SUMMARY_FILE)
+
+
+def note(markdown: str, limit: int = NOTE_LIMIT) -> str:
+    """``markdown`` as a run description: whole if it fits ``limit`` characters, else cut at a line, saying so."""
+    if len(markdown) <= limit:
+        return markdown
+    tail = f"\n\n*(cut to MLflow's tag limit: the whole summary is `{SUMMARY_FILE}` in Artifacts)*"
+    return markdown[:markdown.rfind("\n", 0, limit - len(tail))] + tail
+
+
+def log_files(tracker: Tracker, run_id: str, layout: SweepDir) -> None:
+    """Uploads the gather tables under ``gather/`` and the figures under ``gather/figures/`` (the cache stays)."""
+    for path in (layout.results_json, layout.aggregates_csv, layout.groups_csv, layout.budgets_csv,
+                 layout.comparisons_csv, layout.verdict_json):
+        tracker.log_artifact(run_id, path, "gather")
+    if layout.figures.is_dir():
+        tracker.log_artifacts(run_id, layout.figures, "gather/figures")
+
+
+def settings_label(final_eval: Mapping[str, Any], sweep_params: Mapping[str, str], fields: Sequence[str]) -> str:
+    """What a re-analysis changed: ``episodes=8 bootstrap_reps=300`` for each of ``fields`` whose value in
+    ``final_eval`` (JSON form) differs from the sweep's own (its parent run's ``final_eval.*`` params, as MLflow
+    keeps them: ``str`` of the JSON form), or ``sweep settings`` (no quote: the label is matched in a filter)."""
+    def shown(v):
+        return ",".join(map(str, v)) if isinstance(v, list) else format_value(v)
+    changed = [f"{k}={shown(final_eval[k])}" for k in fields if str(final_eval[k]) != sweep_params.get(f"final_eval.{k}")]
+    return " ".join(changed) or "sweep settings"
+
+
+def log_reanalysis(uri: str, sweep_id: str, results: SweepResults, layout: SweepDir, fields: Sequence[str],
+                   refused: Sequence[str]) -> str:
+    """Logs a re-analysis as a child run of the sweep's parent run in the store at ``uri``: named ``reanalysis
+    <settings>`` (:func:`settings_label` over ``fields``; the same settings again update the same run), its
+    settings as params, the metrics, description and ``gather/`` files as the sweep logs its own; FAILED naming
+    the ``refused`` groups, if any. Returns the line the command prints. Raises what MLflow raises."""
+    found = open_sweep(uri, sweep_id)
+    if found is None:
+        return f"MLflow: not updated: {uri} holds no parent run of sweep {sweep_id}"
+    tracker, parent = found
+    settings = results.final_eval.model_dump(mode="json")
+    label = settings_label(settings, parent.data.params, fields)
+    run_id = tracker.reanalysis_run(parent.info.run_id, label, {"final_eval": settings})
+    log_rows(tracker, run_id, results, results.groups, f"Re-analysis of {results.sweep}: {label}",
+             f"Tables and figures: Artifacts, `gather/`. The parent run `{parent.info.run_name}` keeps the numbers "
+             f"of the sweep's own settings.")
+    log_files(tracker, run_id, layout)
+    tracker.end_run(run_id, failed_reason="; ".join(refused) or None)
+    return (f"MLflow: logged as run 'reanalysis {label}' under the sweep's run '{parent.info.run_name}' "
+            f"(experiment '{tracker.experiment}')")
