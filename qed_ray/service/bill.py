@@ -39,7 +39,8 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from qed_ray.config import RunSpec, TemperatureSpec, agent_spec
+from qed_ray.codec import adapter, load_json
+from qed_ray.config import AgentSpec, RunSpec, TemperatureSpec, agent_spec
 from qed_ray.rl.agents import make_packed_agent
 from qed_ray.rl.precision import CUDA_DEFAULT
 from qed_ray.rl.replay import Replay
@@ -63,7 +64,7 @@ def env_costs(path: Path = ENV_COSTS_PATH) -> dict[str, float]:
     """Env seconds per decision per task (empty when the measurement is missing: env stepping is then free)."""
     if not Path(path).is_file():
         return {}
-    return {t: d["ms_per_decision"] / 1000 for t, d in json.loads(Path(path).read_text())["tasks"].items()}
+    return {t: d["ms_per_decision"] / 1000 for t, d in load_json(path)["tasks"].items()}
 
 
 def update_flops(run: RunSpec, hidden: int | None = None, batch: int | None = None) -> float:
@@ -78,7 +79,7 @@ def update_flops(run: RunSpec, hidden: int | None = None, batch: int | None = No
 
 @functools.lru_cache(maxsize=64)
 def _flops(agent_json: str, temperature_json: str, obs: int, act: int) -> float:
-    agent = agent_spec(json.loads(agent_json))
+    agent = adapter(AgentSpec).validate_json(agent_json)
     with torch.random.fork_rng(devices=[]), one_thread():
         packed = make_packed_agent(agent, TemperatureSpec.model_validate_json(temperature_json), obs, act,
                                    torch.device("cpu"), [0])
