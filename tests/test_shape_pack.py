@@ -2,18 +2,20 @@
 exactly as it trains in a pack of its own value; what must not share a pack is refused naming the field; a sweep
 with ``pack.by: shape`` forms them, and each member keeps its own name, folders, streams and checkpoint."""
 
-import json
-
 import numpy as np
 import pytest
 import torch
 
+from qed_ray.codec import dump, read_record
 from qed_ray.config import MadSpec, RunSpec, TemperatureSpec, agent_spec
 from qed_ray.layout import PackId, SweepDir, trial_dirname
 from qed_ray.rl.agents import make_packed_agent
+from qed_ray.rl.manifests import Manifest
 from qed_ray.rl.pack import check_pack
 from qed_ray.rl.run import run
 from qed_ray.service.packing import form_packs
+from qed_ray.service.sweep_record import read_state, write_state
+from qed_ray.service.sweep_state import plan
 from qed_ray.spec import SweepSpec, load_spec
 
 OBS, ACT, B = 5, 2, 16
@@ -132,16 +134,31 @@ def test_each_member_of_a_shape_pack_keeps_its_name_folders_and_checkpoint(tmp_p
                                      "train": train})
              for k in (0.1, 0.4) for s in (0,)]
     summaries = run(specs, tmp_path / "shape")
-    assert [(x["name"], x["variant"], x["seed"], x["status"], x["pack_size"]) for x in summaries] == [
+    assert [(x.name, x.variant, x.seed, x.status, x.pack_size) for x in summaries] == [
         (s.name, s.variant, s.seed, "finished", 2) for s in specs]
     layout, pack = SweepDir(tmp_path / "shape"), PackId.of([s.name for s in specs])
     assert pack.name == "cartpole-balance/sac_ln/qed0.1+n_actions=2+alpha_max=50,qed0.4+n_actions=2+alpha_max=50/pack0"
     folder = layout.pack_checkpoint(pack, 1000)
     assert sorted(p.name for p in folder.iterdir()) == sorted([*(trial_dirname(s.name) for s in specs), "pack.json"])
     for i, s in enumerate(specs):
-        manifest = json.loads((folder / trial_dirname(s.name) / "manifest.json").read_text())
-        assert (manifest["variant"], manifest["seed"], manifest["pack_index"]) == (s.variant, s.seed, i)
-        assert manifest["run"]["temperature"]["k"] == s.temperature.k
+        manifest = read_record(folder / trial_dirname(s.name) / "manifest.json", Manifest)
+        assert (manifest.variant, manifest.seed, manifest.pack_index) == (s.variant, s.seed, i)
+        assert manifest.run.temperature.k == s.temperature.k
         assert layout.done_marker(s.name).exists() and layout.final_snapshot(s.name).is_dir()
     # The two members share seed 0's streams but not their k: their alphas differ.
-    assert summaries[0]["final_alpha"] != summaries[1]["final_alpha"]
+    assert summaries[0].final_alpha != summaries[1].final_alpha
+
+
+def test_sweep_json_records_pack_by_only_when_not_the_default(tmp_path):
+    layout = SweepDir(tmp_path / "s")
+    shape = plan(None, SweepSpec.model_validate({**BASE, "pack": {"seeds": 6, "by": "shape"}}))
+    assert shape.problems == [] and shape.state.pack_by == "shape" and dump(shape.state)["pack_by"] == "shape"
+    write_state(layout, shape.state)
+    assert read_state(layout) == shape.state
+    default = plan(None, SweepSpec.model_validate({**BASE, "pack": {"seeds": 6}}))
+    assert default.state.pack_by == "variant" and "pack_by" not in dump(default.state)  # sweep.json as before
+    # Once packs are recorded, the packing cannot change (a started pack's checkpoint holds its members together).
+    changed = plan(shape.state, SweepSpec.model_validate({**BASE, "pack": {"seeds": 6}}))
+    assert changed.problems == ["pack.by: this sweep packs by shape, the spec now gives variant; a started pack's "
+                                "checkpoint holds its members together: restore pack.by: shape, or start over with "
+                                "--fresh or another name"]
