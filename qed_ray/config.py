@@ -52,6 +52,11 @@ class TemperatureSpec(Frozen):
     FIELDS_OF_KIND: ClassVar[dict[str, tuple[str, ...]]] = {"te": ("init_alpha", "lr"), "fixed": ("alpha",),
                       "qed": ("k", "n_actions", "tau", "alpha_max", "target_alpha", "init_alpha", "lr")}
 
+    # The scalars a pack's members may differ in (pack.by: shape): each member's value is its own [S] slice of the
+    # rule's state (QED's 1 / (k d) and alpha_max, the fixed alpha, the initial log alpha_TE); none changes a
+    # tensor's shape or the update's code path. Every other temperature setting is shared by a pack.
+    MEMBER_FIELDS: ClassVar[tuple[str, ...]] = ("k", "alpha", "alpha_max", "init_alpha")
+
     @model_validator(mode="after")
     def _check_kind_fields(self) -> "TemperatureSpec":
         used = self.FIELDS_OF_KIND[self.kind]
@@ -71,6 +76,10 @@ class TemperatureSpec(Frozen):
     def label(self) -> str:
         """Short variant name used in trial names and tables, e.g. ``te``, ``fixed0.1``, ``qed0.2+alpha_max=0.3``."""
         return temperature_label(self)
+
+    def shared(self) -> dict[str, Any]:
+        """The settings the members of one pack share: all but :data:`MEMBER_FIELDS`."""
+        return self.model_dump(exclude=set(self.MEMBER_FIELDS))
 
 
 class HLGaussSpec(Frozen):

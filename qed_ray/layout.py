@@ -95,48 +95,80 @@ def seeds_label(seeds: Sequence[int]) -> str:
 
 
 class PackId(NamedTuple):
-    """A pack: the seed runs ``task/agent/variant/<seed>`` of ``seeds`` trained together in one Tune trial."""
+    """A pack: the seed runs ``task/agent/variant/<seed>`` of ``seeds`` trained together in one Tune trial.
+
+    A pack by shape (``pack.by: shape``) holds several variants of one task and agent: ``variants`` then names
+    each member's variant (in pack order, beside ``seeds``) and ``variant`` is their list, ``qed0.1,qed0.2``.
+    """
 
     task: str
     agent: str
     variant: str
     seeds: tuple[int, ...]
+    variants: tuple[str, ...] = ()  # per member, for a pack of several variants; () when all are ``variant``
+
+    @property
+    def label(self) -> str:
+        """``pack0-2``; a pack of several variants labels each variant's seeds in turn (``pack0-9``, when they
+        all have the same ones, else ``pack0-9,0-4``)."""
+        if not self.variants:
+            return f"{PACK_PREFIX}{seeds_label(self.seeds)}"
+        per: dict[str, list[int]] = {}
+        for v, s in zip(self.variants, self.seeds):
+            per.setdefault(v, []).append(s)
+        labels = list(dict.fromkeys(seeds_label(s) for s in per.values()))
+        return f"{PACK_PREFIX}{labels[0] if len(labels) == 1 else ','.join(seeds_label(s) for s in per.values())}"
 
     @property
     def name(self) -> str:
         """``task/agent/variant/pack0-2`` (the Tune trial's name, the ``qed.pack`` tag of its seeds' runs)."""
-        return f"{self.task}/{self.agent}/{self.variant}/{PACK_PREFIX}{seeds_label(self.seeds)}"
+        return f"{self.task}/{self.agent}/{self.variant}/{self.label}"
 
     @property
     def dirname(self) -> str:
         """``task__agent__variant__pack0-2`` (never a trial folder name: it does not end in ``__s<seed>``)."""
-        return SEP.join((self.task, self.agent, self.variant, f"{PACK_PREFIX}{seeds_label(self.seeds)}"))
+        return SEP.join((self.task, self.agent, self.variant, self.label))
 
     @property
     def trials(self) -> list[str]:
         """The trial names of its seed runs, in pack order."""
-        return [TrialId(self.task, self.agent, self.variant, s).name for s in self.seeds]
+        variants = self.variants or (self.variant,) * len(self.seeds)
+        return [TrialId(self.task, self.agent, v, s).name for v, s in zip(variants, self.seeds)]
 
     @classmethod
     def of(cls, trials: Sequence[str]) -> "PackId":
-        """The pack of these trial names (one task, agent and variant; distinct seeds, in this order); raises
-        ValueError naming what differs."""
+        """The pack of these trial names (one task and agent; distinct runs, in this order); raises ValueError
+        naming what differs. Whether the runs' settings may share a pack is :func:`qed_ray.rl.pack.check_pack`'s."""
         ids = [TrialId.from_name(n) for n in trials]
         if not ids:
             raise ValueError("pack: no trials")
-        groups = {t[:3] for t in ids}
-        if len(groups) > 1:
-            raise ValueError(f"pack: {trials[0]!r} and {next(n for n, t in zip(trials, ids) if t[:3] != ids[0][:3])!r}"
-                             f" are not seeds of one task, agent and variant")
+        for field in ("task", "agent"):
+            other = next((n for n, t in zip(trials, ids) if getattr(t, field) != getattr(ids[0], field)), None)
+            if other is not None:
+                raise ValueError(f"pack: {trials[0]!r} and {other!r} differ in {field}: a pack holds runs of one "
+                                 f"task and agent")
         seeds = tuple(t.seed for t in ids)
-        if len(set(seeds)) != len(seeds):
-            raise ValueError(f"pack: seeds {list(seeds)} repeat a seed")
-        return cls(*ids[0][:3], seeds)
+        variants = tuple(dict.fromkeys(t.variant for t in ids))
+        if len(variants) == 1:
+            if len(set(seeds)) != len(seeds):
+                raise ValueError(f"pack: seeds {list(seeds)} repeat a seed")
+            return cls(*ids[0][:3], seeds)
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"pack: {next(n for n in trials if trials.count(n) > 1)!r} is in it twice")
+        return cls(ids[0].task, ids[0].agent, ",".join(variants), seeds, tuple(t.variant for t in ids))
 
 
 def seed_dir(seed: int) -> str:
     """The folder of one seed's checkpoint (the single-seed layout) inside a pack checkpoint."""
     return f"seed_{seed}"
+
+
+def member_dirs(names: Sequence[str], seeds: Sequence[int]) -> list[str]:
+    """Each member's folder inside a pack checkpoint, in pack order: :func:`seed_dir` when the seeds are distinct
+    (every pack of one variant), else its trial folder name (a pack by shape holds seed s of several variants)."""
+    if len(set(seeds)) == len(seeds):
+        return [seed_dir(s) for s in seeds]
+    return [trial_dirname(n) for n in names]
 
 
 def trial_dirname(name: str) -> str:

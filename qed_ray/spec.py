@@ -173,13 +173,19 @@ MAX_PACK = 1000  # seeds per pack; the paper trains 10
 
 
 class PackSpec(Frozen):
-    """How many seed runs of one (task, agent, variant) one Tune trial trains together (paper App. C trains all 10
-    seeds of a run on one GPU at once), and on how many env worker processes their envs step.
+    """How many seed runs one Tune trial trains together (paper App. C trains all 10 seeds of a run on one GPU at
+    once), which runs may share a pack, and on how many env worker processes their envs step.
 
-    ``seeds: 1`` (the default) gives packs of one: one Tune trial per seed run.
+    ``seeds: 1`` (the default) gives packs of one: one Tune trial per seed run. ``by: variant`` (the default) packs
+    the seeds of one (task, agent, variant); ``by: shape`` packs the runs of one task, agent, temperature kind and
+    network shape, whose variants differ only in a temperature scalar (QED's three k values as one pack of 30).
     """
 
     seeds: int = Field(1, ge=1, le=MAX_PACK, description="seed runs per pack (Tune trial); 1: packs of one")
+    by: Literal["variant", "shape"] = Field(
+        "variant", description="which seed runs share a pack: 'variant' (the seeds of one task, agent and variant) "
+                               "or 'shape' (one task, agent, temperature kind and network shape: variants that "
+                               "differ only in temperature k, alpha, alpha_max or init_alpha train together)")
     env_workers: int = Field(0, ge=0, le=MAX_PACK, description="env worker processes per pack (0: the pack's own "
                                                                "process steps its envs); each asks for one more CPU")
 
@@ -189,8 +195,8 @@ class PackSpec(Frozen):
         if isinstance(data, dict):
             unknown = [k for k in data if k not in cls.model_fields]  # keys of any type
             if unknown:
-                raise ValueError(f"{short_text(str(unknown[0]))}: not a pack field; pack takes seeds (1 to {MAX_PACK}) "
-                                 f"and env_workers (0 to pack.seeds)")
+                raise ValueError(f"{short_text(str(unknown[0]))}: not a pack field; pack takes seeds (1 to {MAX_PACK}), "
+                                 f"env_workers (0 to pack.seeds) and by (variant or shape)")
         return data
 
     @model_validator(mode="after")
@@ -304,8 +310,9 @@ class SweepSpec(Frozen):
     def replay_needs(self) -> list[ReplayNeed]:
         """The replay sizes of the grid per seed and per pack, largest first (:mod:`qed_ray.replay_memory`)."""
         tasks = dict.fromkeys(t for entry in self.agents for t in entry.tasks or self.tasks)
-        return replay_needs([(task, train) for task in tasks for train in self.train_specs()],
-                            min(self.pack.seeds, len(self.seeds)))
+        # A pack by shape holds several variants' seeds: up to pack.seeds members.
+        members = self.pack.seeds if self.pack.by == "shape" else min(self.pack.seeds, len(self.seeds))
+        return replay_needs([(task, train) for task in tasks for train in self.train_specs()], members)
 
     def _device_problems(self) -> list[str]:
         # Ray gives a trial the GPU share it asks for and hides every other device: without resources.gpu a trial

@@ -50,7 +50,7 @@ def test_the_claim_sweeps_dry_run_passes_with_gpu_hours(tmp_path, capsys, monkey
     monkeypatch.setenv("QED_STORAGE_PATH", str(tmp_path / "results"))
     assert dry_run(load_spec(ROOT / "sweeps" / "claim.yaml")) == 0
     out = capsys.readouterr().out
-    assert "300 trials in 30 packs" in out and "GPU-hours: unknown" not in out and "GPU-hours: " in out
+    assert "300 trials in 30 packs" in out and "unknown" not in out and "GPU-hours on the NVIDIA A10G (" in out
     assert f"pre-registration: docs/claim.md (claim block sha256 {claim.block_sha256(claim.read_block(DOC)[1])[:12]}" \
         in out
     assert not (tmp_path / "results").exists()

@@ -210,7 +210,7 @@ def test_ablations_spec_crosses_m1_m2_and_m3_with_both_evaluation_policies(capsy
                      for k, t in (("te", "qed"), ("qed", "qed"), ("qed", "floor")) for p in ("fp32", "tf32")}
     assert {r.task for r in runs} == {"cheetah-run", "walker-walk", "hopper-hop"}
     assert all(load_spec(p).final_eval.bootstrap_reps == 50_000 for p in root.glob("*.yaml")), "rliable's default"
-    assert main([str(root / "ablations.yaml"), "--dry-run"]) == 0
+    assert main([str(root / "ablations.yaml"), "--dry-run", "--list"]) == 0
     out = capsys.readouterr().out
     assert "sweep ablations: 720 trials" in out
     assert "qed0.2+target_alpha=floor+critic=hlgauss+critic_depth=3+precision=tf32/9" in out

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from qed_ray.field_hints import format_validation_error
 from qed_ray.service.dry_run import dry_run
-from qed_ray.layout import PackId, SweepDir, parse_trial_dirname
+from qed_ray.layout import PackId, SweepDir, member_dirs, parse_trial_dirname, trial_dirname
 from qed_ray.service.packing import TuneTrial, form_packs, pack_records
 from qed_ray.spec import SweepSpec
 from qed_ray.codec import dump
@@ -59,10 +59,20 @@ def test_pack_ids_round_trip_and_are_never_trial_folders():
     assert pack.trials == ["cheetah-run/mad_sac/qed0.2/3", "cheetah-run/mad_sac/qed0.2/4"]
     with pytest.raises(ValueError, match="task__agent__variant__sSEED"):
         parse_trial_dirname(pack.dirname)
-    with pytest.raises(ValueError, match="not seeds of one task, agent and variant"):
-        PackId.of(["cheetah-run/mad_sac/qed0.2/3", "cheetah-run/mad_sac/te/4"])
-    with pytest.raises(ValueError, match="repeat a seed"):
+    with pytest.raises(ValueError, match="differ in agent: a pack holds runs of one task and agent"):
+        PackId.of(["cheetah-run/mad_sac/qed0.2/3", "cheetah-run/sac_ln/qed0.2/4"])
+    with pytest.raises(ValueError, match="seeds \\[3, 3\\] repeat a seed"):
         PackId.of(["cheetah-run/mad_sac/qed0.2/3", "cheetah-run/mad_sac/qed0.2/3"])
+    # Several variants of one task and agent: a pack by shape, named for its variants and their seeds.
+    names = [f"cheetah-run/mad_sac/{v}/{s}" for v in ("qed0.2", "qed0.4") for s in (3, 4)]
+    mixed = PackId.of(names)
+    assert (mixed.name, mixed.dirname) == ("cheetah-run/mad_sac/qed0.2,qed0.4/pack3-4",
+                                           "cheetah-run__mad_sac__qed0.2,qed0.4__pack3-4")
+    assert mixed.trials == names and mixed.seeds == (3, 4, 3, 4) and PackId.of(names[:3]).label == "pack3-4,3"
+    assert member_dirs(mixed.trials, mixed.seeds) == [trial_dirname(n) for n in names]
+    assert member_dirs(pack.trials, pack.seeds) == ["seed_3", "seed_4"]  # a pack of one variant: as it always was
+    with pytest.raises(ValueError, match="'cheetah-run/mad_sac/qed0.4/3' is in it twice"):
+        PackId.of(names + names[2:3])
     run = {"task": "cheetah-run", "agent": {"name": "mad_sac"}, "temperature": {"kind": "qed", "k": 0.2}}
     config = {"pack": {"name": pack.name, "trials": [{"name": n, "run": {**run, "seed": int(n[-1])}}
                                                      for n in pack.trials]}}
@@ -140,8 +150,9 @@ def test_a_sweep_of_single_seeds_trains_packs_of_one(tmp_path):
     ({"seeds": 2, "env_workers": 3}, "pack.env_workers: 3 workers for the 2 training envs of a pack; allowed 0 to 2 "
                                      "(pack.seeds)"),
     ({"env_workers": 2}, "pack.env_workers: 2 workers for the 1 training env of a pack; allowed 0 to 1"),
-    ({"seeds": 2, "workers": 2}, "pack.workers: not a pack field; pack takes seeds (1 to 1000) and env_workers "
-                                 "(0 to pack.seeds)"),
+    ({"seeds": 2, "workers": 2}, "pack.workers: not a pack field; pack takes seeds (1 to 1000), env_workers "
+                                 "(0 to pack.seeds) and by (variant or shape)"),
+    ({"by": "task"}, "pack.by: Input should be 'variant' or 'shape' (got 'task')"),
 ])
 def test_bad_pack_fields_are_refused_naming_the_field_and_what_is_allowed(pack, says):
     with pytest.raises(ValidationError) as e:
@@ -165,49 +176,50 @@ def test_a_started_sweeps_pack_size_cannot_change(tmp_path, before, after, says)
     assert plan(first.state, _spec(pack={"seeds": after}), SweepDir(tmp_path / "empty")).problems == []
 
 
-def _dry(tmp_path, capsys, table: dict | None, **changes) -> str:
+def _dry(tmp_path, capsys, table: dict | None, listing: bool = False, **changes) -> str:
     spec = _spec(storage_path=str(tmp_path / "results"), **changes)
     path = tmp_path / f"throughput-{uuid.uuid4().hex[:6]}.json"
     if table is not None:
         path.write_text(json.dumps(table))
     capsys.readouterr()
-    assert dry_run(spec, path) == 0
+    assert dry_run(spec, path, listing) == 0
     assert not (tmp_path / "results").exists()
     return capsys.readouterr().out
 
 
 TABLE = {"schema": 1, "device": "cuda", "card": "NVIDIA H100 80GB HBM3", "date": "2026-11-26",
-         "entries": [{"agent": "sac_ln", "temperature": "te", "seeds": 2, "packs": 2, "mode": "graph",
-                      "seed_decisions_per_s": 0.5},
-                     {"agent": "sac_ln", "temperature": "te", "seeds": 1, "packs": 2, "mode": "graph",
-                      "seed_decisions_per_s": 0.25}]}
+         "entries": [{"agent": "sac_ln", "temperature": "te", "seeds": s, "packs": q, "mode": "graph",
+                      "seed_decisions_per_s": r} for s, q, r in ((2, 2, 0.5), (1, 2, 0.25), (2, 1, 0.8), (1, 1, 0.4))]}
 
 
-def test_dry_run_prints_packs_resources_and_gpu_hours_from_the_table(tmp_path, capsys):
+def test_dry_run_prints_packs_resources_and_the_bill_from_the_table(tmp_path, capsys):
     packed = dict(pack={"seeds": 2, "env_workers": 1}, resources={"cpu": 1, "gpu": 0.5}, seeds=4,
                   tasks=["cartpole-balance"])
-    out = _dry(tmp_path, capsys, TABLE, **packed)
+    out = _dry(tmp_path, capsys, TABLE, True, **packed)
     assert out.splitlines()[0].startswith("sweep p: 4 trials in 2 packs (Tune trials) of up to 2 seeds -> ")
+    assert out.splitlines()[1] == "trials: 4 new"
     assert "  pack cartpole-balance/sac_ln/te/pack0-1  (2 seeds)\n    cartpole-balance/sac_ln/te/0 " in out
     assert "per pack: 2 CPU (1 + 1 env workers), 0.5 GPU; all 2 packs at once: 4 CPU, 1 GPU" in out
-    # Per pack: 2 seeds x 1000 decisions / (0.5 seed-decisions/s per pack x 2 packs per GPU) = 2000 GPU-s; 2 packs.
-    assert "GPU-hours: 1.1 estimated (NVIDIA H100 80GB HBM3, measured 2026-11-26, 2 pack(s) per GPU, mode graph;" in out
-    # A last pack of 1 seed, measured too: + 1 x 1000 / (0.25 x 2) = 2000 GPU-s.
-    assert "GPU-hours: 1.7 estimated" in _dry(tmp_path, capsys, TABLE, **{**packed, "seeds": 5})
-    missing = _dry(tmp_path, capsys, TABLE, **{**packed, "resources": {"cpu": 1, "gpu": 0.25}})
-    assert "GPU-hours: unknown: the throughput table (NVIDIA H100 80GB HBM3, measured 2026-11-26, 4 pack(s) per GPU, " \
-           "mode graph) has no entry for sac_ln/te S=2" in missing
+    assert "\n  sac_ln/te S=2: 2 packs, " in out and "memory per pack (cartpole-balance): host " in out
+    assert "GPU-hours on the NVIDIA A10G (cluster/aws.yaml: 8 x g5.4xlarge, 2 packs each): " in out
+    assert "GPU-hours on the NVIDIA H100 80GB HBM3 (the measured card: 8 x a3-highgpu-1g, 2 packs each): " in out
+    assert "  rates: throughput table of 2026-11-26 (NVIDIA H100 80GB HBM3); " in out
+    short = _dry(tmp_path, capsys, TABLE, **packed)  # the plan without the per-trial list
+    assert "trials: 4 new (each trial: --list)" in short and "  pack " not in short
+    assert "  sac_ln/te S=1: 1 pack, " in _dry(tmp_path, capsys, TABLE, **{**packed, "seeds": 5})
+    missing = _dry(tmp_path, capsys, {**TABLE, "entries": TABLE["entries"][:2]}, **packed)
+    assert "GPU-hours: unknown: the throughput table (NVIDIA H100 80GB HBM3) has no cell to scale from for " \
+           "sac_ln/te S=2" in missing
     assert "GPU-hours: no GPU measurement yet" in _dry(tmp_path, capsys, None, **packed)
     placeholder = {**TABLE, "device": "none", "card": "no GPU measurement yet", "entries": []}
     assert "GPU-hours: no GPU measurement yet" in _dry(tmp_path, capsys, placeholder, **packed)
-    assert "GPU-hours: none (resources.gpu is 0" in _dry(tmp_path, capsys, TABLE, pack={"seeds": 2})
-    # Each pack's cell at the precision it trains at on a GPU: a 3xtf32 cell, or the missing one named with it.
+    assert "CPU-hours: at least " in _dry(tmp_path, capsys, TABLE, pack={"seeds": 2})
+    # Each pack's cell at the precision it trains at on a GPU: a 3xtf32 cell, or the fp32 one, said so.
     three = {**TABLE, "entries": [{**e, "precision": "3xtf32", "seed_decisions_per_s": 2 * e["seed_decisions_per_s"]}
                                   for e in TABLE["entries"]]}
     fast = {**packed, "train": {**BASE["train"], "precision": "3xtf32"}}
-    assert "GPU-hours: 0.6 estimated (NVIDIA H100 80GB HBM3, measured 2026-11-26, 2 pack(s) per GPU, mode graph, " \
-           "precision 3xtf32;" in _dry(tmp_path, capsys, three, **fast)
-    assert "has no entry for sac_ln/te S=2 3xtf32" in _dry(tmp_path, capsys, TABLE, **fast)
+    assert "priced as fp32" not in _dry(tmp_path, capsys, three, **fast)
+    assert "3xtf32 priced as fp32" in _dry(tmp_path, capsys, TABLE, **fast)
 
 
 def test_a_seed_runs_mlflow_run_carries_its_packs_name_and_size(tmp_path):

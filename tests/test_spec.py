@@ -93,7 +93,7 @@ def test_unreadable_and_non_mapping_specs(tmp_path, capsys):
 
 def test_dry_run_prints_trials_and_resources(tmp_path, capsys):
     spec = {**BASE, "storage_path": str(tmp_path / "results"), "resources": {"cpu": 0.5, "gpu": 0.1}}
-    assert main([str(_write(tmp_path, spec)), "--dry-run"]) == 0
+    assert main([str(_write(tmp_path, spec)), "--dry-run", "--list"]) == 0
     out = capsys.readouterr().out
     assert "6 trials" in out and "cartpole-balance/sac_ln/qed0.2/1" in out
     assert "per pack: 0.5 CPU (0.5 + 0 env workers), 0.1 GPU; all 6 packs at once: 3 CPU, 0.6 GPU" in out

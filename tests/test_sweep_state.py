@@ -154,12 +154,13 @@ def test_a_changed_trial_is_refused_by_the_run_and_the_dry_run_naming_the_field_
             "another name")
     assert {p: p.stat().st_mtime_ns for p in storage.rglob("*")} == before, "nothing written, no lock left"
     # The dry run shows what a run would do with each trial, from the folder.
-    code, err, out = cli({**BASE, "storage_path": str(storage), "seeds": 3}, "--dry-run")
+    code, err, out = cli({**BASE, "storage_path": str(storage), "seeds": 3}, "--dry-run", "--list")
     assert code == 0, err
     assert f"sweep s: 3 trials in 3 packs (Tune trials) of up to 1 seed -> {layout.root}" in out
     status = dict(re.findall(r"^    (\S+) .*\[(.*)\]$", out, re.M))
     assert status == {"cartpole-balance/sac_ln/te/0": "done", "cartpole-balance/sac_ln/te/1": "resume from env step "
                       "1,000", "cartpole-balance/sac_ln/te/2": "new"}
+    assert "\ntrials: 1 done, 1 resume, 1 new\n" in out
 
 
 def test_growing_adds_only_new_trials_and_keeps_the_sweeps_identity():

@@ -1,5 +1,6 @@
 """What a pack is: S >= 1 runs of one (task, agent, variant) that differ only in seed, trained together (a single
-run is a pack of one).
+run is a pack of one); or, a pack by shape, runs of one task, agent, temperature kind and network shape that also
+differ in the temperature's member scalars (:data:`~qed_ray.config.TemperatureSpec.MEMBER_FIELDS`: QED's k, ...).
 
 The pack's name and validation, its counters (:class:`Progress`) and what it keeps per seed (:class:`SeedRun`,
 with its evaluation history), and the layout of a pack checkpoint: ``pack.json`` (the pack, its shared counters and
@@ -69,23 +70,42 @@ class Progress:
 def pack_name(specs: Sequence[RunSpec]) -> str:
     """``task/agent/variant/pack0-9`` (consecutive seeds) or ``task/agent/variant/pack0+3+7``
     (:class:`~qed_ray.layout.PackId`; a sweep names its packs from its trial names, whose variants hold its axes)."""
-    return PackId(specs[0].task, specs[0].agent.name, specs[0].variant, tuple(s.seed for s in specs)).name
+    return PackId.of([s.name for s in specs]).name
+
+
+def shared_settings(spec: RunSpec) -> dict:
+    """A run's settings that every member of its pack shares, flat (``agent.hidden``): all but the seed and the
+    temperature's member scalars."""
+    out: dict = {}
+
+    def flat(prefix: str, value) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                flat(f"{prefix}.{k}" if prefix else k, v)
+        else:
+            out[prefix] = value
+    flat("", {**spec.model_dump(exclude={"seed", "temperature"}), "temperature": spec.temperature.shared()})
+    return out
 
 
 def check_pack(specs: Sequence[RunSpec]) -> None:
-    """Raises ValueError unless the runs differ only in their (distinct) seeds."""
+    """Raises ValueError unless the runs may train as one pack: distinct runs that differ only in their seeds and in
+    the temperature's member scalars (one task, agent, temperature kind and network shape); the error names the
+    first setting that differs."""
     if not specs:
         raise ValueError("pack: no runs")
     seeds = [s.seed for s in specs]
-    if len(set(seeds)) != len(seeds):
+    if len({(s.variant, s.seed) for s in specs}) != len(specs):
         raise ValueError(f"pack.seeds: {seeds} repeats a seed")
-    base = specs[0].model_dump(exclude={"seed"})
+    base = shared_settings(specs[0])
     for s in specs[1:]:
-        other = s.model_dump(exclude={"seed"})
-        if other != base:
-            diff = sorted(k for k in base if base[k] != other[k])
-            raise ValueError(f"pack: run of seed {s.seed} differs from seed {seeds[0]}'s in {', '.join(diff)}; a "
-                             f"pack holds the seeds of one task, agent and variant")
+        other = shared_settings(s)
+        diff = [k for k in {**base, **other} if base.get(k) != other.get(k)]
+        if diff:
+            members = ", ".join(f"temperature.{f}" for f in s.temperature.MEMBER_FIELDS)
+            raise ValueError(f"{diff[0]}: run {s.name} differs from {specs[0].name} in {', '.join(diff)}; a pack "
+                             f"holds runs of one task, agent, temperature kind and network shape, which differ only "
+                             f"in seed and {members}")
 
 
 def sampler_seeds(specs: Sequence[RunSpec]) -> list[int]:

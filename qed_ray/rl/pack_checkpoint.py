@@ -1,7 +1,8 @@
 """A pack's checkpoints and policy snapshots: what :class:`~qed_ray.rl.trainer.Trainer` writes and restores.
 
 A checkpoint folder holds ``pack.json`` (the pack, its shared counters and each seed's status; written last, so
-its presence marks a complete checkpoint) and one ``seed_<seed>/`` folder per seed: that seed's tensors
+its presence marks a complete checkpoint) and one ``seed_<seed>/`` folder per seed (per member, named for its
+trial, in a pack of several variants: :func:`~qed_ray.layout.member_dirs`): that seed's tensors
 (``state.pt``), its ``manifest.json`` (identity, run settings, episodes, evaluation history, random-stream states,
 replay size) and, when the replay is kept inside the checkpoint, its replay chunks. A policy snapshot is one
 seed's acting modules (or all of them) with a manifest that carries the evaluation history. Everything is copied
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from qed_ray.codec import dump, write_record
-from qed_ray.layout import PACK_FILE, PACK_FORMAT, seed_dir
+from qed_ray.layout import PACK_FILE, PACK_FORMAT, member_dirs
 from qed_ray.rl.checkpoint import MANIFEST_FILE, load_checkpoint, manifest_content, save_checkpoint
 from qed_ray.rl.manifests import CheckpointError, Manifest, PackRecord
 from qed_ray.rl.pack import Progress, SeedRun, read_pack
@@ -35,6 +36,10 @@ class PackCheckpoints:
 
     def __init__(self, trainer: "Trainer", replay_dirs: Sequence[Path] | None):
         self.tr, self.replay_dirs = trainer, replay_dirs
+
+    def member_dir(self, i: int) -> str:
+        """Member ``i``'s folder inside a pack checkpoint."""
+        return member_dirs([r.name for r in self.tr.runs], [r.spec.seed for r in self.tr.runs])[i]
 
     def identity(self, i: int) -> dict:
         """Fields seed ``i``'s checkpoint must match."""
@@ -61,7 +66,7 @@ class PackCheckpoints:
             if run.status != "diverged":
                 run.saved = (tr.agent.seed_state_dict(i), self._manifest(i))
             if run.saved is not None:
-                sub = directory / seed_dir(run.spec.seed)
+                sub = directory / self.member_dir(i)
                 loc = self.replay_dirs[i] if self.replay_dirs is not None else sub / "replay"
                 if run.status != "diverged":
                     chunks.append(tr.replay.plan_save(i, loc))
@@ -112,7 +117,7 @@ class PackCheckpoints:
         pack = read_pack(directory, [r.spec.seed for r in tr.runs])
         states, manifests = [], []
         for i, run in enumerate(tr.runs):
-            sub = directory / seed_dir(run.spec.seed)
+            sub = directory / self.member_dir(i)
             if pack.status[i] == "diverged" and not os.path.lexists(sub / MANIFEST_FILE):
                 states.append(None), manifests.append(None)  # diverged before its first checkpoint
                 continue
@@ -139,7 +144,7 @@ class PackCheckpoints:
         seed ``finished`` in this checkpoint trains no more, so its replay (perhaps pruned since) is not read."""
         if m is None:
             return
-        tr, sub = self.tr, directory / seed_dir(run.spec.seed)
+        tr, sub = self.tr, directory / self.member_dir(i)
         progress, rng, replay = m.require(sub / MANIFEST_FILE, "progress", "rng", "replay")
         run.episodes, run.evals = progress.episodes, list(progress.evals)
         try:  # the model checked each state's shape; the generators check the rest of what they are given

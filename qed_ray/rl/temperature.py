@@ -148,18 +148,20 @@ class QEDTemperature(TargetEntropyTemperature):
 
     def __init__(self, action_dim: int, spec: TemperatureSpec):
         super().__init__(action_dim, spec.init_alpha)
-        self.scale = 1.0 / (spec.k * action_dim)
+        # 1 / (k d) and alpha_max are read from the rule's state, so that the members of a pack may differ in them
+        # (one per member, [S] under vmap). Not persistent: the run spec gives them, and a checkpoint's layout stays.
+        self.register_buffer("scale", torch.tensor(1.0 / (spec.k * action_dim)), persistent=False)
+        self.register_buffer("alpha_max", torch.tensor(float(spec.alpha_max)), persistent=False)
         self.n_actions = spec.n_actions
         self.n_target_actions = spec.n_actions if spec.target_alpha == "qed" else 0
         self.tau = spec.tau
-        self.alpha_max = spec.alpha_max
 
     @torch.no_grad()
     def alpha(self, state: State, batch: int, disagreement: torch.Tensor | None = None) -> torch.Tensor:
         """[B] state-dependent alpha from Delta(s) [B] (:func:`qed_disagreement`); no gradient anywhere."""
         if disagreement is None:
             raise ValueError("QEDTemperature.alpha: needs the disagreement Delta(s) [B]")
-        return torch.maximum((disagreement * self.scale).clamp(max=self.alpha_max), self.floor(state))
+        return torch.maximum(torch.clamp(disagreement * state["scale"], max=state["alpha_max"]), self.floor(state))
 
 
 def make_temperature(spec: TemperatureSpec, action_dim: int) -> nn.Module:
@@ -183,5 +185,6 @@ def alpha_stats(alpha: torch.Tensor, rule: nn.Module, state: State) -> list[torc
     """0-d mean/min/max of a [B] alpha and, for QED, the fractions of states at the floor and at alpha_max."""
     out = [alpha.mean(), alpha.min(), alpha.max()]
     if isinstance(rule, QEDTemperature):
-        out += [(alpha <= rule.floor(state)).to(alpha.dtype).mean(), (alpha >= rule.alpha_max).to(alpha.dtype).mean()]
+        at_cap = alpha >= state["alpha_max"]
+        out += [(alpha <= rule.floor(state)).to(alpha.dtype).mean(), at_cap.to(alpha.dtype).mean()]
     return out

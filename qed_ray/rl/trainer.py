@@ -1,5 +1,5 @@
 """The training loop: the S >= 1 seeds of one (task, agent, variant) in one process, in lock-step (a single run is a
-pack of one).
+pack of one; a pack by shape also holds several values of the temperature's member scalars, QED's k say).
 
 Per decision: one batched act for the S observations, the S envs stepped (here or on env workers), one row per
 seed into the replay, one packed update (:class:`~qed_ray.rl.agents.packed.PackedAgent` through
@@ -357,9 +357,10 @@ def build_trainer(specs: Sequence[RunSpec], reporter: Reporter, replay_dirs: Seq
                   writer: BackgroundWriter | None = None, pack: str | None = None,
                   heartbeat: Callable[[dict], None] | None = None, heartbeat_s: float = 30.0) -> Trainer:
     """Builds the envs, the pack's agent, replay, per-seed random streams and the writer for ``specs`` (runs that
-    differ only in seed; one run is a pack of one) and injects them into a :class:`Trainer`. Seed s's streams are
-    derived from s alone, so a seed trains alike whatever pack it is in (except its replay sampler with
-    ``train.shared_indices``: its variant's first seed's, :func:`~qed_ray.rl.pack.sampler_seeds`).
+    differ only in seed, or also in the temperature's member scalars: :func:`~qed_ray.rl.pack.check_pack`; one run
+    is a pack of one) and injects them into a :class:`Trainer`. Seed s's streams are derived from s alone, so a
+    member trains alike whatever pack it is in (except its replay sampler with ``train.shared_indices``: its
+    variant's first seed's, :func:`~qed_ray.rl.pack.sampler_seeds`).
 
     Args:
         specs: the runs, in pack order.
@@ -379,7 +380,7 @@ def build_trainer(specs: Sequence[RunSpec], reporter: Reporter, replay_dirs: Seq
     seeds = [s.seed for s in specs]
     env_seeds = seeds + eval_seeds(t.eval_episodes) * len(seeds)  # eval envs are reseeded before every use
     pool = EnvPool(spec.task, env_seeds, t.frame_skip, env_workers)
-    agent = make_packed_agent(spec.agent, spec.temperature, pool.obs_dim, pool.action_dim, device, seeds)
+    agent = make_packed_agent(spec.agent, [s.temperature for s in specs], pool.obs_dim, pool.action_dim, device, seeds)
     capacity = replay_capacity(t)
     # Per seed: independent streams for the buffer sampler and warm-up actions, derived from the run seed.
     streams = [_streams(seed) for seed in seeds]

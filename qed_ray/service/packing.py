@@ -2,8 +2,10 @@
 
 A sweep's Tune trials are packs: the seed runs of one (task, agent, variant) -- trials whose names differ only in
 the seed -- in seed order, in chunks of ``pack.seeds`` S (the last chunk of a group may be smaller; S = 1, the
-default, gives packs of one). Each seed run keeps its trial name, folders, MLflow run and identity; the pack is
-only how they are scheduled and trained (:mod:`qed_ray.rl.trainer`).
+default, gives packs of one). With ``pack.by: shape`` a group is every run of one task, agent, temperature kind and
+network shape (:func:`qed_ray.rl.pack.shared_settings`: its variants differ only in the temperature's member
+scalars, QED's k say), variant after variant in grid order, each in seed order. Each seed run keeps its trial name,
+folders, MLflow run and identity; the pack is only how they are scheduled and trained (:mod:`qed_ray.rl.trainer`).
 
 A pack's checkpoint holds its seeds together, so its membership never changes once it exists: ``sweep.json``
 records every pack (``{"packs": {pack name: [trial names]}}``, :func:`qed_ray.service.sweep_state.plan`), and a later start
@@ -13,6 +15,7 @@ gets packs of seeds 10-19; its old packs are never re-formed).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -21,7 +24,8 @@ from pydantic import Field, model_validator
 
 from qed_ray.codec import Record, dump, parse
 from qed_ray.config import RunSpec
-from qed_ray.layout import PackId, SweepDir, TrialId, seed_dir
+from qed_ray.layout import PackId, SweepDir, member_dirs
+from qed_ray.rl.pack import shared_settings
 from qed_ray.spec import SweepSpec, Trial
 
 
@@ -95,16 +99,24 @@ class TuneTrial(Record):
 
 
 def group_of(name: str) -> str:
-    """``task/agent/variant`` of a trial name: the seed runs that may share a pack."""
+    """``task/agent/variant`` of a trial name: the seed runs that may share a pack (``pack.by: variant``)."""
     return name.rsplit("/", 1)[0]
+
+
+def pack_group(trial: Trial, by: str) -> str:
+    """The runs ``trial`` may share a pack with: its :func:`group_of` (``by`` variant), or (``by`` shape) every run
+    with the same task, agent, temperature kind, network shape and other shared settings."""
+    if by == "variant":
+        return group_of(trial.name)
+    return json.dumps(shared_settings(trial.run), sort_keys=True, default=str)
 
 
 def form_packs(spec: SweepSpec, recorded: Mapping[str, Sequence[str]] | None = None) -> list[Pack]:
     """The spec's packs: the ``recorded`` ones (``{pack name: trial names}``, kept as they are), then the trials in
-    none of them, per (task, agent, variant) in seed order, in chunks of ``spec.pack.seeds``. Packs come in the
-    grid order of their (task, agent, variant), then by first seed. Trials of a recorded pack that the spec no
-    longer has are left out (a started sweep refuses dropping trials before this matters,
-    :func:`qed_ray.service.sweep_state.plan`).
+    none of them, per group (:func:`pack_group` of ``spec.pack.by``) variant by variant in grid order and each in
+    seed order, in chunks of ``spec.pack.seeds``. Packs come in the grid order of their first (task, agent,
+    variant), then by first seed. Trials of a recorded pack that the spec no longer has are left out (a started
+    sweep refuses dropping trials before this matters, :func:`qed_ray.service.sweep_state.plan`).
     """
     trials = spec.trials()
     by_name, order = {t.name: t for t in trials}, {}
@@ -119,10 +131,10 @@ def form_packs(spec: SweepSpec, recorded: Mapping[str, Sequence[str]] | None = N
     groups: dict[str, list[Trial]] = {}
     for t in trials:
         if t.name not in taken:
-            groups.setdefault(group_of(t.name), []).append(t)
+            groups.setdefault(pack_group(t, spec.pack.by), []).append(t)
     size = spec.pack.seeds
     for members in groups.values():
-        members = sorted(members, key=lambda t: t.run.seed)
+        members = sorted(members, key=lambda t: (order[group_of(t.name)], t.run.seed))
         packs += [_pack(members[i:i + size]) for i in range(0, len(members), size)]
     return sorted(packs, key=lambda p: (order[group_of(p.names[0])], p.trials[0].run.seed))
 
@@ -155,8 +167,8 @@ def pack_started(layout: SweepDir, pack_id: PackId) -> bool:
 
 def seed_checkpoint(layout: SweepDir, pack_id: PackId, name: str) -> Path | None:
     """The newest complete pack checkpoint's folder of seed run ``name`` (``seed_<seed>/``, its single-seed
-    checkpoint), or None before the pack's first checkpoint."""
+    checkpoint; :func:`~qed_ray.layout.member_dirs`), or None before the pack's first checkpoint."""
     steps = layout.pack_checkpoint_steps(pack_id)
     if not steps:
         return None
-    return steps[max(steps)] / seed_dir(TrialId.from_name(name).seed)
+    return steps[max(steps)] / member_dirs(pack_id.trials, pack_id.seeds)[pack_id.trials.index(name)]

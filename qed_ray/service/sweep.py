@@ -43,7 +43,7 @@ from qed_ray import cli_help
 from qed_ray.service import announce, gather, status
 from qed_ray.analysis import report
 from qed_ray.service.cluster import check_cluster
-from qed_ray.service.dry_run import dry_run
+from qed_ray.service.dry_run import check_options, dry_run, tune_order
 from qed_ray.layout import SweepDir
 from qed_ray.service.lock import LockHeld, SweepLock
 from qed_ray.service.results_key import ResultsKey, load_key
@@ -289,6 +289,7 @@ def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, ex
     interrupt = Interrupt(lock.lost)
     interrupt.install()
     check_cluster(spec, layout.root, uri)
+    packs = tune_order(spec, packs)  # longest first on GPUs (qed_ray.service.bill), once the cluster can take them
     tracker = Tracker(uri, experiment, state.sweep_id, artifact_location=artifact_location(uri, layout))
     tracker.mark_training_experiment()  # also on an experiment a resumed sweep created with an older version
     parent = tracker.parent_run(spec.name, spec.model_dump(mode="json", exclude={"agents"}),
@@ -370,7 +371,7 @@ def _best_effort(call, *args, **kwargs) -> None:
               f"sweep folder", flush=True)
 
 
-EXAMPLES = ("python -m qed_ray.sweep sweeps/smoke.yaml --dry-run   # the trials and resources; runs nothing",
+EXAMPLES = ("python -m qed_ray.sweep sweeps/smoke.yaml --dry-run   # the plan and its cost; runs nothing",
             "python -m qed_ray.sweep sweeps/smoke.yaml             # run, resume or grow the sweep",
             "python -m qed_ray.sweep sweeps/smoke.yaml --status --dir results/smoke   # its progress, from any shell")
 
@@ -379,8 +380,11 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry point (exit codes in the module docstring)."""
     p = cli_help.parser("python -m qed_ray.sweep", __doc__, EXAMPLES, announce.local_head_help())
     p.add_argument("spec", type=Path, help="sweep YAML (see sweeps/ and the README's field table)")
-    p.add_argument("--dry-run", action="store_true", help="print the trials, what a run would do with each and the "
-                                                          "resources; run nothing (refuses what a run would refuse)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (trials, packs by shape, memory, GPU-hours "
+                                                          "and wall clock); run nothing (refuses what a run would refuse)")
+    p.add_argument("--list", action="store_true", help="with --dry-run: every trial, pack by pack (longest first)")
+    p.add_argument("--workers", type=int, metavar="N", help="with --dry-run: the bill on N worker nodes (default: "
+                                                            "the shipped cluster configs' max_workers)")
     p.add_argument("--fresh", action="store_true", help="start a new sweep (this sweep's folder is moved aside)")
     p.add_argument("--force", action="store_true", help="with --fresh: move the folder aside even when its "
                    "sweep.json cannot be read (then the folder cannot be checked to be this sweep's)")
@@ -398,8 +402,9 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_spec(args.spec)
         if args.dir is not None and not args.status:
             raise SpecError("--dir: only with --status (a sweep's folder is its storage_path / QED_STORAGE_ROOT)")
+        check_options(args.dry_run, args.list, args.workers)
         if args.dry_run:
-            return dry_run(spec)
+            return dry_run(spec, listing=args.list, workers=args.workers)
         if args.status:
             layout = SweepDir(args.dir.absolute()) if args.dir else resolve_paths(spec)[0]
             source = "given by --dir" if args.dir else announce.storage_source(spec)

@@ -10,9 +10,9 @@ folder aside with ``--fresh --force`` (its name cannot be checked, so ``--fresh`
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 from qed_ray.codec import Num, Record, RecordError, read_record, write_record
 from qed_ray.layout import PackId, SweepDir, TrialId
@@ -44,8 +44,10 @@ class ClaimRecord(Record):
 
 class SweepState(Record):
     """``sweep.json``: the sweep's stable id and name, the identity of every trial it holds
-    (:func:`qed_ray.naming.identity`), its pack size and packs (:mod:`qed_ray.service.packing`) and its claim record.
-    A file of format 1 (before per-trial identities) has no ``trials``, only the grid's ``fingerprint``."""
+    (:func:`qed_ray.naming.identity`), its pack size, packing (``pack_by``, written only when it is not the default
+    ``variant``, so older sweeps' files read and write as before) and packs (:mod:`qed_ray.service.packing`) and its
+    claim record. A file of format 1 (before per-trial identities) has no ``trials``, only the grid's
+    ``fingerprint``."""
 
     sweep_id: str = Field(pattern=SWEEP_ID)
     created: Num = Field(ge=0)
@@ -54,6 +56,7 @@ class SweepState(Record):
     fingerprint: str | None = None
     trials: dict[str, dict[str, Any]] | None = None
     pack_seeds: int = Field(1, ge=1)
+    pack_by: Literal["variant", "shape"] = "variant"
     packs: dict[str, list[str]] = Field(default_factory=dict)
     claim: ClaimRecord | None = None
 
@@ -72,6 +75,13 @@ class SweepState(Record):
             if pack.name != name:
                 raise ValueError(f"packs.{name}: its trials {members} form the pack {pack.name!r}")
         return self
+
+    @model_serializer(mode="wrap")
+    def _pack_by_only_when_not_the_default(self, handler) -> dict[str, Any]:
+        data = handler(self)
+        if self.pack_by == "variant":
+            data.pop("pack_by", None)
+        return data
 
 
 def read_state(layout: SweepDir) -> SweepState | None:

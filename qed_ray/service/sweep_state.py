@@ -233,15 +233,15 @@ def plan(state: SweepState | None, spec: SweepSpec, layout: SweepDir | None = No
     state = SweepState.model_validate({
         "sweep_id": state.sweep_id, "created": state.created, "format": STATE_FORMAT, "name": spec.name,
         "fingerprint": spec.fingerprint(), "trials": {**recorded, **{n: current[n] for n in new}},
-        "pack_seeds": spec.pack.seeds, "packs": pack_records(packs), "claim": claim_record})
+        "pack_seeds": spec.pack.seeds, "pack_by": spec.pack.by, "packs": pack_records(packs), "claim": claim_record})
     return Plan(state, new, _problems(recorded, current, spec) + pack_problems + claim_problems, packs)
 
 
 def _plan_packs(state: SweepState, spec: SweepSpec, started: bool, layout: SweepDir | None
                 ) -> tuple[list[Pack], list[str]]:
     """The sweep's packs (recorded ones kept as they are, see :mod:`qed_ray.service.packing`) and the refusal of a
-    changed pack size once anything started. A recorded pack that never started (nothing of it in the folder) may
-    re-form."""
+    changed pack size or packing (``pack.by``) once anything started. A recorded pack that never started (nothing
+    of it in the folder) may re-form."""
     old, recorded = state.pack_seeds, state.packs
     if layout is not None:
         recorded = {n: m for n, m in recorded.items() if pack_started(layout, PackId.of(m))}
@@ -250,6 +250,11 @@ def _plan_packs(state: SweepState, spec: SweepSpec, started: bool, layout: Sweep
         return shown, [f"pack.seeds: this sweep trains packs of {old} seed{'s' if old > 1 else ''}, the spec now gives "
                        f"{spec.pack.seeds}; a started pack's checkpoint holds its seeds together, so a sweep's pack "
                        f"size cannot change: restore pack.seeds: {old}, or start over with --fresh or another name"]
+    by = state.pack_by
+    if by != spec.pack.by and spec.pack.seeds > 1 and (recorded or started):  # packs of one: alike either way
+        return form_packs(spec), [f"pack.by: this sweep packs by {by}, the spec now gives {spec.pack.by}; a started "
+                                  f"pack's checkpoint holds its members together: restore pack.by: {by}, or start "
+                                  f"over with --fresh or another name"]
     return form_packs(spec, recorded), []
 
 

@@ -39,10 +39,17 @@ def make_agent(agent: AgentSpec, temperature: TemperatureSpec, obs_dim: int, act
     return cls(agent, temperature, obs_dim, action_dim, torch.device(device), seed)
 
 
-def make_packed_agent(agent: AgentSpec, temperature: TemperatureSpec, obs_dim: int, action_dim: int,
-                      device: torch.device, seeds: Sequence[int]) -> PackedAgent:
-    """The pack of ``seeds``, each seed initialised exactly as its single-seed agent (:func:`make_agent`)."""
-    return PackedAgent([make_agent(agent, temperature, obs_dim, action_dim, device, s) for s in seeds])
+def make_packed_agent(agent: AgentSpec, temperature: TemperatureSpec | Sequence[TemperatureSpec], obs_dim: int,
+                      action_dim: int, device: torch.device, seeds: Sequence[int]) -> PackedAgent:
+    """The pack of ``seeds``, each member initialised exactly as its single-seed agent (:func:`make_agent`).
+
+    ``temperature``: one rule for every member, or one per member (in ``seeds``' order) that differ only in
+    :data:`~qed_ray.config.TemperatureSpec.MEMBER_FIELDS` (a pack by shape: QED's three k values, say).
+    """
+    rules = [temperature] * len(seeds) if isinstance(temperature, TemperatureSpec) else list(temperature)
+    if len(rules) != len(seeds):
+        raise ValueError(f"temperature: {len(rules)} rules for a pack of {len(seeds)} members")
+    return PackedAgent([make_agent(agent, t, obs_dim, action_dim, device, s) for t, s in zip(rules, seeds)])
 
 
 def load_policy(directory: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[Agent, Manifest]:

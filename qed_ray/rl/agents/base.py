@@ -189,6 +189,7 @@ class SACBase:
         self.actor, self.critic = actor, critic
         self.critic_target = freeze(copy.deepcopy(critic))
         self.temperature = make_temperature(temperature, self.action_dim).to(self.device)
+        self.temperature_spec = temperature  # a pack's members share all of it but its MEMBER_FIELDS
         self.actor_opt = make_adam(self.actor.parameters(), self.spec.actor_lr, self.device)
         self.critic_opt = make_adam(self.critic.parameters(), self.spec.critic_lr, self.device)
         t_params = list(self.temperature.parameters())

@@ -1,4 +1,4 @@
-"""A pack: the S seeds of one (task, agent, temperature) trained as one batched computation.
+"""A pack: the S members of one (task, agent, temperature kind, network shape) trained as one batched computation.
 
 :class:`PackedAgent` stacks the parameters, buffers, optimiser moments and update memo of S single-seed agents
 along a leading seed axis ([S, ...]) and is the :class:`~qed_ray.rl.agents.base.Learner` of the agent's own update
@@ -7,6 +7,11 @@ rule (``learn``): every loss is the single-seed loss function mapped over the se
 backward of the **sum** of the per-seed losses (each seed's gradient is exactly its own), clips each seed by its
 own global norm (:func:`~qed_ray.rl.networks.per_seed_clip_`) and runs one element-wise Adam over the stacked
 tensors. No operation mixes seeds, so a NaN in one seed stays in its slice.
+
+A pack's members are its seeds; they may also differ in the temperature's scalars
+(:data:`~qed_ray.config.TemperatureSpec.MEMBER_FIELDS`: QED's k and alpha_max, a fixed alpha, the initial alpha_TE),
+each member's value being its own slice of the stacked temperature state (:attr:`PackedAgent.settings` for the
+values that are not checkpointed). Everything else (agent settings, the rest of the temperature) is one for all.
 
 Randomness stays per seed: seed s keeps the ``torch.Generator`` its single-seed agent was built with, and every
 update and action draws exactly the block a single-seed run of that seed draws (zeros for a stopped seed, whose
@@ -80,11 +85,13 @@ class PackedAgent:
     """S seeds of one agent: stacked tensors, one vmapped update, per-seed noise and state.
 
     Args:
-        agents: S freshly built (or restored) single-seed agents of one spec, temperature, dims and device, in
-            pack order. The first serves as the template whose modules give the functions their structure.
+        agents: S freshly built (or restored) single-seed agents of one spec, temperature (its member scalars
+            aside), dims and device, in pack order. The first serves as the template whose modules give the
+            functions their structure.
 
     Raises:
-        ValueError: agents that differ in type, spec or device, or shared buffers that differ between seeds.
+        ValueError: agents that differ in type, spec, device or a shared temperature setting (named), or shared
+            buffers that differ between seeds.
     """
 
     def __init__(self, agents: Sequence[SACBase]):
@@ -100,6 +107,8 @@ class PackedAgent:
         self.opts, self._opt_leaves = self._build_optimizers()
         self.updates = t.updates
         self.memo = {k: torch.stack([a.memo[k] for a in agents]) for k in t.memo}
+        # Per-member temperature scalars the rule reads from its state but never checkpoints (QED's scale, alpha_max).
+        self.settings = {k: torch.stack([_settings(a)[k] for a in agents]) for k in _settings(t)}
         self._frozen: dict[int, list[torch.Tensor]] = {}
         self._compiled: dict[Callable, Callable] | None = None  # compile_losses()
         self.load_seed_state_dicts([None if not any(o.state for o in a.optimizers().values()) else a.state_dict()
@@ -124,7 +133,7 @@ class PackedAgent:
         """Stacked trainable parameters [S, ...] per module name, and the stacked temperature state."""
         out = {m: {n: self.state[m][n] for n in names} for m, names in self.param_names.items()
                if m not in (TARGET, TEMPERATURE)}
-        out[TEMPERATURE] = dict(self.state[TEMPERATURE])
+        out[TEMPERATURE] = {**self.state[TEMPERATURE], **self.settings}
         return out
 
     def target_params(self) -> Params:
@@ -323,12 +332,23 @@ class PackedAgent:
                 self.memo[k][i] = v.to(self.memo[k].device)
 
 
+def _settings(agent: SACBase) -> dict[str, torch.Tensor]:
+    """The temperature buffers outside its ``state_dict`` (per-member settings a run spec gives)."""
+    kept = agent.temperature.state_dict()
+    return {k: b for k, b in agent.temperature.named_buffers() if k not in kept}
+
+
 def _check_alike(agents: Sequence[SACBase]) -> None:
     t = agents[0]
     for i, a in enumerate(agents[1:], 1):
         if type(a) is not type(t) or a.spec != t.spec or a.device != t.device or a.action_dim != t.action_dim:
             raise ValueError(f"pack: agent {i} ({a.name}, {a.device}) differs from agent 0 ({t.name}, {t.device}) "
                              f"in type, spec, device or dims; a pack holds seeds of one configuration")
+        mine, theirs = a.temperature_spec.shared(), t.temperature_spec.shared()
+        if mine != theirs:
+            diff = ", ".join(f"temperature.{k}" for k in mine if mine[k] != theirs[k])
+            raise ValueError(f"pack: agent {i} differs from agent 0 in {diff}; a pack's members may differ only in "
+                             f"temperature.{', temperature.'.join(a.temperature_spec.MEMBER_FIELDS)}")
         for m, mod in t.modules().items():
             if m == TEMPERATURE:
                 continue  # passed to every function explicitly, per seed
