@@ -149,7 +149,7 @@ def test_tracker_logs_through_the_server_with_env_credentials(server, monkeypatc
     tracker = Tracker(server.url, EXPERIMENT, "sweep-1")
     tracker.mark_training_experiment()
     parent = tracker.parent_run("authz", {"a": {"b": 1}}, {"qed.git_sha": "abc"})
-    trial = tracker.trial_run(parent, "cartpole-balance_te_s0", {"seed": 0})
+    trial = tracker.trial_run(parent, "cartpole-balance/sac_ln/te/0", {"seed": 0})
     tracker.log_metrics(trial, {"eval/return_mean": 12.5, "flag": True}, step=1000)
     tracker.log_metrics(trial, {"eval/return_mean": 20.0}, step=2000)
     (tmp_path / "spec.yaml").write_text("name: authz\n")
@@ -163,7 +163,7 @@ def test_tracker_logs_through_the_server_with_env_credentials(server, monkeypatc
     history = tracker.client.get_metric_history(trial, "eval/return_mean")
     assert sorted((m.step, m.value) for m in history) == [(1000, 12.5), (2000, 20.0)]
     assert tracker.client.get_run(trial).info.status == "FINISHED"
-    assert tracker.tags(trial)["qed.trial"] == "cartpole-balance_te_s0"
+    assert tracker.tags(trial)["qed.trial"] == "cartpole-balance/sac_ln/te/0"
     # The artifact went through the server (proxied store), not to a client-side path.
     assert [f.path for f in tracker.client.list_artifacts(parent, "spec")] == ["spec/spec.yaml"]
     assert [p.read_text() for p in (server.tmp / "artifacts").rglob("spec.yaml")] == ["name: authz\n"]
