@@ -136,7 +136,13 @@ def test_second_driver_outage_ctrl_c_then_growth_against_a_moved_server(tmp_path
     assert rc3 == 0, log3[-4000:]
     assert (f"taking over the sweep's stale lock: its driver (pid {second.pid} on host sleeping-laptop) sent no "
             f"heartbeat for 6") in log3
-    assert "UNVERIFIED" not in log3 and not layout.lock_file.exists()
+    # Seed 1 (resumed, running beside seed 2) may have finished while its driver was frozen: only the lock's holder
+    # records a finished seed's signed digest, so the new driver then uses that one seed unverified, and says so.
+    unverified = [line for line in log3.splitlines() if line.startswith("UNVERIFIED")]
+    assert unverified in ([], ["UNVERIFIED: 1 of 3 seeds were used without a check (their trials recorded no digest "
+                               "in MLflow when they finished, e.g. during a tracking outage): "
+                               "cartpole-balance/sac_ln/te seed 1"]), unverified
+    assert not layout.lock_file.exists()
     # Only the unfinished and the new trial ran in these starts; the finished one was not touched.
     start2, start3 = sorted(set(layout.tune_root.iterdir()) - {d.parent for d in layout.pack_dirs(_alone(SEED(0)))})
     packs = ["cartpole-balance__sac_ln__te__pack1", "cartpole-balance__sac_ln__te__pack2"]
@@ -155,7 +161,8 @@ def test_second_driver_outage_ctrl_c_then_growth_against_a_moved_server(tmp_path
     assert all(_steps(tracker, by_trial[SEED(s)]) == STEPS for s in range(3))
     assert int(by_trial[SEED(1)].data.tags["qed.resumed_from_env_step"]) in STEPS[:-1]
     assert int(by_trial[SEED(2)].data.tags["qed.resumed_from_env_step"]) in STEPS[:-1], "the new driver resumed it"
-    assert all("qed.files_hmac" in by_trial[SEED(s)].data.tags for s in range(3))
+    signed = {s for s in range(3) if "qed.files_hmac" in by_trial[SEED(s)].data.tags}
+    assert signed == ({0, 1, 2} if not unverified else {0, 2}), "unsigned exactly when reported unverified"
     # Finished trials keep what gather and a rerun need, not their replay chunks.
     assert all(layout.trial_state(SEED(s)) == "done" and not layout.replay(SEED(s)).exists() for s in range(3))
     assert all(3000 in layout.snapshots(SEED(s)) for s in range(3))
