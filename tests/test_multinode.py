@@ -202,7 +202,7 @@ def test_sweep_survives_losing_a_worker_node(tmp_path, monkeypatch):
 
     from qed_ray.spec import load_spec
 
-    spec_path = tiny_spec(tmp_path, "lose_node", seeds=4, train=TRAIN, max_retries=2)
+    spec_path = tiny_spec(tmp_path, "lose_node", seeds=2, train=TRAIN, max_retries=2)  # one trial per worker node
     names = {trial_dirname(r.name): r.name for r in load_spec(spec_path).runs()}
     sweep_dir = tmp_path / "results" / "lose_node"
     with short_tmp() as tmp:

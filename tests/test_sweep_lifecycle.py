@@ -206,6 +206,7 @@ def _gone(pid: int) -> bool:
     return False
 
 
+@pytest.mark.solo  # Ray's memory monitor reads the whole machine's memory: another test's cluster must not move it
 def test_trial_workers_killed_from_outside_are_retried_while_the_driver_runs_on(tmp_path):
     # Ray's memory monitor, made sensitive: it kills a worker once the node uses 4 GB more than now. A helper
     # process then takes 6 GB while a trial runs (as another program on a node would), until the kill.
