@@ -6,6 +6,8 @@ PY=.venv/bin/python
 export MUJOCO_GL=disable RAY_USAGE_STATS_ENABLED=0
 # Ray auth stays on: tests/conftest.py gives each pytest run a throwaway token (environment only, never a file).
 unset RAY_AUTH_MODE RAY_AUTH_TOKEN RAY_AUTH_TOKEN_PATH RAY_ADDRESS
+# Bytecode is cached (qed_ray's own modules too): the suites start a few hundred Python processes.
+unset PYTHONDONTWRITEBYTECODE
 # The fast suite on every core (its tests share nothing but read-only fixtures). The slow suite two files at a time:
 # its tests wait on process starts, Ray and MLflow about a third of the time, and each file's clusters are its own
 # (tests/ray_cluster.py); the longest files go first (tests/conftest.py). A test that measures the whole machine's

@@ -44,8 +44,8 @@ GATHER_FILES = {"results.json", "aggregates.csv", "groups.csv", "iqm_by_budget.c
 
 def test_tiny_sweep_end_to_end(tmp_path, ray_head):
     """2 tasks x 2 variants x 2 seeds in packs of two seeds (packs of one: every other slow sweep test): a laptop's
-    first start, a start that finishes a pack left half done, a start with other evaluation settings, --status and a
-    re-analysis."""
+    first start, a start that finishes a pack left half done, --status and a re-analysis with other evaluation
+    settings."""
     agents = [{"name": "sac_ln", "overrides": {"hidden": 16, "batch_size": 16},
                "temperatures": [{"kind": "te"}, {"kind": "qed", "k": 0.2}]}]
     spec = tiny_spec(tmp_path, "e2e", tasks=list(TASKS), agents=agents, pack={"seeds": 2})
@@ -110,20 +110,11 @@ def test_tiny_sweep_end_to_end(tmp_path, ray_head):
     for png in layout.figures.glob("*.png"):
         assert png.stat().st_size > 5000
 
-    # The first start was a laptop's (embedded Ray); the next two join a running cluster, as a second start may.
+    # The first start was a laptop's (embedded Ray); the next one joins a running cluster, as a second start may.
     _a_pack_left_half_done_resumes_and_nothing_else_runs(spec, layout, ray_head)
-
-    more = tiny_spec(tmp_path, "e2e", tasks=list(TASKS), agents=agents, pack={"seeds": 2},
-                     final_eval={"episodes": 3, "action_rollouts": 2, "action_steps": 20, "curve_episodes": 1,
-                                 "bootstrap_reps": 200})
-    third = run_sweep_cli(more, env=ray_head.env())  # other evaluation settings: all evaluated again, nothing trained
-    assert third.returncode == 0 and "8 trials (8 done, 0 new) in 4 packs of up to 2 seeds" in third.stdout
-    assert "gather: 4 group(s) evaluated, 0 taken from the cache" in third.stdout
-    assert all(len(r) == 3 for g in json.loads(layout.results_json.read_text())["groups"] for r in g["returns"])
-    assert len(list(layout.tune_root.iterdir())) == 2, "no Tuner was started for finished trials"
     assert len(_children(sweep_runs(sweep_dir, "e2e")[1])) == 8
 
-    status = subprocess.run([sys.executable, "-m", "qed_ray.sweep", str(more), "--status"], cwd=ROOT, env=cli_env(),
+    status = subprocess.run([sys.executable, "-m", "qed_ray.sweep", str(spec), "--status"], cwd=ROOT, env=cli_env(),
                             capture_output=True, text=True, timeout=120)
     assert status.returncode == 0 and "trials: 8 done, 0 running, 0 stopped, 0 failed, 0 not started" in status.stdout
     assert "env steps: 16,000 of 16,000 (100%)" in status.stdout and "results: 4 of 4 groups gathered" in status.stdout
@@ -194,16 +185,18 @@ def _a_pack_left_half_done_resumes_and_nothing_else_runs(spec, layout: SweepDir,
 
 
 def _reanalysis_is_a_child_run_with_the_new_tables(sweep_dir, parent_id: str) -> None:
-    """``python -m qed_ray.gather DIR`` (its main, in this process: the groups are cached, only the tables change)
-    logs its tables, figures, summary and verdict as a child run of the sweep's run, named for the settings that
-    differ from the run's params; the sweep's run keeps its own."""
+    """``python -m qed_ray.gather DIR`` (its main, in this process) with other evaluation settings evaluates every
+    group again (no training, no Ray) and logs its tables, figures, summary and verdict as a child run of the sweep's
+    run, named for the settings that differ from the run's params; the sweep's run keeps its own."""
     from qed_ray.service.reanalysis import main as gather_main
 
     layout = SweepDir(sweep_dir)
     parent_note = sweep_runs(sweep_dir, "e2e")[0].client.get_run(parent_id).data.tags["mlflow.note.content"]
-    assert gather_main([str(sweep_dir), "--bootstrap-reps", "300"]) == 0
+    assert gather_main([str(sweep_dir), "--episodes", "3", "--bootstrap-reps", "300"]) == 0
     results = json.loads(layout.results_json.read_text())
     assert results["final_eval"]["bootstrap_reps"] == 300 and results["final_eval"]["episodes"] == 3
+    assert all(len(r) == 3 for g in results["groups"] for r in g["returns"]), "3 episodes per seed"
+    assert len(list(layout.group_cache.glob("*.json"))) == 8, "both settings' evaluations stay cached"
     tracker, runs = sweep_runs(sweep_dir, "e2e")
     (child,) = [r for r in runs if r.data.tags.get("qed.role") == "reanalysis"]
     assert child.info.run_name == "reanalysis episodes=3 bootstrap_reps=300", "vs the parent's final_eval params"
@@ -266,24 +259,13 @@ def _groups_land_while_the_sweep_runs(tracker, parent_id: str, children: list, l
     print(f"\nseconds from a group's last trial ending to its row in MLflow: {delays}")
 
 
-def test_crashing_trial_is_retried_from_its_checkpoint(tmp_path, ray_head):
-    spec = tiny_spec(tmp_path, "crash", seeds=1,
-                     train={"env_steps": 3000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100,
-                            "debug": {"crash_at_env_step": 2500}})
-    proc = run_sweep_cli(spec, env=ray_head.env())
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    tracker, runs = sweep_runs(tmp_path / "results" / "crash", "crash")
-    (child,) = _children(runs)
-    assert child.info.status == "FINISHED"
-    assert child.data.tags["qed.resumed_from_env_step"] == "2000", "resumed from the 2000-step checkpoint"
-    hist = tracker.client.get_metric_history(child.info.run_id, "eval/return_mean")
-    assert sorted(m.step for m in hist) == [1000, 2000, 3000]
-    (tune_dir,) = SweepDir(tmp_path / "results" / "crash").pack_dirs(PackId.of(["cartpole-balance/sac_ln/te/0"]))
-    assert "injected crash at env step 2500" in (tune_dir / "error.txt").read_text()  # Tune's error file
-
-
-def test_killed_driver_resumes_without_retraining(tmp_path, ray_head):
-    spec = tiny_spec(tmp_path, "kill", seeds=2, max_concurrent_trials=1)
+def test_crashing_trials_are_retried_from_their_checkpoint_and_a_killed_driver_resumes_without_retraining(
+        tmp_path, ray_head):
+    # Every trial that starts fresh crashes at env step 1500 (after its first checkpoint) and Tune retries it from
+    # that checkpoint; the driver is killed once the first trial is done.
+    spec = tiny_spec(tmp_path, "kill", seeds=2, max_concurrent_trials=1,
+                     train={"env_steps": 2000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100,
+                            "debug": {"crash_at_env_step": 1500}})
     sweep_dir = tmp_path / "results" / "kill"
     driver = subprocess.Popen([sys.executable, "-m", "qed_ray.sweep", str(spec)], cwd=ROOT, env=ray_head.env(),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -308,12 +290,18 @@ def test_killed_driver_resumes_without_retraining(tmp_path, ray_head):
     assert f"2 trials ({len(done_before)} done, " in proc.stdout
     assert {p: p.stat().st_mtime_ns for p in snapshots} == snapshots, "finished trials were not re-trained"
     tracker, runs = sweep_runs(sweep_dir, "kill")
-    children = _children(runs)
+    children, layout = _children(runs), SweepDir(sweep_dir)
     assert len(children) == 2 and all(r.info.status == "FINISHED" for r in children)
     for r in children:
         steps = [m.step for m in tracker.client.get_metric_history(r.info.run_id, "eval/return_mean")]
         assert sorted(steps) == [1000, 2000], f"{r.data.tags['qed.trial']}: {steps}"
     assert len(done_markers(sweep_dir)) == 2
+    # The trial that finished before the kill had crashed and resumed.
+    (run,) = [r for r in children if layout.done_marker(r.data.tags["qed.trial"]) == done_before[0]]
+    first = run.data.tags["qed.trial"]
+    assert run.data.tags["qed.resumed_from_env_step"] == "1000", "resumed from the 1000-step checkpoint"
+    (tune_dir,) = layout.pack_dirs(PackId.of([first]))
+    assert "injected crash at env step 1500" in (tune_dir / "error.txt").read_text()  # Tune's error file
 
 
 def test_diverging_trials_fail_loudly_with_their_reason_recorded_and_are_not_retried(tmp_path, ray_head):
