@@ -20,6 +20,7 @@ from qed_ray.rl.replay import Replay
 from qed_ray.service.tracking_uri import check_uri, masked, unreachable
 from qed_ray.spec import SpecError, SweepSpec
 from qed_ray.tasks import TASK_DIMS, TASKS
+from kit import free_port
 
 ROOT = Path(__file__).parents[1]
 BASE = {"name": "s", "tasks": ["cartpole-balance"], "seeds": 2,
@@ -48,13 +49,6 @@ def cli(monkeypatch, tmp_path, capsys):
         return code, out.err, out.out
 
     return run
-
-
-def free_port() -> int:
-    """A local port nothing listens on (bound and released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---- tracking URIs -----------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from kit import ACT, OBS, batch_of, spec_of
+from kit import ACT, OBS, TINY_MAD, batch_of, spec_of
 
 from qed_ray.rl.agents.base import params_of
 from qed_ray.rl.agents.mad_sac import MODEL_METRIC_KEYS, MadSAC, split_sizes
@@ -306,7 +306,7 @@ def test_resumed_run_matches_a_straight_run(tiny_run, tmp_path, temperature):
     from qed_ray.rl.run import run
 
     agent = {"name": "mad_sac", "hidden": 16, "batch_size": 16,
-             "mad": {"latent_dim": 16, "encoder_hidden": 16, "model_hidden": 16, "num_bins": 51, "model_every": 3}}
+             "mad": {**TINY_MAD, "model_every": 3}}
     fast = {"frame_skip": 10, "eval_every": 1000, "warmup_decisions": 50}  # 100 decisions per 1000 env steps
     spec = tiny_run(agent=agent, temperature=temperature, train={**fast, "env_steps": 2000})
     (straight,) = map(dump, run([spec], tmp_path / "a"))  # as summary.json holds them

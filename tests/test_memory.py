@@ -17,11 +17,12 @@ from qed_ray.service.memory import (NODE_TYPES, AllocationPeak, fit_problem, lar
 from qed_ray.tasks import TASK_DIMS, TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_MAD = {"latent_dim": 64, "encoder_hidden": 64, "model_hidden": 64, "num_bins": 51, "vmin": -50.0, "vmax": 50.0}
+# A world model of 64 units (not the kit's tiny one): the memory model is checked at a size where it shows.
+MAD_64 = {"latent_dim": 64, "encoder_hidden": 64, "model_hidden": 64, "num_bins": 51, "vmin": -50.0, "vmax": 50.0}
 
 
 def _runs(agent: str, members: int = 3, batch: int = 256, capacity: int = 20_000, **train) -> list[RunSpec]:
-    spec = {"name": agent, "hidden": 128, "batch_size": batch, **({"mad": TINY_MAD} if agent == "mad_sac" else {})}
+    spec = {"name": agent, "hidden": 128, "batch_size": batch, **({"mad": MAD_64} if agent == "mad_sac" else {})}
     return [RunSpec.model_validate({"task": "cheetah-run", "seed": i % 2, "agent": spec,
                                     "temperature": {"kind": "qed", "k": (0.1, 0.2, 0.4)[i % 3]},
                                     "train": {"replay_capacity": capacity, **train}}) for i in range(members)]

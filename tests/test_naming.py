@@ -11,6 +11,7 @@ from qed_ray.flags import run_flags
 from qed_ray.naming import format_value, identity, parse_value, parse_variant, temperature_label, variant_label
 from qed_ray.spec import load_spec
 from qed_ray.rl.run import main as train_main
+from kit import TINY_MAD
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = {"env_steps": 2000, "eval_every": 1000, "warmup_decisions": 100}
@@ -87,8 +88,7 @@ def test_two_widths_and_two_alpha_max_expand_to_distinct_trials_with_distinct_la
 
 def test_any_agent_or_train_field_is_an_axis_and_entries_of_one_agent_are_compared(tmp_path):
     spec = _spec(tmp_path, [
-        {"name": "mad_sac", "overrides": {"hidden": 32, "mad": {"proportion_real": [0.5, 0.95], "latent_dim": 16,
-                                                                 "encoder_hidden": 32, "model_hidden": 32}},
+        {"name": "mad_sac", "overrides": {"hidden": 32, "mad": {**TINY_MAD, "proportion_real": [0.5, 0.95]}},
          "temperatures": [{"kind": "te"}]},
         {"name": "sac_ln", "overrides": {"hidden": 16}, "temperatures": [{"kind": "te"}]},
         {"name": "sac_ln", "overrides": {"hidden": 32, "activation": "relu"}, "temperatures": [{"kind": "te"}]}],

@@ -10,10 +10,11 @@ from qed_ray.rl.agents import make_agent
 from qed_ray.config import agent_spec
 from qed_ray.rl.evaluate import eval_seeds
 from qed_ray.rl.trainer import build_trainer
+from kit import TINY_MAD
 
 TEMPERATURES = {"te": {"kind": "te"}, "qed": {"kind": "qed", "k": 0.2}, "fixed": {"kind": "fixed", "alpha": 0.2}}
 AGENTS = {"sac_ln": {"hidden": 32}, "mad_sac": {"name": "mad_sac", "hidden": 32, "batch_size": 32,
-                                                "mad": {"latent_dim": 16, "encoder_hidden": 32, "model_hidden": 32}}}
+                                                "mad": TINY_MAD}}
 
 
 def _weights(agent) -> dict[str, torch.Tensor]:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from qed_ray.codec import dump, read_record
-from qed_ray.config import MadSpec, RunSpec, TemperatureSpec, agent_spec
+from qed_ray.config import RunSpec, TemperatureSpec
 from qed_ray.layout import PackId, SweepDir, trial_dirname
 from qed_ray.rl.agents import make_packed_agent
 from qed_ray.rl.manifests import Manifest
@@ -17,21 +17,19 @@ from qed_ray.service.packing import form_packs
 from qed_ray.service.sweep_record import read_state, write_state
 from qed_ray.service.sweep_state import plan
 from qed_ray.spec import SweepSpec, load_spec
+from kit import ACT, B, OBS, QED, spec_of
 
-OBS, ACT, B = 5, 2, 16
 SEEDS = (3, 7)
 KS = (0.1, 0.2, 0.4)
-TINY_MAD = MadSpec(latent_dim=16, encoder_hidden=16, model_hidden=16, num_bins=21, vmin=-10.0, vmax=10.0,
-                   model_every=2)
 LOSSES = ("loss/critic", "loss/actor", "loss/alpha")
 
 
 def qed(k: float) -> TemperatureSpec:
-    return TemperatureSpec(kind="qed", k=k, n_actions=4, alpha_max=0.5, init_alpha=0.02)
+    return TemperatureSpec(**{**QED, "k": k})
 
 
 def _spec(name: str):
-    return agent_spec(name=name, hidden=16, batch_size=B, **({"mad": TINY_MAD} if name == "mad_sac" else {}))
+    return spec_of(name, {"model_every": 2})
 
 
 def _batch(step: int, members: int) -> dict[str, torch.Tensor]:
