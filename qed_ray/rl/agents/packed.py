@@ -71,13 +71,27 @@ def stack_optimizer_states(states: Sequence[dict]) -> dict:
     return {"state": stacked, "param_groups": copy.deepcopy(first["param_groups"])}
 
 
+def _tensors_map(f: Callable, tree):
+    """``f`` on every tensor of nested dicts, tuples and lists (a loss function's arguments and results); anything
+    else as it is. The few container types of a pack's losses, without pytree's generic flatten and unflatten."""
+    if isinstance(tree, torch.Tensor):
+        return f(tree)
+    if isinstance(tree, dict):
+        return {k: _tensors_map(f, v) for k, v in tree.items()}
+    if isinstance(tree, (tuple, list)):
+        return type(tree)(_tensors_map(f, v) for v in tree)
+    return tree
+
+
 def _one_seed(fn: Callable) -> Callable:
     """``vmap(fn)`` over a seed axis of length 1, without vmap: ``fn`` on each input's only slice, its outputs given
     the axis back. The same numbers up to rounding, but plain (not batched) kernels and no per-call vmap wrapping:
-    eager vmap over one seed costs about 15% of a CPU update (linear and layer norm through their batching rules)."""
+    eager vmap over one seed costs about 15% of a CPU update (linear and layer norm through their batching rules).
+    The slice is ``squeeze(0)``, a view whose gradient is a view too (``x[0]``'s backward would allocate and fill a
+    zero tensor of every stacked parameter each update)."""
     def mapped(*args):
-        out = fn(*torch.utils._pytree.tree_map(lambda x: x[0], args))
-        return torch.utils._pytree.tree_map(lambda x: x.unsqueeze(0), out)
+        out = fn(*_tensors_map(lambda x: x.squeeze(0), args))
+        return _tensors_map(lambda x: x.unsqueeze(0), out)
     return mapped
 
 
