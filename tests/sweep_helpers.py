@@ -19,13 +19,17 @@ from qed_ray.layout import SweepDir
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# The tiny sweeps' training: 2,000 env steps, an evaluation (and checkpoint) every 1,000.
+TINY_TRAIN = {"env_steps": 2000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100}
+
+
 def tiny_spec(tmp_path: Path, name: str, **overrides) -> Path:
     """Writes a very small sweep spec (tiny nets, short training) and returns its path."""
     spec = {
         "name": name, "tasks": ["cartpole-balance"], "seeds": 2,
         "agents": [{"name": "sac_ln", "overrides": {"hidden": 16, "batch_size": 16},
                     "temperatures": [{"kind": "te"}]}],
-        "train": {"env_steps": 2000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100},
+        "train": dict(TINY_TRAIN),
         "final_eval": {"episodes": 2, "action_rollouts": 2, "action_steps": 20, "curve_episodes": 1,
                        "bootstrap_reps": 200},
         "resources": {"cpu": 1, "gpu": 0},

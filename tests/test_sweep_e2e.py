@@ -19,7 +19,7 @@ from qed_ray.rl.digests import digest, inventory
 from qed_ray.service.tracking import PACK_SIZE_TAG, PACK_TAG
 from kit import GROUP_COLUMNS, cmdline
 from ray_cluster import processes_naming
-from sweep_helpers import ROOT, cli_env, done_markers, run_sweep_cli, sweep_runs, tiny_spec, wait_for
+from sweep_helpers import ROOT, TINY_TRAIN, cli_env, done_markers, run_sweep_cli, sweep_runs, tiny_spec, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -264,8 +264,7 @@ def test_crashing_trials_are_retried_from_their_checkpoint_and_a_killed_driver_r
     # Every trial that starts fresh crashes at env step 1500 (after its first checkpoint) and Tune retries it from
     # that checkpoint; the driver is killed once the first trial is done.
     spec = tiny_spec(tmp_path, "kill", seeds=2, max_concurrent_trials=1,
-                     train={"env_steps": 2000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100,
-                            "debug": {"crash_at_env_step": 1500}})
+                     train={**TINY_TRAIN, "debug": {"crash_at_env_step": 1500}})
     sweep_dir = tmp_path / "results" / "kill"
     driver = subprocess.Popen([sys.executable, "-m", "qed_ray.sweep", str(spec)], cwd=ROOT, env=ray_head.env(),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -308,8 +307,7 @@ def test_diverging_trials_fail_loudly_with_their_reason_recorded_and_are_not_ret
     spec = tiny_spec(tmp_path, "nan", seeds=1, max_retries=2,
                      agents=[{"name": "sac_ln", "overrides": {"hidden": 16, "batch_size": 16},
                               "temperatures": [{"kind": "te"}, {"kind": "fixed", "alpha": 0.1}]}],
-                     train={"env_steps": 2000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100,
-                            "debug": {"nan": {"env_step": 1500}}, "nan_check_every": 10})
+                     train={**TINY_TRAIN, "debug": {"nan": {"env_step": 1500}}, "nan_check_every": 10})
     proc = run_sweep_cli(spec, env=ray_head.env())
     assert proc.returncode == 1
     failed = [line for line in proc.stdout.splitlines() if line.startswith("FAILED cartpole-balance/sac_ln/te/0: ")]
