@@ -45,8 +45,9 @@ def processes_naming(token: str) -> set[int]:
     return found.union(*(descendants(p) for p in found)) - {me}
 
 
-def kill_processes_naming(token: str, grace_s: float = 15.0) -> None:
-    """SIGTERM, then SIGKILL after ``grace_s``, every process of ``processes_naming(token)``."""
+def kill_processes_naming(token: str, grace_s: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace_s``, every process of ``processes_naming(token)``. (A test's cluster keeps
+    nothing worth a longer grace: its folder is deleted next.)"""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in processes_naming(token):
             try:

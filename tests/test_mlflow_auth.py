@@ -97,7 +97,7 @@ def server(tmp_path_factory):
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
                 os.killpg(proc.pid, sig)  # the server and its uvicorn workers (own session)
-                proc.wait(timeout=30)
+                proc.wait(timeout=3)  # its stores are thrown away: no need to wait out a slow shutdown
                 break
             except ProcessLookupError:
                 break

@@ -30,7 +30,7 @@ import pytest
 from qed_ray.layout import PackId, SweepDir, trial_dirname
 from kit import free_port
 from ray_cluster import HEAD_RESOURCE, RAY, ray_env, short_tmp, start_head
-from sweep_helpers import ROOT, done_markers, run_sweep_cli, sweep_runs, tiny_spec
+from sweep_helpers import ROOT, TINY_TRAIN, done_markers, run_sweep_cli, sweep_runs, tiny_spec
 
 pytestmark = pytest.mark.slow
 
@@ -137,8 +137,8 @@ def test_resources_no_node_has_are_refused_before_submitting(tmp_path, ray_head,
 
 
 # ---- 2. a worker node lost mid-sweep ---------------------------------------------------------------------
-TRAIN = {"env_steps": 4000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100}
-EVAL_STEPS = [1000, 2000, 3000, 4000]
+TRAIN = {**TINY_TRAIN, "env_steps": 5000}  # the victim is picked before 4000: 300 decisions or more to catch it
+EVAL_STEPS = [1000, 2000, 3000, 4000, 5000]
 
 
 def trial_nodes(db: Path) -> dict[str, list[str]]:

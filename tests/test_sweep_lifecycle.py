@@ -20,11 +20,14 @@ import yaml
 
 from qed_ray.layout import PackId, SweepDir
 from kit import cmdline, descendants
-from sweep_helpers import MlflowServer, cli_env, run_sweep_cli, start_sweep, sweep_runs, tiny_spec, wait_for
+from sweep_helpers import TINY_TRAIN, MlflowServer, cli_env, run_sweep_cli, start_sweep, sweep_runs, tiny_spec, wait_for
 
 pytestmark = pytest.mark.slow
 
+# Frame skip 2 here: the lock takeover needs seed 2 still training some 20 s after its first checkpoint. The killed
+# workers' sweep only needs a moment to catch each trial between its first checkpoint and its end: 200 decisions.
 TRAIN = {"env_steps": 3000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100}
+KILLED_TRAIN = {**TINY_TRAIN, "env_steps": 3000}
 STEPS = [1000, 2000, 3000]
 SEED = "cartpole-balance/sac_ln/te/{}".format
 
@@ -212,7 +215,7 @@ def test_trial_workers_killed_from_outside_are_retried_while_the_driver_runs_on(
     # process then takes 6 GB while a trial runs (as another program on a node would), until the kill.
     total, used = _meminfo()
     env = cli_env(RAY_memory_usage_threshold=f"{(used + 4e9) / total:.4f}", RAY_memory_monitor_refresh_ms="100")
-    spec = tiny_spec(tmp_path, "killed", seeds=2, max_concurrent_trials=1, max_retries=2, train=TRAIN)
+    spec = tiny_spec(tmp_path, "killed", seeds=2, max_concurrent_trials=1, max_retries=2, train=KILLED_TRAIN)
     layout = SweepDir(tmp_path / "results" / "killed")
     driver = start_sweep(spec, tmp_path / "driver.log", env=env)
     hog = None

@@ -18,6 +18,7 @@ from qed_ray.service.tracking import (DIGEST_TAG, GROUP_TAG, KEY_ID_TAG, MAC_TAG
                                       Tracker, run_name)
 from qed_ray.rl.trainer import InjectedCrash
 from qed_ray.service.trial import TrialContext, train_trial
+from sweep_helpers import TINY_TRAIN
 
 KEY = bytes(range(32))
 CONTEXT = {"sweep_id": "0123456789ab", "sweep_dir": "/mnt/qed/sweeps/s", "tracking_uri": "http://head:5000",
@@ -62,8 +63,7 @@ def _config(debug: dict, env_steps: int = 1000) -> dict:
     runs = [RunSpec.model_validate({
         "task": "cartpole-balance", "seed": s, "agent": {"hidden": 16, "batch_size": 16},
         "temperature": {"kind": "te"},
-        "train": {"env_steps": env_steps, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 100,
-                  "nan_check_every": 10, "debug": debug}}) for s in (0, 1)]
+        "train": {**TINY_TRAIN, "env_steps": env_steps, "nan_check_every": 10, "debug": debug}}) for s in (0, 1)]
     return {"pack": {"name": "cartpole-balance/sac_ln/te/pack0-1",
                      "trials": [{"name": n, "run": r.model_dump(mode="json")} for n, r in zip(NAMES, runs)]}}
 
