@@ -7,7 +7,9 @@ is rewritten after every cell, so a later failure loses nothing):
    batch indices and noise through the update runner in ``graph`` mode and in ``off`` mode (eager): the max
    absolute deviation of every parameter, target, memo and Adam moment, and whether they are allclose (rtol 1e-4,
    atol 1e-5); the last 20 graphed updates run under ``torch.cuda.set_sync_debug_mode("error")`` (a host sync
-   inside the update raises). On the CPU the graph is replaced by ``compile`` (``--cpu-compile``) or skipped.
+   inside the update raises). On the CPU the graph is replaced by ``compile`` (``--cpu-compile``) or, without it, by
+   eager again (SAC-LN only: the check's own code, rehearsed in CI without a cold inductor compile; compile against
+   eager is tests/test_pack_update.py's).
 2. ``graph``: S in {1, 10, 20}, both agents, QED and te (auto mode: graph on CUDA, eager on the CPU); S = 1 is a
    single run (a pack of one); on CUDA, right after the S = 10 cells, the same S = 10 cells at ``train.precision``
    3xtf32 and tf32 (the check also runs SAC-LN's graph against eager at 3xtf32: the per-product TF32 switch must be
@@ -127,10 +129,10 @@ def measure(kind: str, agent: str, temperature: str, seeds: int, mode: str, args
 
 
 def deviation_check(agent: str, args, precision: str = "fp32") -> dict:
-    """Graph (CUDA) or compile (CPU, ``--cpu-compile``) against eager over identical inputs at ``precision``; the
-    sync check."""
+    """Graph (CUDA), compile (CPU, ``--cpu-compile``) or eager (CPU) against eager over identical inputs at
+    ``precision``; the sync check."""
     device = torch.device(args.device)
-    mode = "graph" if device.type == "cuda" else "compile"
+    mode = "graph" if device.type == "cuda" else "compile" if args.cpu_compile else "off"
     a = Pack(agent, "qed", CHECK_SEEDS, mode, device, args.hidden, args.batch, precision)
     ref = Pack(agent, "qed", CHECK_SEEDS, "off", device, args.hidden, args.batch, precision)
     sync_error = None
@@ -189,7 +191,7 @@ def plan(args) -> list[tuple]:
     sizes = [1, 2] if args.quick else [1, 10, 20]
     big = [2] if args.quick else [10, 20]
     cuda = args.device != "cpu"
-    checked = AGENTS if cuda else AGENTS[:1] if args.cpu_compile else ()
+    checked = AGENTS if cuda else AGENTS[:1]
     cells = [("check", deviation_check, (a,)) for a in checked]
     cells += [("check", deviation_check, ("sac_ln", "3xtf32"))] if cuda else []
     first, rest = sizes[1:2], [s for s in sizes if s != sizes[1]]  # S = 10 first: the precision cells compare to it

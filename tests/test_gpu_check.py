@@ -26,9 +26,10 @@ def test_the_cpu_form_of_the_gpu_check_runs_every_step_and_writes_its_table_wher
     log = (out / "gpu_check.log").read_text()
     assert "step 1: import check: passed (no dm_control, mujoco, ray, mlflow)" in log
     assert re.search(r"step 2: pytest exit 0 \(\d+ passed", log)
-    m = re.search(r"deviation sac_ln compile vs eager at fp32 over 6 updates: max \|diff\| (\S+) allclose True; sync "
+    # The check's own code runs eager against eager here (compile against eager: tests/test_pack_update.py).
+    m = re.search(r"deviation sac_ln off vs eager at fp32 over 6 updates: max \|diff\| (\S+) allclose True; sync "
                   r"check not run \(CPU\)", log)
-    assert m and float(m.group(1)) < 1e-4
+    assert m and float(m.group(1)) == 0.0
     assert "step 3: precision gate exit 0" in log and "step 4: gpu_bench exit 0" in log
     assert "3xtf32: PASSED" in log and "tf32: FAILED" in log
     (gate,) = json.loads((out / "precision_gate.json").read_text())["runs"]  # no tensor cores: no second run
