@@ -10,8 +10,6 @@ unset RAY_AUTH_MODE RAY_AUTH_TOKEN RAY_AUTH_TOKEN_PATH RAY_ADDRESS
 unset PYTHONDONTWRITEBYTECODE
 # The fast suite on every core (its tests share nothing but read-only fixtures). The slow suite two files at a time:
 # its tests wait on process starts, Ray and MLflow about a third of the time, and each file's clusters are its own
-# (tests/ray_cluster.py); the longest files go first (tests/conftest.py). A test that measures the whole machine's
-# memory (marker "solo") runs alone afterwards.
+# (tests/ray_cluster.py); the longest files go first (tests/conftest.py).
 $PY -m pytest -m "not slow" -q -n auto --durations=10 "$@"
-$PY -m pytest -m "slow and not solo" -q -n 2 --dist loadfile --no-loadscope-reorder --durations=40 "$@"
-$PY -m pytest -m "slow and solo" -q --durations=5 "$@"
+$PY -m pytest -m slow -q -n 2 --dist loadfile --no-loadscope-reorder --durations=40 "$@"
