@@ -21,6 +21,7 @@ the saved policies with other final-evaluation settings, in this process: no Ray
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -137,6 +138,8 @@ class Gatherer:
         self.tracker: Tracker | None = None
         self.retry: set[GroupKey] = set()  # groups to gather again at the end (MLflow did not answer)
         self.mlflow_down = False
+        self.written: str | None = None  # the results.json text of the last files written (_refresh)
+        self.files_logged = False  # and whether they reached the parent run
 
     async def trial_finished(self, name: str, live: bool = True) -> None:
         """A trial ended; the folder says how (idempotent). ``DONE.json``: it finished; ``DIVERGED.json``: it failed
@@ -229,8 +232,14 @@ class Gatherer:
         if self._mirror(log_rows, results, new):
             now = time.time()
             self.logged_at.update({g.key: now for g in new})
-        write_results(results, self.layout)
-        self._mirror(log_files, self.layout)
+        # Results unchanged since the last refresh (the sweep's end after its last group landed) keep their files and
+        # their upload: the figures alone take seconds to draw.
+        text = json.dumps(results.to_json(), sort_keys=True)
+        if text != self.written:
+            write_results(results, self.layout)
+            self.written, self.files_logged = text, False
+        if not self.files_logged:
+            self.files_logged = self._mirror(log_files, self.layout)
         return results
 
     def _mirror(self, log, *args) -> bool:
