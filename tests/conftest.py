@@ -33,7 +33,7 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
-# The slow files, longest first (their CI call times), so that two pytest-xdist workers (scripts/test.sh) end
+# The slow files, longest first (their CI call times), so that the pytest-xdist workers (scripts/test.sh) end
 # together; the other files keep their order after them.
 LONGEST_FIRST = ("test_sweep_e2e.py", "test_sweep_lifecycle.py", "test_multinode.py", "test_job_submit.py",
                  "test_pack_update.py", "test_gpu_check.py", "test_trial.py", "test_mlflow_auth.py", "test_relink.py",

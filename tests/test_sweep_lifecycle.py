@@ -216,7 +216,7 @@ HOG = "import numpy, time\nblocks = []\nfor _ in range(28):\n    blocks.append(n
 
 def test_trial_workers_killed_from_outside_are_retried_while_the_driver_runs_on(tmp_path):
     # Ray's memory monitor, made sensitive: it kills a worker once the machine uses 6 GB more than now. The machine
-    # is shared with another test file's clusters (scripts/test.sh runs two at a time), whose use moves by a few GB:
+    # is shared with other test files' clusters (scripts/test.sh runs three at a time), whose use moves by a few GB:
     # a helper process takes memory while a trial runs (as another program on a node would) until the kill, however
     # far that is.
     total, used = _meminfo()
