@@ -38,25 +38,55 @@ def short_tmp():
 
 
 def processes_naming(token: str) -> set[int]:
-    """Processes whose command line contains ``token``, plus all their descendants (Ray renames its workers and
-    agents to ``ray::...``, so those are found through their raylet)."""
+    """Processes whose command line contains ``token`` or that hold a file open under it, plus all their descendants
+    (Ray renames its workers and agents to ``ray::...``, so those are found through their raylet; the client server
+    that ``ray start`` leaves behind names no folder and is nobody's child, but writes its logs under it)."""
     me = os.getpid()
-    found = {int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != me and token in cmdline(int(p))}
+    found = {int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != me
+             and (token in cmdline(int(p)) or _holds_file_under(int(p), token))}
     return found.union(*(descendants(p) for p in found)) - {me}
 
 
+def _holds_file_under(pid: int, token: str) -> bool:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    inside = token.rstrip("/") + "/"
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(inside):
+                return True
+        except OSError:
+            pass
+    return False
+
+
 def kill_processes_naming(token: str, grace_s: float = 3.0) -> None:
-    """SIGTERM, then SIGKILL after ``grace_s``, every process of ``processes_naming(token)``. (A test's cluster keeps
-    nothing worth a longer grace: its folder is deleted next.)"""
+    """SIGTERM, then SIGKILL after ``grace_s``, every process of ``processes_naming(token)``, and at the SIGKILL those
+    found at the SIGTERM that no longer look like it. (A test's cluster keeps nothing worth a longer grace: its
+    folder is deleted next.)"""
+    found: dict[int, str] = {}  # pid -> its start time, so that a reused pid is never signalled
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in processes_naming(token):
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+        found.update({pid: _started(pid) for pid in processes_naming(token)})
+        for pid, started in found.items():
+            if started and _started(pid) == started:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
         deadline = time.time() + grace_s
-        while processes_naming(token) and time.time() < deadline:
+        while any(_started(pid) == started for pid, started in found.items() if started) and time.time() < deadline:
             time.sleep(0.2)
+
+
+def _started(pid: int) -> str:
+    """The process's start time (its /proc stat field), or "" once it is gone (zombies count as gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return ""
+    return "" if fields[0] == "Z" else fields[19]
 
 
 def ray_env(tmp: Path, address: str | None = None, **extra) -> dict:
