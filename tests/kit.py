@@ -57,15 +57,19 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def stat_fields(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (state first, then the parent's pid, ...; the
+    start time is index 19), or [] once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def descendants(root: int) -> set[int]:
     """Every process below ``root`` (children, their children, ...), from one read of /proc."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                parents[int(entry)] = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                pass
+    parents = {int(e): stat_fields(int(e)) for e in os.listdir("/proc") if e.isdigit()}
+    parents = {pid: int(fields[1]) for pid, fields in parents.items() if fields}
     found, grew = {root}, True
     while grew:
         children = {p for p, pp in parents.items() if pp in found} - found

@@ -19,7 +19,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from kit import cmdline, descendants, free_port
+from kit import cmdline, descendants, free_port, stat_fields
 from sweep_helpers import cli_env
 
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -81,12 +81,9 @@ def kill_processes_naming(token: str, grace_s: float = 3.0) -> None:
 
 
 def _started(pid: int) -> str:
-    """The process's start time (its /proc stat field), or "" once it is gone (zombies count as gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return ""
-    return "" if fields[0] == "Z" else fields[19]
+    """The process's start time, or "" once it is gone (zombies count as gone)."""
+    fields = stat_fields(pid)
+    return fields[19] if fields and fields[0] != "Z" else ""
 
 
 def ray_env(tmp: Path, address: str | None = None, **extra) -> dict:
