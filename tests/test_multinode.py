@@ -28,7 +28,7 @@ from types import SimpleNamespace
 import pytest
 
 from qed_ray.layout import PackId, SweepDir, trial_dirname
-from kit import free_port
+from kit import cmdline, descendants, free_port
 from ray_cluster import HEAD_RESOURCE, RAY, ray_env, short_tmp, start_head
 from sweep_helpers import ROOT, TINY_TRAIN, done_markers, run_sweep_cli, sweep_runs, tiny_spec
 
@@ -154,43 +154,35 @@ def trial_nodes(db: Path) -> dict[str, list[str]]:
     return {trial: nodes.split(",") for trial, nodes in rows}
 
 
-def reported(layout: SweepDir, trial: str) -> list[dict]:
-    """The results Tune's driver has recorded for a trial in this start (its ``result.json`` rows, incl. the trial's
-    ``pid``): a row there means the trial's checkpoint of that step is in the sweep folder."""
-    rows = []
-    dirs = layout.pack_dirs(PackId.of([trial]))  # pack.seeds 1: every trial is a pack of one
-    if dirs and (dirs[-1] / "result.json").exists():
-        for line in (dirs[-1] / "result.json").read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:  # the line being written
-                pass
-    return [r for r in rows if "env_steps" in r]
+def trial_worker(raylet: int) -> int | None:
+    """The pid of the trial process a worker node's raylet runs (each worker node runs one trial at a time)."""
+    found = [pid for pid in descendants(raylet) if cmdline(pid).startswith("ray::ImplicitFunc")]
+    return found[0] if len(found) == 1 else None
 
 
-def running_trial_with_checkpoint(sweep_dir: Path, names: dict[str, str], workers: set[str]):
-    """``(trial, node, step, pid)`` of a trial running on a worker node with a driver-held checkpoint and at least
-    two evaluations still to go; None if there is none yet."""
+def running_trial_with_checkpoint(sweep_dir: Path, names: dict[str, str], raylets: dict[str, int]):
+    """``(trial, node, step, pid)`` of a trial running on a worker node (``raylets``: node id -> its raylet's pid)
+    with a checkpoint in the sweep folder (its newest, at ``step``: Tune's own record of the report comes later)
+    and at least two evaluations still to go; None if there is none yet."""
     layout = SweepDir(sweep_dir)
     nodes = trial_nodes(layout.mlflow_db)
     for trial in names.values():
-        rows = reported(layout, trial)
-        ran_on = nodes.get(trial, [])
-        if rows and rows[-1]["env_steps"] < TRAIN["env_steps"] - TRAIN["eval_every"] and ran_on \
-                and ran_on[-1] in workers and not layout.done_marker(trial).exists():
-            return trial, ran_on[-1], int(rows[-1]["env_steps"]), int(rows[-1]["pid"])
+        saved, ran_on = layout.pack_checkpoint_steps(PackId.of([trial])), nodes.get(trial, [])
+        if saved and max(saved) < TRAIN["env_steps"] - TRAIN["eval_every"] and ran_on and ran_on[-1] in raylets \
+                and not layout.done_marker(trial).exists() and (pid := trial_worker(raylets[ran_on[-1]])):
+            return trial, ran_on[-1], max(saved), pid
     return None
 
 
-def freeze_victim(sweep_dir: Path, names: dict[str, str], workers: set[str], driver, timeout: float = 900):
+def freeze_victim(sweep_dir: Path, names: dict[str, str], raylets: dict[str, int], driver, timeout: float = 900):
     """Waits for a trial to pick (see above) and SIGSTOPs its process, so it cannot finish before its node is
     removed (a lost machine stops everything at once); re-checks after stopping, resuming it if it slipped."""
     deadline = time.time() + timeout
     while driver.poll() is None and time.time() < deadline:
-        victim = running_trial_with_checkpoint(sweep_dir, names, set(workers))
+        victim = running_trial_with_checkpoint(sweep_dir, names, raylets)
         if victim is not None:
             os.kill(victim[3], signal.SIGSTOP)
-            if running_trial_with_checkpoint(sweep_dir, names, set(workers)) == victim:
+            if running_trial_with_checkpoint(sweep_dir, names, raylets) == victim:
                 return victim
             os.kill(victim[3], signal.SIGCONT)
         time.sleep(0.3)
@@ -198,6 +190,7 @@ def freeze_victim(sweep_dir: Path, names: dict[str, str], workers: set[str], dri
 
 
 def test_sweep_survives_losing_a_worker_node(tmp_path, monkeypatch):
+    from ray._private.ray_constants import PROCESS_TYPE_RAYLET as RAYLET
     from ray.cluster_utils import Cluster
 
     from qed_ray.spec import load_spec
@@ -218,7 +211,8 @@ def test_sweep_survives_losing_a_worker_node(tmp_path, monkeypatch):
                 driver = subprocess.Popen([sys.executable, "-m", "qed_ray.sweep", str(spec_path)], cwd=ROOT,
                                           env=ray_env(tmp, cluster.address), stdout=out, stderr=subprocess.STDOUT,
                                           start_new_session=True)
-            victim = freeze_victim(sweep_dir, names, set(workers), driver)
+            raylets = {i: n.all_processes[RAYLET][0].process.pid for i, n in workers.items()}
+            victim = freeze_victim(sweep_dir, names, raylets, driver)
             assert victim is not None, (tmp_path / "out.log").read_text()[-3000:]
             lost_trial, lost_node, seen_step, pid = victim
             cluster.remove_node(workers[lost_node], allow_graceful=False)  # raylet, object store, agents: gone
@@ -249,6 +243,6 @@ def test_sweep_survives_losing_a_worker_node(tmp_path, monkeypatch):
     (survivor,) = set(workers) - {lost_node}
     assert ran_on.pop(lost_trial) == [lost_node, survivor], "lost with its node, retried once on the other one"
     assert all(len(nodes) == 1 for nodes in ran_on.values()), f"no other trial was disturbed: {ran_on}"
-    # Resumed from the newest checkpoint the driver held when the node went: at least the one we saw.
+    # Resumed from the newest checkpoint in the sweep folder when the node went: at least the one we saw.
     resumed = int(lost.data.tags["qed.resumed_from_env_step"])
     assert resumed in EVAL_STEPS[:-1] and resumed >= seen_step
