@@ -139,8 +139,6 @@ def test_shipped_sweeps_keep_their_identity():
 
 
 def test_one_registry_of_agent_names():
-    from qed_ray.rl.agents import make_agent  # noqa: F401 - the agents package must agree with config's registry
-
     assert set(AGENT_SPECS) == {"sac_ln", "mad_sac"}
     assert {f.path: f.choices for f in run_flags()}[("agent", "name")] == tuple(AGENT_SPECS)
 

@@ -65,7 +65,7 @@ def _logged_as_child_run(layout, out: str, name: str, results: dict):
     return run
 
 
-def test_reanalysis_evaluates_once_then_caches_and_changes_only_evaluation_outputs(sweep_copy, capsys):
+def test_reanalysis_evaluates_once_then_caches_and_changes_only_evaluation_outputs(sweep_copy, capsys, monkeypatch):
     layout = sweep_copy  # a copy of the session's template folder: its MLflow store points into the template
     before = _outside_gather(layout)
     assert main([str(layout.root), *SMALL]) == 0
@@ -102,6 +102,17 @@ def test_reanalysis_evaluates_once_then_caches_and_changes_only_evaluation_outpu
     assert main([str(layout.root), "--tracking-uri", f"sqlite:///{layout.root.parent / 'typo.db'}"]) == 2
     assert "no MLflow store at that path" in capsys.readouterr().err
     assert not (layout.root.parent / "typo.db").exists(), "no store is created for a mistyped URI"
+    # A URI the service cannot use is refused as a spec's is, naming where it came from.
+    assert main([str(layout.root), "--tracking-uri", "sqlite:///mlflow.db"]) == 2
+    assert capsys.readouterr().err.startswith("error: --tracking-uri: 'sqlite:///mlflow.db' is not an absolute SQLite "
+                                              "path (sqlite:/// and then a relative path; a Ray trial runs in another "
+                                              "folder); use sqlite:////abs/path/mlflow.db (four slashes)")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "mlflow.example:5000")
+    assert main([str(layout.root), *SMALL]) == 2
+    assert capsys.readouterr().err.startswith("error: MLFLOW_TRACKING_URI: 'mlflow.example:5000' has unknown "
+                                              "scheme 'mlflow.example'")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert _gather_files(layout) == outputs
     # A damaged cache entry is named and its group evaluated again (the entry rewritten); the other stays cached.
     entry = next(p for p in layout.group_cache.glob("*.json")
                  if json.loads(p.read_text())["group"]["variant"] == "te")

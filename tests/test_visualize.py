@@ -199,6 +199,11 @@ def test_bad_input_names_the_argument_and_what_the_sweep_has(sweep, capsys):
     assert "--frames" in capsys.readouterr().err
     assert cli.main([str(sweep.parent), "--task", TASK, "--no-mlflow"]) == 2
     assert "policies" in capsys.readouterr().err
+    # An MLflow URI is checked as a spec's is, before any rollout, naming the flag (and the password masked).
+    assert cli.main([str(sweep), "--task", TASK, "--tracking-uri", "http://qed:hunter2@head:5000"]) == 2
+    assert capsys.readouterr().err == ("error: --tracking-uri: 'http://***@head:5000' carries credentials, which "
+                                       "would be printed and stored with the sweep; give the URI without them and "
+                                       "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD instead\n")
     assert os.environ.get("MUJOCO_GL") == gl_before  # refused before choosing a renderer
 
 

@@ -16,6 +16,7 @@ from qed_ray.layout import SweepDir
 from qed_ray.rl.checkpoint import CheckpointError
 from qed_ray.service.sweep_record import sweep_id as read_sweep_id
 from qed_ray.service.tracking import ROLE_TAG, Tracker, artifact_location, default_tracking_uri
+from qed_ray.service.tracking_uri import given_uri
 
 
 def log_to_mlflow(paths: Sequence[Path], sweep_dir: Path, uri: str | None, experiment: str) -> str:
@@ -70,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         selected = select_snapshots(args.sweep_dir, args.task, args.agent, args.variants)
         shown = frame_steps(args.steps, args.frames)
+        uri = None if args.no_mlflow else given_uri(args.tracking_uri)  # refused before any rollout, not after
         backend = configure_rendering(os.environ)  # before the rollouts import dm_control
         import torch
 
@@ -79,7 +81,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         paths = run(args, selected, shown, meta)
         if not args.no_mlflow:
             sweep_dir = args.sweep_dir.resolve()
-            uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
             run_id = log_to_mlflow(paths, sweep_dir, uri, args.experiment or sweep_dir.name)
             print(f"logged {len(paths)} files to MLflow run {run_id} under behaviour/")
     except (ValueError, FileNotFoundError, LookupError, CheckpointError, RenderError) as e:

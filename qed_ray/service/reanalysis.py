@@ -44,6 +44,7 @@ from qed_ray.service.lock import LockHeld, SweepLock
 from qed_ray.service.results_key import ResultsKey, ResultsKeyError, key_path, load_key
 from qed_ray.service.status import driver, sweep_folders_in
 from qed_ray.service.sweep_record import read_state, sweep_id
+from qed_ray.service.tracking_uri import given_uri
 from qed_ray.spec import FinalEvalSpec
 
 # Settings of the final evaluation a re-analysis may change (keep_every decided which snapshots exist: fixed).
@@ -314,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides = {k: getattr(args, k) for k in FLAGS if getattr(args, k) is not None}
         previous = previous_results(layout)
         final_eval = final_eval_with(previous.final_eval if previous else None, overrides)
-        uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        uri = given_uri(args.tracking_uri)
         key = _key(layout, args.no_verify)
         verifier = None if args.no_verify else _verifier(layout, uri, key.secret)
         layout.trials()  # a folder without policies/ is refused here, naming it

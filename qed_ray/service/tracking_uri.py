@@ -72,6 +72,15 @@ def check_uri(uri: str, field: str) -> None:
         raise SpecError(f"{field}: {problem}")
 
 
+def given_uri(flag: str | None) -> str | None:
+    """A CLI's MLflow URI: its ``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else None (the sweep folder's own
+    store); checked like a spec's (:func:`check_uri`, naming where it came from)."""
+    uri = flag or os.environ.get(URI_ENV) or None
+    if uri is not None:
+        check_uri(uri, "--tracking-uri" if flag else URI_ENV)
+    return uri
+
+
 def _problem(uri: str) -> str | None:
     shown, scheme = repr(masked(uri)), base_scheme(uri)
     if scheme not in (*SERVERS, *LOCAL, *DATABASES):
