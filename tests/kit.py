@@ -78,6 +78,13 @@ def descendants(root: int) -> set[int]:
     return found - {root}
 
 
+def lone_trial_process(root: int) -> int | None:
+    """The pid of the one Tune trial process (``ray::ImplicitFunc``) below ``root`` (a driver with its own Ray, or
+    a node's raylet); None while there is none or more than one."""
+    found = [pid for pid in descendants(root) if cmdline(pid).startswith("ray::ImplicitFunc")]
+    return found[0] if len(found) == 1 else None
+
+
 # groups.csv's columns in order: the original ten, then the added ones (tables.group_rows).
 GROUP_COLUMNS = ["task", "agent", "variant", "n_seeds", "mean_return", "std_return_across_seeds", "V",
                  "action_distance", "q1_dispersion", "early_q_gap", "n_failed", "V_ci_lower", "V_ci_upper",

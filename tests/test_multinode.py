@@ -28,7 +28,7 @@ from types import SimpleNamespace
 import pytest
 
 from qed_ray.layout import PackId, SweepDir, trial_dirname
-from kit import cmdline, descendants, free_port
+from kit import free_port, lone_trial_process
 from ray_cluster import HEAD_RESOURCE, RAY, ray_env, short_tmp, start_head
 from sweep_helpers import ROOT, TINY_TRAIN, done_markers, run_sweep_cli, sweep_runs, tiny_spec
 
@@ -154,12 +154,6 @@ def trial_nodes(db: Path) -> dict[str, list[str]]:
     return {trial: nodes.split(",") for trial, nodes in rows}
 
 
-def trial_worker(raylet: int) -> int | None:
-    """The pid of the trial process a worker node's raylet runs (each worker node runs one trial at a time)."""
-    found = [pid for pid in descendants(raylet) if cmdline(pid).startswith("ray::ImplicitFunc")]
-    return found[0] if len(found) == 1 else None
-
-
 def running_trial_with_checkpoint(sweep_dir: Path, names: dict[str, str], raylets: dict[str, int]):
     """``(trial, node, step, pid)`` of a trial running on a worker node (``raylets``: node id -> its raylet's pid)
     with a checkpoint in the sweep folder (its newest, at ``step``: Tune's own record of the report comes later)
@@ -169,7 +163,7 @@ def running_trial_with_checkpoint(sweep_dir: Path, names: dict[str, str], raylet
     for trial in names.values():
         saved, ran_on = layout.pack_checkpoint_steps(PackId.of([trial])), nodes.get(trial, [])
         if saved and max(saved) < TRAIN["env_steps"] - TRAIN["eval_every"] and ran_on and ran_on[-1] in raylets \
-                and not layout.done_marker(trial).exists() and (pid := trial_worker(raylets[ran_on[-1]])):
+                and not layout.done_marker(trial).exists() and (pid := lone_trial_process(raylets[ran_on[-1]])):
             return trial, ran_on[-1], max(saved), pid
     return None
 

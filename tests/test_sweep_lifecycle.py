@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from qed_ray.layout import PackId, SweepDir
-from kit import cmdline, descendants
+from kit import lone_trial_process
 from sweep_helpers import TINY_TRAIN, MlflowServer, cli_env, run_sweep_cli, start_sweep, sweep_runs, tiny_spec, wait_for
 
 pytestmark = pytest.mark.slow
@@ -197,8 +197,7 @@ def _trial_worker(driver_pid: int, layout: SweepDir, name: str):
     trial has a checkpoint and is not done; None before."""
     if not layout.pack_checkpoint_steps(_alone(name)) or layout.trial_state(name) != "pending":
         return None
-    found = [pid for pid in descendants(driver_pid) if cmdline(pid).startswith("ray::ImplicitFunc")]
-    return found[0] if len(found) == 1 else None
+    return lone_trial_process(driver_pid)
 
 
 def _gone(pid: int) -> bool:
