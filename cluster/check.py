@@ -1,10 +1,13 @@
-"""Pre-flight check of the cluster configs before `ray up` / `kubectl apply`: python cluster/check.py [--root DIR]
+"""Pre-flight check of the cluster configs you are about to launch: python cluster/check.py [aws|gcp|kuberay]
 
-Checks, offline (no cloud credentials, no Docker, no Kubernetes): cluster/aws.yaml and cluster/gcp.yaml through Ray's
-own launcher validators, cluster/kuberay.yaml through Ray's KubeRay-to-autoscaler conversion, and all of them, the
-IAM files in cluster/iam/, the Filestore exports, the Dockerfile with its constraints and the ignore files against
-the project's layout and trust boundaries (cluster/README.md). Prints each problem; exit status 1 if there is any.
-The placeholders (ghcr.io/your-org, fs-REPLACE-ME, ...) are not checked: replace them first.
+Checks the filled-in copies in cluster/filled/ (written by python cluster/fill.py from cluster/values.env), or the
+shipped templates in cluster/ while there are none: fails while any placeholder is left in the configs of the
+cluster named (default: all three), naming file, line and the variable of cluster/values.env that fills it. Then,
+offline (no cloud credentials, no Docker, no Kubernetes): cluster/aws.yaml and cluster/gcp.yaml through Ray's own
+launcher validators, cluster/kuberay.yaml through Ray's KubeRay-to-autoscaler conversion, and all of them, the IAM
+files in iam/, the Filestore exports, the Dockerfile with its constraints and the ignore files against the
+project's layout and trust boundaries (cluster/README.md). --template checks the shipped templates' structure alone
+(placeholders allowed). Prints each problem; exit status 1 if there is any.
 """
 
 from __future__ import annotations
@@ -16,27 +19,63 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the preflight package beside this file
 
-from preflight import run_all  # noqa: E402
+from preflight.placeholders import (EXAMPLE, FILLED, TEMPLATES, VALUES, Found, find_placeholders,  # noqa: E402
+                                   target_files)
+
+
+def _placeholders(root: Path, configs: Path, targets: list[str]) -> list[Found]:
+    """The placeholders left in the targets' configs."""
+    shown = configs.relative_to(root) if configs.is_relative_to(root) else configs
+    names = [n for t in targets for n in target_files(root / TEMPLATES)[t]]
+    return find_placeholders(configs, str(shown), names)
+
+
+def _how_to_fill(found: list[Found]) -> list[str]:
+    """What to put into each variable named in ``found``, then how."""
+    named = {f.placeholder.variable: f.placeholder for f in found}
+    return [f"  {p.variable}: {p.what} (e.g. {p.example})" for p in named.values()] + [
+        f"fill them in: cp {EXAMPLE} {VALUES} (if you have none), set the variables above there, then "
+        f"python cluster/fill.py"]
 
 
 def main(argv: list[str] | None = None) -> int:
     """Runs every check and prints one line per problem; returns 0 if there is none, else 1."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("target", nargs="?", choices=("aws", "gcp", "kuberay"),
+                        help="the cluster you launch: only its configs must be free of placeholders (default: all)")
+    parser.add_argument("--template", action="store_true",
+                        help="check the shipped templates' structure, placeholders allowed (what CI runs)")
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1],
                         help="repository checkout to check (default: this one)")
+    parser.add_argument("--configs", type=Path, default=None,
+                        help=f"folder of the configs to check (default: {FILLED}/ if it exists, else {TEMPLATES}/)")
     args = parser.parse_args(argv)
+    root = args.root.resolve()
+    configs = (args.configs.resolve() if args.configs else root / FILLED) if not args.template else root / TEMPLATES
+    if not configs.is_dir() and not args.configs:
+        configs = root / TEMPLATES
+    shown = configs.relative_to(root) if configs.is_relative_to(root) else configs
+    print(f"checking {shown}/" + (" (the shipped templates: their structure only)" if args.template else ""))
     import ray  # noqa: F401 - configures Ray's loggers, which the next line then quiets
 
+    from preflight import run_all
+
     logging.getLogger("ray").setLevel(logging.WARNING)  # Ray's validators log the defaults they fill in at INFO
-    results = run_all(args.root)
+    found = [] if args.template else _placeholders(root, configs, [args.target] if args.target else
+                                                   ["aws", "gcp", "kuberay"])
+    results = {} if args.template else {"placeholders": [str(f) for f in found]}
+    results.update(run_all(root, configs))
     for section, problems in results.items():
         print(f"{'ok  ' if not problems else 'FAIL'} {section}")
         for problem in problems:
             print(f"     - {problem}")
-    count = sum(len(p) for p in results.values())
-    print(f"{count} problem(s)" if count else "all checks passed")
-    return 1 if count else 0
-
+    left = len(results.get("placeholders", []))
+    count = sum(len(p) for p in results.values()) - left
+    for line in _how_to_fill(found) if found else []:
+        print(line)
+    summary = [f"{left} placeholder(s) left"] * bool(left) + [f"{count} problem(s)"] * bool(count)
+    print(", ".join(summary) or "all checks passed")
+    return 1 if summary else 0
 
 if __name__ == "__main__":
     sys.exit(main())

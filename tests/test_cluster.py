@@ -84,15 +84,17 @@ def _checkout_copy(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_cli_passes_here_and_names_the_problem_of_a_broken_copy(tmp_path):
-    ok = subprocess.run([sys.executable, str(ROOT / "cluster" / "check.py")], capture_output=True, text=True,
-                        timeout=300)
+def test_cli_template_passes_here_and_names_the_problem_of_a_broken_copy(tmp_path):
+    """--template: the shipped templates' structure (placeholders allowed; tests/test_cluster_fill.py: without it)."""
+    ok = subprocess.run([sys.executable, str(ROOT / "cluster" / "check.py"), "--template"], capture_output=True,
+                        text=True, timeout=300)
     assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.strip().splitlines()[0] == "checking cluster/ (the shipped templates: their structure only)"
     assert ok.stdout.strip().splitlines()[-1] == "all checks passed"
     broken = _checkout_copy(tmp_path)
     aws = broken / "cluster" / "aws.yaml"
     aws.write_text(aws.read_text().replace("instance-profile/qed-ray-worker", "instance-profile/qed-ray-head"))
-    proc = subprocess.run([sys.executable, str(ROOT / "cluster" / "check.py"), "--root", str(broken)],
+    proc = subprocess.run([sys.executable, str(ROOT / "cluster" / "check.py"), "--template", "--root", str(broken)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "FAIL cluster/aws.yaml" in proc.stdout and "ok   cluster/gcp.yaml" in proc.stdout

@@ -46,6 +46,12 @@ IMAGE_RE = re.compile(r"[\w.\-]+(?:/[\w.\-]+)*/qed-ray:[\w.\-]+(?:@sha256:[0-9a-
 EXACT_TAG_RE = re.compile(r"\d+\.\d+\.\d+-py3\d+-(gpu|cpu)(@sha256:[0-9a-f]{64})?")
 
 
+def image_name_tag(reference: str) -> str:
+    """``qed-ray:<tag>`` of an image reference, without its registry (docker/README.md's is a placeholder that
+    cluster/fill.py replaces) or digest."""
+    return reference.split("@")[0].rsplit("/", 1)[-1]
+
+
 @dataclass(frozen=True)
 class Pins:
     """The version pins the image and the clusters must agree with."""

@@ -14,7 +14,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from .common import (DOCKER_README, EXACT_TAG_RE, IMAGE_RE, KUBERAY, KUBERAY_MLFLOW, LAUNCHERS, SMOKE_CMD, Pins,
-                     load_docs, load_yaml, one)
+                     image_name_tag, load_docs, load_yaml, one)
 
 EXACT_PINS = ("ray", "torch", "mujoco", "dm-control", "mlflow")
 HEADLESS_APT = ("libegl1", "libgl1", "libglvnd0", "libopengl0", "libosmesa6")
@@ -196,28 +196,35 @@ def documented_images(root: Path) -> dict[str, str]:
     return {t.split("@")[0].rsplit("-", 1)[-1]: t for t in tags}
 
 
-def collect_images(root: Path) -> dict[str, list[str]]:
-    """Every image reference of the cluster configs and the cluster README, by file."""
+def collect_images(root: Path, configs: Path | None = None) -> dict[str, list[str]]:
+    """Every image reference of the cluster configs (in ``configs``, default ``root/cluster``) and the cluster README,
+    by file."""
     from .kuberay import pod_specs
 
-    images = {n: [load_yaml(root / p)["docker"]["image"]] for n, p in LAUNCHERS.items()}
-    cr = one(load_docs(root / KUBERAY), "RayCluster")
+    configs = root / "cluster" if configs is None else configs
+    images = {n: [load_yaml(configs / Path(p).name)["docker"]["image"]] for n, p in LAUNCHERS.items()}
+    cr = one(load_docs(configs / Path(KUBERAY).name), "RayCluster")
     images["kuberay"] = [c["image"] for _, pod in pod_specs(cr)
                          for c in pod.get("containers", []) + pod.get("initContainers", [])]
-    dep = one(load_docs(root / KUBERAY_MLFLOW), "Deployment")
+    dep = one(load_docs(configs / Path(KUBERAY_MLFLOW).name), "Deployment")
     images["kuberay-mlflow"] = [c["image"] for c in dep["spec"]["template"]["spec"]["containers"]]
     images["cluster/README.md"] = IMAGE_RE.findall((root / "cluster/README.md").read_text())
     return images
 
 
 def image_tag_problems(images_by_file: dict[str, list[str]], documented: dict[str, str]) -> list[str]:
-    """Every reference is a documented tag, built on the installed Ray, by exact version tag (or digest)."""
-    problems, allowed = [], {t.split("@")[0] for t in documented.values()}
+    """Every reference is a documented image and tag (in the configs' one registry: docker/README.md's is a
+    placeholder), built on the installed Ray, by exact version tag (or digest)."""
+    problems, allowed = [], {image_name_tag(t) for t in documented.values()}
+    registries = {i.rsplit("/", 1)[0] for n, images in images_by_file.items() if n != "cluster/README.md"
+                  for i in images}
+    if len(registries) > 1:
+        problems.append(f"the configs pull from more than one registry: {sorted(registries)}")
     for name, images in images_by_file.items():
         for image in images:
             repo_tag = image.split("@")[0]
             tag = repo_tag.rsplit(":", 1)[-1]
-            if repo_tag not in allowed:
+            if image_name_tag(image) not in allowed:
                 problems.append(f"{name}: image {image!r} is not documented in docker/README.md")
             digest = "@" + image.split("@", 1)[1] if "@" in image else ""
             if not EXACT_TAG_RE.fullmatch(tag + digest):

@@ -13,7 +13,7 @@ import subprocess
 from pathlib import PurePosixPath
 from urllib.parse import urlparse
 
-from .common import RAY_UID, SHARED_MOUNT, STORAGE_SCHEME, is_under
+from .common import RAY_UID, SHARED_MOUNT, STORAGE_SCHEME, image_name_tag, is_under
 
 # `mount -t nfs|nfs4|efs [-o OPTS] SOURCE TARGET`, as written in the initialization_commands.
 NFS_MOUNT_RE = re.compile(r"\bmount\s+-t\s+(nfs4?|efs)\s+(?:-o\s+(\S+)\s+)?(\S+:\S*)\s+(/[^\s;)}]*)")
@@ -157,7 +157,7 @@ def _node_type_problems(cfg: dict, provider: str) -> list[str]:
 def _docker_problems(cfg: dict, image: str) -> list[str]:
     docker = cfg.get("docker", {})
     problems = []
-    if docker.get("image") != image:
+    if image_name_tag(str(docker.get("image"))) != image_name_tag(image):
         problems.append(f"docker.image {docker.get('image')!r} != documented image {image!r}")
     shared = docker.get("run_options", [])
     head_opts = " ".join(shared + docker.get("head_run_options", []))
