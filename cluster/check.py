@@ -19,15 +19,31 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the preflight package beside this file
 
-from preflight.placeholders import (EXAMPLE, FILLED, TEMPLATES, VALUES, Found, find_placeholders,  # noqa: E402
-                                   target_files)
+from preflight.placeholders import (EXAMPLE, FILLED, TEMPLATES, VALUES, Found, ValuesError,  # noqa: E402
+                                   find_placeholders, out_of_date, read_values, target_files)
 
 
-def _placeholders(root: Path, configs: Path, targets: list[str]) -> list[Found]:
-    """The placeholders left in the targets' configs."""
-    shown = configs.relative_to(root) if configs.is_relative_to(root) else configs
+def _shown(path: Path, root: Path) -> str:
+    return str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+
+
+def _stale(root: Path, configs: Path) -> list[str]:
+    """The default copies (cluster/filled/) against the templates and cluster/values.env."""
+    try:
+        values = read_values(root / VALUES, VALUES)
+    except ValuesError as err:
+        return str(err).splitlines()
+    return out_of_date(root / TEMPLATES, configs, FILLED, values)
+
+
+def _fill_in_sections(root: Path, configs: Path, targets: list[str]) -> tuple[dict[str, list[str]], list[Found]]:
+    """The placeholders left in the targets' configs and, for the default copies, whether they are up to date."""
     names = [n for t in targets for n in target_files(root / TEMPLATES)[t]]
-    return find_placeholders(configs, str(shown), names)
+    found = find_placeholders(configs, _shown(configs, root), names)
+    sections = {"placeholders": [str(f) for f in found]}
+    if configs == root / FILLED and (root / VALUES).is_file():
+        sections[f"{FILLED}/ up to date"] = _stale(root, configs)
+    return sections, found
 
 
 def _how_to_fill(found: list[Found]) -> list[str]:
@@ -35,7 +51,16 @@ def _how_to_fill(found: list[Found]) -> list[str]:
     named = {f.placeholder.variable: f.placeholder for f in found}
     return [f"  {p.variable}: {p.what} (e.g. {p.example})" for p in named.values()] + [
         f"fill them in: cp {EXAMPLE} {VALUES} (if you have none), set the variables above there, then "
-        f"python cluster/fill.py"]
+        f"python cluster/fill.py"] if found else []
+
+
+def _folder(root: Path, args: argparse.Namespace) -> Path:
+    """The configs checked: the templates (--template), --configs, else the filled-in copies if there are any."""
+    if args.template:
+        return root / TEMPLATES
+    if args.configs:
+        return args.configs.resolve()
+    return root / FILLED if (root / FILLED).is_dir() else root / TEMPLATES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,31 +76,27 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"folder of the configs to check (default: {FILLED}/ if it exists, else {TEMPLATES}/)")
     args = parser.parse_args(argv)
     root = args.root.resolve()
-    configs = (args.configs.resolve() if args.configs else root / FILLED) if not args.template else root / TEMPLATES
-    if not configs.is_dir() and not args.configs:
-        configs = root / TEMPLATES
-    shown = configs.relative_to(root) if configs.is_relative_to(root) else configs
-    print(f"checking {shown}/" + (" (the shipped templates: their structure only)" if args.template else ""))
+    configs = _folder(root, args)
+    print(f"checking {_shown(configs, root)}/" + (" (the shipped templates: their structure only)" * args.template))
     import ray  # noqa: F401 - configures Ray's loggers, which the next line then quiets
 
     from preflight import run_all
 
     logging.getLogger("ray").setLevel(logging.WARNING)  # Ray's validators log the defaults they fill in at INFO
-    found = [] if args.template else _placeholders(root, configs, [args.target] if args.target else
-                                                   ["aws", "gcp", "kuberay"])
-    results = {} if args.template else {"placeholders": [str(f) for f in found]}
+    results, found = ({}, []) if args.template else _fill_in_sections(
+        root, configs, [args.target] if args.target else ["aws", "gcp", "kuberay"])
     results.update(run_all(root, configs))
     for section, problems in results.items():
         print(f"{'ok  ' if not problems else 'FAIL'} {section}")
         for problem in problems:
             print(f"     - {problem}")
-    left = len(results.get("placeholders", []))
-    count = sum(len(p) for p in results.values()) - left
-    for line in _how_to_fill(found) if found else []:
+    for line in _how_to_fill(found):
         print(line)
-    summary = [f"{left} placeholder(s) left"] * bool(left) + [f"{count} problem(s)"] * bool(count)
+    count = sum(len(p) for p in results.values()) - len(found)
+    summary = [f"{len(found)} placeholder(s) left"] * bool(found) + [f"{count} problem(s)"] * bool(count)
     print(", ".join(summary) or "all checks passed")
     return 1 if summary else 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

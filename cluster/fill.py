@@ -3,7 +3,8 @@
 Reads cluster/values.env (VARIABLE=value lines; cluster/values.env.example lists every variable, what to put there
 and which cluster needs it) and writes a copy of every config of cluster/ (the launcher configs, the KubeRay
 manifests, iam/, the Filestore flags) into cluster/filled/, each placeholder whose variable is set replaced by its
-value. The templates are never written. Idempotent: the same values give the same bytes. Refuses, writing nothing,
+value. The templates are never written, the copies always rewritten (edit the values or the templates, never the
+copies). Idempotent: the same values give the same bytes. Refuses, writing nothing,
 an unknown variable and a value that is empty, malformed or itself a placeholder, naming the line. Then:
 python cluster/check.py aws|gcp|kuberay, and launch the copies (ray up cluster/filled/aws.yaml).
 """

@@ -137,7 +137,8 @@ def test_the_fill_in_is_idempotent_and_keeps_unset_placeholders(tmp_path, capsys
      "error: values.env:2: QED_REGISTERY is not one of the variables (did you mean QED_REGISTRY? allowed: "
      + ", ".join(p.variable for p in PLACEHOLDERS) + ")"),
     ("QED_AMI=ami-0abcdef1234567890", "error: values.env:2: QED_AMI is set twice"),
-    ("QED_AMI ami-0abcdef1234567890", "error: values.env:2: 'QED_AMI ami-0abcdef1234567890' is not a VARIABLE=value line"),
+    ("QED_AMI ami-0abcdef1234567890",
+     "error: values.env:2: 'QED_AMI ami-0abcdef1234567890' is not a VARIABLE=value line"),
 ])
 def test_a_refused_value_names_its_line_and_writes_nothing(tmp_path, capsys, line, error):
     (tmp_path / "values.env").write_text(f"QED_AMI=ami-0abcdef1234567890\n{line}\n")
@@ -163,3 +164,23 @@ def test_a_missing_env_file_says_where_to_start(tmp_path, capsys):
     assert (rc, out) == (2, [])
     assert err == ["error: cluster/values.env: no such file (start from cluster/values.env.example: "
                    "cp cluster/values.env.example cluster/values.env)"]
+
+
+def test_by_default_the_filled_in_copies_are_checked_and_must_be_up_to_date(tmp_path, capsys):
+    for name in ("pyproject.toml", "Makefile", ".rayignore", ".dockerignore"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    for folder in ("cluster", "docker"):
+        shutil.copytree(ROOT / folder, tmp_path / folder,
+                        ignore=shutil.ignore_patterns("__pycache__", "filled", "values.env"))
+    shutil.copy(VALUES, tmp_path / "cluster" / "values.env")
+    assert _run(fill.main, ["--root", str(tmp_path)], capsys)[:2] == (0, [
+        "wrote cluster/filled/ from cluster/values.env (9 variable(s) set)", "  aws: ready for python cluster/check.py aws",
+        "  gcp: ready for python cluster/check.py gcp", "  kuberay: ready for python cluster/check.py kuberay"])
+    aws = tmp_path / "cluster" / "aws.yaml"
+    aws.write_text(aws.read_text().replace("max_workers: 8", "max_workers: 6"))  # a template changed since
+    rc, out, _ = _run(check.main, ["aws", "--root", str(tmp_path)], capsys)
+    assert rc == 1
+    assert out[:5] == ["checking cluster/filled/", "ok   placeholders", "FAIL cluster/filled/ up to date",
+                       "     - cluster/filled/aws.yaml: out of date with cluster/aws.yaml and cluster/values.env: run "
+                       "python cluster/fill.py", "ok   cluster/aws.yaml"]
+    assert out[-1] == "1 problem(s)"

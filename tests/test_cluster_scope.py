@@ -99,8 +99,8 @@ def test_the_policy_must_follow_the_configs_cluster_name_and_worker_type():
 # ---- GCP: the head's binding carries its IAM condition ----------------------------------------------------------
 CONDITION = "gcp-qed-ray-head-condition.yaml"
 UNCONDITIONED = f"cluster/README.md's `gcloud projects add-iam-policy-binding` for {ROLE}: bound project-wide " \
-                f"without --condition-from-file=cluster/iam/{CONDITION}: the head could change or delete every VM " \
-                f"of the project"
+                f"without --condition-from-file=cluster/filled/iam/{CONDITION}: the head could change or delete " \
+                f"every VM of the project"
 
 
 def _condition(tmp_path: Path, edit) -> Path:
@@ -114,9 +114,9 @@ def _condition(tmp_path: Path, edit) -> Path:
 def test_the_gcp_head_role_is_bound_only_to_this_clusters_instances(tmp_path):
     cfg = load_yaml(ROOT / LAUNCHERS["gcp"])
     assert gcp_head_binding_problems(cfg, IAM, README) == []
-    unconditioned = README.replace(" \\\n  --condition-from-file=cluster/iam/gcp-qed-ray-head-condition.yaml", "")
+    unconditioned = README.replace(" \\\n  --condition-from-file=cluster/filled/iam/" + CONDITION, "")
     assert gcp_head_binding_problems(cfg, IAM, unconditioned) == [UNCONDITIONED]
-    assert gcp_head_binding_problems(cfg, IAM, README.replace("add-iam-policy-binding your-gcp", "x")) == [
+    assert gcp_head_binding_problems(cfg, IAM, README.replace("add-iam-policy-binding \"$QED_GCP", "x")) == [
         f"cluster/README.md's `gcloud projects add-iam-policy-binding` for {ROLE}: not found (the head's role must "
         f"be bound with its condition)"]
     other = _condition(tmp_path / "a", lambda e: e.replace("ray-qed-ray-", "ray-other-"))

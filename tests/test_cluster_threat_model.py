@@ -185,7 +185,8 @@ REMOVALS: dict[tuple[str, str], tuple[str, Callable[[Path], None], str]] = {
         GCP, _yaml(GCP_ROLE, lambda r: r["includedPermissions"].append("storage.objects.create")),
         "is not needed by the autoscaler (compute only)"),
     (HEAD, "trust_iam.gcp_head_binding_problems"): (
-        GCP, _text("cluster/README.md", " \\\n  --condition-from-file=cluster/iam/gcp-qed-ray-head-condition.yaml", ""),
+        GCP, _text("cluster/README.md", " \\\n  --condition-from-file=cluster/filled/iam/gcp-qed-ray-head-condition.yaml",
+                   ""),
         "bound project-wide without --condition-from-file"),
     (HEAD, "trust_kube.head_token_problems"): (
         KUBE, _docs(KUBERAY, lambda d: _pod(d, "head")["containers"][0]["volumeMounts"].append(

@@ -103,7 +103,7 @@ class Found:
 
 
 def find_placeholders(folder: Path, shown: str, names: list[str]) -> list[Found]:
-    """Every placeholder in the files ``names`` of ``folder`` (shown as ``shown/<name>``), by file, line, table order."""
+    """Every placeholder in the files ``names`` of ``folder`` (shown as ``shown/<name>``): by file, line, table."""
     found = []
     for name in names:
         for number, line in enumerate((folder / name).read_text().splitlines(), start=1):
@@ -150,6 +150,14 @@ def fill(text: str, values: dict[str, str]) -> str:
         if p.variable in values:
             text = text.replace(p.token, values[p.variable])
     return text
+
+
+def out_of_date(templates: Path, copies: Path, shown: str, values: dict[str, str]) -> list[str]:
+    """The filled-in copies that are not what the templates and ``values`` give now (missing, or a template or value
+    changed since the fill-in), one line each."""
+    names = [n for files in target_files(templates).values() for n in files]
+    return [f"{shown}/{n}: out of date with {TEMPLATES}/{n} and {VALUES}: run python cluster/fill.py" for n in names
+            if not (copies / n).is_file() or (copies / n).read_text() != fill((templates / n).read_text(), values)]
 
 
 def example_text(templates: Path) -> str:

@@ -125,7 +125,7 @@ def gcp_head_binding_problems(cfg: dict, iam_dir: Path, readme: str) -> list[str
     problems, condition_file = [], iam_dir / f"gcp-{account}-condition.yaml"
     for flags in bindings:
         if Path(flags.get("condition-from-file", "")).name != condition_file.name:
-            problems.append(f"{where}: bound project-wide without --condition-from-file=cluster/iam/"
+            problems.append(f"{where}: bound project-wide without --condition-from-file=cluster/filled/iam/"
                             f"{condition_file.name}: the head could change or delete every VM of the project")
     if not condition_file.exists():
         return problems + [f"{condition_file.name}: the head binding's IAM condition is missing"]
