@@ -127,6 +127,9 @@ def test_the_fill_in_is_idempotent_and_keeps_unset_placeholders(tmp_path, capsys
     ("QED_BUCKET=",
      "error: values.env:2: QED_BUCKET= is empty: put the S3 (AWS, EKS) or GCS (GCP, GKE) bucket for MLflow artifacts "
      "(e.g. acme-qed-artifacts)"),
+    ("QED_REGISTRY=ghcr.io/acme-lab/qed-ray",
+     "error: values.env:2: QED_REGISTRY=ghcr.io/acme-lab/qed-ray is malformed: put the registry you pushed the image "
+     "to with docker/build.sh (REGISTRY=...), without /qed-ray (e.g. ghcr.io/acme-lab)"),
     ("QED_AWS_ACCOUNT=2109-8765-4321",
      "error: values.env:2: QED_AWS_ACCOUNT=2109-8765-4321 is malformed: put your AWS account id (12 digits) "
      "(e.g. 210987654321)"),

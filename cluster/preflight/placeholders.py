@@ -34,7 +34,7 @@ class Placeholder:
         """Why ``value`` cannot replace this placeholder, as ``VARIABLE=value is ...: put ...`` (None: it can)."""
         if not value:
             why = "is empty"
-        elif any(p.token in value for p in PLACEHOLDERS) or re.search(r"REPLACE|your-", value, re.IGNORECASE):
+        elif "REPLACE" in value or any(p.token in value for p in PLACEHOLDERS):
             why = "is itself a placeholder"
         elif self.pattern == "ipv4":
             try:
@@ -53,7 +53,7 @@ _AWS_ID = "[0-9a-f]{8}(?:[0-9a-f]{9})?"  # AWS resource ids: 8 or 17 hex digits 
 PLACEHOLDERS = (
     Placeholder("ghcr.io/your-org", "QED_REGISTRY",
                 "the registry you pushed the image to with docker/build.sh (REGISTRY=...), without /qed-ray",
-                r"[a-z0-9.-]+(?::[0-9]+)?(?:/[a-z0-9._-]+)*", "ghcr.io/acme-lab"),
+                r"(?!.*/qed-ray$)[a-z0-9.-]+(?::[0-9]+)?(?:/[a-z0-9._-]+)*", "ghcr.io/acme-lab"),
     Placeholder("your-qed-bucket", "QED_BUCKET", "the S3 (AWS, EKS) or GCS (GCP, GKE) bucket for MLflow artifacts",
                 r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", "acme-qed-artifacts"),
     Placeholder("123456789012", "QED_AWS_ACCOUNT", "your AWS account id (12 digits)", r"[0-9]{12}",
