@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = args.root.resolve()
     configs = _folder(root, args)
+    if not configs.is_dir():
+        parser.error(f"--configs {args.configs}: no such folder")
     print(f"checking {_shown(configs, root)}/" + (" (the shipped templates: their structure only)" * args.template))
     import ray  # noqa: F401 - configures Ray's loggers, which the next line then quiets
 
