@@ -15,7 +15,7 @@ import torch
 
 from qed_ray.rl.hlgauss import cross_entropy
 from qed_ray.rl.networks import tanh_log_det_jacobian
-from qed_ray.rl.temperature import QEDTemperature, TargetEntropyTemperature, expectile
+from qed_ray.rl.temperature import HOT_RATIO, QEDTemperature, TargetEntropyTemperature, expectile
 
 LATENT_TARGET_SMOOTHING = 1e-4
 
@@ -67,10 +67,12 @@ class OldTemperature:
         return -(self.rule.log_alpha * (log_prob.detach() + self.rule.target_entropy)).mean()
 
     def stats(self, alpha, prefix):
+        """Read before the temperature step: the floor is the alpha_TE that ``alpha`` was clipped at."""
         out = {f"{prefix}_mean": alpha.mean(), f"{prefix}_min": alpha.min(), f"{prefix}_max": alpha.max()}
         if isinstance(self.rule, QEDTemperature):
             out[f"{prefix}_frac_floor"] = (alpha <= self.floor()).to(alpha.dtype).mean()
             out[f"{prefix}_frac_cap"] = (alpha >= self.rule.alpha_max).to(alpha.dtype).mean()
+            out[f"{prefix}_frac_hot"] = (alpha >= HOT_RATIO * self.floor()).to(alpha.dtype).mean()
         return out
 
 
@@ -115,6 +117,7 @@ class OldSACLN:
             tq1, tq2 = self.q(self.critic_target, nxt, next_a)
             next_alpha = self.temperature.alpha(nxt, sample_actions, lambda s, a: self.q(self.critic_target, s, a))
             target = rew + discount * (torch.minimum(tq1, tq2) - next_alpha * next_logp)
+        target_stats = self.temperature.stats(next_alpha, "alpha/target")
         q1, q2 = self.q(self.critic, obs, act)
         critic_loss = 0.5 * ((q1 - target).pow(2).mean() + (q2 - target).pow(2).mean())
         critic_norm = clip_and_step(self.critic_opt, self.critic.parameters(), critic_loss, self.spec.grad_clip)
@@ -126,6 +129,7 @@ class OldSACLN:
         actor_loss = (alpha * logp - torch.minimum(pq1, pq2)).mean()
         actor_norm = clip_and_step(self.actor_opt, self.actor.parameters(), actor_loss, self.spec.grad_clip)
         self.critic.requires_grad_(True)
+        actor_stats = self.temperature.stats(alpha, "alpha/actor")
 
         alpha_loss = self.temperature.loss(logp)
         if self.alpha_opt is not None:
@@ -140,7 +144,7 @@ class OldSACLN:
             "policy/entropy": -logp.detach().mean(), "q/mean": q1.detach().mean(),
             "q/abs_diff_mean": gap.mean(), "q/abs_diff_max": gap.max(), "q/target_mean": target.mean(),
             "alpha/te": self.temperature.floor(),
-            **self.temperature.stats(alpha, "alpha/actor"), **self.temperature.stats(next_alpha, "alpha/target"),
+            **actor_stats, **target_stats,
         }
 
 
@@ -249,13 +253,14 @@ class OldMadSAC:
         actor_loss = (alpha * logp - torch.minimum(q1, q2)).mean()
         actor_norm = clip_and_step(self.actor_opt, self.actor.parameters(), actor_loss, self.spec.grad_clip)
         self.critic.requires_grad_(True)
+        stats = self.temperature.stats(alpha, "alpha/actor")
         alpha_loss = self.temperature.loss(logp)
         if self.alpha_opt is not None:
             self.alpha_opt.zero_grad(set_to_none=True)
             alpha_loss.backward()
             self.alpha_opt.step()
         return {"loss/actor": actor_loss.detach(), "loss/alpha": alpha_loss.detach(), "grad/actor_norm": actor_norm,
-                "policy/entropy": -logp.detach().mean(), **self.temperature.stats(alpha, "alpha/actor")}
+                "policy/entropy": -logp.detach().mean(), **stats}
 
     def update(self, batch, block, layout):
         """``layout``: the block's part sizes [model a', model QED, model actions, a', QED, actor a, actor QED]."""
@@ -268,6 +273,7 @@ class OldMadSAC:
         self.updates += 1
         self.noise = Noise(torch.cat(rest), [p.shape[0] for p in rest])
         cb = self.critic_batch(batch)
+        target_stats = self.temperature.stats(cb["next_alpha"], "alpha/target")
         l1, l2 = self.logits(self.critic, cb["z"], cb["a"])
         critic_loss = self.critic_ce(l1, l2, cb["y"])
         critic_norm = clip_and_step(self.critic_opt, self.critic.parameters(), critic_loss, self.spec.grad_clip)
@@ -278,4 +284,4 @@ class OldMadSAC:
         gap = (q1 - q2).abs()
         return {"loss/critic": critic_loss.detach(), "grad/critic_norm": critic_norm, **metrics,
                 "q/abs_diff_mean": gap.mean(), "q/abs_diff_max": gap.max(), "q/target_mean": cb["y"].mean(),
-                "alpha/te": self.temperature.floor(), **self.temperature.stats(cb["next_alpha"], "alpha/target")}
+                "alpha/te": self.temperature.floor(), **target_stats}

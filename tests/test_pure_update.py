@@ -14,7 +14,7 @@ from qed_ray.rl.agents.base import params_of
 from qed_ray.config import AgentBase, MadSpec, SacLnSpec, TemperatureSpec
 from qed_ray.config import agent_spec as make_agent_spec
 from qed_ray.rl.update_metrics import MetricAccumulator, MetricLayout
-from kit import ACT, B, OBS, TEMPERATURES, batch_of, spec_of
+from kit import ACT, B, OBS, QED, TEMPERATURES, batch_of, spec_of
 from reference_update import OldMadSAC, OldSACLN
 
 def agent_spec(name: str, **mad) -> AgentBase:
@@ -47,11 +47,8 @@ def test_pure_update_equals_the_previous_maths_for_the_same_noise(name, kind, ma
         noise = torch.randn(new.noise_rows(B), ACT, generator=g, dtype=torch.float64)
         got = new.metric_layout.as_dict(new.update(batch, noise))
         want = old.update(batch, noise) if name == "sac_ln" else old.update(batch, noise, new.fn.noise_sizes(B))
+        assert set(want) <= set(got), sorted(set(want) - set(got))
         for key, value in want.items():
-            if key.endswith("_frac_floor"):
-                # The former code compared alpha with the floor after the temperature step, so the share "at
-                # the floor" flipped with the sign of that step; it now uses the floor alpha was clipped at.
-                continue
             torch.testing.assert_close(got[key], value.to(torch.float64), rtol=1e-6, atol=1e-9, msg=key)
     if name == "mad_sac":
         assert new.updates == old.updates == 10
@@ -61,6 +58,35 @@ def test_pure_update_equals_the_previous_maths_for_the_same_noise(name, kind, ma
             torch.testing.assert_close(v, other[n], rtol=1e-6, atol=1e-6, msg=f"{k}.{n}")
     for k, before in init.items():  # and the networks did learn
         assert all(not torch.equal(v, dict(new.modules()[k].named_parameters())[n]) for n, v in before.items()), k
+
+
+# ---- where QED sat: the shares compare alpha with the floor it was clipped at -----------------------------------
+@pytest.mark.parametrize("name", ["sac_ln", "mad_sac"])
+@pytest.mark.parametrize("where, k, want", [
+    # k = 1000: Delta / (k d) is far below alpha_TE on every state, so alpha = alpha_TE (the floor) everywhere.
+    ("floor", 1000.0, {"floor": 1.0, "cap": 0.0, "hot": 0.0}),
+    # k = 1e-6: Delta / (k d) is far above alpha_max = 0.5 = 25 alpha_TE, so alpha = alpha_max everywhere.
+    ("cap", 1e-6, {"floor": 0.0, "cap": 1.0, "hot": 1.0}),
+])
+def test_floor_and_cap_shares_of_states_put_there_by_construction(name, where, k, want):
+    from qed_ray.rl.agents.packed import PackedAgent
+
+    temperature = TemperatureSpec(**{**QED, "k": k, "alpha_max": 0.5, "init_alpha": 0.02})
+    single = make_agent(agent_spec(name), temperature, OBS, ACT, "cpu", 0)
+    pack = PackedAgent([make_agent(agent_spec(name), temperature, OBS, ACT, "cpu", s) for s in (1, 2)])
+    on = np.ones(2, bool)
+    for step in range(4):
+        before = single.temperature.floor(single.params()["temperature"]).item()
+        rows = [single.metric_layout.as_dict(single.update(batch_of(step)))]
+        batch = {k: torch.stack([v, v]) for k, v in batch_of(step).items()}
+        rows += [pack.metric_layout.as_dict(m) for m in pack.update(batch, pack.noise(B, on))]
+        # alpha_TE falls at every step here (the fresh policy's entropy is above -action_dim): compared with the
+        # floor after the step, no state would read "at the floor".
+        assert rows[0]["alpha/te"].item() < before
+        for m in rows:
+            for prefix in ("alpha/actor", "alpha/target"):
+                got = {s: m[f"{prefix}_frac_{s}"].item() for s in want}
+                assert got == want, (step, prefix, got)
 
 
 def test_mad_noise_layout_reserves_model_rows_every_update():
@@ -223,9 +249,10 @@ def test_metric_accumulator_keeps_means_maxima_and_minima():
     ("mad_sac", "qed", ("loss/critic", "q/mean", "q/mean_real", "q/mean_model", "q/abs_diff_mean",
                         "q/abs_diff_max", "q/target_mean", "q/target_std", "mad/target_clip_frac",
                         "mad/model_reward_mse", "alpha/target_mean", "alpha/target_min", "alpha/target_max",
-                        "alpha/target_frac_floor", "alpha/target_frac_cap", "grad/critic_norm", "loss/actor",
-                        "grad/actor_norm", "policy/entropy", "loss/alpha", "alpha/te", "alpha/actor_mean",
-                        "alpha/actor_min", "alpha/actor_max", "alpha/actor_frac_floor", "alpha/actor_frac_cap",
+                        "alpha/target_frac_floor", "alpha/target_frac_cap", "alpha/target_frac_hot",
+                        "grad/critic_norm", "loss/actor", "grad/actor_norm", "policy/entropy", "loss/alpha",
+                        "alpha/te", "alpha/actor_mean", "alpha/actor_min", "alpha/actor_max",
+                        "alpha/actor_frac_floor", "alpha/actor_frac_cap", "alpha/actor_frac_hot",
                         "loss/model_reward", "loss/model_latent_ce", "loss/model_value_aware",
                         "loss/model_encoder_critic", "grad/encoder_norm", "grad/model_norm")),
 ])

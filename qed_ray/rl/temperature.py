@@ -173,18 +173,24 @@ def make_temperature(spec: TemperatureSpec, action_dim: int) -> nn.Module:
     return QEDTemperature(action_dim, spec)
 
 
+HOT_RATIO = 5.0  # QED runs "hot" at a state where its alpha is at least this many times alpha_TE (the floor)
+
+
 def alpha_stat_names(rule: nn.Module, prefix: str) -> tuple[str, ...]:
     """Names of :func:`alpha_stats`' entries, in order."""
     names = (f"{prefix}_mean", f"{prefix}_min", f"{prefix}_max")
     if isinstance(rule, QEDTemperature):
-        names += (f"{prefix}_frac_floor", f"{prefix}_frac_cap")
+        names += (f"{prefix}_frac_floor", f"{prefix}_frac_cap", f"{prefix}_frac_hot")
     return names
 
 
 def alpha_stats(alpha: torch.Tensor, rule: nn.Module, state: State) -> list[torch.Tensor]:
-    """0-d mean/min/max of a [B] alpha and, for QED, the fractions of states at the floor and at alpha_max."""
+    """0-d mean/min/max of a [B] alpha and, for QED, the fractions of states at the floor, at alpha_max and at
+    least :data:`HOT_RATIO` times the floor. ``state`` must be the one ``alpha`` was computed from (before a
+    temperature step moves alpha_TE): at the floor alpha *is* that alpha_TE, so ``<=`` is exact there."""
     out = [alpha.mean(), alpha.min(), alpha.max()]
     if isinstance(rule, QEDTemperature):
-        at_cap = alpha >= state["alpha_max"]
-        out += [(alpha <= rule.floor(state)).to(alpha.dtype).mean(), at_cap.to(alpha.dtype).mean()]
+        floor = rule.floor(state)
+        out += [(alpha <= floor).to(alpha.dtype).mean(), (alpha >= state["alpha_max"]).to(alpha.dtype).mean(),
+                (alpha >= HOT_RATIO * floor).to(alpha.dtype).mean()]
     return out

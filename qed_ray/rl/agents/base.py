@@ -277,12 +277,15 @@ class SACBase:
         """One clipped Adam step on the actor loss (:meth:`SACFunctions.actor_loss`) at ``states``.
 
         Returns:
-            ``(loss, pre-clip grad norm, log_prob [B] detached, alpha [B])`` (each with a leading seed axis in a
-            pack).
+            ``(loss, pre-clip grad norm, log_prob [B] detached, alpha statistics)`` (each with a leading seed axis
+            in a pack): :func:`~qed_ray.rl.temperature.alpha_stats` of the loss's alpha [B], read here, before
+            :meth:`temperature_step` moves alpha_TE in place, so the floor share compares alpha with the floor it
+            was clipped at (after the step, a falling alpha_TE would put no state "at the floor").
         """
         loss, logp, alpha = x.per_seed(self.fn.actor_loss)(actor_p, critic_p, tstate, states, eps, eps_qed)
+        stats = x.per_seed(self._alpha_stats)(alpha, tstate)
         (norm,) = x.step(loss, ("actor_opt", self.spec.grad_clip))
-        return loss.detach(), norm, logp.detach(), alpha
+        return loss.detach(), norm, logp.detach(), stats
 
     def temperature_step(self, x: Learner, tstate: Params, logp: torch.Tensor) -> torch.Tensor:
         """One Adam step on the rule's own loss (alpha_TE, paper Eq. 1); returns the loss (0 for fixed)."""
@@ -291,13 +294,13 @@ class SACBase:
             x.step(loss, ("alpha_opt", None))
         return loss.detach()
 
-    def step_metrics(self, x: Learner, critic_norm: torch.Tensor, actor_loss: torch.Tensor,
-                     actor_norm: torch.Tensor, logp: torch.Tensor, alpha_loss: torch.Tensor, alpha: torch.Tensor,
-                     tstate: Params) -> torch.Tensor:
-        """The metric columns after the critic's: :data:`STEP_METRICS` of the agents, then the actor's alpha
-        statistics ([..., 6 + alpha stats])."""
+    def step_metrics(self, critic_norm: torch.Tensor, actor_loss: torch.Tensor, actor_norm: torch.Tensor,
+                     logp: torch.Tensor, alpha_loss: torch.Tensor, alpha_stats: torch.Tensor, tstate: Params
+                     ) -> torch.Tensor:
+        """The metric columns after the critic's: :data:`STEP_METRICS` of the agents (``alpha/te`` after the
+        temperature step), then the actor's alpha statistics from :meth:`actor_step` ([..., 6 + alpha stats])."""
         steps = [critic_norm, actor_loss, actor_norm, -logp.mean(-1), alpha_loss, self.temperature.floor(tstate)]
-        return torch.cat([torch.stack(steps, -1), x.per_seed(self._alpha_stats)(alpha, tstate)], -1)
+        return torch.cat([torch.stack(steps, -1), alpha_stats], -1)
 
     def _alpha_stats(self, alpha: torch.Tensor, tstate: Params) -> torch.Tensor:
         return torch.stack(alpha_stats(alpha, self.temperature, tstate))

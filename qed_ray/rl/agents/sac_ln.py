@@ -154,9 +154,9 @@ class SACLN(SACBase):
                                                                       eps_qed_next)
         (critic_norm,) = x.step(critic_loss, ("critic_opt", self.spec.grad_clip))
         # The actor reads the critics just updated (as in SAC), through detached parameters.
-        actor_loss, actor_norm, logp, alpha = self.actor_step(x, p["actor"], p["critic"], p["temperature"],
-                                                              batch["obs"], eps_a, eps_qed)
+        actor_loss, actor_norm, logp, actor_alpha = self.actor_step(x, p["actor"], p["critic"], p["temperature"],
+                                                                    batch["obs"], eps_a, eps_qed)
         alpha_loss = self.temperature_step(x, p["temperature"], logp)
         x.polyak(self.spec.polyak)
-        return torch.cat([critic_metrics, self.step_metrics(x, critic_norm, actor_loss, actor_norm, logp, alpha_loss,
-                                                            alpha, p["temperature"])], -1)
+        return torch.cat([critic_metrics, self.step_metrics(critic_norm, actor_loss, actor_norm, logp, alpha_loss,
+                                                            actor_alpha, p["temperature"])], -1)
