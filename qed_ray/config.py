@@ -31,6 +31,9 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, strict=True)
 
 
+HOT_RATIO = 5.0  # QED runs "hot" at a state where its alpha is at least this many times alpha_TE (its floor)
+
+
 class TemperatureSpec(Frozen):
     """Temperature rule: target entropy (``te``, paper Eq. 1), ``fixed``, or ``qed`` (paper Sec. 5.1)."""
 

@@ -90,4 +90,5 @@ GROUP_COLUMNS = ["task", "agent", "variant", "n_seeds", "mean_return", "std_retu
                  "action_distance", "q1_dispersion", "early_q_gap", "n_failed", "V_ci_lower", "V_ci_upper",
                  "action_distance_ci_lower", "action_distance_ci_upper", "score_var", "alpha_frac_floor",
                  "alpha_frac_cap", "alpha_frac_floor_late", "alpha_frac_cap_late", "log_std_at_min", "qed_at_cap",
-                 "n_unverified"]
+                 "n_unverified", "alpha_frac_hot_late", "alpha_ratio_late", "entropy_late", "entropy_gap_late",
+                 "alpha_regime"]

@@ -20,7 +20,8 @@ FE = FinalEvalSpec(episodes=2, action_rollouts=2, action_steps=30, curve_episode
 TE_A = group_result("a", scores=(0.1, 0.2, 0.3), V=4.0)
 QED_A = group_result("a", variant="qed0.2", scores=(0.2, 0.3, 0.4), V=1.0, alpha_frac_cap_late=0.5)
 TE_B = group_result("b", scores=(0.3, 0.4, 0.5), V=2.0)
-QED_B = group_result("b", variant="qed0.2", scores=(0.3, 0.4, 0.4), V=0.5, alpha_frac_cap_late=0.1)
+QED_B = group_result("b", variant="qed0.2", scores=(0.3, 0.4, 0.4), V=0.5, alpha_frac_cap_late=0.1,
+                     alpha_frac_hot_late=0.8, alpha_ratio_late=9.0)
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +63,9 @@ def test_the_parent_runs_description_follows_the_groups_as_they_land(store, tmp_
     assert run.data.metrics["sac_ln.qed0.2/V_ratio_median"] == pytest.approx(qed.V_ratio_median)
     assert run.data.metrics["sac_ln.qed0.2/V_ratio_median_ci_lower"] == pytest.approx(qed.V_ratio_median_ci_lower)
     assert run.data.metrics["group/b/sac_ln.qed0.2/alpha_frac_cap_late"] == 0.1
+    assert run.data.metrics["group/b/sac_ln.qed0.2/alpha_ratio_late"] == 9.0
+    assert run.data.metrics["sac_ln.qed0.2/n_tasks_hot"] == 1 and run.data.tags["alpha_regime/b/sac_ln.qed0.2"] == "hot"
+    assert "alpha_regime/a/sac_ln.qed0.2" not in run.data.tags, "no estimate: no tag"
     assert run.data.metrics["group/b/sac_ln.te/mean_score"] == pytest.approx(0.4)
     history = tracker.client.get_metric_history(parent, "sac_ln.te/iqm")
     assert [m.step for m in history] == [1, 4], "step: groups gathered so far"

@@ -106,14 +106,15 @@ def _strict_loads(text: str):
 GROUP_KEYS = ["task", "agent", "variant", "seeds", "final_env_steps", "returns", "scores", "V", "D",
               "action_distance", "v_curve", "q1_dispersion", "early_q_gap", "learning_curves", "action_distance_pairs",
               "policy", "other_policies", "alpha_frac_floor", "alpha_frac_cap", "alpha_frac_floor_late",
-              "alpha_frac_cap_late", "log_std_at_min", "unverified_seeds"]
+              "alpha_frac_cap_late", "log_std_at_min", "unverified_seeds", "alpha_frac_hot_late", "alpha_ratio_late",
+              "entropy_late"]
 AGGREGATE_KEYS = ["agent", "variant", "n_tasks", "n_seeds", "iqm", "ci_lower", "ci_upper", "ci_width", "mean_score",
                   "V_mean", "V_median", "action_distance_mean", "n_runs", "n_failed", "V_mean_ci_lower",
                   "V_mean_ci_upper", "action_distance_ci_lower", "action_distance_ci_upper", "score_var_mean",
                   "score_var_ci_lower", "score_var_ci_upper", "baseline", "V_ratio", "V_ratio_ci_lower",
                   "V_ratio_ci_upper", "score_var_ratio", "score_var_ratio_ci_lower", "score_var_ratio_ci_upper",
                   "mean_score_ci_lower", "mean_score_ci_upper", "ratio_ci", "alpha_frac_floor_late",
-                  "alpha_frac_cap_late", "log_std_at_min", "n_tasks_at_cap"]
+                  "alpha_frac_cap_late", "log_std_at_min", "n_tasks_at_cap", "alpha_ratio_late", "n_tasks_hot"]
 
 
 def test_typed_results_round_trip_through_strict_json():

@@ -50,32 +50,48 @@ def trial_record(layout: SweepDir, name: str) -> TrialRecord:
     t = TrialId.from_name(name)
     return TrialRecord(name, t.task, t.agent, t.variant, t.seed, run.train.frame_skip,
                        {step: str(path) for step, path in snapshots.items()}, list(manifest.evals),
-                       _alpha_fraction_history(layout, name))
+                       _diagnostic_history(layout, name))
 
 
-ALPHA_FRACTIONS = ("alpha/actor_frac_floor", "alpha/actor_frac_cap")  # logged per evaluation interval, QED only
+# GroupResult field -> the history.json column its per-interval values come from (QED logs the shares; every rule
+# logs the entropy). "alpha_ratio" is alpha/actor_mean / alpha/te, QED only (te's is 1 by definition).
+INTERVAL_COLUMNS = {"alpha_frac_floor": "alpha/actor_frac_floor", "alpha_frac_cap": "alpha/actor_frac_cap",
+                    "alpha_frac_hot": "alpha/actor_frac_hot", "entropy": "policy/entropy"}
+WHOLE_AND_LATE = ("alpha_frac_floor", "alpha_frac_cap")  # the others are kept for the last quarter only
 
 
-def _alpha_fraction_history(layout: SweepDir, name: str) -> dict[int, tuple[float, float]]:
-    """``{env_steps: (alpha/actor_frac_floor, alpha/actor_frac_cap)}`` from the trial's ``history.json`` (the
-    snapshot manifests do not carry them; a diagnostic, so the file is not among the checked snapshots)."""
-    out = {}
-    for entry in read_history(layout, name):
-        fr = tuple(float(entry.metrics.get(k, math.nan)) for k in ALPHA_FRACTIONS)
-        if any(math.isfinite(f) for f in fr):
-            out[entry.env_steps] = fr
+def _interval_values(metrics: dict) -> dict[str, float]:
+    """One evaluation interval's diagnostics from its mean update metrics (absent: NaN)."""
+    out = {k: float(metrics.get(col, math.nan)) for k, col in INTERVAL_COLUMNS.items()}
+    qed = "alpha/actor_frac_cap" in metrics
+    out["alpha_ratio"] = float(metrics["alpha/actor_mean"]) / float(metrics["alpha/te"]) if qed and \
+        "alpha/actor_mean" in metrics and "alpha/te" in metrics else math.nan
     return out
 
 
-def alpha_fractions(records: Sequence[TrialRecord], final_step: int) -> dict[str, float]:
-    """Where QED's alpha sat: per seed the mean over its evaluation intervals of the shares of actor-update states
-    at the floor and at the cap, over all of training and over the intervals ending in the last quarter of the
-    budget (``*_late``), then the mean over seeds (NaN where nothing was logged)."""
+def _diagnostic_history(layout: SweepDir, name: str) -> dict[int, dict[str, float]]:
+    """``{env_steps: {diagnostic: value}}`` (:func:`_interval_values`) from the trial's ``history.json`` (the
+    snapshot manifests do not carry them; a diagnostic, so the file is not among the checked snapshots)."""
     out = {}
-    for k, field in enumerate(("alpha_frac_floor", "alpha_frac_cap")):
+    for entry in read_history(layout, name):
+        values = _interval_values(entry.metrics)
+        if any(math.isfinite(v) for v in values.values()):
+            out[entry.env_steps] = values
+    return out
+
+
+def interval_diagnostics(records: Sequence[TrialRecord], final_step: int) -> dict[str, float]:
+    """Where QED's alpha sat and the policy's entropy: per seed the mean over its evaluation intervals of each
+    diagnostic (:func:`_interval_values`), over the intervals ending in the last quarter of the budget
+    (``*_late``) and, for the floor and cap shares, over all of training too; then the mean over seeds (NaN where
+    nothing was logged)."""
+    out = {}
+    for field in (*INTERVAL_COLUMNS, "alpha_ratio"):
         for suffix, start in (("", 0), ("_late", 0.75 * final_step)):
-            per_seed = [np.mean(v) for r in records if (v := [f[k] for step, f in r.alpha_fractions.items()
-                                                              if math.isfinite(f[k]) and step > start])]
+            if not suffix and field not in WHOLE_AND_LATE:
+                continue
+            per_seed = [np.mean(v) for r in records if (v := [d[field] for step, d in r.diagnostics.items()
+                                                              if math.isfinite(d[field]) and step > start])]
             out[field + suffix] = float(np.mean(per_seed)) if per_seed else math.nan
     return out
 
@@ -200,7 +216,7 @@ def _evaluate_policy(records: Sequence[TrialRecord], pack: PackedAgent, envs: Gr
         v_curve=curve, q1_dispersion=q1_dispersion(pack, pooled),
         early_q_gap=_early_q_gap(records, final_eval.proxy_window),
         learning_curves={r.seed: [[e.env_steps, e.return_mean] for e in r.history] for r in records}, policy=policy,
-        log_std_at_min=at_min, **alpha_fractions(records, final_step))
+        log_std_at_min=at_min, **interval_diagnostics(records, final_step))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ import math
 from typing import Sequence
 
 from qed_ray.analysis import metrics, verdict
+from qed_ray.config import HOT_RATIO
 from qed_ray.analysis.results import Aggregate, Comparison, GroupResult, SweepResults
 from qed_ray.naming import parse_variant
 
@@ -74,6 +75,8 @@ def flags(a: Aggregate, c: Comparison | None) -> str:
             out.append(f"V ratio over {c.n_tasks_V} of {c.n_tasks} tasks")
     if a.n_tasks_at_cap:
         out.append(f"QED AT ITS CAP on {a.n_tasks_at_cap} of {a.n_tasks} tasks")
+    if a.n_tasks_hot:
+        out.append(f"QED HOT (alpha >= {HOT_RATIO:g} x alpha_TE) on {a.n_tasks_hot} of {a.n_tasks} tasks")
     if a.n_seeds < 2:
         out.append("a task with 1 seed: no V there")
     return "; ".join(out)
@@ -104,8 +107,8 @@ def legend(results: SweepResults) -> list[str]:
             f"seeds' policies; action distance: L2 between their actions summed over {steps} steps (lower: seeds "
             f"agree).",
             "Ratios > 1 favour the variant over its te (V: median over tasks). alpha at floor / cap: QED's share of "
-            "states at te's alpha / at alpha_max, last quarter. Seeds left out (failed, diverged, unfinished, "
-            "refused) count in no statistic."]
+            f"states at te's alpha / at alpha_max, last quarter (HOT: >= {HOT_RATIO:g} x alpha_TE on most). Seeds "
+            "left out (failed, diverged, unfinished, refused) count in no statistic."]
 
 
 def format_table(results: SweepResults) -> str:
@@ -140,7 +143,27 @@ def format_comparisons(results: SweepResults) -> str:
                          f"{_g(a.alpha_frac_floor_late)}, at the cap {_g(a.alpha_frac_cap_late)} of actor-update "
                          f"states; log-std within 0.1 of its bound {_g(a.log_std_at_min)}; AT ITS CAP on "
                          f"{len(at_cap)} of {a.n_tasks} tasks{': ' + ', '.join(at_cap) if at_cap else ''}")
+            lines += how_hot(results, c.agent, c.variant)
     return "\n".join(lines)
+
+
+REGIME_TEXT = {"at_cap": "AT ITS CAP", "hot": "HOT", "ok": "ok", None: "no estimate"}
+
+
+def how_hot(results: SweepResults, agent: str, variant: str) -> list[str]:
+    """Per task of a QED variant, late in training: mean alpha / alpha_TE, the share of states at least HOT_RATIO
+    times alpha_TE, the policy-entropy gap to te, and the group's ``alpha_regime``."""
+    stats = {(s.task, s.agent, s.variant): s for s in results.group_stats}
+    out = []
+    for g in sorted(results.groups, key=lambda g: g.task):
+        s = stats.get(g.key)
+        if (g.agent, g.variant) != (agent, variant) or s is None or not math.isfinite(g.alpha_frac_cap_late):
+            continue
+        gap = f"{s.entropy_gap_late:+.3g}" if math.isfinite(s.entropy_gap_late) else DASH
+        out.append(f"    {g.task}: alpha / alpha_TE {_g(g.alpha_ratio_late)}, at least {HOT_RATIO:g} x alpha_TE on "
+                   f"{_share(g.alpha_frac_hot_late)} of states, at the cap on {_share(g.alpha_frac_cap_late)}; "
+                   f"policy entropy minus te's {gap} nats: {REGIME_TEXT[g.alpha_regime]}")
+    return out
 
 
 def unverified_line(groups: Sequence[GroupResult]) -> str | None:

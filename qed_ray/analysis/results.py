@@ -21,7 +21,7 @@ from qed_ray.codec import JsonRecord, Num, RecordError, load_json, parse
 from qed_ray.run_records import EvalRecord
 from qed_ray.spec import FinalEvalSpec
 
-AT_CAP_SHARE = 0.5  # a group "sat at QED's cap" when its late alpha_frac_cap is above this ("most states")
+MOST_STATES = 0.5  # a group sat at QED's cap (or hot) when its late share of such states is above this
 
 
 class Row(JsonRecord):
@@ -60,8 +60,8 @@ class TrialRecord:
     frame_skip: int
     policies: dict[int, str]  # env_steps -> policy snapshot folder
     history: list[EvalRecord] = field(default_factory=list)  # the evaluations, as the trainer recorded them
-    # env_steps -> QED's shares of actor-update states at its floor and cap in the interval (history.json)
-    alpha_fractions: dict[int, tuple[float, float]] = field(default_factory=dict)
+    # env_steps -> the interval's diagnostics (history.json): where QED's alpha sat, the policy's entropy
+    diagnostics: dict[int, dict[str, float]] = field(default_factory=dict)
 
     @property
     def group(self) -> GroupKey:
@@ -84,8 +84,11 @@ class GroupResult(JsonRecord):
     Where QED sat (NaN where not logged: other temperature rules, or no ``history.json``): ``alpha_frac_floor`` /
     ``alpha_frac_cap`` are the shares of actor-update states at alpha_TE and at alpha_max over training (mean over
     evaluation intervals, then over seeds), ``*_late`` the same over the intervals ending in the last quarter of the
-    budget; ``log_std_at_min`` is the share of the final policies' log-std entries within 0.1 of ``log_std_min``
-    on the pooled evaluation states (mean over seeds).
+    budget; ``alpha_frac_hot_late`` the share of late states where alpha was at least
+    :data:`~qed_ray.rl.temperature.HOT_RATIO` times alpha_TE, ``alpha_ratio_late`` the late mean of alpha / alpha_TE
+    (interval means of both); ``log_std_at_min`` is the share of the final policies' log-std entries within 0.1 of
+    ``log_std_min`` on the pooled evaluation states (mean over seeds). ``entropy_late``: the late mean of the
+    policy's entropy estimate -log pi(a|s) on actor-update states (every temperature rule).
 
     ``unverified_seeds``: the seeds whose trials never recorded the digest of their files (an MLflow outage at
     their end), so their files were used without a check (:mod:`qed_ray.analysis.group_cache`).
@@ -114,6 +117,9 @@ class GroupResult(JsonRecord):
     alpha_frac_cap_late: Num = math.nan
     log_std_at_min: Num = math.nan
     unverified_seeds: list[int] = field(default_factory=list)  # used unchecked: no digest recorded (group_cache)
+    alpha_frac_hot_late: Num = math.nan
+    alpha_ratio_late: Num = math.nan
+    entropy_late: Num = math.nan
 
     @property
     def key(self) -> GroupKey:
@@ -123,7 +129,19 @@ class GroupResult(JsonRecord):
     @property
     def at_cap(self) -> bool:
         """QED's alpha sat at alpha_max on most actor-update states in the last quarter of training."""
-        return self.alpha_frac_cap_late > AT_CAP_SHARE
+        return self.alpha_frac_cap_late > MOST_STATES
+
+    @property
+    def alpha_regime(self) -> str | None:
+        """Where QED's alpha sat in the last quarter of training: ``at_cap`` (:attr:`at_cap`: te is compared with
+        an almost fixed alpha), ``hot`` (below the cap, but at least HOT_RATIO times alpha_TE on most actor-update
+        states: a far hotter policy than te's), else ``ok``; None: no estimate (te and fixed log no QED shares, or
+        the trials left no ``history.json``)."""
+        if self.at_cap:
+            return "at_cap"
+        if not math.isfinite(self.alpha_frac_hot_late):
+            return None
+        return "hot" if self.alpha_frac_hot_late > MOST_STATES else "ok"
 
     def to_json(self, with_others: bool = True) -> dict:
         """The cache and ``results.json`` entry (strict JSON: NaN as null, seeds of ``learning_curves`` as
@@ -141,7 +159,8 @@ class GroupStats(Row):
     intervals of a bootstrap over the group's seeds (:mod:`qed_ray.analysis.bootstrap`); ``score_var`` is the across-seed
     sample variance (ddof 1) of the normalised scores. ``qed_at_cap``: QED's alpha sat at alpha_max on most
     actor-update states in the last quarter of training (``alpha_frac_cap_late`` > 0.5), so the group compares te
-    with an almost fixed alpha.
+    with an almost fixed alpha. ``alpha_regime``: :attr:`GroupResult.alpha_regime`. ``entropy_gap_late``: the
+    group's ``entropy_late`` minus its te baseline's on the same task (NaN: te itself, or no baseline).
     """
 
     task: str
@@ -155,6 +174,8 @@ class GroupStats(Row):
     action_distance_ci_upper: Num
     score_var: Num
     qed_at_cap: bool = False
+    alpha_regime: str | None = None
+    entropy_gap_late: Num = math.nan
 
 
 
@@ -167,8 +188,9 @@ class Aggregate(Row):
     are ``baseline / this`` over the tasks both have (NaN for the baseline itself or without one), so a ratio of
     100 means 100 times less divergence (or return variance) than the baseline; they are the ratio of task means
     of the variant's :class:`Comparison`, whose interval ``ratio_ci`` names (``paired`` over seeds, ``unpaired``,
-    or paired on some tasks). ``alpha_frac_*_late`` and ``log_std_at_min`` are the groups' means over tasks,
-    ``n_tasks_at_cap`` counts the groups flagged ``qed_at_cap``.
+    or paired on some tasks). ``alpha_frac_*_late``, ``alpha_ratio_late`` and ``log_std_at_min`` are the groups'
+    means over tasks, ``n_tasks_at_cap`` and ``n_tasks_hot`` count the groups whose ``alpha_regime`` is
+    ``at_cap`` and ``hot``.
     """
 
     agent: str
@@ -206,13 +228,16 @@ class Aggregate(Row):
     alpha_frac_cap_late: Num = math.nan
     log_std_at_min: Num = math.nan
     n_tasks_at_cap: int = 0
+    alpha_ratio_late: Num = math.nan
+    n_tasks_hot: int = 0
 
     def headline(self) -> dict[str, float]:
         """The numbers the summary table and the sweep's MLflow parent run show."""
         return {k: getattr(self, k) for k in (
             "iqm", "ci_lower", "ci_upper", "ci_width", "V_mean", "V_median", "action_distance_mean", "n_runs",
             "n_failed", "V_mean_ci_lower", "V_mean_ci_upper", "V_ratio", "score_var_mean", "score_var_ratio",
-            "alpha_frac_floor_late", "alpha_frac_cap_late", "log_std_at_min", "n_tasks_at_cap")}
+            "alpha_frac_floor_late", "alpha_frac_cap_late", "log_std_at_min", "n_tasks_at_cap", "alpha_ratio_late",
+            "n_tasks_hot")}
 
 
 

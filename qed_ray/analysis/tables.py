@@ -36,6 +36,7 @@ NAN = math.nan
 MAX_BUDGETS = 20  # budgets per variant in iqm_by_budget (a 2M-step run evaluates 100 times)
 WHERE_QED_SAT = ("alpha_frac_floor", "alpha_frac_cap", "alpha_frac_floor_late", "alpha_frac_cap_late",
                  "log_std_at_min")
+HOW_HOT = ("alpha_frac_hot_late", "alpha_ratio_late", "entropy_late")  # groups.csv's columns after n_unverified
 
 
 def _by_agent_variant(groups: Sequence[GroupResult]) -> dict[tuple[str, str], list[GroupResult]]:
@@ -124,8 +125,10 @@ def _where_qed_sat(gs: Sequence[GroupResult]) -> dict:
     def mean(name):
         v = np.array([getattr(g, name) for g in gs], dtype=float)
         return float(v[np.isfinite(v)].mean()) if np.isfinite(v).any() else NAN
-    return {**{n: mean(n) for n in ("alpha_frac_floor_late", "alpha_frac_cap_late", "log_std_at_min")},
-            "n_tasks_at_cap": sum(g.at_cap for g in gs)}
+    return {**{n: mean(n) for n in ("alpha_frac_floor_late", "alpha_frac_cap_late", "log_std_at_min",
+                                    "alpha_ratio_late")},
+            "n_tasks_at_cap": sum(g.alpha_regime == "at_cap" for g in gs),
+            "n_tasks_hot": sum(g.alpha_regime == "hot" for g in gs)}
 
 
 def aggregate(groups: Sequence[GroupResult], final_eval: FinalEvalSpec, failed: Sequence[FailedTrial] = (),
@@ -170,10 +173,25 @@ def aggregate(groups: Sequence[GroupResult], final_eval: FinalEvalSpec, failed: 
     return out
 
 
+def _entropy_gaps(groups: Sequence[GroupResult]) -> dict[GroupKey, float]:
+    """Per group, its late policy entropy minus its te baseline's on the same task (:func:`baseline_of`; NaN
+    without one)."""
+    by_key = {g.key: g for g in groups}
+    variants: dict[str, list[str]] = {}
+    for g in groups:
+        variants.setdefault(g.agent, []).append(g.variant)
+    out = {}
+    for g in groups:
+        base = by_key.get(GroupKey(g.task, g.agent, baseline_of(g.variant, variants[g.agent])))
+        out[g.key] = g.entropy_late - base.entropy_late if base is not None and base is not g else NAN
+    return out
+
+
 def group_stats(groups: Sequence[GroupResult], final_eval: FinalEvalSpec,
                 failed: Sequence[FailedTrial] = ()) -> list[GroupStats]:
-    """Per group: the seed-bootstrap intervals of V and the action distance, the score variance, the counts."""
-    reps, n_failed = _Replicates(final_eval), failed_counts(failed)
+    """Per group: the seed-bootstrap intervals of V and the action distance, the score variance, the counts,
+    where QED's alpha sat and the entropy gap to te."""
+    reps, n_failed, gaps = _Replicates(final_eval), failed_counts(failed), _entropy_gaps(groups)
     out = []
     for g in sorted(groups, key=lambda g: g.key):
         ci = {}
@@ -181,7 +199,8 @@ def group_stats(groups: Sequence[GroupResult], final_eval: FinalEvalSpec,
             r = reps.get(stat, g)
             ci[stat] = bootstrap.percentile_interval(r, final_eval.confidence) if r is not None else (NAN, NAN)
         out.append(GroupStats(g.task, g.agent, g.variant, len(g.seeds), n_failed.get(g.key, 0), *ci["V"],
-                              *ci["action_distance"], _value("score_var", g), g.at_cap))
+                              *ci["action_distance"], _value("score_var", g), g.at_cap, g.alpha_regime,
+                              gaps[g.key]))
     return out
 
 
@@ -233,7 +252,8 @@ def group_rows(groups: Sequence[GroupResult], stats: Sequence[GroupStats]) -> li
                      "V_ci_upper": s.V_ci_upper, "action_distance_ci_lower": s.action_distance_ci_lower,
                      "action_distance_ci_upper": s.action_distance_ci_upper, "score_var": s.score_var,
                      **{k: getattr(g, k) for k in WHERE_QED_SAT}, "qed_at_cap": s.qed_at_cap,
-                     "n_unverified": len(g.unverified_seeds)})
+                     "n_unverified": len(g.unverified_seeds), **{k: getattr(g, k) for k in HOW_HOT},
+                     "entropy_gap_late": s.entropy_gap_late, "alpha_regime": s.alpha_regime})
     return rows
 
 

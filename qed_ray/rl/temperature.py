@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from qed_ray.config import TemperatureSpec
+from qed_ray.config import HOT_RATIO, TemperatureSpec
 
 PolicyFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # states [B, D] -> (mu, log_std) [B, A]
 # (states [B, D], actions [B * repeats, A], repeats) -> (q1, q2) [B * repeats]
@@ -171,9 +171,6 @@ def make_temperature(spec: TemperatureSpec, action_dim: int) -> nn.Module:
     if spec.kind == "te":
         return TargetEntropyTemperature(action_dim, spec.init_alpha)
     return QEDTemperature(action_dim, spec)
-
-
-HOT_RATIO = 5.0  # QED runs "hot" at a state where its alpha is at least this many times alpha_TE (the floor)
 
 
 def alpha_stat_names(rule: nn.Module, prefix: str) -> tuple[str, ...]:

@@ -20,7 +20,7 @@ from qed_ray.service.tags import NOTE_TAG, VERDICT_TAG
 from qed_ray.service.tracking import Tracker, metric_key, open_sweep
 
 GROUP_METRICS = ("V", "action_distance", "q1_dispersion", "early_q_gap", "alpha_frac_floor_late", "alpha_frac_cap_late",
-                 "log_std_at_min")
+                 "log_std_at_min", "alpha_frac_hot_late", "alpha_ratio_late", "entropy_late")
 # Per variant against its te baseline (the verdict reads V_ratio_median and iqm_ratio with their intervals).
 COMPARISON_METRICS = ("V_ratio_median", "V_ratio_median_ci_lower", "V_ratio_median_ci_upper", "V_ratio_geomean",
                       "V_ratio_means", "action_distance_ratio_median", "action_distance_ratio_geomean",
@@ -37,7 +37,8 @@ SWEEP_FOOTER = ("Tables and figures: Artifacts, `gather/` (this summary in full:
 def log_rows(tracker: Tracker, run_id: str, results: SweepResults, new_groups: Sequence[GroupResult],
              heading: str | None = None, footer: str = SWEEP_FOOTER) -> None:
     """Logs the current aggregates and comparisons (step = groups gathered so far), the verdict as the tag
-    ``qed.verdict``, each new group's row (``group/<task>/<agent>.<variant>/<GROUP_METRICS, mean_score>``) and
+    ``qed.verdict``, each new group's row (``group/<task>/<agent>.<variant>/<GROUP_METRICS, mean_score>``), its
+    ``alpha_regime`` as the tag ``alpha_regime/<task>/<agent>.<variant>`` (QED groups only) and
     the summary as the run's description (``heading``: default the sweep's) and ``gather/summary.md``."""
     finite = lambda d: {k: v for k, v in d.items() if math.isfinite(v)}  # noqa: E731
     metrics = {metric_key(f"{a.agent}.{a.variant}", k): v for a in results.aggregates for k, v in a.headline().items()}
@@ -52,6 +53,10 @@ def log_rows(tracker: Tracker, run_id: str, results: SweepResults, new_groups: S
                  / len(g.scores)) for g in new_groups})
     if rows:
         tracker.log_metrics(run_id, finite(rows), step=0)
+    regimes = {metric_key("alpha_regime", g.task, f"{g.agent}.{g.variant}"): g.alpha_regime for g in new_groups
+               if g.alpha_regime is not None}
+    if regimes:
+        tracker.set_tags(run_id, regimes)
     text = report.summary_markdown(results, heading or f"Sweep {results.sweep}: summary", footer)
     tracker.set_tags(run_id, {NOTE_TAG: note(text)})
     tracker.log_text(run_id, text, SUMMARY_FILE)
