@@ -126,7 +126,8 @@ def test_typed_results_round_trip_through_strict_json():
     text = json.dumps(results.to_json(), indent=1)
     raw = _strict_loads(text)  # NaN is written as null
     assert list(raw) == ["sweep", "final_eval", "aggregates", "groups", "critic_proxy", "failed_trials", "n_trials",
-                         "group_stats", "iqm_by_budget", "policy", "other_policies", "comparisons", "verdict"]
+                         "group_stats", "iqm_by_budget", "policy", "other_policies", "comparisons", "verdict",
+                         "performance_profiles"]
     assert [list(g) for g in raw["groups"]] == [GROUP_KEYS] * 3 and list(raw["aggregates"][0]) == AGGREGATE_KEYS
     assert raw["groups"][0]["alpha_frac_cap_late"] == 0.75 and raw["groups"][1]["alpha_frac_cap_late"] is None
     (comparison,) = raw["comparisons"]
@@ -174,7 +175,8 @@ def test_gather_writes_results_and_tables_with_fixed_columns(tmp_path):
     assert list(rows[0]) == ["agent", "variant", "env_steps", "n_tasks", "n_runs", "iqm", "ci_lower", "ci_upper"]
     figures = sorted(p.name for p in layout.figures.iterdir())
     names = ["action_distance", "ci_width", "critic_proxy", "iqm_over_env_steps", "learning_curves",
-             "mean_return_vs_kl", "pareto_kl_vs_iqm", "v_over_env_steps"]
+             "mean_return_vs_kl", "pareto_kl_vs_iqm", "performance_profiles", "probability_of_improvement",
+             "v_over_env_steps"]
     assert figures == sorted(f"{n}.{ext}" for n in names for ext in ("png", "svg"))
     svg = (layout.figures / "ci_width.svg").read_text()
     assert "<svg" in svg and "3 tasks x 2 seeds (12 runs; 0 trials left out)" in svg  # the caption, as text

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from qed_ray.analysis import bootstrap, metrics
+from qed_ray.analysis import bootstrap, metrics, profiles
 from qed_ray.analysis.results import Comparison, GroupResult
 from qed_ray.spec import FinalEvalSpec
 
@@ -112,6 +112,11 @@ def compare(base: Sequence[GroupResult], this: Sequence[GroupResult], fe: FinalE
     base_iqm = metrics.iqm(pooled[0])
     iqm_reps = bootstrap.iqm_ratio_replicates([d[0]["scores"] for d in draws], [d[1]["scores"] for d in draws])
     lo, hi = bootstrap.percentile_interval(iqm_reps, fe.confidence)
+    # P(variant > te): rliable's definition, its interval from the same (paired where possible) resamples
+    poi = profiles.mean_probability_of_improvement([p[1].scores for p in pairs], [p[0].scores for p in pairs])
+    poi_reps = profiles.mean_probability_of_improvement([d[1]["scores"] for d in draws],
+                                                        [d[0]["scores"] for d in draws])
+    poi_lo, poi_hi = bootstrap.percentile_interval(poi_reps, fe.confidence)
     n_paired = sum(d[2] for d in draws)
     pairing = ("paired" if n_paired == len(pairs) else "unpaired" if n_paired == 0
                else f"paired on {n_paired} of {len(pairs)} tasks")
@@ -122,4 +127,5 @@ def compare(base: Sequence[GroupResult], this: Sequence[GroupResult], fe: FinalE
         n_tasks=len(pairs), n_tasks_V=n_v, n_paired_tasks=n_paired, n_seeds=min(len(g.seeds) for g in groups),
         env_steps=min(g.final_env_steps for g in groups), **fields,
         iqm_ratio=metrics.iqm(pooled[1]) / base_iqm if base_iqm > 0 else math.nan, iqm_ratio_ci_lower=lo,
-        iqm_ratio_ci_upper=hi)
+        iqm_ratio_ci_upper=hi, prob_improvement=float(poi), prob_improvement_ci_lower=poi_lo,
+        prob_improvement_ci_upper=poi_hi)

@@ -1,7 +1,8 @@
 """Figures of a sweep (matplotlib, Agg) from the gather step's typed results; each is written as PNG and SVG.
 
 Fig. 3a (IQM vs V), Fig. 3b (CI widths of the IQM), Fig. 4 (action distance), Fig. 5 (Sec. 6.3: mean return vs
-V, the IQM beside it), App. F (V over env steps, learning curves, IQM over env steps), App. D (critic proxy). Every
+V, the IQM beside it), App. F (V over env steps, learning curves, IQM over env steps), App. D (critic proxy), and
+rliable's performance profiles and probability of improvement. Every
 figure says in its title what it plots, names its axes in words, prints the value of every point or bar, and
 carries a caption with the tasks x seeds and the evaluation policy behind it.
 """
@@ -23,6 +24,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from qed_ray.atomic import atomic_file  # noqa: E402
 from qed_ray.analysis.results import Aggregate, BudgetIqm, CriticProxy, GroupResult, SweepResults  # noqa: E402
+from qed_ray.analysis.report import is_baseline  # noqa: E402
 
 PNG_DPI = 110
 MIN_WIDTH = 6.4  # inches: a figure of one panel still has room for its title and footnote
@@ -288,13 +290,57 @@ def critic_proxy(proxy: Sequence[CriticProxy], text: str = "", window: int = 15)
     return _finish(fig, text or "one point per task")
 
 
+def performance_profiles(results: SweepResults) -> Figure:
+    """rliable's performance profile per agent-variant: the share of runs scoring above each threshold, with its
+    stratified-bootstrap band (:mod:`qed_ray.analysis.profiles`)."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for p in results.performance_profiles:
+        line, = ax.plot(p.taus, p.fraction, label=f"{_label(p)} ({p.n_runs} runs)",
+                        linestyle="--" if is_baseline(p.variant) else "-")
+        ax.fill_between(p.taus, p.ci_lower, p.ci_upper, color=line.get_color(), alpha=0.2)
+        _label_points(ax, p.taus, p.fraction, line.get_color(), most=6)
+    pct = f"{100 * results.final_eval.confidence:g}%"
+    _name_axes(ax, "threshold tau on the normalised final return (return / 1000)",
+               "share of runs scoring above tau",
+               f"Performance profiles: the whole score distribution, pooled over tasks (band: {pct} stratified "
+               f"bootstrap over seeds; higher and further right is better)")
+    ax.set_ylim(-0.02, 1.1)  # room for the value labels along the top
+    if ax.lines:
+        ax.legend(fontsize=7)
+    return _finish(fig, caption(results))
+
+
+def probability_of_improvement(results: SweepResults) -> Figure:
+    """P(variant > its te) per compared variant with its interval (paired over seeds), 0.5 marked."""
+    rows = results.comparisons
+    fig, ax = plt.subplots(figsize=(8, max(2.6, 0.6 * len(rows) + 1.8)))
+    for i, c in enumerate(rows):
+        lo, hi = c.prob_improvement_ci_lower, c.prob_improvement_ci_upper
+        if math.isfinite(lo) and math.isfinite(hi):
+            ax.plot([lo, hi], [i, i], color="tab:blue", linewidth=6, alpha=0.4, solid_capstyle="butt")
+        ax.plot([c.prob_improvement], [i], "o", color="tab:blue")
+        ax.annotate(f"{_g(c.prob_improvement)} [{_g(lo)}, {_g(hi)}] ({c.pairing})", (c.prob_improvement, i),
+                    fontsize=7, xytext=(0, 7), textcoords="offset points", ha="center")
+    ax.axvline(0.5, color="grey", linestyle=":", linewidth=1)
+    ax.set_yticks(range(len(rows)), [f"{c.agent} {c.variant} vs {c.baseline}" for c in rows], fontsize=8)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(-0.7, len(rows) - 0.3)
+    pct = f"{100 * results.final_eval.confidence:g}%"
+    _name_axes(ax, "probability that a run of the variant scores above a run of te on the same task (mean over "
+               "tasks; 0.5: neither is better)", "variant vs its te baseline",
+               f"Probability of improvement over te ({pct} interval, resampling seeds jointly where paired)")
+    return _finish(fig, caption(results))
+
+
 FIGURES = ("pareto_kl_vs_iqm", "mean_return_vs_kl", "ci_width", "action_distance", "v_over_env_steps",
-           "learning_curves", "iqm_over_env_steps", "critic_proxy")
+           "learning_curves", "iqm_over_env_steps", "performance_profiles", "probability_of_improvement",
+           "critic_proxy")
 
 
 def figures(results: SweepResults) -> dict[str, Figure]:
     """Every sweep figure, drawn and laid out, by file name stem (in :data:`FIGURES` order)."""
-    draw = [pareto, mean_return_vs_kl, ci_widths, action_distance, v_over_steps, learning_curves, iqm_over_steps]
+    draw = [pareto, mean_return_vs_kl, ci_widths, action_distance, v_over_steps, learning_curves, iqm_over_steps,
+            performance_profiles, probability_of_improvement]
     out = {name: f(results) for f, name in zip(draw, FIGURES)}
     out["critic_proxy"] = critic_proxy(results.critic_proxy, caption(results), results.final_eval.proxy_window)
     return out

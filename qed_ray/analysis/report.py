@@ -136,6 +136,9 @@ def format_comparisons(results: SweepResults) -> str:
                      for s in metrics.RATIO_SUMMARIES]
             lines.append(f"  {name:16s} {' | '.join(parts)}")
         lines.append(f"  {'IQM this / te':16s} {with_ci(c.iqm_ratio, c.iqm_ratio_ci_lower, c.iqm_ratio_ci_upper)}")
+        lines.append(f"  {'P(this > te)':16s} "
+                     f"{with_ci(c.prob_improvement, c.prob_improvement_ci_lower, c.prob_improvement_ci_upper)} "
+                     f"(a run of this variant scores above one of te on the same task; 0.5: neither)")
         a = aggs.get((c.agent, c.variant))
         if a is not None and math.isfinite(a.alpha_frac_cap_late):
             at_cap = [g.task for g in results.groups if (g.agent, g.variant) == (c.agent, c.variant) and g.at_cap]

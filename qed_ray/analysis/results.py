@@ -248,7 +248,9 @@ class Comparison(Row):
     For V, the action distance and the across-seed return variance: the per-task ratio baseline / variant summarised
     over tasks three ways (``*_median``, ``*_geomean`` of the per-task ratios, ``*_means`` = ratio of the task
     means), each with its percentile interval (``_ci_lower``, ``_ci_upper``); ``iqm_ratio`` is IQM(variant) /
-    IQM(baseline) over the same tasks. ``pairing``: ``paired`` when on every task both groups have the same seeds
+    IQM(baseline) over the same tasks; ``prob_improvement`` the probability that a run of the variant scores above
+    one of the baseline on the same task, mean over tasks (:mod:`qed_ray.analysis.profiles`), from the same
+    resamples as the IQM ratio. ``pairing``: ``paired`` when on every task both groups have the same seeds
     (resampled jointly, :mod:`qed_ray.analysis.bootstrap`), ``unpaired`` when on none (resampled apart), else ``paired on
     k of K tasks``. ``n_tasks_V``: tasks where both define V (two seeds or more). ``n_seeds`` and ``env_steps``:
     the smallest seed count and final budget among the compared groups.
@@ -294,6 +296,9 @@ class Comparison(Row):
     iqm_ratio: Num
     iqm_ratio_ci_lower: Num
     iqm_ratio_ci_upper: Num
+    prob_improvement: Num = math.nan
+    prob_improvement_ci_lower: Num = math.nan
+    prob_improvement_ci_upper: Num = math.nan
 
     def csv_row(self) -> dict:
         """The ``comparisons.csv`` row: the fields, ``tasks`` joined by ``;``."""
@@ -312,6 +317,22 @@ class BudgetIqm(Row):
     iqm: Num
     ci_lower: Num
     ci_upper: Num
+
+
+@dataclass(frozen=True)
+class PerformanceProfile(Row):
+    """One (agent, variant)'s performance profile (rliable's score distribution, :mod:`qed_ray.analysis.profiles`):
+    at each threshold ``taus[t]`` on the normalised score, the share of its ``n_runs`` runs over ``n_tasks`` tasks
+    scoring above it (``fraction``), with the stratified-bootstrap percentile band (``ci_lower``, ``ci_upper``)."""
+
+    agent: str
+    variant: str
+    n_tasks: int
+    n_runs: int
+    taus: list[Num]
+    fraction: list[Num]
+    ci_lower: list[Num]
+    ci_upper: list[Num]
 
 
 @dataclass(frozen=True)
@@ -346,7 +367,8 @@ class SweepResults(JsonRecord):
     """Everything the gather step computes for a sweep (``results.json``), under the evaluation policy ``policy``
     (the first of ``final_eval.policies``); ``other_policies`` holds the same tables under each further one.
     ``comparisons``: each variant against its te baseline; ``verdict``: the claim's endpoints judged on them
-    (:mod:`qed_ray.analysis.verdict`; None without a te and a QED variant)."""
+    (:mod:`qed_ray.analysis.verdict`; None without a te and a QED variant); ``performance_profiles``: one per
+    (agent, variant)."""
 
     sweep: str
     final_eval: FinalEvalSpec
@@ -361,6 +383,7 @@ class SweepResults(JsonRecord):
     other_policies: dict[str, "SweepResults"] = field(default_factory=dict)
     comparisons: list[Comparison] = field(default_factory=list)
     verdict: Verdict | None = None
+    performance_profiles: list[PerformanceProfile] = field(default_factory=list)
 
     def to_json(self) -> dict:
         """``results.json`` (strict JSON); each group once, under the policy whose tables it is in."""
@@ -374,7 +397,7 @@ class SweepResults(JsonRecord):
 
 
 _ROWS = {"aggregates": Aggregate, "critic_proxy": CriticProxy, "group_stats": GroupStats, "iqm_by_budget": BudgetIqm,
-         "comparisons": Comparison}
+         "comparisons": Comparison, "performance_profiles": PerformanceProfile}
 
 
 def _older_rows(data: Any) -> Any:

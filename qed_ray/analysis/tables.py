@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from qed_ray.analysis import bootstrap, comparisons, metrics, verdict
+from qed_ray.analysis import bootstrap, comparisons, metrics, profiles, verdict
 from qed_ray.analysis.comparisons import group_value as _value
 from qed_ray.naming import parse_variant
 from qed_ray.analysis.results import (Aggregate, BudgetIqm, Comparison, CriticProxy, FailedTrial, GroupKey, GroupResult,
@@ -278,4 +278,5 @@ def _tables(sweep: str, final_eval: FinalEvalSpec, groups: Sequence[GroupResult]
     return SweepResults(sweep, final_eval, aggregate(groups, final_eval, failed, comps) if groups else [], groups,
                         critic_proxy(groups), failed, n_trials, group_stats(groups, final_eval, failed),
                         iqm_by_budget(groups, final_eval), policy, comparisons=comps,
-                        verdict=verdict.judge(comps, groups, final_eval, claim))
+                        verdict=verdict.judge(comps, groups, final_eval, claim),
+                        performance_profiles=profiles.performance_profiles(groups, final_eval))

@@ -25,7 +25,8 @@ GROUP_METRICS = ("V", "action_distance", "q1_dispersion", "early_q_gap", "alpha_
 COMPARISON_METRICS = ("V_ratio_median", "V_ratio_median_ci_lower", "V_ratio_median_ci_upper", "V_ratio_geomean",
                       "V_ratio_means", "action_distance_ratio_median", "action_distance_ratio_geomean",
                       "action_distance_ratio_means", "score_var_ratio_median", "score_var_ratio_geomean",
-                      "score_var_ratio_means", "iqm_ratio", "iqm_ratio_ci_lower", "iqm_ratio_ci_upper")
+                      "score_var_ratio_means", "iqm_ratio", "iqm_ratio_ci_lower", "iqm_ratio_ci_upper",
+                      "prob_improvement", "prob_improvement_ci_lower", "prob_improvement_ci_upper")
 # Tag values: MLflow 3 keeps 8,000 characters, older tracking servers 5,000; a longer summary is cut at a line.
 NOTE_LIMIT = 5000
 SUMMARY_FILE = "gather/summary.md"  # the whole summary, as an artifact beside the tables
