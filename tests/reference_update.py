@@ -68,7 +68,7 @@ class OldTemperature:
         return -(self.rule.log_alpha * (log_prob.detach() + self.rule.target_entropy)).mean()
 
     def stats(self, alpha, prefix):
-        """Read before the temperature step: the floor is the alpha_TE that ``alpha`` was clipped at."""
+        """Read before the temperature step (as ``alpha/te``): the floor is the alpha_TE ``alpha`` was clipped at."""
         out = {f"{prefix}_mean": alpha.mean(), f"{prefix}_min": alpha.min(), f"{prefix}_max": alpha.max()}
         if isinstance(self.rule, QEDTemperature):
             out[f"{prefix}_frac_floor"] = (alpha <= self.floor()).to(alpha.dtype).mean()
@@ -130,7 +130,7 @@ class OldSACLN:
         actor_loss = (alpha * logp - torch.minimum(pq1, pq2)).mean()
         actor_norm = clip_and_step(self.actor_opt, self.actor.parameters(), actor_loss, self.spec.grad_clip)
         self.critic.requires_grad_(True)
-        actor_stats = self.temperature.stats(alpha, "alpha/actor")
+        actor_stats = {"alpha/te": self.temperature.floor(), **self.temperature.stats(alpha, "alpha/actor")}
 
         alpha_loss = self.temperature.loss(logp)
         if self.alpha_opt is not None:
@@ -144,7 +144,6 @@ class OldSACLN:
             "grad/critic_norm": critic_norm, "grad/actor_norm": actor_norm,
             "policy/entropy": -logp.detach().mean(), "q/mean": q1.detach().mean(),
             "q/abs_diff_mean": gap.mean(), "q/abs_diff_max": gap.max(), "q/target_mean": target.mean(),
-            "alpha/te": self.temperature.floor(),
             **actor_stats, **target_stats,
         }
 
@@ -254,7 +253,7 @@ class OldMadSAC:
         actor_loss = (alpha * logp - torch.minimum(q1, q2)).mean()
         actor_norm = clip_and_step(self.actor_opt, self.actor.parameters(), actor_loss, self.spec.grad_clip)
         self.critic.requires_grad_(True)
-        stats = self.temperature.stats(alpha, "alpha/actor")
+        stats = {"alpha/te": self.temperature.floor(), **self.temperature.stats(alpha, "alpha/actor")}
         alpha_loss = self.temperature.loss(logp)
         if self.alpha_opt is not None:
             self.alpha_opt.zero_grad(set_to_none=True)
@@ -285,4 +284,4 @@ class OldMadSAC:
         gap = (q1 - q2).abs()
         return {"loss/critic": critic_loss.detach(), "grad/critic_norm": critic_norm, **metrics,
                 "q/abs_diff_mean": gap.mean(), "q/abs_diff_max": gap.max(), "q/target_mean": cb["y"].mean(),
-                "alpha/te": self.temperature.floor(), **target_stats}
+                **target_stats}

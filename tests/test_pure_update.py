@@ -81,8 +81,9 @@ def test_floor_and_cap_shares_of_states_put_there_by_construction(name, where, k
         batch = {k: torch.stack([v, v]) for k, v in batch_of(step).items()}
         rows += [pack.metric_layout.as_dict(m) for m in pack.update(batch, pack.noise(B, on))]
         # alpha_TE falls at every step here (the fresh policy's entropy is above -action_dim): compared with the
-        # floor after the step, no state would read "at the floor".
-        assert rows[0]["alpha/te"].item() < before
+        # floor after the step, no state would read "at the floor". alpha/te is the alpha_TE the update used.
+        assert single.temperature.floor(single.params()["temperature"]).item() < before
+        assert rows[0]["alpha/te"].item() == pytest.approx(before, rel=1e-6)
         for m in rows:
             for prefix in ("alpha/actor", "alpha/target"):
                 got = {s: m[f"{prefix}_frac_{s}"].item() for s in want}

@@ -36,7 +36,7 @@ def _children(runs):
     return [r for r in runs if r.data.tags.get("qed.role") == "trial"]
 
 
-TASKS, VARIANTS, SEEDS = ("cartpole-balance", "pendulum-swingup"), ("te", "qed0.2"), (0, 1)
+TASKS, VARIANTS, SEEDS = ("cartpole-balance", "pendulum-swingup"), ("te", "qed1000"), (0, 1)
 # What gather/ holds after a sweep (the documented layout; gather/behaviour/ is the visualiser's).
 GATHER_FILES = {"results.json", "aggregates.csv", "groups.csv", "iqm_by_budget.csv", "comparisons.csv", "verdict.json",
                 "figures", "cache"}
@@ -45,9 +45,10 @@ GATHER_FILES = {"results.json", "aggregates.csv", "groups.csv", "iqm_by_budget.c
 def test_tiny_sweep_end_to_end(tmp_path, ray_head):
     """2 tasks x 2 variants x 2 seeds in packs of two seeds (packs of one: every other slow sweep test): a laptop's
     first start, a start that finishes a pack left half done, --status and a re-analysis with other evaluation
-    settings."""
+    settings. QED runs with k = 1000, a known answer for where it sat: Delta / (k d) stays far below alpha_TE, so
+    every state is at the floor (the same code path as any k)."""
     agents = [{"name": "sac_ln", "overrides": {"hidden": 16, "batch_size": 16},
-               "temperatures": [{"kind": "te"}, {"kind": "qed", "k": 0.2}]}]
+               "temperatures": [{"kind": "te"}, {"kind": "qed", "k": 1000}]}]
     spec = tiny_spec(tmp_path, "e2e", tasks=list(TASKS), agents=agents, pack={"seeds": 2})
     proc = run_sweep_cli(spec)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -75,7 +76,7 @@ def test_tiny_sweep_end_to_end(tmp_path, ray_head):
         assert r.data.tags[PACK_TAG] == f"{task}/{agent}/{variant}/pack0-1" and r.data.tags[PACK_SIZE_TAG] == "2"
     note = parents[0].data.tags["mlflow.note.content"]  # the summary on the parent run's page
     assert note.startswith("### Sweep e2e: summary\n") and "*IQM: interquartile mean of final return" in note
-    assert note.index("| sac_ln | te | 2 | 4 | 0 |") < note.index("| sac_ln | qed0.2 | 2 | 4 | 0 |")
+    assert note.index("| sac_ln | te | 2 | 4 | 0 |") < note.index("| sac_ln | qed1000 | 2 | 4 | 0 |")
     assert "**Verdict on the claim: " in note and "child run named `reanalysis <settings>`" in note
     assert all(r.info.status == "FINISHED" for r in children)
     for r in children:
@@ -86,7 +87,8 @@ def test_tiny_sweep_end_to_end(tmp_path, ray_head):
     assert {"gather/results.json", "gather/aggregates.csv", "gather/groups.csv", "gather/figures"} <= arts
     figs = {a.path for a in tracker.client.list_artifacts(pid, "gather/figures")}
     names = ("pareto_kl_vs_iqm", "mean_return_vs_kl", "ci_width", "action_distance", "v_over_env_steps",
-             "learning_curves", "iqm_over_env_steps", "critic_proxy")  # README: what the sweep draws
+             "learning_curves", "iqm_over_env_steps", "performance_profiles", "probability_of_improvement",
+             "critic_proxy")  # docs/results.md: what the sweep draws
     assert figs == {f"gather/figures/{n}.{ext}" for n in names for ext in ("png", "svg")}
     assert "gather/iqm_by_budget.csv" in arts
     assert "iqm" in "".join(tracker.client.get_run(pid).data.metrics)
@@ -103,7 +105,7 @@ def test_tiny_sweep_end_to_end(tmp_path, ray_head):
         assert g["seeds"] == [0, 1] and len(g["returns"]) == 2 and len(g["returns"][0]) == 2
         assert g["V"] >= 0 and g["action_distance"] >= 0
         assert [p[0] for p in g["v_curve"]] == [1000, 2000]
-    assert {a["variant"] for a in results["aggregates"]} == {"te", "qed0.2"}
+    assert {a["variant"] for a in results["aggregates"]} == {"te", "qed1000"}
     for a in results["aggregates"]:
         assert all(math.isfinite(a[k]) for k in ("iqm", "ci_lower", "ci_upper"))
         assert a["ci_lower"] <= a["iqm"] <= a["ci_upper"] and a["V_mean"] >= 0 and a["n_tasks"] == 2
@@ -204,32 +206,45 @@ def _reanalysis_is_a_child_run_with_the_new_tables(sweep_dir, parent_id: str) ->
     got = tracker.client.download_artifacts(child.info.run_id, "gather/results.json", str(sweep_dir.parent))
     assert json.loads(Path(got).read_text()) == results, "the re-analysis run holds the new tables"
     figs = {a.path for a in tracker.client.list_artifacts(child.info.run_id, "gather/figures")}
-    assert "gather/figures/pareto_kl_vs_iqm.png" in figs and len(figs) == 16
+    assert "gather/figures/pareto_kl_vs_iqm.png" in figs and len(figs) == 20
     assert child.data.tags["qed.verdict"] == results["verdict"]["outcome"]
-    qed = next(c for c in results["comparisons"] if c["variant"] == "qed0.2")
-    assert child.data.metrics["sac_ln.qed0.2/V_ratio_median_ci_lower"] == pytest.approx(qed["V_ratio_median_ci_lower"])
+    qed = next(c for c in results["comparisons"] if c["variant"] == "qed1000")
+    assert child.data.metrics["sac_ln.qed1000/V_ratio_median_ci_lower"] == pytest.approx(qed["V_ratio_median_ci_lower"])
     assert child.data.tags["mlflow.note.content"].startswith("### Re-analysis of e2e: episodes=3 bootstrap_reps=300")
     assert tracker.client.get_run(parent_id).data.tags["mlflow.note.content"] == parent_note
 
 
 def _comparisons_where_qed_sat_and_the_verdict(stdout: str, tracker, pid: str, arts: set, layout: SweepDir) -> None:
     """The summary, gather/ and the parent run carry the paired te/QED ratios, where QED sat and the verdict."""
-    assert "sac_ln qed0.2 vs te (2 tasks, 2+ seeds, intervals paired):" in stdout and "IQM this / te" in stdout
+    assert "sac_ln qed1000 vs te (2 tasks, 2+ seeds, intervals paired):" in stdout and "IQM this / te" in stdout
     assert "where QED sat, last quarter of training" in stdout
     assert "verdict on the claim, by the default thresholds of docs/claim.md" in stdout and "the claim: " in stdout
     assert {"gather/comparisons.csv", "gather/verdict.json"} <= arts
     results = json.loads(layout.results_json.read_text())
     (c,) = results["comparisons"]
-    assert (c["variant"], c["pairing"], c["n_tasks"]) == ("qed0.2", "paired", 2) and c["V_ratio_median"] > 0
+    assert (c["variant"], c["pairing"], c["n_tasks"]) == ("qed1000", "paired", 2) and c["V_ratio_median"] > 0
     assert json.loads(layout.verdict_json.read_text()) == results["verdict"]
     for g in results["groups"]:  # the trials' history.json logged QED's shares at its floor and cap
         fractions = [g[k] for k in ("alpha_frac_floor", "alpha_frac_cap", "alpha_frac_cap_late")]
-        assert all(0 <= f <= 1 for f in fractions) if g["variant"] == "qed0.2" else fractions == [None] * 3
+        assert all(0 <= f <= 1 for f in fractions) if g["variant"] == "qed1000" else fractions == [None] * 3
         assert 0 <= g["log_std_at_min"] <= 1
+    _, rows = _csv(layout.groups_csv)
+    for r in rows:  # k = 1000: every state at the floor (the share read 0 when compared after the alpha_TE step)
+        if r["variant"] == "qed1000":
+            assert float(r["alpha_frac_floor_late"]) >= 0.5 and float(r["alpha_frac_cap_late"]) == 0.0, r
+            assert r["alpha_regime"] == "ok" and math.isfinite(float(r["entropy_gap_late"])), r
+        else:
+            assert r["alpha_regime"] == "" and math.isnan(float(r["alpha_frac_floor_late"])), r
+    print("e2e groups.csv where QED sat:", [(r["task"], r["variant"], r["alpha_frac_floor_late"],
+                                              r["alpha_frac_cap_late"], r["alpha_ratio_late"]) for r in rows])
+    assert "P(this > te)" in stdout and 0 <= c["prob_improvement"] <= 1
+    assert [(p["variant"], p["n_runs"]) for p in results["performance_profiles"]] == [("qed1000", 4), ("te", 4)]
     parent = tracker.client.get_run(pid)
     assert parent.data.tags["qed.verdict"] == results["verdict"]["outcome"]
-    assert {"sac_ln.qed0.2/V_ratio_median", "sac_ln.qed0.2/iqm_ratio"} <= set(parent.data.metrics)
-    assert "group/cartpole-balance/sac_ln.qed0.2/alpha_frac_cap_late" in parent.data.metrics
+    assert {"sac_ln.qed1000/V_ratio_median", "sac_ln.qed1000/iqm_ratio", "sac_ln.qed1000/prob_improvement"} <= set(
+        parent.data.metrics)
+    assert "group/cartpole-balance/sac_ln.qed1000/alpha_frac_cap_late" in parent.data.metrics
+    assert parent.data.tags["alpha_regime/cartpole-balance/sac_ln.qed1000"] == "ok"
 
 
 def _groups_land_while_the_sweep_runs(tracker, parent_id: str, children: list, layout: SweepDir) -> None:

@@ -277,10 +277,11 @@ class SACBase:
         """One clipped Adam step on the actor loss (:meth:`SACFunctions.actor_loss`) at ``states``.
 
         Returns:
-            ``(loss, pre-clip grad norm, log_prob [B] detached, alpha statistics)`` (each with a leading seed axis
-            in a pack): :func:`~qed_ray.rl.temperature.alpha_stats` of the loss's alpha [B], read here, before
-            :meth:`temperature_step` moves alpha_TE in place, so the floor share compares alpha with the floor it
-            was clipped at (after the step, a falling alpha_TE would put no state "at the floor").
+            ``(loss, pre-clip grad norm, log_prob [B] detached, temperature statistics)`` (each with a leading seed
+            axis in a pack): alpha_TE and :func:`~qed_ray.rl.temperature.alpha_stats` of the loss's alpha [B], read
+            here, before :meth:`temperature_step` moves alpha_TE in place, so they describe the alpha_TE the loss
+            used and the floor share compares alpha with the floor it was clipped at (after the step, a falling
+            alpha_TE would put no state "at the floor").
         """
         loss, logp, alpha = x.per_seed(self.fn.actor_loss)(actor_p, critic_p, tstate, states, eps, eps_qed)
         stats = x.per_seed(self._alpha_stats)(alpha, tstate)
@@ -295,15 +296,14 @@ class SACBase:
         return loss.detach()
 
     def step_metrics(self, critic_norm: torch.Tensor, actor_loss: torch.Tensor, actor_norm: torch.Tensor,
-                     logp: torch.Tensor, alpha_loss: torch.Tensor, alpha_stats: torch.Tensor, tstate: Params
-                     ) -> torch.Tensor:
-        """The metric columns after the critic's: :data:`STEP_METRICS` of the agents (``alpha/te`` after the
-        temperature step), then the actor's alpha statistics from :meth:`actor_step` ([..., 6 + alpha stats])."""
-        steps = [critic_norm, actor_loss, actor_norm, -logp.mean(-1), alpha_loss, self.temperature.floor(tstate)]
-        return torch.cat([torch.stack(steps, -1), alpha_stats], -1)
+                     logp: torch.Tensor, alpha_loss: torch.Tensor, temperature_stats: torch.Tensor) -> torch.Tensor:
+        """The metric columns after the critic's: :data:`STEP_METRICS` of the agents, whose last (``alpha/te``)
+        leads :meth:`actor_step`'s temperature statistics ([..., 5 + 1 + alpha stats])."""
+        steps = [critic_norm, actor_loss, actor_norm, -logp.mean(-1), alpha_loss]
+        return torch.cat([torch.stack(steps, -1), temperature_stats], -1)
 
     def _alpha_stats(self, alpha: torch.Tensor, tstate: Params) -> torch.Tensor:
-        return torch.stack(alpha_stats(alpha, self.temperature, tstate))
+        return torch.stack([self.temperature.floor(tstate), *alpha_stats(alpha, self.temperature, tstate)])
 
     def report_warnings(self, metrics: dict[str, float]) -> list[str]:
         """Warning lines for an evaluation interval's mean metrics (none by default)."""

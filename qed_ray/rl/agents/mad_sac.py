@@ -308,7 +308,7 @@ class MadSAC(SACBase):
         alpha_loss = self.temperature_step(x, p["temperature"], logp)
         x.polyak(self.spec.polyak)
         return torch.cat([critic_metrics, self.step_metrics(critic_norm, actor_loss, actor_norm, logp, alpha_loss,
-                                                            actor_alpha, p["temperature"]),
+                                                            actor_alpha),
                           x.memo["model_metrics"].to(critic_metrics.dtype)], -1)
 
     def report_warnings(self, metrics: dict[str, float]) -> list[str]:

@@ -159,4 +159,4 @@ class SACLN(SACBase):
         alpha_loss = self.temperature_step(x, p["temperature"], logp)
         x.polyak(self.spec.polyak)
         return torch.cat([critic_metrics, self.step_metrics(critic_norm, actor_loss, actor_norm, logp, alpha_loss,
-                                                            actor_alpha, p["temperature"])], -1)
+                                                            actor_alpha)], -1)
