@@ -232,11 +232,10 @@ def _comparisons_where_qed_sat_and_the_verdict(stdout: str, tracker, pid: str, a
     for r in rows:  # k = 1000: every state at the floor (the share read 0 when compared after the alpha_TE step)
         if r["variant"] == "qed1000":
             assert float(r["alpha_frac_floor_late"]) >= 0.5 and float(r["alpha_frac_cap_late"]) == 0.0, r
+            assert float(r["alpha_ratio_late"]) == pytest.approx(1.0, abs=1e-5), "alpha = alpha_TE: a ratio of 1"
             assert r["alpha_regime"] == "ok" and math.isfinite(float(r["entropy_gap_late"])), r
         else:
             assert r["alpha_regime"] == "" and math.isnan(float(r["alpha_frac_floor_late"])), r
-    print("e2e groups.csv where QED sat:", [(r["task"], r["variant"], r["alpha_frac_floor_late"],
-                                              r["alpha_frac_cap_late"], r["alpha_ratio_late"]) for r in rows])
     assert "P(this > te)" in stdout and 0 <= c["prob_improvement"] <= 1
     assert [(p["variant"], p["n_runs"]) for p in results["performance_profiles"]] == [("qed1000", 4), ("te", 4)]
     parent = tracker.client.get_run(pid)
