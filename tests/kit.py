@@ -4,8 +4,11 @@ end-to-end tests (free ports, processes seen through /proc). Defined here once; 
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -92,3 +95,23 @@ GROUP_COLUMNS = ["task", "agent", "variant", "n_seeds", "mean_return", "std_retu
                  "alpha_frac_cap", "alpha_frac_floor_late", "alpha_frac_cap_late", "log_std_at_min", "qed_at_cap",
                  "n_unverified", "alpha_frac_hot_late", "alpha_ratio_late", "entropy_late", "entropy_gap_late",
                  "alpha_regime"]
+
+
+HEAVY = ("torch", "ray", "ray.tune", "mlflow")  # what a CLI call that only reads or refuses must not import
+_PROBE = """import atexit, json, os, runpy, sys
+atexit.register(lambda: json.dump(sorted(m for m in sys.modules if m in {heavy}),
+                                  open(os.environ["QED_TEST_LOADED"], "w")))
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+def cli_run(tmp: Path, module: str, *args: str, env: dict | None = None, cwd: Path | None = None,
+            timeout: float = 120) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """``python -m module args`` in a fresh interpreter (``env`` added to this one's environment), and which of
+    :data:`HEAVY` it had imported when it exited (``tmp``: a folder for that list)."""
+    loaded = Path(tmp) / "loaded.json"
+    proc = subprocess.run([sys.executable, "-c", _PROBE.format(heavy=set(HEAVY)), module, *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {}), "QED_TEST_LOADED": str(loaded)})
+    return proc, json.loads(loaded.read_text()) if loaded.exists() else []

@@ -91,7 +91,7 @@ def test_every_shipped_gpu_spec_is_priced_on_each_shipped_card(name):
 
 
 def test_dmc18s_dry_run_is_a_plan_of_at_most_40_lines(tmp_path, monkeypatch, capsys):
-    from qed_ray.service.sweep import main
+    from qed_ray.service.sweep_cli import main
 
     monkeypatch.setenv("QED_STORAGE_PATH", str(tmp_path / "results"))
     assert main([str(ROOT / "sweeps" / "dmc18.yaml"), "--dry-run"]) == 0
@@ -110,7 +110,7 @@ def test_dmc18s_dry_run_is_a_plan_of_at_most_40_lines(tmp_path, monkeypatch, cap
 
 
 def test_list_and_workers_belong_to_the_dry_run(tmp_path, monkeypatch, capsys):
-    from qed_ray.service.sweep import main
+    from qed_ray.service.sweep_cli import main
 
     monkeypatch.setenv("QED_STORAGE_PATH", str(tmp_path / "results"))
     smoke = str(ROOT / "sweeps" / "smoke.yaml")

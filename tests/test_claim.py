@@ -13,7 +13,7 @@ from qed_ray import claim
 from qed_ray.service.dry_run import dry_run
 from qed_ray.layout import SweepDir
 from qed_ray.spec import SweepSpec, load_spec
-from qed_ray.service.sweep import main
+from qed_ray.service.sweep_cli import main
 from qed_ray.codec import dump
 from qed_ray.service.sweep_record import SweepState, write_state
 from qed_ray.service.sweep_state import plan

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ def _mains():
     from qed_ray.service.behaviour_cli import main as visualize
     from qed_ray.service.reanalysis import main as gather
     from qed_ray.service.relink import main as relink
-    from qed_ray.service.sweep import main as sweep
+    from qed_ray.service.sweep_cli import main as sweep
     return {"sweep": sweep, "train": train, "gather": gather, "visualize": visualize, "relink": relink,
             "theory": theory, "toy": toy, "envs": envs, "analysis": analysis}
 
@@ -122,8 +123,8 @@ def test_the_first_lines_print_the_folder_and_the_status_command(tmp_path, monke
     layout = SweepDir(tmp_path / "store" / "my results" / "smoke")
     lines = first_lines("smoke", tmp_path / "sweeps" / "smoke.yaml", layout, "sqlite:///x/mlflow.db")
     assert lines == [f"sweep smoke: results in {layout.root} (MLflow: sqlite:///x/mlflow.db)",
-                     f"  progress from any shell: python -m qed_ray.sweep sweeps/smoke.yaml --status --dir "
-                     f"'{layout.root}'"]
+                     f"  progress from any shell: {sys.executable} -m qed_ray.sweep sweeps/smoke.yaml --status "
+                     f"--dir '{layout.root}'"]  # this interpreter by its path: runs in a shell without the venv
     assert status_command(Path("/elsewhere/s.yaml"), layout).split()[3] == "/elsewhere/s.yaml"
 
 
@@ -131,7 +132,7 @@ def test_the_first_lines_print_the_folder_and_the_status_command(tmp_path, monke
 def sweep_cli(monkeypatch, capsys):
     """``python -m qed_ray.sweep ARGS`` in this process: ``(exit code, stdout, stderr)`` (the variables the CLI sets
     are restored after the test)."""
-    from qed_ray.service.sweep import main
+    from qed_ray.service.sweep_cli import main
 
     for var in ("MUJOCO_GL", "RAY_AIR_NEW_OUTPUT", "TUNE_DISABLE_SIGINT_HANDLER"):
         monkeypatch.setenv(var, os.environ.get(var, ""))

@@ -38,7 +38,7 @@ def cli(monkeypatch, tmp_path, capsys):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("TUNE_DISABLE_SIGINT_HANDLER", "0")  # restored after the test (main() sets it)
     monkeypatch.setenv("RAY_AIR_NEW_OUTPUT", "0")
-    from qed_ray.service.sweep import main
+    from qed_ray.service.sweep_cli import main
 
     def run(spec: dict, *flags: str):
         path = tmp_path / f"spec-{uuid.uuid4().hex[:6]}.yaml"

@@ -35,9 +35,12 @@ def test_second_holder_is_refused_naming_the_first_and_release_frees_it(tmp_path
     info = read_lock(path)
     assert (info.host, info.pid) == (socket.gethostname(), os.getpid())
     assert abs(info.heartbeat - time.time()) < 5 and info.started == info.heartbeat
+    with pytest.raises(LockHeld) as checked:  # what a start checks before it joins Ray: the same refusal
+        SweepLock(path).refuse_if_held()
     with pytest.raises(LockHeld) as held:
         SweepLock(path).acquire()
     message = str(held.value)
+    assert str(checked.value).split("last heartbeat")[0] == message.split("last heartbeat")[0]
     assert f"pid {os.getpid()} on host {socket.gethostname()}" in message
     assert re.search("last heartbeat [0-4] s ago", message), message
     assert read_lock(path) == info, "a refused driver leaves the holder's lock alone"
@@ -52,6 +55,9 @@ def test_lock_of_a_dead_driver_on_this_host_is_taken_over(tmp_path):
     path = tmp_path / "sweep.lock"
     dead = _dead_pid()
     _write(path, pid=dead)
+    kept = path.read_bytes()
+    SweepLock(path).refuse_if_held()  # a stale lock refuses nothing, and the check leaves it as it is
+    assert path.read_bytes() == kept and [p.name for p in tmp_path.iterdir()] == ["sweep.lock"]
     said = []
     with SweepLock(path, log=said.append) as lock:
         assert read_lock(path).pid == os.getpid() and read_lock(path).token == lock.info.token

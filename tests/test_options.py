@@ -198,7 +198,7 @@ def test_the_trainer_leaves_held_out_and_time_limit_transitions_out_of_each_seed
 # ---- the shipped ablation spec ------------------------------------------------------------------------------
 def test_ablations_spec_crosses_m1_m2_and_m3_with_both_evaluation_policies(capsys):
     from qed_ray.spec import load_spec
-    from qed_ray.service.sweep import main
+    from qed_ray.service.sweep_cli import main
 
     root = Path(__file__).parent.parent / "sweeps"
     spec = load_spec(root / "ablations.yaml")

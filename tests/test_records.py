@@ -195,7 +195,7 @@ COMMANDS = [("--status", "sweep.json"), ("--status", "DONE.json"), ("--status", 
 def _command(command: str, layout: SweepDir, tmp_path) -> int:
     """Runs the command in this process as its CLI would; returns its exit code."""
     if command in ("--status", "start"):
-        from qed_ray.service.sweep import main
+        from qed_ray.service.sweep_cli import main
 
         spec = tmp_path / "spec.yaml"
         spec.write_text(yaml.safe_dump({**SPEC, "storage_path": str(layout.root.parent)}))

@@ -7,7 +7,7 @@ import yaml
 
 from qed_ray.layout import trial_dirname
 from qed_ray.spec import SpecError, load_spec
-from qed_ray.service.sweep import main
+from qed_ray.service.sweep_cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

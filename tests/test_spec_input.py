@@ -13,7 +13,7 @@ import yaml
 from qed_ray import hints, spec as spec_module
 from qed_ray.grid import MAX_GRID_VALUES, MAX_PROBLEMS, expand_grid
 from qed_ray.spec import MAX_TRIALS, SpecError, load_spec
-from qed_ray.service.sweep import main
+from qed_ray.service.sweep_cli import main
 from qed_ray.yaml_input import MAX_BYTES, MAX_DEPTH, MAX_NODES, YamlInputError, parse
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -41,7 +41,7 @@ def cli(monkeypatch, tmp_path, capsys):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("TUNE_DISABLE_SIGINT_HANDLER", "0")  # restored after the test (main() sets it)
     monkeypatch.setenv("RAY_AIR_NEW_OUTPUT", "0")
-    from qed_ray.service.sweep import main
+    from qed_ray.service.sweep_cli import main
 
     def run(spec: dict, *flags: str):
         path = tmp_path / f"spec-{uuid.uuid4().hex[:6]}.yaml"
@@ -316,7 +316,7 @@ def test_ctrl_c_and_sigterm_stop_the_trials_once_then_exit_at_once():
 
 
 def test_failed_trials_are_summed_up_by_the_line_that_says_why():
-    from qed_ray.service.sweep import error_summary
+    from qed_ray.service.status import error_summary
     from qed_ray.service.sweep_state import sqlite_on_many_machines
 
     traceback = ("Failure # 1 (occurred at 2026-01-01_00-00-00)\nray::ImplicitFunc.train() (pid=1, ip=10.0.0.1)\n"

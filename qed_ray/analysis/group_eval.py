@@ -14,12 +14,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from qed_ray.analysis import metrics
-from qed_ray.rl.agents import PackedAgent, load_policies
 from qed_ray.layout import MANIFEST_FILE
 from qed_ray.rl.checkpoint import SNAPSHOT_FORMATS, read_manifest
 from qed_ray.run_records import read_history
@@ -28,6 +27,9 @@ from qed_ray.rl.evaluate import EvalPolicy, Rollouts, eval_policy, eval_seeds, r
 from qed_ray.layout import SweepDir, TrialId
 from qed_ray.analysis.results import GroupResult, TrialRecord
 from qed_ray.spec import FinalEvalSpec
+
+if TYPE_CHECKING:  # torch comes with the agents: loaded where policies are, not for --status's trial records
+    from qed_ray.rl.agents import PackedAgent
 
 
 def trial_record(layout: SweepDir, name: str) -> TrialRecord:
@@ -126,6 +128,8 @@ class GroupEnvs:
 
 
 def _pack(records: list[TrialRecord], step: int, device: str) -> PackedAgent:
+    from qed_ray.rl.agents import load_policies
+
     return load_policies([r.policies[step] for r in records], device)[0]
 
 

@@ -13,14 +13,16 @@ import os
 import platform
 from importlib import metadata
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from qed_ray import compat
 from qed_ray.atomic import atomic_file
 from qed_ray.codec import dump, load_json, parse, write_record
 from qed_ray.layout import MANIFEST_FILE, STATE_FILE
 from qed_ray.rl.manifests import CheckpointError, CheckpointVersionError, Manifest
+
+if TYPE_CHECKING:
+    import torch
 
 # 2: agents draw one noise block per update (the random streams changed), temperature state is ``log_alpha``,
 # metrics are one vector. A checkpoint of another version cannot continue the same run exactly.
@@ -75,6 +77,8 @@ def save_checkpoint(directory: str | os.PathLike, agent_state: dict, manifest: d
     checked = parse(Manifest, full, path, ValueError)  # before anything is written
     state_path = directory / STATE_FILE
     with atomic_file(state_path) as tmp:
+        import torch  # here, not at import: --status reads manifests without loading torch
+
         torch.save(agent_state, tmp)
     checked = checked.model_copy(update={"state_sha256": _sha256(state_path)})
     write_manifest(path, checked)  # the manifest last: it marks a complete checkpoint
@@ -148,6 +152,8 @@ def load_checkpoint(directory: str | os.PathLike, expect: dict | None = None,
         raise CheckpointError(f"{state_path}: missing")
     if _sha256(state_path) != manifest.state_sha256:
         raise CheckpointError(f"{state_path}: corrupt (SHA-256 differs from the manifest)")
+    import torch
+
     try:
         state = torch.load(state_path, map_location=map_location, weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unpickling failure means the same thing to the user

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 from pathlib import Path
 
 from qed_ray.layout import SweepDir
@@ -56,9 +57,9 @@ def shown(path: Path) -> str:
 
 
 def status_command(spec_path: Path, layout: SweepDir) -> str:
-    """``python -m qed_ray.sweep SPEC --status --dir FOLDER``: finds the sweep from any shell, whatever its
-    variables."""
-    return (f"python -m qed_ray.sweep {shlex.quote(shown(spec_path))} --status "
+    """``/abs/.venv/bin/python -m qed_ray.sweep SPEC --status --dir FOLDER``: finds the sweep from any shell, whatever
+    its variables, and runs there without the virtual environment activated (this interpreter, by its path)."""
+    return (f"{shlex.quote(sys.executable)} -m qed_ray.sweep {shlex.quote(shown(spec_path))} --status "
             f"--dir {shlex.quote(str(layout.root))}")
 
 

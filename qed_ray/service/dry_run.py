@@ -27,14 +27,6 @@ from qed_ray.service.dry_plan import order_packs, plan_lines
 from qed_ray.service.throughput import DEFAULT_PATH, load_throughput
 
 
-def check_options(dry: bool, listing: bool, workers: int | None) -> None:
-    """Refuses ``--list`` or ``--workers`` without ``--dry-run``, and a worker count below 1 (SpecError)."""
-    if (listing or workers is not None) and not dry:
-        raise SpecError("--list, --workers: only with --dry-run")
-    if workers is not None and workers < 1:
-        raise SpecError(f"--workers: {workers} worker nodes; allowed 1 or more")
-
-
 def tune_order(spec: SweepSpec, packs: list[Pack]) -> list[Pack]:
     """The packs in the order the driver hands them to Tune: longest first on the measured table's card
     (:func:`qed_ray.service.dry_plan.order_packs`)."""

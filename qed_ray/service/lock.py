@@ -202,6 +202,12 @@ class SweepLock:
             self._take_over_if_stale()
         raise LockHeld(f"{self.path}: could not be created (other drivers keep taking it)")
 
+    def refuse_if_held(self) -> None:
+        """Raises LockHeld, as :meth:`acquire` would, while a live driver holds the lock; writes nothing (a start
+        checks it before it joins Ray, and creates nothing in the sweep folder before that succeeds)."""
+        if os.path.lexists(self.path):
+            self._stale_lock()
+
     def release(self) -> None:
         """Stops the heartbeat and removes the file if it is still ours."""
         self._stop.set()
@@ -226,7 +232,9 @@ class SweepLock:
             os.fsync(f.fileno())
         return True
 
-    def _take_over_if_stale(self) -> None:
+    def _stale_lock(self) -> tuple[bytes, str] | None:
+        """The bytes of the lock file when it is stale (to take over) and why it is; None when it is gone. Raises LockHeld while
+        a live driver holds it, or a folder or dangling link stands in its place. Reads only."""
         try:
             holder, damage = read_lock(self.path), None
         except LockDamaged as e:
@@ -237,7 +245,7 @@ class SweepLock:
         try:
             seen, mtime = self.path.read_bytes(), self.path.stat().st_mtime
         except FileNotFoundError:
-            return  # released meanwhile: try to create it again
+            return None  # released meanwhile: try to create it again
         now = time.time()
         reason = stale_reason(holder, mtime, now, self.host, self.stale_after_s)
         if reason is None:
@@ -246,6 +254,13 @@ class SweepLock:
             raise LockHeld(f"{self.path}: this sweep is being run by another driver, {who}; wait for it to end, or "
                            f"stop it (Ctrl-C in its terminal, `fg` first if it was stopped with Ctrl-Z, or `ray job "
                            f"stop` for a submitted job)")
+        return seen, reason + (f" ({damage})" if damage else "")
+
+    def _take_over_if_stale(self) -> None:
+        stale = self._stale_lock()
+        if stale is None:
+            return
+        seen, why = stale
         aside = self.path.with_name(f".{self.path.name}.stale-{uuid.uuid4().hex[:8]}")
         try:
             os.rename(self.path, aside)
@@ -259,7 +274,7 @@ class SweepLock:
             aside.unlink(missing_ok=True)
             raise LockHeld(f"{self.path}: another driver took this sweep over just now; wait for it to end")
         aside.unlink(missing_ok=True)
-        self.log(f"taking over the sweep's stale lock: {reason}" + (f" ({damage})" if damage else ""))
+        self.log(f"taking over the sweep's stale lock: {why}")
 
     def _owns(self) -> bool:
         try:

@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from qed_ray.analysis import group_cache, tables
 from qed_ray.analysis.report import format_table, unverified_line
 from qed_ray.analysis.results import FailedTrial, SweepResults
@@ -37,6 +39,7 @@ from qed_ray.service.lock import STALE_AFTER_S, LockDamaged, read_lock, stale_re
 from qed_ray.service.packing import Pack, form_packs, pack_of, seed_checkpoint
 from qed_ray.service.results_key import ResultsKeyError, key_path, load_key
 from qed_ray.service.sweep_record import StateDamaged, read_state
+from qed_ray.field_hints import format_validation_error
 from qed_ray.spec import SpecError, SweepSpec
 
 STATES = ("done", "running", "stopped", "failed", "not started")
@@ -266,6 +269,25 @@ def check_owner(spec: SweepSpec, layout: SweepDir, found: str = "") -> None:
         hint = f"; it holds the sweep folder(s) {', '.join(d.name for d in inside)}: give --dir {inside[0]}" \
             if inside else ""
         raise SpecError(f"{root} is not a sweep folder (files but no {layout.state_file.name}{found}){hint}")
+
+
+def recorded_spec(layout: SweepDir) -> SweepSpec:
+    """The spec of the sweep in ``layout`` as its ``sweep.json`` records it (``--status --dir`` without a spec),
+    validated as a spec file is; raises SpecError naming a folder without one, a damaged ``sweep.json`` and each
+    invalid field of the recorded spec."""
+    state = read_state(layout)
+    if state is None:
+        inside = sweep_folders_in(layout.root)
+        hint = f"; it holds the sweep folder(s) {', '.join(d.name for d in inside)}: give --dir {inside[0]}" \
+            if inside else "; give the spec as well to see where it would run"
+        raise SpecError(f"--dir: {layout.root} is not a sweep folder (no {layout.state_file.name}){hint}")
+    if state.spec is None:
+        raise SpecError(f"{layout.state_file}: records no spec (an older qed_ray wrote it; the next start records "
+                        f"it); give the spec: python -m qed_ray.sweep SPEC --status --dir {layout.root}")
+    try:
+        return SweepSpec.model_validate(state.spec)
+    except ValidationError as e:
+        raise SpecError(format_validation_error(e, f"{layout.state_file}: spec.")) from None
 
 
 def sweep_packs(spec: SweepSpec, layout: SweepDir) -> list[Pack]:

@@ -1,6 +1,7 @@
 """The sweep service: ``python -m qed_ray.sweep SPEC`` runs, resumes or grows a sweep (here, or as a Ray job).
 
-Joins the Ray cluster it finds (``RAY_ADDRESS`` / a running ``ray start``) or starts an embedded one, runs every
+Joins the Ray cluster it finds (``RAY_ADDRESS`` / a running ``ray start``; said first, and bounded in time:
+:mod:`qed_ray.service.ray_join`) or starts an embedded one, runs every
 trial of the spec as a Ray Tune trial, gathers each group of finished policies while the sweep runs (a named
 actor, :mod:`qed_ray.service.gather`) for the cross-seed metrics, and logs everything to MLflow (one parent run per sweep,
 one child run per trial). ``--status`` prints a sweep's progress from its folder (:mod:`qed_ray.service.status`).
@@ -21,7 +22,8 @@ This module is the driver; what runs inside a trial's Ray worker is :mod:`qed_ra
 sweep folder comes from :class:`qed_ray.layout.SweepDir`.
 
 Exit codes: 0 every trial finished and gathering succeeded; 1 a trial failed, or gathering failed or left a
-finished trial out (a file that does not match the digest its trial signed, say); 2 a bad spec, a refused folder,
+finished trial out (a file that does not match the digest its trial signed, say), or the Ray cluster to join did not
+answer (nothing was written to the sweep folder then); 2 a bad spec, a refused folder,
 a tracking server that does not answer or another driver running this sweep; 3 this driver lost the sweep's lock
 (:mod:`qed_ray.service.lock`) and stopped its trials as Ctrl-C does; 130 stopped by Ctrl-C (SIGINT) and 143 by
 SIGTERM (``ray job stop``): the trials stopped cleanly, their runs are KILLED, and the same command resumes them.
@@ -39,19 +41,18 @@ from pathlib import Path
 import ray
 from ray import tune
 
-from qed_ray import cli_help
-from qed_ray.service import announce, gather, status
+from qed_ray.service import announce, gather
 from qed_ray.analysis import report
 from qed_ray.service.cluster import check_cluster
-from qed_ray.service.dry_run import check_options, dry_run, tune_order
+from qed_ray.service.dry_run import tune_order
 from qed_ray.layout import SweepDir
-from qed_ray.service.lock import LockHeld, SweepLock
+from qed_ray.service.lock import SweepLock
 from qed_ray.service.results_key import ResultsKey, load_key
-from qed_ray.service.ray_token import private_ray_token, quiet_opt_out_notice
+from qed_ray.service import ray_join
+from qed_ray.service.ray_token import private_ray_token, quiet_opt_out_notice, restrict
 from qed_ray.analysis.results import FailedTrial, SweepResults
-from qed_ray.spec import SpecError, SweepSpec, load_spec
+from qed_ray.spec import SpecError, SweepSpec
 from qed_ray.service.status import error_summary
-from qed_ray.codec import RecordError
 from qed_ray.compat import adopt_trial_checkpoints
 from qed_ray.service.packing import Pack, TuneTrial
 from qed_ray.service.sweep_record import SweepState, write_state
@@ -253,6 +254,8 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
     if problem:
         raise SpecError(f"{uri_field()}: {problem}; start the tracking server or correct the URI")
     key = load_key(create=True, sweep_dir=layout.root, log=lambda line: print(line, flush=True))
+    SweepLock(layout.lock_file).refuse_if_held()  # at once, not after joining Ray
+    _join_ray()  # before anything is written to the folder: a join that gives up loses nothing
     layout.root.mkdir(parents=True, exist_ok=True)
     with SweepLock(layout.lock_file, log=lambda line: print(line, flush=True)) as lock:
         check_folder(layout, spec, fresh, force)
@@ -271,6 +274,18 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
         return code
 
 
+def _join_ray() -> None:
+    """Joins the Ray cluster (or starts an embedded one), saying where first; bounded (:mod:`qed_ray.service.ray_join`)."""
+    if ray.is_initialized():
+        return
+    quiet_opt_out_notice()  # auth stays on; only Ray's advice to switch it off is not printed
+    with private_ray_token() as token:  # Ray writes a new ~/.ray/auth_token with the umask (0644): keep it 0600
+        ray_join.join(lambda address: ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                                               logging_level="WARNING"),
+                      log=lambda line: print(line, flush=True),
+                      before_exit=lambda: token is not None and token.exists() and restrict(token))
+
+
 def _refuse(problems: list[str]) -> None:
     if problems:
         raise SpecError("\n".join(problems))
@@ -282,10 +297,6 @@ def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, ex
     adopted = sum(adopt_trial_checkpoints(layout, p.id, p.trials[0].run.train.env_steps) for p in packs)
     if adopted:
         print(f"adopted {adopted} checkpoint(s) of trials an older qed_ray trained outside packs", flush=True)
-    if not ray.is_initialized():
-        quiet_opt_out_notice()  # auth stays on; only Ray's advice to switch it off is not printed
-        with private_ray_token():  # Ray writes a new ~/.ray/auth_token with the umask (0644): keep it 0600
-            ray.init(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
     interrupt = Interrupt(lock.lost)
     interrupt.install()
     check_cluster(spec, layout.root, uri)
@@ -369,55 +380,3 @@ def _best_effort(call, *args, **kwargs) -> None:
     except Exception as e:  # noqa: BLE001 - the results are in the sweep folder either way
         print(f"WARNING: MLflow failed at the end of the sweep ({type(e).__name__}: {e}); the results are in the "
               f"sweep folder", flush=True)
-
-
-EXAMPLES = ("python -m qed_ray.sweep sweeps/smoke.yaml --dry-run   # the plan and its cost; runs nothing",
-            "python -m qed_ray.sweep sweeps/smoke.yaml             # run, resume or grow the sweep",
-            "python -m qed_ray.sweep sweeps/smoke.yaml --status --dir results/smoke   # its progress, from any shell")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point (exit codes in the module docstring)."""
-    p = cli_help.parser("python -m qed_ray.sweep", __doc__, EXAMPLES, announce.local_head_help())
-    p.add_argument("spec", type=Path, help="sweep YAML (see sweeps/ and the README's field table)")
-    p.add_argument("--dry-run", action="store_true", help="print the plan (trials, packs by shape, memory, GPU-hours "
-                                                          "and wall clock); run nothing (refuses what a run would refuse)")
-    p.add_argument("--list", action="store_true", help="with --dry-run: every trial, pack by pack (longest first)")
-    p.add_argument("--workers", type=int, metavar="N", help="with --dry-run: the bill on N worker nodes (default: "
-                                                            "the shipped cluster configs' max_workers)")
-    p.add_argument("--fresh", action="store_true", help="start a new sweep (this sweep's folder is moved aside)")
-    p.add_argument("--force", action="store_true", help="with --fresh: move the folder aside even when its "
-                   "sweep.json cannot be read (then the folder cannot be checked to be this sweep's)")
-    p.add_argument("--gather-partial", action="store_true", help="when stopped by Ctrl-C/SIGTERM, still gather the "
-                                                                 "trials that finished")
-    p.add_argument("--status", action="store_true", help="print the sweep's progress and partial results from its "
-                   "folder; starts nothing")
-    p.add_argument("--dir", type=Path, help="with --status: the sweep folder to read (the driver prints it first; "
-                   "default: the spec's storage_path, QED_STORAGE_PATH / QED_STORAGE_ROOT of this shell)")
-    args = p.parse_args(argv)
-    os.environ.setdefault("MUJOCO_GL", "disable")
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0 the legacy reporter prints no tables
-    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # Interrupt handles SIGINT and SIGTERM alike
-    try:
-        spec = load_spec(args.spec)
-        if args.dir is not None and not args.status:
-            raise SpecError("--dir: only with --status (a sweep's folder is its storage_path / QED_STORAGE_ROOT)")
-        check_options(args.dry_run, args.list, args.workers)
-        if args.dry_run:
-            return dry_run(spec, listing=args.list, workers=args.workers)
-        if args.status:
-            layout = SweepDir(args.dir.absolute()) if args.dir else resolve_paths(spec)[0]
-            source = "given by --dir" if args.dir else announce.storage_source(spec)
-            print(status.report(spec, layout, source))
-            return 0
-        if args.force and not args.fresh:
-            raise SpecError("--force: only with --fresh (it confirms moving aside a folder whose sweep.json cannot "
-                            "be read)")
-        return run_sweep(spec, args.spec.resolve(), args.fresh, args.gather_partial, args.force)
-    except (SpecError, LockHeld, RecordError) as e:  # a damaged folder file (RecordError) names itself
-        for line in str(e).splitlines():
-            print(f"error: {line}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130

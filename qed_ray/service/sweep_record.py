@@ -45,8 +45,9 @@ class ClaimRecord(Record):
 class SweepState(Record):
     """``sweep.json``: the sweep's stable id and name, the identity of every trial it holds
     (:func:`qed_ray.naming.identity`), its pack size, packing (``pack_by``, written only when it is not the default
-    ``variant``, so older sweeps' files read and write as before) and packs (:mod:`qed_ray.service.packing`) and its
-    claim record. A file of format 1 (before per-trial identities) has no ``trials``, only the grid's
+    ``variant``, so older sweeps' files read and write as before) and packs (:mod:`qed_ray.service.packing`), its
+    claim record and the spec of its latest start as JSON (``--status --dir`` reads the sweep by it; None in a file
+    an older release wrote). A file of format 1 (before per-trial identities) has no ``trials``, only the grid's
     ``fingerprint``."""
 
     sweep_id: str = Field(pattern=SWEEP_ID)
@@ -59,6 +60,7 @@ class SweepState(Record):
     pack_by: Literal["variant", "shape"] = "variant"
     packs: dict[str, list[str]] = Field(default_factory=dict)
     claim: ClaimRecord | None = None
+    spec: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _names_are_trials_and_packs(self) -> "SweepState":

@@ -37,7 +37,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qed_ray import claim
 from qed_ray.analysis.results import FailedTrial
@@ -45,13 +45,15 @@ from qed_ray.codec import RecordError
 from qed_ray.compat import legacy_trial_started
 from qed_ray.layout import PackId, SweepDir, TrialId
 from qed_ray.naming import identity, identity_changes, parse_variant, show_setting
-from qed_ray.rl.replay import prune_chunks
 from qed_ray.run_records import diverged_reason, read_done, read_history
 from qed_ray.service.packing import Pack, form_packs, pack_of, pack_records, pack_started, pack_state
 from qed_ray.service.sweep_record import STATE_FORMAT, StateDamaged, SweepState, read_state
-from qed_ray.service.tracking_uri import URI_ENV, check_uri
-from qed_ray.service.tracking import DIGEST_TAG, UNVERIFIED_TAG, Tracker, TrialRun, default_tracking_uri, pack_tags
+from qed_ray.service.tags import DIGEST_TAG, UNVERIFIED_TAG
+from qed_ray.service.tracking_uri import URI_ENV, check_uri, default_tracking_uri
 from qed_ray.spec import SpecError, SweepSpec
+
+if TYPE_CHECKING:  # MLflow is imported by a start that syncs runs, not by --status or --dry-run
+    from qed_ray.service.tracking import Tracker
 STORAGE_ROOT_ENV = "QED_STORAGE_ROOT"  # resolves a relative storage_path (required for one under `ray job submit`)
 STORAGE_PATH_ENV = "QED_STORAGE_PATH"  # overrides the spec's storage_path
 # What `ray job submit` needs to bring the storage root into the job: the shell's $PWD, expanded when submitted.
@@ -233,7 +235,8 @@ def plan(state: SweepState | None, spec: SweepSpec, layout: SweepDir | None = No
     state = SweepState.model_validate({
         "sweep_id": state.sweep_id, "created": state.created, "format": STATE_FORMAT, "name": spec.name,
         "fingerprint": spec.fingerprint(), "trials": {**recorded, **{n: current[n] for n in new}},
-        "pack_seeds": spec.pack.seeds, "pack_by": spec.pack.by, "packs": pack_records(packs), "claim": claim_record})
+        "pack_seeds": spec.pack.seeds, "pack_by": spec.pack.by, "packs": pack_records(packs), "claim": claim_record,
+        "spec": spec.model_dump(mode="json")})
     return Plan(state, new, _problems(recorded, current, spec) + pack_problems + claim_problems, packs)
 
 
@@ -355,6 +358,8 @@ def prune_finished(layout: SweepDir, packs: list[Pack], keep_replay: bool) -> li
     """Deletes the replay chunks of the packs that have ended (each seed run done or diverged), unless
     ``keep_replay``, also of packs whose worker ended before it could; returns the finished trials. A pack with a
     seed run still pending keeps every seed's replay: its newest checkpoint may need them to resume."""
+    from qed_ray.rl.replay import prune_chunks  # torch: a start's, not --status's
+
     ended = [p for p in packs if pack_state(layout, p) == "ended"]
     for name in [n for p in ended for n in p.names] if not keep_replay else []:
         prune_chunks(layout.replay(name))
@@ -380,6 +385,8 @@ def sync_runs(tracker: Tracker, parent_run_id: str, layout: SweepDir, spec: Swee
     Best-effort: if MLflow fails, the next call (the end of this start, or the next start) tries again. A seed run
     carries its pack's tags. Returns the trials whose ``history.json`` or ``DONE.json`` is damaged, each with the
     file and the problem: their runs end without what those files hold, the other trials' runs are synced."""
+    from qed_ray.service.tracking import TrialRun, pack_tags
+
     try:
         runs = tracker.trial_runs()
     except Exception as e:  # noqa: BLE001 - MLflow is a mirror; the folder keeps everything

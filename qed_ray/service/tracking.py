@@ -28,6 +28,7 @@ from qed_ray.layout import SweepDir
 from qed_ray.rl.digests import Recorded
 from qed_ray.run_records import HistoryEntry
 from qed_ray.service.relink import follow_move, own_store
+from qed_ray.service.tracking_uri import default_tracking_uri  # noqa: F401 - API (defined MLflow-free)
 
 from qed_ray.service.tags import (DIGEST_TAG, GROUP_TAG, KEY_ID_TAG, MAC_TAG, NODES_TAG,  # noqa: F401 - API
                                   PACK_SIZE_TAG, PACK_TAG, REANALYSIS_TAG, REASON_TAG, ROLE_TAG, SWEEP_TAG, TRIAL_TAG,
@@ -47,11 +48,6 @@ _BAD_KEY_CHARS = re.compile(r"[^\w.\- :]")  # MLflow metric names: alphanumerics
 def metric_key(*parts: str) -> str:
     """A metric name from parts joined by ``/``; characters MLflow refuses (``+``, ``=`` of variant labels) -> ``_``."""
     return "/".join(_BAD_KEY_CHARS.sub("_", str(p)) for p in parts)
-
-
-def default_tracking_uri(sweep_dir: Path) -> str:
-    """``sqlite:////abs/<sweep_dir>/mlflow.db`` (4 slashes: absolute; relative URIs break inside Ray trials)."""
-    return f"sqlite:///{SweepDir(Path(sweep_dir).resolve()).mlflow_db}"
 
 
 def artifact_location(uri: str, layout: SweepDir) -> str | None:

@@ -23,9 +23,11 @@ import re
 import socket
 import urllib.error
 import urllib.request
+from pathlib import Path
 from urllib.parse import SplitResult, urlsplit
 
 from qed_ray.hints import near, short_text
+from qed_ray.layout import SweepDir
 from qed_ray.spec import SpecError
 
 URI_ENV = "MLFLOW_TRACKING_URI"
@@ -131,3 +133,8 @@ def _ask_http(parts: SplitResult, timeout_s: float) -> None:
         urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=timeout_s).close()
     except urllib.error.HTTPError:
         pass  # an HTTP answer of any status: a server is there (a login it refuses shows in the first MLflow call)
+
+
+def default_tracking_uri(sweep_dir: Path) -> str:
+    """``sqlite:////abs/<sweep_dir>/mlflow.db`` (4 slashes: absolute; relative URIs break inside Ray trials)."""
+    return f"sqlite:///{SweepDir(Path(sweep_dir).resolve()).mlflow_db}"

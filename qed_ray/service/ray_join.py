@@ -1,0 +1,122 @@
+"""Where the driver joins Ray, said before it connects, and a join that gives up in bounded time.
+
+``ray.init()`` without an address joins ``RAY_ADDRESS`` when it is set (``local``: start an embedded cluster), else
+the address that the last ``ray start`` on this machine wrote to ``ray_current_cluster`` in Ray's temp folder, else
+starts an embedded cluster. A head that died without ``ray stop`` leaves that file behind, and ``ray.init`` then
+retries the dead address for minutes, printing only Ray's connection warnings. So the driver resolves the address
+itself, by Ray's rule, prints which one it joins and where it came from, passes that address to ``ray.init``, and
+stops the process when joining has not succeeded after ``QED_RAY_CONNECT_TIMEOUT_S`` seconds (30 by default), with
+one line naming the address and the ways out. Nothing is in the sweep folder before the join succeeds (the
+driver joins before it creates the folder or takes the lock), so a stop there loses nothing. Starting an
+embedded cluster is not bounded: that is this machine starting processes, not a connect that may never answer.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from qed_ray.spec import SpecError
+
+TIMEOUT_ENV = "QED_RAY_CONNECT_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 30.0
+EXIT_NO_RAY = 1  # the code a driver that could not join Ray exits with
+
+
+class JoinFailed(RuntimeError):
+    """Joining the Ray cluster failed; the message names the address, where it came from and the ways out."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """The cluster a driver joins: its address (None: an embedded cluster it starts) and where that came from."""
+
+    address: str | None
+    source: str
+    address_file: str | None = None  # the ray_current_cluster file the address was read from
+
+    def line(self) -> str:
+        """The line printed before connecting."""
+        if self.address is None:
+            return f"Ray: starting an embedded cluster on this machine ({self.source})"
+        return f"Ray: joining the cluster at {self.address} ({self.source})"
+
+    def give_up(self, timeout_s: float, cause: str = "") -> str:
+        """The one line of a join that failed: the address, its source and the ways out."""
+        what = f"failed ({cause})" if cause else f"got no answer within {timeout_s:g} s"
+        fix = (f"if no head runs there any more, `ray stop` clears the stale address (it also stops every Ray process "
+               f"of yours on this machine; or remove {self.address_file})" if self.address_file else
+               "check that a head runs at that address")
+        return (f"Ray: joining the cluster at {self.address} ({self.source}) {what}; {fix}, or run with "
+                f"RAY_ADDRESS=local for an embedded cluster ({TIMEOUT_ENV} to wait longer)")
+
+
+def target(temp_dir: str | None = None, env: dict | None = None) -> Target:
+    """The cluster ``ray.init()`` would join, by Ray's rule (module notes); ``temp_dir``: Ray's temp folder as
+    ``ray.init(_temp_dir=...)`` gets it (None: Ray's default, from ``RAY_TMPDIR`` / ``TMPDIR``)."""
+    from ray._common.utils import get_ray_address_file  # Ray's own answer to where `ray start` wrote it
+
+    env = os.environ if env is None else env
+    given = env.get("RAY_ADDRESS", "")
+    if given == "local":
+        return Target(None, "RAY_ADDRESS=local")
+    if given and given != "auto":
+        return Target(given, "RAY_ADDRESS")
+    path = get_ray_address_file(temp_dir)
+    try:
+        with open(path) as f:
+            found = f.read(1000).strip()
+    except OSError:
+        found = ""
+    if found:
+        return Target(found, f"the address a `ray start` on this machine left in {path}", path)
+    return Target(None, f"no RAY_ADDRESS, and no `ray start` address in {path}")
+
+
+def timeout_s(env: dict | None = None) -> float:
+    """``QED_RAY_CONNECT_TIMEOUT_S`` (default 30); raises SpecError naming the variable for anything but a
+    positive number of seconds."""
+    raw = (os.environ if env is None else env).get(TIMEOUT_ENV, "")
+    try:
+        value = float(raw) if raw.strip() else DEFAULT_TIMEOUT_S
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise SpecError(f"{TIMEOUT_ENV}: {raw[:40]!r} is not a number of seconds above 0 (default "
+                        f"{DEFAULT_TIMEOUT_S:g})")
+    return value
+
+
+def join(init: Callable[[str], None], temp_dir: str | None = None, log: Callable[[str], None] = print,
+         before_exit: Callable[[], None] = lambda: None) -> Target:
+    """Prints where Ray is joined, then calls ``init(address)`` (``"local"``: start an embedded cluster). A join
+    that has not succeeded after :func:`timeout_s` prints :meth:`Target.give_up` to stderr, calls ``before_exit``
+    and ends the process with :data:`EXIT_NO_RAY` (``ray.init`` cannot be interrupted while it retries); one that
+    fails sooner raises :class:`JoinFailed`."""
+    limit = timeout_s()
+    where = target(temp_dir)
+    log(where.line())
+    if where.address is None:
+        init("local")
+        return where
+
+    def _give_up() -> None:
+        print(f"error: {where.give_up(limit)}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        before_exit()
+        os._exit(EXIT_NO_RAY)
+
+    timer = threading.Timer(limit, _give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        init(where.address)
+    except Exception as e:  # noqa: BLE001 - whatever Ray raises, the user needs the address and the way out
+        raise JoinFailed(where.give_up(limit, f"{type(e).__name__}: {' '.join(str(e).split())[:200]}")) from None
+    finally:
+        timer.cancel()
+    return where

@@ -1,0 +1,106 @@
+"""The sweep service: ``python -m qed_ray.sweep SPEC`` runs, resumes or grows a sweep (here, or as a Ray job).
+
+The command line of :mod:`qed_ray.service.sweep` (the driver; exit codes in its notes). It answers at once: its
+module-level imports are the spec's (pydantic) and the standard library's, and each subcommand imports what it needs
+after the arguments are read: ``--help``, a bad flag or a spec error import none of torch, Ray or MLflow;
+``--status`` reads the folder without torch or Ray (:mod:`qed_ray.service.status`); ``--dry-run`` and a run import
+the rest. ``--status --dir DIR`` needs no spec: ``sweep.json`` records the spec of the sweep's latest start.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from qed_ray import cli_help
+from qed_ray.codec import RecordError
+from qed_ray.service import announce
+from qed_ray.service.lock import LockHeld
+from qed_ray.service.ray_join import EXIT_NO_RAY, JoinFailed
+from qed_ray.spec import SpecError, SweepSpec, load_spec
+
+EXAMPLES = ("python -m qed_ray.sweep sweeps/smoke.yaml --dry-run   # the plan and its cost; runs nothing",
+            "python -m qed_ray.sweep sweeps/smoke.yaml             # run, resume or grow the sweep",
+            "python -m qed_ray.sweep --status --dir results/smoke  # its progress, from any shell (no spec needed)")
+
+
+def check_options(no_spec: bool, args) -> None:
+    """Refuses flags that do not go together, naming them (SpecError)."""
+    if (args.list or args.workers is not None) and not args.dry_run:
+        raise SpecError("--list, --workers: only with --dry-run")
+    if args.workers is not None and args.workers < 1:
+        raise SpecError(f"--workers: {args.workers} worker nodes; allowed 1 or more")
+    if args.dir is not None and not args.status:
+        raise SpecError("--dir: only with --status (a sweep's folder is its storage_path / QED_STORAGE_ROOT)")
+    if args.force and not args.fresh:
+        raise SpecError("--force: only with --fresh (it confirms moving aside a folder whose sweep.json cannot be "
+                        "read)")
+    if no_spec and not (args.status and args.dir is not None):
+        raise SpecError("spec: required (a sweep YAML such as sweeps/smoke.yaml); only --status --dir DIR reads a "
+                        "sweep without it")
+
+
+def parser():
+    """The command line (``--help`` prints the local ``ray job submit`` recipe after the flags)."""
+    p = cli_help.parser("python -m qed_ray.sweep", __doc__, EXAMPLES, announce.local_head_help())
+    p.add_argument("spec", type=Path, nargs="?", help="sweep YAML (see sweeps/ and the README's field table); "
+                   "not needed with --status --dir")
+    p.add_argument("--dry-run", action="store_true", help="print the plan (trials, packs by shape, memory, GPU-hours "
+                                                          "and wall clock); run nothing (refuses what a run would refuse)")
+    p.add_argument("--list", action="store_true", help="with --dry-run: every trial, pack by pack (longest first)")
+    p.add_argument("--workers", type=int, metavar="N", help="with --dry-run: the bill on N worker nodes (default: "
+                                                            "the shipped cluster configs' max_workers)")
+    p.add_argument("--fresh", action="store_true", help="start a new sweep (this sweep's folder is moved aside)")
+    p.add_argument("--force", action="store_true", help="with --fresh: move the folder aside even when its "
+                   "sweep.json cannot be read (then the folder cannot be checked to be this sweep's)")
+    p.add_argument("--gather-partial", action="store_true", help="when stopped by Ctrl-C/SIGTERM, still gather the "
+                                                                 "trials that finished")
+    p.add_argument("--status", action="store_true", help="print the sweep's progress and partial results from its "
+                   "folder; starts nothing")
+    p.add_argument("--dir", type=Path, help="with --status: the sweep folder to read (the driver prints it first; "
+                   "default: the spec's storage_path, QED_STORAGE_PATH / QED_STORAGE_ROOT of this shell)")
+    return p
+
+
+def _status(spec: SweepSpec | None, folder: Path | None) -> str:
+    from qed_ray.layout import SweepDir
+    from qed_ray.service import status
+    from qed_ray.service.sweep_state import resolve_paths
+
+    if spec is None:  # --status --dir DIR: the spec sweep.json recorded
+        layout = SweepDir(folder.absolute())
+        return status.report(status.recorded_spec(layout), layout, "given by --dir")
+    layout = SweepDir(folder.absolute()) if folder else resolve_paths(spec)[0]
+    return status.report(spec, layout, "given by --dir" if folder else announce.storage_source(spec))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point (exit codes in :mod:`qed_ray.service.sweep`)."""
+    args = parser().parse_args(argv)
+    os.environ.setdefault("MUJOCO_GL", "disable")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0 the legacy reporter prints no tables
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # the driver's Interrupt handles SIGINT and SIGTERM alike
+    try:
+        spec = load_spec(args.spec) if args.spec is not None else None
+        check_options(spec is None, args)
+        if args.status:
+            print(_status(spec, args.dir))
+            return 0
+        if args.dry_run:
+            from qed_ray.service.dry_run import dry_run
+
+            return dry_run(spec, listing=args.list, workers=args.workers)
+        from qed_ray.service.sweep import run_sweep
+
+        return run_sweep(spec, args.spec.resolve(), args.fresh, args.gather_partial, args.force)
+    except (SpecError, LockHeld, RecordError) as e:  # a damaged folder file (RecordError) names itself
+        for line in str(e).splitlines():
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    except JoinFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_NO_RAY
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
