@@ -32,6 +32,9 @@ class Frozen(BaseModel):
 
 
 HOT_RATIO = 5.0  # QED runs "hot" at a state where its alpha is at least this many times alpha_TE (its floor)
+K_MAX = 1000.0  # the largest k accepted: far past where QED does anything (a larger value is a typo)
+K_PAPER = (0.1, 0.4)  # the k the paper found stable (Sec. 6, "Ablating k")
+K_USUAL = (0.05, 1.0)  # outside this a spec is warned about (qed_ray.spec.SweepSpec.warnings)
 
 
 class TemperatureSpec(Frozen):
@@ -41,8 +44,8 @@ class TemperatureSpec(Frozen):
     alpha: float | None = Field(None, gt=0, le=100, description="the constant temperature (kind fixed; required)")
     init_alpha: float = Field(0.1, gt=0, le=100, description="initial alpha_TE (pytorch_sac's DMC default)")
     lr: float = Field(3e-4, gt=0, le=1, description="Adam learning rate of log alpha_TE")
-    k: float | None = Field(None, gt=0, le=1000, description="QED scale: alpha = Delta / (k * action_dim) "
-                                                             "(kind qed; required; paper: 0.1-0.4)")
+    k: float | None = Field(None, description="QED scale: alpha = Delta / (k * action_dim) (kind qed; required; "
+                                              f"above 0, at most {K_MAX:g}; paper: 0.1-0.4)")
     n_actions: int = Field(8, ge=2, le=1024, description="QED: policy actions per state for the expectile")
     tau: float = Field(0.9, gt=0, lt=1, description="QED: expectile level of |Q1 - Q2|")
     alpha_max: float = Field(0.2, gt=0, le=1e6, description="QED: upper clip of alpha(s)")
@@ -59,6 +62,15 @@ class TemperatureSpec(Frozen):
     # rule's state (QED's 1 / (k d) and alpha_max, the fixed alpha, the initial log alpha_TE); none changes a
     # tensor's shape or the update's code path. Every other temperature setting is shared by a pack.
     MEMBER_FIELDS: ClassVar[tuple[str, ...]] = ("k", "alpha", "alpha_max", "init_alpha")
+
+    @field_validator("k")
+    @classmethod
+    def _k_in_range(cls, v: float | None) -> float | None:
+        if v is not None and not 0 < v <= K_MAX:
+            raise ValueError(f"{v:g} is {'not above 0' if v <= 0 else f'above {K_MAX:g}'}; QED's alpha(s) = Delta / "
+                             f"(k x action_dim) needs 0 < k <= {K_MAX:g} (paper Sec. 5.1), and the paper uses "
+                             f"{K_PAPER[0]:g} to {K_PAPER[1]:g}")
+        return v
 
     @model_validator(mode="after")
     def _check_kind_fields(self) -> "TemperatureSpec":

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from qed_ray.config import AGENT_SPECS, AgentBase, Frozen
+from qed_ray.config import AGENT_SPECS, K_PAPER, K_USUAL, AgentBase, Frozen
 from qed_ray.hints import close_match, did_you_mean, short_repr, short_text
 
 _AGENT = "agent"  # a field holding any of the agents (RunSpec.agent): the next location part is the agent's name
@@ -169,3 +169,34 @@ def _locate(prefix: str, loc: list[str], msg: str, got: Any, kind: str) -> str:
     if kind == "missing":
         msg, suffix = "required field missing", ""
     return f"{path}: {msg}{suffix}" if path else f"{msg}{suffix}"
+
+
+_K_PATH = re.compile(r"agents\.(\d+)\.temperatures\.(\d+)\.k: ")
+
+
+def k_in_words(line: str, raw: Any) -> str:
+    """A sweep spec's problem with QED's k named by its agent and temperature entry (``k (agent sac_ln, temperature
+    entry 2): ...``) rather than by its index path (``agents.0.temperatures.1.k: ...``); ``raw``: the spec as read."""
+    m = _K_PATH.match(line)
+    agents = raw.get("agents") if isinstance(raw, dict) else None
+    if m is None or not isinstance(agents, list) or int(m.group(1)) >= len(agents):
+        return line
+    entry = agents[int(m.group(1))]
+    name = short_text(str(entry.get("name"))) if isinstance(entry, dict) else "?"
+    return f"k (agent {name}, temperature entry {int(m.group(2)) + 1}): {line[m.end():]}"
+
+
+def k_warning(agent: str, k: float) -> str | None:
+    """The warning for a valid QED k outside :data:`~qed_ray.config.K_USUAL` (None inside): QED's alpha(s) =
+    Delta / (k x action_dim) (paper Sec. 5.1) then sits at its floor alpha_TE (large k) or its cap alpha_max (small
+    k)."""
+    if k > K_USUAL[1]:
+        effect = f"{k / K_PAPER[1]:g} times smaller than at k = {K_PAPER[1]:g}, so QED would sit at its floor alpha_TE " \
+                 f"(training like te)"
+    elif k < K_USUAL[0]:
+        effect = f"{K_PAPER[0] / k:g} times larger than at k = {K_PAPER[0]:g}, so QED would sit at its cap alpha_max " \
+                 f"(a fixed temperature)"
+    else:
+        return None
+    return (f"k: {k:g} (agent {agent}) is outside {K_USUAL[0]:g} to {K_USUAL[1]:g} (the paper uses {K_PAPER[0]:g} to "
+            f"{K_PAPER[1]:g}): alpha(s) = Delta / (k x action_dim) is {effect}")

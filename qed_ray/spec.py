@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 
 from qed_ray import yaml_input
 from qed_ray.config import AGENT_SPECS, MAX_SEED, AgentBase, Frozen, RunSpec, TemperatureSpec, TrainSpec
-from qed_ray.field_hints import format_validation_error
+from qed_ray.field_hints import format_validation_error, k_in_words, k_warning
 from qed_ray.grid import expand_grid, grid_size, validate_grid
 from qed_ray.hints import duplicates, near, short_repr, short_text
 from qed_ray.naming import identity, variant_label
@@ -366,6 +366,12 @@ class SweepSpec(Frozen):
         process plus one CPU per env worker (``pack.env_workers``), and ``resources.gpu``."""
         return {"cpu": self.resources.cpu + self.pack.env_workers, "gpu": self.resources.gpu}
 
+    def warnings(self) -> list[str]:
+        """What a valid spec may not mean: each agent's QED k outside the usual range (:func:`~qed_ray.field_hints.k_warning`)."""
+        ks = [(entry.name, k) for entry in self.agents
+              for k in dict.fromkeys(t.k for t in entry.temperature_specs() if t.kind == "qed")]
+        return [w for w in (k_warning(agent, k) for agent, k in ks) if w]
+
     def fingerprint(self) -> str:
         """Hash of the trials' identities (non-default settings only: a new defaulted option never changes it)."""
         payload = json.dumps(sorted(json.dumps(identity(r), sort_keys=True) for r in self.runs()))
@@ -402,4 +408,5 @@ def load_spec(path: str | Path) -> SweepSpec:
     try:
         return SweepSpec.model_validate(raw)
     except ValidationError as e:
-        raise SpecError(format_validation_error(e)) from None
+        raise SpecError("\n".join(k_in_words(line, raw) for line in format_validation_error(e).splitlines())) \
+            from None

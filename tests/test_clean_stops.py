@@ -123,3 +123,20 @@ def test_env_steps_below_the_default_eval_every_evaluates_at_the_end(capsys):
         _train_spec("--env-steps", "4000")
     assert str(refused.value).startswith("train.warmup_decisions: 5000 uniform-random decisions use up the whole ")
     assert str(refused.value).endswith("; lower it or raise env_steps (--warmup-decisions, --env-steps)")
+
+
+def test_tunes_warning_about_trials_a_stop_kept_from_reporting_is_dropped_and_others_kept(caplog):
+    import logging
+
+    from qed_ray.service.sweep import quiet_never_started
+
+    quiet_never_started()
+    quiet_never_started()  # once is enough
+    logger = logging.getLogger("ray.tune.analysis.experiment_analysis")
+    assert sum(type(f).__name__ == "NeverStarted" for f in logger.filters) == 1
+    missing = ("- {t}: FileNotFoundError('Could not fetch metrics for {t}: both result.json and progress.csv were "
+               "not found at /x/{t}')")
+    with caplog.at_level(logging.WARNING, logger=logger.name):  # as Tune words it (experiment_analysis.py)
+        logger.warning("Failed to fetch metrics for 2 trial(s):\n" + "\n".join(missing.format(t=t) for t in "ab"))
+        logger.warning("Failed to fetch metrics for 2 trial(s):\n" + missing.format(t="a") + "\n- b: ValueError('x')")
+    assert [r.getMessage().splitlines()[-1] for r in caplog.records] == ["- b: ValueError('x')"]

@@ -192,3 +192,88 @@ def test_status_dir_on_a_folder_of_another_sweep_or_of_no_sweep_says_so(sweep_co
     assert capsys.readouterr().err == (f"error: sweep_dir: {storage} is not a sweep folder (no sweep.json); it holds "
                                        f"the sweep folder(s) sweep: give {sweep_copy.root}\n")
 
+
+
+def _write_spec(folder: Path, **changes) -> Path:
+    spec = {"name": "fd", "tasks": ["cartpole-balance"], "seeds": 1,
+            "agents": [{"name": "sac_ln", "overrides": {"hidden": 16},
+                        "temperatures": [{"kind": "te"}, {"kind": "qed", "k": 0.2}]}],
+            "train": {"env_steps": 1000, "eval_every": 1000, "warmup_decisions": 100},
+            "storage_path": str(folder / "results"), **changes}
+    path = folder / "fd.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+def test_help_and_refusals_answer_without_torch_ray_or_mlflow(tmp_path):
+    from kit import cli_run
+
+    proc, loaded = cli_run(tmp_path, "qed_ray.sweep", "--help", cwd=ROOT)
+    assert proc.returncode == 0 and LOCAL_STATUS in proc.stdout and loaded == [], loaded
+    specs = ", ".join(sorted(p.name for p in (ROOT / "sweeps").glob("*.yaml")))
+    proc, loaded = cli_run(tmp_path, "qed_ray.sweep", "sweeps/smoek.yaml", cwd=ROOT)
+    assert (proc.returncode, proc.stderr, loaded) == (2, f"error: sweeps/smoek.yaml: no such file (did you mean "
+                                                         f"'sweeps/smoke.yaml'?); the specs in sweeps/: {specs}\n", [])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    proc, _ = cli_run(tmp_path, "qed_ray.sweep", "sweeps/smoke.yaml", "--dry-run", cwd=elsewhere)
+    assert (proc.returncode, proc.stderr) == (2, f"error: sweeps/smoke.yaml: no such file in the current folder "
+                                                 f"{elsewhere.resolve()}; run from the repository root ({ROOT}) or "
+                                                 f"give an absolute path ({ROOT / 'sweeps' / 'smoke.yaml'})\n")
+    bad_k = [{"kind": "te"}, {"kind": "qed", "k": -0.2}]
+    proc, loaded = cli_run(tmp_path, "qed_ray.sweep", str(_write_spec(
+        tmp_path, agents=[{"name": "sac_ln", "temperatures": bad_k}])))
+    assert (proc.returncode, proc.stderr, loaded) == (2, (
+        "error: k (agent sac_ln, temperature entry 2): -0.2 is not above 0; QED's alpha(s) = Delta / (k x action_dim) "
+        "needs 0 < k <= 1000 (paper Sec. 5.1), and the paper uses 0.1 to 0.4\n"), [])
+    # A k the paper's range is far from is accepted, with a warning saying what QED would do with it.
+    huge_k = [{"kind": "te"}, {"kind": "qed", "k": 1000}]
+    proc, loaded = cli_run(tmp_path, "qed_ray.sweep", str(_write_spec(
+        tmp_path, agents=[{"name": "sac_ln", "temperatures": huge_k}])), "--dry-run", "--workers", "0")
+    assert (proc.returncode, loaded) == (2, []) and proc.stderr.splitlines() == [
+        "warning: k: 1000 (agent sac_ln) is outside 0.05 to 1 (the paper uses 0.1 to 0.4): alpha(s) = Delta / "
+        "(k x action_dim) is 2500 times smaller than at k = 0.4, so QED would sit at its floor alpha_TE (training "
+        "like te)", "error: --workers: 0 worker nodes; allowed 1 or more"]
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_stale_ray_address_is_named_and_given_up_on_before_anything_is_written(tmp_path):
+    """A head that died without `ray stop` left its address in a (private) Ray temp folder: the sweep says where it
+    joins, stops after QED_RAY_CONNECT_TIMEOUT_S naming the address and the ways out, and writes no sweep folder."""
+    from kit import cli_run, free_port
+
+    ray_tmp = tmp_path / "raytmp"
+    (ray_tmp / "ray").mkdir(parents=True)
+    stale, address = ray_tmp / "ray" / "ray_current_cluster", f"127.0.0.1:{free_port()}"
+    stale.write_text(address)
+    spec = _write_spec(tmp_path)
+    proc, _ = cli_run(tmp_path, "qed_ray.sweep", str(spec), timeout=300, env={
+        "RAY_TMPDIR": str(ray_tmp), "RAY_ADDRESS": "", "QED_RAY_CONNECT_TIMEOUT_S": "3"})
+    source = f"the address a `ray start` on this machine left in {stale}"
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"Ray: joining the cluster at {address} ({source})" in proc.stdout.splitlines()
+    assert proc.stderr.splitlines()[-1] == (
+        f"error: Ray: joining the cluster at {address} ({source}) got no answer within 3 s; if no head runs there any "
+        f"more, `ray stop` clears the stale address (it also stops every Ray process of yours on this machine; or "
+        f"remove {stale}), or run with RAY_ADDRESS=local for an embedded cluster (QED_RAY_CONNECT_TIMEOUT_S to wait "
+        f"longer)")
+    assert not (tmp_path / "results").exists(), "nothing is written before the join succeeds"
+
+
+def test_where_ray_is_joined_comes_from_ray_address_or_ray_start_or_nowhere(tmp_path):
+    from qed_ray.service.ray_join import target, timeout_s
+
+    file = tmp_path / "ray_current_cluster"
+    assert target(str(tmp_path), {"RAY_ADDRESS": "10.0.0.5:6379"}).line() == \
+        "Ray: joining the cluster at 10.0.0.5:6379 (RAY_ADDRESS)"
+    assert target(str(tmp_path), {"RAY_ADDRESS": "local"}).line() == \
+        "Ray: starting an embedded cluster on this machine (RAY_ADDRESS=local)"
+    assert target(str(tmp_path), {}).line() == \
+        f"Ray: starting an embedded cluster on this machine (no RAY_ADDRESS, and no `ray start` address in {file})"
+    file.write_text("10.0.0.6:6380\n")
+    assert target(str(tmp_path), {"RAY_ADDRESS": "auto"}).address == "10.0.0.6:6380"
+    assert (timeout_s({}), timeout_s({"QED_RAY_CONNECT_TIMEOUT_S": "2.5"})) == (30.0, 2.5)
+    for bad in ("0", "-1", "soon", "nan"):
+        with pytest.raises(SpecError) as refused:
+            timeout_s({"QED_RAY_CONNECT_TIMEOUT_S": bad})
+        assert str(refused.value) == f"QED_RAY_CONNECT_TIMEOUT_S: {bad!r} is not a number of seconds above 0 (default 30)"

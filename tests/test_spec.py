@@ -62,8 +62,10 @@ def test_shipped_specs_validate_and_dmc18_is_the_papers_grid():
 @pytest.mark.parametrize("changes,needle", [
     ({"colour": "red"}, "colour: unknown field; the fields here are name, tasks, seeds, agents, train"),
     ({"tasks": ["cartpole-balance", "cheetah-fly"]}, "tasks: Value error, unknown task(s) ['cheetah-fly']"),
-    ({"agents.0.temperatures.1.k": [0.1, -0.2]}, "agents.0.temperatures.1.k: Input should be greater than 0"),
-    ({"agents.0.temperatures.1.k": 0}, "agents.0.temperatures.1.k: Input should be greater than 0 (got 0)"),
+    ({"agents.0.temperatures.1.k": [0.1, -0.2]}, "k (agent sac_ln, temperature entry 2): -0.2 is not above 0; "
+                                                 "QED's alpha(s) = Delta / (k x action_dim) needs 0 < k <= 1000"),
+    ({"agents.0.temperatures.1.k": 0}, "k (agent sac_ln, temperature entry 2): 0 is not above 0;"),
+    ({"agents.0.temperatures.1.k": 1001}, "k (agent sac_ln, temperature entry 2): 1001 is above 1000;"),
     ({"resources": {"gpu": 1.5}}, "resources.gpu"),
     ({"resources": {"gpu": 0.3}}, "resources.gpu"),
     ({"train": {"env_steps": -10, "eval_every": 1000, "warmup_decisions": 100}}, "train.env_steps"),
@@ -84,7 +86,10 @@ def test_bad_specs_name_the_field_and_start_nothing(tmp_path, capsys, changes, n
 
 def test_unreadable_and_non_mapping_specs(tmp_path, capsys):
     assert main([str(tmp_path / "missing.yaml")]) == 2
-    assert "cannot be read" in capsys.readouterr().err
+    assert capsys.readouterr().err == f"error: {tmp_path / 'missing.yaml'}: no such file\n"
+    (tmp_path / "smoke.yaml").mkdir()  # there, but no file
+    assert main([str(tmp_path / "smoke.yaml")]) == 2
+    assert "smoke.yaml: cannot be read" in capsys.readouterr().err
     p = tmp_path / "list.yaml"
     p.write_text("- a\n- b\n")
     with pytest.raises(SpecError, match="expected a mapping"):
@@ -110,7 +115,8 @@ def test_object_store_storage_is_refused_with_the_field(tmp_path, capsys, monkey
 
 
 @pytest.mark.parametrize("changes,needle", [
-    ({"agents.0.temperatures.1.k": float("inf")}, "agents.0.temperatures.1.k: Input should be a finite number"),
+    ({"agents.0.temperatures.1.k": float("inf")}, "k (agent sac_ln, temperature entry 2): Input should be a finite "
+                                                  "number"),
     ({"resources": {"cpu": float("nan")}}, "resources.cpu: Input should be a finite number"),
     ({"seeds": [4294967296]}, "seeds: seeds [4294967296] are outside 0..4294967295"),
     ({"seeds": 1_000_000_000}, "seeds: a count of 1000000000 seeds; need 1 to 10,000"),
@@ -120,7 +126,7 @@ def test_object_store_storage_is_refused_with_the_field(tmp_path, capsys, monkey
     ({"agents.0.overrides": {"hidden": True}}, "agents.0.overrides.hidden: Input should be a valid integer (got True)"),
     ({"agents.0.overrides": {"hidden": 10**9}}, "agents.0.overrides.hidden: Input should be less than or equal to"),
     ({"agents.0.temperatures.0": {"kind": "te", "k": 0.2}},
-     "agents.0.temperatures.0.k: applies only to kind 'qed', but kind is 'te'"),
+     "k (agent sac_ln, temperature entry 1): applies only to kind 'qed', but kind is 'te'"),
     ({"train": {"env_steps": 2000, "eval_every": 1500, "warmup_decisions": 100}},
      "train.eval_every: 1500 must be a multiple of 1000"),
     ({"train": {"env_steps": 2000, "eval_every": 1000, "device": "cuda:abc"}}, "train.device: 'cuda:abc' is not one"),
@@ -154,7 +160,7 @@ def test_every_problem_of_a_spec_is_reported_at_once(tmp_path, capsys):
     assert main([str(_write(tmp_path, spec))]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert sorted(line.split(":")[1].strip() for line in lines) == [
-        "agents.0.overrides.widht", "agents.0.temperatures.1.k", "colour", "seeds", "train.eval_evry"], lines
+        "agents.0.overrides.widht", "colour", "k (agent sac_ln, temperature entry 2)", "seeds", "train.eval_evry"], lines
     assert all(line.startswith("error: ") for line in lines)
 
 

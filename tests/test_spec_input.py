@@ -253,8 +253,9 @@ def test_messages_stay_short_however_large_the_input(tmp_path, capsys):
     lines = capsys.readouterr().err.splitlines()
     assert max(len(line) for line in lines) < 500 and len(lines) == MAX_PROBLEMS + 1 + 2, lines
     assert re.match(r"error: tasks: unknown task\(s\) \['x{20,40}\.\.\.x{20,40}'\]; valid tasks: ", lines[0]), lines[0]
-    assert lines[1:MAX_PROBLEMS + 1] == [f"error: agents.0.temperatures.0.k: Input should be greater than 0 (got "
-                                         f"-{i})" for i in range(1, MAX_PROBLEMS + 1)]
+    assert lines[1:MAX_PROBLEMS + 1] == [f"error: k (agent sac_ln, temperature entry 1): -{i} is not above 0; QED's "
+                                         f"alpha(s) = Delta / (k x action_dim) needs 0 < k <= 1000 (paper Sec. 5.1), "
+                                         f"and the paper uses 0.1 to 0.4" for i in range(1, MAX_PROBLEMS + 1)]
     assert lines[MAX_PROBLEMS + 1] == ("error: agents.0.temperatures.0: more problems may follow in other combinations "
                                        "(fix these first)")
     assert re.fullmatch(r"error: train\.device: '[gpu]{20,40}\.\.\.[gpu]{20,40}' is not one of 'auto', 'cpu', 'cuda', "

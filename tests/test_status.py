@@ -190,3 +190,33 @@ def test_status_shows_each_seed_run_with_its_pack(sweep_copy):
     error.write_text("Failure # 1\nTraceback ...\nInjectedCrash: injected crash at env step 1700\n")
     assert (f"FAILED {QED}/1 (pack {QED}/pack0-1): InjectedCrash: injected crash at env step 1700 (the next start "
             f"retries it)") in report(spec, layout)
+
+
+def test_status_dir_needs_no_spec_and_imports_neither_torch_nor_ray(sweep_copy, tmp_path):
+    from kit import cli_run
+
+    from qed_ray.service.sweep_record import read_state, write_state
+    from qed_ray.service.sweep_state import plan
+
+    layout, spec = sweep_copy, _spec(sweep_copy)
+    state = layout.state_file
+    proc, _ = cli_run(tmp_path, "qed_ray.sweep", "--status", "--dir", str(layout.root))
+    assert proc.returncode == 2 and proc.stderr == (
+        f"error: {state}: records no spec (an older qed_ray wrote it; the next start records it); give the spec: "
+        f"python -m qed_ray.sweep SPEC --status --dir {layout.root}\n")
+    recorded = plan(None, spec).state.spec  # what a start writes into sweep.json
+    assert recorded == spec.model_dump(mode="json")
+    write_state(layout, read_state(layout).model_copy(update={"spec": recorded}))
+    proc, loaded = cli_run(tmp_path, "qed_ray.sweep", "--status", "--dir", str(layout.root))
+    assert (proc.returncode, proc.stderr) == (0, "") and loaded == [], loaded
+    assert proc.stdout == report(spec, layout, "given by --dir") + "\n"
+    assert "trials: 3 done, 0 running, 1 stopped, 0 failed, 0 not started" in proc.stdout
+    raw = json.loads(state.read_text())
+    raw["spec"]["seeds"] = -3  # validated where it is read, as a spec file is
+    state.write_text(json.dumps(raw))
+    proc, _ = cli_run(tmp_path, "qed_ray.sweep", "--status", "--dir", str(layout.root))
+    assert proc.returncode == 2 and proc.stderr == (
+        f"error: {state}: spec.seeds: a count of -3 seeds; need 1 to 10,000 (or a list of seeds)\n")
+    proc, _ = cli_run(tmp_path, "qed_ray.sweep", "--status", "--dir", str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr == (f"error: --dir: {tmp_path} is not a sweep folder (no sweep.json); "
+                                                    f"it holds the sweep folder(s) sweep: give --dir {layout.root}\n")

@@ -279,7 +279,7 @@ def recorded_spec(layout: SweepDir) -> SweepSpec:
     if state is None:
         inside = sweep_folders_in(layout.root)
         hint = f"; it holds the sweep folder(s) {', '.join(d.name for d in inside)}: give --dir {inside[0]}" \
-            if inside else "; give the spec as well to see where it would run"
+            if inside else ""
         raise SpecError(f"--dir: {layout.root} is not a sweep folder (no {layout.state_file.name}){hint}")
     if state.spec is None:
         raise SpecError(f"{layout.state_file}: records no spec (an older qed_ray wrote it; the next start records "

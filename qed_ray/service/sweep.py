@@ -31,6 +31,7 @@ SIGTERM (``ray job stop``): the trials stopped cleanly, their runs are KILLED, a
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -156,6 +157,25 @@ class Progress(tune.Callback):
                 f"{counts.get('RUNNING', 0)} running, {counts.get('PENDING', 0)} pending, "
                 f"{counts.get('ERROR', 0)} failed | env steps {steps:,}/{self.total:,} "
                 f"({100 * steps / max(self.total, 1):.0f}%) | ETA {eta}")
+
+
+class NeverStarted(logging.Filter):
+    """Drops Tune's "Failed to fetch metrics for N trial(s)" when each of them failed for want of a result file: the
+    trials a Ctrl-C stopped before they reported (the driver reads every trial's outcome from the sweep folder, never
+    from Tune's metrics). Any other failure to fetch still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if not text.startswith("Failed to fetch metrics for "):
+            return True
+        return not all("FileNotFoundError" in line for line in text.splitlines()[1:])
+
+
+def quiet_never_started() -> None:
+    """Installs :class:`NeverStarted` on Tune's result-analysis logger (idempotent)."""
+    logger = logging.getLogger("ray.tune.analysis.experiment_analysis")
+    if not any(isinstance(f, NeverStarted) for f in logger.filters):
+        logger.addFilter(NeverStarted())
 
 
 def build_tuner(spec: SweepSpec, context: TrialContext, packs: list[Pack], start: str,
@@ -299,6 +319,7 @@ def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, ex
         print(f"adopted {adopted} checkpoint(s) of trials an older qed_ray trained outside packs", flush=True)
     interrupt = Interrupt(lock.lost)
     interrupt.install()
+    quiet_never_started()
     check_cluster(spec, layout.root, uri)
     packs = tune_order(spec, packs)  # longest first on GPUs (qed_ray.service.bill), once the cluster can take them
     tracker = Tracker(uri, experiment, state.sweep_id, artifact_location=artifact_location(uri, layout))

@@ -15,11 +15,13 @@ from pathlib import Path
 
 from qed_ray import cli_help
 from qed_ray.codec import RecordError
+from qed_ray.hints import close_match
 from qed_ray.service import announce
 from qed_ray.service.lock import LockHeld
 from qed_ray.service.ray_join import EXIT_NO_RAY, JoinFailed
 from qed_ray.spec import SpecError, SweepSpec, load_spec
 
+REPOSITORY = Path(__file__).resolve().parents[2]  # where sweeps/ and the README's relative paths are
 EXAMPLES = ("python -m qed_ray.sweep sweeps/smoke.yaml --dry-run   # the plan and its cost; runs nothing",
             "python -m qed_ray.sweep sweeps/smoke.yaml             # run, resume or grow the sweep",
             "python -m qed_ray.sweep --status --dir results/smoke  # its progress, from any shell (no spec needed)")
@@ -39,6 +41,35 @@ def check_options(no_spec: bool, args) -> None:
     if no_spec and not (args.status and args.dir is not None):
         raise SpecError("spec: required (a sweep YAML such as sweeps/smoke.yaml); only --status --dir DIR reads a "
                         "sweep without it")
+
+
+def _load(path: Path) -> SweepSpec:
+    """The spec at ``path``; a path that is no file is refused with the closest spec file in its folder (or in
+    the repository's ``sweeps/``), or with the working-folder hint when it is a repository path given elsewhere."""
+    if not path.exists():
+        raise SpecError(missing_spec(path))
+    return load_spec(path)
+
+
+def missing_spec(path: Path, cwd: Path | None = None) -> str:
+    """Why ``path`` (no file) is not a spec, and the spec that was probably meant: the closest name in its folder,
+    which is the repository's (``sweeps/``) when a relative path was given from another folder."""
+    cwd = (cwd or Path.cwd()).resolve()
+    elsewhere = not path.is_absolute() and cwd != REPOSITORY and (
+        (REPOSITORY / path).is_file() or (not (cwd / path.parent).is_dir() and (REPOSITORY / path.parent).is_dir()))
+    text = f"{path}: no such file"
+    if elsewhere:
+        text += f" in the current folder {cwd}; run from the repository root ({REPOSITORY}) or give an absolute path"
+        if (REPOSITORY / path).is_file():
+            return f"{text} ({REPOSITORY / path})"
+    folder = (REPOSITORY if elsewhere else cwd) / path.parent
+    specs = sorted(p.name for p in folder.iterdir() if p.suffix in (".yaml", ".yml")) if folder.is_dir() else []
+    if not specs:
+        return text + ("" if folder.is_dir() else f" (no folder {path.parent} in {cwd})")
+    names = {Path(name).stem: name for name in specs}
+    stem = close_match(path.stem, names)  # by stem: ".yaml" alone would make every name close
+    meant = f" (did you mean {str(path.parent / names[stem])!r}?)" if stem else ""
+    return f"{text}{meant}; the specs in {path.parent}/: {', '.join(specs)}"
 
 
 def parser():
@@ -82,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0 the legacy reporter prints no tables
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"  # the driver's Interrupt handles SIGINT and SIGTERM alike
     try:
-        spec = load_spec(args.spec) if args.spec is not None else None
+        spec = _load(args.spec) if args.spec is not None else None
+        for line in spec.warnings() if spec is not None and not args.status else ():
+            print(f"warning: {line}", file=sys.stderr, flush=True)
         check_options(spec is None, args)
         if args.status:
             print(_status(spec, args.dir))
