@@ -210,6 +210,12 @@ def test_help_and_refusals_answer_without_torch_ray_or_mlflow(tmp_path):
 
     proc, loaded = cli_run(tmp_path, "qed_ray.sweep", "--help", cwd=ROOT)
     assert proc.returncode == 0 and LOCAL_STATUS in proc.stdout and loaded == [], loaded
+    for command in ("train", "gather", "visualize"):
+        proc, loaded = cli_run(tmp_path, f"qed_ray.{command}", "--help", cwd=ROOT)
+        assert proc.returncode == 0 and f"python -m qed_ray.{command}" in proc.stdout and loaded == [], (command, loaded)
+    proc, loaded = cli_run(tmp_path, "qed_ray.gather", str(tmp_path))
+    assert (proc.returncode, proc.stderr, loaded) == (
+        2, f"error: sweep_dir: {tmp_path} is not a sweep folder (no sweep.json)\n", [])
     specs = ", ".join(sorted(p.name for p in (ROOT / "sweeps").glob("*.yaml")))
     proc, loaded = cli_run(tmp_path, "qed_ray.sweep", "sweeps/smoek.yaml", cwd=ROOT)
     assert (proc.returncode, proc.stderr, loaded) == (2, f"error: sweeps/smoek.yaml: no such file (did you mean "
@@ -247,17 +253,33 @@ def test_a_stale_ray_address_is_named_and_given_up_on_before_anything_is_written
     stale, address = ray_tmp / "ray" / "ray_current_cluster", f"127.0.0.1:{free_port()}"
     stale.write_text(address)
     spec = _write_spec(tmp_path)
-    proc, _ = cli_run(tmp_path, "qed_ray.sweep", str(spec), timeout=300, env={
+    proc, loaded = cli_run(tmp_path, "qed_ray.sweep", str(spec), timeout=300, env={
         "RAY_TMPDIR": str(ray_tmp), "RAY_ADDRESS": "", "QED_RAY_CONNECT_TIMEOUT_S": "3"})
     source = f"the address a `ray start` on this machine left in {stale}"
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.returncode == 1 and loaded == ["ray"], (proc.stdout + proc.stderr, loaded)  # the driver: not yet
     assert f"Ray: joining the cluster at {address} ({source})" in proc.stdout.splitlines()
+    assert proc.stderr.splitlines()[-1] == (
+        f"error: Ray: joining the cluster at {address} ({source}) failed (nothing listens there: "
+        f"ConnectionRefusedError); if no head runs there any more, `ray stop` clears the stale address (it also stops "
+        f"every Ray process of yours on this machine; or remove {stale}), or run with RAY_ADDRESS=local for an "
+        f"embedded cluster (QED_RAY_CONNECT_TIMEOUT_S to wait longer)")
+    assert not (tmp_path / "results").exists(), "nothing is written before the join succeeds"
+    import socket
+
+    with socket.socket() as mute:  # something listens there but never answers as Ray's GCS would
+        mute.bind(("127.0.0.1", 0))
+        mute.listen()
+        address = f"127.0.0.1:{mute.getsockname()[1]}"
+        stale.write_text(address)
+        proc, _ = cli_run(tmp_path, "qed_ray.sweep", str(spec), timeout=300, env={
+            "RAY_TMPDIR": str(ray_tmp), "RAY_ADDRESS": "", "QED_RAY_CONNECT_TIMEOUT_S": "3"})
+    assert proc.returncode == 1 and f"Ray: joining the cluster at {address} ({source})" in proc.stdout.splitlines()
     assert proc.stderr.splitlines()[-1] == (
         f"error: Ray: joining the cluster at {address} ({source}) got no answer within 3 s; if no head runs there any "
         f"more, `ray stop` clears the stale address (it also stops every Ray process of yours on this machine; or "
         f"remove {stale}), or run with RAY_ADDRESS=local for an embedded cluster (QED_RAY_CONNECT_TIMEOUT_S to wait "
         f"longer)")
-    assert not (tmp_path / "results").exists(), "nothing is written before the join succeeds"
+    assert not (tmp_path / "results").exists()
 
 
 def test_where_ray_is_joined_comes_from_ray_address_or_ray_start_or_nowhere(tmp_path):

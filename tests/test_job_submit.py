@@ -110,14 +110,15 @@ def test_the_readme_local_recipe_runs_the_sweep_and_status_follows_it(tmp_path):
     dash, gcs = free_port(), free_port()
     # Only what collides with other Ray instances changes: explicit free ports (another cluster's agent may hold the
     # defaults: 8265, 52365, ...) and a temp folder of its own.
-    isolated = (f"ray start --head --port={gcs} --num-cpus=2 --temp-dir={temp_dir} --include-dashboard=true "
-                f"--dashboard-host=127.0.0.1 --dashboard-port={dash} --disable-usage-stats "
-                f"--dashboard-agent-listen-port={free_port()} --dashboard-agent-grpc-port={free_port()} "
+    isolated = (f"ray start --head --num-cpus=2 --temp-dir={temp_dir} --include-dashboard=true "
+                f"--dashboard-host=127.0.0.1 --disable-usage-stats --dashboard-agent-grpc-port={free_port()} "
                 f"--runtime-env-agent-port={free_port()} --metrics-export-port={free_port()}")
-    assert recipe.count("ray start --head") == 1 and "127.0.0.1:8265 " in recipe
-    script = recipe.replace("ray start --head", isolated).replace("127.0.0.1:8265", f"127.0.0.1:{dash}")
+    ports = "RAY_PORT=6379 DASHBOARD_PORT=8265 AGENT_PORT=52365"  # the recipe's own line: free ones here
+    assert recipe.count("ray start --head") == 1 and recipe.count(ports) == 1 and "127.0.0.1:$DASHBOARD_PORT " in recipe
+    script = recipe.replace(ports, f"RAY_PORT={gcs} DASHBOARD_PORT={dash} AGENT_PORT={free_port()}").replace(
+        "ray start --head", isolated)
     # The recipe's shell settings (the lines before `ray start`) and its submission (the lines from `ray job submit`).
-    settings = recipe.split("\nray start --head", 1)[0]
+    settings = script.split("\nray start --head", 1)[0]
     submission = "ray job submit" + script.split("\nray job submit", 1)[1]
     probes = []
 

@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import ValidationError
 
@@ -31,11 +31,12 @@ from qed_ray.flags import Flag, add_run_flags, settings_from_args
 from qed_ray.layout import PackId, SweepDir, trial_dirname
 from qed_ray.naming import EXECUTION_SETTINGS, identity, identity_changes, show_setting
 from qed_ray.rl.pack import check_pack, pack_name
-from qed_ray.rl.run_folder import FolderReporter
 from qed_ray.run_records import Metrics, RunSummary, read_done
 from qed_ray.spec import SpecError, load_yaml
-from qed_ray.rl.trainer import DeviceError, build_trainer, resolve_device
 from qed_ray.replay_memory import replay_needs, replay_problems
+
+if TYPE_CHECKING:  # torch comes with the trainer: imported by a run, not by --help or a refused flag
+    from qed_ray.rl.run_folder import FolderReporter
 
 RUN_FILE, METRICS_FILE, SUMMARY_FILE = "run.json", "metrics.jsonl", "summary.json"
 RUN_FORMAT = 2  # run.json {"format", "pack", "runs"}; format 1 (qed_ray 0.1) held one run and is not resumed
@@ -184,6 +185,8 @@ def check_resources(specs: list[RunSpec]) -> None:
     problems = replay_problems(replay_needs([(specs[0].task, specs[0].train)], len(specs)), pack_field="--seeds")
     if problems:
         raise SpecError("\n".join(problems))
+    from qed_ray.rl.trainer import DeviceError, resolve_device
+
     try:
         resolve_device(specs[0].train.device)
     except DeviceError as e:
@@ -263,6 +266,9 @@ def run(specs: list[RunSpec], out: Path, env_workers: int = 0) -> list[RunSummar
     run_file = RunFile(format=RUN_FORMAT, pack=pack_name(specs), runs=specs)
     if prior is None:  # a new folder is marked as this CLI's run before anything else lands in it (a Ctrl-C then)
         write_record(out / RUN_FILE, run_file)
+    from qed_ray.rl.run_folder import FolderReporter
+    from qed_ray.rl.trainer import build_trainer
+
     log = RunLog(out, names, specs[0].train.env_steps)
     trainer = build_trainer(specs, lambda metrics, save: folder(metrics, save), [layout.replay(n) for n in names],
                             names, env_workers, log=lambda line: print(line, file=sys.stderr) if "WARNING" in line

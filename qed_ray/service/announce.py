@@ -29,8 +29,9 @@ LOCAL_HEAD = """\
 source .venv/bin/activate                    # the head then runs the job's python from the venv
 export RAY_AUTH_MODE=token                   # token auth for the head and for its clients
 (umask 077 && ray get-auth-token --generate > /dev/null)   # a private ~/.ray/auth_token, if there is none
-ray start --head                             # a local head; its job API is http://127.0.0.1:8265
-ray job submit --address http://127.0.0.1:8265 --working-dir . \\
+RAY_PORT=6379 DASHBOARD_PORT=8265 AGENT_PORT=52365   # Ray's default ports: pick free ones where these are taken
+ray start --head --port=$RAY_PORT --dashboard-port=$DASHBOARD_PORT --dashboard-agent-listen-port=$AGENT_PORT
+ray job submit --address http://127.0.0.1:$DASHBOARD_PORT --working-dir . \\
     --runtime-env-json '{"env_vars": {"QED_STORAGE_ROOT": "'"$PWD"'"}}' -- python -m qed_ray.sweep sweeps/smoke.yaml"""
 LOCAL_STATUS = 'python -m qed_ray.sweep sweeps/smoke.yaml --status --dir "$PWD/results/smoke"'
 
@@ -39,7 +40,8 @@ def local_head_help() -> str:
     """The recipe for ``--help``: the commands, then where results land and how another shell follows them."""
     return (f"on a local Ray head (ray job submit), from the repository root:\n{_indent(LOCAL_HEAD)}\n"
             f"results land in $PWD/results/<name>; from another shell in the repository root:\n"
-            f"{_indent(LOCAL_STATUS)}\nand: ray stop  # ends the head (and any other Ray processes of yours on this machine)")
+            f"{_indent(LOCAL_STATUS)}\nand: ray stop  # ends the head, and every other Ray process of yours on this machine "
+            f"(Ray has no stop for one head)")
 
 
 def _indent(text: str) -> str:

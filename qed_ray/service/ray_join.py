@@ -4,9 +4,10 @@
 the address that the last ``ray start`` on this machine wrote to ``ray_current_cluster`` in Ray's temp folder, else
 starts an embedded cluster. A head that died without ``ray stop`` leaves that file behind, and ``ray.init`` then
 retries the dead address for minutes, printing only Ray's connection warnings. So the driver resolves the address
-itself, by Ray's rule, prints which one it joins and where it came from, passes that address to ``ray.init``, and
-stops the process when joining has not succeeded after ``QED_RAY_CONNECT_TIMEOUT_S`` seconds (30 by default), with
-one line naming the address and the ways out. Nothing is in the sweep folder before the join succeeds (the
+itself, by Ray's rule, prints which one it joins and where it came from, asks the address over TCP (nothing
+listening there: it stops at once), passes it to ``ray.init``, and stops the process when joining has not
+succeeded after ``QED_RAY_CONNECT_TIMEOUT_S`` seconds (30 by default), each time with one line naming the address
+and the ways out. Nothing is in the sweep folder before the join succeeds (the
 driver joins before it creates the folder or takes the lock), so a stop there loses nothing. Starting an
 embedded cluster is not bounded: that is this machine starting processes, not a connect that may never answer.
 """
@@ -15,8 +16,10 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -91,18 +94,38 @@ def timeout_s(env: dict | None = None) -> float:
     return value
 
 
+def unreachable(address: str, limit: float) -> str | None:
+    """Why nothing answers at a GCS address ``host:port`` over TCP within ``limit`` seconds: "" for no answer in
+    time, the error for a refusal; None when something answers there, or for an address that is no ``host:port``
+    (``ray://``, ``http://``: left to Ray)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "/" in address:
+        return None
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=limit).close()
+    except TimeoutError:
+        return ""
+    except OSError as e:
+        return f"nothing listens there: {type(e).__name__}"
+    return None
+
+
 def join(init: Callable[[str], None], temp_dir: str | None = None, log: Callable[[str], None] = print,
          before_exit: Callable[[], None] = lambda: None) -> Target:
     """Prints where Ray is joined, then calls ``init(address)`` (``"local"``: start an embedded cluster). A join
-    that has not succeeded after :func:`timeout_s` prints :meth:`Target.give_up` to stderr, calls ``before_exit``
-    and ends the process with :data:`EXIT_NO_RAY` (``ray.init`` cannot be interrupted while it retries); one that
-    fails sooner raises :class:`JoinFailed`."""
-    limit = timeout_s()
+    to an address where nothing listens raises :class:`JoinFailed` at once; one that has not succeeded after
+    :func:`timeout_s` prints :meth:`Target.give_up` to stderr, calls ``before_exit`` and ends the process with
+    :data:`EXIT_NO_RAY` (``ray.init`` cannot be interrupted while it retries); one that fails sooner raises
+    :class:`JoinFailed`."""
+    limit, start = timeout_s(), time.monotonic()
     where = target(temp_dir)
     log(where.line())
     if where.address is None:
         init("local")
         return where
+    problem = unreachable(where.address, limit)
+    if problem is not None:  # at once when nothing listens (the usual stale address), not after the timeout
+        raise JoinFailed(where.give_up(limit, problem))
 
     def _give_up() -> None:
         print(f"error: {where.give_up(limit)}", file=sys.stderr, flush=True)
@@ -110,7 +133,7 @@ def join(init: Callable[[str], None], temp_dir: str | None = None, log: Callable
         before_exit()
         os._exit(EXIT_NO_RAY)
 
-    timer = threading.Timer(limit, _give_up)
+    timer = threading.Timer(max(limit - (time.monotonic() - start), 0.1), _give_up)
     timer.daemon = True
     timer.start()
     try:
@@ -120,3 +143,20 @@ def join(init: Callable[[str], None], temp_dir: str | None = None, log: Callable
     finally:
         timer.cancel()
     return where
+
+
+def join_ray() -> None:
+    """The driver's join (:func:`join`, unless Ray is already initialised): token auth as Ray chose it, without its
+    opt-out advice, and a token file Ray writes kept private (:mod:`qed_ray.service.ray_token`)."""
+    import ray
+
+    from qed_ray.service.ray_token import private_ray_token, quiet_opt_out_notice, restrict
+
+    if ray.is_initialized():
+        return
+    quiet_opt_out_notice()  # auth stays on; only Ray's advice to switch it off is not printed
+    with private_ray_token() as token:  # Ray writes a new ~/.ray/auth_token with the umask (0644): keep it 0600
+        join(lambda address: ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                                      logging_level="WARNING"),
+             log=lambda line: print(line, flush=True),
+             before_exit=lambda: token is not None and token.exists() and restrict(token))

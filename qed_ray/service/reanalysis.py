@@ -33,7 +33,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from qed_ray import cli_help
-from qed_ray.analysis import group_cache, plots, report, tables
+from qed_ray.analysis import group_cache, report, tables
 from qed_ray.analysis.results import FailedTrial, GroupResult, SweepResults, read_results
 from qed_ray.atomic import atomic_file, write_json
 from qed_ray.field_hints import format_validation_error
@@ -86,6 +86,8 @@ def _write_tables(results: SweepResults, folder: Path, layout: SweepDir) -> None
     _write_csv([c.csv_row() for c in results.comparisons], folder / layout.comparisons_csv.name)
     write_json(folder / layout.verdict_json.name, results.verdict.to_json() if results.verdict else None, indent=1)
     if results.groups:
+        from qed_ray.analysis import plots  # matplotlib: for the figures, not for --help or a refused folder
+
         plots.all_figures(results, folder / layout.figures.name)
 
 

@@ -32,9 +32,7 @@ SIGTERM (``ray job stop``): the trials stopped cleanly, their runs are KILLED, a
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -48,19 +46,15 @@ from qed_ray.service.cluster import check_cluster
 from qed_ray.service.dry_run import tune_order
 from qed_ray.layout import SweepDir
 from qed_ray.service.lock import SweepLock
-from qed_ray.service.results_key import ResultsKey, load_key
-from qed_ray.service import ray_join
-from qed_ray.service.ray_token import private_ray_token, quiet_opt_out_notice, restrict
+from qed_ray.service.results_key import ResultsKey
 from qed_ray.analysis.results import FailedTrial, SweepResults
-from qed_ray.spec import SpecError, SweepSpec
+from qed_ray.spec import SweepSpec
 from qed_ray.service.status import error_summary
 from qed_ray.compat import adopt_trial_checkpoints
 from qed_ray.service.packing import Pack, TuneTrial
-from qed_ray.service.sweep_record import SweepState, write_state
-from qed_ray.service.sweep_state import check_folder, git_sha, move_aside, outcome, plan, prune_finished, resolve_paths, \
-    sync_runs
+from qed_ray.service.sweep_record import SweepState
+from qed_ray.service.sweep_state import git_sha, outcome, prune_finished, sync_runs
 from qed_ray.service.tracking import Tracker, artifact_location, ui_command
-from qed_ray.service.tracking_uri import unreachable, uri_field
 from qed_ray.service.trial import TrialContext, train_trial
 
 EXIT_LOST = 3  # the driver lost the sweep's lock (module notes)
@@ -262,56 +256,7 @@ def print_summary(results: SweepResults | None, gathered: gather.GatherReport | 
     print(f"\nMLflow: {ui_command(uri, experiment_id)}")
 
 
-def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_partial: bool = False,
-              force: bool = False) -> int:
-    """Runs (or resumes, or grows) the sweep end to end; returns the exit code. ``fresh`` moves this sweep's folder
-    aside first; with ``force`` also a folder whose ``sweep.json`` cannot be read (so its name cannot be checked)."""
-    layout, uri, experiment = resolve_paths(spec)
-    state = check_folder(layout, spec, fresh, force)
-    # Refused before anything is written (or moved aside), and checked again under the lock.
-    _refuse(plan(None, spec).problems if fresh else plan(state, spec, layout).problems)
-    problem = unreachable(uri)  # seconds now, not minutes of MLflow retries once Ray is up
-    if problem:
-        raise SpecError(f"{uri_field()}: {problem}; start the tracking server or correct the URI")
-    key = load_key(create=True, sweep_dir=layout.root, log=lambda line: print(line, flush=True))
-    SweepLock(layout.lock_file).refuse_if_held()  # at once, not after joining Ray
-    _join_ray()  # before anything is written to the folder: a join that gives up loses nothing
-    layout.root.mkdir(parents=True, exist_ok=True)
-    with SweepLock(layout.lock_file, log=lambda line: print(line, flush=True)) as lock:
-        check_folder(layout, spec, fresh, force)
-        if fresh and os.path.lexists(layout.state_file):
-            print(f"--fresh: moved the previous sweep to {move_aside(layout)}", flush=True)
-        p = plan(check_folder(layout, spec), spec, layout)
-        _refuse(p.problems)
-        write_state(layout, p.state)
-        for line in announce.first_lines(spec.name, spec_path, layout, uri):
-            print(line, flush=True)
-        code = _run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial, p.packs, lock, key)
-        if lock.lost.is_set() or not lock.beat():  # lost while (or after) training: nothing more of this start
-            print(f"error: {lock.why}; this driver stopped its trials and leaves the sweep to the driver that holds "
-                  f"it now", file=sys.stderr, flush=True)
-            return EXIT_LOST
-        return code
-
-
-def _join_ray() -> None:
-    """Joins the Ray cluster (or starts an embedded one), saying where first; bounded (:mod:`qed_ray.service.ray_join`)."""
-    if ray.is_initialized():
-        return
-    quiet_opt_out_notice()  # auth stays on; only Ray's advice to switch it off is not printed
-    with private_ray_token() as token:  # Ray writes a new ~/.ray/auth_token with the umask (0644): keep it 0600
-        ray_join.join(lambda address: ray.init(address=address, include_dashboard=False, log_to_driver=False,
-                                               logging_level="WARNING"),
-                      log=lambda line: print(line, flush=True),
-                      before_exit=lambda: token is not None and token.exists() and restrict(token))
-
-
-def _refuse(problems: list[str]) -> None:
-    if problems:
-        raise SpecError("\n".join(problems))
-
-
-def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, experiment: str, state: SweepState,
+def run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, experiment: str, state: SweepState,
                 new: list[str], gather_partial: bool, packs: list[Pack], lock: SweepLock, key: ResultsKey) -> int:
     prune_finished(layout, packs, spec.keep_replay)
     adopted = sum(adopt_trial_checkpoints(layout, p.id, p.trials[0].run.train.env_steps) for p in packs)

@@ -3,8 +3,8 @@
 The command line of :mod:`qed_ray.service.sweep` (the driver; exit codes in its notes). It answers at once: its
 module-level imports are the spec's (pydantic) and the standard library's, and each subcommand imports what it needs
 after the arguments are read: ``--help``, a bad flag or a spec error import none of torch, Ray or MLflow;
-``--status`` reads the folder without torch or Ray (:mod:`qed_ray.service.status`); ``--dry-run`` and a run import
-the rest. ``--status --dir DIR`` needs no spec: ``sweep.json`` records the spec of the sweep's latest start.
+``--status`` reads the folder without torch or Ray (:mod:`qed_ray.service.status`); ``--dry-run`` imports MLflow and
+torch; a run refuses what it refuses with the light modules, joins Ray, and only then imports the driver. ``--status --dir DIR`` needs no spec: ``sweep.json`` records the spec of the sweep's latest start.
 """
 
 from __future__ import annotations
@@ -41,6 +41,58 @@ def check_options(no_spec: bool, args) -> None:
     if no_spec and not (args.status and args.dir is not None):
         raise SpecError("spec: required (a sweep YAML such as sweeps/smoke.yaml); only --status --dir DIR reads a "
                         "sweep without it")
+
+
+def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_partial: bool = False,
+              force: bool = False) -> int:
+    """Runs (or resumes, or grows) the sweep end to end; returns the exit code. ``fresh`` moves this sweep's folder
+    aside first; with ``force`` also a folder whose ``sweep.json`` cannot be read (so its name cannot be checked).
+
+    Everything refused before training is refused here with the light modules alone: the folder and the spec, the
+    tracking server, a driver holding the lock, a Ray cluster that does not answer (:mod:`qed_ray.service.ray_join`).
+    Nothing is written to the folder before Ray is joined; the driver (Ray Tune, MLflow, torch) is imported after."""
+    from qed_ray.service.lock import SweepLock
+    from qed_ray.service.ray_join import join_ray
+    from qed_ray.service.results_key import load_key
+    from qed_ray.service.sweep_record import write_state
+    from qed_ray.service.sweep_state import check_folder, move_aside, plan, resolve_paths
+    from qed_ray.service.tracking_uri import unreachable, uri_field
+
+    say = lambda line: print(line, flush=True)  # noqa: E731
+    layout, uri, experiment = resolve_paths(spec)
+    state = check_folder(layout, spec, fresh, force)
+    # Refused before anything is written (or moved aside), and checked again under the lock.
+    _refuse(plan(None, spec).problems if fresh else plan(state, spec, layout).problems)
+    problem = unreachable(uri)  # seconds now, not minutes of MLflow retries once Ray is up
+    if problem:
+        raise SpecError(f"{uri_field()}: {problem}; start the tracking server or correct the URI")
+    key = load_key(create=True, sweep_dir=layout.root, log=say)
+    SweepLock(layout.lock_file).refuse_if_held()  # at once, not after joining Ray
+    join_ray()  # before anything is written to the folder: a join that gives up loses nothing
+    from qed_ray.service import sweep as driver
+
+    layout.root.mkdir(parents=True, exist_ok=True)
+    with SweepLock(layout.lock_file, log=say) as lock:
+        check_folder(layout, spec, fresh, force)
+        if fresh and os.path.lexists(layout.state_file):
+            say(f"--fresh: moved the previous sweep to {move_aside(layout)}")
+        p = plan(check_folder(layout, spec), spec, layout)
+        _refuse(p.problems)
+        write_state(layout, p.state)
+        for line in announce.first_lines(spec.name, spec_path, layout, uri):
+            say(line)
+        code = driver.run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial, p.packs,
+                                 lock, key)
+        if lock.lost.is_set() or not lock.beat():  # lost while (or after) training: nothing more of this start
+            print(f"error: {lock.why}; this driver stopped its trials and leaves the sweep to the driver that holds "
+                  f"it now", file=sys.stderr, flush=True)
+            return driver.EXIT_LOST
+        return code
+
+
+def _refuse(problems: list[str]) -> None:
+    if problems:
+        raise SpecError("\n".join(problems))
 
 
 def _load(path: Path) -> SweepSpec:
@@ -124,8 +176,6 @@ def main(argv: list[str] | None = None) -> int:
             from qed_ray.service.dry_run import dry_run
 
             return dry_run(spec, listing=args.list, workers=args.workers)
-        from qed_ray.service.sweep import run_sweep
-
         return run_sweep(spec, args.spec.resolve(), args.fresh, args.gather_partial, args.force)
     except (SpecError, LockHeld, RecordError) as e:  # a damaged folder file (RecordError) names itself
         for line in str(e).splitlines():
