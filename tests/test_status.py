@@ -203,7 +203,7 @@ def test_status_dir_needs_no_spec_and_imports_neither_torch_nor_ray(sweep_copy, 
     proc, _ = cli_run(tmp_path, "qed_ray.sweep", "--status", "--dir", str(layout.root))
     assert proc.returncode == 2 and proc.stderr == (
         f"error: {state}: records no spec (an older qed_ray wrote it; the next start records it); give the spec: "
-        f"python -m qed_ray.sweep SPEC --status --dir {layout.root}\n")
+        f"{sys.executable} -m qed_ray.sweep SPEC --status --dir {layout.root}\n")
     recorded = plan(None, spec).state.spec  # what a start writes into sweep.json
     assert recorded == spec.model_dump(mode="json")
     write_state(layout, read_state(layout).model_copy(update={"spec": recorded}))

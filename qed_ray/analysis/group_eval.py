@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         results = read_results(layout.results_json)
     except RecordError as e:
-        print(f"error: {e}; rewrite it with python -m qed_ray.gather {args.sweep_dir}", file=sys.stderr)
+        print(f"error: {e}; rewrite it with {sys.executable} -m qed_ray.gather {args.sweep_dir}", file=sys.stderr)
         return 2
     groups, window = results.groups, results.final_eval.proxy_window
     proxy = critic_proxy(groups)

@@ -23,6 +23,7 @@ import math
 import os
 import socket
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -283,7 +284,7 @@ def recorded_spec(layout: SweepDir) -> SweepSpec:
         raise SpecError(f"--dir: {layout.root} is not a sweep folder (no {layout.state_file.name}){hint}")
     if state.spec is None:
         raise SpecError(f"{layout.state_file}: records no spec (an older qed_ray wrote it; the next start records "
-                        f"it); give the spec: python -m qed_ray.sweep SPEC --status --dir {layout.root}")
+                        f"it); give the spec: {sys.executable} -m qed_ray.sweep SPEC --status --dir {layout.root}")
     try:
         return SweepSpec.model_validate(state.spec)
     except ValidationError as e:
