@@ -292,6 +292,8 @@ def test_where_ray_is_joined_comes_from_ray_address_or_ray_start_or_nowhere(tmp_
         "Ray: starting an embedded cluster on this machine (RAY_ADDRESS=local)"
     assert target(str(tmp_path), {}).line() == \
         f"Ray: starting an embedded cluster on this machine (no RAY_ADDRESS, and no `ray start` address in {file})"
+    assert target(str(tmp_path), {"RAY_ADDRESS": "auto"}).line() == \
+        f"Ray: joining the cluster at auto (RAY_ADDRESS=auto, no `ray start` address in {file})"
     file.write_text("10.0.0.6:6380\n")
     assert target(str(tmp_path), {"RAY_ADDRESS": "auto"}).address == "10.0.0.6:6380"
     assert (timeout_s({}), timeout_s({"QED_RAY_CONNECT_TIMEOUT_S": "2.5"})) == (30.0, 2.5)

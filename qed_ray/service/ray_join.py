@@ -77,6 +77,8 @@ def target(temp_dir: str | None = None, env: dict | None = None) -> Target:
         found = ""
     if found:
         return Target(found, f"the address a `ray start` on this machine left in {path}", path)
+    if given == "auto":  # Ray then looks for a running head's processes, and refuses when there is none
+        return Target("auto", f"RAY_ADDRESS=auto, no `ray start` address in {path}")
     return Target(None, f"no RAY_ADDRESS, and no `ray start` address in {path}")
 
 
