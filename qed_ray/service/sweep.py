@@ -54,7 +54,7 @@ from qed_ray.service.status import error_summary
 from qed_ray.codec import RecordError
 from qed_ray.compat import adopt_trial_checkpoints
 from qed_ray.service.packing import Pack, TuneTrial
-from qed_ray.service.sweep_record import SweepState, write_state
+from qed_ray.service.sweep_record import SweepState, sign_claim, write_state
 from qed_ray.service.sweep_state import check_folder, git_sha, move_aside, outcome, plan, prune_finished, resolve_paths, \
     sync_runs
 from qed_ray.service.tracking import Tracker, artifact_location, ui_command
@@ -260,6 +260,7 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
             print(f"--fresh: moved the previous sweep to {move_aside(layout)}", flush=True)
         p = plan(check_folder(layout, spec), spec, layout)
         _refuse(p.problems)
+        p.state = sign_claim(p.state, key.secret)  # the re-analysis checks the frozen claim by it
         write_state(layout, p.state)
         for line in announce.first_lines(spec.name, spec_path, layout, uri):
             print(line, flush=True)
