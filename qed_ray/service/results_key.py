@@ -18,6 +18,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qed_ray.file_reads import LIMITS, open_regular
 from qed_ray.rl.digests import key_id
 from qed_ray.spec import SpecError
 
@@ -64,18 +65,15 @@ def load_key(create: bool = False, sweep_dir: Path | None = None, log=print) -> 
                               f"~/.config/qed_ray/results.key)")
     if create and not path.exists():
         _create(path, log)
-    try:
-        info = path.stat()
-        text = path.read_text().strip()
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         raise ResultsKeyError(
             f"{path}: no results key. The trials of a sweep sign the digests of their files with the key of the "
             f"user who ran it (its driver creates it on its first start): copy that key here (chmod 600) or point "
-            f"{KEY_FILE_ENV} at it") from None
-    except OSError as e:
-        raise ResultsKeyError(f"{path}: the results key cannot be read ({e})") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise ResultsKeyError(f"{path}: the results key must be a plain file")
+            f"{KEY_FILE_ENV} at it")
+    # A plain file of at most a few bytes, wherever a link of the user's leads (never a device, FIFO or huge file).
+    with open_regular(path, "key", ResultsKeyError, within="/") as f:
+        info = os.fstat(f.fileno())
+        text = f.read(LIMITS["key"][0]).decode(errors="replace").strip()
     if info.st_uid != os.getuid():
         raise ResultsKeyError(f"{path}: the results key belongs to uid {info.st_uid}, not to you (uid "
                               f"{os.getuid()}); use a key file of your own")

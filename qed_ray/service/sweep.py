@@ -52,6 +52,7 @@ from qed_ray.analysis.results import FailedTrial, SweepResults
 from qed_ray.spec import SpecError, SweepSpec, load_spec
 from qed_ray.service.status import error_summary
 from qed_ray.codec import RecordError
+from qed_ray.file_reads import cut, read_tail
 from qed_ray.compat import adopt_trial_checkpoints
 from qed_ray.service.packing import Pack, TuneTrial
 from qed_ray.service.sweep_record import SweepState, sign_claim, write_state
@@ -127,8 +128,11 @@ class Progress(tune.Callback):
         print(f"  trial {trial_name(trial)} failed; retrying from its last checkpoint", flush=True)
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
-        text = Path(trial.error_file).read_text() if trial.error_file and Path(trial.error_file).exists() else ""
-        self.failed[trial_name(trial)] = error_summary(text)
+        try:
+            self.failed[trial_name(trial)] = error_summary(read_tail(trial.error_file, RecordError)) \
+                if trial.error_file and os.path.lexists(trial.error_file) else error_summary("")
+        except RecordError as e:
+            self.failed[trial_name(trial)] = cut(str(e))
         print(f"  trial {trial_name(trial)} failed and has no retries left", flush=True)
 
     def on_experiment_end(self, trials: list, **info) -> None:
@@ -237,7 +241,7 @@ def print_summary(results: SweepResults | None, gathered: gather.GatherReport | 
         print(f"\ngather: {len(gathered.evaluated)} group(s) evaluated, {len(gathered.from_cache)} taken from "
               f"the cache{timing}")
     for f in failed:
-        print(f"FAILED {f.name}: {f.error}")
+        print(f"FAILED {f.name}: {cut(f.error)}")
     print(f"\nMLflow: {ui_command(uri, experiment_id)}")
 
 
