@@ -289,7 +289,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-verify", action="store_true", help="use the snapshots without checking them against the "
                    "digests their trials signed (every seed is reported unverified; only for a folder nobody else "
                    "could write)")
+    p.add_argument("--allow-unverified", action="store_true", help="exit 0 even when seeds were used unverified "
+                   "(their trials recorded no digest; default: exit 1)")
     return p.parse_args(argv)
+
+
+def refuse_unverified(results: SweepResults | None, allowed: bool) -> bool:
+    """Whether the exit code must say that seeds were used unverified (their trials recorded no digest: see the
+    UNVERIFIED line), printing the line that says so and how to accept them; False when ``allowed``."""
+    n = sum(len(g.unverified_seeds) for g in results.groups) if results is not None else 0
+    if n and not allowed:
+        print(f"error: {n} seed{'s were' if n > 1 else ' was'} used unverified (the UNVERIFIED line above): exit 1; "
+              f"--allow-unverified accepts them", file=sys.stderr, flush=True)
+    return bool(n) and not allowed
 
 
 def _error(e: Exception) -> int:
@@ -299,7 +311,8 @@ def _error(e: Exception) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; exit code 0 done, 1 a group was refused (a snapshot failed its check), 2 bad input."""
+    """Entry point; exit code 0 done, 1 a group was refused (a snapshot failed its check) or seeds were used
+    unverified (unless ``--allow-unverified`` or ``--no-verify``), 2 bad input."""
     args = parse_args(argv)
     layout = SweepDir(args.sweep_dir.resolve())
     try:
@@ -347,4 +360,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"LEFT OUT {f.name}: {f.error}")
     print(f"\nwrote {layout.gather}")
     print(_log_to_mlflow(layout, uri, results, refused))
-    return 1 if refused else 0
+    unverified = refuse_unverified(results, args.allow_unverified or args.no_verify)  # --no-verify: chosen
+    return 1 if refused or unverified else 0

@@ -21,7 +21,8 @@ This module is the driver; what runs inside a trial's Ray worker is :mod:`qed_ra
 sweep folder comes from :class:`qed_ray.layout.SweepDir`.
 
 Exit codes: 0 every trial finished and gathering succeeded; 1 a trial failed, or gathering failed or left a
-finished trial out (a file that does not match the digest its trial signed, say); 2 a bad spec, a refused folder,
+finished trial out (a file that does not match the digest its trial signed, say), or used seeds unverified (without
+``--allow-unverified``); 2 a bad spec, a refused folder,
 a tracking server that does not answer or another driver running this sweep; 3 this driver lost the sweep's lock
 (:mod:`qed_ray.service.lock`) and stopped its trials as Ctrl-C does; 130 stopped by Ctrl-C (SIGINT) and 143 by
 SIGTERM (``ray job stop``): the trials stopped cleanly, their runs are KILLED, and the same command resumes them.
@@ -47,6 +48,7 @@ from qed_ray.service.dry_run import check_options, dry_run, tune_order
 from qed_ray.layout import SweepDir
 from qed_ray.service.lock import LockHeld, SweepLock
 from qed_ray.service.results_key import ResultsKey, load_key
+from qed_ray.service.reanalysis import refuse_unverified
 from qed_ray.service.ray_token import private_ray_token, quiet_opt_out_notice
 from qed_ray.analysis.results import FailedTrial, SweepResults
 from qed_ray.spec import SpecError, SweepSpec, load_spec
@@ -246,7 +248,7 @@ def print_summary(results: SweepResults | None, gathered: gather.GatherReport | 
 
 
 def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_partial: bool = False,
-              force: bool = False) -> int:
+              force: bool = False, allow_unverified: bool = False) -> int:
     """Runs (or resumes, or grows) the sweep end to end; returns the exit code. ``fresh`` moves this sweep's folder
     aside first; with ``force`` also a folder whose ``sweep.json`` cannot be read (so its name cannot be checked)."""
     layout, uri, experiment = resolve_paths(spec)
@@ -268,7 +270,8 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
         write_state(layout, p.state)
         for line in announce.first_lines(spec.name, spec_path, layout, uri):
             print(line, flush=True)
-        code = _run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial, p.packs, lock, key)
+        code = _run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial, p.packs, lock, key,
+                           allow_unverified)
         if lock.lost.is_set() or not lock.beat():  # lost while (or after) training: nothing more of this start
             print(f"error: {lock.why}; this driver stopped its trials and leaves the sweep to the driver that holds "
                   f"it now", file=sys.stderr, flush=True)
@@ -282,7 +285,8 @@ def _refuse(problems: list[str]) -> None:
 
 
 def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, experiment: str, state: SweepState,
-                new: list[str], gather_partial: bool, packs: list[Pack], lock: SweepLock, key: ResultsKey) -> int:
+                new: list[str], gather_partial: bool, packs: list[Pack], lock: SweepLock, key: ResultsKey,
+                allow_unverified: bool = False) -> int:
     prune_finished(layout, packs, spec.keep_replay)
     adopted = sum(adopt_trial_checkpoints(layout, p.id, p.trials[0].run.train.env_steps) for p in packs)
     if adopted:
@@ -328,11 +332,11 @@ def _run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, ex
               f"unfinished (resumed by the same command); nothing gathered at the stop (groups complete before it "
               f"stay gathered; --gather-partial gathers what finished)", flush=True)
         return 128 + interrupt.signum
-    return _finish(tracker, parent, gatherer, launch, failures, unfinished, interrupt.signum, uri)
+    return _finish(tracker, parent, gatherer, launch, failures, unfinished, interrupt.signum, uri, allow_unverified)
 
 
 def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[FailedTrial], unfinished: list[str],
-            signum: int | None, uri: str) -> int:
+            signum: int | None, uri: str, allow_unverified: bool = False) -> int:
     """The final gather (every group; the unfinished trials left out), the parent run's end, the summary; returns
     the exit code. A gather actor that died meanwhile (killed with its node's memory, say) is started again: the
     groups it gathered are in the cache."""
@@ -364,7 +368,8 @@ def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[Fail
                   tracker.experiment_id)
     if signum is not None:
         return 128 + signum
-    return 0 if gather_ok and not failures else 1
+    unverified = refuse_unverified(results, allow_unverified)
+    return 0 if gather_ok and not failures and not unverified else 1
 
 
 def _best_effort(call, *args, **kwargs) -> None:
@@ -395,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
                    "sweep.json cannot be read (then the folder cannot be checked to be this sweep's)")
     p.add_argument("--gather-partial", action="store_true", help="when stopped by Ctrl-C/SIGTERM, still gather the "
                                                                  "trials that finished")
+    p.add_argument("--allow-unverified", action="store_true", help="exit 0 even when the gather step used seeds "
+                   "unverified (their trials recorded no digest; default: exit 1)")
     p.add_argument("--status", action="store_true", help="print the sweep's progress and partial results from its "
                    "folder; starts nothing")
     p.add_argument("--dir", type=Path, help="with --status: the sweep folder to read (the driver prints it first; "
@@ -418,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.force and not args.fresh:
             raise SpecError("--force: only with --fresh (it confirms moving aside a folder whose sweep.json cannot "
                             "be read)")
-        return run_sweep(spec, args.spec.resolve(), args.fresh, args.gather_partial, args.force)
+        return run_sweep(spec, args.spec.resolve(), args.fresh, args.gather_partial, args.force, args.allow_unverified)
     except (SpecError, LockHeld, RecordError) as e:  # a damaged folder file (RecordError) names itself
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)
