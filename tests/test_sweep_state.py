@@ -388,3 +388,26 @@ def test_fresh_needs_force_to_move_aside_a_folder_whose_sweep_json_cannot_be_rea
     backup = move_aside(layout)
     assert sorted(p.name for p in backup.iterdir()) == ["policies", "sweep.json"] and backup.joinpath(
         "sweep.json").is_symlink() and not any(layout.root.iterdir())
+
+
+def test_a_fit_that_fails_outside_ray_is_a_failed_start_with_its_reason(tmp_path, monkeypatch, capsys):
+    """A full disk under Tune (L12): fit() raises an OSError of its own; the start reports its pending trials failed
+    with the reason, in one line, and the driver goes on to its summary instead of dying with Tune's traceback."""
+    from qed_ray.service import sweep as sweep_module
+    from qed_ray.service.packing import form_packs
+    from qed_ray.service.trial import TrialContext
+
+    spec = SweepSpec.model_validate({"name": "s", "tasks": ["cartpole-balance"], "seeds": 2,
+                                     "agents": [{"name": "sac_ln", "temperatures": [{"kind": "te"}]}]})
+    context = TrialContext(sweep_id="0123456789ab", sweep_dir=tmp_path / "s", tracking_uri="sqlite:////x/mlflow.db",
+                           experiment="s", parent_run_id="p")
+
+    class FullDisk:
+        def fit(self):
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sweep_module, "build_tuner", lambda *args: FullDisk())
+    failed = sweep_module.train_pending(spec, context, sweep_module.Interrupt(), [], form_packs(spec))
+    why = ("this start failed in Tune (OSError: [Errno 28] No space left on device); the same command resumes it")
+    assert failed == {"cartpole-balance/sac_ln/te/0": why, "cartpole-balance/sac_ln/te/1": why}
+    assert capsys.readouterr().err == f"error: {why}\n"

@@ -192,7 +192,8 @@ def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, 
     A trial worker killed from outside (Ray's memory monitor) surfaces in Tune 2.60 as an error its actor manager
     does not handle ("Caught unexpected exception"), which ends ``fit()``. The packs are then started again in a
     fresh Tuner, each from its newest checkpoint, as often as that makes progress: after ``max_retries`` such
-    restarts in a row without a new checkpoint anywhere, the remaining packs are left unfinished.
+    restarts in a row without a new checkpoint anywhere, the remaining packs are left unfinished. Any other failure
+    of ``fit()`` (a full disk, say) ends this start: its pending packs are reported failed with the reason.
     """
     layout, stamp = context.layout, time.strftime("%Y%m%d-%H%M%S")
     failed: dict[str, str] = {}
@@ -208,10 +209,13 @@ def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, 
             build_tuner(spec, context, pending, f"{stamp}-{attempt}", [progress, *callbacks], interrupt).fit()
             failed.update(progress.failed)
             break
-        except RuntimeError as e:
-            if not isinstance(e.__cause__, ray.exceptions.RayError):
-                raise
+        except Exception as e:  # noqa: BLE001 - a failed start is reported with the summary, never a traceback
             failed.update(progress.failed)
+            if not isinstance(e, RuntimeError) or not isinstance(e.__cause__, ray.exceptions.RayError):
+                why = f"this start failed in Tune ({type(e).__name__}: {cut(str(e))}); the same command resumes it"
+                print(f"error: {why}", file=sys.stderr, flush=True)  # a full disk, say (L12)
+                failed.update({p.name: why for p in pending if p.name not in failed})
+                break
             now = _progress_mark(layout, packs)
             streak, mark = (0 if now > mark else streak + 1), max(now, mark)
             cause = " ".join(str(e.__cause__).split())[:300]
