@@ -419,16 +419,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.dir is not None and not args.status:
             raise SpecError("--dir: only with --status (a sweep's folder is its storage_path / QED_STORAGE_ROOT)")
         check_options(args.dry_run, args.list, args.workers)
+        if args.force and not args.fresh:
+            raise SpecError("--force: only with --fresh (it confirms moving aside a folder whose sweep.json cannot "
+                            "be read)")
         if args.dry_run:
-            return dry_run(spec, listing=args.list, workers=args.workers)
+            return dry_run(spec, listing=args.list, workers=args.workers, fresh=args.fresh, force=args.force)
         if args.status:
             layout = SweepDir(args.dir.absolute()) if args.dir else resolve_paths(spec)[0]
             source = "given by --dir" if args.dir else announce.storage_source(spec)
             print(status.report(spec, layout, source))
             return 0
-        if args.force and not args.fresh:
-            raise SpecError("--force: only with --fresh (it confirms moving aside a folder whose sweep.json cannot "
-                            "be read)")
         return run_sweep(spec, args.spec.resolve(), args.fresh, args.gather_partial, args.force, args.allow_unverified)
     except (SpecError, LockHeld, RecordError) as e:  # a damaged folder file (RecordError) names itself
         for line in str(e).splitlines():
