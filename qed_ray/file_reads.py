@@ -33,9 +33,11 @@ ERROR_LINE = 300  # characters of an error line shown (--status, the summary); a
 
 def _not_regular(mode: int) -> str | None:
     """What a file that is not a regular file is, as a refusal says it; None for a regular file."""
-    for test, what in ((stat.S_ISDIR, "a folder, not a file"), (stat.S_ISFIFO, "a FIFO (named pipe), not a regular file"),
+    for test, what in ((stat.S_ISDIR, "a folder, not a file"),
+                       (stat.S_ISFIFO, "a FIFO (named pipe), not a regular file"),
                        (stat.S_ISCHR, "a character device, not a regular file"),
-                       (stat.S_ISBLK, "a block device, not a regular file"), (stat.S_ISSOCK, "a socket, not a regular file")):
+                       (stat.S_ISBLK, "a block device, not a regular file"),
+                       (stat.S_ISSOCK, "a socket, not a regular file")):
         if test(mode):
             return what
     return None if stat.S_ISREG(mode) else "not a regular file"

@@ -1,15 +1,15 @@
 """The README's local recipe (`ray start --head`, `ray job submit --working-dir . --runtime-env-json ...`) run as
 written, against a real head (slow).
 
-The recipe's lines run in one bash, in order, from a copy of the repository whose `sweeps/smoke.yaml` is a tiny
-spec (the shipped name, so that the lines need no change) and whose `.venv` is this venv. The test changes only what
-would collide with other Ray instances on the machine: `ray start --head` gets free ports, the recipe's private temp
-folder (`mktemp -d`, mode 0700) is made inside the test's own, and the job API's address follows the dashboard's
-port; the head's session and the job packages it unpacks are found inside that 0700 folder. While the job runs, the `--status --dir` command its driver
-prints first runs in another process (none of the job's variables set) and reports the running sweep; afterwards the
-results folder and the MLflow runs are where the README says. The same head then refuses, naming the job's folder
-and the `--runtime-env-json` line, the submission that leaves the storage root out (`QED_STORAGE_ROOT` exported in
-the submitting shell does not reach the job).
+The recipe's lines run in one bash, in order, from a copy of the repository whose `sweeps/smoke.yaml` is a tiny spec
+(the shipped name, so that the lines need no change) and whose `.venv` is this venv. The test changes only what would
+collide with other Ray instances on the machine: `ray start --head` gets free ports, the recipe's private temp folder
+(`mktemp -d`, mode 0700) is made inside the test's own, and the job API's address follows the dashboard's port; the
+head's session and the job packages it unpacks are found inside that 0700 folder. While the job runs, the `--status
+--dir` command its driver prints first runs in another process (none of the job's variables set) and reports the
+running sweep; afterwards the results folder and the MLflow runs are where the README says. The same head then
+refuses, naming the job's folder and the `--runtime-env-json` line, the submission that leaves the storage root out
+(`QED_STORAGE_ROOT` exported in the submitting shell does not reach the job).
 
 The head runs with token auth (the session's throwaway token from conftest.py), as the clusters in cluster/ do; the
 same cluster also shows that the job API and the GCS refuse a client without the right token.

@@ -47,8 +47,9 @@ def test_bad_settings_are_refused_naming_the_field_once(tmp_path, capsys, flags,
     (b"task: cartpole-balance\nagent: {name: sac-ln}\n",
      "error: agent: unknown 'sac-ln'; one of sac_ln, mad_sac; did you mean 'sac_ln'?\n"),
     (b"task: cheetah_run\n", "error: task: unknown task 'cheetah_run' (did you mean 'cheetah-run'?); valid tasks: "),
-    (b"task: cartpole-balance\nseed: 1\x00\n", "run.yaml: line 2, column 8: the character U+0000 is not allowed in YAML "
-                                             "(a NUL or control character: is it the right file?)\n"),  # L4
+    (b"task: cartpole-balance\nseed: 1\x00\n",  # L4
+     "run.yaml: line 2, column 8: the character U+0000 is not allowed in YAML (a NUL or control character: is it the "
+     "right file?)\n"),
     (b"task: cartpole\x1b[0m-balance\n", "run.yaml: line 1, column 15: the character U+001B is not allowed"),
 ])
 def test_bad_config_files_give_one_line(tmp_path, capsys, content, needle):

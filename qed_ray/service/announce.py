@@ -24,8 +24,8 @@ from qed_ray.spec import SweepSpec
 # The local recipe, as the README gives it (tests/test_job_submit.py runs the README's copy): the head must run the
 # venv's `python`, Ray's token auth must be on for the head and its clients, Ray's temp folder must lie in a private
 # one (Ray makes its temp folder, default /tmp/ray, mode 777 and reuses a job package already unpacked there: another
-# local account could swap a submitted package for its own code; a 0700 folder above it keeps them out), and only --runtime-env-json brings the storage root into
-# the job (a variable exported in the submitting shell stays there).
+# local account could swap a submitted package for its own code; a 0700 folder above it keeps them out), and only
+# --runtime-env-json brings the storage root into the job (a variable exported in the submitting shell stays there).
 LOCAL_HEAD = """\
 source .venv/bin/activate                    # the head then runs the job's python from the venv
 export RAY_AUTH_MODE=token                   # token auth for the head and for its clients
@@ -41,8 +41,8 @@ def local_head_help() -> str:
     """The recipe for ``--help``: the commands, then where results land and how another shell follows them."""
     return (f"on a local Ray head (ray job submit), from the repository root:\n{_indent(LOCAL_HEAD)}\n"
             f"results land in $PWD/results/<name>; from another shell in the repository root:\n"
-            f"{_indent(LOCAL_STATUS)}\nand: ray stop  # ends the head (and any other Ray processes of yours on this machine);"
-            f"\n     rm -rf \"$(dirname \"$RAY_TMPDIR\")\"  # then its private temp folder")
+            f"{_indent(LOCAL_STATUS)}\nand: ray stop  # ends the head (and any other Ray processes of yours on this "
+            f"machine);\n     rm -rf \"$(dirname \"$RAY_TMPDIR\")\"  # then its private temp folder")
 
 
 def _indent(text: str) -> str:

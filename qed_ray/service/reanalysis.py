@@ -9,8 +9,9 @@ settings, with its tables, figures, summary and verdict (:func:`qed_ray.service.
 keeps the outputs of the sweep's own settings. Every seed is checked against the digest its trial signed in MLflow, and every cache entry against its own
 signature, as during the sweep, with the user's results key (:mod:`qed_ray.service.results_key`); seeds without a
 recorded digest are used and reported unverified. The frozen pre-registration is checked alike: its block
-against its hash, its record against its signature, and against the claim file where that is at hand. A driver running the sweep (a live ``sweep.lock``) refuses the
-re-analysis, which holds the lock itself while it rewrites ``gather/``.
+against its hash, its record against its signature, and against the claim file where that is at hand. A driver
+running the sweep (a live ``sweep.lock``) refuses the re-analysis, which holds the lock itself while it rewrites
+``gather/``.
 
 It never makes things worse: a folder a live driver holds, or whose ``gather/`` holds a symbolic link out of the
 folder, is refused before anything is read; a re-analysis that would leave every trial out (a wrong
@@ -133,10 +134,10 @@ def _evaluate_in_worker(job: group_cache.GroupJob, final_eval: FinalEvalSpec) ->
 def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, verifier: Verifier | None, workers: int = 1, log=print,
               signing_key: bytes | None = None, claim: dict | None = None) -> tuple[SweepResults, list[str]]:
     """Recomputes every output of ``gather/`` for ``final_eval`` (the verdict by ``claim``, the pre-registration
-    :func:`~qed_ray.service.sweep_record.verified_claim` checked, if any); returns the results and the refused groups. ``verifier`` None (``--no-verify``): nothing is
-    checked, every seed is unverified; ``signing_key`` (default the verifier's) signs and checks the cache, which
-    is left alone without one. When every trial is left out (no group has a result) nothing is written: the previous
-    outputs stay.
+    :func:`~qed_ray.service.sweep_record.verified_claim` checked, if any); returns the results and the refused groups.
+    ``verifier`` None (``--no-verify``): nothing is checked, every seed is unverified; ``signing_key`` (default the
+    verifier's) signs and checks the cache, which is left alone without one. When every trial is left out (no group has
+    a result) nothing is written: the previous outputs stay.
 
     Raises:
         RecordError / SpecError: a damaged ``results.json`` or ``sweep.json`` (naming it and the field).

@@ -57,8 +57,8 @@ def load_key(create: bool = False, sweep_dir: Path | None = None, log=print) -> 
     storage root (the folder holding it).
 
     Raises:
-        ResultsKeyError: missing (without ``create``), inside the sweep folder or its storage root, open to others, not the user's own,
-            or not 64 hex digits; the message names the file and the way out.
+        ResultsKeyError: missing (without ``create``), inside the sweep folder or its storage root, open to others,
+            not the user's own, or not 64 hex digits; the message names the file and the way out.
     """
     path = key_path()
     if sweep_dir is not None and path.resolve().is_relative_to(Path(sweep_dir).resolve()):
