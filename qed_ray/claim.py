@@ -123,6 +123,20 @@ def changed_fields(old: dict, new: dict) -> list[str]:
     return [f"{k}: {show(a.get(k))} -> {show(b.get(k))}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
+def stored_block_edited(recorded: dict, raw: dict | None, claim_file: str | Path | None) -> str | None:
+    """The refusal of a ``sweep.json`` whose frozen block no longer hashes to the sha256 frozen with it (edited in
+    the folder), naming each field that differs from the claim file's block ``raw`` (None: the file cannot be read
+    here); None when the block is intact."""
+    stored = block_sha256(recorded["block"])
+    if stored == recorded["sha256"]:
+        return None
+    changes = (f"{'; '.join(changed_fields(raw, recorded['block'])) or 'no field'} against {claim_file}"
+               if raw is not None else "the claim file cannot be read here to name the field")
+    return (f"claim.block: sweep.json's frozen claim block was edited after the first start ({changes}): its values "
+            f"hash to {stored[:12]}, not to the block sha256 {recorded['sha256'][:12]} frozen with it; a sweep's "
+            f"pre-registration cannot change: restore sweep.json, or start over with --fresh or another name")
+
+
 def check(recorded: dict | None, claim_file: str | None, started: bool) -> tuple[dict | None, list[str]]:
     """The sweep's claim record and the refusals, from what ``sweep.json`` recorded and the spec's ``claim``.
 
@@ -150,8 +164,11 @@ def check(recorded: dict | None, claim_file: str | None, started: bool) -> tuple
             return None, [f"claim: {claim_file} was not named when this sweep first started; a pre-registration is "
                           f"frozen at the first start: start over with --fresh or another name"]
         return record, []
+    edited = stored_block_edited(recorded, raw, claim_file)
+    if edited:
+        return recorded, [edited]
     if recorded["sha256"] == record["sha256"]:
-        return recorded, []
+        return record, []  # judged by the file's block, which hashes to what the first start froze
     changes = "; ".join(changed_fields(recorded["block"], raw))
     return recorded, [f"claim: {claim_file}: the claim block changed since this sweep started ({changes}; block "
                       f"sha256 {recorded['sha256'][:12]} recorded in sweep.json, now {record['sha256'][:12]}): a "

@@ -3,7 +3,8 @@
 Every such file has one model (a pydantic model, or a dataclass pydantic validates): :func:`write_record` writes it
 as strict JSON (NaN and inf, which JSON does not have, as ``null``; a :data:`Num` field reads ``null`` back as NaN),
 atomically, and :func:`read_record` reads and validates it where it is read. A file that is missing, a folder, a
-dangling symbolic link, not UTF-8, not JSON (truncated, say) or whose content does not fit its model (a missing
+dangling symbolic link, a link out of its folder, a FIFO or a device, larger than its kind may be
+(:mod:`qed_ray.file_reads`), not UTF-8, not JSON (truncated, say) or whose content does not fit its model (a missing
 field, a wrong type, an impossible value) is refused with one :class:`RecordError` line naming the file and the
 field; nothing is written or deleted on the way. Older on-disk shapes are upgraded by :mod:`qed_ray.compat` before
 a model sees them.
@@ -21,6 +22,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, TypeAdapter, ValidationError
 
 from qed_ray.atomic import write_text
+from qed_ray.file_reads import read_bytes
 from qed_ray.hints import short_repr
 
 T = TypeVar("T")
@@ -74,18 +76,10 @@ def dump(record: Any, kind: Any = None) -> Any:
 def load_json(path: str | os.PathLike, error: type[Exception] = RecordError) -> Any:
     """A JSON file's content; raises ``error`` naming the file when it cannot be read as JSON."""
     path = Path(path)
-    if path.is_symlink() and not path.exists():
-        raise error(f"{path}: a dangling symbolic link (to {os.readlink(path)}), not a file")
-    if path.is_dir():
-        raise error(f"{path}: a folder, not a file")
-    if not path.exists():
-        raise error(f"{path}: missing")
     try:
-        text = path.read_bytes().decode()
+        text = read_bytes(path, "record", error).decode()
     except UnicodeDecodeError as e:
         raise error(f"{path}: not UTF-8 text (byte {e.object[e.start]:#04x} at offset {e.start})") from None
-    except OSError as e:
-        raise error(f"{path}: cannot be read ({e.strerror or e})") from None
     if not text.strip():
         raise error(f"{path}: empty")
     try:
@@ -145,13 +139,9 @@ def read_lines(path: str | os.PathLike, kind: type[T], error: type[Exception] = 
     """The records of a JSON-lines file (one JSON value a line, blank lines skipped), each validated as ``kind``;
     raises ``error`` naming the file and the line."""
     path = Path(path)
-    if path.is_symlink() and not path.exists():
-        raise error(f"{path}: a dangling symbolic link (to {os.readlink(path)}), not a file")
-    if path.is_dir():
-        raise error(f"{path}: a folder, not a file")
     try:
-        lines = path.read_bytes().decode().splitlines()
-    except (OSError, UnicodeDecodeError) as e:
+        lines = read_bytes(path, "lines", error).decode().splitlines()
+    except UnicodeDecodeError as e:
         raise error(f"{path}: cannot be read as UTF-8 text ({type(e).__name__})") from None
     out = []
     for n, line in enumerate(lines, 1):

@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
+from yaml.reader import Reader
 
 from qed_ray.hints import short_repr
 
@@ -171,10 +172,22 @@ def read_text(path: Path, max_bytes: int = MAX_BYTES) -> str:
             from None
 
 
+def _refuse_unprintable(text: str, source: str | Path) -> None:
+    """A NUL or other character YAML does not allow (its reader's own set), named with its line and column; PyYAML
+    would raise it while the loader is still being built."""
+    bad = Reader.NON_PRINTABLE.search(text)
+    if bad:
+        line, column = text.count("\n", 0, bad.start()) + 1, bad.start() - text.rfind("\n", 0, bad.start())
+        raise YamlInputError(f"{source}: line {line}, column {column}: the character U+{ord(bad.group()):04X} is not "
+                             f"allowed in YAML (a NUL or control character: is it the right file?)")
+
+
 def parse(text: str, source: str | Path, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH) -> Any:
     """Parses YAML strictly within the node and depth budgets; raises YamlInputError with one line."""
-    loader = _BoundedLoader(text, max_nodes, max_depth)
+    _refuse_unprintable(text, source)
+    loader = None
     try:
+        loader = _BoundedLoader(text, max_nodes, max_depth)
         return loader.get_single_data()
     except _Refused as e:
         raise YamlInputError(f"{source}: {e}") from None
@@ -183,7 +196,8 @@ def parse(text: str, source: str | Path, max_nodes: int = MAX_NODES, max_depth: 
     except (ValueError, OverflowError) as e:  # a scalar its type cannot hold (a 5,000-digit int, month 13)
         raise YamlInputError(f"{source}: invalid YAML value ({' '.join(str(e).split())[:200]})") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def load(path: str | Path, max_bytes: int = MAX_BYTES, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH) -> Any:

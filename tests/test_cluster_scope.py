@@ -232,7 +232,8 @@ def _egress(r):
 
 
 NO_EGRESS_POLICY = "the Ray pods need an Egress NetworkPolicy that excepts the metadata endpoint 169.254.169.254, " \
-                   "fd00:ec2::254 (open egress: trial code can ask it for the node's credentials)"
+                   "fd00:ec2::254, fd20:ce::254 (open egress: trial code can ask it for the node's credentials)"
+EXCEPTS = "except 169.254.169.254/32, fd00:ec2::254/128, fd20:ce::254/128 from its ipBlocks"
 ALLOW_ALL = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
              "metadata": {"name": "allow-all", "namespace": "qed"},
              "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [{}]}}
@@ -258,15 +259,15 @@ KUBE_CASES = [  # (id, check, mutate(ray, mlflow, namespace), problems)
     ("egress-policy-elsewhere", metadata_egress_problems,
      lambda r, m, n: _egress(r)["podSelector"].update(matchLabels={"app": "other"}), [NO_EGRESS_POLICY]),
     ("metadata-not-excepted", metadata_egress_problems, lambda r, m, n: _egress(r)["egress"][0]["to"][1]["ipBlock"].pop(
-        "except"), ["NetworkPolicy qed-ray-egress: admits egress to ['169.254.169.254']; except 169.254.169.254/32 "
-                    "and fd00:ec2::254/128 from its ipBlocks"]),
+        "except"), [f"NetworkPolicy qed-ray-egress: admits egress to ['169.254.169.254']; {EXCEPTS}"]),
     ("ipv6-metadata-not-excepted", metadata_egress_problems,
      lambda r, m, n: _egress(r)["egress"][0]["to"][2]["ipBlock"].update({"except": ["fd00::/64"]}),
-     ["NetworkPolicy qed-ray-egress: admits egress to ['fd00:ec2::254']; except 169.254.169.254/32 and "
-      "fd00:ec2::254/128 from its ipBlocks"]),
+     [f"NetworkPolicy qed-ray-egress: admits egress to ['fd00:ec2::254', 'fd20:ce::254']; {EXCEPTS}"]),
+    ("gce-ipv6-metadata-not-excepted", metadata_egress_problems,  # L13: GCE's IPv6 metadata address
+     lambda r, m, n: _egress(r)["egress"][0]["to"][2]["ipBlock"].update({"except": ["fd00:ec2::254/128"]}),
+     [f"NetworkPolicy qed-ray-egress: admits egress to ['fd20:ce::254']; {EXCEPTS}"]),
     ("a-policy-admitting-all-egress", metadata_egress_problems, lambda r, m, n: r.append(ALLOW_ALL),
-     ["NetworkPolicy allow-all: admits egress to ['every destination']; except 169.254.169.254/32 and "
-      "fd00:ec2::254/128 from its ipBlocks"]),
+     [f"NetworkPolicy allow-all: admits egress to ['every destination']; {EXCEPTS}"]),
     ("host-network", metadata_egress_problems, lambda r, m, n: _pod(r, "gpu").update(hostNetwork=True),
      ["gpu: hostNetwork puts the pod on the node's namespaces, past its NetworkPolicies and the metadata hop limit"]),
     ("head-token-pod-wide", service_account_problems,

@@ -405,7 +405,9 @@ def test_ignore_files_list_every_secret_pattern():
 
 SECRETS = [".env", "deploy/prod.env", "auth_token", "keys/ray.token", "id.pem", "sub/dir/server.key",
            "gcp-credentials.json", ".aws/credentials", ".config/gcloud/application_default_credentials.json",
-           ".kube/config", ".ssh/id_ed25519", ".pgpass", ".qed/mlflow.env", "results/s/mlflow.db", ".git/config"]
+           ".kube/config", ".ssh/id_ed25519", ".pgpass", ".qed/mlflow.env", "results/s/mlflow.db", ".git/config",
+           ".netrc", "certs/client.pfx", "db-secret.yaml", "id_rsa", "keys/id_ecdsa.pub", "id_ed25519", ".pypirc",
+           ".docker/config.json", ".config/qed_ray/results.key"]
 CODE = ["qed_ray/__init__.py", "qed_ray/ray_token.py", "sweeps/smoke.yaml", "cluster/check.py",
         "cluster/preflight/common.py", "pyproject.toml", "docker/constraints.txt"]
 

@@ -67,6 +67,11 @@ def cli(monkeypatch, tmp_path, capsys):
     (f"postgresql://qed:{SECRET}@db/mlflow", "'postgresql://***@db/mlflow' carries credentials, which would be "
                                              "printed and stored with the sweep; give the URI without them and give "
                                              "the password in the driver's password file (PostgreSQL: ~/.pgpass)"),
+    (f"postgresql://db/mlflow?sslmode=require&password={SECRET}",  # L9: as a query parameter
+     "'postgresql://db/mlflow?***' carries a credential in its query string (password=...), which would be printed "
+     "and stored with the sweep; give the URI without it and the password in the driver's password file"),
+    (f"http://head:5000/?Access_Token={SECRET}", "'http://head:5000/?***' carries a credential in its query string "
+                                                 "(Access_Token=...)"),
 ])
 def test_bad_tracking_uris_are_refused_naming_the_field_and_masking_the_password(uri, says):
     with pytest.raises(SpecError) as e:
@@ -81,6 +86,11 @@ def test_bad_tracking_uris_are_refused_naming_the_field_and_masking_the_password
 def test_usable_tracking_uris_pass(uri):
     check_uri(uri, "tracking.uri")
     assert masked(uri) == (uri.replace("qed@", "***@") if "@" in uri else uri)
+
+
+def test_a_query_string_is_masked_where_a_uri_is_shown():
+    check_uri("postgresql://db/mlflow?sslmode=require", "tracking.uri")  # no credential in it: usable
+    assert masked("postgresql://db/mlflow?sslmode=require") == "postgresql://db/mlflow?***"
 
 
 @pytest.mark.parametrize("source", ["spec", "env"])

@@ -1,14 +1,15 @@
 """The README's local recipe (`ray start --head`, `ray job submit --working-dir . --runtime-env-json ...`) run as
 written, against a real head (slow).
 
-The recipe's lines run in one bash, in order, from a copy of the repository whose `sweeps/smoke.yaml` is a tiny
-spec (the shipped name, so that the lines need no change) and whose `.venv` is this venv. The test changes only what
-would collide with other Ray instances on the machine: `ray start --head` gets free ports and its own temp folder,
-and the job API's address follows the dashboard's port. While the job runs, the `--status --dir` command its driver
-prints first runs in another process (none of the job's variables set) and reports the running sweep; afterwards the
-results folder and the MLflow runs are where the README says. The same head then refuses, naming the job's folder
-and the `--runtime-env-json` line, the submission that leaves the storage root out (`QED_STORAGE_ROOT` exported in
-the submitting shell does not reach the job).
+The recipe's lines run in one bash, in order, from a copy of the repository whose `sweeps/smoke.yaml` is a tiny spec
+(the shipped name, so that the lines need no change) and whose `.venv` is this venv. The test changes only what would
+collide with other Ray instances on the machine: `ray start --head` gets free ports, the recipe's private temp folder
+(`mktemp -d`, mode 0700) is made inside the test's own, and the job API's address follows the dashboard's port; the
+head's session and the job packages it unpacks are found inside that 0700 folder. While the job runs, the `--status
+--dir` command its driver prints first runs in another process (none of the job's variables set) and reports the
+running sweep; afterwards the results folder and the MLflow runs are where the README says. The same head then
+refuses, naming the job's folder and the `--runtime-env-json` line, the submission that leaves the storage root out
+(`QED_STORAGE_ROOT` exported in the submitting shell does not reach the job).
 
 The head runs with token auth (the session's throwaway token from conftest.py), as the clusters in cluster/ do; the
 same cluster also shows that the job API and the GCS refuse a client without the right token.
@@ -109,14 +110,18 @@ def test_the_readme_local_recipe_runs_the_sweep_and_status_follows_it(tmp_path):
     temp_dir = tempfile.mkdtemp(prefix="qj", dir="/tmp")  # short: unix socket paths are length-limited
     dash, gcs = free_port(), free_port()
     # Only what collides with other Ray instances changes: explicit free ports (another cluster's agent may hold the
-    # defaults: 8265, 52365, ...) and a temp folder of its own.
-    isolated = (f"ray start --head --num-cpus=2 --temp-dir={temp_dir} --include-dashboard=true "
+    # defaults: 8265, 52365, ...), and the recipe's private temp folder is made inside this test's (to be found and
+    # cleaned up).
+    isolated = (f"ray start --head --num-cpus=2 --include-dashboard=true "
                 f"--dashboard-host=127.0.0.1 --disable-usage-stats --dashboard-agent-grpc-port={free_port()} "
                 f"--runtime-env-agent-port={free_port()} --metrics-export-port={free_port()}")
     ports = "RAY_PORT=6379 DASHBOARD_PORT=8265 AGENT_PORT=52365"  # the recipe's own line: free ones here
-    assert recipe.count("ray start --head") == 1 and recipe.count(ports) == 1 and "127.0.0.1:$DASHBOARD_PORT " in recipe
-    script = recipe.replace(ports, f"RAY_PORT={gcs} DASHBOARD_PORT={dash} AGENT_PORT={free_port()}").replace(
-        "ray start --head", isolated)
+    private = 'export RAY_TMPDIR="$(mktemp -d /tmp/ray-XXXXXXXX)/ray"'
+    assert recipe.count("ray start --head --temp-dir=\"$RAY_TMPDIR\"") == 1 and recipe.count(ports) == 1
+    assert "127.0.0.1:$DASHBOARD_PORT " in recipe
+    assert recipe.count(private) == 1 and recipe.index(private) < recipe.index("ray start")
+    script = (recipe.replace(ports, f"RAY_PORT={gcs} DASHBOARD_PORT={dash} AGENT_PORT={free_port()}")
+              .replace("ray start --head", isolated).replace("/tmp/ray-XXXXXXXX", f"{temp_dir}/ray-XXXXXXXX"))
     # The recipe's shell settings (the lines before `ray start`) and its submission (the lines from `ray job submit`).
     settings = script.split("\nray start --head", 1)[0]
     submission = "ray job submit" + script.split("\nray job submit", 1)[1]
@@ -140,11 +145,21 @@ def test_the_readme_local_recipe_runs_the_sweep_and_status_follows_it(tmp_path):
                             f"ray job submit --address http://127.0.0.1:{dash} --working-dir . -- python -m "
                             f"qed_ray.sweep sweeps/smoke.yaml"],
             cwd=clone, env=env, capture_output=True, text=True, timeout=600)
+        # Ray's folder lies in the recipe's private one (mode 0700: only this account may enter it; Ray makes its own
+        # folder 777), and the head keeps its session, and the job packages it unpacks, in there. Each replay of the
+        # settings makes one more private folder.
+        private_dirs = sorted(Path(temp_dir).glob("ray-*"))
+        modes = {d.name: oct(d.stat().st_mode & 0o7777) for d in private_dirs}
+        sessions = [d / "ray" / "session_latest" for d in private_dirs if (d / "ray" / "session_latest").exists()]
+        packages = [p for d in sessions for p in (d / "runtime_resources").glob("working_dir_files/*")]
     finally:
         kill_processes_naming(temp_dir)
+        shutil.rmtree(temp_dir, ignore_errors=True)
         for _, probe in probes:
             if probe.poll() is None:
                 probe.kill()
+    assert private_dirs and set(modes.values()) == {"0o700"}, modes
+    assert len(sessions) == 1 and packages, (modes, sessions)
     # Without the cluster's token nobody gets in: not the job API (remote code execution by design), not the GCS.
     assert (refused["http_none"], refused["http_wrong"], refused["http_right"]) == (401, 403, 200), refused
     assert refused["gcs_wrong"].returncode != 0 and "connected" not in refused["gcs_wrong"].stdout

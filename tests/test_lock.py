@@ -164,3 +164,33 @@ def test_a_removed_lock_stops_its_driver(tmp_path):
     path.unlink()
     assert not lock.beat() and lock.why == f"{path} was removed, so another driver may start this sweep"
     lock.release()
+
+
+def test_a_future_heartbeat_counts_only_up_to_the_files_mtime(tmp_path):
+    path = tmp_path / "sweep.lock"
+    _write(path, host="other-node", pid=1, heartbeat=time.time() + 10 ** 8)  # a record dated years ahead (L11)
+    os.utime(path, (time.time() - 121, time.time() - 121))  # but last written two minutes ago
+    said = []
+    with SweepLock(path, log=said.append):
+        assert read_lock(path).host == socket.gethostname()
+    assert len(said) == 1 and re.fullmatch(r"taking over the sweep's stale lock: its driver \(pid 1 on host "
+                                           r"other-node\) sent no heartbeat for 12\d s", said[0]), said
+
+
+def test_a_takeover_landing_while_a_heartbeat_is_written_is_noticed_at_once(tmp_path, monkeypatch):
+    from qed_ray.service import lock as lock_module
+
+    path = tmp_path / "sweep.lock"
+    lock = SweepLock(path, heartbeat_s=3600, log=lambda line: None)
+    lock.acquire()
+    real = lock_module.write_record
+
+    def then_taken_over(target, record, **kw):  # the other driver's rename lands right after this one's
+        real(target, record, **kw)
+        _write(path, host="node-b", pid=77, token="someone-else")
+
+    monkeypatch.setattr(lock_module, "write_record", then_taken_over)
+    assert not lock.beat() and lock.lost.is_set()
+    assert lock.why.startswith(f"{path} now belongs to another driver, pid 77 on host node-b"), lock.why
+    lock.release()
+    assert read_lock(path).token == "someone-else"

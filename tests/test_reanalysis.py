@@ -227,8 +227,12 @@ def test_a_seed_whose_digest_never_reached_mlflow_is_reported_unverified(sweep_c
     (run,) = [r for r in client.search_runs(client.search_experiments()[0].experiment_id.split())
               if r.data.tags.get("qed.trial") == f"{TE}/1"]
     client.delete_tag(run.info.run_id, DIGEST_TAG)  # what an outage at the trial's end leaves: no record
-    assert main([str(layout.root), *SMALL]) == 0
-    out = capsys.readouterr().out
+    assert main([str(layout.root), *SMALL]) == 1, "published, but the exit code says a seed went unchecked"
+    out, err = capsys.readouterr()
+    assert err.splitlines() == ["error: 1 seed was used unverified (the UNVERIFIED line above): exit 1; "
+                                "--allow-unverified accepts them"]
+    assert main([str(layout.root), *SMALL, "--allow-unverified"]) == 0
+    assert capsys.readouterr().err == ""
     assert ("UNVERIFIED: 1 of 3 seeds were used without a check (their trials recorded no digest in MLflow when "
             f"they finished, e.g. during a tracking outage): {TE} seed 1") in out
     te = next(g for g in json.loads(layout.results_json.read_text())["groups"] if g["variant"] == "te")

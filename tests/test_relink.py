@@ -116,3 +116,25 @@ def test_mlflow_server_on_a_relinked_copy_serves_its_artifacts(sweep_copy, tmp_p
                 assert response.read().decode() == text
     finally:
         server.stop()
+
+
+def test_an_artifact_location_edited_to_lead_out_of_the_folder_is_pointed_back_into_it(sweep_copy, tmp_path, capsys):
+    import sqlite3
+
+    elsewhere = tmp_path / "elsewhere"
+    with sqlite3.connect(sweep_copy.mlflow_db) as conn:  # what a writer of the folder can do to its own store (L10)
+        exp, old = conn.execute("SELECT experiment_id, artifact_location FROM experiments WHERE experiment_id IN "
+                                "(SELECT experiment_id FROM runs)").fetchone()
+        conn.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = ?", (str(elsewhere), exp))
+        conn.execute("UPDATE runs SET artifact_uri = ? || substr(artifact_uri, ?)", (str(elsewhere), len(old) + 1))
+    conn.close()
+    done = relink.follow_move(sweep_copy)
+    assert (done.old, done.new, done.experiments, done.runs) == ((str(elsewhere),), str(sweep_copy.mlartifacts), 1, 5)
+    assert capsys.readouterr().out == (f"MLflow: {sweep_copy.root} had its store send artifacts out of the folder: "
+                                       f"pointed 5 run(s) of its store from {elsewhere} to {sweep_copy.mlartifacts}\n")
+    with sqlite3.connect(sweep_copy.mlflow_db) as conn:
+        uris = [u for (u,) in conn.execute("SELECT artifact_uri FROM runs")]
+    conn.close()
+    assert len(uris) == 5 and all(u.startswith(f"{sweep_copy.mlartifacts}/") for u in uris), uris
+    _with_artifacts(sweep_copy, tmp_path)  # written into the folder, nothing in elsewhere
+    assert not elsewhere.exists()

@@ -388,3 +388,52 @@ def test_fresh_needs_force_to_move_aside_a_folder_whose_sweep_json_cannot_be_rea
     backup = move_aside(layout)
     assert sorted(p.name for p in backup.iterdir()) == ["policies", "sweep.json"] and backup.joinpath(
         "sweep.json").is_symlink() and not any(layout.root.iterdir())
+
+
+def test_a_fit_that_fails_outside_ray_is_a_failed_start_with_its_reason(tmp_path, monkeypatch, capsys):
+    """A full disk under Tune (L12): fit() raises an OSError of its own; the start reports its pending trials failed
+    with the reason, in one line, and the driver goes on to its summary instead of dying with Tune's traceback."""
+    from qed_ray.service import sweep as sweep_module
+    from qed_ray.service.packing import form_packs
+    from qed_ray.service.trial import TrialContext
+
+    spec = SweepSpec.model_validate({"name": "s", "tasks": ["cartpole-balance"], "seeds": 2,
+                                     "agents": [{"name": "sac_ln", "temperatures": [{"kind": "te"}]}]})
+    context = TrialContext(sweep_id="0123456789ab", sweep_dir=tmp_path / "s", tracking_uri="sqlite:////x/mlflow.db",
+                           experiment="s", parent_run_id="p")
+
+    class FullDisk:
+        def fit(self):
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sweep_module, "build_tuner", lambda *args: FullDisk())
+    failed = sweep_module.train_pending(spec, context, sweep_module.Interrupt(), [], form_packs(spec))
+    why = ("this start failed in Tune (OSError: [Errno 28] No space left on device); the same command resumes it")
+    assert failed == {"cartpole-balance/sac_ln/te/0": why, "cartpole-balance/sac_ln/te/1": why}
+    assert capsys.readouterr().err == f"error: {why}\n"
+
+
+def test_a_fresh_dry_run_shows_the_new_sweep_and_moves_nothing(tmp_path, capsys):
+    """--fresh --dry-run showed the plan of the sweep as it is (L14): it now shows what --fresh would start."""
+    import json as json_module
+
+    from qed_ray.service.sweep_cli import main
+    from qed_ray.service.sweep_record import write_state
+
+    raw = {"name": "s", "tasks": ["cartpole-balance"], "seeds": 2, "storage_path": str(tmp_path / "results"),
+           "agents": [{"name": "sac_ln", "temperatures": [{"kind": "te"}]}]}
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text(json_module.dumps(raw))
+    layout = SweepDir(tmp_path / "results" / "s")
+    layout.root.mkdir(parents=True)
+    write_state(layout, plan(None, SweepSpec.model_validate(raw)).state)
+    (layout.policies("cartpole-balance/sac_ln/te/0") / "1000").mkdir(parents=True)  # started: it would resume
+    before = sorted(p.relative_to(layout.root) for p in layout.root.rglob("*"))
+    assert main([str(spec_file), "--dry-run", "--fresh"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"--fresh: {layout.root} would be moved aside first (nothing is deleted); the plan below is "
+                          f"of a new sweep\n"), out
+    assert "trials: 2 new (each trial: --list)" in out
+    assert sorted(p.relative_to(layout.root) for p in layout.root.rglob("*")) == before
+    assert main([str(spec_file), "--dry-run", "--force"]) == 2
+    assert capsys.readouterr().err.startswith("error: --force: only with --fresh")

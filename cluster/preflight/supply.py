@@ -12,7 +12,8 @@ from .image import Dockerfile
 
 # Both ignore files must keep these out (.dockerignore with `**/`: Docker matches a bare pattern at the top only).
 SECRET_PATTERNS = (".env", "*.env", "auth_token", "*.token", "*.pem", "*.key", "*credentials*", ".aws/",
-                   ".config/gcloud/", ".kube/", ".ssh/", ".pgpass", ".qed/")
+                   ".config/gcloud/", ".kube/", ".ssh/", ".pgpass", ".qed/", ".netrc", "*.pfx", "*secret*", "id_rsa*",
+                   "id_ecdsa*", "id_ed25519*", ".pypirc", ".docker/", ".config/qed_ray/")
 
 
 def constraint_pins(text: str) -> dict[str, str]:

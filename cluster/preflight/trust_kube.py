@@ -19,8 +19,10 @@ CLOUD_IDENTITY = ("eks.amazonaws.com/role-arn", "iam.gke.io/gcp-service-account"
 SECRET_WORDS = ("PASSWORD", "TOKEN", "SECRET", "_KEY")
 ALLOWED_ROOT_CAPS = {"CHOWN"}
 TOKEN_PATH = "/var/run/secrets/kubernetes.io/serviceaccount"  # where Ray's KubeRay node provider reads the token
-# The node's cloud metadata endpoint: EC2 IMDS, the GCE / GKE metadata server, Azure IMDS; EC2 IMDS over IPv6.
-METADATA_ADDRESSES = (ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254"))
+# The node's cloud metadata endpoint: EC2 IMDS, the GCE / GKE metadata server, Azure IMDS; over IPv6 EC2's IMDS and
+# GCE's metadata server.
+METADATA_ADDRESSES = tuple(map(ipaddress.ip_address, ("169.254.169.254", "fd00:ec2::254", "fd20:ce::254")))
+METADATA_EXCEPTS = ", ".join(f"{a}/{a.max_prefixlen}" for a in METADATA_ADDRESSES)
 PSA_LEVELS = ("baseline", "restricted")
 PSA_ENFORCE = "pod-security.kubernetes.io/enforce"
 
@@ -178,7 +180,7 @@ def metadata_egress_problems(ray_docs: list[dict], mlflow_docs: list[dict]) -> l
         for rule in policy["spec"].get("egress") or [{}]:
             if leaks := _metadata_leaks(rule):
                 problems.append(f"NetworkPolicy {policy['metadata'].get('name')}: admits egress to {leaks}; except "
-                                f"169.254.169.254/32 and fd00:ec2::254/128 from its ipBlocks")
+                                f"{METADATA_EXCEPTS} from its ipBlocks")
     for group, pod in pod_specs(cr):
         for key in ("hostNetwork", "hostPID", "hostIPC"):
             if pod.get(key):

@@ -8,7 +8,6 @@ read) records what the checkpoint is (task, agent, variant, seed, step, package 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 from importlib import metadata
@@ -18,6 +17,7 @@ from typing import TYPE_CHECKING
 from qed_ray import compat
 from qed_ray.atomic import atomic_file
 from qed_ray.codec import dump, load_json, parse, write_record
+from qed_ray.file_reads import file_sha256, open_regular
 from qed_ray.layout import MANIFEST_FILE, STATE_FILE
 from qed_ray.rl.manifests import CheckpointError, CheckpointVersionError, Manifest
 
@@ -42,14 +42,6 @@ def package_versions() -> dict[str, str]:
         except metadata.PackageNotFoundError:
             out[name] = "not installed"
     return out
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def save_checkpoint(directory: str | os.PathLike, agent_state: dict, manifest: dict) -> Path:
@@ -80,7 +72,7 @@ def save_checkpoint(directory: str | os.PathLike, agent_state: dict, manifest: d
         import torch  # here, not at import: --status reads manifests without loading torch
 
         torch.save(agent_state, tmp)
-    checked = checked.model_copy(update={"state_sha256": _sha256(state_path)})
+    checked = checked.model_copy(update={"state_sha256": file_sha256(state_path, CheckpointError)})
     write_manifest(path, checked)  # the manifest last: it marks a complete checkpoint
     return directory
 
@@ -150,12 +142,15 @@ def load_checkpoint(directory: str | os.PathLike, expect: dict | None = None,
     state_path = directory / STATE_FILE
     if not state_path.exists():
         raise CheckpointError(f"{state_path}: missing")
-    if _sha256(state_path) != manifest.state_sha256:
+    if file_sha256(state_path, CheckpointError) != manifest.state_sha256:
         raise CheckpointError(f"{state_path}: corrupt (SHA-256 differs from the manifest)")
     import torch
 
     try:
-        state = torch.load(state_path, map_location=map_location, weights_only=True)
+        with open_regular(state_path, "snapshot", CheckpointError) as f:
+            state = torch.load(f, map_location=map_location, weights_only=True)
+    except CheckpointError:
+        raise
     except Exception as e:  # noqa: BLE001 - any unpickling failure means the same thing to the user
         raise CheckpointError(f"{state_path}: cannot be loaded ({type(e).__name__}: {e})") from e
     return state, manifest

@@ -19,6 +19,7 @@ import json  # canonical JSON to hash (the codec parses; nothing is parsed here)
 from dataclasses import dataclass
 from pathlib import Path
 
+from qed_ray import file_reads
 from qed_ray.codec import RecordError
 from qed_ray.layout import MANIFEST_FILE, STATE_FILE, SweepDir
 from qed_ray.run_records import read_done
@@ -36,9 +37,9 @@ class Recorded:
 
 
 def file_sha256(path: str | Path) -> str:
-    """SHA-256 of a file's bytes, hex."""
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+    """SHA-256 of a file's bytes, hex; a file that is not a regular file of the trial's folder, or too large, raises
+    RecordError naming it (:mod:`qed_ray.file_reads`)."""
+    return file_reads.file_sha256(path, RecordError)
 
 
 def inventory(layout: SweepDir, name: str) -> dict[str, str]:

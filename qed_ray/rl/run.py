@@ -166,16 +166,20 @@ def specs_from_args(args: argparse.Namespace, flags: list[Flag]) -> list[RunSpec
         if base.train.shared_indices:
             raise SpecError("train.shared_indices (--shared-indices): a run of one seed shares its replay positions "
                             "with no other; train several seeds as one pack with --seeds")
-        return [base]
-    if args.seed is not None:
+        specs = [base]
+    elif args.seed is not None:
         raise SpecError("--seeds: give either --seed or --seeds, not both")
-    specs = [RunSpec.model_validate({**base.model_dump(mode="json"), "seed": s}) for s in args.seeds]
+    else:
+        specs = [RunSpec.model_validate({**base.model_dump(mode="json"), "seed": s}) for s in args.seeds]
     try:
         check_pack(specs)
     except ValueError as e:
         raise SpecError(f"--seeds: {e}") from None
     if args.env_workers < 0:
         raise SpecError(f"--env-workers: {args.env_workers} must be >= 0")
+    if args.env_workers > len(specs):  # more workers than envs would idle (bounded as pack.env_workers is)
+        raise SpecError(f"--env-workers: {args.env_workers} workers for the {len(specs)} training "
+                        f"env{'s' if len(specs) > 1 else ''}; allowed 0 to {len(specs)} (one per --seeds)")
     return specs
 
 

@@ -23,14 +23,17 @@ from qed_ray.service.sweep_state import STORAGE_PATH_ENV, STORAGE_ROOT_ENV
 from qed_ray.spec import SweepSpec
 
 # The local recipe, as the README gives it (tests/test_job_submit.py runs the README's copy): the head must run the
-# venv's `python`, Ray's token auth must be on for the head and its clients, and only --runtime-env-json brings the
-# storage root into the job (a variable exported in the submitting shell stays there).
+# venv's `python`, Ray's token auth must be on for the head and its clients, Ray's temp folder must lie in a private
+# one (Ray makes its temp folder, default /tmp/ray, mode 777 and reuses a job package already unpacked there: another
+# local account could swap a submitted package for its own code; a 0700 folder above it keeps them out), and only
+# --runtime-env-json brings the storage root into the job (a variable exported in the submitting shell stays there).
 LOCAL_HEAD = """\
 source .venv/bin/activate                    # the head then runs the job's python from the venv
 export RAY_AUTH_MODE=token                   # token auth for the head and for its clients
 (umask 077 && ray get-auth-token --generate > /dev/null)   # a private ~/.ray/auth_token, if there is none
 RAY_PORT=6379 DASHBOARD_PORT=8265 AGENT_PORT=52365   # Ray's default ports: pick free ones where these are taken
-ray start --head --port=$RAY_PORT --dashboard-port=$DASHBOARD_PORT --dashboard-agent-listen-port=$AGENT_PORT
+export RAY_TMPDIR="$(mktemp -d /tmp/ray-XXXXXXXX)/ray"      # Ray's temp folder, in a folder of yours alone (0700)
+ray start --head --temp-dir="$RAY_TMPDIR" --port=$RAY_PORT --dashboard-port=$DASHBOARD_PORT --dashboard-agent-listen-port=$AGENT_PORT
 ray job submit --address http://127.0.0.1:$DASHBOARD_PORT --working-dir . \\
     --runtime-env-json '{"env_vars": {"QED_STORAGE_ROOT": "'"$PWD"'"}}' -- python -m qed_ray.sweep sweeps/smoke.yaml"""
 LOCAL_STATUS = 'python -m qed_ray.sweep sweeps/smoke.yaml --status --dir "$PWD/results/smoke"'
@@ -41,7 +44,7 @@ def local_head_help() -> str:
     return (f"on a local Ray head (ray job submit), from the repository root:\n{_indent(LOCAL_HEAD)}\n"
             f"results land in $PWD/results/<name>; from another shell in the repository root:\n"
             f"{_indent(LOCAL_STATUS)}\nand: ray stop  # ends the head, and every other Ray process of yours on this machine "
-            f"(Ray has no stop for one head)")
+            f"(Ray has no stop for one head);\n     rm -rf \"$(dirname \"$RAY_TMPDIR\")\"  # then its private temp folder")
 
 
 def _indent(text: str) -> str:

@@ -34,11 +34,16 @@ def tune_order(spec: SweepSpec, packs: list[Pack]) -> list[Pack]:
 
 
 def dry_run(spec: SweepSpec, throughput_path: str | Path = DEFAULT_PATH, listing: bool = False,
-            workers: int | None = None) -> int:
+            workers: int | None = None, fresh: bool = False, force: bool = False) -> int:
     """Prints the plan (see the module notes; every trial with ``listing``; ``workers`` nodes instead of the
-    clusters' ``max_workers``); raises SpecError with the refusals a run would give."""
+    clusters' ``max_workers``; with ``fresh``, that of the new sweep ``--fresh`` would start); raises SpecError with
+    the refusals a run would give."""
     layout, uri, exp = resolve_paths(spec)
-    p = plan(check_folder(layout, spec), spec, layout)
+    existing = check_folder(layout, spec, fresh, force)
+    p = plan(None, spec) if fresh else plan(existing, spec, layout)
+    if fresh and existing is not None:
+        print(f"--fresh: {layout.root} would be moved aside first (nothing is deleted); the plan below is of a new "
+              f"sweep")
     trials = spec.trials()
     res = spec.trial_resources()
     plural = "s" if len(p.packs) > 1 else ""

@@ -137,7 +137,9 @@ def stale_reason(info: LockInfo | None, mtime: float, now: float, host: str, sta
         if pid_reused(info.pid, info.started):
             return f"its driver (pid {info.pid} on this host) is gone (that pid is another process now)"
         return None
-    silent = now - max(info.heartbeat, mtime)
+    # The file's mtime is when its last heartbeat was written: the heartbeat its record claims is capped at it (one
+    # dated later, by a clock ahead or an edit, would keep a dead driver's lock held for good), so the mtime decides.
+    silent = now - mtime
     if silent > stale_after_s:
         return f"its driver (pid {info.pid} on host {info.host}) sent no heartbeat for {silent:.0f} s"
     return None
@@ -315,6 +317,10 @@ class SweepLock:
             self.log(f"WARNING: could not refresh {self.path}: {e}")
             return True
         self._written = time.time()
+        after = _holder(self.path)  # a takeover that landed while this one wrote: the other driver holds it now
+        if after is not None and after.token != self.info.token:
+            return self._lose(f"{self.path} now belongs to another driver, {after.describe(time.time())}, which "
+                              f"presumed this one dead")
         return True
 
     def _lose(self, why: str) -> bool:

@@ -8,8 +8,10 @@ policies and trial folders stay as they are (a moved or copied folder's own stor
 settings, with its tables, figures, summary and verdict (:func:`qed_ray.service.mirror.log_reanalysis`); the parent
 keeps the outputs of the sweep's own settings. Every seed is checked against the digest its trial signed in MLflow, and every cache entry against its own
 signature, as during the sweep, with the user's results key (:mod:`qed_ray.service.results_key`); seeds without a
-recorded digest are used and reported unverified. A driver running the sweep (a live ``sweep.lock``) refuses the
-re-analysis, which holds the lock itself while it rewrites ``gather/``.
+recorded digest are used and reported unverified. The frozen pre-registration is checked alike: its block
+against its hash, its record against its signature, and against the claim file where that is at hand. A driver
+running the sweep (a live ``sweep.lock``) refuses the re-analysis, which holds the lock itself while it rewrites
+``gather/``.
 
 It never makes things worse: a folder a live driver holds, or whose ``gather/`` holds a symbolic link out of the
 folder, is refused before anything is read; a re-analysis that would leave every trial out (a wrong
@@ -43,7 +45,7 @@ from qed_ray.layout import SweepDir
 from qed_ray.service.lock import LockHeld, SweepLock
 from qed_ray.service.results_key import ResultsKey, ResultsKeyError, key_path, load_key
 from qed_ray.service.status import driver, sweep_folders_in
-from qed_ray.service.sweep_record import read_state, sweep_id
+from qed_ray.service.sweep_record import read_state, sweep_id, verified_claim
 from qed_ray.service.tracking_uri import given_uri
 from qed_ray.spec import FinalEvalSpec
 
@@ -132,19 +134,18 @@ def _evaluate_in_worker(job: group_cache.GroupJob, final_eval: FinalEvalSpec) ->
 
 
 def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, verifier: Verifier | None, workers: int = 1, log=print,
-              signing_key: bytes | None = None) -> tuple[SweepResults, list[str]]:
-    """Recomputes every output of ``gather/`` for ``final_eval`` (the verdict by the claim block ``sweep.json``
-    froze, if any); returns the results and the refused groups. ``verifier`` None (``--no-verify``): nothing is
-    checked, every seed is unverified; ``signing_key`` (default the verifier's) signs and checks the cache, which
-    is left alone without one. When every trial is left out (no group has a result) nothing is written: the previous
-    outputs stay.
+              signing_key: bytes | None = None, claim: dict | None = None) -> tuple[SweepResults, list[str]]:
+    """Recomputes every output of ``gather/`` for ``final_eval`` (the verdict by ``claim``, the pre-registration
+    :func:`~qed_ray.service.sweep_record.verified_claim` checked, if any); returns the results and the refused groups.
+    ``verifier`` None (``--no-verify``): nothing is checked, every seed is unverified; ``signing_key`` (default the
+    verifier's) signs and checks the cache, which is left alone without one. When every trial is left out (no group has
+    a result) nothing is written: the previous outputs stay.
 
     Raises:
         RecordError / SpecError: a damaged ``results.json`` or ``sweep.json`` (naming it and the field).
     """
     trials = [t.name for t in layout.trials()]
     old = previous_results(layout)
-    state = read_state(layout)
     failed = [f for f in (old.failed_trials if old else []) if f.name not in trials and "/" in f.name]
     finished = [n for n in trials if layout.done_marker(n).exists()]
     failed += [FailedTrial(n, "did not finish (no DONE.json)") for n in trials if n not in finished]
@@ -180,7 +181,6 @@ def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, verifier: Verifier | 
         if pool is not None:
             pool.shutdown()
     n_trials = max(old.n_trials if old else 0, len(trials) + len([f for f in failed if f.name not in trials]))
-    claim = state.claim.model_dump() if state is not None and state.claim is not None else None
     out = tables.sweep_results(old.sweep if old else layout.root.name, final_eval, list(results.values()),
                                sorted(failed, key=lambda f: f.name), n_trials, claim)
     if out.groups:
@@ -292,7 +292,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--no-verify", action="store_true", help="use the snapshots without checking them against the "
                    "digests their trials signed (every seed is reported unverified; only for a folder nobody else "
                    "could write)")
+    p.add_argument("--allow-unverified", action="store_true", help="exit 0 even when seeds were used unverified "
+                   "(their trials recorded no digest; default: exit 1)")
     return p.parse_args(argv)
+
+
+def refuse_unverified(results: SweepResults | None, allowed: bool) -> bool:
+    """Whether the exit code must say that seeds were used unverified (their trials recorded no digest: see the
+    UNVERIFIED line), printing the line that says so and how to accept them; False when ``allowed``."""
+    n = sum(len(g.unverified_seeds) for g in results.groups) if results is not None else 0
+    if n and not allowed:
+        print(f"error: {n} seed{'s were' if n > 1 else ' was'} used unverified (the UNVERIFIED line above): exit 1; "
+              f"--allow-unverified accepts them", file=sys.stderr, flush=True)
+    return bool(n) and not allowed
 
 
 def _error(e: Exception) -> int:
@@ -302,7 +314,8 @@ def _error(e: Exception) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; exit code 0 done, 1 a group was refused (a snapshot failed its check), 2 bad input."""
+    """Entry point; exit code 0 done, 1 a group was refused (a snapshot failed its check) or seeds were used
+    unverified (unless ``--allow-unverified`` or ``--no-verify``), 2 bad input."""
     args = parse_args(argv)
     layout = SweepDir(args.sweep_dir.resolve())
     try:
@@ -320,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         uri = given_uri(args.tracking_uri)
         key = _key(layout, args.no_verify)
         verifier = None if args.no_verify else _verifier(layout, uri, key.secret)
+        claim = verified_claim(read_state(layout), None if verifier is None else key.secret)
         layout.trials()  # a folder without policies/ is refused here, naming it
         lock = SweepLock(layout.lock_file)
         lock.acquire()  # a driver that starts meanwhile is refused (it writes gather/ too)
@@ -330,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"re-analysing {layout.root} with final_eval {final_eval.model_dump()}", flush=True)
     try:
         results, refused = reanalyze(layout, final_eval, verifier, args.workers,
-                                     signing_key=key.secret if key is not None else None)
+                                     signing_key=key.secret if key is not None else None, claim=claim)
     except (ValueError, FileNotFoundError) as e:
         return _error(e)
     finally:
@@ -349,4 +363,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"LEFT OUT {f.name}: {f.error}")
     print(f"\nwrote {layout.gather}")
     print(_log_to_mlflow(layout, uri, results, refused))
-    return 1 if refused else 0
+    unverified = refuse_unverified(results, args.allow_unverified or args.no_verify)  # --no-verify: chosen
+    return 1 if refused or unverified else 0

@@ -7,7 +7,8 @@ run's recorded ``artifact_uri`` as is. After ``mv`` or ``cp -r`` the copy's stor
 original folder: its UI lists no artifacts once the original is gone (the original's while it exists), and new
 artifacts would be written there. Relinking rewrites, in the folder's own store and in one transaction, the
 artifact locations of the sweep's experiments, runs and logged models that point into another folder's
-``mlartifacts/`` so that they point into this folder's; nothing else changes. A sweep start, ``python -m
+``mlartifacts/`` (or anywhere else: an edited store could send the re-analysis's artifacts out of the folder) so
+that they point into this folder's; nothing else changes. A sweep start, ``python -m
 qed_ray.gather`` and ``python -m qed_ray.visualize`` relink a moved folder themselves; this command is for a
 folder nothing else will open first (e.g. before ``mlflow ui`` on a copy).
 """
@@ -48,10 +49,17 @@ def _local_path(location: str) -> Path | None:
     return Path(location) if parsed.scheme == "" else None
 
 
+def _elsewhere(location: str, root: Path) -> bool:
+    """Whether ``location`` is not the folder's own artifact root: another folder's ``mlartifacts`` (a moved or
+    copied folder), or anywhere else at all (a store edited to send artifacts out of the folder, L10)."""
+    path = _local_path(location)
+    return path is None or os.path.realpath(path) != os.path.realpath(root)
+
+
 def _moved_from(location: str, root: Path) -> bool:
     """Whether ``location`` is another folder's artifact root of the same name (``.../mlartifacts``)."""
     path = _local_path(location)
-    return path is not None and path.name == root.name and os.path.realpath(path) != os.path.realpath(root)
+    return path is not None and path.name == root.name
 
 
 def relink(db: Path, artifact_root: Path, sweep_id: str) -> Relinked:
@@ -66,7 +74,7 @@ def relink(db: Path, artifact_root: Path, sweep_id: str) -> Relinked:
                             "WHERE t.key = ? AND t.value = ?)", (SWEEP_TAG, sweep_id)).fetchall()
         models = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'logged_models'").fetchone()
         for exp_id, location in rows:
-            if not location or not _moved_from(location, root):
+            if not location or not _elsewhere(location, root):
                 continue
             new = root.as_uri() if location.startswith("file:") else str(root)
             conn.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = ?", (new, exp_id))
@@ -114,8 +122,10 @@ def follow_move(layout: SweepDir, sweep_id: str | None = None,
     done = relink(layout.mlflow_db, layout.mlartifacts, sweep_id)
     if done.experiments:
         forget_artifact_repos()  # clients of this process cached the old locations
-        log(f"MLflow: {layout.root} was moved or copied: pointed {done.runs} run(s) of its store from "
-            f"{', '.join(done.old)} to {done.new}")
+        why = ("was moved or copied" if all(_moved_from(o, layout.mlartifacts) for o in done.old) else
+               "had its store send artifacts out of the folder")
+        log(f"MLflow: {layout.root} {why}: pointed {done.runs} run(s) of its store from {', '.join(done.old)} to "
+            f"{done.new}")
     return done
 
 

@@ -18,7 +18,9 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qed_ray.file_reads import LIMITS, open_regular
 from qed_ray.rl.digests import key_id
+from qed_ray.service.sweep_state import SYSTEM_FOLDERS
 from qed_ray.spec import SpecError
 
 KEY_FILE_ENV = "QED_RESULTS_KEY_FILE"
@@ -51,31 +53,36 @@ def key_path() -> Path:
 
 
 def load_key(create: bool = False, sweep_dir: Path | None = None, log=print) -> ResultsKey:
-    """Reads the key (creating it first with ``create``); refuses a key inside ``sweep_dir``.
+    """Reads the key (creating it first with ``create``); refuses a key inside ``sweep_dir`` or anywhere under its
+    storage root (the folder holding it).
 
     Raises:
-        ResultsKeyError: missing (without ``create``), inside the sweep folder, open to others, not the user's own,
-            or not 64 hex digits; the message names the file and the way out.
+        ResultsKeyError: missing (without ``create``), inside the sweep folder or its storage root, open to others,
+            not the user's own, or not 64 hex digits; the message names the file and the way out.
     """
     path = key_path()
     if sweep_dir is not None and path.resolve().is_relative_to(Path(sweep_dir).resolve()):
         raise ResultsKeyError(f"{KEY_FILE_ENV}: {path} lies inside the sweep folder {sweep_dir}, where whoever can "
                               f"write the folder could read it; keep the results key outside it (default "
                               f"~/.config/qed_ray/results.key)")
+    root = Path(sweep_dir).resolve().parent if sweep_dir is not None else None  # the storage root of every sweep
+    # A folder moved into the home folder or /tmp has no storage root of its own (a start refuses those as roots).
+    shared = root is not None and root not in {Path.home().resolve(), *(Path(f).resolve() for f in SYSTEM_FOLDERS)}
+    if shared and path.resolve().is_relative_to(root):
+        raise ResultsKeyError(f"{KEY_FILE_ENV}: {path} lies under the storage root {root} of the sweep folders, "
+                              f"which on a cluster is the shared file system every node writes; keep the results "
+                              f"key outside it (default ~/.config/qed_ray/results.key)")
     if create and not path.exists():
         _create(path, log)
-    try:
-        info = path.stat()
-        text = path.read_text().strip()
-    except FileNotFoundError:
+    if not os.path.lexists(path):
         raise ResultsKeyError(
             f"{path}: no results key. The trials of a sweep sign the digests of their files with the key of the "
             f"user who ran it (its driver creates it on its first start): copy that key here (chmod 600) or point "
-            f"{KEY_FILE_ENV} at it") from None
-    except OSError as e:
-        raise ResultsKeyError(f"{path}: the results key cannot be read ({e})") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise ResultsKeyError(f"{path}: the results key must be a plain file")
+            f"{KEY_FILE_ENV} at it")
+    # A plain file of at most a few bytes, wherever a link of the user's leads (never a device, FIFO or huge file).
+    with open_regular(path, "key", ResultsKeyError, within="/") as f:
+        info = os.fstat(f.fileno())
+        text = f.read(LIMITS["key"][0]).decode(errors="replace").strip()
     if info.st_uid != os.getuid():
         raise ResultsKeyError(f"{path}: the results key belongs to uid {info.st_uid}, not to you (uid "
                               f"{os.getuid()}); use a key file of your own")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import socket
 import statistics
 import sys
@@ -33,6 +34,8 @@ from pydantic import ValidationError
 from qed_ray.analysis import group_cache, tables
 from qed_ray.analysis.report import format_table, unverified_line
 from qed_ray.analysis.results import FailedTrial, SweepResults
+from qed_ray.codec import RecordError
+from qed_ray.file_reads import cut, read_tail
 from qed_ray.layout import SweepDir
 from qed_ray.rl.checkpoint import MANIFEST_FILE, SNAPSHOT_FORMATS, CheckpointVersionError, read_manifest
 from qed_ray.run_records import diverged_reason, read_done
@@ -43,6 +46,8 @@ from qed_ray.service.sweep_record import StateDamaged, read_state
 from qed_ray.field_hints import format_validation_error
 from qed_ray.spec import SpecError, SweepSpec
 
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # terminal colour codes (Ray colours its task header)
+RAY_TASK_HEADER = re.compile(r"^ray::\S+ \(pid=")  # "ray::ImplicitFunc.train() (pid=1, ip=...)": where, not why
 STATES = ("done", "running", "stopped", "failed", "not started")
 
 
@@ -105,12 +110,17 @@ def _progress(layout: SweepDir, name: str, pack: Pack) -> tuple[int, float, floa
 
 
 def error_summary(error_txt: str) -> str:
-    """One line of a Tune ``error.txt``: a traceback's last line (``InjectedCrash: ...``), else the first line after
-    the ``Failure # n`` header (a worker killed by Ray: ``1 worker(s) were killed due to ... low on memory ...``)."""
-    lines = [ln.strip() for ln in error_txt.splitlines() if ln.strip() and not ln.startswith("Failure # ")]
+    """One line of a Tune ``error.txt``, cut to :data:`~qed_ray.file_reads.ERROR_LINE` characters: a traceback's last
+    line (``InjectedCrash: ...``), else the first line after the ``Failure # n`` header that is not Ray's task
+    header (a worker killed by Ray: ``1 worker(s) were killed due to ... low on memory ...``). Terminal colour codes
+    are dropped."""
+    lines = [ln.strip() for ln in ANSI.sub("", error_txt).splitlines()
+             if ln.strip() and not ln.startswith("Failure # ")]
     if not lines:
         return "failed (no error message)"
-    return lines[-1] if any(ln.startswith("Traceback") for ln in lines) else lines[0]
+    if any(ln.startswith(("Traceback", 'File "')) for ln in lines):  # Ray's task errors may have frames only
+        return cut(lines[-1])
+    return cut(next((ln for ln in lines if not RAY_TASK_HEADER.match(ln)), lines[0]))
 
 
 def _last_error(layout: SweepDir, pack: Pack, newer_than: float) -> str | None:
@@ -120,7 +130,10 @@ def _last_error(layout: SweepDir, pack: Pack, newer_than: float) -> str | None:
     error = dirs[-1] / "error.txt" if dirs else None
     if error is None or not error.exists() or error.stat().st_mtime <= newer_than:
         return None
-    return error_summary(error.read_text(errors="replace"))
+    try:
+        return error_summary(read_tail(error, RecordError, within=layout.root))
+    except RecordError as e:
+        return cut(str(e))
 
 
 def trial_state(layout: SweepDir, name: str, budget: int, pack: Pack, live: bool = False) -> TrialState:
@@ -241,7 +254,7 @@ def report(spec: SweepSpec, layout: SweepDir, source: str = "") -> str:
     lines += ["", f"packs ({len(packs)}, up to {spec.pack.seeds} seed{'s' if spec.pack.seeds > 1 else ''} each): "
                   f"seed: state [env steps]"]
     lines += [f"  {p.name}  " + "  ".join(_seed_cell(by_name[t.name], t.run.seed) for t in p.trials) for p in packs]
-    lines += [f"FAILED {s.name} (pack {in_pack[s.name].name}): {s.error}" for s in states if s.state == "failed"]
+    lines += [f"FAILED {s.name} (pack {in_pack[s.name].name}): {cut(s.error)}" for s in states if s.state == "failed"]
     return "\n".join(lines + notes)
 
 

@@ -22,8 +22,9 @@ This module is the driver; what runs inside a trial's Ray worker is :mod:`qed_ra
 sweep folder comes from :class:`qed_ray.layout.SweepDir`.
 
 Exit codes: 0 every trial finished and gathering succeeded; 1 a trial failed, or gathering failed or left a
-finished trial out (a file that does not match the digest its trial signed, say), or the Ray cluster to join did not
-answer (nothing was written to the sweep folder then); 2 a bad spec, a refused folder,
+finished trial out (a file that does not match the digest its trial signed, say), or used seeds unverified (without
+``--allow-unverified``), or the Ray cluster to join did not answer (nothing was written to the sweep folder then);
+2 a bad spec, a refused folder,
 a tracking server that does not answer or another driver running this sweep; 3 this driver lost the sweep's lock
 (:mod:`qed_ray.service.lock`) and stopped its trials as Ctrl-C does; 130 stopped by Ctrl-C (SIGINT) and 143 by
 SIGTERM (``ray job stop``): the trials stopped cleanly, their runs are KILLED, and the same command resumes them.
@@ -32,7 +33,9 @@ SIGTERM (``ray job stop``): the trials stopped cleanly, their runs are KILLED, a
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -47,9 +50,12 @@ from qed_ray.service.dry_run import tune_order
 from qed_ray.layout import SweepDir
 from qed_ray.service.lock import SweepLock
 from qed_ray.service.results_key import ResultsKey
+from qed_ray.service.reanalysis import refuse_unverified
 from qed_ray.analysis.results import FailedTrial, SweepResults
 from qed_ray.spec import SweepSpec
 from qed_ray.service.status import error_summary
+from qed_ray.codec import RecordError
+from qed_ray.file_reads import cut, read_tail
 from qed_ray.compat import adopt_trial_checkpoints
 from qed_ray.service.packing import Pack, TuneTrial
 from qed_ray.service.sweep_record import SweepState
@@ -123,8 +129,11 @@ class Progress(tune.Callback):
         print(f"  trial {trial_name(trial)} failed; retrying from its last checkpoint", flush=True)
 
     def on_trial_error(self, iteration: int, trials: list, trial, **info) -> None:
-        text = Path(trial.error_file).read_text() if trial.error_file and Path(trial.error_file).exists() else ""
-        self.failed[trial_name(trial)] = error_summary(text)
+        try:
+            self.failed[trial_name(trial)] = error_summary(read_tail(trial.error_file, RecordError)) \
+                if trial.error_file and os.path.lexists(trial.error_file) else error_summary("")
+        except RecordError as e:
+            self.failed[trial_name(trial)] = cut(str(e))
         print(f"  trial {trial_name(trial)} failed and has no retries left", flush=True)
 
     def on_experiment_end(self, trials: list, **info) -> None:
@@ -201,7 +210,8 @@ def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, 
     A trial worker killed from outside (Ray's memory monitor) surfaces in Tune 2.60 as an error its actor manager
     does not handle ("Caught unexpected exception"), which ends ``fit()``. The packs are then started again in a
     fresh Tuner, each from its newest checkpoint, as often as that makes progress: after ``max_retries`` such
-    restarts in a row without a new checkpoint anywhere, the remaining packs are left unfinished.
+    restarts in a row without a new checkpoint anywhere, the remaining packs are left unfinished. Any other failure
+    of ``fit()`` (a full disk, say) ends this start: its pending packs are reported failed with the reason.
     """
     layout, stamp = context.layout, time.strftime("%Y%m%d-%H%M%S")
     failed: dict[str, str] = {}
@@ -217,10 +227,13 @@ def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, 
             build_tuner(spec, context, pending, f"{stamp}-{attempt}", [progress, *callbacks], interrupt).fit()
             failed.update(progress.failed)
             break
-        except RuntimeError as e:
-            if not isinstance(e.__cause__, ray.exceptions.RayError):
-                raise
+        except Exception as e:  # noqa: BLE001 - a failed start is reported with the summary, never a traceback
             failed.update(progress.failed)
+            if not isinstance(e, RuntimeError) or not isinstance(e.__cause__, ray.exceptions.RayError):
+                why = f"this start failed in Tune ({type(e).__name__}: {cut(str(e))}); the same command resumes it"
+                print(f"error: {why}", file=sys.stderr, flush=True)  # a full disk, say (L12)
+                failed.update({p.name: why for p in pending if p.name not in failed})
+                break
             now = _progress_mark(layout, packs)
             streak, mark = (0 if now > mark else streak + 1), max(now, mark)
             cause = " ".join(str(e.__cause__).split())[:300]
@@ -252,12 +265,13 @@ def print_summary(results: SweepResults | None, gathered: gather.GatherReport | 
         print(f"\ngather: {len(gathered.evaluated)} group(s) evaluated, {len(gathered.from_cache)} taken from "
               f"the cache{timing}")
     for f in failed:
-        print(f"FAILED {f.name}: {f.error}")
+        print(f"FAILED {f.name}: {cut(f.error)}")
     print(f"\nMLflow: {ui_command(uri, experiment_id)}")
 
 
 def run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, experiment: str, state: SweepState,
-                new: list[str], gather_partial: bool, packs: list[Pack], lock: SweepLock, key: ResultsKey) -> int:
+               new: list[str], gather_partial: bool, packs: list[Pack], lock: SweepLock, key: ResultsKey,
+               allow_unverified: bool = False) -> int:
     prune_finished(layout, packs, spec.keep_replay)
     adopted = sum(adopt_trial_checkpoints(layout, p.id, p.trials[0].run.train.env_steps) for p in packs)
     if adopted:
@@ -300,11 +314,11 @@ def run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, exp
               f"unfinished (resumed by the same command); nothing gathered at the stop (groups complete before it "
               f"stay gathered; --gather-partial gathers what finished)", flush=True)
         return 128 + interrupt.signum
-    return _finish(tracker, parent, gatherer, launch, failures, unfinished, interrupt.signum, uri)
+    return _finish(tracker, parent, gatherer, launch, failures, unfinished, interrupt.signum, uri, allow_unverified)
 
 
 def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[FailedTrial], unfinished: list[str],
-            signum: int | None, uri: str) -> int:
+            signum: int | None, uri: str, allow_unverified: bool = False) -> int:
     """The final gather (every group; the unfinished trials left out), the parent run's end, the summary; returns
     the exit code. A gather actor that died meanwhile (killed with its node's memory, say) is started again: the
     groups it gathered are in the cache."""
@@ -336,7 +350,8 @@ def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[Fail
                   tracker.experiment_id)
     if signum is not None:
         return 128 + signum
-    return 0 if gather_ok and not failures else 1
+    unverified = refuse_unverified(results, allow_unverified)
+    return 0 if gather_ok and not failures and not unverified else 1
 
 
 def _best_effort(call, *args, **kwargs) -> None:

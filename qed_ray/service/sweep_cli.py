@@ -44,7 +44,7 @@ def check_options(no_spec: bool, args) -> None:
 
 
 def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_partial: bool = False,
-              force: bool = False) -> int:
+              force: bool = False, allow_unverified: bool = False) -> int:
     """Runs (or resumes, or grows) the sweep end to end; returns the exit code. ``fresh`` moves this sweep's folder
     aside first; with ``force`` also a folder whose ``sweep.json`` cannot be read (so its name cannot be checked).
 
@@ -54,7 +54,7 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
     from qed_ray.service.lock import SweepLock
     from qed_ray.service.ray_join import join_ray
     from qed_ray.service.results_key import load_key
-    from qed_ray.service.sweep_record import write_state
+    from qed_ray.service.sweep_record import sign_claim, write_state
     from qed_ray.service.sweep_state import check_folder, move_aside, plan, resolve_paths
     from qed_ray.service.tracking_uri import unreachable, uri_field
 
@@ -78,11 +78,12 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
             say(f"--fresh: moved the previous sweep to {move_aside(layout)}")
         p = plan(check_folder(layout, spec), spec, layout)
         _refuse(p.problems)
+        p.state = sign_claim(p.state, key.secret)  # the re-analysis checks the frozen claim by it
         write_state(layout, p.state)
         for line in announce.first_lines(spec.name, spec_path, layout, uri):
             say(line)
         code = driver.run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial, p.packs,
-                                 lock, key)
+                                 lock, key, allow_unverified)
         if lock.lost.is_set() or not lock.beat():  # lost while (or after) training: nothing more of this start
             print(f"error: {lock.why}; this driver stopped its trials and leaves the sweep to the driver that holds "
                   f"it now", file=sys.stderr, flush=True)
@@ -139,6 +140,8 @@ def parser():
                    "sweep.json cannot be read (then the folder cannot be checked to be this sweep's)")
     p.add_argument("--gather-partial", action="store_true", help="when stopped by Ctrl-C/SIGTERM, still gather the "
                                                                  "trials that finished")
+    p.add_argument("--allow-unverified", action="store_true", help="exit 0 even when the gather step used seeds "
+                   "unverified (their trials recorded no digest; default: exit 1)")
     p.add_argument("--status", action="store_true", help="print the sweep's progress and partial results from its "
                    "folder; starts nothing")
     p.add_argument("--dir", type=Path, help="with --status: the sweep folder to read (the driver prints it first; "
@@ -175,8 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             from qed_ray.service.dry_run import dry_run
 
-            return dry_run(spec, listing=args.list, workers=args.workers)
-        return run_sweep(spec, args.spec.resolve(), args.fresh, args.gather_partial, args.force)
+            return dry_run(spec, listing=args.list, workers=args.workers, fresh=args.fresh, force=args.force)
+        return run_sweep(spec, args.spec.resolve(), args.fresh, args.gather_partial, args.force,
+                         args.allow_unverified)
     except (SpecError, LockHeld, RecordError) as e:  # a damaged folder file (RecordError) names itself
         for line in str(e).splitlines():
             print(f"error: {line}", file=sys.stderr)

@@ -9,13 +9,16 @@ folder aside with ``--fresh --force`` (its name cannot be checked, so ``--fresh`
 
 from __future__ import annotations
 
+import hmac
 import os
 from typing import Any, Literal
 
 from pydantic import Field, model_serializer, model_validator
 
+from qed_ray import claim as claim_file
 from qed_ray.codec import Num, Record, RecordError, read_record, write_record
 from qed_ray.layout import PackId, SweepDir, TrialId
+from qed_ray.rl.digests import sign
 from qed_ray.spec import SpecError
 
 STATE_FORMAT = 2
@@ -35,11 +38,13 @@ class StateDamaged(SpecError, RecordError):
 
 class ClaimRecord(Record):
     """The pre-registration frozen at the sweep's first start (:mod:`qed_ray.claim`): the file, the SHA-256 of its
-    claim block and the block."""
+    claim block, the block, and the HMAC of the sweep id, the file and the SHA-256 under the user's results key
+    (written by every driver start; None in a record an older release wrote, until the next start signs it)."""
 
     file: str = Field(min_length=1)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     block: dict[str, Any]
+    signature: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
 
 
 class SweepState(Record):
@@ -108,3 +113,53 @@ def sweep_id(layout: SweepDir) -> str:
 def write_state(layout: SweepDir, state: SweepState) -> None:
     """Writes ``sweep.json`` atomically."""
     write_record(layout.state_file, state)
+
+
+def _claim_mac(key: bytes, sweep: str, record: ClaimRecord) -> str:
+    return sign(key, "claim", sweep, record.file, record.sha256)
+
+
+def sign_claim(state: SweepState, key: bytes) -> SweepState:
+    """``state`` with its claim record signed under ``key`` (the driver's, before it writes ``sweep.json``)."""
+    if state.claim is None:
+        return state
+    signed = state.claim.model_copy(update={"signature": _claim_mac(key, state.sweep_id, state.claim)})
+    return state.model_copy(update={"claim": signed})
+
+
+def verified_claim(state: SweepState, key: bytes | None) -> dict | None:
+    """The claim record the re-analysis judges by: the block recomputed against its frozen SHA-256, the record's
+    signature checked under ``key`` (None: ``--no-verify``, unchecked), and the block of the claim file itself
+    where it can be read here (it must hash to the frozen SHA-256); None when the sweep names no claim. Raises
+    SpecError naming the field: an edited block (and each changed field where the claim file can be read), a
+    record without the key's signature, a claim file changed since the sweep started."""
+    rec = state.claim
+    if rec is None:
+        return None
+    try:
+        raw = claim_file.read_block(rec.file)[1]
+    except claim_file.ClaimError:
+        raw = None  # the re-analysis may run where the claim file is not: the signed block stands for it
+    problem = _claim_problem(state.sweep_id, rec, raw, key)
+    if problem:
+        raise SpecError(problem)
+    return {"file": rec.file, "sha256": rec.sha256, "block": raw if raw is not None else rec.block}
+
+
+def _claim_problem(sweep: str, rec: ClaimRecord, raw: dict | None, key: bytes | None) -> str | None:
+    edited = claim_file.stored_block_edited(rec.model_dump(), raw, rec.file)
+    if edited:
+        return f"sweep.json: {edited}"
+    if key is not None and rec.signature is None and raw is None:
+        return (f"sweep.json: claim.signature: the claim record is unsigned (an older release wrote it) and its claim "
+                f"file {rec.file} cannot be read here to check it: re-analyse from the folder that path is relative "
+                f"to, or start the sweep once (a start signs it)")
+    if key is not None and rec.signature is not None and not hmac.compare_digest(rec.signature,
+                                                                                 _claim_mac(key, sweep, rec)):
+        return (f"sweep.json: claim.signature: the claim record ({rec.file}, block sha256 {rec.sha256[:12]}) does not "
+                f"carry your results key's signature: it was edited in the folder, or the sweep ran with another key")
+    if raw is not None and claim_file.block_sha256(raw) != rec.sha256:
+        return (f"claim: {rec.file}: the claim block changed since this sweep started "
+                f"({'; '.join(claim_file.changed_fields(rec.block, raw))}): a sweep's pre-registration cannot "
+                f"change: restore the block")
+    return None

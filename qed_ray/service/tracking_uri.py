@@ -7,8 +7,9 @@ answers.
   a typo such as ``htp://`` gets a suggestion;
 - credentials in the URI (``http://user:pass@host``): they would be printed, written into warnings and stored as a
   parameter of the parent run. A tracking server's login comes from ``MLFLOW_TRACKING_USERNAME`` and
-  ``MLFLOW_TRACKING_PASSWORD``, a database's from its driver's password file (``~/.pgpass``). A refusal shows the
-  URI with its password masked, never the password.
+  ``MLFLOW_TRACKING_PASSWORD``, a database's from its driver's password file (``~/.pgpass``). The same for a
+  password, token or key given as a query parameter (``?password=...``). A refusal shows the URI with its user part
+  and query string masked, never the password.
 
 :func:`unreachable` asks the server with a short timeout (an HTTP request to ``/health``: any answer, even a refusal
 of the login, means it is there; a TCP connection for a database). A start refuses an unreachable server at once
@@ -24,7 +25,7 @@ import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from qed_ray.hints import near, short_text
 from qed_ray.layout import SweepDir
@@ -37,16 +38,19 @@ DATABASES = {"postgresql": 5432, "mysql": 3306, "mssql": 1433}  # default ports
 PROBE_TIMEOUT_S = 5.0
 _DEFAULT_PORTS = {"http": 80, "https": 443, **DATABASES}
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+_SECRET_PARAM = re.compile(r"pass|pwd|secret|token|credential|auth|signature|access.?key", re.I)
 ALLOWED = ("http(s)://host:port (a tracking server), sqlite:////abs/path/mlflow.db, file:///abs/path or "
            "postgresql/mysql/mssql://host/db")
 
 
 def masked(uri: str) -> str:
-    """``uri`` with everything before its last ``@`` after the scheme (the user part) replaced by ``***``, cut to a
-    line: a password with unescaped ``/`` or ``@`` in it is hidden too."""
+    """``uri`` with everything before its last ``@`` after the scheme (the user part) and its query string replaced by
+    ``***``, cut to a line: a password with unescaped ``/`` or ``@`` in it is hidden too."""
     if "@" in uri:
         head = uri[:uri.index("://") + 3] if "://" in uri else ""
         uri = f"{head}***@{uri.rsplit('@', 1)[1]}"
+    if "?" in uri:  # a query string may carry a password or a token under any name
+        uri = uri.split("?", 1)[0] + "?***"
     return short_text(uri, 120)
 
 
@@ -98,7 +102,12 @@ def _problem(uri: str) -> str | None:
         parts = urlsplit(uri)
         parts.port  # noqa: B018 - raises ValueError for a port that is not a number in 0..65535
     except ValueError as e:
-        return f"{shown} is not a valid URI ({e})"
+        return f"{masked(uri)!r} is not a valid URI ({short_text(str(e), 100)})"
+    secret = [k for k, _ in parse_qsl(parts.query, keep_blank_values=True) if _SECRET_PARAM.search(k)]
+    if secret:
+        return (f"{shown} carries a credential in its query string ({secret[0]}=...), which would be printed and "
+                f"stored with the sweep; give the URI without it and the password in the driver's password file "
+                f"(PostgreSQL: ~/.pgpass) or MLFLOW_TRACKING_PASSWORD instead")
     if scheme == "sqlite" and not re.match(r"sqlite(\+\w+)?:////", uri, re.I):
         return (f"{shown} is not an absolute SQLite path (sqlite:/// and then a relative path; a Ray trial runs in "
                 f"another folder); use sqlite:////abs/path/mlflow.db (four slashes)")
