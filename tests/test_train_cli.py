@@ -197,3 +197,17 @@ def test_a_pack_of_one_that_diverges_exits_1_with_its_reason(tmp_path, capsys):
     assert s["status"] == "diverged" and "non-finite loss/critic" in s["reason"] and "by env step 600" in s["reason"]
     assert s["decisions"] == 60 and f"cartpole-balance/sac_ln/te/0 stopped: {s['reason']}" in captured.err
     assert json.loads((out / "policies" / SEED0 / "DIVERGED.json").read_text())["env_steps"] == 600
+
+
+def test_the_last_seed_stopped_at_an_evaluation_exits_1_diverged(tmp_path, capsys):
+    # The NaN injected at env step 1000 is caught by the check at that evaluation (nan_check_every 1000): that
+    # stops the pack's last active seed, and the evaluation's report is skipped (it raised StopIteration).
+    out = tmp_path / "run"
+    rc = main([*TINY, "--seed", "0", "--debug-nan-at-env-step", "1000", "--nan-check-every", "1000", "--out",
+               str(out)])
+    captured = capsys.readouterr()
+    assert rc == 1 and "Traceback" not in captured.err
+    s = json.loads((out / SEED0 / "summary.json").read_text())
+    assert s["status"] == "diverged" and "by env step 1000" in s["reason"] and s["decisions"] == 100
+    assert json.loads((out / "policies" / SEED0 / "DIVERGED.json").read_text())["env_steps"] == 1000
+    assert not (out / SEED0 / "metrics.jsonl").exists()  # no evaluation was reported
