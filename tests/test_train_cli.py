@@ -211,3 +211,18 @@ def test_the_last_seed_stopped_at_an_evaluation_exits_1_diverged(tmp_path, capsy
     assert s["status"] == "diverged" and "by env step 1000" in s["reason"] and s["decisions"] == 100
     assert json.loads((out / "policies" / SEED0 / "DIVERGED.json").read_text())["env_steps"] == 1000
     assert not (out / SEED0 / "metrics.jsonl").exists()  # no evaluation was reported
+
+
+def test_checkpoints_of_an_older_format_are_refused_never_replaced(tmp_path, capsys, finished):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    manifests = sorted(out.glob("checkpoints/*/*/seed_*/manifest.json"))
+    assert len(manifests) == 4  # the newest two checkpoints of the pack of two seeds
+    for manifest in manifests:  # as qed_ray 0.1 (checkpoint format 1) wrote them
+        manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "format_version": 1}))
+    before = _tree(out)
+    assert main([*TINY[:2], "--env-steps", "3000", *TINY[4:], "--seeds", "0", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {out}/checkpoints/") and \
+        "written by an older version of qed_ray (checkpoint format 1" in err[0] and "or use a new --out" in err[0], err
+    assert _tree(out) == before, "the older checkpoints and everything else are kept"

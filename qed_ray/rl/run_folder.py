@@ -53,22 +53,27 @@ def prune_steps(steps: dict[int, Path], root: Path, keep: int = KEEP_CHECKPOINTS
         shutil.rmtree(leftover, ignore_errors=True)
 
 
-def restore_latest(trainer: Trainer, layout: SweepDir, pack: PackId, log: Callable[[str], None]) -> int | None:
+def restore_latest(trainer: Trainer, layout: SweepDir, pack: PackId, log: Callable[[str], None],
+                   start_over: bool = True) -> int | None:
     """Restores the pack's newest intact checkpoint; returns its env step, or None if it has none.
 
     A checkpoint that cannot be used (corrupt ``state.pt``, a damaged or missing replay chunk) is reported and the
     next older one is tried; each restore overwrites everything a failed one may have loaded. When every checkpoint
     was written by an older qed_ray (another format version: its random streams differ, so it cannot continue the
-    same run) the pack starts over, saying so.
+    same run) the pack starts over, saying so; with ``start_over`` False (the run CLI: its user decides) the first
+    such checkpoint is refused instead.
 
     Raises:
-        CheckpointError: every checkpoint is damaged (naming each file).
+        CheckpointError: every checkpoint is damaged (naming each file). CheckpointVersionError: a checkpoint of
+            another format, with ``start_over`` False.
     """
     problems, outdated = [], 0
     for step, folder in sorted(layout.pack_checkpoint_steps(pack).items(), reverse=True):
         try:
             trainer.restore(folder)
         except CheckpointError as e:
+            if isinstance(e, CheckpointVersionError) and not start_over:
+                raise
             problems.append(str(e))
             outdated += isinstance(e, CheckpointVersionError)
             log(f"WARNING {pack.name}: cannot resume from {folder}: {e}")
@@ -182,15 +187,15 @@ class FolderReporter:
                 done.append(run.name)
         return done
 
-    def resume(self, log: Callable[[str], None]) -> int | None:
+    def resume(self, log: Callable[[str], None], start_over: bool = True) -> int | None:
         """Clears a crash's staging folders, restores the newest intact checkpoint and keeps each seed's history up
-        to it; returns its env step (None: a fresh start).
+        to it; returns its env step (None: a fresh start). ``start_over``: as :func:`restore_latest`'s.
 
         Raises:
             CheckpointError: no checkpoint can be used. RecordError: a damaged ``history.json`` (naming it).
         """
         prune_steps(self.layout.pack_checkpoint_steps(self.pack), self.layout.pack_checkpoints(self.pack))
-        resumed = restore_latest(self.trainer, self.layout, self.pack, log)
+        resumed = restore_latest(self.trainer, self.layout, self.pack, log, start_over)
         self.histories = [[h for h in read_history(self.layout, n) if resumed is not None and h.env_steps <= resumed]
                           for n in self.names]
         return resumed
