@@ -229,8 +229,9 @@ def test_a_seed_whose_digest_never_reached_mlflow_is_reported_unverified(sweep_c
     client.delete_tag(run.info.run_id, DIGEST_TAG)  # what an outage at the trial's end leaves: no record
     assert main([str(layout.root), *SMALL]) == 0
     out = capsys.readouterr().out
-    assert ("UNVERIFIED: 1 of 3 seeds were used without a check (their trials recorded no digest in MLflow when "
-            f"they finished, e.g. during a tracking outage): {TE} seed 1") in out
+    assert ("UNVERIFIED: 1 of 3 seeds were used without a check (no signed digest of their files in MLflow): no "
+            "reason in its DONE.json (an older qed_ray's end cut off before its digest, or the digest deleted from "
+            f"the tracking store): {TE} seed 1") in out
     te = next(g for g in json.loads(layout.results_json.read_text())["groups"] if g["variant"] == "te")
     assert te["seeds"] == [0, 1] and te["unverified_seeds"] == [1]
     with open(layout.groups_csv) as f:

@@ -131,8 +131,19 @@ def unverified_reason(layout: SweepDir, name: str) -> str:
         return done.unverified
     if done.files is None:
         return "trained by a qed_ray from before signed digests"
-    return ("finished under a qed_ray that wrote DONE.json before recording its digest, which was not recorded "
-            "(its end interrupted, or MLflow down)")
+    return ("no reason in its DONE.json (an older qed_ray's end cut off before its digest, or the digest deleted "
+            "from the tracking store)")
+
+
+def unverified_reasons(layout: SweepDir, names: list[str]) -> dict[str, str]:
+    """:func:`unverified_reason` of each trial of ``names`` (a damaged ``DONE.json`` says so)."""
+    out = {}
+    for name in names:
+        try:
+            out[name] = unverified_reason(layout, name)
+        except RecordError as e:
+            out[name] = f"no reason: {e}"
+    return out
 
 
 def listed_files(layout: SweepDir, name: str) -> dict[str, str] | None:

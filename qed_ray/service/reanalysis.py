@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: every trial was left out, so {layout.gather} keeps its previous outputs (a wrong "
               f"--tracking-uri, or no trial finished?)", file=sys.stderr)
         return 1
-    print("\n" + report.summary(results))
+    print("\n" + report.summary(results, layout if verifier is not None else None))
     for policy, other in results.other_policies.items():
         print(f"\nevaluation policy {policy} ({policy_dir(layout, policy)}):")
         print(report.summary(other))

@@ -240,11 +240,12 @@ def _progress_mark(layout: SweepDir, packs: list[Pack]) -> int:
 
 
 def print_summary(results: SweepResults | None, gathered: gather.GatherReport | None, failed: list[FailedTrial],
-                  uri: str, experiment_id: str | None = None) -> None:
+                  uri: str, experiment_id: str | None = None, layout: SweepDir | None = None) -> None:
     """The closing table (counts, IQM, V and its baseline ratio with CIs), the comparisons with te and the claim's
-    verdict, what the gather step did while the sweep ran, and every trial left out with its reason."""
+    verdict (with the reason each unverified seed's ``DONE.json`` gives, from ``layout``), what the gather step did
+    while the sweep ran, and every trial left out with its reason."""
     if results is not None:
-        print("\n" + report.summary(results))
+        print("\n" + report.summary(results, layout))
     if gathered is not None:
         delays = sorted(gathered.delays_s[g] for g in gathered.evaluated if g in gathered.delays_s)
         timing = (f"; from a group's last trial to its row in MLflow: median {delays[len(delays) // 2]:.0f} s, "
@@ -333,7 +334,7 @@ def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[Fail
     _best_effort(tracker.end_run, parent, failed_reason=None if signum is not None else reason,
                  killed=signum is not None)
     print_summary(results, gathered, [f for f in failures if signum is None or f.name not in unfinished], uri,
-                  tracker.experiment_id)
+                  tracker.experiment_id, layout)
     if signum is not None:
         return 128 + signum
     return 0 if gather_ok and not failures else 1
