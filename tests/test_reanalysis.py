@@ -217,6 +217,20 @@ def test_a_tampered_snapshot_is_refused_naming_the_file(sweep_copy, capsys):
     assert len(refused) == 2 and all(str(final / "state.pt") in f["error"] for f in refused)
 
 
+@pytest.mark.parametrize("signed", [True, False])
+def test_a_finished_seed_whose_manifest_no_longer_parses_refuses_its_group(sweep_copy, capsys, signed):
+    layout = sweep_copy
+    manifest = layout.snapshot(f"{TE}/1", 2000) / "manifest.json"
+    manifest.write_text('{"format_version": ')  # cut off
+    assert main([str(layout.root), *SMALL, *([] if signed else ["--no-verify"])]) == 1, "not exit 0 without it"
+    out = capsys.readouterr().out
+    assert f"{TE}: REFUSED: {TE}/1: {manifest}" in out
+    assert "refusing its group rather than evaluating it without the seed" in out
+    results = json.loads(layout.results_json.read_text())
+    assert [g["variant"] for g in results["groups"]] == ["qed0.2"], "the refused group has no row"
+    assert {f["name"] for f in results["failed_trials"] if f["name"].startswith(TE)} == {f"{TE}/0", f"{TE}/1"}
+
+
 def test_a_seed_whose_digest_never_reached_mlflow_is_reported_unverified(sweep_copy, capsys):
     from mlflow.tracking import MlflowClient
 
