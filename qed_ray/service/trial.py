@@ -15,10 +15,12 @@ Failures: a seed whose loss, Q value or observation turns non-finite stops alone
 FAILED with the reason; final, since a deterministic continuation would diverge again); the pack goes on with the
 others. Any other exception propagates, and Tune retries the pack from its newest checkpoint (``max_retries``);
 MLflow problems never fail a trial (:class:`~qed_ray.service.tracking.TrialRun`). At its end a seed records in its MLflow
-run the digest of every file the gather step reads of it, signed with the user's results key (which the driver hands
-over in the context, never through the folder): the gather step checks the files against it
-(:mod:`qed_ray.analysis.checksums`). Nobody records it later: if MLflow stays down until the worker gives up, the
-seed is reported unverified.
+run the digest of every file the gather step reads of it that its worker wrote (the files the final checkpoint's
+signed ``files.json`` lists: :mod:`qed_ray.rl.run_folder`), signed with the user's results key (which the driver hands
+over in the context, never through the folder), then writes its ``DONE.json``: the gather step checks the files
+against the digest (:mod:`qed_ray.analysis.checksums`). An end cut off before (Ctrl-C, a killed worker) is finished
+by the next start; a seed whose run already holds a digest is never signed again. If MLflow stays down until the
+worker gives up, ``DONE.json`` records that as why the seed is unverified.
 
 The sweep's lock fences the trial: before each evaluation writes anything, the trial reads ``sweep.lock``; once it
 names another driver (this trial's driver was presumed dead and taken over), the trial stops at once, writing and
