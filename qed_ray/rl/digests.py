@@ -86,10 +86,11 @@ def signed(key: bytes, sweep_id: str, trial: str, recorded: Recorded) -> bool:
     return hmac.compare_digest(recorded.mac, trial_signature(key, sweep_id, trial, recorded.digest))
 
 
-def snapshot_files(root: Path, folder: Path) -> dict[str, str]:
+def snapshot_files(root: Path, folder: Path, source: Path | None = None) -> dict[str, str]:
     """The :func:`inventory` entries of one snapshot ``folder`` (its ``state.pt`` and ``manifest.json``, by their
-    path under the trial's policies folder ``root``)."""
-    return {(folder / f).relative_to(root).as_posix(): file_sha256(folder / f) for f in (STATE_FILE, MANIFEST_FILE)}
+    path under the trial's policies folder ``root``), hashed from ``source`` (its staging folder) if given."""
+    return {(folder / f).relative_to(root).as_posix(): file_sha256((source or folder) / f)
+            for f in (STATE_FILE, MANIFEST_FILE)}
 
 
 def differences(actual: dict[str, str], written: dict[str, str]) -> list[str]:

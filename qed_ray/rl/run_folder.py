@@ -196,9 +196,9 @@ class FolderReporter:
                 return
             if files_at is not None:
                 write_record(staging / FILES_FILE, self._files_record(files_at))
+            if seed is not None and self.written[seed] is not None:  # hashed as written, before anyone else sees it
+                self.written[seed].update(snapshot_files(self.layout.policies(self.names[seed]), folder, staging))
             publish_dir(staging, folder)
-            if seed is not None and self.written[seed] is not None:
-                self.written[seed].update(snapshot_files(self.layout.policies(self.names[seed]), folder))
 
         write(staging)
         self.trainer.writer.submit(folder, publish)

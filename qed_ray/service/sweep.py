@@ -301,11 +301,11 @@ def run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, exp
               f"unfinished (resumed by the same command); nothing gathered at the stop (groups complete before it "
               f"stay gathered; --gather-partial gathers what finished)", flush=True)
         return 128 + interrupt.signum
-    return _finish(tracker, parent, gatherer, launch, failures, unfinished, interrupt.signum, uri)
+    return _finish(tracker, parent, gatherer, launch, failures, unfinished, interrupt.signum, uri, layout)
 
 
 def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[FailedTrial], unfinished: list[str],
-            signum: int | None, uri: str) -> int:
+            signum: int | None, uri: str, layout: SweepDir) -> int:
     """The final gather (every group; the unfinished trials left out), the parent run's end, the summary; returns
     the exit code. A gather actor that died meanwhile (killed with its node's memory, say) is started again: the
     groups it gathered are in the cache."""
