@@ -8,7 +8,7 @@ other reader reads today's records only (:mod:`qed_ray.codec`).
   digests: unsigned, so read and never used).
 - Checkpoint format 1 (qed_ray 0.1, before agents drew one noise block per update): its policy snapshots still
   load for evaluation, their run settings and module weights renamed to today's (:func:`format1_snapshot`,
-  :func:`format1_state`); resuming from them is refused.
+  :func:`format1_state`); resuming from them is refused by the run CLI (a sweep starts such a pack over, saying so).
 - qed_ray 0.1 trained a sweep's trials one per Tune trial unless ``pack.seeds`` > 1: such a trial kept its full
 checkpoints in ``checkpoints/<trial>/<env_steps>/`` (one seed's checkpoint: ``state.pt`` and ``manifest.json``) and
 its Tune folders in ``tune/<start>/<trial>/``. Every run is a pack now (a single seed is a pack of one), so a

@@ -73,6 +73,7 @@ class DoneRecord(Record):
 
     env_steps: int = Field(ge=0)
     files: dict[str, str] | None = None
+    unverified: str | None = None  # why its worker recorded no signed digest (a tracking outage, no key); None: it did
     checksums: dict[str, str] | None = Field(default=None, exclude=True)  # read, never written again
 
     @property
@@ -115,10 +116,11 @@ class RunSummary(Record):
     reason: str | None = None
 
 
-def done_record(metrics: dict, files: dict[str, str] | None) -> DoneRecord:
-    """The ``DONE.json`` of a trial that finished with these final metrics and files (raises RecordError if they
-    are not a valid record: a trainer bug, caught before anything is written)."""
-    return parse(DoneRecord, {**metrics, "files": files}, "DONE.json")
+def done_record(metrics: dict, files: dict[str, str] | None, unverified: str | None = None) -> DoneRecord:
+    """The ``DONE.json`` of a trial that finished with these final metrics and files and, if its digest was not
+    signed, why (raises RecordError if they are not a valid record: a trainer bug, caught before anything is
+    written)."""
+    return parse(DoneRecord, {**metrics, "files": files, "unverified": unverified}, "DONE.json")
 
 
 def read_done(layout: SweepDir, name: str) -> DoneRecord:

@@ -73,7 +73,7 @@ def finished_trial(layout: SweepDir, name: str) -> None:
     seed = TrialId.from_name(name).seed
     for step in range(EVAL_EVERY, BUDGET + 1, EVAL_EVERY):
         save_snapshot(layout, name, step, init_seed=100 * seed + step // EVAL_EVERY)
-    write_done(layout, name, {"env_steps": BUDGET, "perf/wall_s": 20.0})
+    write_done(layout, name, {"env_steps": BUDGET, "perf/wall_s": 20.0}, inventory(layout, name))
 
 
 def new_sweep(layout: SweepDir, finished: list[str], running: dict[str, int]) -> None:
@@ -120,7 +120,7 @@ def write_history(layout: SweepDir, name: str, floor: list[float], cap: list[flo
                                           "alpha/actor_frac_cap": c}} for i, (f, c) in enumerate(zip(floor, cap))]
     layout.history(name).write_text(json.dumps(entries))
     if layout.done_marker(name).exists():
-        write_done(layout, name, {"env_steps": BUDGET, "perf/wall_s": 20.0})
+        write_done(layout, name, {"env_steps": BUDGET, "perf/wall_s": 20.0}, inventory(layout, name))
         sign_trial(layout, name)
 
 

@@ -136,7 +136,7 @@ def test_a_forged_policy_with_its_done_json_and_manifest_fixed_is_refused_naming
     manifest = json.loads((final / "manifest.json").read_text())
     manifest["state_sha256"] = file_sha256(final / "state.pt")
     (final / "manifest.json").write_text(json.dumps(manifest))
-    write_done(layout, TE0, {"env_steps": 2000})
+    write_done(layout, TE0, {"env_steps": 2000}, inventory(layout, TE0))
     with pytest.raises(TamperedSnapshotError, match=f"^{layout.done_marker(TE0)}: its file list is not the one its "
                                                     f"trial signed in MLflow"):
         verify(layout, TE0, verifier)

@@ -217,6 +217,20 @@ def test_a_tampered_snapshot_is_refused_naming_the_file(sweep_copy, capsys):
     assert len(refused) == 2 and all(str(final / "state.pt") in f["error"] for f in refused)
 
 
+@pytest.mark.parametrize("signed", [True, False])
+def test_a_finished_seed_whose_manifest_no_longer_parses_refuses_its_group(sweep_copy, capsys, signed):
+    layout = sweep_copy
+    manifest = layout.snapshot(f"{TE}/1", 2000) / "manifest.json"
+    manifest.write_text('{"format_version": ')  # cut off
+    assert main([str(layout.root), *SMALL, *([] if signed else ["--no-verify"])]) == 1, "not exit 0 without it"
+    out = capsys.readouterr().out
+    assert f"{TE}: REFUSED: {TE}/1: {manifest}" in out
+    assert "refusing its group rather than evaluating it without the seed" in out
+    results = json.loads(layout.results_json.read_text())
+    assert [g["variant"] for g in results["groups"]] == ["qed0.2"], "the refused group has no row"
+    assert {f["name"] for f in results["failed_trials"] if f["name"].startswith(TE)} == {f"{TE}/0", f"{TE}/1"}
+
+
 def test_a_seed_whose_digest_never_reached_mlflow_is_reported_unverified(sweep_copy, capsys):
     from mlflow.tracking import MlflowClient
 
@@ -231,10 +245,11 @@ def test_a_seed_whose_digest_never_reached_mlflow_is_reported_unverified(sweep_c
     out, err = capsys.readouterr()
     assert err.splitlines() == ["error: 1 seed was used unverified (the UNVERIFIED line above): exit 1; "
                                 "--allow-unverified accepts them"]
+    assert ("UNVERIFIED: 1 of 3 seeds were used without a check (no signed digest of their files in MLflow): no "
+            "reason in its DONE.json (an older qed_ray's end cut off before its digest, or the digest deleted from "
+            f"the tracking store): {TE} seed 1") in out
     assert main([str(layout.root), *SMALL, "--allow-unverified"]) == 0
     assert capsys.readouterr().err == ""
-    assert ("UNVERIFIED: 1 of 3 seeds were used without a check (their trials recorded no digest in MLflow when "
-            f"they finished, e.g. during a tracking outage): {TE} seed 1") in out
     te = next(g for g in json.loads(layout.results_json.read_text())["groups"] if g["variant"] == "te")
     assert te["seeds"] == [0, 1] and te["unverified_seeds"] == [1]
     with open(layout.groups_csv) as f:

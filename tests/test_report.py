@@ -119,3 +119,25 @@ def test_the_markdown_description_holds_the_same_table_legend_and_verdict():
     assert f"**Verdict on the claim: {results.verdict.outcome.upper()}** (by the default thresholds of " \
            f"docs/claim.md), judged over every QED variant (exploratory):" in lines
     assert "- sac_ln qed0.2 vs te: **" in text and lines[-1] == "the footer"
+
+
+def test_unverified_seeds_are_listed_by_the_reason_their_done_json_gives(tmp_path):
+    from qed_ray.codec import write_record
+    from qed_ray.layout import SweepDir
+    from qed_ray.rl.run_folder import write_done
+
+    layout = SweepDir(tmp_path)
+    outage = "tracking outage: MLflow at http://head:5000 did not answer for 300 s when it finished, so its signed " \
+             "digest was never recorded"
+    for seed in (0, 2):  # signed-era seeds whose workers could not record their digests
+        layout.policies(f"a/sac_ln/te/{seed}").mkdir(parents=True)
+        write_done(layout, f"a/sac_ln/te/{seed}", {"env_steps": 2000}, {"history.json": "0" * 64}, outage)
+    layout.policies("a/sac_ln/te/1").mkdir(parents=True)  # written before trials signed: no file list
+    write_record(layout.done_marker("a/sac_ln/te/1"), {"env_steps": 2000, "eval/return_mean": 1.0}, dict)
+    groups = [group_result("a", scores=(0.1, 0.2, 0.3), unverified_seeds=[0, 1, 2])]
+    assert report.unverified_line(groups, layout) == (
+        f"UNVERIFIED: 3 of 3 seeds were used without a check (no signed digest of their files in MLflow): {outage}: "
+        f"a/sac_ln/te seeds 0, 2; trained by a qed_ray from before signed digests: a/sac_ln/te seed 1")
+    assert report.unverified_line(groups) == (  # no folder (not checked against MLflow): no reason claimed
+        "UNVERIFIED: 3 of 3 seeds were used without a check (not checked, or no signed digest of their files in "
+        "MLflow: the reason is on each run's qed.unverified tag): a/sac_ln/te seeds 0, 1, 2")

@@ -162,8 +162,11 @@ def _gather_tables_and_pack_folders(layout: SweepDir, children: list) -> None:
     for pack in (PackId(t, "sac_ln", v, SEEDS) for t in TASKS for v in VARIANTS):
         assert sorted(layout.pack_checkpoint_steps(pack)) == [1000, 2000]
         final = layout.pack_checkpoint_steps(pack)[2000]
-        assert {p.name for p in final.iterdir()} == {"pack.json", "seed_0", "seed_1"}
+        assert {p.name for p in final.iterdir()} == {"pack.json", "seed_0", "seed_1", "files.json"}
         assert json.loads((final / "pack.json").read_text())["status"] == ["finished"] * 2
+        # the final checkpoint lists the files its worker wrote of each seed: what it signed, what DONE.json lists
+        assert json.loads((final / "files.json").read_text())["files"] == {
+            n: json.loads(layout.done_marker(n).read_text())["files"] for n in pack.trials}
     state = json.loads(layout.state_file.read_text())
     assert state["pack_seeds"] == 2 and sorted(state["packs"]) == sorted(
         PackId(t, "sac_ln", v, SEEDS).name for t in TASKS for v in VARIANTS)

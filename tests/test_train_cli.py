@@ -204,3 +204,32 @@ def test_a_pack_of_one_that_diverges_exits_1_with_its_reason(tmp_path, capsys):
     assert s["status"] == "diverged" and "non-finite loss/critic" in s["reason"] and "by env step 600" in s["reason"]
     assert s["decisions"] == 60 and f"cartpole-balance/sac_ln/te/0 stopped: {s['reason']}" in captured.err
     assert json.loads((out / "policies" / SEED0 / "DIVERGED.json").read_text())["env_steps"] == 600
+
+
+def test_the_last_seed_stopped_at_an_evaluation_exits_1_diverged(tmp_path, capsys):
+    # The NaN injected at env step 1000 is caught by the check at that evaluation (nan_check_every 1000): that
+    # stops the pack's last active seed, and the evaluation's report is skipped (it raised StopIteration).
+    out = tmp_path / "run"
+    rc = main([*TINY, "--seed", "0", "--debug-nan-at-env-step", "1000", "--nan-check-every", "1000", "--out",
+               str(out)])
+    captured = capsys.readouterr()
+    assert rc == 1 and "Traceback" not in captured.err
+    s = json.loads((out / SEED0 / "summary.json").read_text())
+    assert s["status"] == "diverged" and "by env step 1000" in s["reason"] and s["decisions"] == 100
+    assert json.loads((out / "policies" / SEED0 / "DIVERGED.json").read_text())["env_steps"] == 1000
+    assert not (out / SEED0 / "metrics.jsonl").exists()  # no evaluation was reported
+
+
+def test_checkpoints_of_an_older_format_are_refused_never_replaced(tmp_path, capsys, finished):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    manifests = sorted(out.glob("checkpoints/*/*/seed_*/manifest.json"))
+    assert len(manifests) == 4  # the newest two checkpoints of the pack of two seeds
+    for manifest in manifests:  # as qed_ray 0.1 (checkpoint format 1) wrote them
+        manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "format_version": 1}))
+    before = _tree(out)
+    assert main([*TINY[:2], "--env-steps", "3000", *TINY[4:], "--seeds", "0", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {out}/checkpoints/") and \
+        "written by an older version of qed_ray (checkpoint format 1" in err[0] and "or use a new --out" in err[0], err
+    assert _tree(out) == before, "the older checkpoints and everything else are kept"

@@ -139,3 +139,97 @@ def test_a_crashed_pack_resumes_from_its_checkpoint_bit_exactly(tmp_path):
         assert runs[name].info.status == "FINISHED" and runs[name].data.tags["qed.resumed_from_env_step"] == "1000"
         steps = [m.step for m in tracker.client.get_metric_history(runs[name].info.run_id, "eval/return_mean")]
         assert sorted(steps) == [1000, 2000], "each evaluation logged once"
+
+
+def _runs(tracker: Tracker) -> dict:
+    return {r.data.tags["qed.trial"]: r for r in tracker.runs() if "qed.trial" in r.data.tags}
+
+
+@pytest.mark.slow  # ~40 s: one pack of two seeds trained to 1000 env steps, then five later starts of its end
+@pytest.mark.filterwarnings("ignore:`report` is meant to only be called")
+def test_an_end_cut_off_is_finished_at_the_next_start_and_planted_files_are_never_signed(tmp_path, monkeypatch,
+                                                                                           capsys):
+    import shutil
+
+    from qed_ray.analysis.checksums import TamperedSnapshotError, Verifier, verify
+    from qed_ray.rl.checkpoint import CheckpointError
+    from qed_ray.rl.digests import unverified_reason
+    from qed_ray.service.tracking import UNVERIFIED_TAG, TrialRun
+
+    context, tracker = _context(tmp_path, "s")
+    context = context.model_copy(update={"results_key": KEY.hex()})
+    layout, config = context.layout, _config({})
+    finish = TrialRun.finish
+
+    def ctrl_c_before_the_digest(self, history, tags=None, **kw):
+        if tags and DIGEST_TAG in tags:
+            raise KeyboardInterrupt  # Tune stopping the trial between its last evaluation and its digest
+        return finish(self, history, tags=tags, **kw)
+
+    monkeypatch.setattr(TrialRun, "finish", ctrl_c_before_the_digest)
+    with pytest.raises(KeyboardInterrupt):
+        train_trial(config, context)
+    monkeypatch.setattr(TrialRun, "finish", finish)
+    assert [layout.trial_state(n) for n in NAMES] == ["pending", "pending"], "no DONE.json before the digest"
+    assert all(DIGEST_TAG not in r.data.tags for r in _runs(tracker).values())
+    shutil.copytree(layout.root, tmp_path / "outage")
+
+    train_trial(config, context)  # the next start: resumed at its final checkpoint, finished and signed
+    runs, verifier = _runs(tracker), Verifier("sweep0", KEY, tracker.recorded_digests())
+    for name in NAMES:
+        done = json.loads(layout.done_marker(name).read_text())
+        assert done["unverified"] is None and done["files"] == inventory(layout, name)
+        assert UNVERIFIED_TAG not in runs[name].data.tags and runs[name].info.status == "FINISHED"
+        verify(layout, name, verifier)  # signed: every file checks
+    macs = {n: runs[n].data.tags[MAC_TAG] for n in NAMES}
+    files0 = inventory(layout, NAMES[0])
+
+    # M1: DONE.json deleted, seed 1's final snapshot planted as seed 0's and an extra snapshot beside it
+    seed0, seed1 = (layout.policies(n) for n in NAMES)
+    layout.done_marker(NAMES[0]).unlink()
+    for f in ("state.pt", "manifest.json"):
+        shutil.copy(seed1 / "0000001000" / f, seed0 / "0000001000" / f)
+    shutil.copytree(seed1 / "0000001000", seed0 / "0000000500")
+    capsys.readouterr()
+    train_trial(config, context)
+    said = capsys.readouterr().err.splitlines()
+    assert f"WARNING {NAMES[0]}: {seed0 / '0000000500' / 'state.pt'}: not written by its worker (planted); " \
+           f"not signed" in said
+    assert f"WARNING {NAMES[0]}: {seed0 / '0000001000' / 'state.pt'}: not the file its worker wrote (replaced); " \
+           f"not signed" in said
+    assert f"{NAMES[0]}: its run already holds the digest its worker signed; not signed again (4 file(s) differ " \
+           f"from what its worker wrote: 0000000500/manifest.json: not written by its worker (planted)...)" in said
+    assert {n: _runs(tracker)[n].data.tags[MAC_TAG] for n in NAMES} == macs, "nothing signed again"
+    assert json.loads(layout.done_marker(NAMES[0]).read_text())["files"] == files0
+    with pytest.raises(TamperedSnapshotError, match=f"{seed0 / '0000000500' / 'state.pt'}: is not among"):
+        verify(layout, NAMES[0], Verifier("sweep0", KEY, tracker.recorded_digests()))
+
+    # ... and with its digest deleted as well (locally the store is in the folder): re-finished, signing only what
+    # its worker wrote (the final checkpoint's signed files.json), so the planted files are still refused
+    tracker.client.delete_tag(runs[NAMES[0]].info.run_id, DIGEST_TAG)
+    layout.done_marker(NAMES[0]).unlink()
+    train_trial(config, context)
+    tags = _runs(tracker)[NAMES[0]].data.tags  # signed again: the same files as before, not the planted ones
+    assert (tags[DIGEST_TAG], tags[MAC_TAG]) == (digest(files0), macs[NAMES[0]]) != digest(inventory(layout, NAMES[0]))
+    with pytest.raises(TamperedSnapshotError, match=f"{seed0 / '0000000500' / 'state.pt'}: is not among"):
+        verify(layout, NAMES[0], Verifier("sweep0", KEY, tracker.recorded_digests()))
+    # an edited files.json (the planted files listed) is refused before anything is signed
+    files = layout.pack_checkpoint(PackId.of(NAMES), 1000) / "files.json"
+    record = json.loads(files.read_text())
+    record["files"][NAMES[0]] = inventory(layout, NAMES[0])
+    files.write_text(json.dumps(record))
+    tracker.client.delete_tag(runs[NAMES[0]].info.run_id, DIGEST_TAG)
+    layout.done_marker(NAMES[0]).unlink()
+    with pytest.raises(CheckpointError, match=f"{files}: macs.{NAMES[0]}: not this sweep's signature"):
+        train_trial(config, context)
+    assert not layout.done_marker(NAMES[0]).exists() and DIGEST_TAG not in _runs(tracker)[NAMES[0]].data.tags
+
+    # A tracking outage at the end: finished, UNVERIFIED with the outage as its reason
+    (tmp_path / "gone").write_text("a file where the store's folder should be: every call fails")
+    outage = context.model_copy(update={"sweep_dir": tmp_path / "outage",
+                                        "tracking_uri": f"sqlite:///{tmp_path / 'gone' / 'mlflow.db'}"})
+    train_trial(config, outage)
+    for name in NAMES:
+        assert unverified_reason(outage.layout, name) == (
+            f"tracking outage: MLflow at sqlite:///{tmp_path / 'gone' / 'mlflow.db'} did not answer for 0 s when it "
+            f"finished, so its signed digest was never recorded")

@@ -198,12 +198,26 @@ def _tampered(layout: SweepDir, name: str, verifier: Verifier | None) -> str | N
     return None
 
 
+class UnreadableSeedError(RuntimeError):
+    """A finished seed of a group cannot be read (a damaged or missing snapshot, naming the file): the group is
+    refused, never evaluated without it."""
+
+
+def _check_readable(job: GroupJob) -> None:
+    if job.excluded:
+        raise UnreadableSeedError(f"{job.excluded[0].name}: {job.excluded[0].error}; refusing its group rather than "
+                                  f"evaluating it without the seed")
+
+
 def check(job: GroupJob) -> None:
-    """Checks every seed whose trial recorded its digest (:func:`qed_ray.analysis.checksums.verify`).
+    """Checks that every finished seed could be read and every seed whose trial recorded its digest
+    (:func:`qed_ray.analysis.checksums.verify`).
 
     Raises:
-        TamperedSnapshotError: naming the file (or the record) that differs.
+        UnreadableSeedError: a finished seed was left out (its reason). TamperedSnapshotError: naming the file (or
+            the record) that differs.
     """
+    _check_readable(job)
     if job.verifier is not None:
         for record in job.records:
             if record.name in job.verifier.recorded:
@@ -216,8 +230,10 @@ def cached(job: GroupJob, log: Callable[[str], Any] = print) -> GroupResult | No
     (``log`` names it: :func:`load`).
 
     Raises:
-        TamperedSnapshotError, TamperedCacheError: a seed's file, or the entry, differs (naming the file).
+        UnreadableSeedError: a finished seed cannot be read. TamperedSnapshotError, TamperedCacheError: a seed's
+            file, or the entry, differs (naming the file).
     """
+    _check_readable(job)
     if job.signing_key is None or not job.records:
         return None
     check(job)

@@ -18,6 +18,8 @@ from qed_ray.analysis import metrics, verdict
 from qed_ray.config import HOT_RATIO
 from qed_ray.analysis.results import Aggregate, Comparison, GroupResult, SweepResults
 from qed_ray.naming import parse_variant
+from qed_ray.layout import SweepDir
+from qed_ray.rl.digests import unverified_reasons
 
 NAMES = ("agent", "variant", "flags")  # left-aligned columns; the others are numbers, right-aligned
 DASH = "-"
@@ -169,22 +171,31 @@ def how_hot(results: SweepResults, agent: str, variant: str) -> list[str]:
     return out
 
 
-def unverified_line(groups: Sequence[GroupResult]) -> str | None:
-    """How many of the groups' seeds were used unchecked, and which (None: every seed was checked)."""
-    found = [f"{g.key.name} seed{'s' if len(g.unverified_seeds) > 1 else ''} {', '.join(map(str, g.unverified_seeds))}"
-             for g in sorted(groups, key=lambda g: g.key) if g.unverified_seeds]
-    if not found:
+def unverified_line(groups: Sequence[GroupResult], layout: SweepDir | None = None) -> str | None:
+    """How many of the groups' seeds were used unchecked, and which (None: every seed was checked); with the sweep
+    folder ``layout`` (seeds checked against MLflow, so each unverified one lacks its digest there), grouped by
+    the reason each trial's ``DONE.json`` gives (:func:`~qed_ray.rl.digests.unverified_reason`)."""
+    seeds = [(g.key.name, s) for g in sorted(groups, key=lambda g: g.key) for s in g.unverified_seeds]
+    if not seeds:
         return None
-    n, total = sum(len(g.unverified_seeds) for g in groups), sum(len(g.seeds) for g in groups)
-    return (f"UNVERIFIED: {n} of {total} seeds were used without a check (their trials recorded no digest in MLflow "
-            f"when they finished, e.g. during a tracking outage): {'; '.join(found)}")
+    reasons = unverified_reasons(layout, [f"{k}/{s}" for k, s in seeds]) if layout is not None else {}
+    by_reason: dict[str, dict[str, list[int]]] = {}
+    for key, seed in seeds:
+        by_reason.setdefault(reasons.get(f"{key}/{seed}", ""), {}).setdefault(key, []).append(seed)
+    found = [(f"{why}: " if why else "") + "; ".join(f"{k} seed{'s' if len(v) > 1 else ''} {', '.join(map(str, v))}"
+                                                      for k, v in keys.items()) for why, keys in by_reason.items()]
+    total = sum(len(g.seeds) for g in groups)
+    why = "no signed digest of their files in MLflow" if layout is not None else \
+        "not checked, or no signed digest of their files in MLflow: the reason is on each run's qed.unverified tag"
+    return f"UNVERIFIED: {len(seeds)} of {total} seeds were used without a check ({why}): {'; '.join(found)}"
 
 
-def summary(results: SweepResults) -> str:
-    """What the sweep's summary and ``python -m qed_ray.gather`` print: the table, the unverified seeds, the
-    comparisons, the verdict."""
+def summary(results: SweepResults, layout: SweepDir | None = None) -> str:
+    """What the sweep's summary and ``python -m qed_ray.gather`` print: the table, the unverified seeds (with their
+    reasons, given the sweep folder whose seeds were checked: :func:`unverified_line`), the comparisons, the
+    verdict."""
     parts = [format_table(results)]
-    unverified = unverified_line(results.groups)
+    unverified = unverified_line(results.groups, layout)
     if unverified:
         parts.append(unverified)
     if results.comparisons:

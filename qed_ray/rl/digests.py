@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json  # canonical JSON to hash (the codec parses; nothing is parsed here)
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from qed_ray import file_reads
@@ -48,8 +48,7 @@ def inventory(layout: SweepDir, name: str) -> dict[str, str]:
     root = layout.policies(name)
     files = {}
     for folder in layout.snapshots(name).values():
-        for file in (STATE_FILE, MANIFEST_FILE):
-            files[(folder / file).relative_to(root).as_posix()] = file_sha256(folder / file)
+        files.update(snapshot_files(root, folder))
     history = layout.history(name)
     if history.is_file():
         files[history.relative_to(root).as_posix()] = file_sha256(history)
@@ -86,6 +85,67 @@ def record(key: bytes, sweep_id: str, trial: str, files: dict[str, str]) -> Reco
 def signed(key: bytes, sweep_id: str, trial: str, recorded: Recorded) -> bool:
     """Whether ``recorded`` carries this key's signature of its digest for this sweep's trial (constant time)."""
     return hmac.compare_digest(recorded.mac, trial_signature(key, sweep_id, trial, recorded.digest))
+
+
+def snapshot_files(root: Path, folder: Path, source: Path | None = None) -> dict[str, str]:
+    """The :func:`inventory` entries of one snapshot ``folder`` (its ``state.pt`` and ``manifest.json``, by their
+    path under the trial's policies folder ``root``), hashed from ``source`` (its staging folder) if given."""
+    return {(folder / f).relative_to(root).as_posix(): file_sha256((source or folder) / f)
+            for f in (STATE_FILE, MANIFEST_FILE)}
+
+
+def differences(actual: dict[str, str], written: dict[str, str]) -> list[str]:
+    """Each file of :func:`inventory` ``actual`` that is not the one its worker wrote (``written``), as
+    ``path: why``; empty when they agree."""
+    out = []
+    for path in sorted(set(actual) | set(written)):
+        if path not in written:
+            out.append(f"{path}: not written by its worker (planted)")
+        elif path not in actual:
+            out.append(f"{path}: written by its worker, now missing")
+        elif actual[path] != written[path]:
+            out.append(f"{path}: not the file its worker wrote (replaced)")
+    return out
+
+
+@dataclass(frozen=True)
+class Signer:
+    """Signs, with the user's results key, the list of files a pack's checkpoint records of each seed (what a
+    later start may sign of the seed when it finishes it: never more than its worker wrote)."""
+
+    key: bytes = field(repr=False)
+    sweep_id: str
+
+    def checkpoint(self, trial: str, env_steps: int, files: dict[str, str]) -> str:
+        """The HMAC of the files a checkpoint at ``env_steps`` records of ``trial``."""
+        return sign(self.key, "checkpoint files", self.sweep_id, trial, str(env_steps), digest(files))
+
+    def checks(self, trial: str, env_steps: int, files: dict[str, str], mac: str | None) -> bool:
+        """Whether ``mac`` is this key's :meth:`checkpoint` signature of ``files`` (constant time)."""
+        return mac is not None and hmac.compare_digest(mac, self.checkpoint(trial, env_steps, files))
+
+
+def unverified_reason(layout: SweepDir, name: str) -> str:
+    """Why finished trial ``name`` has no signed digest in MLflow, as its ``DONE.json`` says (raises RecordError
+    for a damaged one)."""
+    done = read_done(layout, name)
+    if done.unverified is not None:
+        return done.unverified
+    if done.files is None:
+        return "trained by a qed_ray from before signed digests"
+    return ("no reason in its DONE.json (an older qed_ray's end cut off before its digest, or the digest deleted "
+            "from the tracking store)")
+
+
+def unverified_reasons(layout: SweepDir, names: list[str]) -> dict[str, str]:
+    """:func:`unverified_reason` of each trial of ``names`` (a damaged ``DONE.json`` says so)."""
+    out = {}
+    for name in names:
+        try:
+            out[name] = unverified_reason(layout, name)
+        except RecordError as e:
+            out[name] = f"no reason: {e}"
+    return out
 
 
 def listed_files(layout: SweepDir, name: str) -> dict[str, str] | None:

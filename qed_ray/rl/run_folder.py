@@ -2,26 +2,30 @@
 single-run CLI and a sweep trial write at each evaluation, and how a pack resumes from it (no Ray, no MLflow).
 
 At each evaluation, queued on the trainer's writer thread in this order: each seed's policy snapshot
-(``policies/<trial>/<env_steps>/``), the pack checkpoint (``checkpoints/<pack>/<env_steps>/``, the newest two
-kept), each seed's history (``policies/<trial>/history.json``) and, at the last evaluation, its ``DONE.json`` with
-the SHA-256 of every file the gather step reads of it (:mod:`qed_ray.rl.digests`). A seed that diverged gets its
-``DIVERGED.json``. A started, retried or resumed pack restores its newest intact checkpoint (an older one if the
-newest is damaged).
+(``policies/<trial>/<env_steps>/``), each seed's history (``policies/<trial>/history.json``) and the pack checkpoint
+(``checkpoints/<pack>/<env_steps>/``, the newest two kept) with its ``files.json``: the SHA-256 of every file the
+gather step reads that the worker wrote of each seed so far (:mod:`qed_ray.rl.digests`), signed in a sweep. A seed
+that diverged gets its ``DIVERGED.json``. After the trainer returns, a finished seed's end is recorded (in a sweep,
+its digest signed in MLflow: :mod:`qed_ray.service.trial`), then its ``DONE.json`` with that file list: an end cut
+off before (Ctrl-C, a killed worker) leaves the seed unfinished, and the next start finishes it from its final
+checkpoint, signing only the files its ``files.json`` lists. A seed with a ``DONE.json`` is never finished again.
+A started, retried or resumed pack restores its newest intact checkpoint (an older one if the newest is damaged).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
 from typing import Callable
 
 from qed_ray.atomic import TMP_MARK, publish_dir, staging_dir
-from qed_ray.codec import write_record
+from qed_ray.codec import Record, read_record, write_record
 from qed_ray.config import TrainSpec
 from qed_ray.layout import PACK_FILE, PackId, SweepDir
 from qed_ray.rl.checkpoint import MANIFEST_FILE, CheckpointError, CheckpointVersionError
-from qed_ray.rl.digests import inventory
+from qed_ray.rl.digests import Signer, differences, file_sha256, inventory, snapshot_files
 from qed_ray.rl.pack import SeedRun
 from qed_ray.rl.trainer import SaveFn, Trainer
 from qed_ray.run_records import DivergedRecord, HistoryEntry, done_record, read_history, write_history
@@ -53,22 +57,27 @@ def prune_steps(steps: dict[int, Path], root: Path, keep: int = KEEP_CHECKPOINTS
         shutil.rmtree(leftover, ignore_errors=True)
 
 
-def restore_latest(trainer: Trainer, layout: SweepDir, pack: PackId, log: Callable[[str], None]) -> int | None:
+def restore_latest(trainer: Trainer, layout: SweepDir, pack: PackId, log: Callable[[str], None],
+                   start_over: bool = True) -> int | None:
     """Restores the pack's newest intact checkpoint; returns its env step, or None if it has none.
 
     A checkpoint that cannot be used (corrupt ``state.pt``, a damaged or missing replay chunk) is reported and the
     next older one is tried; each restore overwrites everything a failed one may have loaded. When every checkpoint
     was written by an older qed_ray (another format version: its random streams differ, so it cannot continue the
-    same run) the pack starts over, saying so.
+    same run) the pack starts over, saying so; with ``start_over`` False (the run CLI: its user decides) the first
+    such checkpoint is refused instead.
 
     Raises:
-        CheckpointError: every checkpoint is damaged (naming each file).
+        CheckpointError: every checkpoint is damaged (naming each file). CheckpointVersionError: a checkpoint of
+            another format, with ``start_over`` False.
     """
     problems, outdated = [], 0
     for step, folder in sorted(layout.pack_checkpoint_steps(pack).items(), reverse=True):
         try:
             trainer.restore(folder)
         except CheckpointError as e:
+            if isinstance(e, CheckpointVersionError) and not start_over:
+                raise
             problems.append(str(e))
             outdated += isinstance(e, CheckpointVersionError)
             log(f"WARNING {pack.name}: cannot resume from {folder}: {e}")
@@ -84,11 +93,25 @@ def restore_latest(trainer: Trainer, layout: SweepDir, pack: PackId, log: Callab
     return None
 
 
-def write_done(layout: SweepDir, name: str, metrics: dict) -> None:
-    """A finished seed run's ``DONE.json`` (:class:`~qed_ray.run_records.DoneRecord`): its final metrics and the
-    SHA-256 of every file the gather step reads of it (:func:`qed_ray.rl.digests.inventory`; what a failed check
-    names, never what it trusts)."""
-    write_record(layout.done_marker(name), done_record(metrics, inventory(layout, name)))
+FILES_FILE = "files.json"  # in a pack checkpoint: the files its worker wrote of each seed, signed in a sweep
+
+
+class CheckpointFiles(Record):
+    """A pack checkpoint's ``files.json``: per seed, the files (path under its policies folder: SHA-256) its worker
+    wrote up to this checkpoint, the final ones among them in the final checkpoint, and, in a sweep, their HMAC
+    under the results key (:class:`~qed_ray.rl.digests.Signer`). A later start that finishes the seed signs these
+    and nothing else: a file planted in the folder is never signed (the gather step refuses it, naming it)."""
+
+    files: dict[str, dict[str, str]]
+    macs: dict[str, str] | None = None
+
+
+def write_done(layout: SweepDir, name: str, metrics: dict, files: dict[str, str] | None,
+               unverified: str | None = None) -> None:
+    """A finished seed run's ``DONE.json`` (:class:`~qed_ray.run_records.DoneRecord`): its final metrics, the
+    SHA-256 of every file its worker wrote that the gather step reads (what a failed check names, never what it
+    trusts) and, if its digest was not signed, why."""
+    write_record(layout.done_marker(name), done_record(metrics, files, unverified))
 
 
 def final_metrics(run: SeedRun, history: list[HistoryEntry]) -> dict:
@@ -98,6 +121,11 @@ def final_metrics(run: SeedRun, history: list[HistoryEntry]) -> dict:
         return dict(history[-1].metrics)
     last = run.evals[-1]
     return {"env_steps": last.env_steps, "eval/return_mean": last.return_mean}
+
+
+# How a finished seed's end is recorded: given its pack index, the files its worker wrote (None: an older checkpoint
+# recorded none) and the differences on disk, it signs what it may and returns why nothing was signed (None: signed).
+Finisher = Callable[[int, "dict[str, str] | None", "list[str]"], "str | None"]
 
 
 class FolderReporter:
@@ -111,14 +139,19 @@ class FolderReporter:
         histories: per seed, the evaluations already recorded (up to the checkpoint this attempt resumed from).
         after: called with ``{pack index: metrics}`` once the evaluation is queued (a sweep reports to Tune and
             MLflow there; the CLI prints).
+        signer: signs each checkpoint's ``files.json`` (a sweep's results key); None: unsigned (the run CLI).
     """
 
     def __init__(self, layout: SweepDir, pack: PackId, trainer: Trainer, keep_every: int,
                  histories: list[list[HistoryEntry]],
-                 after: Callable[[dict[int, dict]], None] = lambda metrics: None):
+                 after: Callable[[dict[int, dict]], None] = lambda metrics: None, signer: Signer | None = None):
         self.layout, self.pack, self.trainer, self.keep_every, self.after = layout, pack, trainer, keep_every, after
         self.histories = [list(h) for h in histories]
         self.names = [r.name for r in trainer.runs]
+        self.signer = signer
+        # Per seed, the files its worker wrote (from this attempt's writes and the checkpoint it resumed from);
+        # None: its checkpoint, written by an older qed_ray, records none. Touched by the writer thread only.
+        self.written: list[dict[str, str] | None] = [{} for _ in self.names]
         template = trainer.agent.template
         self.acting, self.every = tuple(template.acting_modules), tuple(template.modules())
 
@@ -128,37 +161,52 @@ class FolderReporter:
         modules = snapshot_modules(step, train, self.keep_every, self.acting, self.every)
         for i in metrics if modules is not None else ():
             self._publish(layout.snapshot(self.names[i], step), MANIFEST_FILE,
-                          lambda d, i=i: save(d, modules=modules, index=i))
-        self._publish(layout.pack_checkpoint(self.pack, step), PACK_FILE, save)
+                          lambda d, i=i: save(d, modules=modules, index=i), i)
+        for i, m in metrics.items():
+            name = self.names[i]
+            # Before the checkpoint, whose files.json lists it: a crash before the checkpoint lands re-runs this
+            # interval from the one before and records it again.
+            self.histories[i] = [h for h in self.histories[i] if h.env_steps < step]
+            self.histories[i].append(HistoryEntry(time_ms=int(time.time() * 1000), metrics=m))
+            writer.submit(layout.history(name), lambda i=i, h=list(self.histories[i]): self._write_history(i, h))
+        self._publish(layout.pack_checkpoint(self.pack, step), PACK_FILE, save, files_at=step)
         root = layout.pack_checkpoints(self.pack)
         # Staging folders are left alone here: the next evaluation's may already exist (cleared at the pack's start).
         writer.submit(root, lambda: prune_steps(layout.pack_checkpoint_steps(self.pack), root, leftovers=False))
-        for i, m in metrics.items():
-            name = self.names[i]
-            # The history after the checkpoint: a crash in between re-runs this interval and records it then.
-            self.histories[i] = [h for h in self.histories[i] if h.env_steps < step]
-            self.histories[i].append(HistoryEntry(time_ms=int(time.time() * 1000), metrics=m))
-            writer.submit(layout.history(name), lambda p=layout.history(name), h=list(self.histories[i]):
-                          write_history(p, h))
-            if step == train.env_steps:  # after the final snapshot and history in the queue: the files it lists are final
-                writer.submit(layout.done_marker(name), lambda n=name, m=m: write_done(layout, n, m))
         if step == train.env_steps:
             writer.flush()  # the seeds' ends are on disk before anyone hears of them (Tune may stop the pack then)
         self.after(metrics)
 
-    def _publish(self, folder: Path, marker: str, write: Callable[[Path], object]) -> None:
+    def _write_history(self, i: int, entries: list[HistoryEntry]) -> None:
+        path = self.layout.history(self.names[i])
+        write_history(path, entries)
+        if self.written[i] is not None:
+            self.written[i][path.relative_to(self.layout.policies(self.names[i])).as_posix()] = file_sha256(path)
+
+    def _publish(self, folder: Path, marker: str, write: Callable[[Path], object], seed: int | None = None,
+                 files_at: int | None = None) -> None:
         """Queues ``write(staging)`` and then the staging folder's atomic move into ``folder`` (only if the write
-        completed: ``marker`` is written last)."""
+        completed: ``marker`` is written last); a snapshot of ``seed`` is added to the files its worker wrote, a
+        checkpoint at env step ``files_at`` gets its ``files.json`` before the move."""
         staging = staging_dir(folder)
 
         def publish() -> None:
             if not (staging / marker).exists():  # the write failed; its error reaches the training thread
                 shutil.rmtree(staging, ignore_errors=True)
                 return
+            if files_at is not None:
+                write_record(staging / FILES_FILE, self._files_record(files_at))
+            if seed is not None and self.written[seed] is not None:  # hashed as written, before anyone else sees it
+                self.written[seed].update(snapshot_files(self.layout.policies(self.names[seed]), folder, staging))
             publish_dir(staging, folder)
 
         write(staging)
         self.trainer.writer.submit(folder, publish)
+
+    def _files_record(self, step: int) -> CheckpointFiles:
+        files = {n: dict(w) for n, w in zip(self.names, self.written) if w is not None}
+        macs = None if self.signer is None else {n: self.signer.checkpoint(n, step, f) for n, f in files.items()}
+        return CheckpointFiles(files=files, macs=macs)
 
     def record_diverged(self) -> list[int]:
         """``DIVERGED.json`` for each seed that diverged and has none yet; returns their pack indices."""
@@ -171,26 +219,64 @@ class FolderReporter:
                 out.append(i)
         return out
 
-    def finish(self) -> list[str]:
-        """After the trainer returned: ``DONE.json`` for each finished seed whose final evaluation did not write one
-        (its worker died between the checkpoint and the marker); returns the finished seeds' names."""
+    def finish(self, finisher: Finisher = lambda i, files, differences: None) -> list[str]:
+        """After the trainer returned: the end of each finished seed without a ``DONE.json`` (finished now, or its
+        end was cut off before it was recorded: a Ctrl-C, a killed worker): ``finisher`` signs what its worker
+        wrote (never a file only found on disk: each is named), then its ``DONE.json`` is written. A seed that has
+        its ``DONE.json`` is never finished again. Returns the seeds finished here."""
         done = []
         for i, run in enumerate(self.trainer.runs):
-            if run.status == "finished":
-                if not self.layout.done_marker(run.name).exists():
-                    write_done(self.layout, run.name, final_metrics(run, self.histories[i]))
-                done.append(run.name)
+            if run.status != "finished" or os.path.lexists(self.layout.done_marker(run.name)):
+                continue
+            written = self.written[i]
+            changed = differences(inventory(self.layout, run.name), written) if written is not None else []
+            for line in changed:
+                self.trainer.log(f"WARNING {run.name}: {self.layout.policies(run.name) / line}; not signed")
+            unverified = finisher(i, written, changed)
+            write_done(self.layout, run.name, final_metrics(run, self.histories[i]), written, unverified)
+            done.append(run.name)
         return done
 
-    def resume(self, log: Callable[[str], None]) -> int | None:
+    def resume(self, log: Callable[[str], None], start_over: bool = True) -> int | None:
         """Clears a crash's staging folders, restores the newest intact checkpoint and keeps each seed's history up
-        to it; returns its env step (None: a fresh start).
+        to it, and the files its worker wrote (from the checkpoint's ``files.json``); returns its env step (None: a
+        fresh start). ``start_over``: as :func:`restore_latest`'s.
 
         Raises:
-            CheckpointError: no checkpoint can be used. RecordError: a damaged ``history.json`` (naming it).
+            CheckpointError: no checkpoint can be used, or its ``files.json`` is damaged or not signed by this
+                sweep's key (naming it). RecordError: a damaged ``history.json`` (naming it).
         """
         prune_steps(self.layout.pack_checkpoint_steps(self.pack), self.layout.pack_checkpoints(self.pack))
-        resumed = restore_latest(self.trainer, self.layout, self.pack, log)
+        resumed = restore_latest(self.trainer, self.layout, self.pack, log, start_over)
         self.histories = [[h for h in read_history(self.layout, n) if resumed is not None and h.env_steps <= resumed]
                           for n in self.names]
+        self.written = [{} for _ in self.names] if resumed is None else self._written_at(resumed)
         return resumed
+
+    def _written_at(self, step: int) -> list[dict[str, str] | None]:
+        """The files the checkpoint at ``step`` says its worker wrote of each seed. A checkpoint of an older qed_ray
+        has no ``files.json``: a seed it left unfinished vouches for its files on disk up to ``step`` (an unfinished
+        trial's files are not covered, docs/design.md), a finished one for none (None)."""
+        path = self.layout.pack_checkpoint(self.pack, step) / FILES_FILE
+        if not os.path.lexists(path):
+            return [None if self.trainer._status(r) == "finished" else
+                    {p: h for p, h in inventory(self.layout, n).items() if _step_of(p) <= step}
+                    for n, r in zip(self.names, self.trainer.runs)]
+        record = read_record(path, CheckpointFiles, CheckpointError)
+        out = []
+        for n in self.names:
+            files = record.files.get(n)
+            if files is None:
+                raise CheckpointError(f"{path}: files.{n}: missing")
+            if self.signer is not None and not self.signer.checks(n, step, files, (record.macs or {}).get(n)):
+                raise CheckpointError(f"{path}: macs.{n}: not this sweep's signature of its files (edited since it "
+                                      f"was written); refusing to resume from it")
+            out.append(dict(files))
+        return out
+
+
+def _step_of(path: str) -> int:
+    """The env step of a snapshot file's path under a policies folder (``0000001000/state.pt``); -1 for
+    ``history.json``."""
+    head = path.split("/", 1)[0]
+    return int(head) if head.isdigit() else -1

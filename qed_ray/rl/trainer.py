@@ -268,6 +268,8 @@ class Trainer:
     def _evaluate_and_report(self, env_steps: int, elapsed: float, interval_updates: int) -> None:
         self._check_finite(env_steps)
         self._flush_phase_time()
+        if not self.active.any():  # the check stopped the last active seed: nothing to evaluate or report
+            return
         t0 = time.perf_counter()
         returns = rollout_lockstep(self.agent.act_deterministic, self.pool, self.eval_index,
                                    eval_seeds(self.t.eval_episodes), self.active).returns

@@ -39,7 +39,7 @@ from qed_ray.analysis import group_cache, report, tables
 from qed_ray.analysis.results import FailedTrial, GroupResult, SweepResults, read_results
 from qed_ray.atomic import atomic_file, write_json
 from qed_ray.field_hints import format_validation_error
-from qed_ray.analysis.group_cache import TamperedCacheError
+from qed_ray.analysis.group_cache import TamperedCacheError, UnreadableSeedError
 from qed_ray.analysis.checksums import TamperedSnapshotError, Verifier
 from qed_ray.layout import SweepDir
 from qed_ray.service.lock import LockHeld, SweepLock
@@ -155,7 +155,7 @@ def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, verifier: Verifier | 
         failed += job.excluded
         try:
             cached = group_cache.cached(job, log)
-        except (TamperedSnapshotError, TamperedCacheError) as e:  # refused before anything is evaluated
+        except (TamperedSnapshotError, TamperedCacheError, UnreadableSeedError) as e:  # refused before evaluating
             _refuse(job, e, refused, failed, log)
             continue
         if cached is not None:
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: every trial was left out, so {layout.gather} keeps its previous outputs (a wrong "
               f"--tracking-uri, or no trial finished?)", file=sys.stderr)
         return 1
-    print("\n" + report.summary(results))
+    print("\n" + report.summary(results, layout if verifier is not None else None))
     for policy, other in results.other_policies.items():
         print(f"\nevaluation policy {policy} ({policy_dir(layout, policy)}):")
         print(report.summary(other))

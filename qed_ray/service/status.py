@@ -246,7 +246,7 @@ def report(spec: SweepSpec, layout: SweepDir, source: str = "") -> str:
     lines.append(f"results: {len(results.groups)} of {n_groups} groups gathered (cached in {layout.group_cache} "
                  f"for this spec's final_eval){unchecked}")
     lines += [f"REFUSED {why}" for why in refused]
-    unverified = unverified_line(results.groups)
+    unverified = unverified_line(results.groups, layout)  # the gather's verdicts, with each DONE.json's reason
     lines += [unverified] if unverified else []
     if results.aggregates:
         lines += ["", format_table(results)]

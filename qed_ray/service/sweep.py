@@ -253,11 +253,12 @@ def _progress_mark(layout: SweepDir, packs: list[Pack]) -> int:
 
 
 def print_summary(results: SweepResults | None, gathered: gather.GatherReport | None, failed: list[FailedTrial],
-                  uri: str, experiment_id: str | None = None) -> None:
+                  uri: str, experiment_id: str | None = None, layout: SweepDir | None = None) -> None:
     """The closing table (counts, IQM, V and its baseline ratio with CIs), the comparisons with te and the claim's
-    verdict, what the gather step did while the sweep ran, and every trial left out with its reason."""
+    verdict (with the reason each unverified seed's ``DONE.json`` gives, from ``layout``), what the gather step did
+    while the sweep ran, and every trial left out with its reason."""
     if results is not None:
-        print("\n" + report.summary(results))
+        print("\n" + report.summary(results, layout))
     if gathered is not None:
         delays = sorted(gathered.delays_s[g] for g in gathered.evaluated if g in gathered.delays_s)
         timing = (f"; from a group's last trial to its row in MLflow: median {delays[len(delays) // 2]:.0f} s, "
@@ -314,11 +315,12 @@ def run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, exp
               f"unfinished (resumed by the same command); nothing gathered at the stop (groups complete before it "
               f"stay gathered; --gather-partial gathers what finished)", flush=True)
         return 128 + interrupt.signum
-    return _finish(tracker, parent, gatherer, launch, failures, unfinished, interrupt.signum, uri, allow_unverified)
+    return _finish(tracker, parent, gatherer, launch, failures, unfinished, interrupt.signum, uri, layout,
+                   allow_unverified)
 
 
 def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[FailedTrial], unfinished: list[str],
-            signum: int | None, uri: str, allow_unverified: bool = False) -> int:
+            signum: int | None, uri: str, layout: SweepDir, allow_unverified: bool = False) -> int:
     """The final gather (every group; the unfinished trials left out), the parent run's end, the summary; returns
     the exit code. A gather actor that died meanwhile (killed with its node's memory, say) is started again: the
     groups it gathered are in the cache."""
@@ -347,7 +349,7 @@ def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[Fail
     _best_effort(tracker.end_run, parent, failed_reason=None if signum is not None else reason,
                  killed=signum is not None)
     print_summary(results, gathered, [f for f in failures if signum is None or f.name not in unfinished], uri,
-                  tracker.experiment_id)
+                  tracker.experiment_id, layout)
     if signum is not None:
         return 128 + signum
     unverified = refuse_unverified(results, allow_unverified)

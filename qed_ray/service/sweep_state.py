@@ -45,7 +45,8 @@ from qed_ray.codec import RecordError
 from qed_ray.compat import legacy_trial_started
 from qed_ray.layout import PackId, SweepDir, TrialId
 from qed_ray.naming import identity, identity_changes, parse_variant, show_setting
-from qed_ray.run_records import diverged_reason, read_done, read_history
+from qed_ray.rl.digests import unverified_reason
+from qed_ray.run_records import diverged_reason, read_history
 from qed_ray.service.packing import Pack, form_packs, pack_of, pack_records, pack_started, pack_state
 from qed_ray.service.sweep_record import STATE_FORMAT, StateDamaged, SweepState, read_state
 from qed_ray.service.tags import DIGEST_TAG, UNVERIFIED_TAG
@@ -422,15 +423,14 @@ def sync_runs(tracker: Tracker, parent_run_id: str, layout: SweepDir, spec: Swee
 
 
 def _unverified(layout: SweepDir, name: str, run) -> dict[str, str]:
-    """The ``qed.unverified`` tag for a finished trial whose run lacks the digest only its worker records (its MLflow
-    was down when it ended), unless the run has it already; else ``{}``. Raises RecordError for a damaged
-    ``DONE.json`` (the caller reports it)."""
+    """The ``qed.unverified`` tag for a finished trial whose run lacks the digest only its worker records, with the
+    reason its ``DONE.json`` gives (:func:`~qed_ray.rl.digests.unverified_reason`), unless the run has either tag
+    already; else ``{}``. Raises RecordError for a damaged ``DONE.json`` (the caller reports it)."""
     tags = run.data.tags if run is not None else {}
     if layout.trial_state(name) != "done" or DIGEST_TAG in tags or UNVERIFIED_TAG in tags:
         return {}
-    read_done(layout, name)  # validated: a damaged one is named with the trial
-    return {UNVERIFIED_TAG: "its worker recorded no digest of its files when it finished (MLflow did not answer); "
-                            "the gather step uses them unchecked and reports them unverified"}
+    return {UNVERIFIED_TAG: f"{unverified_reason(layout, name)}; the gather step uses its files unchecked and "
+                            f"reports them unverified"}
 
 
 def git_sha() -> str:

@@ -379,6 +379,14 @@ class TrialRun:
             self.down = False
         return True
 
+    def tags(self) -> dict[str, str] | None:
+        """The run's tags; None if MLflow failed."""
+        try:
+            tracker = self._connect()
+            return tracker.tags(self.run_id)
+        except Exception:  # noqa: BLE001 - as in sync
+            return None
+
     def finish(self, history: Sequence[HistoryEntry], failed_reason: str | None = None, killed: bool = False,
                tags: Mapping[str, Any] | None = None, timeout_s: float = 300.0, retry_s: float = 5.0) -> bool:
         """Syncs (with ``tags``) and ends the run (FINISHED, FAILED with the reason, or KILLED), retrying for up to

@@ -15,10 +15,12 @@ Failures: a seed whose loss, Q value or observation turns non-finite stops alone
 FAILED with the reason; final, since a deterministic continuation would diverge again); the pack goes on with the
 others. Any other exception propagates, and Tune retries the pack from its newest checkpoint (``max_retries``);
 MLflow problems never fail a trial (:class:`~qed_ray.service.tracking.TrialRun`). At its end a seed records in its MLflow
-run the digest of every file the gather step reads of it, signed with the user's results key (which the driver hands
-over in the context, never through the folder): the gather step checks the files against it
-(:mod:`qed_ray.analysis.checksums`). Nobody records it later: if MLflow stays down until the worker gives up, the
-seed is reported unverified.
+run the digest of every file the gather step reads of it that its worker wrote (the files the final checkpoint's
+signed ``files.json`` lists: :mod:`qed_ray.rl.run_folder`), signed with the user's results key (which the driver hands
+over in the context, never through the folder), then writes its ``DONE.json``: the gather step checks the files
+against the digest (:mod:`qed_ray.analysis.checksums`). An end cut off before (Ctrl-C, a killed worker) is finished
+by the next start; a seed whose run already holds a digest is never signed again. If MLflow stays down until the
+worker gives up, ``DONE.json`` records that as why the seed is unverified.
 
 The sweep's lock fences the trial: before each evaluation writes anything, the trial reads ``sweep.lock``; once it
 names another driver (this trial's driver was presumed dead and taken over), the trial stops at once, writing and
@@ -34,14 +36,15 @@ import ray
 from pydantic import Field
 from ray import tune
 
-from qed_ray.rl.digests import inventory, record
+from qed_ray.rl.digests import Signer, record
 from qed_ray.config import Frozen
 from qed_ray.layout import SweepDir
 from qed_ray.rl.replay import prune_chunks
 from qed_ray.rl.run_folder import FolderReporter
 from qed_ray.service.lock import LockLost, check_holder
 from qed_ray.service.packing import TuneTrial
-from qed_ray.service.tracking import TrialRun, digest_tags, limit_http_retries, pack_tags
+from qed_ray.service.tracking import (DIGEST_TAG, UNVERIFIED_TAG, TrialRun, digest_tags, limit_http_retries,
+                                      pack_tags)
 from qed_ray.rl.trainer import build_trainer
 
 
@@ -93,10 +96,12 @@ def train_trial(config: dict, context: TrialContext) -> None:
         check_holder(layout.lock_file, context.lock_token)
         folder(metrics, save)
 
+    key = bytes.fromhex(context.results_key) if context.results_key else None
     trainer = build_trainer(specs, report, [layout.replay(n) for n in names], names, context.env_workers, log,
                             pack=pack.name)
     folder = FolderReporter(layout, pack, trainer, context.keep_every, [[] for _ in names],
-                            lambda metrics: _report(folder, runs, metrics))
+                            lambda metrics: _report(folder, runs, metrics),
+                            None if key is None else Signer(key, context.sweep_id))
     try:
         resumed = folder.resume(log)
         for run, history in zip(runs, folder.histories):
@@ -114,13 +119,29 @@ def train_trial(config: dict, context: TrialContext) -> None:
     finally:
         trainer.close()
     _finish_diverged(folder, runs, context.mlflow_timeout_s)
-    key = bytes.fromhex(context.results_key) if context.results_key else None
-    for name in folder.finish():
-        i = names.index(name)
-        # The worker that trained the seed signs the digest of its files (qed_ray.rl.digests); nobody else does.
-        signed = {} if key is None else digest_tags(record(key, context.sweep_id, name, inventory(layout, name)))
-        runs[i].finish(folder.histories[i], tags={"qed.status": "finished", **signed},
-                       timeout_s=context.mlflow_timeout_s)
+
+    def finish(i: int, written: dict[str, str] | None, changed: list[str]) -> str | None:
+        """Signs and records seed ``i``'s end; returns why its digest was not signed (None: it was)."""
+        run, tags, timeout_s = runs[i], {"qed.status": "finished"}, context.mlflow_timeout_s
+        if DIGEST_TAG in (run.tags() or {}):  # finished and signed before: its files are never signed again (M1)
+            log(f"{names[i]}: its run already holds the digest its worker signed; not signed again"
+                + (f" ({len(changed)} file(s) differ from what its worker wrote: {changed[0]}...)" if changed else ""))
+            run.finish(folder.histories[i], tags=tags, timeout_s=timeout_s)
+            return None
+        if written is None:
+            why = "its final checkpoint, written by a qed_ray from before signed checkpoints, records none of its files"
+        elif key is None:
+            why = "trained without a results key"
+        else:  # the worker signs only the files it wrote (qed_ray.rl.digests); nobody else signs them
+            if run.finish(folder.histories[i], tags={**tags, **digest_tags(record(key, context.sweep_id, names[i],
+                                                                                    written))}, timeout_s=timeout_s):
+                return None
+            return (f"tracking outage: MLflow at {context.tracking_uri} did not answer for {timeout_s:.0f} s when it "
+                    f"finished, so its signed digest was never recorded")
+        run.finish(folder.histories[i], tags={**tags, UNVERIFIED_TAG: why}, timeout_s=timeout_s)
+        return why
+
+    for name in folder.finish(finish):
         if not context.keep_replay:  # the pack has ended: no checkpoint of it needs the chunks again
             prune_chunks(layout.replay(name))
 
