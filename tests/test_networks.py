@@ -8,8 +8,8 @@ import torch
 
 import torch.nn.functional as F
 
-from qed_ray.rl.networks import (Mish, TanhGaussianActor, TwinCritic, activation, make_adam, mish, polyak_update,
-                                 tanh_log_det_jacobian)
+from qed_ray.rl.networks import (Mish, TanhGaussianActor, TwinCritic, activation, make_adam, mish, mish_exp_form,
+                                 mish_exp_form_backward, polyak_update, tanh_log_det_jacobian)
 
 
 def test_stable_tanh_correction_matches_naive_formula():
@@ -116,6 +116,12 @@ def assert_mish_matches_aten(fn) -> None:
 
 
 def test_fast_mish_equals_aten_mish_eager():
+    """The formula and its closed-form backward (what the compiled Mish computes) and the eager module."""
+    x = mish_inputs()
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(mish_exp_form(x), F.mish(x), rtol=0, atol=3e-6)
+    torch.testing.assert_close(mish_exp_form_backward(x, g), torch.ops.aten.mish_backward(g, x), rtol=0, atol=3e-6)
+    assert torch.equal(mish_exp_form(x)[x > 20], x[x > 20])
     assert_mish_matches_aten(mish)
     assert isinstance(activation("mish"), Mish) and mish(torch.zeros(1, dtype=torch.float64)).dtype == torch.float64
 

@@ -25,23 +25,39 @@ def _mish_parts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return e, e * (e + 2.0)
 
 
-class _Mish(torch.autograd.Function):
-    """Mish with the one-exponential forward and a backward that keeps float32 accuracy.
+def mish_exp_form(x: torch.Tensor) -> torch.Tensor:
+    """Mish as x n / (n + 2) (:func:`mish`'s compiled forward)."""
+    _, n = _mish_parts(x)
+    return x * (n / (n + 2.0))
 
-    Autograd through the forward's formula would difference two nearly equal terms of size 1/n in d(n/(n+2))/dn
-    and lose ~1e-5 of the gradient at x near 20; the backward here is the closed form
-    Mish'(x) = w + x sigmoid(x) (1 - w)(1 + w), w = n / (n + 2), 1 - w = 2 / (n + 2) (no cancellation). Eager it is
-    ``aten::mish_backward`` (one pass; the closed form takes a dozen), compiled the closed form, which inductor
-    fuses into one loop with a single exponential. ``generate_vmap_rule``: the packs map it over seeds; there the
-    backward is the closed form too, as ``aten::mish_backward`` has no batching rule (vmap would loop over seeds).
+
+def mish_exp_form_backward(x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """``grad`` times Mish'(x) = w + x sigmoid(x) (1 - w)(1 + w) with 1 - w = 2 / (n + 2) (:func:`mish`'s compiled
+    backward)."""
+    e, n = _mish_parts(x)
+    r = 2.0 / (n + 2.0)  # 1 - w
+    return grad * ((1.0 - r) + x * (e / (e + 1.0)) * r * (2.0 - r))
+
+
+class _Mish(torch.autograd.Function):
+    """Mish whose compiled form is the one-exponential formula and whose eager form is PyTorch's own kernel.
+
+    Compiled (``torch.compile``), the forward is x n / (n + 2) and the backward the closed form
+    Mish'(x) = w + x sigmoid(x) (1 - w)(1 + w), w = n / (n + 2), 1 - w = 2 / (n + 2): plain element-wise operations
+    that inductor fuses, with their bias and LayerNorm neighbours, into loops with one exponential; it cannot fuse
+    the opaque ``aten::mish``, which was ~40% of a CPU update. (Autograd through the formula would difference two
+    nearly equal terms of size 1/n and lose ~1e-5 of the gradient near x = 20, hence the explicit backward.)
+    Eager, the formula's passes over memory cost more than ``aten::mish``'s one on a busy CPU (measured 1.04x to
+    1.5x per update; the closed-form backward under ``vmap`` 1.14x against ``aten::mish_backward`` looping over the
+    seeds), so eager runs ``aten::mish`` and ``aten::mish_backward``: bit for bit the former ``nn.Mish``.
+    ``generate_vmap_rule``: the packs map it over seeds.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
-        _, n = _mish_parts(x)
-        return x * (n / (n + 2.0))
+        return mish_exp_form(x) if torch.compiler.is_compiling() else torch.ops.aten.mish(x)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -50,22 +66,17 @@ class _Mish(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors
-        if not (torch.compiler.is_compiling() or torch._C._functorch.is_batchedtensor(x)):
-            return torch.ops.aten.mish_backward(grad, x)
-        e, n = _mish_parts(x)
-        r = 2.0 / (n + 2.0)  # 1 - w
-        return grad * ((1.0 - r) + x * (e / (e + 1.0)) * r * (2.0 - r))
+        if torch.compiler.is_compiling():
+            return mish_exp_form_backward(x, grad)
+        return torch.ops.aten.mish_backward(grad, x)
 
 
 def mish(x: torch.Tensor) -> torch.Tensor:
-    """Mish, x tanh(softplus(x)), in its one-exponential algebraic form x n / (n + 2), n = e (e + 2), e = exp(x).
-
-    Exact (tanh(log(1 + e)) = ((1 + e)^2 - 1) / ((1 + e)^2 + 1)), but plain element-wise operations: eager it
-    costs one exponential where ``aten::mish`` costs three transcendentals, and ``torch.compile`` fuses it (and
-    its backward) with the neighbouring bias and LayerNorm passes, which it cannot do with the opaque
-    ``aten::mish`` (about 40% of a CPU update was that kernel). Above the exponent clamp the ratio is 1 and the
-    result is x, as float32 Mish gives; for very negative x, e underflows and the result goes to -0, within float32
-    of the true value (|Mish(x)| < |x| e^x). Works under ``vmap`` and in CUDA graphs (no data-dependent branch).
+    """Mish, x tanh(softplus(x)); compiled, in its one-exponential algebraic form x n / (n + 2), n = e (e + 2),
+    e = exp(x) (exact: tanh(log(1 + e)) = ((1 + e)^2 - 1) / ((1 + e)^2 + 1)); see :class:`_Mish` for when each form
+    runs. Above the exponent clamp the ratio is 1 and the result is x, as float32 Mish gives; for very negative x,
+    e underflows and the result goes to -0, within float32 of the true value (|Mish(x)| < |x| e^x). Works under
+    ``vmap`` and in CUDA graphs (no data-dependent branch).
     """
     return _Mish.apply(x)
 
