@@ -39,25 +39,20 @@ def mish_exp_form_backward(x: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     return grad * ((1.0 - r) + x * (e / (e + 1.0)) * r * (2.0 - r))
 
 
-class _Mish(torch.autograd.Function):
-    """Mish whose compiled form is the one-exponential formula and whose eager form is PyTorch's own kernel.
-
-    Compiled (``torch.compile``), the forward is x n / (n + 2) and the backward the closed form
-    Mish'(x) = w + x sigmoid(x) (1 - w)(1 + w), w = n / (n + 2), 1 - w = 2 / (n + 2): plain element-wise operations
+class _CompiledMish(torch.autograd.Function):
+    """Mish as inductor should see it: the one-exponential forward and the closed-form backward
+    Mish'(x) = w + x sigmoid(x) (1 - w)(1 + w), w = n / (n + 2), 1 - w = 2 / (n + 2). Plain element-wise operations
     that inductor fuses, with their bias and LayerNorm neighbours, into loops with one exponential; it cannot fuse
     the opaque ``aten::mish``, which was ~40% of a CPU update. (Autograd through the formula would difference two
     nearly equal terms of size 1/n and lose ~1e-5 of the gradient near x = 20, hence the explicit backward.)
-    Eager, the formula's passes over memory cost more than ``aten::mish``'s one on a busy CPU (measured 1.04x to
-    1.5x per update; the closed-form backward under ``vmap`` 1.14x against ``aten::mish_backward`` looping over the
-    seeds), so eager runs ``aten::mish`` and ``aten::mish_backward``: bit for bit the former ``nn.Mish``.
-    ``generate_vmap_rule``: the packs map it over seeds.
+    ``generate_vmap_rule``: the packs compile their vmapped per-seed functions.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
     def forward(x: torch.Tensor) -> torch.Tensor:
-        return mish_exp_form(x) if torch.compiler.is_compiling() else torch.ops.aten.mish(x)
+        return mish_exp_form(x)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:
@@ -66,19 +61,19 @@ class _Mish(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
         (x,) = ctx.saved_tensors
-        if torch.compiler.is_compiling():
-            return mish_exp_form_backward(x, grad)
-        return torch.ops.aten.mish_backward(grad, x)
+        return mish_exp_form_backward(x, grad)
 
 
 def mish(x: torch.Tensor) -> torch.Tensor:
-    """Mish, x tanh(softplus(x)); compiled, in its one-exponential algebraic form x n / (n + 2), n = e (e + 2),
-    e = exp(x) (exact: tanh(log(1 + e)) = ((1 + e)^2 - 1) / ((1 + e)^2 + 1)); see :class:`_Mish` for when each form
-    runs. Above the exponent clamp the ratio is 1 and the result is x, as float32 Mish gives; for very negative x,
-    e underflows and the result goes to -0, within float32 of the true value (|Mish(x)| < |x| e^x). Works under
-    ``vmap`` and in CUDA graphs (no data-dependent branch).
+    """Mish, x tanh(softplus(x)): compiled, in its one-exponential algebraic form x n / (n + 2), n = e (e + 2),
+    e = exp(x) (exact: tanh(log(1 + e)) = ((1 + e)^2 - 1) / ((1 + e)^2 + 1); :class:`_CompiledMish`); eager, PyTorch's
+    ``aten::mish``, bit for bit the former ``nn.Mish``. On the busy 2-core machine the eager formula's extra passes
+    over memory cost 1.04x to 1.5x per update, and an autograd.Function under ``vmap`` (packs) 1.26x even around
+    ``aten::mish`` (interleaved A/B in one process), so eager keeps PyTorch's kernel. Above the exponent clamp the
+    ratio is 1 and the result is x, as float32 Mish gives; for very negative x, e underflows and the result goes to
+    -0, within float32 of the true value (|Mish(x)| < |x| e^x). No data-dependent branch (``vmap``, CUDA graphs).
     """
-    return _Mish.apply(x)
+    return _CompiledMish.apply(x) if torch.compiler.is_compiling() else F.mish(x)
 
 
 class Mish(nn.Module):
