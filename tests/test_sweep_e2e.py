@@ -101,7 +101,6 @@ def test_tiny_sweep_end_to_end(tmp_path, ray_head):
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on the runs
     _groups_land_while_the_sweep_runs(tracker, pid, children, layout)
     _gather_tables_and_pack_folders(layout, children)
-    _workers_are_reused_across_trials(layout)
 
     results = json.loads(layout.results_json.read_text())
     assert {(g["task"], g["variant"]) for g in results["groups"]} == {(t, v) for t in TASKS for v in VARIANTS}
@@ -131,15 +130,6 @@ def _csv(path):
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     return list(rows[0]), rows
-
-
-def _workers_are_reused_across_trials(layout: SweepDir) -> None:
-    """4 packs on at most os.cpu_count() one-CPU slots: a worker whose trial ended took the next one (Tune's
-    reuse_actors), so no more worker processes ran than there were slots (Tune's result rows name the process)."""
-    (start,) = layout.tune_root.iterdir()
-    rows = [json.loads(line) for f in start.glob("*/result.json") for line in f.read_text().splitlines() if line]
-    pids = {r["pid"] for r in rows}
-    assert len({f.parent for f in start.glob("*/result.json")}) == 4 and len(pids) <= min(os.cpu_count(), 4), pids
 
 
 def _gather_tables_and_pack_folders(layout: SweepDir, children: list) -> None:
