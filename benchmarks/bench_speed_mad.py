@@ -7,7 +7,9 @@ filled with uniform-random decisions on the real task. Then all of them take tur
 alike, so the ratios (QED/te, MAD/SAC) are steadier than the absolute figures. Parts are timed in process CPU
 seconds (one torch thread: the cost with other load factored out) and in wall seconds.
 Run: ``MUJOCO_GL=disable .venv/bin/python benchmarks/bench_speed_mad.py [--hidden 512 --batch 512 --updates 30]``.
-Prints one line per (agent, temperature), then per agent the QED/te update-cost ratio, and MAD/SAC per decision.
+Prints one line per (agent, temperature) (``--temps``: te, qed, and floor = QED with ``target_alpha: floor``),
+then per agent each temperature's update cost over te's, and MAD/SAC per decision. ``--compile`` compiles the
+losses as ``train.compile: compile`` does; the first decision's wall time (the compile) is printed apart.
 """
 
 import argparse
@@ -22,7 +24,8 @@ from qed_ray.config import TemperatureSpec, agent_spec
 from qed_ray.rl.envs import make_env
 from qed_ray.rl.replay import Replay
 
-TEMPERATURES = {"te": TemperatureSpec(kind="te"), "qed": TemperatureSpec(kind="qed", k=0.2)}
+TEMPERATURES = {"te": TemperatureSpec(kind="te"), "qed": TemperatureSpec(kind="qed", k=0.2),
+                "floor": TemperatureSpec(kind="qed", k=0.2, target_alpha="floor")}  # QED at actor updates only
 
 
 ON = np.ones(1, bool)
@@ -62,10 +65,18 @@ class Setup:
                                        device, [0])
         self.batch, self.device = args.batch, device
         self.parts = {f"{k}_{c}": 0.0 for k in ("act", "env", "update") for c in ("cpu", "wall")}
-        self.metrics = None
+        self.metrics, self.compile_s = None, None
+        if args.compile:  # the path of train.compile: compile (PackUpdater); the first update pays the compile
+            self.agent.compile_losses()
 
     def decision(self, timed: bool) -> None:
         """act + env step + replay insert + one update; adds each part's CPU and wall seconds when ``timed``."""
+        if self.compile_s is None:  # first decision: its wall time is the compile (or eager warm-up) cost
+            t0 = time.perf_counter()
+            self.compile_s = 0.0
+            self.decision(False)
+            self.compile_s = time.perf_counter() - t0
+            return
         stamps = [(time.process_time(), time.perf_counter())]
         action = self.agent.act(self.obs[None], ON)[0]
         stamps.append((time.process_time(), time.perf_counter()))
@@ -87,12 +98,12 @@ class Setup:
         wall = ms["act_wall"] + ms["env_wall"] + ms["update_wall"]
         print(f"{label} | {1e3 / cpu:7.2f} decisions per CPU s, {1e3 / wall:7.2f} per wall s | CPU ms per "
               f"decision: update {ms['update_cpu']:8.2f}, act {ms['act_cpu']:6.3f}, env {ms['env_cpu']:6.3f} | "
-              f"update wall ms {ms['update_wall']:8.2f}", flush=True)
+              f"update wall ms {ms['update_wall']:8.2f} | first decision {self.compile_s:5.1f} wall s", flush=True)
         return {"update": ms["update_cpu"], "decision": cpu}
 
 
 def main() -> None:
-    """Parses flags, benchmarks every agent with te and QED, prints the ratios."""
+    """Parses flags, benchmarks every agent with each temperature, prints the ratios to te."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--task", default="cheetah-run")
     p.add_argument("--agents", nargs="+", default=["sac_ln", "mad_sac"], choices=["sac_ln", "mad_sac"])
@@ -103,25 +114,32 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--temps", nargs="+", default=["te", "qed", "floor"], choices=list(TEMPERATURES),
+                   help="floor: QED with temperature.target_alpha floor (alpha_TE in the TD target)")
+    p.add_argument("--compile", action="store_true", help="compile the losses (train.compile: compile)")
     args = p.parse_args()
+    if "te" not in args.temps:
+        p.error("--temps must include te (the ratios are against it)")
     os.environ.setdefault("MUJOCO_GL", "disable")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     print(f"{args.task}, width {args.hidden}, batch {args.batch}, UTD 1, QED k 0.2 (8 samples per state), {device}, "
           f"{torch.get_num_threads()} thread(s), torch {torch.__version__}, load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-    setups = {(a, t): Setup(a, t, args, device) for a in args.agents for t in TEMPERATURES}
+    setups = {(a, t): Setup(a, t, args, device) for a in args.agents for t in args.temps}
     for rounds, timed in ((args.warmup_updates, False), (args.updates, True)):
         for _ in range(rounds):
             for setup in setups.values():  # round robin: one decision each, so load hits all alike
                 setup.decision(timed)
-    res = {(a, t): s.report(f"{a:8s} {t:3s}", args.updates) for (a, t), s in setups.items()}
+    res = {(a, t): s.report(f"{a:8s} {t:5s}", args.updates) for (a, t), s in setups.items()}
     for a in args.agents:
-        te, qed = res[(a, "te")], res[(a, "qed")]
-        print(f"{a}: QED/te update CPU cost {qed['update'] / te['update']:.2f}x, per decision "
-              f"{qed['decision'] / te['decision']:.2f}x")
+        te = res[(a, "te")]
+        for t in (t for t in args.temps if t != "te"):
+            print(f"{a}: {t}/te update CPU cost {res[(a, t)]['update'] / te['update']:.2f}x, per decision "
+                  f"{res[(a, t)]['decision'] / te['decision']:.2f}x")
+    print(f"load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     if len(args.agents) == 2:
-        for t in TEMPERATURES:
+        for t in args.temps:
             ratio = res[("mad_sac", t)]["decision"] / res[("sac_ln", t)]["decision"]
             print(f"{t}: MAD-SAC costs {ratio:.2f}x SAC-LN per decision (CPU)")
 

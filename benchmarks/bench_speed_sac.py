@@ -3,7 +3,7 @@
 All runs use 256x256 networks, batch 256, one gradient step per decision (UTD 1), one torch thread, CPU, on
 cheetah-run through the same dm_control wrapper (frame skip 2, 500-decision episodes ending in truncation).
 SB3 and our ``te`` run use the target-entropy temperature; our ``qed`` run uses QED (k 0.2, 8 samples per state),
-which SB3 does not have. Each does ``--warmup`` uniform-random decisions, then is timed over ``--timed``
+which SB3 does not have, ``floor`` the same with ``temperature.target_alpha: floor`` (QED at actor updates only). Each does ``--warmup`` uniform-random decisions, then is timed over ``--timed``
 decisions that each carry one update. Runs alternate (ours te, ours qed, SB3, ours te, ...) so that load from
 other processes on a shared machine hits all alike; the medians and the ratios are printed.
 
@@ -87,28 +87,31 @@ def _build(spec: RunSpec, heartbeat):
     return build_trainer(spec, lambda metrics, save: None, None, **quiet)
 
 
-def time_ours(task: str, seed: int, warmup: int, timed: int, temperature: dict) -> dict:
-    """Runs the SAC-LN trainer with ``temperature``; returns decisions per wall second and per CPU second between
-    the end of the warm-up and the last heartbeat before the final evaluation (``timed`` - 100 decisions, each
-    with one update), and the update count."""
-    if (warmup + timed) % DECISIONS_PER_EVAL_UNIT or warmup % 100 or timed <= 100:
+def time_ours(task: str, seed: int, warmup: int, timed: int, temperature: dict, compile_mode: str = "off",
+              skip: int = 0) -> dict:
+    """Runs the SAC-LN trainer with ``temperature`` and ``train.compile: compile_mode``; returns decisions per wall
+    second and per CPU second between the heartbeat ``skip`` decisions after the end of the warm-up (a compile
+    falls before it) and the last heartbeat before the final evaluation (``timed`` - ``skip`` - 100 decisions, each
+    with one update), the update count, and the wall seconds of those first ``skip`` decisions."""
+    if (warmup + timed) % DECISIONS_PER_EVAL_UNIT or warmup % 100 or skip % 100 or timed <= 100 + skip:
         raise SystemExit(f"--warmup + --timed must be a multiple of {DECISIONS_PER_EVAL_UNIT} decisions, --warmup "
-                         f"of 100, and --timed over 100")
+                         f"and --skip of 100, and --timed over 100 + --skip")
     spec = RunSpec.model_validate({
         "task": task, "seed": seed, "agent": {"name": "sac_ln", "hidden": HIDDEN, "batch_size": BATCH, "utd": 1},
         "temperature": temperature,
         "train": {"env_steps": (warmup + timed) * FRAME_SKIP, "eval_every": (warmup + timed) * FRAME_SKIP,
                   "eval_episodes": 1, "warmup_decisions": warmup, "device": "cpu", "threads": 1,
-                  "frame_skip": FRAME_SKIP}})
+                  "frame_skip": FRAME_SKIP, "compile": compile_mode}})
     stamps: dict[int, tuple[float, float]] = {}
     trainer = _build(spec, lambda h: stamps.__setitem__(h["env_steps"] // FRAME_SKIP,
                                                         (time.perf_counter(), time.process_time())))
     trainer.run()
     end = max(stamps)
-    (w0, c0), (w1, c1) = stamps[warmup], stamps[end]
-    n = end - warmup
+    (w0, c0), (w1, c1) = stamps[warmup + skip], stamps[end]
+    n = end - warmup - skip
     updates = getattr(trainer, "p").updates
-    return {"per_wall_s": n / (w1 - w0), "per_cpu_s": n / (c1 - c0), "updates": updates, "wall_s": w1 - w0}
+    return {"per_wall_s": n / (w1 - w0), "per_cpu_s": n / (c1 - c0), "updates": updates, "wall_s": w1 - w0,
+            "skipped_wall_s": w0 - stamps[warmup][0]}
 
 
 def time_sb3(task: str, seed: int, warmup: int, timed: int) -> dict:
@@ -159,8 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timed", type=int, default=3000, help="timed decisions, one update each")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--only", nargs="+", choices=["te", "qed", "sb3"], default=["te", "qed", "sb3"],
-                   help="implementations to time (sb3 needs the bench extra)")
+    p.add_argument("--only", nargs="+", choices=["te", "qed", "floor", "sb3"], default=["te", "qed", "floor", "sb3"],
+                   help="implementations to time (floor: QED with temperature.target_alpha floor; sb3 needs the "
+                        "bench extra)")
+    p.add_argument("--compile", default="off", choices=["off", "compile", "auto"],
+                   help="ours: train.compile (compile: the first updates compile; time them apart with --skip)")
+    p.add_argument("--skip", type=int, default=0, help="ours: decisions after the warm-up left out of the window")
     args = p.parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "disable")
     torch.set_num_threads(1)
@@ -168,19 +175,24 @@ def main(argv: list[str] | None = None) -> int:
                                                         f"{os.path.dirname(sys.modules['qed_ray.config'].__file__)}")
     print(f"{args.task}: {HIDDEN}x{HIDDEN}, batch {BATCH}, UTD 1, frame skip {FRAME_SKIP}; "
           f"{args.warmup} warm-up + {args.timed} timed decisions")
-    runs = {name: fn for key, name, fn in (("te", "qed_ray SAC-LN te", lambda *a: time_ours(*a, {"kind": "te"})),
-                                           ("qed", "qed_ray SAC-LN qed",
-                                            lambda *a: time_ours(*a, {"kind": "qed", "k": 0.2})),
-                                           ("sb3", "SB3 SAC", time_sb3)) if key in args.only}
+    temps = {"te": {"kind": "te"}, "qed": {"kind": "qed", "k": 0.2},
+             "floor": {"kind": "qed", "k": 0.2, "target_alpha": "floor"}}
+    runs = {f"qed_ray SAC-LN {k}": (lambda *a, t=t: time_ours(*a, t, args.compile, args.skip))
+            for k, t in temps.items() if k in args.only}
+    if "sb3" in args.only:
+        runs["SB3 SAC"] = time_sb3
     rows: dict[str, list[dict]] = {name: [] for name in runs}
-    print(f"{'implementation':<20} {'run':>3} {'decisions/s':>11} {'per CPU s':>9} {'updates':>7} {'timed s':>8}")
+    print(f"ours: train.compile {args.compile}, window from {args.skip} decisions after the warm-up")
+    print(f"{'implementation':<20} {'run':>3} {'decisions/s':>11} {'per CPU s':>9} {'updates':>7} {'timed s':>8} "
+          f"{'skipped s':>9} {'load':>5}")
     t0 = time.perf_counter()
     for r in range(args.repeats):
         for name, fn in runs.items():
             row = fn(args.task, args.seed, args.warmup, args.timed)
             rows[name].append(row)
             print(f"{name:<20} {r + 1:>3} {row['per_wall_s']:>11.1f} {row['per_cpu_s']:>9.1f} {row['updates']:>7d} "
-                  f"{row['wall_s']:>8.1f}", flush=True)
+                  f"{row['wall_s']:>8.1f} {row.get('skipped_wall_s', 0.0):>9.1f} {os.getloadavg()[0]:>5.2f}",
+                  flush=True)
     for key, label in (("per_wall_s", "decisions per wall second"), ("per_cpu_s", "decisions per CPU second")):
         medians = {name: statistics.median(row[key] for row in v) for name, v in rows.items()}
         print(f"median {label}: " + ", ".join(f"{name} {m:.1f}" for name, m in medians.items()))

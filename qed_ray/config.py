@@ -266,7 +266,8 @@ class TrainSpec(Frozen):
     device: str = Field("auto", description="'auto' (CUDA when available, else CPU), 'cpu', 'cuda' or 'cuda:N'")
     threads: int = Field(1, ge=1, le=1024, description="torch CPU threads")
     compile: Literal["auto", "off", "compile", "graph"] = Field(
-        "auto", description="a pack's update: 'auto' (graph on CUDA, off elsewhere), 'off' (eager), 'compile' "
+        "auto", description="a pack's update: 'auto' (graph on CUDA; elsewhere compile when the run's updates "
+                            "repay the compile, else off), 'off' (eager), 'compile' "
                             "(torch.compile), 'graph' (one CUDA graph replayed per update; CUDA only)")
     precision: Precision = Field(
         "auto", description="CUDA matrix products: 'auto' (the fastest that passed the numerics gate on a GPU: "

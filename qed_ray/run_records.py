@@ -103,6 +103,7 @@ class RunSummary(Record):
     updates: int = Field(ge=0)
     pack_size: int = Field(ge=1)
     precision: str
+    update_mode: Literal["off", "compile", "graph"] = "off"  # train.compile resolved (summaries before it: eager)
     wall_s: Num
     warmup_s: Num
     train_s: Num

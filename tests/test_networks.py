@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from qed_ray.rl.networks import TanhGaussianActor, TwinCritic, make_adam, polyak_update, tanh_log_det_jacobian
+import torch.nn.functional as F
+
+from qed_ray.rl.networks import (Mish, TanhGaussianActor, TwinCritic, activation, make_adam, mish, mish_exp_form,
+                                 mish_exp_form_backward, polyak_update, tanh_log_det_jacobian)
 
 
 def test_stable_tanh_correction_matches_naive_formula():
@@ -89,3 +92,48 @@ def test_split_first_layer_equals_the_concatenated_input(repeats):
 def test_make_adam_uses_the_multi_tensor_step_on_cpu():
     opt = make_adam(torch.nn.Linear(2, 2).parameters(), 1e-3, torch.device("cpu"))
     assert opt.defaults["foreach"] is True and opt.defaults["fused"] is None and opt.defaults["lr"] == 1e-3
+
+
+def mish_inputs(dtype=torch.float32) -> torch.Tensor:
+    """A wide range, the ends (±30, past the exponent clamp), the small (±1e-4) and a large batch."""
+    edges = torch.tensor([-30.0, -20.0, -1e-4, 0.0, 1e-4, 19.9, 20.0, 20.1, 30.0, -100.0, 100.0], dtype=dtype)
+    grid = torch.linspace(-30, 30, 60_001, dtype=dtype)
+    batch = torch.randn(2048, 256, generator=torch.Generator().manual_seed(0), dtype=dtype).mul(4).flatten()
+    return torch.cat([edges, grid, batch])
+
+
+def assert_mish_matches_aten(fn) -> None:
+    """Forward and backward (with a random upstream gradient) of ``fn`` against ``aten::mish`` within 3e-6."""
+    x = mish_inputs()
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
+    xa, xb = x.clone().requires_grad_(), x.clone().requires_grad_()
+    ya, yb = F.mish(xa), fn(xb)
+    ya.backward(g)
+    yb.backward(g)
+    torch.testing.assert_close(yb, ya, rtol=0, atol=3e-6)
+    torch.testing.assert_close(xb.grad, xa.grad, rtol=0, atol=3e-6)
+    assert torch.equal(yb[x > 20], x[x > 20]) and torch.isfinite(xb.grad).all()
+
+
+def test_fast_mish_equals_aten_mish_eager():
+    """The formula and its closed-form backward (what the compiled Mish computes) and the eager module."""
+    x = mish_inputs()
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(mish_exp_form(x), F.mish(x), rtol=0, atol=3e-6)
+    torch.testing.assert_close(mish_exp_form_backward(x, g), torch.ops.aten.mish_backward(g, x), rtol=0, atol=3e-6)
+    assert torch.equal(mish_exp_form(x)[x > 20], x[x > 20])
+    assert_mish_matches_aten(mish)
+    assert isinstance(activation("mish"), Mish) and mish(torch.zeros(1, dtype=torch.float64)).dtype == torch.float64
+
+
+def test_fast_mish_equals_aten_mish_under_vmap():
+    """The packs map every per-seed function over a seed axis (torch.func.vmap)."""
+    assert mish_inputs().numel() % 4 == 0
+    assert_mish_matches_aten(lambda x: torch.func.vmap(mish)(x.view(4, -1)).flatten())
+
+
+@pytest.mark.torch_only
+def test_fast_mish_equals_aten_mish_compiled():
+    """Compiled (inductor fuses the formula and its backward): the same values within 3e-6."""
+    torch._dynamo.reset()
+    assert_mish_matches_aten(torch.compile(mish, dynamic=False))

@@ -4,6 +4,8 @@ torch + numpy + pydantic only: these tests run on the GPU machine too (``QED_TES
 ``torch_only``), where the graph tests run instead of being skipped.
 """
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -12,7 +14,8 @@ from kit import ACT, B, OBS, TEMPERATURES, spec_of
 
 from qed_ray.rl.agents import make_packed_agent
 from qed_ray.config import TrainSpec
-from qed_ray.rl.update import PackUpdater, make_capturable, resolve_mode
+from qed_ray.rl.update import (PackUpdater, compile_pays, inductor_cache_dir, make_capturable, resolve_mode,
+                              use_inductor_cache)
 from qed_ray.rl.replay import Replay
 from qed_ray.rl.update_metrics import MetricAccumulator
 
@@ -115,22 +118,53 @@ def test_make_capturable_sets_the_flag_and_keeps_step_counters_beside_their_para
 
 
 @pytest.mark.slow
-def test_the_compiled_update_equals_the_eager_one(device):
-    """inductor (C++ on the CPU) against eager over 3 updates with the same batches and noise, for MAD-SAC with QED
-    and a model step every second update (its model, both branches, QED's disagreement and te's optimiser at its
-    floor). One agent only: a cold inductor compile of one agent takes 45 to 150 s on this CI's two cores, and
-    SAC-LN's losses go through the same compile_losses path (on a GPU, benchmarks/gpu_check.sh checks both agents'
-    graphs against eager)."""
-    name, kind = "mad_sac", "qed"
-    agent, replay, acc, run = setup(name, kind, device, "compile", 2)
-    ref, ref_replay, ref_acc, ref_run = setup(name, kind, device, "off", 2)
-    for _ in range(3):
+@pytest.mark.parametrize("name,kind,model_every", [("mad_sac", "qed", 2), ("sac_ln", "te", 1)])
+def test_the_compiled_update_equals_the_eager_one(name, kind, model_every, device):
+    """inductor (C++ on the CPU) against eager with the same batches and noise: within 1e-5 + 1e-4 relative after
+    one update (1e-5 absolute alone failed on MAD-SAC's critic.q2.0.weight) and 1e-3 of each tensor's norm after 20 (float rounding compounds; a wrong kernel is off by orders more). MAD-SAC
+    with QED and a model step every second update (its model, both branches, QED's disagreement) and SAC-LN with
+    te (the fast Mish's compiled backward, te's temperature step). Two compiles only: a cold inductor compile of
+    one agent takes 20 to 150 s on this CI's two cores (on a GPU, benchmarks/gpu_check.sh checks both agents'
+    graphs against eager; benchmarks/README.md has all four agent x temperature pairs compiled on a CPU)."""
+    agent, replay, acc, run = setup(name, kind, device, "compile", model_every)
+    ref, ref_replay, ref_acc, ref_run = setup(name, kind, device, "off", model_every)
+    for step in range(20):
         run(replay.indices(B, ON), agent.noise(B, ON))
         ref_run(ref_replay.indices(B, ON), ref.noise(B, ON))
-    a, r = agent.tensors(), ref.tensors()
+        a, r = agent.tensors(), ref.tensors()
+        if step == 0:  # Adam's first step is +-lr wherever |grad| >> eps: rounding moves it little, but not 0
+            for k in a:
+                torch.testing.assert_close(a[k], r[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{k}: {m}")
     for k in a:
-        torch.testing.assert_close(a[k], r[k], rtol=1e-4, atol=1e-5, msg=k)
-    torch.testing.assert_close(acc.total, ref_acc.total, rtol=1e-4, atol=1e-5)
+        assert float((a[k] - r[k]).norm()) <= 1e-3 * float(r[k].norm()) + 1e-6, k
+    assert float((acc.total - ref_acc.total).norm()) <= 1e-3 * float(ref_acc.total.norm())
+
+
+def test_auto_compiles_on_a_cpu_only_when_the_run_repays_the_compile():
+    """CPU ``auto``: eager for a run too short to repay the measured compile, compiled for a long one, decided from
+    the spec alone (the same answer every time, so a resumed run chooses as the first run did)."""
+    cpu = torch.device("cpu")
+    sac, *_ = setup("sac_ln", "te", cpu)
+    qed, *_ = setup("sac_ln", "qed", cpu)
+    assert compile_pays(sac, 10**9)[0] and not compile_pays(sac, 100)[0]
+    payback = {a: next(n for n in (10 ** e for e in range(12)) if compile_pays(a, n)[0]) for a in (sac, qed)}
+    assert payback[qed] <= payback[sac]  # QED's extra passes save more per update
+    mode, why = resolve_mode("auto", cpu, sac, 100)
+    assert mode == "off" and why.startswith("auto: 100 updates < the ~") and why.endswith("s compile on a CPU")
+    assert resolve_mode("auto", cpu, sac, 10**9)[0] == "compile" == resolve_mode("auto", cpu, sac, 10**9)[0]
+    assert resolve_mode("auto", cpu, sac) == ("off", "auto: eager, the run's length is not known")
+    assert resolve_mode("off", cpu, sac, 10**9)[0] == "off"
+
+
+def test_the_inductor_cache_is_keyed_by_the_code_and_a_set_folder_wins(monkeypatch, tmp_path):
+    key = inductor_cache_dir()
+    assert key == inductor_cache_dir() and len(key.name) == 16 and key.parent.name.startswith("qed_ray_inductor_")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    use_inductor_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    use_inductor_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(key)
 
 
 @pytest.mark.parametrize("name", ["sac_ln", "mad_sac"])

@@ -211,9 +211,11 @@ def test_a_cpu_run_ignores_the_precision_and_says_so(tiny_run):
     pack = build_trainer(specs, lambda *a, **k: None, None, log=lines.append)
     try:
         reason = "train.precision '3xtf32' is ignored on cpu: it has no TF32 tensor cores, every product is IEEE FP32"
-        assert f"update mode off (eager); precision fp32 ({reason})" in lines[-1]
+        updates = specs[0].train.decisions - specs[0].train.warmup_decisions  # a tiny run: too short to compile
+        assert f"update mode off (auto: {updates} updates < the ~" in lines[-1]
+        assert f"s compile on a CPU); precision fp32 ({reason})" in lines[-1]
         assert pack.precision == "fp32" and pack.agent.template.fn.qed_precision == "fp32"
-        assert [s.precision for s in pack.summaries()] == ["fp32", "fp32"]
+        assert [(s.precision, s.update_mode) for s in pack.summaries()] == [("fp32", "off")] * 2
         assert torch.get_float32_matmul_precision() == "highest"
     finally:
         pack.close()

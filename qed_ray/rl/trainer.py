@@ -115,8 +115,10 @@ class Trainer:
         self.checkpoints = PackCheckpoints(self, replay_dirs)
         self._wall_base, self._t_start, self._t_mark = 0.0, None, time.perf_counter()  # _t_start: set in run()
         self.acc = MetricAccumulator(agent.metric_layout, agent.device, seeds=self.n)
-        mode, why = resolve_mode(self.t.compile, agent.device, agent)
+        mode, why = resolve_mode(self.t.compile, agent.device, agent,
+                                 (self.t.decisions - self.t.warmup_decisions) * agent.spec.utd)
         self.precision, why_p = set_run_precision(agent.template.fn, self.t.precision, agent.device, mode)
+        self.update_mode = mode
         self.updater = PackUpdater(agent, replay, self.acc, mode, agent.spec.batch_size)
         log(f"pack {self.name}: update mode {mode} ({why}); precision {self.precision} ({why_p})")
         self.eval_index = self.n + np.arange(self.n * self.t.eval_episodes).reshape(self.n, -1)
@@ -333,7 +335,7 @@ class Trainer:
         return RunSummary(
             name=run.name, task=s.task, agent=s.agent.name, variant=s.variant, seed=s.seed,
             status=self._status(run), env_steps=decisions * t.frame_skip, decisions=decisions, updates=updates,
-            pack_size=self.n, precision=self.precision, wall_s=p.wall_s, warmup_s=p.warmup_s, train_s=p.train_s,
+            pack_size=self.n, precision=self.precision, update_mode=self.update_mode, wall_s=p.wall_s, warmup_s=p.warmup_s, train_s=p.train_s,
             eval_s=p.eval_s, updates_per_s=p.updates / p.train_s if p.train_s else math.nan,
             final_eval_return_mean=run.evals[-1].return_mean if run.evals else math.nan,
             final_eval_return_std=last.get("eval/return_std", math.nan),

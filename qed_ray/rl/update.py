@@ -16,7 +16,10 @@ only tensors that stay where they are, and it never reads a value back to the ho
   graph: one launch per update instead of hundreds. The graph captures the *eager* update, not a compiled one:
   inductor takes about a minute per agent variant on CPU for tiny networks, and a sweep builds one pack per
   (task, agent, temperature), so the compile would cost more than it saves at the paper's sizes.
-- ``auto``: ``graph`` on CUDA, ``off`` elsewhere.
+- ``auto``: ``graph`` on CUDA; elsewhere ``compile`` when the run is long enough for the compile to pay back
+  (:func:`compile_pays`: the run's total updates against a compile cost and a per-update saving measured on a
+  2-core CPU), else ``off``. The choice is a function of the run's spec alone, so a resumed run makes it again;
+  the trainer says it in its start line and records it in each seed's summary (``update_mode``).
 
 MAD-SAC with ``agent.mad.model_every`` > 1 takes a host-side branch (model step or not) per update; a single
 graph cannot hold both, so ``graph`` falls back to ``off`` there and says so (:func:`resolve_mode`). Stopped
@@ -27,6 +30,11 @@ host memory the gathered batch is copied into static batch buffers instead.
 
 from __future__ import annotations
 
+import hashlib
+import math
+import os
+import tempfile
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -38,10 +46,42 @@ from qed_ray.rl.update_metrics import MetricAccumulator
 
 MODES = ("auto", "off", "compile", "graph")
 WARMUP = 3  # eager updates on a side stream before the capture (the optimiser state must exist when it starts)
+# train.compile auto on a CPU: per (agent, temperature pass structure), a cold compile's wall seconds and the CPU
+# ms one compiled update saves against an eager one, at width 256, batch 256, one thread, on the 2-core reference
+# machine (benchmarks/README.md, "Compile on CPU"): SAC-LN measured with the one-exp Mish compiled, MAD-SAC with
+# aten::mish compiled (a lower bound), floor between te and qed (its extra passes are half of qed's; not measured).
+# The saving scales with the update's product work (width^2 x batch); the compile's cost does not.
+CPU_COMPILE = {("sac_ln", "te"): (25.0, 2.4), ("sac_ln", "qed"): (25.0, 26.0), ("sac_ln", "floor"): (25.0, 14.0),
+               ("mad_sac", "te"): (50.0, 11.0), ("mad_sac", "qed"): (50.0, 18.0), ("mad_sac", "floor"): (50.0, 14.0)}
+CPU_COMPILE_WORK = 256 * 256 * 256  # width^2 x batch of the measurement
 
 
-def resolve_mode(mode: str, device: torch.device, agent: PackedAgent) -> tuple[str, str]:
-    """The mode a pack's update runs in and why, from ``train.compile`` and the device.
+def temperature_passes(agent: PackedAgent) -> str:
+    """``te`` (no QED pass: te and fixed), ``floor`` (QED at actor updates only: ``target_alpha: floor``) or
+    ``qed`` (QED also at s' for the TD target): what sets an update's extra critic passes."""
+    fn = agent.template.fn
+    return "te" if not fn.n_qed else "floor" if not fn.n_qed_target else "qed"
+
+
+def compile_pays(agent: PackedAgent, total_updates: int) -> tuple[bool, str]:
+    """Whether compiling a CPU pack's update repays its cost within the run's ``total_updates``, and why.
+
+    The estimate is :data:`CPU_COMPILE`'s measured cost against its saving per update scaled by the pack's
+    width^2 x batch x seeds; it reads no clock, so the same run always chooses the same way.
+    """
+    cost_s, saved_ms = CPU_COMPILE[(agent.name, temperature_passes(agent))]
+    spec = agent.spec
+    saved_ms *= spec.hidden ** 2 * spec.batch_size * agent.n / CPU_COMPILE_WORK
+    payback = math.ceil(cost_s * 1e3 / saved_ms)
+    pays = total_updates >= payback
+    return pays, (f"{total_updates} updates {'>=' if pays else '<'} the ~{payback} that repay a ~{cost_s:.0f} s "
+                  f"compile on a CPU")
+
+
+def resolve_mode(mode: str, device: torch.device, agent: PackedAgent,
+                 total_updates: int | None = None) -> tuple[str, str]:
+    """The mode a pack's update runs in and why, from ``train.compile``, the device and (``auto`` on a CPU) the
+    run's total updates (None: unknown, so eager).
 
     Returns:
         ``(mode, reason)``: mode one of ``off``, ``compile``, ``graph``; reason a short phrase for the log.
@@ -55,8 +95,13 @@ def resolve_mode(mode: str, device: torch.device, agent: PackedAgent) -> tuple[s
     if mode == "graph" and device.type != "cuda":
         raise ValueError(f"train.compile: 'graph' needs a CUDA device (the pack runs on {device}); on this device "
                          f"use one of auto, off, compile")
+    if mode == "auto" and device.type != "cuda":
+        if total_updates is None:
+            return "off", "auto: eager, the run's length is not known"
+        pays, why = compile_pays(agent, total_updates)
+        return ("compile" if pays else "off"), f"auto: {why}"
     if mode == "auto":
-        mode = "graph" if device.type == "cuda" else "off"
+        mode = "graph"
     every = model_every(agent)
     if mode == "graph" and every > 1:
         return "off", (f"agent.mad.model_every={every} branches on the host every update; one CUDA graph cannot "
@@ -111,6 +156,7 @@ class PackUpdater:
         self.batch = None if self.gather_inside else {k: v.clone() for k, v in replay.gather(
             np.zeros((agent.n, batch_size), np.int64)).items()}
         if mode == "compile":
+            use_inductor_cache()
             agent.compile_losses()
         self.metrics: torch.Tensor | None = None
 
@@ -210,3 +256,21 @@ def make_capturable(opt: torch.optim.Optimizer) -> None:
             step = state.get("step")
             if step is not None and step.device != p.device:
                 state["step"] = step.to(p.device, torch.float32)
+
+
+def inductor_cache_dir() -> Path:
+    """The node-local folder of inductor's compiled kernels for this code: under the system temp folder (what
+    every trial and restart on a node shares), one subfolder per torch version and hash of the qed_ray sources, so
+    a code change starts a fresh cache rather than trusting inductor's own key to see every change."""
+    src = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256(torch.__version__.encode())
+    for f in sorted(src.rglob("*.py")):
+        h.update(f.relative_to(src).as_posix().encode() + b"\0" + f.read_bytes())
+    return Path(tempfile.gettempdir()) / f"qed_ray_inductor_{os.getuid()}" / h.hexdigest()[:16]
+
+
+def use_inductor_cache() -> None:
+    """Points inductor at :func:`inductor_cache_dir` unless ``TORCHINDUCTOR_CACHE_DIR`` is set already (a user's
+    choice wins); called before the first compile."""
+    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(inductor_cache_dir())
