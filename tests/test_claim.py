@@ -25,8 +25,13 @@ DOC = ROOT / "docs" / "claim.md"
 def test_the_block_holds_the_design_and_the_thresholds_the_verdict_applies():
     block, raw = claim.read_block(DOC)
     assert block.endpoints == claim.Endpoints(), "a sweep without a claim file is judged by the same thresholds"
-    assert (block.endpoints.v_ratio.at_least, block.endpoints.v_ratio.lower_above,
-            block.endpoints.iqm_kept.lower_at_least) == (10, 1, 0.95)
+    keep = {"claim", "secondary"}
+    assert block.model_dump(exclude=keep) == claim.registered_design().model_dump(exclude=keep), \
+        "a sweep without a claim file is measured against the same design"
+    e = block.endpoints
+    assert (e.v_ratio.lower_at_least, e.iqm_kept.lower_at_least, e.guards.learned_above_random, e.guards.mean_kept,
+            e.decision_confidence, e.correction) == (10, 0.95, 0.1, 0.95, 0.95, "bonferroni")
+    assert (block.final_episodes, block.final_policies) == (20, ["mean", "sample"])
     assert (block.agent, block.baseline, block.variants, block.seeds, block.env_steps) == (
         "mad_sac", "te", ["qed0.2", "qed0.4"], 10, 2_000_000)
     assert block.tasks == ["cheetah-run", "walker-walk", "hopper-hop", "finger-spin", "reacher-hard", "quadruped-walk"]
@@ -71,11 +76,11 @@ def test_the_block_is_frozen_at_the_first_start_and_a_changed_block_is_refused(t
     doc.write_text(doc.read_text().replace("tasks: [cheetah-run", "# a comment\ntasks: [cheetah-run"))
     assert plan(state, _spec(str(doc))).problems == [], "comments and layout are not the block's values"
 
-    doc.write_text(doc.read_text().replace("v_ratio: {summary: median, at_least: 10,",
-                                           "v_ratio: {summary: median, at_least: 5,"))
+    doc.write_text(doc.read_text().replace("v_ratio: {summary: median, lower_at_least: 10}",
+                                           "v_ratio: {summary: median, lower_at_least: 5}"))
     (problem,) = plan(state, _spec(str(doc))).problems
     assert problem.startswith(f"claim: {doc}: the claim block changed since this sweep started "
-                              f"(endpoints.v_ratio.at_least: 10 -> 5; block sha256 {rec['sha256'][:12]}")
+                              f"(endpoints.v_ratio.lower_at_least: 10 -> 5; block sha256 {rec['sha256'][:12]}")
     (problem,) = plan(state, _spec(None)).problems
     assert problem.startswith(f"claim: this sweep was started against {doc}") and "restore claim:" in problem
     (problem,) = plan(state.model_copy(update={"claim": None}), _spec(str(DOC))).problems  # no claim at the start
