@@ -243,7 +243,9 @@ def format_verdict(v: Verdict, confidence: float) -> str:
                          f"{100 * r.level:.4g}%)")
         for e in r.endpoints:
             said = "" if r.scope and e.outcome in (PASS, FAIL) else f"{e.outcome}  "
-            lines.append(f"    {e.name}: {said}{_g(e.estimate)} [{_g(e.lower)}, {_g(e.upper)}]  ({e.rule})")
+            ends = ("no interval" if math.isnan(e.lower) and math.isnan(e.upper) else
+                    f"[{_g(e.lower)}, {_g(e.upper)}]")
+            lines.append(f"    {e.name}: {said}{_g(e.estimate)} {ends}  ({e.rule})")
         lines += [_guard_line(g, not r.scope) for g in r.guards if not r.scope or g.outcome != PASS or g.alpha_regime]
         if r.n_tasks_at_cap:
             lines.append(f"    QED's alpha sat at its cap on most states late in training on {r.n_tasks_at_cap} of "
