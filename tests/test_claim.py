@@ -44,7 +44,7 @@ def test_the_block_holds_the_design_and_the_thresholds_the_verdict_applies():
         assert sorted((r.task, r.seed) for r in mine) == sorted((t, s) for t in block.tasks for s in range(10))
         assert all(r.train.env_steps == block.env_steps and r.agent.mad.actor_rows == "real" for r in mine)
     controls = {t.variant for t in trials if t.run.task == "cheetah-run"} - {block.baseline, *block.variants}
-    assert controls == {"qed0.2+target_alpha=floor", "fixed0.2", "te+mad.actor_critic=target+mad.actor_rows=all",
+    assert controls == {"qed0.2+target_alpha=qed", "fixed0.2", "te+mad.actor_critic=target+mad.actor_rows=all",
                         "qed0.2+mad.actor_critic=target+mad.actor_rows=all"}
     assert {t.run.task for t in trials if t.variant in controls} == {"cheetah-run", "walker-walk", "hopper-hop"}
     assert len(trials) == 6 * 3 * 10 + 3 * 4 * 10
