@@ -68,7 +68,7 @@ class Endpoints(Frozen):
     iqm_kept: IqmEndpoint = IqmEndpoint()
     guards: TaskGuards = TaskGuards()
     decision_confidence: float = Field(
-        0.95, gt=0, lt=1, description="family-wise level of the decision: each of the m judged variants is decided "
+        0.96, gt=0, lt=1, description="family-wise level of the decision: each of the m judged variants is decided "
                                       "on intervals at 1 - (1 - this) / m (Bonferroni)")
     correction: Literal["bonferroni"] = Field("bonferroni", description="the correction across judged variants")
 
@@ -184,5 +184,5 @@ def registered_design() -> ClaimBlock:
     return ClaimBlock(
         claim="docs/claim.md", agent="mad_sac", baseline="te", variants=["qed0.2", "qed0.4"],
         tasks=["cheetah-run", "walker-walk", "hopper-hop", "finger-spin", "reacher-hard", "quadruped-walk"],
-        seeds=10, env_steps=2_000_000, pilot_env_steps=500_000, final_episodes=20, final_policies=["mean", "sample"],
+        seeds=15, env_steps=2_000_000, pilot_env_steps=500_000, final_episodes=20, final_policies=["mean", "sample"],
         confidence=0.95, bootstrap_reps=50_000, endpoints=Endpoints())

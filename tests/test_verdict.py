@@ -66,7 +66,7 @@ def _one(te, qed, **kw):
 
 def test_both_endpoints_and_every_guard_pass_on_a_clear_effect():
     row, ends, guards = _one(_groups("te", _flat(4, 50.0), SCORES), _groups("qed0.2", _flat(4, 1.0), SCORES))
-    assert row.scope == [] and row.level == 0.95, "one judged variant: no correction"
+    assert row.scope == [] and row.level == 0.96, "one judged variant: no correction"
     assert ends == {"V ratio >= 10": PASS, "IQM kept": PASS} and guards == [PASS] * 3 and row.outcome == PASS
     v = row.endpoints[0]
     assert (v.estimate, v.lower, v.upper) == (50.0, 50.0, 50.0)
@@ -112,17 +112,26 @@ def test_qed_collapsed_on_the_weakest_task_only_fails_whatever_the_pooled_iqm():
     assert row.outcome == FAIL and "3 of 4 tasks" in row.endpoints[0].rule, "V median over the guarded tasks"
 
 
+def test_qed_collapsed_on_the_strongest_task_only_fails():
+    tasks = (*TASKS, "finger-spin")
+    te_scores = {t: [0.93, 0.95, 0.96, 0.97] if t == "walker-walk" else SCORES for t in tasks}
+    qed_scores = {**te_scores, "walker-walk": [0.01, 0.012, 0.011, 0.013]}
+    te, qed = _groups("te", _flat(4, 50.0), te_scores, tasks), _groups("qed0.2", _flat(4, 1.0), qed_scores, tasks)
+    row, ends, guards = _one(te, qed, record=_record(tasks=list(tasks)))
+    assert dict(zip(sorted(tasks), guards))["walker-walk"] == FAIL and row.outcome == FAIL
+
+
 def test_bonferroni_over_two_variants_moves_the_lower_end():
-    reps = np.array([0.94] * 20 + [0.951] * 980)  # its 1.25% quantile is 0.94, its 2.5% quantile 0.951
-    assert decision_level(claim.Endpoints(), 2) == 0.975 and decision_level(claim.Endpoints(), 1) == 0.95
-    unadjusted = bootstrap.percentile_interval(reps, 0.95)
+    reps = np.array([0.94] * 15 + [0.951] * 985)  # its 1% quantile is 0.94, its 2% quantile 0.951
+    assert decision_level(claim.Endpoints(), 2) == 0.98 and decision_level(claim.Endpoints(), 1) == 0.96
+    unadjusted = bootstrap.percentile_interval(reps, decision_level(claim.Endpoints(), 1))
     adjusted = bootstrap.percentile_interval(reps, decision_level(claim.Endpoints(), 2))
     assert (unadjusted[0], adjusted[0]) == (0.951, 0.94)
     assert interval_outcome(1.0, *unadjusted, 0.95) == PASS and interval_outcome(1.0, *adjusted, 0.95) == NOT_ENOUGH
     te = _groups("te", _flat(4, 50.0), SCORES)
     v = _judge(te, _groups("qed0.2", _flat(4, 1.0), SCORES), _groups("qed0.4", _flat(4, 1.0), SCORES))
-    assert [r.level for r in v.variants] == [0.975, 0.975] and v.outcome == PASS
-    assert v.correction == "bonferroni over 2 variant(s): intervals at 97.5%"
+    assert [r.level for r in v.variants] == [0.98, 0.98] and v.outcome == PASS
+    assert v.correction == "bonferroni over 2 variant(s): intervals at 98%"
 
 
 def test_two_seeds_give_no_interval_and_no_verdict():
@@ -166,7 +175,7 @@ def test_off_the_design_nothing_is_judged_and_every_departure_is_listed():
     v = _judge(te, qed, other, fixed)
     assert [r.variant for r in v.variants] == ["qed0.2", "qed0.3"], "controls (fixed alpha) are never judged"
     registered, extra = v.variants
-    assert registered.scope == [] and registered.outcome == PASS and registered.level == 0.95
+    assert registered.scope == [] and registered.outcome == PASS and registered.level == 0.96
     assert extra.outcome == EXPLORATORY and "not among the pre-registered" in extra.scope[0]
     assert v.outcome == PASS and v.judged_over == "the 1 pre-registered variant(s)"
 
@@ -175,7 +184,7 @@ def test_off_the_design_nothing_is_judged_and_every_departure_is_listed():
     (row,) = v.variants
     assert row.scope == [
         "no pre-registration named (spec field claim)", "tasks: 3 of the 6 pre-registered",
-        "seeds: 4 on some task (pre-registered 10)",
+        "seeds: 4 on some task (pre-registered 15)",
         "budget: 2,000 env steps (pre-registered 2,000,000)",
         "final evaluation: 5 episodes per seed (pre-registered 20)",
         "evaluation policies: sample (pre-registered mean, sample, the first read by the verdict)",

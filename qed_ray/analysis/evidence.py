@@ -1,7 +1,8 @@
 """The claim's verdict measured and judged (:func:`judge`, by the rules of :mod:`qed_ray.analysis.verdict`): per
 task the learning floor and the guard's intervals, and the two endpoints over the tasks the guards admit, all at
-the verdict's decision level and from the same paired draws as the comparisons (:func:`qed_ray.analysis.comparisons.task_draws`; the streams are keyed by
-task, agent and seeds, so the replicates are those of ``comparisons.csv``).
+the verdict's decision level and from the same paired draws as the comparisons
+(:func:`qed_ray.analysis.comparisons.task_draws`; the streams are keyed by task, agent and seeds, so the replicates
+are those of ``comparisons.csv``).
 
 Letters: R bootstrap replicates, I seeds of a group.
 """
@@ -57,7 +58,8 @@ def measure(c: Comparison, base: Sequence[GroupResult], this: Sequence[GroupResu
         c: the comparison (names and rules).
         base, this: te's and the variant's groups on ``c``'s tasks.
         fe: the bootstrap settings.
-        level: two-sided level of every interval (Bonferroni-adjusted, :func:`~qed_ray.analysis.verdict.decision_level`).
+        level: two-sided level of every interval (Bonferroni-adjusted,
+            :func:`~qed_ray.analysis.verdict.decision_level`).
         endpoints: the thresholds.
         unpaired: replicates from a group's own draws for tasks whose seeds differ (None: drawn here).
     """

@@ -176,7 +176,8 @@ def departures(c: Comparison, block: ClaimBlock | None, final_eval: FinalEvalSpe
         out.append(f"intervals {c.pairing} (pre-registered: paired over seeds)")
     if final_eval.episodes < block.final_episodes:
         out.append(f"final evaluation: {final_eval.episodes} episodes per seed (pre-registered {block.final_episodes})")
-    if list(final_eval.policies[:1]) != block.final_policies[:1] or set(block.final_policies) - set(final_eval.policies):
+    policies = list(final_eval.policies)
+    if policies[:1] != block.final_policies[:1] or set(block.final_policies) - set(policies):
         out.append(f"evaluation policies: {', '.join(final_eval.policies)} (pre-registered "
                    f"{', '.join(block.final_policies)}, the first read by the verdict)")
     if final_eval.confidence != block.confidence or final_eval.bootstrap_reps < block.bootstrap_reps:
