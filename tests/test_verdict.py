@@ -100,25 +100,26 @@ def test_qed_untrained_with_te_learned_fails():
     assert "qed0.2 below its learning floor while te cleared it" in row.guards[0].reason
 
 
-def test_qed_collapsed_on_the_weakest_task_only_fails_whatever_the_pooled_iqm():
+def _collapse(task: str, te_there: list[float]):
+    """Four tasks, QED collapsed to ~0.01 on ``task`` only (te scores ``te_there`` there), V cut 50-fold."""
     tasks = (*TASKS, "finger-spin")
-    te_scores = {t: [0.3, 0.32, 0.34, 0.36] if t == "hopper-hop" else SCORES for t in tasks}
-    qed_scores = {**te_scores, "hopper-hop": [0.01, 0.012, 0.011, 0.013]}
+    te_scores = {t: te_there if t == task else SCORES for t in tasks}
+    qed_scores = {**te_scores, task: [0.01, 0.012, 0.011, 0.013]}
     te, qed = _groups("te", _flat(4, 50.0), te_scores, tasks), _groups("qed0.2", _flat(4, 1.0), qed_scores, tasks)
     row, ends, guards = _one(te, qed, record=_record(tasks=list(tasks)))
+    return row, ends, dict(zip(sorted(tasks), guards))
+
+
+def test_qed_collapsed_on_the_weakest_task_only_fails_whatever_the_pooled_iqm():
+    row, ends, guards = _collapse("hopper-hop", [0.3, 0.32, 0.34, 0.36])
     assert ends["IQM kept"] == PASS and row.endpoints[1].estimate == 1.0, "the pooled IQM trims hopper-hop away"
-    assert dict(zip(sorted(tasks), guards)) == {"cheetah-run": PASS, "finger-spin": PASS, "hopper-hop": FAIL,
-                                                "walker-walk": PASS}
+    assert guards == {"cheetah-run": PASS, "finger-spin": PASS, "hopper-hop": FAIL, "walker-walk": PASS}
     assert row.outcome == FAIL and "3 of 4 tasks" in row.endpoints[0].rule, "V median over the guarded tasks"
 
 
 def test_qed_collapsed_on_the_strongest_task_only_fails():
-    tasks = (*TASKS, "finger-spin")
-    te_scores = {t: [0.93, 0.95, 0.96, 0.97] if t == "walker-walk" else SCORES for t in tasks}
-    qed_scores = {**te_scores, "walker-walk": [0.01, 0.012, 0.011, 0.013]}
-    te, qed = _groups("te", _flat(4, 50.0), te_scores, tasks), _groups("qed0.2", _flat(4, 1.0), qed_scores, tasks)
-    row, ends, guards = _one(te, qed, record=_record(tasks=list(tasks)))
-    assert dict(zip(sorted(tasks), guards))["walker-walk"] == FAIL and row.outcome == FAIL
+    row, _, guards = _collapse("walker-walk", [0.93, 0.95, 0.96, 0.97])
+    assert guards["walker-walk"] == FAIL and row.outcome == FAIL
 
 
 def test_bonferroni_over_two_variants_moves_the_lower_end():
