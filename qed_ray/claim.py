@@ -8,8 +8,9 @@ refuses a changed block, naming the file and each changed field, so the threshol
 in. Comments and layout of the block are free to change: only its values are hashed.
 
 The block lives in the first fenced code block whose info string is ``yaml claim``. :class:`Endpoints`' defaults
-are the pre-registered thresholds (a test holds ``docs/claim.md`` to them), so a sweep without a claim file is
-judged against the same thresholds, as an exploratory reading (:mod:`qed_ray.analysis.verdict`).
+are the pre-registered thresholds and :func:`registered_design` the design (a test holds ``docs/claim.md`` to
+both), so a sweep without a claim file is measured against the same design and lists its departures; it is not
+judged (:mod:`qed_ray.analysis.verdict`).
 """
 
 from __future__ import annotations
