@@ -39,6 +39,7 @@ MEANS = np.array([0.80, 0.95, 0.35, 0.90, 0.85, 0.85])
 SDS = np.array([0.05, 0.02, 0.10, 0.06, 0.08, 0.10])
 FAIL_P = np.array([0.0, 0.0, 0.15, 0.0, 0.15, 0.0])
 RANDOM = np.array([0.005, 0.04, 0.001, 0.01, 0.01, 0.04])  # a random policy's normalised score per task
+COLLAPSED_SD = 0.01  # the spread of an arm stuck near a random policy's score (not a trained arm's)
 PAIR_CORR = 0.3
 PAIR_NOISE = 0.3
 SEEDS, VARIANTS = registered_design().seeds, len(registered_design().variants)
@@ -47,7 +48,8 @@ SEEDS, VARIANTS = registered_design().seeds, len(registered_design().variants)
 @dataclass(frozen=True)
 class Scenario:
     """One simulated world: the true te/QED V ratio ``rho`` and QED's score factor ``shift`` on every task, with
-    per-task overrides (``qed_means``: QED's mean there, ``te_means``: te's, ``rho_at``: rho there)."""
+    per-task overrides (``qed_means``: QED's mean there, with the spread :data:`COLLAPSED_SD` of an arm that did not
+    learn; ``te_means``: te's; ``rho_at``: rho there)."""
 
     name: str
     want: str
@@ -101,11 +103,12 @@ def _world(sc: Scenario, rng, n):
     sd = np.full(len(TASKS), sc.sd) if sc.sd is not None else SDS
     te_mu = np.array([sc.te_means.get(t, m) for t, m in zip(TASKS, MEANS)])
     q_mu = np.array([sc.qed_means.get(t, m * sc.shift) for t, m in zip(TASKS, te_mu)])
+    q_sd = np.array([COLLAPSED_SD if t in sc.qed_means else x for t, x in zip(TASKS, sd)])
     rho = np.array([sc.rho_at.get(t, sc.rho) for t in TASKS])
     shared = rng.standard_normal((n, len(TASKS), SEEDS))
     scale = np.exp(rng.uniform(np.log(5), np.log(500), (n, len(TASKS))))
     te = (_scores(rng, n, te_mu, sd, shared), _kl(rng, n, scale, sc.sigma_a))
-    variants = [(_scores(rng, n, q_mu, sd, shared), _kl(rng, n, scale / rho, sc.sigma_a)) for _ in range(VARIANTS)]
+    variants = [(_scores(rng, n, q_mu, q_sd, shared), _kl(rng, n, scale / rho, sc.sigma_a)) for _ in range(VARIANTS)]
     return te, variants
 
 
