@@ -26,15 +26,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
+
 from qed_ray.claim import MIN_SEEDS, ClaimBlock, Endpoints, registered_design
 from qed_ray.codec import JsonRecord, Num
 from qed_ray.naming import parse_variant
 
 if TYPE_CHECKING:
-    from qed_ray.analysis.results import Comparison, GroupResult
+    from qed_ray.analysis.results import Comparison
     from qed_ray.spec import FinalEvalSpec
 
 PASS, FAIL, NOT_ENOUGH = "pass", "fail", "not enough data"
