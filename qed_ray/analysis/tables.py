@@ -28,7 +28,7 @@ import numpy as np
 from qed_ray.analysis import bootstrap, comparisons, evidence, metrics, profiles
 from qed_ray.analysis.comparisons import group_value as _value
 from qed_ray.naming import parse_variant
-from qed_ray.analysis.results import (Aggregate, BudgetIqm, Comparison, CriticProxy, FailedTrial, GroupResult,
+from qed_ray.analysis.results import (Aggregate, BudgetIqm, Comparison, CriticProxy, FailedTrial, GroupKey, GroupResult,
                              GroupStats, SweepResults)
 from qed_ray.spec import FinalEvalSpec
 
