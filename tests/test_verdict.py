@@ -217,14 +217,14 @@ def test_pilot_budget_is_a_departure():
 
 def test_where_qed_sat_is_shown_beside_the_outcome_and_the_verdict_round_trips():
     te = _groups("te", _flat(4, 50.0), SCORES)
-    qed = [g.__class__(**{**g.__dict__, "alpha_frac_cap_late": cap}) for g, cap in
-           zip(_groups("qed0.2", _flat(4, 1.0), SCORES), (0.9, 0.5, math.nan))]
-    object.__setattr__(qed[0], "alpha_regime", "hot")  # the alpha diagnostics' flag, where the group carries it
+    qed = [g.__class__(**{**g.__dict__, "alpha_frac_cap_late": cap, "alpha_frac_hot_late": hot}) for g, cap, hot in
+           zip(_groups("qed0.2", _flat(4, 1.0), SCORES), (0.9, 0.5, math.nan), (math.nan, 0.9, math.nan))]
     results = sweep_results("s", FE, te + qed, [], 24, _record())
     (row,) = results.verdict.variants
     assert row.n_tasks_at_cap == 1, "above half the states only; NaN (not logged) is not at the cap"
-    assert [g.alpha_regime for g in row.guards] == ["hot", None, None]
+    assert [(g.task, g.alpha_regime) for g in row.guards] == [
+        ("cheetah-run", "at_cap"), ("hopper-hop", None), ("walker-walk", "hot")], "the group's flag beside its guard"
     text = format_verdict(results.verdict, 0.95)
-    assert "    cheetah-run: guard pass (te learned" in text and "; alpha hot)" in text
+    assert "    cheetah-run: guard pass (te learned" in text and "; alpha at_cap)" in text and "; alpha hot)" in text
     assert [s.qed_at_cap for s in results.group_stats if s.variant == "qed0.2"] == [True, False, False]
     assert Verdict.from_json(results.verdict.to_json()) == results.verdict

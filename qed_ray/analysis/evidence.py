@@ -78,7 +78,7 @@ def measure(c: Comparison, base: Sequence[GroupResult], this: Sequence[GroupResu
         outcome = guard_outcome(floor, be[1], te_[2], ratio[2], gr.mean_kept)
         guards.append(TaskGuard(b.task, outcome, _reason(c.variant, outcome, floor, random, be, te_, ratio,
                                                          gr.mean_kept), random, floor, bm, be[1], tm, te_[2],
-                                *ratio, getattr(t, "alpha_regime", None)))
+                                *ratio, t.alpha_regime))
         rows.append((b, t, db, dt))
     v_rule, q_rule = endpoint_rules(endpoints, c)
     v_use = [r for r, g in zip(rows, guards) if g.outcome == "pass" and r[2]["V"] is not None
