@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from qed_ray import claim
 from qed_ray.analysis.results import FailedTrial
 from qed_ray.codec import RecordError
-from qed_ray.compat import legacy_trial_started
+from qed_ray.compat import legacy_trial_started, old_default_target_alpha
 from qed_ray.layout import PackId, SweepDir, TrialId
 from qed_ray.naming import identity, identity_changes, parse_variant, show_setting
 from qed_ray.run_records import diverged_reason, read_done, read_history
@@ -227,7 +227,7 @@ def plan(state: SweepState | None, spec: SweepSpec, layout: SweepDir | None = No
         recorded = dict(current)
     if layout is not None:
         recorded = {n: i for n, i in recorded.items() if _started(layout, n)}
-    if state.format < 3 and (old_qed := _old_default_qed(recorded)):
+    if state.format < 3 and (old_qed := old_default_target_alpha(recorded)):
         return Plan(state, problems=[old_qed])
     new = [n for n in current if n not in recorded]
     packs, pack_problems = _plan_packs(state, spec, bool(recorded), layout)
@@ -240,19 +240,6 @@ def plan(state: SweepState | None, spec: SweepSpec, layout: SweepDir | None = No
         "pack_seeds": spec.pack.seeds, "pack_by": spec.pack.by, "packs": pack_records(packs), "claim": claim_record,
         "spec": spec.model_dump(mode="json")})
     return Plan(state, new, _problems(recorded, current, spec) + pack_problems + claim_problems, packs)
-
-
-def _old_default_qed(recorded: dict) -> str | None:
-    """The refusal of a sweep.json written before ``temperature.target_alpha`` defaulted to ``floor`` that holds QED
-    trials: their names were given under the old default (``qed0.2`` then meant target_alpha: qed), so today's
-    names would mean another setting (None: no QED trial)."""
-    qed = [n for n, i in recorded.items() if i.get("temperature.kind") == "qed"]
-    if not qed:
-        return None
-    return (f"temperature.target_alpha: this sweep.json predates the default target_alpha: floor (paper App. C), and "
-            f"its {len(qed)} QED trial(s) (e.g. {qed[0]}) were named under the old default qed, so their names now "
-            f"mean another setting: finish them with the release that started them, or start over with --fresh or "
-            f"another name")
 
 
 def _plan_packs(state: SweepState, spec: SweepSpec, started: bool, layout: SweepDir | None
