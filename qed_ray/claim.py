@@ -8,8 +8,9 @@ refuses a changed block, naming the file and each changed field, so the threshol
 in. Comments and layout of the block are free to change: only its values are hashed.
 
 The block lives in the first fenced code block whose info string is ``yaml claim``. :class:`Endpoints`' defaults
-are the pre-registered thresholds (a test holds ``docs/claim.md`` to them), so a sweep without a claim file is
-judged against the same thresholds, as an exploratory reading (:mod:`qed_ray.analysis.verdict`).
+are the pre-registered thresholds and :func:`registered_design` the design (a test holds ``docs/claim.md`` to
+both), so a sweep without a claim file is measured against the same design and lists its departures; it is not
+judged (:mod:`qed_ray.analysis.verdict`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from qed_ray.config import AGENT_SPECS, Frozen
 from qed_ray.field_hints import format_validation_error
 from qed_ray.tasks import TASKS
 
+MIN_SEEDS = 3  # fewer seeds give no interval: with 2, every resample of distinct seeds is the same pair
+
 BLOCK = re.compile(r"^```yaml claim[ \t]*\n(.*?)^```[ \t]*$", re.S | re.M)
 
 
@@ -35,26 +38,40 @@ class ClaimError(ValueError):
 
 
 class VRatioEndpoint(Frozen):
-    """"V ratio >= 10": the median over tasks of te V / QED V, with its paired interval."""
+    """"V ratio >= 10": the median over the tasks passing their guard of te V / QED V, with its paired interval."""
 
     summary: Literal["median"] = Field("median", description="how the per-task ratios are summarised over tasks")
-    at_least: float = Field(10.0, gt=0, description="pass: the estimate is at least this ...")
-    lower_above: float = Field(1.0, gt=0, description="... and the interval's lower end above this; fail: the "
-                                                      "interval's upper end below at_least")
+    lower_at_least: float = Field(10.0, gt=0, description="pass: the interval's lower end is at least this; fail: "
+                                                          "its upper end is below it")
 
 
 class IqmEndpoint(Frozen):
-    """"IQM kept": IQM(QED) / IQM(te), with its paired interval."""
+    """"IQM kept": IQM(QED) / IQM(te) over the tasks where te learned, with its paired interval."""
 
     lower_at_least: float = Field(0.95, gt=0, description="pass: the interval's lower end is at least this; fail: "
                                                           "its upper end is below it")
 
 
+class TaskGuards(Frozen):
+    """What every task must show before the endpoints count it (docs/claim.md, per-task guards)."""
+
+    learned_above_random: float = Field(
+        0.1, gt=0, lt=1, description="learning floor of a task: random + this x (1 - random), in normalised score, "
+                                     "random being a uniform-random policy's mean score measured by the gather step")
+    mean_kept: float = Field(0.95, gt=0, description="a task fails the variant when QED's mean score over te's "
+                                                     "has its interval's upper end below this")
+
+
 class Endpoints(Frozen):
-    """The two primary endpoints (defaults: the pre-registered thresholds)."""
+    """The primary endpoints, the per-task guards and the decision level (defaults: the pre-registration)."""
 
     v_ratio: VRatioEndpoint = VRatioEndpoint()
     iqm_kept: IqmEndpoint = IqmEndpoint()
+    guards: TaskGuards = TaskGuards()
+    decision_confidence: float = Field(
+        0.96, gt=0, lt=1, description="family-wise level of the decision: each of the m judged variants is decided "
+                                      "on intervals at 1 - (1 - this) / m (Bonferroni)")
+    correction: Literal["bonferroni"] = Field("bonferroni", description="the correction across judged variants")
 
 
 class ClaimBlock(Frozen):
@@ -65,10 +82,13 @@ class ClaimBlock(Frozen):
     baseline: str = Field(description="the baseline variant (target entropy)")
     variants: list[str] = Field(min_length=1, description="the QED variants judged, as sweep variant labels")
     tasks: list[str] = Field(min_length=1, description="the tasks")
-    seeds: int = Field(ge=2, description="seeds per (task, variant)")
+    seeds: int = Field(ge=MIN_SEEDS, description="seeds per (task, variant)")
     env_steps: int = Field(gt=0, description="the training budget in env steps")
     pilot_env_steps: int = Field(gt=0, description="the budget of the pilot (read through V curves only)")
-    confidence: float = Field(gt=0, lt=1, description="coverage of every interval")
+    final_episodes: int = Field(ge=1, description="final-evaluation episodes per seed (final_eval.episodes)")
+    final_policies: list[Literal["mean", "sample"]] = Field(
+        min_length=1, description="final_eval.policies; the first is the one the verdict reads")
+    confidence: float = Field(gt=0, lt=1, description="coverage of every reported interval")
     bootstrap_reps: int = Field(ge=100, description="bootstrap resamples")
     endpoints: Endpoints = Field(description="the primary endpoints and their thresholds")
     secondary: list[str] = Field(default_factory=list, description="reported, not decided on")
@@ -174,3 +194,13 @@ def check(recorded: dict | None, claim_file: str | None, started: bool) -> tuple
                       f"sha256 {recorded['sha256'][:12]} recorded in sweep.json, now {record['sha256'][:12]}): a "
                       f"sweep's pre-registration cannot change: restore the block, or start over with --fresh or "
                       f"another name"]
+
+
+def registered_design() -> ClaimBlock:
+    """The design ``docs/claim.md`` registers (a test holds the file's block to it): what a sweep that names no
+    claim file is measured against, so that its verdict lists its real departures."""
+    return ClaimBlock(
+        claim="docs/claim.md", agent="mad_sac", baseline="te", variants=["qed0.2", "qed0.4"],
+        tasks=["cheetah-run", "walker-walk", "hopper-hop", "finger-spin", "reacher-hard", "quadruped-walk"],
+        seeds=15, env_steps=2_000_000, pilot_env_steps=500_000, final_episodes=20, final_policies=["mean", "sample"],
+        confidence=0.95, bootstrap_reps=50_000, endpoints=Endpoints())

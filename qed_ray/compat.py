@@ -140,3 +140,17 @@ def _pack_json(pack: PackId, name: str, legacy: _LegacyCheckpoint, budget: int) 
             "env_steps": steps, "decisions": p.decisions, "updates": p.updates, "wall_s": p.wall_s,
             "warmup_s": p.warmup_s, "train_s": p.train_s, "eval_s": p.eval_s,
             "status": ["finished" if steps >= budget else "running"], "reasons": [None], "stopped_at": [None]}
+
+
+def old_default_target_alpha(recorded: dict) -> str | None:
+    """The refusal of a sweep.json of format < 3 (its trials' identities ``recorded``), written before
+    ``temperature.target_alpha`` defaulted to ``floor``, that holds QED trials: their names were given under the old
+    default (``qed0.2`` then meant target_alpha: qed), so today's names would mean another setting (None: no QED
+    trial)."""
+    qed = [n for n, i in recorded.items() if i.get("temperature.kind") == "qed"]
+    if not qed:
+        return None
+    return (f"temperature.target_alpha: this sweep.json predates the default target_alpha: floor (paper App. C), and "
+            f"its {len(qed)} QED trial(s) (e.g. {qed[0]}) were named under the old default qed, so their names now "
+            f"mean another setting: finish them with the release that started them, or start over with --fresh or "
+            f"another name")

@@ -50,8 +50,8 @@ class TemperatureSpec(Frozen):
     tau: float = Field(0.9, gt=0, lt=1, description="QED: expectile level of |Q1 - Q2|")
     alpha_max: float = Field(0.2, gt=0, le=1e6, description="QED: upper clip of alpha(s)")
     target_alpha: Literal["qed", "floor"] = Field(
-        "qed", description="QED: alpha in the TD target: 'qed' = alpha(s') from the target critics, 'floor' = "
-                           "alpha_TE (QED only in the actor loss; no QED pass at s')")
+        "floor", description="QED: alpha in the TD target: 'floor' = alpha_TE (QED only at the actor update, paper "
+                             "App. C), 'qed' = alpha(s') from the target critics (an ablation: a second QED pass)")
 
     # Which fields each kind reads: a value set on a field the kind ignores would train something else than
     # the user asked for (e.g. ``{kind: te, k: 0.2}`` silently trains the baseline).

@@ -20,12 +20,19 @@ from qed_ray.config import AGENT_SPECS, RunSpec, TemperatureSpec, TrainSpec
 from qed_ray.labels import (KIND_RE, PRIMARY, SEP, differences, format_value,  # noqa: F401 - the vocabulary's API
                             parse_value, temperature_label)
 
+# Settings a run's identity records even at their default, because their default changed: an identity written
+# before the change (without them) meant the old default (temperature.target_alpha: qed until sweep.json format 3).
+EXPLICIT = {"qed": ("target_alpha",)}
+
+
 def identity(run: RunSpec) -> dict[str, Any]:
-    """What a run *is*: task, agent, seed, temperature kind and every non-default setting, as a flat dict."""
+    """What a run *is*: task, agent, seed, temperature kind, every non-default setting and the settings of
+    :data:`EXPLICIT`, as a flat dict."""
     out = {"task": run.task, "agent": run.agent.name, "seed": run.seed, "temperature.kind": run.temperature.kind}
     for section in ("agent", "temperature", "train"):
         out.update({f"{section}.{k}": v for k, v in differences(getattr(run, section)).items()
                     if k not in ("name", "kind")})
+    out.update({f"temperature.{k}": getattr(run.temperature, k) for k in EXPLICIT.get(run.temperature.kind, ())})
     return dict(sorted(out.items()))
 
 

@@ -64,6 +64,8 @@ class AgentEntry(Frozen):
     temperatures: list[dict[str, Any]] = Field(min_length=1, description="temperature rules (lists are axes)")
     tasks: list[str] | None = Field(None, min_length=1, description="the sweep's tasks this entry runs on (none: "
                                                                     "all of them), e.g. controls on a subset")
+    train: dict[str, Any] = Field(default_factory=dict, description="train settings of this entry's trials, over "
+                                  "the sweep's train (lists are axes), e.g. a control with shared_indices: true")
 
     @field_validator("name")
     @classmethod
@@ -281,6 +283,20 @@ class SweepSpec(Frozen):
         return v
 
     @model_validator(mode="after")
+    def _check_entry_train(self) -> "SweepSpec":
+        for i, entry in enumerate(self.agents):
+            if entry.train:
+                try:
+                    validate_grid(self.entry_train(entry), _train_spec, "train", MAX_TRIALS)
+                except ValueError as e:
+                    raise ValueError("\n".join(f"agents.{i}.train.{line}" for line in str(e).splitlines())) from None
+        return self
+
+    def entry_train(self, entry: AgentEntry) -> dict[str, Any]:
+        """An entry's train settings: the sweep's, then the entry's own over them."""
+        return {**self.train, **entry.train}
+
+    @model_validator(mode="after")
     def _check_shared_indices(self) -> "SweepSpec":
         if self.pack.seeds == 1 and any(t.shared_indices for t in self.train_specs()):
             raise ValueError("train.shared_indices: true makes the seeds of a pack draw the same replay positions, "
@@ -295,7 +311,8 @@ class SweepSpec(Frozen):
             if bad or len(set(entry.tasks or [])) != len(entry.tasks or []):
                 raise ValueError(f"agents.{i}.tasks: {bad or entry.tasks} must be distinct tasks of the sweep's "
                                  f"tasks ({', '.join(self.tasks)})")
-        n = len(self.seeds) * grid_size(self.train) * sum(len(a.tasks or self.tasks) * a.size() for a in self.agents)
+        n = len(self.seeds) * sum(grid_size(self.entry_train(a)) * len(a.tasks or self.tasks) * a.size()
+                                  for a in self.agents)
         if n > MAX_TRIALS:
             raise ValueError(f"seeds: the grid has {n:,} trials (tasks x agents x variants x seeds); at most "
                              f"{MAX_TRIALS:,}")
@@ -326,20 +343,20 @@ class SweepSpec(Frozen):
                 f"'auto'"] if other else []
 
     def train_specs(self) -> list[TrainSpec]:
-        """One TrainSpec per combination of ``train``'s axes."""
-        return list(self._trains)
+        """One TrainSpec per combination of ``train``'s axes (and of each entry's own train settings)."""
+        return list(dict.fromkeys(t for trains in self._trains for t in trains))
 
     @functools.cached_property
-    def _trains(self) -> list[TrainSpec]:
-        return [TrainSpec.model_validate(c) for c in expand_grid(self.train)]
+    def _trains(self) -> list[list[TrainSpec]]:
+        """Per agent entry, its TrainSpecs."""
+        return [[TrainSpec.model_validate(c) for c in expand_grid(self.entry_train(e))] for e in self.agents]
 
     @functools.cached_property
     def _trials(self) -> list[Trial]:
         # A variant's label depends on its settings, never on the task or seed: labelled once per combination of
         # settings, so that a grid at MAX_TRIALS validates in linear time with a small constant.
-        trains = self.train_specs()
-        combos = [(entry, agent, temp, train) for entry in self.agents for agent in entry.agent_specs()
-                  for temp in entry.temperature_specs() for train in trains]
+        combos = [(entry, agent, temp, train) for entry, trains in zip(self.agents, self._trains)
+                  for agent in entry.agent_specs() for temp in entry.temperature_specs() for train in trains]
         protos = [RunSpec(task=(entry.tasks or self.tasks)[0], agent=a, temperature=t, train=tr)
                   for entry, a, t, tr in combos]
         axes = _varying_settings(protos)

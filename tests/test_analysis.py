@@ -12,7 +12,8 @@ from folder_helpers import group_result
 from qed_ray.analysis import metrics
 from qed_ray.rl.agents import make_agent
 from qed_ray.rl.agents import load_policies
-from qed_ray.analysis.group_eval import GroupEnvs, action_rollouts, evaluate_group, trial_record
+from qed_ray.analysis.group_eval import (GroupEnvs, RandomPolicy, action_rollouts, evaluate_group, random_score,
+                                         trial_record)
 from qed_ray.rl.checkpoint import save_checkpoint
 from qed_ray.config import RunSpec
 from qed_ray.rl.evaluate import eval_seeds
@@ -60,6 +61,29 @@ def test_group_numbers_follow_the_protocol(tmp_path):
     assert a.shape == (3, 3) and np.all(np.diag(a) == 0) and np.allclose(a, a.T)
     assert g.action_distance == pytest.approx(a.sum() / 6), "the distance is the mean over pairs of the matrix"
     assert g.learning_curves[0] == [[1000, 10.0], [2000, 20.0]]
+    assert 0 <= g.random_score <= 1
+
+
+def test_the_random_policy_score_is_the_tasks_whatever_the_pool():
+    """The learning floor's base: the same episodes get the same uniform actions however the pool chunks them, and
+    the score is the mean normalised return of exactly those episodes, rolled out here by hand on one env."""
+    from qed_ray.rl.env_pool import EnvPool
+    from qed_ray.rl.evaluate import rollout_lockstep
+
+    scores = []
+    for n_policies in (1, 3):
+        envs = GroupEnvs("cartpole-balance", n_policies, 3, 2)
+        try:
+            scores.append(random_score(envs, "cartpole-balance", 3))
+        finally:
+            envs.close()
+    pool = EnvPool("cartpole-balance", eval_seeds(1), 2)
+    try:
+        by_hand = [rollout_lockstep(RandomPolicy("cartpole-balance", 1), pool, np.array([[0]]), [s]).returns[0, 0]
+                   for s in eval_seeds(3)]
+    finally:
+        pool.close()
+    assert scores[0] == scores[1] == pytest.approx(np.mean(by_hand) / 1000, rel=1e-12) and 0 < scores[0] < 1
 
 
 def test_identical_policies_have_zero_divergence_and_distance(tmp_path):

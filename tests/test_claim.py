@@ -25,24 +25,33 @@ DOC = ROOT / "docs" / "claim.md"
 def test_the_block_holds_the_design_and_the_thresholds_the_verdict_applies():
     block, raw = claim.read_block(DOC)
     assert block.endpoints == claim.Endpoints(), "a sweep without a claim file is judged by the same thresholds"
-    assert (block.endpoints.v_ratio.at_least, block.endpoints.v_ratio.lower_above,
-            block.endpoints.iqm_kept.lower_at_least) == (10, 1, 0.95)
+    keep = {"claim", "secondary"}
+    assert block.model_dump(exclude=keep) == claim.registered_design().model_dump(exclude=keep), \
+        "a sweep without a claim file is measured against the same design"
+    e = block.endpoints
+    assert (e.v_ratio.lower_at_least, e.iqm_kept.lower_at_least, e.guards.learned_above_random, e.guards.mean_kept,
+            e.decision_confidence, e.correction) == (10, 0.95, 0.1, 0.95, 0.96, "bonferroni")
+    assert (block.final_episodes, block.final_policies) == (20, ["mean", "sample"])
     assert (block.agent, block.baseline, block.variants, block.seeds, block.env_steps) == (
-        "mad_sac", "te", ["qed0.2", "qed0.4"], 10, 2_000_000)
+        "mad_sac", "te", ["qed0.2", "qed0.4"], 15, 2_000_000)
     assert block.tasks == ["cheetah-run", "walker-walk", "hopper-hop", "finger-spin", "reacher-hard", "quadruped-walk"]
     spec = load_spec(ROOT / "sweeps" / "claim.yaml")
-    assert spec.claim == "docs/claim.md" and spec.pack.seeds == 10 and spec.final_eval.policies == ("mean", "sample")
+    assert spec.claim == "docs/claim.md" and spec.pack.seeds == 15 and spec.final_eval.policies == ("mean", "sample")
     assert (spec.final_eval.confidence, spec.final_eval.bootstrap_reps) == (block.confidence, block.bootstrap_reps)
     trials = spec.trials()
     for variant in [block.baseline, *block.variants]:  # the design: every task x seed, at the budget, defaults
         mine = [t.run for t in trials if t.run.agent.name == block.agent and t.variant == variant]
-        assert sorted((r.task, r.seed) for r in mine) == sorted((t, s) for t in block.tasks for s in range(10))
-        assert all(r.train.env_steps == block.env_steps and r.agent.mad.actor_rows == "real" for r in mine)
+        assert sorted((r.task, r.seed) for r in mine) == sorted((t, s) for t in block.tasks for s in range(15))
+        assert all(r.train.env_steps == block.env_steps and r.agent.mad.actor_rows == "real"
+                   and not r.train.shared_indices for r in mine)
     controls = {t.variant for t in trials if t.run.task == "cheetah-run"} - {block.baseline, *block.variants}
-    assert controls == {"qed0.2+target_alpha=floor", "fixed0.2", "te+mad.actor_critic=target+mad.actor_rows=all",
-                        "qed0.2+mad.actor_critic=target+mad.actor_rows=all"}
+    assert controls == {"qed0.2+target_alpha=qed", "fixed0.2", "te+mad.actor_critic=target+mad.actor_rows=all",
+                        "qed0.2+mad.actor_critic=target+mad.actor_rows=all", "te+shared_indices=true",
+                        "qed0.2+shared_indices=true"}, "M2 runs QED at s' (the primary arm runs App. C's floor)"
     assert {t.run.task for t in trials if t.variant in controls} == {"cheetah-run", "walker-walk", "hopper-hop"}
-    assert len(trials) == 6 * 3 * 10 + 3 * 4 * 10
+    a3 = [t.run for t in trials if t.variant.endswith("+shared_indices=true")]
+    assert len(a3) == 2 * 3 * 15 and all(r.train.shared_indices and r.train.env_steps == block.env_steps for r in a3)
+    assert len(trials) == 6 * 3 * 15 + 3 * 6 * 15
 
 
 def test_the_claim_sweeps_dry_run_passes_with_gpu_hours(tmp_path, capsys, monkeypatch):
@@ -50,7 +59,9 @@ def test_the_claim_sweeps_dry_run_passes_with_gpu_hours(tmp_path, capsys, monkey
     monkeypatch.setenv("QED_STORAGE_PATH", str(tmp_path / "results"))
     assert dry_run(load_spec(ROOT / "sweeps" / "claim.yaml")) == 0
     out = capsys.readouterr().out
-    assert "300 trials in 30 packs" in out and "unknown" not in out and "GPU-hours on the NVIDIA A10G (" in out
+    assert "540 trials in 36 packs" in out and "unknown" not in out
+    assert "GPU-hours on the NVIDIA A10G (" in out
+    assert "  mad_sac/qed0.2+shared_indices=true S=15: 3 packs, " in out, "the A3 control is priced"
     assert f"pre-registration: docs/claim.md (claim block sha256 {claim.block_sha256(claim.read_block(DOC)[1])[:12]}" \
         in out
     assert not (tmp_path / "results").exists()
@@ -71,11 +82,11 @@ def test_the_block_is_frozen_at_the_first_start_and_a_changed_block_is_refused(t
     doc.write_text(doc.read_text().replace("tasks: [cheetah-run", "# a comment\ntasks: [cheetah-run"))
     assert plan(state, _spec(str(doc))).problems == [], "comments and layout are not the block's values"
 
-    doc.write_text(doc.read_text().replace("v_ratio: {summary: median, at_least: 10,",
-                                           "v_ratio: {summary: median, at_least: 5,"))
+    doc.write_text(doc.read_text().replace("v_ratio: {summary: median, lower_at_least: 10}",
+                                           "v_ratio: {summary: median, lower_at_least: 5}"))
     (problem,) = plan(state, _spec(str(doc))).problems
     assert problem.startswith(f"claim: {doc}: the claim block changed since this sweep started "
-                              f"(endpoints.v_ratio.at_least: 10 -> 5; block sha256 {rec['sha256'][:12]}")
+                              f"(endpoints.v_ratio.lower_at_least: 10 -> 5; block sha256 {rec['sha256'][:12]}")
     (problem,) = plan(state, _spec(None)).problems
     assert problem.startswith(f"claim: this sweep was started against {doc}") and "restore claim:" in problem
     (problem,) = plan(state.model_copy(update={"claim": None}), _spec(str(DOC))).problems  # no claim at the start
@@ -103,6 +114,21 @@ def test_an_agent_entry_may_run_on_a_subset_of_the_tasks():
     assert names == ["cartpole-balance/sac_ln/te/0", "cheetah-run/sac_ln/te/0", "cheetah-run/sac_ln/fixed0.2/0"]
     raw["agents"][1]["tasks"] = ["walker-walk"]
     with pytest.raises(ValidationError, match=r"agents\.1\.tasks: \['walker-walk'\] must be distinct tasks of the"):
+        SweepSpec.model_validate(raw)
+
+
+def test_an_agent_entry_may_set_train_settings_of_its_own():
+    raw = {"name": "s", "tasks": ["cartpole-balance"], "seeds": 2, "pack": {"seeds": 2},
+           "train": {"env_steps": 2000, "eval_every": 1000, "warmup_decisions": 100},
+           "agents": [{"name": "sac_ln", "temperatures": [{"kind": "te"}]},
+                      {"name": "sac_ln", "train": {"shared_indices": True}, "temperatures": [{"kind": "te"}]}]}
+    trials = SweepSpec.model_validate(raw).trials()
+    assert [(t.name, t.run.train.shared_indices, t.run.train.env_steps) for t in trials] == [
+        ("cartpole-balance/sac_ln/te/0", False, 2000), ("cartpole-balance/sac_ln/te/1", False, 2000),
+        ("cartpole-balance/sac_ln/te+shared_indices=true/0", True, 2000),
+        ("cartpole-balance/sac_ln/te+shared_indices=true/1", True, 2000)]
+    raw["agents"][1]["train"] = {"shared_indices": True, "holdout_fraction": 0.1}
+    with pytest.raises(ValidationError, match=r"agents\.1\.train\.shared_indices: true needs holdout_fraction 0"):
         SweepSpec.model_validate(raw)
 
 

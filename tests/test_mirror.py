@@ -57,7 +57,7 @@ def test_the_parent_runs_description_follows_the_groups_as_they_land(store, tmp_
     run, description, whole = _description_and_file(tracker, parent, tmp_path)
     assert description == whole == report.summary_markdown(both, "Sweep s: summary", SWEEP_FOOTER)
     assert description.index("| sac_ln | te | 2 | 6 | 0 |") < description.index("| sac_ln | qed0.2 | 2 | 6 | 0 |")
-    assert f"**Verdict on the claim: {both.verdict.outcome.upper()}**" in description
+    assert both.verdict.outcome == "exploratory" and "**Verdict on the claim: not judged**" in description
     assert description.endswith(SWEEP_FOOTER) and run.data.tags["qed.verdict"] == both.verdict.outcome
     (qed,) = both.comparisons
     assert run.data.metrics["sac_ln.qed0.2/V_ratio_median"] == pytest.approx(qed.V_ratio_median)

@@ -122,7 +122,8 @@ def test_adding_a_defaulted_field_leaves_identity_unchanged():
     old, new = RunSpec.model_validate(raw), NewRun.model_validate(raw)
     assert identity(old) == identity(new) == {
         "agent": "mad_sac", "agent.hidden": 256, "seed": 3, "task": "hopper-hop", "temperature.k": 0.3,
-        "temperature.kind": "qed", "train.env_steps": 40000}  # eval_every 20000 is the default: not identity
+        "temperature.kind": "qed", "temperature.target_alpha": "floor", "train.env_steps": 40000}
+    # eval_every 20000 is the default: not identity; target_alpha is, because its default changed (naming.EXPLICIT)
     assert new.variant == old.variant == "qed0.3"
     changed = NewRun.model_validate({**raw, "temperature": {"kind": "qed", "k": 0.3, "new_option": 8}})
     assert identity(changed)["temperature.new_option"] == 8 and changed.variant == "qed0.3+new_option=8"

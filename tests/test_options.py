@@ -18,7 +18,8 @@ from qed_ray.rl.hlgauss import cross_entropy
 from qed_ray.rl.networks import squashed_sample
 from qed_ray.rl.replay import holdout_draw, keeps_transition
 
-FLOOR = TemperatureSpec(**QED, target_alpha="floor")
+FLOOR = TemperatureSpec(**QED, target_alpha="floor")  # the default (App. C)
+TARGET_QED = TemperatureSpec(**QED, target_alpha="qed")  # the ablation: QED alpha(s') in the TD target
 HL = {"critic": "hlgauss", "hl": HLGaussSpec(vmin=-5.0, vmax=5.0, num_bins=21)}
 
 
@@ -37,10 +38,11 @@ def test_defaults_reproduce_the_pinned_runs():
 def test_default_specs_keep_their_identity_and_the_options_name_themselves():
     run = RunSpec.model_validate({"task": "cartpole-balance", "temperature": QED})
     assert "critic" not in run.agent.model_dump(exclude_defaults=True) and run.agent.critic_layers == 2
-    floor = RunSpec.model_validate({"task": "cartpole-balance", "temperature": {**QED, "target_alpha": "floor"}})
-    assert "target_alpha" not in run.temperature.label and "+target_alpha=floor" in floor.temperature.label
+    target = RunSpec.model_validate({"task": "cartpole-balance", "temperature": {**QED, "target_alpha": "qed"}})
+    assert run.temperature.target_alpha == "floor" and "target_alpha" not in run.temperature.label
+    assert "+target_alpha=qed" in target.temperature.label
     with pytest.raises(ValueError, match="target_alpha"):
-        TemperatureSpec(kind="te", target_alpha="floor")  # te has no QED to move out of the target
+        TemperatureSpec(kind="te", target_alpha="qed")  # te has no QED to move out of the target
     with pytest.raises(ValueError, match="hl: applies only to critic 'hlgauss'"):
         SacLnSpec(hl=HLGaussSpec(vmin=-5.0))
     with pytest.raises(ValueError, match="actor_rows"):
@@ -49,7 +51,7 @@ def test_default_specs_keep_their_identity_and_the_options_name_themselves():
 
 # ---- target_alpha: floor --------------------------------------------------------------------------------
 def test_floor_target_puts_alpha_te_in_the_td_target_and_qed_in_the_actor_loss():
-    qed, floor = agent_of("sac_ln", TemperatureSpec(**QED)), agent_of("sac_ln", FLOOR)
+    qed, floor = agent_of("sac_ln", TARGET_QED), agent_of("sac_ln", TemperatureSpec(**QED))
     assert qed.fn.noise_sizes(B) == (B, B * 4, B, B * 4) and floor.fn.noise_sizes(B) == (B, 0, B, B * 4)
     batch, g = batch_of(1), torch.Generator().manual_seed(2)
     eps_next, eps_a, eps_qed = (torch.randn(n, ACT, generator=g) for n in (B, B, B * 4))
@@ -66,14 +68,14 @@ def test_floor_target_puts_alpha_te_in_the_td_target_and_qed_in_the_actor_loss()
     torch.testing.assert_close(loss, want, rtol=1e-6, atol=1e-7)
     stats = dict(zip(floor.metric_layout.names, metrics))
     assert stats["alpha/target_mean"] == pytest.approx(float(alpha_te), rel=1e-6)
-    # The actor loss still reads QED's alpha(s): the same as the default agent's, and above the floor here.
+    # The actor loss still reads QED's alpha(s): the same as the target-side agent's, and above the floor here.
     got = floor.fn.actor_loss(params["actor"], params["critic"], params["temperature"], batch["obs"], eps_a, eps_qed)
     ref = qed.fn.actor_loss(qed.params()["actor"], qed.params()["critic"], qed.params()["temperature"],
                             batch["obs"], eps_a, eps_qed)
     for x, r in zip(got, ref):
         torch.testing.assert_close(x, r)
     assert (got[2] > alpha_te).any(), "QED's alpha in the actor loss, not the floor"
-    # ... while the default agent's target alpha is QED's at s' (another loss for the same noise)
+    # ... while the target-side agent's target alpha is QED's at s' (another loss for the same noise)
     qed_loss, _ = qed.fn.critic_loss(qed.params(), params_of(qed.critic_target), batch, eps_next,
                                      torch.randn(B * 4, ACT, generator=g))
     assert not torch.equal(qed_loss, loss)
@@ -91,7 +93,7 @@ def test_floor_target_in_mad_sac_drops_the_qed_rows_at_z_next():
 
 # ---- MAD-SAC's actor rows ---------------------------------------------------------------------------------
 def test_mad_actor_rows_all_feeds_every_critic_row_to_the_actor_step():
-    temperature = TemperatureSpec(**QED)
+    temperature = TARGET_QED  # QED at z' too, so every noise block is in use
     real = agent_of("mad_sac", temperature, mad={"proportion_real": 0.75})
     every = agent_of("mad_sac", temperature, mad={"proportion_real": 0.75, "actor_rows": "all"})
     assert every.fn.noise_sizes(B) == (16, 64, 4, 16, 64, 16, 64) and every.fn.actor_rows(B) == 16
@@ -140,8 +142,8 @@ def test_critic_depth_sets_the_critic_heads_only():
 
 # ---- every loss-changing option in a pack of S=2 seeds equals two single-seed runs --------------------------
 @pytest.mark.parametrize("name, temperature, overrides", [
-    ("sac_ln", FLOOR, {}), ("sac_ln", TemperatureSpec(**QED), HL),
-    ("mad_sac", FLOOR, {"mad": {"actor_rows": "all", "proportion_real": 0.75}}),
+    ("sac_ln", TARGET_QED, {}), ("sac_ln", TemperatureSpec(**QED), HL),
+    ("mad_sac", TARGET_QED, {"mad": {"actor_rows": "all", "proportion_real": 0.75}}),
 ])
 def test_packed_update_with_an_option_follows_two_single_seed_runs(name, temperature, overrides):
     seeds = (3, 7)
@@ -207,10 +209,10 @@ def test_ablations_spec_crosses_m1_m2_and_m3_with_both_evaluation_policies(capsy
     cells = {(r.agent.critic, r.agent.critic_layers, r.temperature.kind, r.temperature.target_alpha,
               r.train.precision) for r in runs}
     assert cells == {(c, d, k, t, p) for c in ("mse", "hlgauss") for d in (2, 3)
-                     for k, t in (("te", "qed"), ("qed", "qed"), ("qed", "floor")) for p in ("fp32", "tf32")}
+                     for k, t in (("te", "floor"), ("qed", "qed"), ("qed", "floor")) for p in ("fp32", "tf32")}
     assert {r.task for r in runs} == {"cheetah-run", "walker-walk", "hopper-hop"}
     assert all(load_spec(p).final_eval.bootstrap_reps == 50_000 for p in root.glob("*.yaml")), "rliable's default"
     assert main([str(root / "ablations.yaml"), "--dry-run", "--list"]) == 0
     out = capsys.readouterr().out
     assert "sweep ablations: 720 trials" in out
-    assert "qed0.2+target_alpha=floor+critic=hlgauss+critic_depth=3+precision=tf32/9" in out
+    assert "qed0.2+target_alpha=qed+critic=hlgauss+critic_depth=3+precision=tf32/9" in out

@@ -71,7 +71,8 @@ def test_pure_update_equals_the_previous_maths_for_the_same_noise(name, kind, ma
 def test_floor_and_cap_shares_of_states_put_there_by_construction(name, where, k, want):
     from qed_ray.rl.agents.packed import PackedAgent
 
-    temperature = TemperatureSpec(**{**QED, "k": k, "alpha_max": 0.5, "init_alpha": 0.02})
+    # target_alpha: qed, so the TD target's alpha(s') is QED's too and its shares are tested beside the actor's
+    temperature = TemperatureSpec(**{**QED, "k": k, "alpha_max": 0.5, "init_alpha": 0.02, "target_alpha": "qed"})
     single = make_agent(agent_spec(name), temperature, OBS, ACT, "cpu", 0)
     pack = PackedAgent([make_agent(agent_spec(name), temperature, OBS, ACT, "cpu", s) for s in (1, 2)])
     on = np.ones(2, bool)

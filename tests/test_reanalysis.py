@@ -18,7 +18,6 @@ from qed_ray.service.lock import SweepLock
 from qed_ray.service.reanalysis import main as gather_main
 from qed_ray.service.reanalysis import main, quiet_model_deprecations
 from qed_ray.service.tracking import Tracker, default_tracking_uri, open_sweep
-from qed_ray.analysis.verdict import iqm_outcome, v_ratio_outcome
 
 SMALL = ["--episodes", "1", "--action-rollouts", "1", "--action-steps", "10", "--curve-episodes", "1",
          "--bootstrap-reps", "100"]
@@ -187,16 +186,15 @@ def _paired_ratios_where_qed_sat_and_the_verdict(layout, capsys):
     verdict = json.loads(layout.verdict_json.read_text())
     assert verdict == results["verdict"] and verdict["claim_file"] is None
     (v,) = verdict["variants"]
-    v_ratio, iqm = v["endpoints"]
-    assert v_ratio["outcome"] == v_ratio_outcome(c["V_ratio_median"], c["V_ratio_median_ci_lower"],
-                                                 c["V_ratio_median_ci_upper"])
-    assert iqm["outcome"] == iqm_outcome(c["iqm_ratio_ci_lower"], c["iqm_ratio_ci_upper"])
-    assert v["n_tasks_at_cap"] == 1 and any(s.startswith("no pre-registration named") for s in v["scope"])
+    assert [(e["outcome"], e["lower"]) for e in v["endpoints"]] == [("not enough seeds", None)] * 2, "2 seeds"
+    assert v["n_tasks_at_cap"] == 1 and v["scope"][0] == "no pre-registration named (spec field claim)"
+    assert (v["outcome"], verdict["outcome"]) == ("exploratory", "exploratory")
     assert "qed0.2 vs te (1 tasks, 2+ seeds, intervals paired)" in out and "AT ITS CAP on 1 of 1 tasks" in out
-    assert f"sac_ln qed0.2 vs te: {v['outcome'].upper()}" in out and "the claim: " in out
+    assert "sac_ln qed0.2 vs te: not judged (exploratory: no pre-registration named (spec field claim); " in out
+    assert "the claim: not judged" in out
     run = _logged_as_child_run(layout, out, "reanalysis sweep settings", results)
     assert run.data.tags["qed.verdict"] == verdict["outcome"]
-    assert f"**Verdict on the claim: {verdict['outcome'].upper()}**" in run.data.tags["mlflow.note.content"]
+    assert "**Verdict on the claim: not judged**" in run.data.tags["mlflow.note.content"]
 
 
 def test_a_tampered_snapshot_is_refused_naming_the_file(sweep_copy, capsys):

@@ -116,9 +116,11 @@ def test_the_markdown_description_holds_the_same_table_legend_and_verdict():
     assert table[1] == "|:---|:---|" + "---:|" * 9 + ":---|"
     assert table[2:] == ["| " + " | ".join(c or " " for c in r) + " |" for r in report.rows(results)]
     assert lines[len(table) + 5:len(table) + 7] == [f"*{line}*  " for line in report.legend(results)]
-    assert f"**Verdict on the claim: {results.verdict.outcome.upper()}** (by the default thresholds of " \
-           f"docs/claim.md), judged over every QED variant (exploratory):" in lines
-    assert "- sac_ln qed0.2 vs te: **" in text and lines[-1] == "the footer"
+    assert ("**Verdict on the claim: not judged** (by the registered design of docs/claim.md), judged over nothing: "
+            "no variant runs the registered design (exploratory):") in lines
+    assert "- sac_ln qed0.2 vs te: not judged (exploratory: no pre-registration named (spec field claim); variant " \
+           "sac_ln qed0.2 vs te is not among the pre-registered mad_sac qed0.2, qed0.4 vs te;" in text
+    assert "PASS" not in text and "FAIL" not in text and lines[-1] == "the footer"
 
 
 def test_unverified_seeds_are_listed_by_the_reason_their_done_json_gives(tmp_path):

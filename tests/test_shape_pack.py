@@ -81,7 +81,7 @@ def _run(task="cartpole-balance", seed=0, kind="qed", k=0.2, hidden=8, **tempera
     (_run(kind="te"), "temperature.kind"),
     (_run(hidden=16), "agent.hidden"),
     (_run(n_actions=4), "temperature.n_actions"),
-    (_run(target_alpha="floor"), "temperature.target_alpha"),
+    (_run(target_alpha="qed"), "temperature.target_alpha"),
     (RunSpec.model_validate({"task": "cartpole-balance", "agent": {"name": "mad_sac"},
                              "temperature": {"kind": "qed", "k": 0.2}}), "agent.name"),
 ])
@@ -103,7 +103,7 @@ def test_what_must_not_share_a_pack_is_refused_naming_the_field(other, field):
 BASE = {"name": "s", "tasks": ["cartpole-balance", "walker-walk"], "seeds": 2,
         "agents": [{"name": "sac_ln", "overrides": {"hidden": 16},
                     "temperatures": [{"kind": "te"}, {"kind": "qed", "k": [0.1, 0.2, 0.4]},
-                                     {"kind": "qed", "k": 0.2, "target_alpha": "floor"}]}],
+                                     {"kind": "qed", "k": 0.2, "target_alpha": "qed"}]}],
         "train": {"env_steps": 2000, "eval_every": 1000, "warmup_decisions": 100}}
 
 
@@ -111,7 +111,7 @@ def test_a_sweep_packs_by_shape_and_keeps_packing_by_variant_by_default():
     by_shape = form_packs(SweepSpec.model_validate({**BASE, "pack": {"seeds": 6, "by": "shape"}}))
     assert [(p.name, len(p.trials)) for p in by_shape] == [
         (f"{t}/sac_ln/{v}/pack0-1", n) for t in BASE["tasks"]
-        for v, n in (("te", 2), ("qed0.1,qed0.2,qed0.4", 6), ("qed0.2+target_alpha=floor", 2))]
+        for v, n in (("te", 2), ("qed0.1,qed0.2,qed0.4", 6), ("qed0.2+target_alpha=qed", 2))]
     assert by_shape[1].names == [f"cartpole-balance/sac_ln/qed{k}/{s}" for k in KS for s in (0, 1)]
     check_pack([t.run for t in by_shape[1].trials])  # what the trial's worker checks again
     # Chunks of pack.seeds members, variant by variant; by variant (the default) as before.

@@ -207,6 +207,27 @@ def test_a_sweep_json_from_before_trial_identities_is_upgraded_only_if_its_grid_
     assert sorted(same.state.trials) == ["cartpole-balance/sac_ln/te/0", "cartpole-balance/sac_ln/te/1"]
 
 
+def test_qed_records_its_target_alpha_and_a_sweep_from_before_its_default_changed_is_refused_in_one_line():
+    """temperature.target_alpha's default became floor (App. C): a new sweep records it for every QED trial even at
+    the default; a sweep.json of format 2 meant target_alpha: qed by ``qed0.2`` and is refused once, naming it."""
+    qed = _spec(agents=[{"name": "sac_ln", "overrides": {"hidden": 16},
+                         "temperatures": [{"kind": "te"}, {"kind": "qed", "k": 0.2}]}])
+    first = plan(None, qed)
+    assert first.state.format == 3 and not first.problems
+    assert first.state.trials["cartpole-balance/sac_ln/qed0.2/0"]["temperature.target_alpha"] == "floor"
+    assert "temperature.target_alpha" not in first.state.trials[SEED0], "te has no QED target"
+    old_trials = {n: {k: v for k, v in i.items() if k != "temperature.target_alpha"}
+                  for n, i in first.state.trials.items()}
+    old = first.state.model_copy(update={"format": 2, "trials": old_trials})
+    assert plan(old, qed).problems == [
+        "temperature.target_alpha: this sweep.json predates the default target_alpha: floor (paper App. C), and its 2 "
+        "QED trial(s) (e.g. cartpole-balance/sac_ln/qed0.2/0) were named under the old default qed, so their names "
+        "now mean another setting: finish them with the release that started them, or start over with --fresh or "
+        "another name"]
+    te_only = plan(plan(None, _spec()).state.model_copy(update={"format": 2}), _spec())
+    assert not te_only.problems and te_only.state.format == 3, "no QED trial: adopted as it is"
+
+
 def test_damaged_sweep_json_gives_the_way_out(tmp_path):
     layout = SweepDir(tmp_path / "s")
     layout.root.mkdir()

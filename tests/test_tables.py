@@ -107,7 +107,7 @@ GROUP_KEYS = ["task", "agent", "variant", "seeds", "final_env_steps", "returns",
               "action_distance", "v_curve", "q1_dispersion", "early_q_gap", "learning_curves", "action_distance_pairs",
               "policy", "other_policies", "alpha_frac_floor", "alpha_frac_cap", "alpha_frac_floor_late",
               "alpha_frac_cap_late", "log_std_at_min", "unverified_seeds", "alpha_frac_hot_late", "alpha_ratio_late",
-              "entropy_late"]
+              "entropy_late", "random_score"]
 AGGREGATE_KEYS = ["agent", "variant", "n_tasks", "n_seeds", "iqm", "ci_lower", "ci_upper", "ci_width", "mean_score",
                   "V_mean", "V_median", "action_distance_mean", "n_runs", "n_failed", "V_mean_ci_lower",
                   "V_mean_ci_upper", "action_distance_ci_lower", "action_distance_ci_upper", "score_var_mean",

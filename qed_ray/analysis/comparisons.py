@@ -18,11 +18,38 @@ from typing import Callable, Sequence
 import numpy as np
 
 from qed_ray.analysis import bootstrap, metrics, profiles
-from qed_ray.analysis.results import Comparison, GroupResult
+from qed_ray.analysis.results import Comparison, GroupKey, GroupResult
 from qed_ray.spec import FinalEvalSpec
 
 STATS = ("V", "action_distance", "score_var")
 Unpaired = Callable[[str, GroupResult], "np.ndarray | None"]  # (statistic, group) -> (R,) replicates or None
+
+
+class Replicates:
+    """Bootstrap replicates per group and statistic, drawn once from streams keyed by (statistic, group), so a
+    group's interval and every ratio that uses it come from the same draws."""
+
+    def __init__(self, final_eval: FinalEvalSpec):
+        self.fe = final_eval
+        self.cache: dict[tuple[str, GroupKey], np.ndarray | None] = {}
+
+    def get(self, stat: str, g: GroupResult) -> np.ndarray | None:
+        """(R,) replicates of ``V``, ``action_distance`` or ``score_var`` for group ``g`` (None: undefined)."""
+        key = (stat, g.key)
+        if key not in self.cache:
+            self.cache[key] = self._draw(stat, g)
+        return self.cache[key]
+
+    def _draw(self, stat: str, g: GroupResult) -> np.ndarray | None:
+        if len(g.seeds) < 2:
+            return None
+        rng = bootstrap.rng_for(self.fe.seed, stat, *g.key)
+        if stat == "score_var":
+            return bootstrap.seed_replicates(g.scores, bootstrap.across_seed_variance, self.fe.bootstrap_reps, rng)
+        matrix = g.D if stat == "V" else g.action_distance_pairs
+        if not np.all(np.isfinite(matrix)):
+            return None
+        return bootstrap.pair_mean_replicates(matrix, self.fe.bootstrap_reps, rng)
 
 
 def group_value(stat: str, g: GroupResult) -> float:
@@ -55,7 +82,7 @@ def _apart(g: GroupResult, fe: FinalEvalSpec, unpaired: Unpaired) -> dict:
     return out
 
 
-def _draws(pairs, fe: FinalEvalSpec, unpaired: Unpaired) -> list[tuple[dict, dict, bool]]:
+def task_draws(pairs, fe: FinalEvalSpec, unpaired: Unpaired) -> list[tuple[dict, dict, bool]]:
     """Per task (baseline, variant): both sides' replicates and whether they were paired."""
     out = []
     for b, t in pairs:
@@ -102,7 +129,7 @@ def compare(base: Sequence[GroupResult], this: Sequence[GroupResult], fe: FinalE
     pairs = [(b, by_task[b.task]) for b in sorted(base, key=lambda g: g.task) if b.task in by_task]
     if not pairs:
         return None
-    draws = _draws(pairs, fe, unpaired)
+    draws = task_draws(pairs, fe, unpaired)
     fields, n_v = {}, 0
     for stat in STATS:
         got, n = _ratio_fields(stat, pairs, draws, fe.confidence)

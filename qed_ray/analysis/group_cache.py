@@ -39,8 +39,9 @@ from qed_ray.rl.checkpoint import SNAPSHOT_FORMATS, CheckpointError, read_manife
 from qed_ray.rl.digests import sign
 from qed_ray.spec import FinalEvalSpec
 
-# Bump whenever evaluate_group gives other numbers for the same policies and settings (3: where QED sat).
-ANALYSIS_VERSION = 3
+# Bump whenever evaluate_group gives other numbers for the same policies and settings (3: where QED sat; 4: the
+# random policy's score, the verdict's learning floor).
+ANALYSIS_VERSION = 4
 EVAL_FIELDS = ("episodes", "action_rollouts", "action_steps", "curve_episodes")
 OPTIONAL_EVAL_FIELDS = ("policies", "proxy_window")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import zlib
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -127,6 +128,34 @@ class GroupEnvs:
         self.pool.close()
 
 
+RANDOM_POLICY_KEY = 0x5A4D  # keys the random policy's action streams apart from the evaluation noise
+
+
+class RandomPolicy:
+    """Acts uniformly at random in [-1, 1]^A, from one stream per (task, episode env seed), so the same episodes
+    get the same actions whatever the chunking (:func:`qed_ray.rl.evaluate.rollout_lockstep` calls
+    ``start_episodes``)."""
+
+    def __init__(self, task: str, action_dim: int):
+        self.key, self.action_dim, self.rngs = zlib.crc32(task.encode()), action_dim, []
+
+    def start_episodes(self, seeds) -> None:
+        """Restarts the streams at the episodes with env seeds ``seeds``."""
+        self.rngs = [np.random.default_rng([RANDOM_POLICY_KEY, self.key, s]) for s in seeds]
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        """Actions [1, E, A] for observations [1, E, O]."""
+        return np.stack([r.uniform(-1.0, 1.0, self.action_dim) for r in self.rngs])[None].astype(np.float32)
+
+
+def random_score(envs: GroupEnvs, task: str, episodes: int) -> float:
+    """The mean normalised score of :class:`RandomPolicy` over ``episodes`` episodes from the shared eval seeds:
+    the base of the verdict's learning floor (docs/claim.md); every group of a task measures the same number."""
+    rolls = rollout_in_chunks(RandomPolicy(task, envs.pool.action_dim), envs.pool, envs.index[:1],
+                              eval_seeds(episodes))
+    return float(metrics.normalized_score(rolls.returns[0]).mean())
+
+
 def _pack(records: list[TrialRecord], step: int, device: str) -> PackedAgent:
     from qed_ray.rl.agents import load_policies
 
@@ -187,9 +216,11 @@ def evaluate_group(records: Sequence[TrialRecord], final_eval: FinalEvalSpec, de
     envs = GroupEnvs(records[0].task, len(records), episodes, records[0].frame_skip)
     try:
         first, *others = final_eval.policies
+        rand = random_score(envs, records[0].task, final_eval.episodes)
         result = _evaluate_policy(records, pack, envs, final_eval, device, first)
-        return dataclasses.replace(result, other_policies={
-            p: _evaluate_policy(records, pack, envs, final_eval, device, p) for p in others})
+        return dataclasses.replace(result, random_score=rand, other_policies={
+            p: dataclasses.replace(_evaluate_policy(records, pack, envs, final_eval, device, p), random_score=rand)
+            for p in others})
     finally:
         envs.close()
 

@@ -229,10 +229,12 @@ def summary_markdown(results: SweepResults, heading: str, footer: str = "") -> s
         lines += ["", f"**{unverified}**"]
     v = results.verdict
     if v is not None:
-        lines += ["", f"**Verdict on the claim: {v.outcome.upper()}** (by "
-                      f"{v.claim_file or 'the default thresholds of docs/claim.md'}), judged over {v.judged_over}:"]
+        head = ("not judged" if v.outcome == verdict.EXPLORATORY else v.outcome.upper())
+        lines += ["", f"**Verdict on the claim: {head}** (by "
+                      f"{v.claim_file or 'the registered design of docs/claim.md'}), judged over {v.judged_over}:"]
         for r in v.variants:
-            ends = "; ".join(f"{e.name}: {e.outcome} {with_ci(e.estimate, e.lower, e.upper)}" for e in r.endpoints)
-            lines.append(f"- {r.agent} {r.variant} vs {r.baseline}: **{r.outcome.upper()}** ({ends}; "
-                         f"{'pre-registered' if not r.scope else 'exploratory'})")
+            ends = "; ".join(f"{e.name}: {'' if r.scope else e.outcome + ' '}{with_ci(e.estimate, e.lower, e.upper)}"
+                             for e in r.endpoints)
+            said = f"not judged (exploratory: {'; '.join(r.scope)})" if r.scope else f"**{r.outcome.upper()}**"
+            lines.append(f"- {r.agent} {r.variant} vs {r.baseline}: {said} ({ends})")
     return "\n".join(lines + (["", footer] if footer else []))

@@ -90,6 +90,10 @@ class GroupResult(JsonRecord):
     ``log_std_min`` on the pooled evaluation states (mean over seeds). ``entropy_late``: the late mean of the
     policy's entropy estimate -log pi(a|s) on actor-update states (every temperature rule).
 
+    ``random_score``: the mean normalised score of a uniform-random policy over the final evaluation's episodes
+    from the same eval seeds (:func:`qed_ray.analysis.group_eval.random_score`), the base of the verdict's learning
+    floor; every group of a task gets the same value (NaN: gathered before it was measured).
+
     ``unverified_seeds``: the seeds whose trials never recorded the digest of their files (an MLflow outage at
     their end), so their files were used without a check (:mod:`qed_ray.analysis.group_cache`).
     """
@@ -120,6 +124,7 @@ class GroupResult(JsonRecord):
     alpha_frac_hot_late: Num = math.nan
     alpha_ratio_late: Num = math.nan
     entropy_late: Num = math.nan
+    random_score: Num = math.nan  # a uniform-random policy's mean normalised score on the task (the learning floor)
 
     @property
     def key(self) -> GroupKey:

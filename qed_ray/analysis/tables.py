@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from qed_ray.analysis import bootstrap, comparisons, metrics, profiles, verdict
+from qed_ray.analysis import bootstrap, comparisons, evidence, metrics, profiles
 from qed_ray.analysis.comparisons import group_value as _value
 from qed_ray.naming import parse_variant
 from qed_ray.analysis.results import (Aggregate, BudgetIqm, Comparison, CriticProxy, FailedTrial, GroupKey, GroupResult,
@@ -52,34 +52,8 @@ def failed_counts(failed: Sequence[FailedTrial]) -> Counter:
     return Counter(f.group for f in failed if f.group is not None)
 
 
-class _Replicates:
-    """Bootstrap replicates per group and statistic, drawn once from streams keyed by (statistic, group), so a
-    group's interval and every ratio that uses it come from the same draws."""
-
-    def __init__(self, final_eval: FinalEvalSpec):
-        self.fe = final_eval
-        self.cache: dict[tuple[str, GroupKey], np.ndarray | None] = {}
-
-    def get(self, stat: str, g: GroupResult) -> np.ndarray | None:
-        """(R,) replicates of ``V``, ``action_distance`` or ``score_var`` for group ``g`` (None: undefined)."""
-        key = (stat, g.key)
-        if key not in self.cache:
-            self.cache[key] = self._draw(stat, g)
-        return self.cache[key]
-
-    def _draw(self, stat: str, g: GroupResult) -> np.ndarray | None:
-        if len(g.seeds) < 2:
-            return None
-        rng = bootstrap.rng_for(self.fe.seed, stat, *g.key)
-        if stat == "score_var":
-            return bootstrap.seed_replicates(g.scores, bootstrap.across_seed_variance, self.fe.bootstrap_reps, rng)
-        matrix = g.D if stat == "V" else g.action_distance_pairs
-        if not np.all(np.isfinite(matrix)):
-            return None
-        return bootstrap.pair_mean_replicates(matrix, self.fe.bootstrap_reps, rng)
-
-
-def _mean_with_ci(stat: str, gs: Sequence[GroupResult], reps: _Replicates) -> tuple[float, float, float]:
+def _mean_with_ci(stat: str, gs: Sequence[GroupResult], reps: comparisons.Replicates
+                  ) -> tuple[float, float, float]:
     """Mean over the tasks where ``stat`` is defined, with its stratified interval."""
     use = [g for g in gs if math.isfinite(_value(stat, g)) and reps.get(stat, g) is not None]
     if not use:
@@ -110,9 +84,9 @@ def baseline_of(variant: str, variants: Sequence[str]) -> str:
 
 
 def compare_all(groups: Sequence[GroupResult], final_eval: FinalEvalSpec,
-                reps: _Replicates | None = None) -> list[Comparison]:
+                reps: comparisons.Replicates | None = None) -> list[Comparison]:
     """Every (agent, variant) with a target-entropy baseline against it (:func:`qed_ray.analysis.comparisons.compare`)."""
-    reps, by_av, out = reps or _Replicates(final_eval), _by_agent_variant(groups), []
+    reps, by_av, out = reps or comparisons.Replicates(final_eval), _by_agent_variant(groups), []
     for (agent, variant), gs in by_av.items():
         base = baseline_of(variant, [v for a, v in by_av if a == agent])
         c = comparisons.compare(by_av[(agent, base)], gs, final_eval, reps.get) if base else None
@@ -136,7 +110,7 @@ def aggregate(groups: Sequence[GroupResult], final_eval: FinalEvalSpec, failed: 
     """Per (agent, variant) across tasks: IQM and mean score + CI over every seed, V / action distance / return
     variance with intervals, ratios to the target-entropy baseline (the ratio of task means of the variant's
     comparison: ``comps``, computed here when None), where QED sat, seed and failure counts."""
-    fe, reps, n_failed = final_eval, _Replicates(final_eval), failed_counts(failed)
+    fe, reps, n_failed = final_eval, comparisons.Replicates(final_eval), failed_counts(failed)
     by_av = _by_agent_variant(groups)
     by_variant = {(c.agent, c.variant): c for c in (compare_all(groups, fe, reps) if comps is None else comps)}
     out = []
@@ -191,7 +165,7 @@ def group_stats(groups: Sequence[GroupResult], final_eval: FinalEvalSpec,
                 failed: Sequence[FailedTrial] = ()) -> list[GroupStats]:
     """Per group: the seed-bootstrap intervals of V and the action distance, the score variance, the counts,
     where QED's alpha sat and the entropy gap to te."""
-    reps, n_failed, gaps = _Replicates(final_eval), failed_counts(failed), _entropy_gaps(groups)
+    reps, n_failed, gaps = comparisons.Replicates(final_eval), failed_counts(failed), _entropy_gaps(groups)
     out = []
     for g in sorted(groups, key=lambda g: g.key):
         ci = {}
@@ -274,9 +248,10 @@ def _tables(sweep: str, final_eval: FinalEvalSpec, groups: Sequence[GroupResult]
             n_trials: int, policy: str, claim: dict | None) -> SweepResults:
     groups = sorted(groups, key=lambda g: g.key)
     failed = list(failed)
-    comps = compare_all(groups, final_eval)
+    reps = comparisons.Replicates(final_eval)
+    comps = compare_all(groups, final_eval, reps)
     return SweepResults(sweep, final_eval, aggregate(groups, final_eval, failed, comps) if groups else [], groups,
                         critic_proxy(groups), failed, n_trials, group_stats(groups, final_eval, failed),
                         iqm_by_budget(groups, final_eval), policy, comparisons=comps,
-                        verdict=verdict.judge(comps, groups, final_eval, claim),
+                        verdict=evidence.judge(comps, groups, final_eval, claim, reps.get),
                         performance_profiles=profiles.performance_profiles(groups, final_eval))

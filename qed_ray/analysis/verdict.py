@@ -1,62 +1,91 @@
 """The verdict on the paper's central claim, judged by the rules of the pre-registration (docs/claim.md), from a
-sweep's te/QED comparisons (:mod:`qed_ray.analysis.comparisons`). Pure: no files, no Ray, no MLflow.
+sweep's groups and te/QED comparisons (:func:`qed_ray.analysis.evidence.judge` measures and applies them). Pure
+numpy: no files, no Ray, no MLflow. The rules are vectorised, so the
+power tool (``benchmarks/verdict_power.py``) applies these very functions to thousands of simulated experiments.
 
-Per QED variant with a te baseline, two endpoints, each ``pass``, ``fail`` or ``not enough data``:
+Every pass and every fail is decided by an interval, never by a point estimate, at the decision level
+1 - (1 - ``decision_confidence``) / m for m judged variants (Bonferroni). Per QED variant against te:
 
-- "V ratio >= 10": the median over tasks of te V / QED V with its interval: *pass* if the median is >= 10 and the
-  lower end is > 1; *fail* if the upper end is < 10; else not enough data (also when both rules hold at once,
-  which a percentile interval that misses its own estimate allows).
-- "IQM kept": IQM(QED) / IQM(te) with its interval: *pass* if the lower end is >= 0.95; *fail* if the upper end is
-  < 0.95; else not enough data.
+- per task, a guard: the learning floor is random + margin x (1 - random) of the normalised score, ``random`` the
+  mean score of a uniform-random policy the gather step rolled out on the task. te's interval not above its floor:
+  *not enough data* for that task; QED's interval below its floor while te cleared it: *fail*; QED's mean score
+  over te's with its interval below the ``mean_kept`` margin: *fail*; else *pass*.
+- "V ratio >= 10": the median of te V / QED V over the tasks passing their guard: *pass* when the interval's lower
+  end is >= 10, *fail* when its upper end is < 10.
+- "IQM kept": IQM(QED) / IQM(te) pooled over the tasks where te learned: *pass* when the lower end is >= 0.95,
+  *fail* when the upper end is < 0.95.
+- NaN in an estimate or at either end: *not enough data*; fewer than 3 seeds: *not enough seeds* (no interval).
 
-A variant passes when both endpoints pass and fails when either fails. The claim as a whole passes when some
-variant passes, fails when every variant fails, and has not enough data otherwise; it is judged over the
-pre-registered variants where the sweep runs the pre-registered design, else over every QED variant, and each
-departure from the design is listed (``scope``): such a verdict is exploratory.
+A variant fails when a guard or an endpoint fails and passes when every guard and both endpoints pass; else not
+enough data. The claim passes when some judged variant passes and fails when all fail. Only a sweep on the
+registered design is judged: any departure (``scope``) makes the variant ``exploratory`` (not judged), and with no
+variant on the design the claim is ``exploratory`` too.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable
 
-from qed_ray.claim import ClaimBlock, Endpoints, IqmEndpoint, VRatioEndpoint
+import numpy as np
+
+from qed_ray.claim import MIN_SEEDS, ClaimBlock, Endpoints, registered_design
 from qed_ray.codec import JsonRecord, Num
 from qed_ray.naming import parse_variant
 
 if TYPE_CHECKING:
-    from qed_ray.analysis.results import Comparison, GroupResult
+    from qed_ray.analysis.results import Comparison
     from qed_ray.spec import FinalEvalSpec
 
 PASS, FAIL, NOT_ENOUGH = "pass", "fail", "not enough data"
+NOT_ENOUGH_SEEDS, EXPLORATORY = "not enough seeds", "exploratory"
 
 
-def v_ratio_outcome(estimate: float, lower: float, upper: float, rule: VRatioEndpoint = VRatioEndpoint()) -> str:
-    """"V ratio >= 10" (see the module notes); NaN anywhere gives not enough data."""
-    passes = estimate >= rule.at_least and lower > rule.lower_above
-    fails = upper < rule.at_least
-    return PASS if passes and not fails else FAIL if fails and not passes else NOT_ENOUGH
+def _out(a: np.ndarray):
+    return a if a.ndim else str(a)
 
 
-def iqm_outcome(lower: float, upper: float, rule: IqmEndpoint = IqmEndpoint()) -> str:
-    """"IQM kept" (see the module notes); NaN anywhere gives not enough data."""
-    passes, fails = lower >= rule.lower_at_least, upper < rule.lower_at_least
-    return PASS if passes and not fails else FAIL if fails and not passes else NOT_ENOUGH
+def interval_outcome(estimate, lower, upper, at_least: float):
+    """An endpoint's outcome: pass if ``lower >= at_least``, fail if ``upper < at_least``, else (and with NaN in
+    any of the three) not enough data. Arrays of any (equal) shape give an array of outcomes."""
+    e, lo, hi = (np.asarray(x, dtype=np.float64) for x in (estimate, lower, upper))
+    nan = np.isnan(e) | np.isnan(lo) | np.isnan(hi)
+    passes, fails = lo >= at_least, hi < at_least
+    return _out(np.where(nan | (passes & fails), NOT_ENOUGH, np.where(passes, PASS, np.where(fails, FAIL, NOT_ENOUGH))))
 
 
-def combine(outcomes: Sequence[str], any_pass: bool) -> str:
-    """All must pass (``any_pass`` False: a variant's endpoints) or one must (True: the claim over variants); a
-    fail decides the first, all fails the second; otherwise not enough data."""
-    if not outcomes:
+def guard_outcome(floor, baseline_lower, variant_upper, ratio_upper, mean_kept: float):
+    """A task's guard (see the module notes) from the learning floor, the lower end of te's mean score, the upper
+    end of QED's, and the upper end of QED's mean over te's; vectorised like :func:`interval_outcome`."""
+    f, b, v, r = (np.asarray(x, dtype=np.float64) for x in (floor, baseline_lower, variant_upper, ratio_upper))
+    te_unclear = np.isnan(f) | np.isnan(b) | (b < f)
+    fails = (v < f) | (r < mean_kept)
+    return _out(np.where(te_unclear, NOT_ENOUGH, np.where(fails, FAIL, np.where(np.isnan(r), NOT_ENOUGH, PASS))))
+
+
+def combine(outcomes, any_pass: bool, axis: int = -1):
+    """All must pass (``any_pass`` False: a variant's guards and endpoints) or one must (True: the claim over
+    variants); a fail decides the first, all fails the second; otherwise (and with none) not enough data."""
+    o = np.asarray(outcomes, dtype=str)
+    if o.size == 0:
         return NOT_ENOUGH
+    p, f = (o == PASS), (o == FAIL)
     if any_pass:
-        return PASS if PASS in outcomes else FAIL if all(o == FAIL for o in outcomes) else NOT_ENOUGH
-    return FAIL if FAIL in outcomes else PASS if all(o == PASS for o in outcomes) else NOT_ENOUGH
+        got = np.where(p.any(axis), PASS, np.where(f.all(axis), FAIL, NOT_ENOUGH))
+    else:
+        got = np.where(f.any(axis), FAIL, np.where(p.all(axis), PASS, NOT_ENOUGH))
+    return _out(got)
+
+
+def decision_level(endpoints: Endpoints, n_judged: int) -> float:
+    """The two-sided level of every interval that decides: Bonferroni over the ``n_judged`` variants."""
+    return 1.0 - (1.0 - endpoints.decision_confidence) / max(1, n_judged)
 
 
 @dataclass(frozen=True)
 class EndpointResult(JsonRecord):
-    """One endpoint of one variant: its estimate and interval, the rule and the outcome."""
+    """One endpoint of one variant: its estimate and interval (at the variant's ``level``), rule and outcome."""
 
     name: str
     outcome: str
@@ -67,9 +96,30 @@ class EndpointResult(JsonRecord):
 
 
 @dataclass(frozen=True)
+class TaskGuard(JsonRecord):
+    """One task's guard: the learning floor (from a random policy's score), te's and QED's mean scores with the
+    ends that decide, QED's mean over te's with its interval, the outcome and why; ``alpha_regime`` is the QED
+    group's (None: no estimate)."""
+
+    task: str
+    outcome: str
+    reason: str
+    random_score: Num
+    floor: Num
+    baseline_mean: Num
+    baseline_lower: Num
+    variant_mean: Num
+    variant_upper: Num
+    mean_ratio: Num
+    mean_ratio_lower: Num
+    mean_ratio_upper: Num
+    alpha_regime: str | None = None
+
+
+@dataclass(frozen=True)
 class VariantVerdict(JsonRecord):
-    """One QED variant against its te baseline; ``scope`` lists its departures from the pre-registered design
-    (empty: pre-registered)."""
+    """One QED variant against its te baseline; ``scope`` lists its departures from the registered design (empty:
+    judged), ``level`` is the two-sided level of its deciding intervals (NaN: none drawn)."""
 
     agent: str
     variant: str
@@ -80,31 +130,37 @@ class VariantVerdict(JsonRecord):
     n_tasks_at_cap: int
     scope: list[str]
     endpoints: list[EndpointResult]
+    level: Num = math.nan
+    guards: list[TaskGuard] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class Verdict(JsonRecord):
-    """The claim's verdict: per variant and overall (``claim_file`` None: judged by the default thresholds)."""
+    """The claim's verdict: per variant and overall (``claim_file`` None: measured against the registered design
+    with its thresholds)."""
 
     claim_file: str | None
     claim_sha256: str | None
     outcome: str
     judged_over: str
     variants: list[VariantVerdict] = field(default_factory=list)  # as JSON: gather/verdict.json
+    correction: str = ""
 
 
-def _is_qed(label: str) -> bool:
+def is_qed(label: str) -> bool:
+    """Whether a variant label is a QED variant (the ones judged; controls such as fixed alpha never are)."""
     try:
         return parse_variant(label)["temperature"]["kind"] == "qed"
     except ValueError:
         return False
 
 
-def departures(c: Comparison, block: ClaimBlock | None, final_eval: FinalEvalSpec) -> list[str]:
-    """What in this comparison differs from the pre-registered design (empty: it is the design)."""
-    if block is None:
-        return ["no pre-registration named (spec field claim): the thresholds of docs/claim.md, read exploratively"]
-    out = []
+def departures(c: Comparison, block: ClaimBlock | None, final_eval: FinalEvalSpec,
+               why_none: str = "no pre-registration named (spec field claim)") -> list[str]:
+    """What in this comparison differs from the registered design (empty: it is the design); ``block`` None (the
+    sweep names no claim file, ``why_none``) measures it against :func:`qed_ray.claim.registered_design`."""
+    out = [] if block else [why_none]
+    block = block or registered_design()
     if (c.agent, c.baseline) != (block.agent, block.baseline) or c.variant not in block.variants:
         out.append(f"variant {c.agent} {c.variant} vs {c.baseline} is not among the pre-registered "
                    f"{block.agent} {', '.join(block.variants)} vs {block.baseline}")
@@ -119,70 +175,86 @@ def departures(c: Comparison, block: ClaimBlock | None, final_eval: FinalEvalSpe
         out.append(f"budget: {c.env_steps:,} env steps (pre-registered {block.env_steps:,})")
     if c.pairing != "paired":
         out.append(f"intervals {c.pairing} (pre-registered: paired over seeds)")
+    if final_eval.episodes < block.final_episodes:
+        out.append(f"final evaluation: {final_eval.episodes} episodes per seed (pre-registered {block.final_episodes})")
+    policies = list(final_eval.policies)
+    if policies[:1] != block.final_policies[:1] or set(block.final_policies) - set(policies):
+        out.append(f"evaluation policies: {', '.join(final_eval.policies)} (pre-registered "
+                   f"{', '.join(block.final_policies)}, the first read by the verdict)")
     if final_eval.confidence != block.confidence or final_eval.bootstrap_reps < block.bootstrap_reps:
         out.append(f"bootstrap: {100 * final_eval.confidence:g}% intervals from {final_eval.bootstrap_reps} "
                    f"resamples (pre-registered {100 * block.confidence:g}% from {block.bootstrap_reps})")
     return out
 
 
-def judge_variant(c: Comparison, endpoints: Endpoints, n_at_cap: int, scope: list[str]) -> VariantVerdict:
-    """Both endpoints of one comparison."""
-    v, q = endpoints.v_ratio, endpoints.iqm_kept
-    v_est = (c.V_ratio_median, c.V_ratio_median_ci_lower, c.V_ratio_median_ci_upper)
-    q_est = (c.iqm_ratio, c.iqm_ratio_ci_lower, c.iqm_ratio_ci_upper)
-    results = [
-        EndpointResult(f"V ratio >= {v.at_least:g}", v_ratio_outcome(*v_est, v), *v_est,
-                       f"median over tasks of {c.baseline} V / {c.variant} V: pass if >= {v.at_least:g} with the "
-                       f"interval's lower end > {v.lower_above:g}; fail if its upper end < {v.at_least:g}"),
-        EndpointResult("IQM kept", iqm_outcome(q_est[1], q_est[2], q), *q_est,
-                       f"IQM {c.variant} / IQM {c.baseline}: pass if the interval's lower end >= "
-                       f"{q.lower_at_least:g}; fail if its upper end < {q.lower_at_least:g}")]
-    return VariantVerdict(c.agent, c.variant, c.baseline, combine([r.outcome for r in results], any_pass=False),
-                          c.pairing, c.n_tasks, n_at_cap, scope, results)
+def endpoint_rules(endpoints: Endpoints, c: Comparison) -> tuple[str, str]:
+    """The two endpoints' rules in words."""
+    v, q = endpoints.v_ratio.lower_at_least, endpoints.iqm_kept.lower_at_least
+    return (f"median over the tasks passing their guard of {c.baseline} V / {c.variant} V: pass if the interval's "
+            f"lower end >= {v:g}; fail if its upper end < {v:g}",
+            f"IQM {c.variant} / IQM {c.baseline} over the tasks where {c.baseline} learned: pass if the interval's "
+            f"lower end >= {q:g}; fail if its upper end < {q:g}")
 
 
-def judge(comparisons: Sequence[Comparison], groups: Sequence[GroupResult], final_eval: FinalEvalSpec,
-          claim: dict | None = None) -> Verdict | None:
-    """The verdict over every QED variant with a te baseline (None if there is none).
+def _no_intervals(c: Comparison, endpoints: Endpoints) -> list[EndpointResult]:
+    v_rule, q_rule = endpoint_rules(endpoints, c)
+    why = f" ({c.n_seeds} on some task; an interval needs {MIN_SEEDS})"
+    return [EndpointResult(f"V ratio >= {endpoints.v_ratio.lower_at_least:g}", NOT_ENOUGH_SEEDS, c.V_ratio_median,
+                           math.nan, math.nan, v_rule + why),
+            EndpointResult("IQM kept", NOT_ENOUGH_SEEDS, c.iqm_ratio, math.nan, math.nan, q_rule + why)]
 
-    Args:
-        comparisons: the sweep's comparisons (:func:`qed_ray.analysis.comparisons.compare`).
-        groups: the sweep's groups (for the tasks where QED sat at its cap).
-        final_eval: the bootstrap settings the intervals were drawn with.
-        claim: ``sweep.json``'s claim record (``{"file", "sha256", "block"}``), or None.
-    """
-    block = ClaimBlock.model_validate(claim["block"]) if claim else None
-    endpoints = block.endpoints if block else Endpoints()
-    rows = [c for c in comparisons if c.baseline and _is_qed(c.variant)]
-    if not rows:
-        return None
-    variants = [judge_variant(c, endpoints, sum(g.at_cap for g in groups if (g.agent, g.variant, g.task) in {
-        (c.agent, c.variant, t) for t in c.tasks}), departures(c, block, final_eval)) for c in rows]
-    registered = [v for v in variants if not v.scope]
-    use = registered or variants
-    over = "the pre-registered variants" if registered else "every QED variant (exploratory)"
-    return Verdict(claim["file"] if claim else None, claim["sha256"] if claim else None,
-                   combine([v.outcome for v in use], any_pass=True), over, variants)
+
+Measure = Callable[..., tuple[list[TaskGuard], list[EndpointResult]]]
+
+
+def judge_variant(c: Comparison, endpoints: Endpoints, n_at_cap: int, scope: list[str], level: float,
+                  measure: Measure | None) -> VariantVerdict:
+    """One comparison's guards and endpoints (``measure``: its guards and endpoint intervals at ``level``, None
+    when a task has fewer than 3 seeds) and its outcome (``exploratory`` off the design)."""
+    if measure is None:
+        guards, results, level = [], _no_intervals(c, endpoints), math.nan
+    else:
+        guards, results = measure(level)
+    outcome = EXPLORATORY if scope else combine([g.outcome for g in guards] + [r.outcome for r in results],
+                                                any_pass=False)
+    return VariantVerdict(c.agent, c.variant, c.baseline, outcome, c.pairing, c.n_tasks, n_at_cap, scope,
+                          results, level, guards)
 
 
 def _g(x: float) -> str:
     return f"{x:.3g}"
 
 
+def _guard_line(g: TaskGuard, judged: bool) -> str:
+    regime = f"; alpha {g.alpha_regime}" if g.alpha_regime else ""
+    return f"    {g.task}: {f'guard {g.outcome} (' if judged else '('}{g.reason}{regime})"
+
+
 def format_verdict(v: Verdict, confidence: float) -> str:
-    """The verdict as the summary prints it."""
+    """The verdict as the summary prints it: off the registered design, "not judged (exploratory: ...)" and the
+    numbers without outcomes; never PASS or FAIL there."""
     source = (f"{v.claim_file} (claim block sha256 {v.claim_sha256[:12]})" if v.claim_file else
-              "the default thresholds of docs/claim.md (this sweep names no claim file)")
-    lines = [f"verdict on the claim, by {source}; {100 * confidence:g}% intervals:"]
+              "the registered design and thresholds of docs/claim.md (this sweep names no claim file)")
+    lines = [f"verdict on the claim, by {source}; {v.correction or f'{100 * confidence:g}% intervals'}:"]
     for r in v.variants:
-        lines.append(f"  {r.agent} {r.variant} vs {r.baseline}: {r.outcome.upper()}  ({r.n_tasks} tasks, "
-                     f"intervals {r.pairing}; {'pre-registered' if not r.scope else 'exploratory'})")
+        head = f"  {r.agent} {r.variant} vs {r.baseline}"
+        if r.scope:
+            lines.append(f"{head}: not judged (exploratory: {'; '.join(r.scope)})")
+        else:
+            lines.append(f"{head}: {r.outcome.upper()}  ({r.n_tasks} tasks, intervals {r.pairing} at "
+                         f"{100 * r.level:.4g}%)")
         for e in r.endpoints:
-            lines.append(f"    {e.name}: {e.outcome}  {_g(e.estimate)} [{_g(e.lower)}, {_g(e.upper)}]  ({e.rule})")
+            said = "" if r.scope and e.outcome in (PASS, FAIL) else f"{e.outcome}  "
+            ends = ("no interval" if math.isnan(e.lower) and math.isnan(e.upper) else
+                    f"[{_g(e.lower)}, {_g(e.upper)}]")
+            lines.append(f"    {e.name}: {said}{_g(e.estimate)} {ends}  ({e.rule})")
+        lines += [_guard_line(g, not r.scope) for g in r.guards if not r.scope or g.outcome != PASS or g.alpha_regime]
         if r.n_tasks_at_cap:
             lines.append(f"    QED's alpha sat at its cap on most states late in training on {r.n_tasks_at_cap} of "
                          f"{r.n_tasks} tasks: there te is compared with an almost fixed alpha")
-        lines += [f"    exploratory: {s}" for s in r.scope]
-    lines.append(f"  the claim: {v.outcome.upper()}, judged over {v.judged_over}; pass if some variant passes both "
-                 f"endpoints, fail if every variant fails one")
+    if v.outcome == EXPLORATORY:
+        lines.append(f"  the claim: not judged, {v.judged_over}")
+    else:
+        lines.append(f"  the claim: {v.outcome.upper()}, judged over {v.judged_over}; pass if some variant passes "
+                     f"every guard and both endpoints, fail if every variant fails one")
     return "\n".join(lines)

@@ -21,7 +21,7 @@ from qed_ray.layout import PackId, SweepDir, TrialId
 from qed_ray.rl.digests import sign
 from qed_ray.spec import SpecError
 
-STATE_FORMAT = 2
+STATE_FORMAT = 3  # 3: QED trials record temperature.target_alpha, whose default became floor
 # The sweep id goes into MLflow search filters and run tags: letters, digits and -_. only (uuid hex today).
 SWEEP_ID = r"^[0-9A-Za-z][0-9A-Za-z_.-]{0,63}$"
 

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from qed_ray import claim
 from qed_ray.analysis.results import FailedTrial
 from qed_ray.codec import RecordError
-from qed_ray.compat import legacy_trial_started
+from qed_ray.compat import legacy_trial_started, old_default_target_alpha
 from qed_ray.layout import PackId, SweepDir, TrialId
 from qed_ray.naming import identity, identity_changes, parse_variant, show_setting
 from qed_ray.rl.digests import unverified_reason
@@ -228,6 +228,8 @@ def plan(state: SweepState | None, spec: SweepSpec, layout: SweepDir | None = No
         recorded = dict(current)
     if layout is not None:
         recorded = {n: i for n, i in recorded.items() if _started(layout, n)}
+    if state.format < 3 and (old_qed := old_default_target_alpha(recorded)):
+        return Plan(state, problems=[old_qed])
     new = [n for n in current if n not in recorded]
     packs, pack_problems = _plan_packs(state, spec, bool(recorded), layout)
     old_claim = state.claim.model_dump() if state.claim is not None else None

@@ -16,7 +16,8 @@ PACK_TAG, PACK_SIZE_TAG = "qed.pack", "qed.pack_size"  # a seed run trained in a
 # A trial run's parts, so the UI can group and filter by them ("Group by" lists tags; params hold no variant).
 TASK_TAG, AGENT_TAG, VARIANT_TAG, SEED_TAG = "qed.task", "qed.agent", "qed.variant", "qed.seed"
 GROUP_TAG = "qed.group"  # task/agent/variant: the seeds of one cross-seed group, te and QED of a task side by side
-VERDICT_TAG = "qed.verdict"  # the claim's outcome (pass, fail, not enough data) on a sweep or re-analysis run
+# the claim's outcome (pass, fail, not enough data, or exploratory: not judged) on a sweep or re-analysis run
+VERDICT_TAG = "qed.verdict"
 REANALYSIS_TAG = "qed.reanalysis"  # a re-analysis run's settings (its name without the prefix): one run each
 NOTE_TAG = "mlflow.note.content"  # a run's description (markdown), shown on its page in the MLflow UI
 RUN_NAME_TAG = "mlflow.runName"  # MLflow's own: the run's name
