@@ -51,11 +51,11 @@ class GroupView:
             out.update({name: triple[0], f"{name}_ci_lower": triple[1], f"{name}_ci_upper": triple[2]})
         return {k: float(v) for k, v in out.items() if math.isfinite(v)}
 
-    def line(self, confidence: float) -> str:
+    def line(self, confidence: float, verb: str = "gathered") -> str:
         """``gathered cartpole-balance/sac_ln/qed0.2 (3 seeds): V 0.12 [0.1, 0.2]  IQM 0.8 [0.7, 0.9]  te V / V 4.1
         [2.8, 5.8]  IQM / te IQM 1.02 [0.97, 1.1]`` (intervals at ``confidence``)."""
         v, iqm = self.values["V"], self.values["IQM"]
-        text = (f"gathered {self.key.name} ({self.n_seeds} seed{'s' if self.n_seeds != 1 else ''}, "
+        text = (f"{verb} {self.key.name} ({self.n_seeds} seed{'s' if self.n_seeds != 1 else ''}, "
                 f"{100 * confidence:g}% CI): V {with_ci(*v)}  IQM {with_ci(*iqm)}")
         if self.ratios is not None:
             text += (f"  te V / V {with_ci(*self.ratios['te_V_ratio'])}  IQM / te IQM "
@@ -78,11 +78,16 @@ def group_view(g: GroupResult, groups: Sequence[GroupResult], final_eval: FinalE
               "action_distance": _ci(reps.get("action_distance", g), float(g.action_distance), fe.confidence),
               "return_variance": _ci(reps.get("score_var", g), comparisons.group_value("score_var", g),
                                      fe.confidence)}
-    same_task = {o.variant: o for o in groups if (o.task, o.agent) == (g.task, g.agent)}
-    base = baseline_of(g.variant, list(same_task))
-    c = comparisons.compare([same_task[base]], [g], fe, reps.get) if base else None
+    base = baseline_in(g, groups)
+    c = comparisons.compare([next(o for o in groups if o.key == (g.task, g.agent, base))], [g], fe, reps.get) \
+        if base else None
     return GroupView(g.key, len(g.seeds), values, float(g.alpha_frac_floor_late), float(g.alpha_frac_cap_late),
                      base, _ratios(c) if c is not None else None)
+
+
+def baseline_in(g: GroupResult, groups: Sequence[GroupResult]) -> str:
+    """``g``'s te variant if its group on ``g``'s task is among ``groups`` ("" if not, and for a te group)."""
+    return baseline_of(g.variant, [o.variant for o in groups if (o.task, o.agent) == (g.task, g.agent)])
 
 
 def _ratios(c: Comparison) -> dict[str, tuple[float, float, float]]:

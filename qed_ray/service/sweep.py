@@ -43,6 +43,7 @@ from pathlib import Path
 import ray
 from ray import tune
 
+from qed_ray import console
 from qed_ray.service import announce, gather
 from qed_ray.analysis import report
 from qed_ray.service.cluster import check_cluster
@@ -258,7 +259,7 @@ def print_summary(results: SweepResults | None, gathered: gather.GatherReport | 
     verdict (with the reason each unverified seed's ``DONE.json`` gives, from ``layout``), what the gather step did
     while the sweep ran, and every trial left out with its reason."""
     if results is not None:
-        print("\n" + report.summary(results, layout))
+        print("\n" + report.summary(results, layout, console.width()))
     if gathered is not None:
         delays = sorted(gathered.delays_s[g] for g in gathered.evaluated if g in gathered.delays_s)
         timing = (f"; from a group's last trial to its row in MLflow: median {delays[len(delays) // 2]:.0f} s, "
@@ -298,8 +299,8 @@ def run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, exp
     launch = lambda: gather.launch(spec, layout, state.sweep_id, uri, experiment, parent,  # noqa: E731
                                    key.secret, len(packs), claim)
     gatherer = launch()
-    failed = train_pending(spec, context, interrupt, [gather.GatherFeed(gather.actor_name(spec.name,
-                                                                                          state.sweep_id))], packs)
+    feed = gather.GatherFeed(gather.actor_name(spec.name, state.sweep_id), columns=console.width())
+    failed = train_pending(spec, context, interrupt, [feed], packs)
     if lock.lost.is_set() or not lock.beat():  # another driver runs the sweep now: leave its folder and runs alone
         gather.stop(gatherer)
         return EXIT_LOST
@@ -316,11 +317,12 @@ def run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, exp
               f"stay gathered; --gather-partial gathers what finished)", flush=True)
         return 128 + interrupt.signum
     return _finish(tracker, parent, gatherer, launch, failures, unfinished, interrupt.signum, uri, layout,
-                   allow_unverified)
+                   allow_unverified, feed)
 
 
 def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[FailedTrial], unfinished: list[str],
-            signum: int | None, uri: str, layout: SweepDir, allow_unverified: bool = False) -> int:
+            signum: int | None, uri: str, layout: SweepDir, allow_unverified: bool = False,
+            feed: gather.GatherFeed | None = None) -> int:
     """The final gather (every group; the unfinished trials left out), the parent run's end, the summary; returns
     the exit code. A gather actor that died meanwhile (killed with its node's memory, say) is started again: the
     groups it gathered are in the cache."""
@@ -337,6 +339,8 @@ def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[Fail
             print(f"the gather actor died ({type(e).__name__}); gathering again from the cache", flush=True)
             gathered = gather.finish(launch(), failures)
         results = gathered.results
+        if feed is not None:  # the groups that landed since the feed last asked
+            feed.print_lines(gathered.lines[feed.printed:])
         # Left out by the gather step itself (a file or cache entry that failed its check): reported like failures.
         known = {f.name for f in failures}
         left_out = [f for f in results.failed_trials if f.name not in known]

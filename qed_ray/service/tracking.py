@@ -32,12 +32,13 @@ from qed_ray.service.tracking_uri import default_tracking_uri  # noqa: F401 - AP
 
 from qed_ray.service.tags import (DIGEST_TAG, GROUP_TAG, KEY_ID_TAG, MAC_TAG, NODES_TAG,  # noqa: F401 - API
                                   PACK_SIZE_TAG, PACK_TAG, REANALYSIS_TAG, REASON_TAG, ROLE_TAG, SWEEP_TAG, TRIAL_TAG,
-                                  UNVERIFIED_TAG, run_name, trial_tags)
+                                  UNVERIFIED_TAG, group_tags, run_name, trial_tags)
 # MLflow 3's UI opens an experiment on its GenAI overview ("Traces") unless this tag says it holds training runs;
 # the values are the UI's ExperimentKind enum (mlflow/server/js: CUSTOM_MODEL_DEVELOPMENT).
 EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 STEP_KEY = "eval/return_mean"  # logged at every evaluation: its last step is how far a run's metrics got
 MAX_PARAM_LEN = 6000
+SORT_BY_NAME = "tags.%60mlflow.runName%60"  # the UI's sort key of the Run Name column, URL-encoded
 # Runs per search call. MLflow answers at most max_results runs per call (50,000 at most) while a sweep may hold
 # 100,000 trials (qed_ray.spec.MAX_TRIALS): every search of a sweep's runs follows the page tokens to the end.
 SEARCH_PAGE = 10_000
@@ -154,6 +155,21 @@ class Tracker:
         return self._child(parent_id, f"tags.`{ROLE_TAG}` = 'reanalysis' and tags.`{REANALYSIS_TAG}` = '{settings}'",
                            {ROLE_TAG: "reanalysis", REANALYSIS_TAG: settings,
                             MLFLOW_RUN_NAME: f"reanalysis {settings}"}, params)
+
+    def group_run(self, parent_id: str, tags: Mapping[str, str]) -> str:
+        """Finds (and reopens) or creates the run of one (task, agent, variant) group under ``parent_id`` (the
+        sweep's run, or a re-analysis's: one group run each); ``tags``: its :func:`group_tags`."""
+        return self._child(parent_id, f"tags.`{ROLE_TAG}` = 'group' and tags.`{GROUP_TAG}` = '{tags[GROUP_TAG]}' and "
+                                      f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{parent_id}'",
+                           {ROLE_TAG: "group", **tags}, {})
+
+    def adopt(self, parent_id: str, runs: Sequence) -> None:
+        """Makes ``parent_id`` the parent of each of ``runs`` (found runs: a group's seed runs) not already under it:
+        MLflow nests runs by the ``mlflow.parentRunId`` tag alone, so a seed run created under the sweep's run
+        moves under its group's run once the group lands."""
+        for run in runs:
+            if run.data.tags.get(MLFLOW_PARENT_RUN_ID) != parent_id:
+                self.client.set_tag(run.info.run_id, MLFLOW_PARENT_RUN_ID, parent_id)
 
     def _child(self, parent_id: str, match: str, tags: Mapping[str, str], params: Mapping[str, Any]) -> str:
         run = self._find(f"tags.`{SWEEP_TAG}` = '{self.sweep_id}' and {match}")
@@ -407,14 +423,21 @@ class TrialRun:
             time.sleep(retry_s)
 
 
+def runs_page(experiment_id: str) -> str:
+    """The UI's address (a fragment: MLflow routes by it) of the experiment's runs in the Model-training view, sorted
+    by run name: group runs are named task first (:func:`~qed_ray.service.tags.group_run_name`), so te and QED of a
+    task come side by side. ``workflowType`` keeps the UI out of its GenAI view, which it remembers per browser."""
+    return f"#/experiments/{experiment_id}?workflowType=machine_learning&orderByKey={SORT_BY_NAME}&orderByAsc=true"
+
+
 def ui_command(uri: str, experiment_id: str | None = None) -> str:
     """The command that opens the MLflow UI on ``uri``, and the address of the experiment's runs.
 
     MLflow 3.17's UI shows an experiment as its GenAI switch says (remembered per browser, GenAI by default), not
     as the experiment's kind tag says; ``?workflowType=machine_learning`` opens it on its training runs.
     """
-    page = f"/#/experiments/{experiment_id}?workflowType=machine_learning" if experiment_id else ""
+    page = f"/{runs_page(experiment_id)}" if experiment_id else ""
     if uri.startswith("sqlite:"):
-        return (f"{sys.executable} -m mlflow ui --backend-store-uri {uri} --port 5000   "
-                f"# then open http://127.0.0.1:5000{page}")
+        return (f"{sys.executable} -m mlflow ui --backend-store-uri {uri} --port 5000\n"
+                f"  then open http://127.0.0.1:5000{page}")
     return f"open {uri.rstrip('/')}{page} in a browser (MLflow tracking server)"
