@@ -122,7 +122,10 @@ def test_status_of_an_unfinished_then_finished_sweep(sweep_copy, capsys):
     text = report(spec, layout)
     assert "results: 1 of 2 groups gathered" in text, "the te group is complete and cached; qed0.2 still runs"
     table = text.split("results: ", 1)[1].splitlines()
-    assert table[3].split()[:5] == ["sac_ln", "te", "1", "2", "0"]  # agent variant tasks runs left-out
+    (folder,) = layout.reanalyses()
+    assert folder.name == "reanalysis-episodes=1+action_rollouts=1+action_steps=10+curve_episodes=1+bootstrap_reps=100"
+    assert table[1] == f"re-analysis (python -m qed_ray.gather): gather/{folder.name}/", "--status names it"
+    assert table[4].split()[:5] == ["sac_ln", "te", "1", "2", "0"]  # agent variant tasks runs left-out
     _unverified_and_edited_entries(layout, spec)
 
     finished_trial(layout, f"{QED}/1")

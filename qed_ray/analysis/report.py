@@ -232,12 +232,13 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|") or " "
 
 
-def summary_markdown(results: SweepResults, heading: str, footer: str = "") -> str:
-    """The summary as markdown (an MLflow run's description): ``heading``, what the tables rest on, the table and
-    its legend, the claim's verdict per variant, then ``footer``."""
+def summary_markdown(results: SweepResults, heading: str, footer: str = "", lead: str = "") -> str:
+    """The summary as markdown (an MLflow run's description): ``heading``, ``lead`` (a line shown before the page
+    folds the description), what the tables rest on, the table and its legend, the claim's verdict per variant,
+    then ``footer``."""
     fe = results.final_eval
     left_out = len([f for f in results.failed_trials if f.group is not None])
-    lines = [f"### {heading}", "",
+    lines = [f"### {heading}", "", *([lead, ""] if lead else []),
              f"{len(results.groups)} groups on {len({g.task for g in results.groups})} tasks; {left_out} of "
              f"{results.n_trials} trials left out. Final evaluation: {fe.episodes} episodes per seed, policy "
              f"`{results.policy}`; intervals: {100 * fe.confidence:g}% bootstrap over seeds, {fe.bootstrap_reps:,} "

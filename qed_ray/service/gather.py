@@ -334,17 +334,22 @@ class GatherFeed(tune.Callback):
     def __init__(self, name: str, every_s: float = 5.0, columns: int | None = None):
         self.name, self.every_s, self.columns = name, every_s, columns
         self.printed, self.last = 0, 0.0  # the gather actor's console lines printed so far, and when it was asked
+        # (lines printed when asked, the answer on its way): never waited for, Tune's loop must not block on the actor
+        self.asked = None
 
     def _actor(self):
         return ray.get_actor(self.name, namespace=NAMESPACE)
 
     def on_step_end(self, iteration: int, trials: list, **info) -> None:
-        if time.time() - self.last >= self.every_s:
-            self.last = time.time()
-            try:
-                self.print_lines(ray.get(self._actor().new_lines.remote(self.printed), timeout=10))
-            except (ValueError, ray.exceptions.RayError):  # gone or slow: the closing summary prints the lines
-                pass
+        try:
+            if self.asked is not None and ray.wait([self.asked[1]], timeout=0)[0]:
+                (after, ref), self.asked = self.asked, None
+                self.print_lines(ray.get(ref)[self.printed - after:])
+            if self.asked is None and time.time() - self.last >= self.every_s:
+                self.last = time.time()
+                self.asked = (self.printed, self._actor().new_lines.remote(self.printed))
+        except (ValueError, ray.exceptions.RayError):  # the actor is gone: the closing summary prints the lines
+            self.asked = None
 
     def print_lines(self, lines: list[str]) -> None:
         """Prints the gather actor's new console lines (each wrapped to ``columns``, if given)."""

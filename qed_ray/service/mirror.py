@@ -60,11 +60,17 @@ def log_rows(tracker: Tracker, run_id: str, results: SweepResults, new_groups: S
                if g.alpha_regime is not None}
     if regimes:
         tracker.set_tags(run_id, regimes)
-    link = (f"Per task, te and each variant side by side with their V, IQM and ratios to te: the group runs, "
-            f"[in the runs list sorted by name]({runs_page(tracker.experiment_id)}) (MLflow's Model-training view).")
-    text = report.summary_markdown(results, heading or f"Sweep {results.sweep}: summary", f"{link}\n\n{footer}")
+    text = report.summary_markdown(results, heading or f"Sweep {results.sweep}: summary", footer,
+                                   runs_link(tracker.experiment_id))
     tracker.set_tags(run_id, {NOTE_TAG: note(text)})
     tracker.log_text(run_id, text, SUMMARY_FILE)
+
+
+def runs_link(experiment_id: str) -> str:
+    """The description's first line: a link to the group runs, te and QED of each task side by side (a relative
+    address: the UI routes by it, on whatever host serves it; in the Model-training view, not the GenAI one)."""
+    return (f"[Per task: te and each variant side by side]({runs_page(experiment_id)}) (the group runs, sorted by "
+            f"name: V, IQM and the ratios to te with their intervals)")
 
 
 def log_groups(tracker: Tracker, parent_id: str, views: Sequence[GroupView], adopt: bool = False) -> None:
