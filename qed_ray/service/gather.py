@@ -33,7 +33,6 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from qed_ray.analysis import group_cache, tables
 from qed_ray.analysis.checksums import Verifier
-from qed_ray.console import fit
 from qed_ray.layout import SweepDir
 from qed_ray.service.reanalysis import write_results
 from qed_ray.analysis.results import FailedTrial, GroupKey, GroupResult, SweepResults
@@ -331,8 +330,8 @@ class GatherFeed(tune.Callback):
     """Tells the sweep's gather actor about every trial that ends or fails for good; the actor is looked up by name
     at each call, so the feed of every Tuner of a driver start reaches the one live actor."""
 
-    def __init__(self, name: str, every_s: float = 5.0, columns: int | None = None):
-        self.name, self.every_s, self.columns = name, every_s, columns
+    def __init__(self, name: str, every_s: float = 5.0):
+        self.name, self.every_s = name, every_s
         self.printed, self.last = 0, 0.0  # the gather actor's console lines printed so far, and when it was asked
         # (lines printed when asked, the answer on its way): never waited for, Tune's loop must not block on the actor
         self.asked = None
@@ -352,9 +351,9 @@ class GatherFeed(tune.Callback):
             self.asked = None
 
     def print_lines(self, lines: list[str]) -> None:
-        """Prints the gather actor's new console lines (each wrapped to ``columns``, if given)."""
+        """Prints the gather actor's new console lines, one per group whatever its width (one line to grep)."""
         for line in lines:
-            print(fit(line, self.columns) if self.columns else line, flush=True)
+            print(line, flush=True)
         self.printed += len(lines)
 
     def _tell(self, method: str, *args) -> None:

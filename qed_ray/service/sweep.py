@@ -299,7 +299,7 @@ def run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, exp
     launch = lambda: gather.launch(spec, layout, state.sweep_id, uri, experiment, parent,  # noqa: E731
                                    key.secret, len(packs), claim)
     gatherer = launch()
-    feed = gather.GatherFeed(gather.actor_name(spec.name, state.sweep_id), columns=console.width())
+    feed = gather.GatherFeed(gather.actor_name(spec.name, state.sweep_id))
     failed = train_pending(spec, context, interrupt, [feed], packs)
     if lock.lost.is_set() or not lock.beat():  # another driver runs the sweep now: leave its folder and runs alone
         gather.stop(gatherer)
