@@ -48,10 +48,10 @@ def test_the_parent_runs_description_follows_the_groups_as_they_land(store, tmp_
     first = sweep_results("s", FE, [TE_A], [], 4)
     log_rows(tracker, parent, first, [TE_A])
     run, description, whole = _description_and_file(tracker, parent, tmp_path)
-    LINK = runs_link(tracker.experiment_id)
+    LINK = runs_link(tracker.experiment_id, tracker.sweep_id)
     assert description.splitlines()[2] == LINK and LINK.startswith(
-        f"[Per task: te and each variant side by side](#/experiments/{tracker.experiment_id}?workflowType="
-        f"machine_learning&orderByKey=tags.%60mlflow.runName%60&orderByAsc=true)"), "the Model-training view"
+        f"[Per task: te and each variant side by side](#/experiments/{tracker.experiment_id}/runs?workflowType="
+        f"machine_learning&viewStateShareKey=qed-groups-sweep0000001)"), "the Model-training view, the group view"
     assert description == whole == report.summary_markdown(first, "Sweep s: summary", SWEEP_FOOTER, LINK)
     assert description.startswith("### Sweep s: summary\n") and "| sac_ln | te | 1 | 3 | 0 |" in description
     assert "qed0.2" not in description and run.data.metrics["group/a/sac_ln.te/V"] == 4.0
@@ -85,7 +85,7 @@ def test_a_long_summary_is_cut_in_the_description_and_whole_in_the_file(store, t
     log_rows(tracker, parent, results, [])
     _, description, whole = _description_and_file(tracker, parent, tmp_path)
     assert len(whole) > 5000 and whole == report.summary_markdown(results, "Sweep s: summary", SWEEP_FOOTER,
-                                                                              runs_link(tracker.experiment_id))
+                                                                              runs_link(tracker.experiment_id, tracker.sweep_id))
     assert description == note(whole) and len(description) <= 5000
     assert description.endswith(f"the whole summary is `{SUMMARY_FILE}` in Artifacts)*")
 

@@ -241,7 +241,7 @@ def test_a_finished_seed_whose_manifest_no_longer_parses_refuses_its_group(sweep
     out = capsys.readouterr().out
     assert f"{TE}: REFUSED: {TE}/1: {manifest}" in out
     assert "refusing its group rather than evaluating it without the seed" in out
-    results = json.loads(layout.results_json.read_text())
+    results = json.loads(_latest(layout, "results.json").read_text())
     assert [g["variant"] for g in results["groups"]] == ["qed0.2"], "the refused group has no row"
     assert {f["name"] for f in results["failed_trials"] if f["name"].startswith(TE)} == {f"{TE}/0", f"{TE}/1"}
 

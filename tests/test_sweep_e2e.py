@@ -54,7 +54,7 @@ def test_tiny_sweep_end_to_end(tmp_path, ray_head):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "8 trials (0 done, 8 new) in 4 packs of up to 2 seeds" in proc.stdout
     assert "IQM" in proc.stdout and "-m mlflow ui --backend-store-uri sqlite:////" in proc.stdout
-    assert "/#/experiments/1?workflowType=machine_learning" in proc.stdout  # the UI opens on the runs
+    assert "/#/experiments/1/runs?workflowType=machine_learning&viewStateShareKey=qed-groups-" in proc.stdout
     assert "gather: 4 group(s) evaluated, 0 taken from the cache" in proc.stdout
     # The embedded start prints nothing alarming (token auth stays on); only the spec's warning about its k.
     assert proc.stderr == ("warning: k: 1000 (agent sac_ln) is outside 0.05 to 1 (the paper uses 0.1 to 0.4): "
@@ -100,6 +100,11 @@ def test_tiny_sweep_end_to_end(tmp_path, ray_head):
     _comparisons_where_qed_sat_and_the_verdict(proc.stdout, tracker, pid, arts, layout)
     experiment = tracker.client.get_experiment(tracker.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on the runs
+    view = json.loads(experiment.tags[f"mlflow.sharedViewState.qed-groups-{tracker.sweep_id}"])  # the address's view
+    assert tracker.client.search_runs([tracker.experiment_id], view["searchFilter"]) and {
+        r.info.run_id for r in tracker.client.search_runs([tracker.experiment_id], view["searchFilter"])} == {
+        r.info.run_id for r in groups.values()}, "the shared view lists the sweep's group runs"
+    assert view["orderByKey"] == "tags.`mlflow.runName`" and "metrics.`V`" in view["selectedColumns"]
     _groups_land_while_the_sweep_runs(tracker, pid, children, layout)
     _gather_tables_and_pack_folders(layout, children)
 
@@ -191,9 +196,10 @@ def _gather_tables_and_pack_folders(layout: SweepDir, children: list) -> None:
     """gather/ holds the documented files with their fixed columns (packs or not); each seed keeps its own files, signed
     by its pack's worker, and each pack its checkpoints with every seed's state."""
     assert {p.name for p in layout.gather.iterdir()} == GATHER_FILES
-    # (behaviour/ is written by `python -m qed_ray.visualize`, policy_<policy>/ only with a second eval policy)
+    # (behaviour/ is written by `python -m qed_ray.visualize`, policy_<policy>/ only with a second eval policy,
+    # reanalysis-<settings>/ by `python -m qed_ray.gather`)
     assert {k.split("/")[1] for k in DOCUMENTED if k.startswith("gather/") and "behaviour" not in k
-            and "policy_" not in k} == GATHER_FILES
+            and "policy_" not in k and "reanalysis-" not in k} == GATHER_FILES
     columns, rows = _csv(layout.aggregates_csv)
     assert columns == [f.name for f in fields(Aggregate)]
     assert sorted((r["agent"], r["variant"]) for r in rows) == sorted(("sac_ln", v) for v in VARIANTS)

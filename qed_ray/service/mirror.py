@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 from qed_ray.analysis import report
 from qed_ray.analysis.results import GroupResult, SweepResults
@@ -61,16 +61,16 @@ def log_rows(tracker: Tracker, run_id: str, results: SweepResults, new_groups: S
     if regimes:
         tracker.set_tags(run_id, regimes)
     text = report.summary_markdown(results, heading or f"Sweep {results.sweep}: summary", footer,
-                                   runs_link(tracker.experiment_id))
+                                   runs_link(tracker.experiment_id, tracker.sweep_id))
     tracker.set_tags(run_id, {NOTE_TAG: note(text)})
     tracker.log_text(run_id, text, SUMMARY_FILE)
 
 
-def runs_link(experiment_id: str) -> str:
-    """The description's first line: a link to the group runs, te and QED of each task side by side (a relative
-    address: the UI routes by it, on whatever host serves it; in the Model-training view, not the GenAI one)."""
-    return (f"[Per task: te and each variant side by side]({runs_page(experiment_id)}) (the group runs, sorted by "
-            f"name: V, IQM and the ratios to te with their intervals)")
+def runs_link(experiment_id: str, sweep_id: str) -> str:
+    """The description's first line: a link to the sweep's group view, te and QED of each task side by side (a
+    relative address: the UI routes by it, on whatever host serves it; in the Model-training view, not GenAI's)."""
+    return (f"[Per task: te and each variant side by side]({runs_page(experiment_id, sweep_id)}) (the group runs, "
+            f"sorted by name: V, IQM and the ratios to te with their intervals)")
 
 
 def log_groups(tracker: Tracker, parent_id: str, views: Sequence[GroupView], adopt: bool = False) -> None:

@@ -254,7 +254,8 @@ def _progress_mark(layout: SweepDir, packs: list[Pack]) -> int:
 
 
 def print_summary(results: SweepResults | None, gathered: gather.GatherReport | None, failed: list[FailedTrial],
-                  uri: str, experiment_id: str | None = None, layout: SweepDir | None = None) -> None:
+                  uri: str, experiment_id: str | None = None, layout: SweepDir | None = None,
+                  sweep_id: str | None = None) -> None:
     """The closing table (counts, IQM, V and its baseline ratio with CIs), the comparisons with te and the claim's
     verdict (with the reason each unverified seed's ``DONE.json`` gives, from ``layout``), what the gather step did
     while the sweep ran, and every trial left out with its reason."""
@@ -268,7 +269,7 @@ def print_summary(results: SweepResults | None, gathered: gather.GatherReport | 
               f"the cache{timing}")
     for f in failed:
         print(f"FAILED {f.name}: {cut(f.error)}")
-    print(f"\nMLflow: {ui_command(uri, experiment_id)}")
+    print(f"\nMLflow: {ui_command(uri, experiment_id, sweep_id)}")
 
 
 def run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, experiment: str, state: SweepState,
@@ -288,6 +289,7 @@ def run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, exp
     parent = tracker.parent_run(spec.name, spec.model_dump(mode="json", exclude={"agents"}),
                                 {"qed.spec_path": str(spec_path), "qed.git_sha": git_sha()})
     tracker.log_artifact(parent, spec_path, "spec")
+    tracker.share_group_view(parent)  # the address printed at the end opens it
     context = TrialContext(sweep_id=state.sweep_id, sweep_dir=layout.root, tracking_uri=uri,
                            experiment=experiment, parent_run_id=parent, keep_every=spec.final_eval.keep_every,
                            gpu_fraction=spec.resources.gpu, keep_replay=spec.keep_replay,
@@ -353,7 +355,7 @@ def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[Fail
     _best_effort(tracker.end_run, parent, failed_reason=None if signum is not None else reason,
                  killed=signum is not None)
     print_summary(results, gathered, [f for f in failures if signum is None or f.name not in unfinished], uri,
-                  tracker.experiment_id, layout)
+                  tracker.experiment_id, layout, tracker.sweep_id)
     if signum is not None:
         return 128 + signum
     unverified = refuse_unverified(results, allow_unverified)
