@@ -441,11 +441,11 @@ def group_view_state(parent_id: str) -> dict:
     """The runs list the sweep shares on its experiment: the group runs under ``parent_id``, sorted by name (named
     task first, :func:`~qed_ray.service.tags.group_run_name`: te and QED of a task side by side), with V, IQM and the
     ratios to te and their interval ends as columns. Keys as the MLflow 3.17 UI's search facets and UI state."""
-    metrics = [f"{m}{end}" for m in ("V", "IQM", "te_V_ratio", "IQM_ratio") for end in ("", "_ci_lower", "_ci_upper")]
+    stats = ("V", "te_V_ratio", "IQM", "IQM_ratio")  # first, in this order (the UI sorts by name without an order)
+    columns = [f"metrics.`{m}`" for m in (*stats, *(f"{m}{end}" for m in stats for end in ("_ci_lower", "_ci_upper")),
+                                           "alpha_frac_cap_late", "n_seeds")]
     return {"searchFilter": f"tags.`{ROLE_TAG}` = 'group' and tags.`{MLFLOW_PARENT_RUN_ID}` = '{parent_id}'",
-            "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True,
-            "selectedColumns": [f"metrics.`{m}`" for m in (*metrics, "alpha_frac_cap_late", "n_seeds")],
-            "columnWidths": {"attributes.`Run Name`": 260}}
+            "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True, "selectedColumns": columns, "columnOrder": columns}
 
 
 def runs_page(experiment_id: str, sweep_id: str | None = None) -> str:
