@@ -19,7 +19,8 @@ from qed_ray.labels import settings_label  # noqa: F401 - API (re-exported)
 from qed_ray.layout import SweepDir
 from qed_ray.analysis.group_view import GroupView, group_view
 from qed_ray.service.tags import BASELINE_TAG, GROUP_TAG, NOTE_TAG, VERDICT_TAG, group_tags
-from qed_ray.service.tracking import Tracker, metric_key, open_sweep, runs_page
+from qed_ray.service.mlflow_view import runs_page
+from qed_ray.service.tracking import Tracker, metric_key, open_sweep
 
 GROUP_METRICS = ("V", "action_distance", "q1_dispersion", "early_q_gap", "alpha_frac_floor_late", "alpha_frac_cap_late",
                  "log_std_at_min", "alpha_frac_hot_late", "alpha_ratio_late", "entropy_late")

@@ -61,7 +61,8 @@ from qed_ray.compat import adopt_trial_checkpoints
 from qed_ray.service.packing import Pack, TuneTrial
 from qed_ray.service.sweep_record import SweepState
 from qed_ray.service.sweep_state import git_sha, outcome, prune_finished, sync_runs
-from qed_ray.service.tracking import Tracker, artifact_location, ui_command
+from qed_ray.service.mlflow_view import ui_command
+from qed_ray.service.tracking import Tracker, artifact_location
 from qed_ray.service.trial import TrialContext, train_trial
 
 EXIT_LOST = 3  # the driver lost the sweep's lock (module notes)

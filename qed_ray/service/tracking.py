@@ -28,6 +28,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 from qed_ray.layout import SweepDir
 from qed_ray.rl.digests import Recorded
 from qed_ray.run_records import HistoryEntry
+from qed_ray.service.mlflow_view import SHARED_VIEW_TAG, group_view_state, view_key
 from qed_ray.service.relink import follow_move, own_store
 from qed_ray.service.tracking_uri import default_tracking_uri  # noqa: F401 - API (defined MLflow-free)
 
@@ -39,8 +40,6 @@ from qed_ray.service.tags import (DIGEST_TAG, GROUP_TAG, KEY_ID_TAG, MAC_TAG, NO
 EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 STEP_KEY = "eval/return_mean"  # logged at every evaluation: its last step is how far a run's metrics got
 MAX_PARAM_LEN = 6000
-SORT_BY_NAME = "tags.%60mlflow.runName%60"  # the UI's sort key of the Run Name column, URL-encoded
-SHARED_VIEW_TAG = "mlflow.sharedViewState."  # + a share key: a runs-list view stored on the experiment (UI 3.x)
 # Runs per search call. MLflow answers at most max_results runs per call (50,000 at most) while a sweep may hold
 # 100,000 trials (qed_ray.spec.MAX_TRIALS): every search of a sweep's runs follows the page tokens to the end.
 SEARCH_PAGE = 10_000
@@ -116,7 +115,7 @@ class Tracker:
     def share_group_view(self, parent_id: str) -> None:
         """Stores the sweep's group view (:func:`group_view_state`) on the experiment as an MLflow 3 shared view: the
         tag ``mlflow.sharedViewState.<key>``, which the UI applies when its address carries ``viewStateShareKey``
-        (:func:`runs_page`), in any browser (a view kept in one browser's storage reaches no other)."""
+        (:func:`~qed_ray.service.mlflow_view.runs_page`), in any browser (a view kept in one browser's storage reaches no other)."""
         self.client.set_experiment_tag(self.experiment_id, f"{SHARED_VIEW_TAG}{view_key(self.sweep_id)}",
                                        json.dumps(group_view_state(parent_id)))
 
@@ -430,42 +429,3 @@ class TrialRun:
                          f"metrics are in the sweep folder and are logged at the next sweep start")
                 return False
             time.sleep(retry_s)
-
-
-def view_key(sweep_id: str) -> str:
-    """The share key of a sweep's group view (:meth:`Tracker.share_group_view`)."""
-    return f"qed-groups-{sweep_id}"
-
-
-def group_view_state(parent_id: str) -> dict:
-    """The runs list the sweep shares on its experiment: the group runs under ``parent_id``, sorted by name (named
-    task first, :func:`~qed_ray.service.tags.group_run_name`: te and QED of a task side by side), with V, IQM and the
-    ratios to te and their interval ends as columns. Keys as the MLflow 3.17 UI's search facets and UI state."""
-    stats = ("V", "te_V_ratio", "IQM", "IQM_ratio")  # first, in this order (the UI sorts by name without an order)
-    columns = [f"metrics.`{m}`" for m in (*stats, *(f"{m}{end}" for m in stats for end in ("_ci_lower", "_ci_upper")),
-                                           "alpha_frac_cap_late", "n_seeds")]
-    return {"searchFilter": f"tags.`{ROLE_TAG}` = 'group' and tags.`{MLFLOW_PARENT_RUN_ID}` = '{parent_id}'",
-            "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True, "selectedColumns": columns, "columnOrder": columns}
-
-
-def runs_page(experiment_id: str, sweep_id: str | None = None) -> str:
-    """The UI's address (a fragment: MLflow routes by it) of the experiment's runs in the Model-training view: with
-    ``sweep_id``, the sweep's shared group view (:meth:`Tracker.share_group_view`), else every run sorted by name.
-    ``workflowType`` keeps the UI out of its GenAI view, which it remembers per browser."""
-    page = f"#/experiments/{experiment_id}/runs?workflowType=machine_learning"
-    # The UI ignores a shared view when the address carries a sort or filter of its own.
-    return f"{page}&viewStateShareKey={view_key(sweep_id)}" if sweep_id else \
-        f"{page}&orderByKey={SORT_BY_NAME}&orderByAsc=true"
-
-
-def ui_command(uri: str, experiment_id: str | None = None, sweep_id: str | None = None) -> str:
-    """The command that opens the MLflow UI on ``uri``, and the address of the experiment's runs.
-
-    MLflow 3.17's UI shows an experiment as its GenAI switch says (remembered per browser, GenAI by default), not
-    as the experiment's kind tag says; ``?workflowType=machine_learning`` opens it on its training runs.
-    """
-    page = f"/{runs_page(experiment_id, sweep_id)}" if experiment_id else ""
-    if uri.startswith("sqlite:"):
-        return (f"{sys.executable} -m mlflow ui --backend-store-uri {uri} --port 5000\n"
-                f"  then open http://127.0.0.1:5000{page}")
-    return f"open {uri.rstrip('/')}{page} in a browser (MLflow tracking server)"
