@@ -144,7 +144,7 @@ def _group_runs_between_the_parent_and_the_seeds(runs, pid: str, children: list,
     groups = {r.data.tags["qed.group"]: r for r in runs if r.data.tags.get("qed.role") == "group"}
     assert sorted(groups) == sorted(f"{t}/sac_ln/{v}" for t in TASKS for v in VARIANTS)
     assert sorted(r.info.run_name for r in groups.values()) == [
-        "cartpole-balance qed0.2 sac_ln", "cartpole-balance te sac_ln", "pendulum-swingup qed0.2 sac_ln",
+        f"cartpole-balance {VARIANTS[1]} sac_ln", "cartpole-balance te sac_ln", f"pendulum-swingup {VARIANTS[1]} sac_ln",
         "pendulum-swingup te sac_ln"], "sorted by name: te and QED of each task side by side"
     by_group = {(g["task"], g["variant"]): g for g in results["groups"]}
     for name, run in groups.items():
@@ -179,7 +179,7 @@ def _a_console_line_per_group_before_a_summary_of_at_most_100_columns(stdout: st
     assert sorted(ln.split()[1] for ln in gathered) == sorted(f"{t}/sac_ln/{v}" for t in TASKS for v in VARIANTS)
     assert all(" CI): V " in ln and "  IQM " in ln for ln in gathered)
     for task in TASKS:  # the second of te and QED to land brings the ratio (QED's line, or its "te is in" line)
-        assert any(f" {task}/sac_ln/qed0.2 (" in ln and "te V / V " in ln for ln in lines)
+        assert any(f" {task}/sac_ln/{VARIANTS[1]} (" in ln and "te V / V " in ln for ln in lines)
     start = lines.index(next(ln for ln in lines if ln.startswith("agent ")))
     assert max(lines.index(ln) for ln in gathered) < start, "every group's line before the summary"
     end = next(i for i, ln in enumerate(lines) if ln.startswith("gather: "))
