@@ -13,6 +13,7 @@ import pytest
 import yaml
 from folder_helpers import BUDGET, finished_trial, seed_checkpoint
 
+from qed_ray.console import PIPE_WIDTH, fit
 from qed_ray.layout import PackId, SweepDir, seed_dir
 from qed_ray.service.lock import SweepLock
 from qed_ray.service.packing import Pack, form_packs
@@ -213,7 +214,7 @@ def test_status_dir_needs_no_spec_and_imports_neither_torch_nor_ray(sweep_copy, 
     write_state(layout, read_state(layout).model_copy(update={"spec": recorded}))
     proc, loaded = cli_run(tmp_path, "qed_ray.sweep", "--status", "--dir", str(layout.root))
     assert (proc.returncode, proc.stderr) == (0, "") and loaded == [], loaded
-    assert proc.stdout == report(spec, layout, "given by --dir") + "\n"
+    assert proc.stdout == fit(report(spec, layout, "given by --dir", PIPE_WIDTH), PIPE_WIDTH) + "\n", "100 columns"
     assert "trials: 3 done, 0 running, 1 stopped, 0 failed, 0 not started" in proc.stdout
     raw = json.loads(state.read_text())
     raw["spec"]["seeds"] = -3  # validated where it is read, as a spec file is
