@@ -148,7 +148,7 @@ def test_at_a_width_the_table_splits_into_blocks_led_by_agent_and_variant_and_no
     whole = report.summary(results)
     assert max(map(len, whole.splitlines())) > 100, "the case must need wrapping"
     for columns in (100, 80):
-        text = report.summary(results, columns)
+        text = report.summary(results, columns=columns)
         assert max(map(len, text.splitlines())) <= columns
         table = report.format_table(results, columns).split("\n\n")
         cells = report.rows(results)
