@@ -4,7 +4,7 @@ vocabulary, below the config models (which name their temperature with it) and :
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 from pydantic import BaseModel
 
@@ -59,3 +59,13 @@ def temperature_label(t: BaseModel) -> str:
     label = t.kind + (format_value(getattr(t, primary)) if primary else "")
     extras = {k: v for k, v in differences(t).items() if k not in ("kind", primary)}
     return label + "".join(f"{SEP}{k}={format_value(v)}" for k, v in extras.items())
+
+
+def settings_label(final_eval: Mapping[str, Any], sweep_params: Mapping[str, str], fields: Sequence[str]) -> str:
+    """What a re-analysis changed: ``episodes=8 bootstrap_reps=300`` for each of ``fields`` whose value in
+    ``final_eval`` (JSON form) differs from the sweep's own (its parent run's ``final_eval.*`` params, as MLflow
+    keeps them: ``str`` of the JSON form), or ``sweep settings`` (no quote: the label is matched in a filter)."""
+    def shown(v):
+        return ",".join(map(str, v)) if isinstance(v, list) else format_value(v)
+    changed = [f"{k}={shown(final_eval[k])}" for k in fields if str(final_eval[k]) != sweep_params.get(f"final_eval.{k}")]
+    return " ".join(changed) or "sweep settings"

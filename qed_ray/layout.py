@@ -23,6 +23,7 @@ PACK_FILE = "pack.json"  # written last into a pack checkpoint: its presence mar
 PACK_FORMAT = 1  # pack.json's format (qed_ray.rl.manifests.PackRecord)
 STATE_FILE = "state.pt"  # a checkpoint's or policy snapshot's tensors (qed_ray.rl.checkpoint)
 MANIFEST_FILE = "manifest.json"  # written last into a checkpoint or snapshot: its presence marks a complete one
+REANALYSIS_PREFIX = "reanalysis-"  # gather/reanalysis-<settings>/: a re-analysis's outputs, beside the sweep's own
 SNAPSHOT_DIGITS = 10  # policy snapshot folders are zero-padded env steps, so they sort by name
 
 # Each entry of the README's "Where results land" table (relative to the sweep folder, placeholders in <>) with
@@ -47,6 +48,7 @@ DOCUMENTED: dict[str, str] = {
     "gather/cache/<key>.json": "cached_group",
     "gather/behaviour/": "behaviour",
     "gather/policy_<policy>/": "policy_gather",
+    "gather/reanalysis-<settings>/": "reanalysis",
     "mlflow.db": "mlflow_db",
     "mlartifacts/": "mlartifacts",
 }
@@ -283,6 +285,17 @@ class SweepDir:
         """``gather/policy_<policy>/``: the tables and figures of a further evaluation policy
         (``final_eval.policies`` after the first), laid out as ``gather/`` lays out the first one's."""
         return self.gather / f"policy_{policy}"
+
+    def reanalysis(self, settings: str) -> Path:
+        """``gather/reanalysis-<settings>/``: a re-analysis's tables and figures (``python -m qed_ray.gather``),
+        laid out as ``gather/``; ``settings`` names what it changed (``episodes=20+bootstrap_reps=300``)."""
+        return self.gather / f"{REANALYSIS_PREFIX}{settings}"
+
+    def reanalyses(self) -> list[Path]:
+        """The re-analysis folders that hold a ``results.json``, by name."""
+        if not self.gather.is_dir():
+            return []
+        return sorted(p for p in self.gather.glob(f"{REANALYSIS_PREFIX}*") if (p / "results.json").is_file())
 
     @property
     def mlflow_db(self) -> Path:

@@ -95,7 +95,12 @@ def test_dmc18s_dry_run_is_a_plan_of_at_most_40_lines(tmp_path, monkeypatch, cap
 
     monkeypatch.setenv("QED_STORAGE_PATH", str(tmp_path / "results"))
     assert main([str(ROOT / "sweeps" / "dmc18.yaml"), "--dry-run"]) == 0
+    wrapped = capsys.readouterr().out.splitlines()  # not a terminal: 100 columns (qed_ray.console)
+    assert max(map(len, wrapped)) <= 100 and len(wrapped) <= 40
+    monkeypatch.setattr("qed_ray.console.width", lambda stream=None: 1000)  # a wide terminal: a line per item
+    assert main([str(ROOT / "sweeps" / "dmc18.yaml"), "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
+    assert max(map(len, lines)) > 100 and " ".join(" ".join(lines).split()) == " ".join(" ".join(wrapped).split())
     assert len(lines) <= 40 and not any("unknown" in line for line in lines)
     assert lines[1] == "trials: 1,440 new (each trial: --list)"
     shapes = [line for line in lines if line.startswith("  ") and " S=" in line and "memory per pack" in line]
@@ -121,6 +126,7 @@ def test_list_and_workers_belong_to_the_dry_run(tmp_path, monkeypatch, capsys):
     assert main([smoke, "--dry-run", "--list"]) == 0
     out = capsys.readouterr().out
     assert "trials: 12 new\n" in out and out.count("\n    cheetah-run/sac_ln/") == 6
+    assert max(map(len, out.splitlines())) <= 100, "not a terminal: 100 columns at most"
     assert "CPU-hours: at least " in out and "on 1 node(s) of 16 CPUs" in out
     assert not (tmp_path / "results").exists()
 

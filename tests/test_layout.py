@@ -71,7 +71,7 @@ def _expand(pattern: str, name: str, env_steps: int, start: str) -> str:
     pack = PackId(trial.task, trial.agent, trial.variant, (trial.seed, trial.seed + 1))
     return (pattern.replace("<trial>", trial.dirname).replace("<pack>", pack.dirname)
             .replace("<seeds>", f"{trial.seed}-{trial.seed + 1}").replace("<env_steps>", f"{env_steps:010d}")
-            .replace("<start>", start).replace("<policy>", "sample")
+            .replace("<start>", start).replace("<policy>", "sample").replace("<settings>", "episodes=20")
             .replace("<task>", trial.task).replace("<agent>", trial.agent).replace("<variant>", trial.variant)
             .replace("<seed>", str(trial.seed)))
 
@@ -83,7 +83,7 @@ def test_readme_table_lists_exactly_what_layout_builds(tmp_path):
     for pattern, member in DOCUMENTED.items():
         attr = getattr(layout, member)
         if callable(attr):
-            args = {"name": name, "env_steps": steps, "start": start, "key": "<key>", "policy": "sample",
+            args = {"name": name, "env_steps": steps, "start": start, "key": "<key>", "policy": "sample", "settings": "episodes=20",
                     "pack": PackId("finger-turn_easy", "mad_sac", "k=0.2+alpha_max=0.3", (4, 5))}
             attr = attr(*(args[p] for p in inspect.signature(attr).parameters))
         rel = attr.relative_to(tmp_path).as_posix() + ("/" if pattern.endswith("/") else "")
@@ -93,7 +93,7 @@ def test_readme_table_lists_exactly_what_layout_builds(tmp_path):
     assert members - set(DOCUMENTED.values()) == {"policies_root", "policies", "gather", "snapshots", "final_snapshot",
                                                   "trials", "group_cache", "tune_root", "trial_state", "pack_dirs",
                                                   "pack_checkpoints",
-                                                  "pack_checkpoint_steps"}
+                                                  "pack_checkpoint_steps", "reanalyses"}
 
 
 def test_snapshots_are_the_complete_step_folders(tmp_path):

@@ -10,7 +10,7 @@ from folder_helpers import group_result
 
 from qed_ray.analysis import report
 from qed_ray.analysis.tables import sweep_results
-from qed_ray.service.mirror import SUMMARY_FILE, SWEEP_FOOTER, log_rows, note, settings_label
+from qed_ray.service.mirror import SUMMARY_FILE, SWEEP_FOOTER, log_rows, note, runs_link, settings_label
 from qed_ray.service.tags import NOTE_TAG
 from qed_ray.service.tracking import Tracker
 from qed_ray.spec import FinalEvalSpec
@@ -48,14 +48,18 @@ def test_the_parent_runs_description_follows_the_groups_as_they_land(store, tmp_
     first = sweep_results("s", FE, [TE_A], [], 4)
     log_rows(tracker, parent, first, [TE_A])
     run, description, whole = _description_and_file(tracker, parent, tmp_path)
-    assert description == whole == report.summary_markdown(first, "Sweep s: summary", SWEEP_FOOTER)
+    LINK = runs_link(tracker.experiment_id, tracker.sweep_id)
+    assert description.splitlines()[2] == LINK and LINK.startswith(
+        f"[Per task: te and each variant side by side](#/experiments/{tracker.experiment_id}/runs?workflowType="
+        f"machine_learning&viewStateShareKey=qed-groups-sweep0000001)"), "the Model-training view, the group view"
+    assert description == whole == report.summary_markdown(first, "Sweep s: summary", SWEEP_FOOTER, LINK)
     assert description.startswith("### Sweep s: summary\n") and "| sac_ln | te | 1 | 3 | 0 |" in description
     assert "qed0.2" not in description and run.data.metrics["group/a/sac_ln.te/V"] == 4.0
 
     both = sweep_results("s", FE, [TE_A, QED_A, TE_B, QED_B], [], 4)
     log_rows(tracker, parent, both, [QED_A, TE_B, QED_B])
     run, description, whole = _description_and_file(tracker, parent, tmp_path)
-    assert description == whole == report.summary_markdown(both, "Sweep s: summary", SWEEP_FOOTER)
+    assert description == whole == report.summary_markdown(both, "Sweep s: summary", SWEEP_FOOTER, LINK)
     assert description.index("| sac_ln | te | 2 | 6 | 0 |") < description.index("| sac_ln | qed0.2 | 2 | 6 | 0 |")
     assert both.verdict.outcome == "exploratory" and "**Verdict on the claim: not judged**" in description
     assert description.endswith(SWEEP_FOOTER) and run.data.tags["qed.verdict"] == both.verdict.outcome
@@ -80,7 +84,8 @@ def test_a_long_summary_is_cut_in_the_description_and_whole_in_the_file(store, t
     results = sweep_results("s", FE, groups, [], len(groups) * 3)
     log_rows(tracker, parent, results, [])
     _, description, whole = _description_and_file(tracker, parent, tmp_path)
-    assert len(whole) > 5000 and whole == report.summary_markdown(results, "Sweep s: summary", SWEEP_FOOTER)
+    assert len(whole) > 5000 and whole == report.summary_markdown(results, "Sweep s: summary", SWEEP_FOOTER,
+                                                                              runs_link(tracker.experiment_id, tracker.sweep_id))
     assert description == note(whole) and len(description) <= 5000
     assert description.endswith(f"the whole summary is `{SUMMARY_FILE}` in Artifacts)*")
 

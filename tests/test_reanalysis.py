@@ -22,11 +22,23 @@ from qed_ray.service.tracking import Tracker, default_tracking_uri, open_sweep
 SMALL = ["--episodes", "1", "--action-rollouts", "1", "--action-steps", "10", "--curve-episodes", "1",
          "--bootstrap-reps", "100"]
 TE, QED = "cartpole-balance/sac_ln/te", "cartpole-balance/sac_ln/qed0.2"
+SETTINGS = "episodes=1+action_rollouts=1+action_steps=10+curve_episodes=1+bootstrap_reps=100"  # SMALL's folder
 
 
 def _gather_files(layout) -> dict:
     """The bytes of every file in gather/."""
     return {p: p.read_bytes() for p in layout.gather.rglob("*") if p.is_file()}
+
+
+def _latest(layout, name: str):
+    """``name`` in the re-analysis folder written last (``gather/reanalysis-<settings>/``; ``gather/`` keeps the
+    sweep's own)."""
+    return max(layout.reanalyses(), key=lambda p: (p / "results.json").stat().st_mtime_ns) / name
+
+
+def _flat(text: str) -> str:
+    """``text`` with its line breaks and runs of spaces as single spaces (the summary is wrapped to 100 columns)."""
+    return " ".join(text.split())
 
 
 def _outside_gather(layout) -> dict:
@@ -72,7 +84,10 @@ def test_reanalysis_evaluates_once_then_caches_and_changes_only_evaluation_outpu
     assert f"{TE}: evaluated" in out and f"{QED}: evaluated" in out
     assert f"MLflow: {layout.root} was moved or copied: pointed 5 run(s) of its store from " in out
     assert f" to {layout.mlartifacts}\n" in out
-    first = json.loads(layout.results_json.read_text())
+    first = json.loads(_latest(layout, "results.json").read_text())
+    assert layout.reanalyses() == [layout.reanalysis(SETTINGS)] and not layout.results_json.exists(), \
+        "named for the settings that differ from the defaults (the folder has no gather of its own)"
+    assert f"\nwrote {layout.reanalysis(SETTINGS)} (the sweep's own settings stay in {layout.gather})\n" in out
     _logged_as_child_run(layout, out, "reanalysis sweep settings", first)  # the parent's own final_eval
     te = next(g for g in first["groups"] if g["variant"] == "te")
     assert te["seeds"] == [0, 1] and [len(r) for r in te["returns"]] == [1, 1] and te["V"] >= 0
@@ -85,7 +100,7 @@ def test_reanalysis_evaluates_once_then_caches_and_changes_only_evaluation_outpu
     assert main([str(layout.root), *SMALL]) == 0  # same settings: nothing is evaluated again
     out = capsys.readouterr().out
     assert f"{TE}: cached" in out and f"{QED}: cached" in out and "evaluated" not in out
-    assert json.loads(layout.results_json.read_text()) == first
+    assert json.loads(_latest(layout, "results.json").read_text()) == first
     assert list(_reanalysis_runs(layout)[2]) == ["reanalysis sweep settings"], "the same settings: the same run"
     _an_edited_cache_entry_is_refused_naming_it(layout, capsys, first)
 
@@ -119,12 +134,12 @@ def test_reanalysis_evaluates_once_then_caches_and_changes_only_evaluation_outpu
     assert main([str(layout.root), *SMALL]) == 0
     out = capsys.readouterr().out
     assert f"WARNING: {entry}: not JSON" in out and f"{TE}: evaluated" in out and f"{QED}: cached" in out
-    assert json.loads(layout.results_json.read_text()) == first and json.loads(entry.read_text())["key"] == entry.stem
+    assert json.loads(_latest(layout, "results.json").read_text()) == first and json.loads(entry.read_text())["key"] == entry.stem
 
     assert main([str(layout.root), *SMALL, "--episodes", "2", "--bootstrap-reps", "200"]) == 0
     out = capsys.readouterr().out
     assert out.count(": evaluated") == 2, "other episodes: another cache key"
-    second = json.loads(layout.results_json.read_text())
+    second = json.loads(_latest(layout, "results.json").read_text())
     _logged_as_child_run(layout, out, "reanalysis episodes=2 bootstrap_reps=200", second)
     assert len(_reanalysis_runs(layout)[2]) == 2
     te2 = next(g for g in second["groups"] if g["variant"] == "te")
@@ -150,10 +165,10 @@ def _an_edited_cache_entry_is_refused_naming_it(layout, capsys, first: dict):
     assert main([str(layout.root), *SMALL]) == 1
     out = capsys.readouterr().out
     assert f"{TE}: REFUSED: {entry}: this cached group's content does not carry the results key's signature" in out
-    results = json.loads(layout.results_json.read_text())
+    results = json.loads(_latest(layout, "results.json").read_text())
     assert [g["variant"] for g in results["groups"]] == ["qed0.2"] and "0.999" not in json.dumps(results)
     entry.write_bytes(kept)
-    assert main([str(layout.root), *SMALL]) == 0 and json.loads(layout.results_json.read_text()) == first
+    assert main([str(layout.root), *SMALL]) == 0 and json.loads(_latest(layout, "results.json").read_text()) == first
     capsys.readouterr()
 
 
@@ -166,7 +181,7 @@ def _paired_ratios_where_qed_sat_and_the_verdict(layout, capsys):
     assert main([str(layout.root), *SMALL]) == 0
     out = capsys.readouterr().out
     assert f"{TE}: cached" in out and f"{QED}: evaluated" in out
-    results = json.loads(layout.results_json.read_text())
+    results = json.loads(_latest(layout, "results.json").read_text())
     qed = next(g for g in results["groups"] if g["variant"] == "qed0.2")
     assert qed["seeds"] == [0, 1] and results["failed_trials"] == []
     # per seed the mean over its evaluations, then over seeds; late: the evaluation at 2000 of 2000 env steps
@@ -174,24 +189,24 @@ def _paired_ratios_where_qed_sat_and_the_verdict(layout, capsys):
     assert qed["alpha_frac_floor_late"] == pytest.approx(0.15) and qed["alpha_frac_cap_late"] == pytest.approx(0.85)
     assert 0 <= qed["log_std_at_min"] <= 1 and is_nan(next(g for g in results["groups"] if g["variant"] == "te")[
         "alpha_frac_cap"]), "te logs no QED fractions"
-    with open(layout.groups_csv) as f:
+    with open(_latest(layout, "groups.csv")) as f:
         rows = {r["variant"]: r for r in csv.DictReader(f)}
     assert rows["qed0.2"]["qed_at_cap"] == "True" and rows["te"]["qed_at_cap"] == "False"
     (c,) = results["comparisons"]
     assert (c["variant"], c["baseline"], c["pairing"], c["tasks"]) == ("qed0.2", "te", "paired", ["cartpole-balance"])
     te = next(g for g in results["groups"] if g["variant"] == "te")
     assert c["V_ratio_median"] == pytest.approx(te["V"] / qed["V"])  # one task: every summary is its ratio
-    with open(layout.comparisons_csv) as f:
+    with open(_latest(layout, "comparisons.csv")) as f:
         assert float(next(csv.DictReader(f))["V_ratio_geomean"]) == pytest.approx(te["V"] / qed["V"])
-    verdict = json.loads(layout.verdict_json.read_text())
+    verdict = json.loads(_latest(layout, "verdict.json").read_text())
     assert verdict == results["verdict"] and verdict["claim_file"] is None
     (v,) = verdict["variants"]
     assert [(e["outcome"], e["lower"]) for e in v["endpoints"]] == [("not enough seeds", None)] * 2, "2 seeds"
     assert v["n_tasks_at_cap"] == 1 and v["scope"][0] == "no pre-registration named (spec field claim)"
     assert (v["outcome"], verdict["outcome"]) == ("exploratory", "exploratory")
-    assert "qed0.2 vs te (1 tasks, 2+ seeds, intervals paired)" in out and "AT ITS CAP on 1 of 1 tasks" in out
-    assert "sac_ln qed0.2 vs te: not judged (exploratory: no pre-registration named (spec field claim); " in out
-    assert "the claim: not judged" in out
+    assert "qed0.2 vs te (1 tasks, 2+ seeds, intervals paired)" in out and "AT ITS CAP on 1 of 1 tasks" in _flat(out)
+    assert "sac_ln qed0.2 vs te: not judged (exploratory: no pre-registration named (spec field claim); " in _flat(out)
+    assert "the claim: not judged" in _flat(out)
     run = _logged_as_child_run(layout, out, "reanalysis sweep settings", results)
     assert run.data.tags["qed.verdict"] == verdict["outcome"]
     assert "**Verdict on the claim: not judged**" in run.data.tags["mlflow.note.content"]
@@ -209,7 +224,7 @@ def test_a_tampered_snapshot_is_refused_naming_the_file(sweep_copy, capsys):
     assert main([str(layout.root), *SMALL]) == 1
     out = capsys.readouterr().out
     assert f"{TE}: REFUSED: {final / 'state.pt'}: has SHA-256" in out and "recorded in MLflow" in out
-    results = json.loads(layout.results_json.read_text())
+    results = json.loads(_latest(layout, "results.json").read_text())
     assert [g["variant"] for g in results["groups"]] == ["qed0.2"], "the refused group has no row"
     refused = [f for f in results["failed_trials"] if f["name"].startswith(TE)]
     assert len(refused) == 2 and all(str(final / "state.pt") in f["error"] for f in refused)
@@ -224,7 +239,7 @@ def test_a_finished_seed_whose_manifest_no_longer_parses_refuses_its_group(sweep
     out = capsys.readouterr().out
     assert f"{TE}: REFUSED: {TE}/1: {manifest}" in out
     assert "refusing its group rather than evaluating it without the seed" in out
-    results = json.loads(layout.results_json.read_text())
+    results = json.loads(_latest(layout, "results.json").read_text())
     assert [g["variant"] for g in results["groups"]] == ["qed0.2"], "the refused group has no row"
     assert {f["name"] for f in results["failed_trials"] if f["name"].startswith(TE)} == {f"{TE}/0", f"{TE}/1"}
 
@@ -245,12 +260,12 @@ def test_a_seed_whose_digest_never_reached_mlflow_is_reported_unverified(sweep_c
                                 "--allow-unverified accepts them"]
     assert ("UNVERIFIED: 1 of 3 seeds were used without a check (no signed digest of their files in MLflow): no "
             "reason in its DONE.json (an older qed_ray's end cut off before its digest, or the digest deleted from "
-            f"the tracking store): {TE} seed 1") in out
+            f"the tracking store): {TE} seed 1") in _flat(out)
     assert main([str(layout.root), *SMALL, "--allow-unverified"]) == 0
     assert capsys.readouterr().err == ""
-    te = next(g for g in json.loads(layout.results_json.read_text())["groups"] if g["variant"] == "te")
+    te = next(g for g in json.loads(_latest(layout, "results.json").read_text())["groups"] if g["variant"] == "te")
     assert te["seeds"] == [0, 1] and te["unverified_seeds"] == [1]
-    with open(layout.groups_csv) as f:
+    with open(_latest(layout, "groups.csv")) as f:
         assert {r["variant"]: r["n_unverified"] for r in csv.DictReader(f)} == {"te": "1", "qed0.2": "0"}
 
 

@@ -143,3 +143,48 @@ def test_unverified_seeds_are_listed_by_the_reason_their_done_json_gives(tmp_pat
     assert report.unverified_line(groups) == (  # no folder (not checked against MLflow): no reason claimed
         "UNVERIFIED: 3 of 3 seeds were used without a check (not checked, or no signed digest of their files in "
         "MLflow: the reason is on each run's qed.unverified tag): a/sac_ln/te seeds 0, 1, 2")
+
+
+def test_at_a_width_the_table_splits_into_blocks_led_by_agent_and_variant_and_no_line_is_wider():
+    results = _results()
+    whole = report.summary(results)
+    assert max(map(len, whole.splitlines())) > 100, "the case must need wrapping"
+    for columns in (100, 80):
+        text = report.summary(results, columns=columns)
+        assert max(map(len, text.splitlines())) <= columns
+        table = report.format_table(results, columns).split("\n\n")
+        cells = report.rows(results)
+        assert len(table) > 1, "split into blocks of columns"
+        shown = set()
+        for block in table:
+            lines = block.splitlines()[:1 + len(cells)]
+            assert lines[0].split()[:2] == ["agent", "variant"]
+            for line, row in zip(lines[1:], cells):
+                assert line.split()[:2] == row[:2]
+            shown |= {h for h in report.headers(FE.confidence) if h in lines[0]}
+        assert shown == set(report.headers(FE.confidence)), "every column in some block"
+    assert report.format_table(results, 10_000) == report.format_table(results), "fits: one block, as before"
+
+
+def test_a_group_view_has_its_own_intervals_and_its_ratio_to_te_on_its_task_only_once_te_is_in():
+    from qed_ray.analysis.group_view import group_view, variants_of_baseline
+
+    results = _results()
+    by = {(g.task, g.agent, g.variant): g for g in results.groups}
+    qed, te = by[("a", "sac_ln", "qed0.2")], by[("a", "sac_ln", "te")]
+    alone = group_view(qed, [qed], FE)
+    assert alone.ratios is None and alone.baseline == "" and "te V / V" not in alone.line(0.9)
+    view = group_view(qed, results.groups, FE)
+    assert view.baseline == "te"
+    point, lower, upper = view.ratios["te_V_ratio"]
+    assert point == 4.0 / 0.5 and lower <= point <= upper
+    stats = {(s.task, s.variant): s for s in results.group_stats}[("a", "qed0.2")]
+    assert view.values["V"] == (0.5, stats.V_ci_lower, stats.V_ci_upper), "the draws behind groups.csv"
+    iqm_point = view.values["IQM"][0]
+    assert iqm_point == 0.25 and view.metrics()["IQM"] == iqm_point and view.metrics()["te_V_ratio"] == 8.0
+    assert view.line(0.9).startswith("gathered a/sac_ln/qed0.2 (3 seeds, 90% CI): V 0.5 [")
+    assert "te V / V 8 [" in view.line(0.9) and "IQM / te IQM 1.25 [" in view.line(0.9)
+    assert group_view(te, results.groups, FE).ratios is None, "te is the baseline"
+    assert {g.variant for g in variants_of_baseline(te, results.groups)} == {"fixed0.1", "qed0.2"}
+    one = group_view(by[("a", "mad_sac", "qed0.3")], results.groups, FE)
+    assert "V_ci_lower" in one.metrics() and "te_V_ratio" not in one.metrics(), "no te of mad_sac: no ratio, not 0"

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from folder_helpers import BUDGET, finished_trial, seed_checkpoint
 
+from qed_ray.console import PIPE_WIDTH, fit
 from qed_ray.layout import PackId, SweepDir, seed_dir
 from qed_ray.service.lock import SweepLock
 from qed_ray.service.packing import Pack, form_packs
@@ -122,7 +123,10 @@ def test_status_of_an_unfinished_then_finished_sweep(sweep_copy, capsys):
     text = report(spec, layout)
     assert "results: 1 of 2 groups gathered" in text, "the te group is complete and cached; qed0.2 still runs"
     table = text.split("results: ", 1)[1].splitlines()
-    assert table[3].split()[:5] == ["sac_ln", "te", "1", "2", "0"]  # agent variant tasks runs left-out
+    (folder,) = layout.reanalyses()
+    assert folder.name == "reanalysis-episodes=1+action_rollouts=1+action_steps=10+curve_episodes=1+bootstrap_reps=100"
+    assert table[1] == f"re-analysis (python -m qed_ray.gather): gather/{folder.name}/", "--status names it"
+    assert table[4].split()[:5] == ["sac_ln", "te", "1", "2", "0"]  # agent variant tasks runs left-out
     _unverified_and_edited_entries(layout, spec)
 
     finished_trial(layout, f"{QED}/1")
@@ -210,7 +214,7 @@ def test_status_dir_needs_no_spec_and_imports_neither_torch_nor_ray(sweep_copy, 
     write_state(layout, read_state(layout).model_copy(update={"spec": recorded}))
     proc, loaded = cli_run(tmp_path, "qed_ray.sweep", "--status", "--dir", str(layout.root))
     assert (proc.returncode, proc.stderr) == (0, "") and loaded == [], loaded
-    assert proc.stdout == report(spec, layout, "given by --dir") + "\n"
+    assert proc.stdout == fit(report(spec, layout, "given by --dir", PIPE_WIDTH), PIPE_WIDTH) + "\n", "100 columns"
     assert "trials: 3 done, 0 running, 1 stopped, 0 failed, 0 not started" in proc.stdout
     raw = json.loads(state.read_text())
     raw["spec"]["seeds"] = -3  # validated where it is read, as a spec file is

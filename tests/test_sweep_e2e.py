@@ -4,6 +4,7 @@ import csv
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -54,7 +55,7 @@ def test_tiny_sweep_end_to_end(tmp_path, ray_head):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "8 trials (0 done, 8 new) in 4 packs of up to 2 seeds" in proc.stdout
     assert "IQM" in proc.stdout and "-m mlflow ui --backend-store-uri sqlite:////" in proc.stdout
-    assert "/#/experiments/1?workflowType=machine_learning" in proc.stdout  # the UI opens on the runs
+    assert "/#/experiments/1/runs?workflowType=machine_learning&viewStateShareKey=qed-groups-" in proc.stdout
     assert "gather: 4 group(s) evaluated, 0 taken from the cache" in proc.stdout
     # The embedded start prints nothing alarming (token auth stays on); only the spec's warning about its k.
     assert proc.stderr == ("warning: k: 1000 (agent sac_ln) is outside 0.05 to 1 (the paper uses 0.1 to 0.4): "
@@ -68,7 +69,8 @@ def test_tiny_sweep_end_to_end(tmp_path, ray_head):
     assert len(parents) == 1 and len(children) == 8
     pid = parents[0].info.run_id
     assert parents[0].info.status == "FINISHED"
-    assert {r.data.tags["mlflow.parentRunId"] for r in children} == {pid}
+    groups = _group_runs_between_the_parent_and_the_seeds(runs, pid, children, sweep_dir)
+    _a_console_line_per_group_before_a_summary_of_at_most_100_columns(proc.stdout)
     assert {r.data.tags["qed.trial"] for r in children} == {
         f"{t}/sac_ln/{v}/{s}" for t in TASKS for v in VARIANTS for s in SEEDS}
     for r in children:  # the UI groups te and QED of each task by qed.group; names lead with variant and seed
@@ -100,6 +102,11 @@ def test_tiny_sweep_end_to_end(tmp_path, ray_head):
     _comparisons_where_qed_sat_and_the_verdict(proc.stdout, tracker, pid, arts, layout)
     experiment = tracker.client.get_experiment(tracker.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on the runs
+    view = json.loads(experiment.tags[f"mlflow.sharedViewState.qed-groups-{tracker.sweep_id}"])  # the address's view
+    assert tracker.client.search_runs([tracker.experiment_id], view["searchFilter"]) and {
+        r.info.run_id for r in tracker.client.search_runs([tracker.experiment_id], view["searchFilter"])} == {
+        r.info.run_id for r in groups.values()}, "the shared view lists the sweep's group runs"
+    assert view["orderByKey"] == "tags.`mlflow.runName`" and "metrics.`V`" in view["selectedColumns"]
     _groups_land_while_the_sweep_runs(tracker, pid, children, layout)
     _gather_tables_and_pack_folders(layout, children)
 
@@ -120,11 +127,65 @@ def test_tiny_sweep_end_to_end(tmp_path, ray_head):
     _a_pack_left_half_done_resumes_and_nothing_else_runs(spec, layout, ray_head)
     assert len(_children(sweep_runs(sweep_dir, "e2e")[1])) == 8
 
+    _reanalysis_is_a_child_run_with_the_new_tables(sweep_dir, pid, groups)
     status = subprocess.run([sys.executable, "-m", "qed_ray.sweep", str(spec), "--status"], cwd=ROOT, env=cli_env(),
                             capture_output=True, text=True, timeout=120)
     assert status.returncode == 0 and "trials: 8 done, 0 running, 0 stopped, 0 failed, 0 not started" in status.stdout
     assert "env steps: 16,000 of 16,000 (100%)" in status.stdout and "results: 4 of 4 groups gathered" in status.stdout
-    _reanalysis_is_a_child_run_with_the_new_tables(sweep_dir, pid)
+    assert "\nre-analysis (python -m qed_ray.gather): gather/reanalysis-episodes=3+bootstrap_reps=300/\n" in status.stdout
+    assert max(map(len, status.stdout.splitlines())) <= 100, "not a terminal: 100 columns at most"
+    assert len(re.findall(r"^agent +variant +", status.stdout, re.M)) >= 2, "the partial table, in blocks of columns"
+
+
+def _group_runs_between_the_parent_and_the_seeds(runs, pid: str, children: list, sweep_dir) -> dict:
+    """One FINISHED group run per (task, agent, variant) under the sweep's run, named task first (sorted by name, te
+    and QED of a task side by side), holding V and IQM with their intervals and, for QED, its ratios to te on that
+    task; every seed run under its group's run. Returns ``{group: run}``."""
+    results = json.loads(SweepDir(sweep_dir).results_json.read_text())
+    groups = {r.data.tags["qed.group"]: r for r in runs if r.data.tags.get("qed.role") == "group"}
+    assert sorted(groups) == sorted(f"{t}/sac_ln/{v}" for t in TASKS for v in VARIANTS)
+    assert sorted(r.info.run_name for r in groups.values()) == [
+        f"cartpole-balance {VARIANTS[1]} sac_ln", "cartpole-balance te sac_ln", f"pendulum-swingup {VARIANTS[1]} sac_ln",
+        "pendulum-swingup te sac_ln"], "sorted by name: te and QED of each task side by side"
+    by_group = {(g["task"], g["variant"]): g for g in results["groups"]}
+    for name, run in groups.items():
+        task, _, variant = name.split("/")
+        m, g = run.data.metrics, by_group[(task, variant)]
+        assert run.data.tags["mlflow.parentRunId"] == pid and run.info.status == "FINISHED"
+        assert m["V"] == pytest.approx(g["V"]) and m["V_ci_lower"] <= m["V"] <= m["V_ci_upper"]
+        assert m["IQM_ci_lower"] <= m["IQM"] <= m["IQM_ci_upper"] and m["n_seeds"] == 2
+        assert {"action_distance_ci_upper", "return_variance_ci_lower"} <= set(m)
+        if variant == "te":
+            assert "te_V_ratio" not in m and "qed.baseline" not in run.data.tags, "te is the baseline"
+        else:
+            te = by_group[(task, "te")]
+            assert run.data.tags["qed.baseline"] == "te" and m["te_V_ratio"] == pytest.approx(te["V"] / g["V"])
+            assert m["te_V_ratio_ci_lower"] <= m["te_V_ratio"] <= m["te_V_ratio_ci_upper"]
+            te_iqm = groups[f"{task}/sac_ln/te"].data.metrics["IQM"]
+            if te_iqm > 0:
+                assert m["IQM_ratio"] == pytest.approx(m["IQM"] / te_iqm)
+            else:  # a tiny pendulum-swingup run scores 0: no ratio, never a 0 or an infinity
+                assert "IQM_ratio" not in m
+            assert 0 <= m["alpha_frac_cap_late"] <= 1
+    for r in children:
+        assert r.data.tags["mlflow.parentRunId"] == groups[r.data.tags["qed.group"]].info.run_id, "seeds nested"
+    return groups
+
+
+def _a_console_line_per_group_before_a_summary_of_at_most_100_columns(stdout: str) -> None:
+    """The driver printed one line per group as it landed (V and IQM with intervals, the ratios to te once both
+    are in), all before the summary, whose lines fit 100 columns (stdout is not a terminal)."""
+    lines = stdout.splitlines()
+    gathered = [ln for ln in lines if ln.startswith("gathered ")]
+    assert sorted(ln.split()[1] for ln in gathered) == sorted(f"{t}/sac_ln/{v}" for t in TASKS for v in VARIANTS)
+    assert all(" CI): V " in ln and "  IQM " in ln for ln in gathered)
+    for task in TASKS:  # the second of te and QED to land brings the ratio (QED's line, or its "te is in" line)
+        assert any(f" {task}/sac_ln/{VARIANTS[1]} (" in ln and "te V / V " in ln for ln in lines)
+    start = lines.index(next(ln for ln in lines if ln.startswith("agent ")))
+    assert max(lines.index(ln) for ln in gathered) < start, "every group's line before the summary"
+    end = next(i for i, ln in enumerate(lines) if ln.startswith("gather: "))
+    summary = lines[start:end]
+    assert len(summary) > 10 and max(map(len, summary)) <= 100, "not a terminal: 100 columns at most"
 
 
 def _csv(path):
@@ -137,9 +198,10 @@ def _gather_tables_and_pack_folders(layout: SweepDir, children: list) -> None:
     """gather/ holds the documented files with their fixed columns (packs or not); each seed keeps its own files, signed
     by its pack's worker, and each pack its checkpoints with every seed's state."""
     assert {p.name for p in layout.gather.iterdir()} == GATHER_FILES
-    # (behaviour/ is written by `python -m qed_ray.visualize`, policy_<policy>/ only with a second eval policy)
+    # (behaviour/ is written by `python -m qed_ray.visualize`, policy_<policy>/ only with a second eval policy,
+    # reanalysis-<settings>/ by `python -m qed_ray.gather`)
     assert {k.split("/")[1] for k in DOCUMENTED if k.startswith("gather/") and "behaviour" not in k
-            and "policy_" not in k} == GATHER_FILES
+            and "policy_" not in k and "reanalysis-" not in k} == GATHER_FILES
     columns, rows = _csv(layout.aggregates_csv)
     assert columns == [f.name for f in fields(Aggregate)]
     assert sorted((r["agent"], r["variant"]) for r in rows) == sorted(("sac_ln", v) for v in VARIANTS)
@@ -193,16 +255,26 @@ def _a_pack_left_half_done_resumes_and_nothing_else_runs(spec, layout: SweepDir,
     assert {p: p.stat().st_mtime_ns for p in others} == others, "no other seed was trained or written again"
 
 
-def _reanalysis_is_a_child_run_with_the_new_tables(sweep_dir, parent_id: str) -> None:
+def _reanalysis_is_a_child_run_with_the_new_tables(sweep_dir, parent_id: str, groups: dict) -> None:
     """``python -m qed_ray.gather DIR`` (its main, in this process) with other evaluation settings evaluates every
-    group again (no training, no Ray) and logs its tables, figures, summary and verdict as a child run of the sweep's
-    run, named for the settings that differ from the run's params; the sweep's run keeps its own."""
+    group again (no training, no Ray) into ``gather/reanalysis-<settings>/`` and logs its tables, figures, summary,
+    verdict and group runs as a child run of the sweep's run, named for the settings that differ from the run's
+    params; ``gather/``, the sweep's run and its group runs keep their own."""
     from qed_ray.service.reanalysis import main as gather_main
 
     layout = SweepDir(sweep_dir)
     parent_note = sweep_runs(sweep_dir, "e2e")[0].client.get_run(parent_id).data.tags["mlflow.note.content"]
+    before = {p: p.read_bytes() for p in layout.gather.rglob("*") if p.is_file()}
     assert gather_main([str(sweep_dir), "--episodes", "3", "--bootstrap-reps", "300"]) == 0
-    results = json.loads(layout.results_json.read_text())
+    folder = layout.reanalysis("episodes=3+bootstrap_reps=300")
+    assert layout.reanalyses() == [folder]
+    after = {p: p.read_bytes() for p in layout.gather.rglob("*") if p.is_file()}
+    assert {p: after[p] for p in before} == before, "every file of gather/ byte for byte as it was"
+    assert all(folder in p.parents or p.parent == layout.group_cache for p in set(after) - set(before)), \
+        "new: the re-analysis's folder and the cache entries of its evaluations"
+    assert json.loads(layout.results_json.read_text())["final_eval"]["episodes"] == 2, "the sweep's own settings"
+    results = json.loads((folder / "results.json").read_text())
+    assert {p.name for p in folder.iterdir()} == GATHER_FILES - {"cache"}
     assert results["final_eval"]["bootstrap_reps"] == 300 and results["final_eval"]["episodes"] == 3
     assert all(len(r) == 3 for g in results["groups"] for r in g["returns"]), "3 episodes per seed"
     assert len(list(layout.group_cache.glob("*.json"))) == 8, "both settings' evaluations stay cached"
@@ -219,6 +291,19 @@ def _reanalysis_is_a_child_run_with_the_new_tables(sweep_dir, parent_id: str) ->
     assert child.data.metrics["sac_ln.qed1000/V_ratio_median_ci_lower"] == pytest.approx(qed["V_ratio_median_ci_lower"])
     assert child.data.tags["mlflow.note.content"].startswith("### Re-analysis of e2e: episodes=3 bootstrap_reps=300")
     assert tracker.client.get_run(parent_id).data.tags["mlflow.note.content"] == parent_note
+    mine = {r.data.tags["qed.group"]: r for r in runs if r.data.tags.get("qed.role") == "group"
+            and r.data.tags["mlflow.parentRunId"] == child.info.run_id}
+    assert sorted(mine) == sorted(groups), "a group run per group under the re-analysis's run"
+    for name, run in mine.items():
+        g = next(x for x in results["groups"] if f"{x['task']}/{x['agent']}/{x['variant']}" == name)
+        assert run.data.metrics["V"] == pytest.approx(g["V"]) and "IQM_ci_upper" in run.data.metrics
+        assert ("te_V_ratio" in run.data.metrics) == (g["variant"] != "te")
+    again = {r.data.tags["qed.group"]: r for r in runs if r.data.tags.get("qed.role") == "group"
+             and r.data.tags["mlflow.parentRunId"] == parent_id}
+    assert {k: (r.info.run_id, r.data.metrics) for k, r in again.items()} == {
+        k: (r.info.run_id, r.data.metrics) for k, r in groups.items()}, "the sweep's group runs as they were"
+    assert all(r.data.tags["mlflow.parentRunId"] in {r.info.run_id for r in again.values()}
+               for r in _children(runs)), "the seed runs stay under the sweep's group runs"
 
 
 def _comparisons_where_qed_sat_and_the_verdict(stdout: str, tracker, pid: str, arts: set, layout: SweepDir) -> None:

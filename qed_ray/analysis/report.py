@@ -17,6 +17,7 @@ from typing import Sequence
 from qed_ray.analysis import metrics, verdict
 from qed_ray.config import HOT_RATIO
 from qed_ray.analysis.results import Aggregate, Comparison, GroupResult, SweepResults
+from qed_ray.console import fit
 from qed_ray.naming import parse_variant
 from qed_ray.layout import SweepDir
 from qed_ray.rl.digests import unverified_reasons
@@ -113,14 +114,35 @@ def legend(results: SweepResults) -> list[str]:
             "left out (failed, diverged, unfinished, refused) count in no statistic."]
 
 
-def format_table(results: SweepResults) -> str:
-    """The summary table as text (columns padded to their widest cell), then its legend."""
+def column_blocks(widths: Sequence[int], columns: int | None, keys: int = 2) -> list[list[int]]:
+    """The table's columns split into blocks that fit ``columns`` characters (two between cells), each block led by
+    the first ``keys`` columns (which rows they are); one block when ``columns`` is None or everything fits."""
+    rest = list(range(keys, len(widths)))
+    if columns is None or sum(widths) + 2 * (len(widths) - 1) <= columns:
+        return [list(range(len(widths)))]
+    lead = sum(widths[:keys]) + 2 * keys
+    blocks: list[list[int]] = []
+    for i in rest:
+        if blocks and lead + sum(widths[j] + 2 for j in blocks[-1][keys:]) + widths[i] <= columns:
+            blocks[-1].append(i)
+        else:
+            blocks.append([*range(keys), i])
+    return blocks
+
+
+def format_table(results: SweepResults, columns: int | None = None) -> str:
+    """The summary table as text (columns padded to their widest cell), then its legend; with ``columns``, the
+    table is split into blocks of columns that fit that width (agent and variant leading each) and the legend
+    wrapped to it."""
     table = [headers(results.final_eval.confidence), *rows(results)]
     widths = [max(len(r[i]) for r in table) for i in range(len(table[0]))]
     names = [h in NAMES for h in table[0]]
-    lines = ["  ".join(cell.ljust(w) if left else cell.rjust(w) for cell, w, left in zip(r, widths, names)).rstrip()
-             for r in table]
-    return "\n".join(lines + legend(results))
+    lines: list[str] = []
+    for block in column_blocks(widths, columns):
+        lines += [""] if lines else []
+        lines += ["  ".join(r[i].ljust(widths[i]) if names[i] else r[i].rjust(widths[i]) for i in block).rstrip()
+                  for r in table]
+    return "\n".join(lines + [fit(line, columns) if columns else line for line in legend(results)])
 
 
 def format_comparisons(results: SweepResults) -> str:
@@ -190,11 +212,11 @@ def unverified_line(groups: Sequence[GroupResult], layout: SweepDir | None = Non
     return f"UNVERIFIED: {len(seeds)} of {total} seeds were used without a check ({why}): {'; '.join(found)}"
 
 
-def summary(results: SweepResults, layout: SweepDir | None = None) -> str:
+def summary(results: SweepResults, layout: SweepDir | None = None, columns: int | None = None) -> str:
     """What the sweep's summary and ``python -m qed_ray.gather`` print: the table, the unverified seeds (with their
     reasons, given the sweep folder whose seeds were checked: :func:`unverified_line`), the comparisons, the
-    verdict."""
-    parts = [format_table(results)]
+    verdict; with ``columns``, no line wider than that (:func:`format_table`, :func:`qed_ray.console.fit`)."""
+    parts = [format_table(results, columns)]
     unverified = unverified_line(results.groups, layout)
     if unverified:
         parts.append(unverified)
@@ -202,19 +224,21 @@ def summary(results: SweepResults, layout: SweepDir | None = None) -> str:
         parts.append(format_comparisons(results))
     if results.verdict is not None:
         parts.append(verdict.format_verdict(results.verdict, results.final_eval.confidence))
-    return "\n\n".join(parts)
+    text = "\n\n".join(parts)
+    return fit(text, columns) if columns else text
 
 
 def _md_cell(text: str) -> str:
     return text.replace("|", "\\|") or " "
 
 
-def summary_markdown(results: SweepResults, heading: str, footer: str = "") -> str:
-    """The summary as markdown (an MLflow run's description): ``heading``, what the tables rest on, the table and
-    its legend, the claim's verdict per variant, then ``footer``."""
+def summary_markdown(results: SweepResults, heading: str, footer: str = "", lead: str = "") -> str:
+    """The summary as markdown (an MLflow run's description): ``heading``, ``lead`` (a line shown before the page
+    folds the description), what the tables rest on, the table and its legend, the claim's verdict per variant,
+    then ``footer``."""
     fe = results.final_eval
     left_out = len([f for f in results.failed_trials if f.group is not None])
-    lines = [f"### {heading}", "",
+    lines = [f"### {heading}", "", *([lead, ""] if lead else []),
              f"{len(results.groups)} groups on {len({g.task for g in results.groups})} tasks; {left_out} of "
              f"{results.n_trials} trials left out. Final evaluation: {fe.episodes} episodes per seed, policy "
              f"`{results.policy}`; intervals: {100 * fe.confidence:g}% bootstrap over seeds, {fe.bootstrap_reps:,} "

@@ -17,6 +17,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from qed_ray import console
 from qed_ray.layout import SweepDir
 from qed_ray.service.packing import Pack
 from qed_ray.spec import SpecError, SweepSpec, Trial
@@ -37,42 +38,47 @@ def dry_run(spec: SweepSpec, throughput_path: str | Path = DEFAULT_PATH, listing
             workers: int | None = None, fresh: bool = False, force: bool = False) -> int:
     """Prints the plan (see the module notes; every trial with ``listing``; ``workers`` nodes instead of the
     clusters' ``max_workers``; with ``fresh``, that of the new sweep ``--fresh`` would start); raises SpecError with
-    the refusals a run would give."""
+    the refusals a run would give; no line wider than :func:`qed_ray.console.width`."""
     layout, uri, exp = resolve_paths(spec)
+    columns = console.width()
+
+    def show(line: str) -> None:
+        print(console.fit(line, columns))
+
     existing = check_folder(layout, spec, fresh, force)
     p = plan(None, spec) if fresh else plan(existing, spec, layout)
     if fresh and existing is not None:
-        print(f"--fresh: {layout.root} would be moved aside first (nothing is deleted); the plan below is of a new "
+        show(f"--fresh: {layout.root} would be moved aside first (nothing is deleted); the plan below is of a new "
               f"sweep")
     trials = spec.trials()
     res = spec.trial_resources()
     plural = "s" if len(p.packs) > 1 else ""
-    print(f"sweep {spec.name}: {len(trials)} trials in {len(p.packs)} pack{plural} (Tune trial{plural}) of up to "
-          f"{spec.pack.seeds} seed{'s' if spec.pack.seeds > 1 else ''} -> {layout.root}  (MLflow {uri}, experiment "
-          f"{exp})")
+    show(f"sweep {spec.name}: {len(trials)} trials in {len(p.packs)} pack{plural} (Tune trial{plural}) of up to "
+         f"{spec.pack.seeds} seed{'s' if spec.pack.seeds > 1 else ''} -> {layout.root}  (MLflow {uri}, experiment "
+         f"{exp})")
     if p.state.claim is not None:
         rec = p.state.claim
-        print(f"pre-registration: {rec.file} (claim block sha256 {rec.sha256[:12]}; frozen in sweep.json at the "
-              f"first start, a changed block is refused)")
+        show(f"pre-registration: {rec.file} (claim block sha256 {rec.sha256[:12]}; frozen in sweep.json at the "
+             f"first start, a changed block is refused)")
     table = load_throughput(throughput_path)
     packs = order_packs(spec, p.packs, table)
     what = {t.name: _what_next(layout, t, p.new, pack) for pack in packs for t in pack.trials}
     counts = Counter(w if not w.startswith("resume") else "resume" for w in what.values())
-    print("trials: " + ", ".join(f"{n:,} {w}" for w, n in counts.most_common())
-          + ("" if listing else " (each trial: --list)"))
+    show("trials: " + ", ".join(f"{n:,} {w}" for w, n in counts.most_common())
+         + ("" if listing else " (each trial: --list)"))
     for pack in packs if listing else ():
-        print(f"  pack {pack.name}  ({len(pack.trials)} seed{'s' if len(pack.trials) > 1 else ''})")
+        show(f"  pack {pack.name}  ({len(pack.trials)} seed{'s' if len(pack.trials) > 1 else ''})")
         for t in pack.trials:
             r = t.run
-            print(f"    {t.name:48s} env_steps={r.train.env_steps:,} hidden={r.agent.hidden} "
-                  f"batch={r.agent.batch_size}  [{what[t.name]}]")
+            show(f"    {t.name:48s} env_steps={r.train.env_steps:,} hidden={r.agent.hidden} "
+                 f"batch={r.agent.batch_size}  [{what[t.name]}]")
     total, n = sum(t.run.train.env_steps for t in trials), len(p.packs)
-    print(f"per pack: {res['cpu']:g} CPU ({spec.resources.cpu:g} + {spec.pack.env_workers} env workers), "
-          f"{res['gpu']:g} GPU; all {n} packs at once: {res['cpu'] * n:g} CPU, {res['gpu'] * n:g} GPU; total "
-          f"env steps {total:,}")
+    show(f"per pack: {res['cpu']:g} CPU ({spec.resources.cpu:g} + {spec.pack.env_workers} env workers), "
+         f"{res['gpu']:g} GPU; all {n} packs at once: {res['cpu'] * n:g} CPU, {res['gpu'] * n:g} GPU; total "
+         f"env steps {total:,}")
     for line in plan_lines(spec, packs, table, workers):
-        print(line)
-    print(replay_line(spec.replay_needs()))
+        show(line)
+    show(replay_line(spec.replay_needs()))
     problem = unreachable(uri)
     if problem:  # a cluster-only address is normal where a dry run is made: a start refuses it, this warns
         print(f"warning: {uri_field()}: {problem}; a start from here would be refused (fine if the address is "

@@ -37,7 +37,8 @@ from qed_ray.layout import SweepDir
 from qed_ray.service.reanalysis import write_results
 from qed_ray.analysis.results import FailedTrial, GroupKey, GroupResult, SweepResults
 from qed_ray.spec import FinalEvalSpec, SweepSpec
-from qed_ray.service.mirror import log_files, log_rows
+from qed_ray.analysis.group_view import GroupView, baseline_in, group_view
+from qed_ray.service.mirror import log_files, log_groups, log_rows
 from qed_ray.service.tracking import Tracker
 from qed_ray.run_records import diverged_reason
 from qed_ray.service.packing import TuneTrial
@@ -58,6 +59,7 @@ class GatherReport:
     evaluated: list[str]
     from_cache: list[str]
     delays_s: dict[str, float]
+    lines: list[str] = field(default_factory=list)  # one per group as it landed (GatherFeed printed the first ones)
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,9 @@ class Gatherer:
         self.mlflow_down = False
         self.written: str | None = None  # the results.json text of the last files written (_refresh)
         self.files_logged = False  # and whether they reached the parent run
+        self.viewed: dict[GroupKey, bool] = {}  # groups announced, and whether with their ratios to te
+        self.unlogged: dict[GroupKey, GroupView] = {}  # views not yet in their group runs (MLflow did not answer)
+        self.lines: list[str] = []  # one per group as it lands (and once more when its te lands): the console's
 
     async def trial_finished(self, name: str, live: bool = True) -> None:
         """A trial ended; the folder says how (idempotent). ``DONE.json``: it finished; ``DIVERGED.json``: it failed
@@ -228,10 +233,13 @@ class Gatherer:
                                        sorted(self.excluded.values(), key=lambda f: f.name), len(self.group_of),
                                        p.claim)
         new = [g for g in results.groups if g.key not in self.logged_at]
+        self.unlogged.update({v.key: v for v in self._views(results)})
         # The rows first (figures take seconds to draw); MLflow is a mirror: gather/ is written either way.
         if self._mirror(log_rows, results, new):
             now = time.time()
             self.logged_at.update({g.key: now for g in new})
+        if self.unlogged and self._mirror(log_groups, list(self.unlogged.values()), True):
+            self.unlogged = {}
         # Results unchanged since the last refresh (the sweep's end after its last group landed) keep their files and
         # their upload: the figures alone take seconds to draw.
         text = json.dumps(results.to_json(), sort_keys=True)
@@ -241,6 +249,25 @@ class Gatherer:
         if not self.files_logged:
             self.files_logged = self._mirror(log_files, self.layout)
         return results
+
+    def _views(self, results: SweepResults) -> list[GroupView]:
+        """The views of the groups that landed since the last refresh, and of those whose te baseline did; each
+        with its console line."""
+        out, fe = [], self.plan.final_eval
+        for g in results.groups:
+            had = self.viewed.get(g.key)
+            if had or (had is False and not baseline_in(g, results.groups)):
+                continue
+            view = group_view(g, results.groups, fe)
+            if had is None or view.ratios is not None:
+                self.viewed[g.key] = view.ratios is not None
+                self.lines.append(view.line(fe.confidence, "gathered" if had is None else "its te is in:"))
+                out.append(view)
+        return out
+
+    async def new_lines(self, after: int) -> list[str]:
+        """The console lines past the first ``after`` (the driver prints them as groups land)."""
+        return self.lines[after:]
 
     def _mirror(self, log, *args) -> bool:
         """One logging call to the parent run, best-effort (one warning per outage); False if it failed."""
@@ -296,18 +323,38 @@ class Gatherer:
         results = await self._blocking(self._refresh)
         delays = {k.name: self.logged_at[k] - max(self.seen_at[n] for n in self.plan.groups[k] if n in self.seen_at)
                   for k in self.results if k in self.logged_at and any(n in self.seen_at for n in self.plan.groups[k])}
-        return GatherReport(results, self.evaluated, self.from_cache, delays)
+        return GatherReport(results, self.evaluated, self.from_cache, delays, list(self.lines))
 
 
 class GatherFeed(tune.Callback):
     """Tells the sweep's gather actor about every trial that ends or fails for good; the actor is looked up by name
     at each call, so the feed of every Tuner of a driver start reaches the one live actor."""
 
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self, name: str, every_s: float = 5.0):
+        self.name, self.every_s = name, every_s
+        self.printed, self.last = 0, 0.0  # the gather actor's console lines printed so far, and when it was asked
+        # (lines printed when asked, the answer on its way): never waited for, Tune's loop must not block on the actor
+        self.asked = None
 
     def _actor(self):
         return ray.get_actor(self.name, namespace=NAMESPACE)
+
+    def on_step_end(self, iteration: int, trials: list, **info) -> None:
+        try:
+            if self.asked is not None and ray.wait([self.asked[1]], timeout=0)[0]:
+                (after, ref), self.asked = self.asked, None
+                self.print_lines(ray.get(ref)[self.printed - after:])
+            if self.asked is None and time.time() - self.last >= self.every_s:
+                self.last = time.time()
+                self.asked = (self.printed, self._actor().new_lines.remote(self.printed))
+        except (ValueError, ray.exceptions.RayError):  # the actor is gone: the closing summary prints the lines
+            self.asked = None
+
+    def print_lines(self, lines: list[str]) -> None:
+        """Prints the gather actor's new console lines, one per group whatever its width (one line to grep)."""
+        for line in lines:
+            print(line, flush=True)
+        self.printed += len(lines)
 
     def _tell(self, method: str, *args) -> None:
         try:

@@ -10,13 +10,16 @@ settings and each re-analysis's numbers sit beside them, never in place of them.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from pathlib import Path
+from typing import Sequence
 
 from qed_ray.analysis import report
 from qed_ray.analysis.results import GroupResult, SweepResults
-from qed_ray.labels import format_value
+from qed_ray.labels import settings_label  # noqa: F401 - API (re-exported)
 from qed_ray.layout import SweepDir
-from qed_ray.service.tags import NOTE_TAG, VERDICT_TAG
+from qed_ray.analysis.group_view import GroupView, group_view
+from qed_ray.service.tags import BASELINE_TAG, GROUP_TAG, NOTE_TAG, VERDICT_TAG, group_tags
+from qed_ray.service.mlflow_view import runs_page
 from qed_ray.service.tracking import Tracker, metric_key, open_sweep
 
 GROUP_METRICS = ("V", "action_distance", "q1_dispersion", "early_q_gap", "alpha_frac_floor_late", "alpha_frac_cap_late",
@@ -58,9 +61,35 @@ def log_rows(tracker: Tracker, run_id: str, results: SweepResults, new_groups: S
                if g.alpha_regime is not None}
     if regimes:
         tracker.set_tags(run_id, regimes)
-    text = report.summary_markdown(results, heading or f"Sweep {results.sweep}: summary", footer)
+    text = report.summary_markdown(results, heading or f"Sweep {results.sweep}: summary", footer,
+                                   runs_link(tracker.experiment_id, tracker.sweep_id))
     tracker.set_tags(run_id, {NOTE_TAG: note(text)})
     tracker.log_text(run_id, text, SUMMARY_FILE)
+
+
+def runs_link(experiment_id: str, sweep_id: str) -> str:
+    """The description's first line: a link to the sweep's group view, te and QED of each task side by side (a
+    relative address: the UI routes by it, on whatever host serves it; in the Model-training view, not GenAI's)."""
+    return (f"[Per task: te and each variant side by side]({runs_page(experiment_id, sweep_id)}) (the group runs, "
+            f"sorted by name: V, IQM and the ratios to te with their intervals)")
+
+
+def log_groups(tracker: Tracker, parent_id: str, views: Sequence[GroupView], adopt: bool = False) -> None:
+    """Logs each group's view (:mod:`qed_ray.analysis.group_view`) to its group run under ``parent_id`` (found or
+    created, named task first, :func:`~qed_ray.service.tags.group_tags`), its te variant as ``qed.baseline`` once
+    that has landed, and ends it FINISHED. ``adopt``: the seed runs of each group move under its run (the sweep's own
+    groups; a re-analysis's group runs hold its numbers only)."""
+    seeds: dict[str, list] = {}
+    if adopt and views:
+        for run in tracker.trial_runs().values():
+            seeds.setdefault(run.data.tags.get(GROUP_TAG, ""), []).append(run)
+    for view in views:
+        run_id = tracker.group_run(parent_id, group_tags(*view.key))
+        tracker.log_metrics(run_id, view.metrics(), step=0)
+        if view.baseline:
+            tracker.set_tags(run_id, {BASELINE_TAG: view.baseline})
+        tracker.adopt(run_id, seeds.get(view.key.name, []))
+        tracker.end_run(run_id)
 
 
 def note(markdown: str, limit: int = NOTE_LIMIT) -> str:
@@ -71,31 +100,24 @@ def note(markdown: str, limit: int = NOTE_LIMIT) -> str:
     return markdown[:markdown.rfind("\n", 0, limit - len(tail))] + tail
 
 
-def log_files(tracker: Tracker, run_id: str, layout: SweepDir) -> None:
-    """Uploads the gather tables under ``gather/`` and the figures under ``gather/figures/`` (the cache stays)."""
+def log_files(tracker: Tracker, run_id: str, layout: SweepDir, folder: Path | None = None) -> None:
+    """Uploads the gather tables under ``gather/`` and the figures under ``gather/figures/`` (the cache stays),
+    from ``folder`` (a re-analysis's, laid out as ``gather/``; default ``gather/``)."""
+    folder = layout.gather if folder is None else folder
     for path in (layout.results_json, layout.aggregates_csv, layout.groups_csv, layout.budgets_csv,
                  layout.comparisons_csv, layout.verdict_json):
-        tracker.log_artifact(run_id, path, "gather")
-    if layout.figures.is_dir():
-        tracker.log_artifacts(run_id, layout.figures, "gather/figures")
-
-
-def settings_label(final_eval: Mapping[str, Any], sweep_params: Mapping[str, str], fields: Sequence[str]) -> str:
-    """What a re-analysis changed: ``episodes=8 bootstrap_reps=300`` for each of ``fields`` whose value in
-    ``final_eval`` (JSON form) differs from the sweep's own (its parent run's ``final_eval.*`` params, as MLflow
-    keeps them: ``str`` of the JSON form), or ``sweep settings`` (no quote: the label is matched in a filter)."""
-    def shown(v):
-        return ",".join(map(str, v)) if isinstance(v, list) else format_value(v)
-    changed = [f"{k}={shown(final_eval[k])}" for k in fields if str(final_eval[k]) != sweep_params.get(f"final_eval.{k}")]
-    return " ".join(changed) or "sweep settings"
+        tracker.log_artifact(run_id, folder / path.name, "gather")
+    if (folder / layout.figures.name).is_dir():
+        tracker.log_artifacts(run_id, folder / layout.figures.name, "gather/figures")
 
 
 def log_reanalysis(uri: str, sweep_id: str, results: SweepResults, layout: SweepDir, fields: Sequence[str],
-                   refused: Sequence[str]) -> str:
+                   refused: Sequence[str], folder: Path | None = None) -> str:
     """Logs a re-analysis as a child run of the sweep's parent run in the store at ``uri``: named ``reanalysis
     <settings>`` (:func:`settings_label` over ``fields``; the same settings again update the same run), its
-    settings as params, the metrics, description and ``gather/`` files as the sweep logs its own; FAILED naming
-    the ``refused`` groups, if any. Returns the line the command prints. Raises what MLflow raises."""
+    settings as params, the metrics, description, group runs (not adopting the seed runs: they stay under the
+    sweep's group runs) and the files of ``folder`` (its ``gather/reanalysis-<settings>/``) as the sweep logs its
+    own; FAILED naming the ``refused`` groups, if any. Returns the line the command prints. Raises what MLflow raises."""
     found = open_sweep(uri, sweep_id)
     if found is None:
         return f"MLflow: not updated: {uri} holds no parent run of sweep {sweep_id}"
@@ -106,7 +128,8 @@ def log_reanalysis(uri: str, sweep_id: str, results: SweepResults, layout: Sweep
     log_rows(tracker, run_id, results, results.groups, f"Re-analysis of {results.sweep}: {label}",
              f"Tables and figures: Artifacts, `gather/`. The parent run `{parent.info.run_name}` keeps the numbers "
              f"of the sweep's own settings.")
-    log_files(tracker, run_id, layout)
+    log_groups(tracker, run_id, [group_view(g, results.groups, results.final_eval) for g in results.groups])
+    log_files(tracker, run_id, layout, folder)
     tracker.end_run(run_id, failed_reason="; ".join(refused) or None)
     return (f"MLflow: logged as run 'reanalysis {label}' under the sweep's run '{parent.info.run_name}' "
             f"(experiment '{tracker.experiment}')")

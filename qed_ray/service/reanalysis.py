@@ -2,8 +2,9 @@
 
 Nothing is retrained and no Ray cluster is started: each group's evaluation is taken from the cache
 (:mod:`qed_ray.analysis.group_cache`) when its key matches, else computed in this process (or in a local process pool,
-``--workers``); then the tables and figures in ``gather/`` are rewritten. In the folder only ``gather/`` changes:
-policies and trial folders stay as they are (a moved or copied folder's own store is relinked to its artifacts,
+``--workers``); then its tables and figures are written to ``gather/reanalysis-<settings>/``, named for the settings
+it changed: ``gather/`` itself keeps the sweep's own (new evaluations only join ``gather/cache/``); policies and
+trial folders stay as they are (a moved or copied folder's own store is relinked to its artifacts,
 :mod:`qed_ray.service.relink`). In MLflow the re-analysis is a child run of the sweep's parent run named for its
 settings, with its tables, figures, summary and verdict (:func:`qed_ray.service.mirror.log_reanalysis`); the parent
 keeps the outputs of the sweep's own settings. Every seed is checked against the digest its trial signed in MLflow, and every cache entry against its own
@@ -34,13 +35,14 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from qed_ray import cli_help
+from qed_ray import cli_help, console
 from qed_ray.analysis import group_cache, report, tables
 from qed_ray.analysis.results import FailedTrial, GroupResult, SweepResults, read_results
 from qed_ray.atomic import atomic_file, write_json
 from qed_ray.field_hints import format_validation_error
 from qed_ray.analysis.group_cache import TamperedCacheError, UnreadableSeedError
 from qed_ray.analysis.checksums import TamperedSnapshotError, Verifier
+from qed_ray.labels import settings_label
 from qed_ray.layout import SweepDir
 from qed_ray.service.lock import LockHeld, SweepLock
 from qed_ray.service.results_key import ResultsKey, ResultsKeyError, key_path, load_key
@@ -67,16 +69,28 @@ def policy_dir(layout: SweepDir, policy: str) -> Path:
     return layout.policy_gather(policy)
 
 
-def write_results(results: SweepResults, layout: SweepDir) -> None:
+def write_results(results: SweepResults, layout: SweepDir, folder: Path | None = None) -> None:
     """``results.json`` (strict JSON, every evaluation policy's tables in it), ``aggregates.csv``, ``groups.csv``,
     ``iqm_by_budget.csv``, ``comparisons.csv``, ``verdict.json`` (``null`` without a te and a QED variant) and,
     with groups, the figures (PNG and SVG), each replaced atomically (the live gather rewrites them while the sweep
-    runs); the same tables and figures of each further evaluation policy under :func:`policy_dir`."""
-    layout.gather.mkdir(parents=True, exist_ok=True)
-    write_json(layout.results_json, results.to_json(), indent=1)
-    _write_tables(results, layout.gather, layout)
+    runs); the same tables and figures of each further evaluation policy under :func:`policy_dir`. Into
+    ``folder`` (a re-analysis's, :meth:`SweepDir.reanalysis`) laid out as ``gather/``; default ``gather/``."""
+    folder = layout.gather if folder is None else folder
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / layout.results_json.name, results.to_json(), indent=1)
+    _write_tables(results, folder, layout)
     for policy, other in results.other_policies.items():
-        _write_tables(other, policy_dir(layout, policy), layout)
+        _write_tables(other, folder / policy_dir(layout, policy).name, layout)
+
+
+def reanalysis_dir(layout: SweepDir, final_eval: FinalEvalSpec, sweep_settings: FinalEvalSpec | None) -> Path:
+    """``gather/reanalysis-<settings>/`` for ``final_eval``: named for the settings that differ from the sweep's own
+    (``gather/results.json``'s, else the defaults), ``+`` between them (``reanalysis-episodes=20+seed=3``);
+    ``reanalysis-sweep-settings`` when none do."""
+    base = (sweep_settings or FinalEvalSpec()).model_dump(mode="json")
+    label = settings_label(final_eval.model_dump(mode="json"), {f"final_eval.{k}": str(v) for k, v in base.items()},
+                           FLAGS)
+    return layout.reanalysis("sweep-settings" if label == "sweep settings" else label.replace(" ", "+"))
 
 
 def _write_tables(results: SweepResults, folder: Path, layout: SweepDir) -> None:
@@ -135,11 +149,12 @@ def _evaluate_in_worker(job: group_cache.GroupJob, final_eval: FinalEvalSpec) ->
 
 def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, verifier: Verifier | None, workers: int = 1, log=print,
               signing_key: bytes | None = None, claim: dict | None = None) -> tuple[SweepResults, list[str]]:
-    """Recomputes every output of ``gather/`` for ``final_eval`` (the verdict by ``claim``, the pre-registration
+    """Computes every output ``gather/`` holds, into :func:`reanalysis_dir` (``gather/`` keeps the sweep's own; only
+    new groups enter ``gather/cache/``), for ``final_eval`` (the verdict by ``claim``, the pre-registration
     :func:`~qed_ray.service.sweep_record.verified_claim` checked, if any); returns the results and the refused groups.
     ``verifier`` None (``--no-verify``): nothing is checked, every seed is unverified; ``signing_key`` (default the
     verifier's) signs and checks the cache, which is left alone without one. When every trial is left out (no group has
-    a result) nothing is written: the previous outputs stay.
+    a result) nothing is written: that folder's previous outputs stay.
 
     Raises:
         RecordError / SpecError: a damaged ``results.json`` or ``sweep.json`` (naming it and the field).
@@ -184,11 +199,11 @@ def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, verifier: Verifier | 
     out = tables.sweep_results(old.sweep if old else layout.root.name, final_eval, list(results.values()),
                                sorted(failed, key=lambda f: f.name), n_trials, claim)
     if out.groups:
-        write_results(out, layout)
+        write_results(out, layout, reanalysis_dir(layout, final_eval, old.final_eval if old else None))
     return out, refused
 
 
-def _log_to_mlflow(layout: SweepDir, uri: str | None, results: SweepResults, refused: list[str]) -> str:
+def _log_to_mlflow(layout: SweepDir, uri: str | None, results: SweepResults, refused: list[str], folder: Path) -> str:
     """The re-analysis as a child run of the sweep's parent run (best-effort: ``gather/`` is the record); returns
     the line to print."""
     from qed_ray.service.mirror import log_reanalysis
@@ -201,8 +216,7 @@ def _log_to_mlflow(layout: SweepDir, uri: str | None, results: SweepResults, ref
         uri = default_tracking_uri(layout.root)
         follow_move(layout)  # artifacts go into this folder's mlartifacts/, not the one it was copied from
     try:
-        return log_reanalysis(uri, sweep_id(layout), results, layout, FLAGS,
-                              refused)
+        return log_reanalysis(uri, sweep_id(layout), results, layout, FLAGS, refused, folder)
     except Exception as e:  # noqa: BLE001 - MLflow mirrors the folder; the new tables are in gather/ either way
         return f"WARNING: MLflow not updated ({type(e).__name__}: {' '.join(str(e).split())[:300]}); the results " \
                f"are in {layout.gather}"
@@ -349,19 +363,21 @@ def main(argv: list[str] | None = None) -> int:
         return _error(e)
     finally:
         lock.release()
+    folder = reanalysis_dir(layout, final_eval, previous.final_eval if previous else None)
     if not results.groups:
         for f in results.failed_trials:
             print(f"LEFT OUT {f.name}: {f.error}")
-        print(f"error: every trial was left out, so {layout.gather} keeps its previous outputs (a wrong "
+        print(f"error: every trial was left out, so {folder} keeps its previous outputs (a wrong "
               f"--tracking-uri, or no trial finished?)", file=sys.stderr)
         return 1
-    print("\n" + report.summary(results, layout if verifier is not None else None))
+    columns = console.width()
+    print("\n" + report.summary(results, layout if verifier is not None else None, columns))
     for policy, other in results.other_policies.items():
-        print(f"\nevaluation policy {policy} ({policy_dir(layout, policy)}):")
-        print(report.summary(other))
+        print(f"\nevaluation policy {policy} ({folder / policy_dir(layout, policy).name}):")
+        print(report.summary(other, columns=columns))
     for f in results.failed_trials:
         print(f"LEFT OUT {f.name}: {f.error}")
-    print(f"\nwrote {layout.gather}")
-    print(_log_to_mlflow(layout, uri, results, refused))
+    print(f"\nwrote {folder} (the sweep's own settings stay in {layout.gather})")
+    print(_log_to_mlflow(layout, uri, results, refused, folder))
     unverified = refuse_unverified(results, args.allow_unverified or args.no_verify)  # --no-verify: chosen
     return 1 if refused or unverified else 0

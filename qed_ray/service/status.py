@@ -208,10 +208,11 @@ def _status_key(layout: SweepDir) -> tuple[bytes | None, str]:
             f" (NOT CHECKED: no results key at {key_path()})"
 
 
-def report(spec: SweepSpec, layout: SweepDir, source: str = "") -> str:
-    """The ``--status`` text: trial counts, env steps, compute spent and projected, the partial table. ``source``
-    says how the folder was found (``--dir``, or the setting and variables read); a folder that is not this sweep's
-    raises SpecError saying whose it is (:func:`check_owner`)."""
+def report(spec: SweepSpec, layout: SweepDir, source: str = "", columns: int | None = None) -> str:
+    """The ``--status`` text: trial counts, env steps, compute spent and projected, the partial table (split to fit
+    ``columns``, :func:`~qed_ray.analysis.report.format_table`), the re-analyses. ``source`` says how the folder was
+    found (``--dir``, or the setting and variables read); a folder that is not this sweep's raises SpecError saying
+    whose it is (:func:`check_owner`)."""
     trials = spec.trials()
     found = f"; the folder is {source}" if source else ""
     check_owner(spec, layout, found)
@@ -246,10 +247,11 @@ def report(spec: SweepSpec, layout: SweepDir, source: str = "") -> str:
     lines.append(f"results: {len(results.groups)} of {n_groups} groups gathered (cached in {layout.group_cache} "
                  f"for this spec's final_eval){unchecked}")
     lines += [f"REFUSED {why}" for why in refused]
+    lines += [f"re-analysis (python -m qed_ray.gather): {p.relative_to(layout.root)}/" for p in layout.reanalyses()]
     unverified = unverified_line(results.groups, layout)  # the gather's verdicts, with each DONE.json's reason
     lines += [unverified] if unverified else []
     if results.aggregates:
-        lines += ["", format_table(results)]
+        lines += ["", format_table(results, columns)]
     by_name = {s.name: s for s in states}
     lines += ["", f"packs ({len(packs)}, up to {spec.pack.seeds} seed{'s' if spec.pack.seeds > 1 else ''} each): "
                   f"seed: state [env steps]"]

@@ -43,6 +43,7 @@ from pathlib import Path
 import ray
 from ray import tune
 
+from qed_ray import console
 from qed_ray.service import announce, gather
 from qed_ray.analysis import report
 from qed_ray.service.cluster import check_cluster
@@ -60,7 +61,8 @@ from qed_ray.compat import adopt_trial_checkpoints
 from qed_ray.service.packing import Pack, TuneTrial
 from qed_ray.service.sweep_record import SweepState
 from qed_ray.service.sweep_state import git_sha, outcome, prune_finished, sync_runs
-from qed_ray.service.tracking import Tracker, artifact_location, ui_command
+from qed_ray.service.mlflow_view import ui_command
+from qed_ray.service.tracking import Tracker, artifact_location
 from qed_ray.service.trial import TrialContext, train_trial
 
 EXIT_LOST = 3  # the driver lost the sweep's lock (module notes)
@@ -253,12 +255,13 @@ def _progress_mark(layout: SweepDir, packs: list[Pack]) -> int:
 
 
 def print_summary(results: SweepResults | None, gathered: gather.GatherReport | None, failed: list[FailedTrial],
-                  uri: str, experiment_id: str | None = None, layout: SweepDir | None = None) -> None:
+                  uri: str, experiment_id: str | None = None, layout: SweepDir | None = None,
+                  sweep_id: str | None = None) -> None:
     """The closing table (counts, IQM, V and its baseline ratio with CIs), the comparisons with te and the claim's
     verdict (with the reason each unverified seed's ``DONE.json`` gives, from ``layout``), what the gather step did
     while the sweep ran, and every trial left out with its reason."""
     if results is not None:
-        print("\n" + report.summary(results, layout))
+        print("\n" + report.summary(results, layout, console.width()))
     if gathered is not None:
         delays = sorted(gathered.delays_s[g] for g in gathered.evaluated if g in gathered.delays_s)
         timing = (f"; from a group's last trial to its row in MLflow: median {delays[len(delays) // 2]:.0f} s, "
@@ -267,7 +270,7 @@ def print_summary(results: SweepResults | None, gathered: gather.GatherReport | 
               f"the cache{timing}")
     for f in failed:
         print(f"FAILED {f.name}: {cut(f.error)}")
-    print(f"\nMLflow: {ui_command(uri, experiment_id)}")
+    print(f"\nMLflow: {ui_command(uri, experiment_id, sweep_id)}")
 
 
 def run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, experiment: str, state: SweepState,
@@ -287,6 +290,7 @@ def run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, exp
     parent = tracker.parent_run(spec.name, spec.model_dump(mode="json", exclude={"agents"}),
                                 {"qed.spec_path": str(spec_path), "qed.git_sha": git_sha()})
     tracker.log_artifact(parent, spec_path, "spec")
+    tracker.share_group_view(parent)  # the address printed at the end opens it
     context = TrialContext(sweep_id=state.sweep_id, sweep_dir=layout.root, tracking_uri=uri,
                            experiment=experiment, parent_run_id=parent, keep_every=spec.final_eval.keep_every,
                            gpu_fraction=spec.resources.gpu, keep_replay=spec.keep_replay,
@@ -298,8 +302,8 @@ def run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, exp
     launch = lambda: gather.launch(spec, layout, state.sweep_id, uri, experiment, parent,  # noqa: E731
                                    key.secret, len(packs), claim)
     gatherer = launch()
-    failed = train_pending(spec, context, interrupt, [gather.GatherFeed(gather.actor_name(spec.name,
-                                                                                          state.sweep_id))], packs)
+    feed = gather.GatherFeed(gather.actor_name(spec.name, state.sweep_id))
+    failed = train_pending(spec, context, interrupt, [feed], packs)
     if lock.lost.is_set() or not lock.beat():  # another driver runs the sweep now: leave its folder and runs alone
         gather.stop(gatherer)
         return EXIT_LOST
@@ -316,11 +320,12 @@ def run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, exp
               f"stay gathered; --gather-partial gathers what finished)", flush=True)
         return 128 + interrupt.signum
     return _finish(tracker, parent, gatherer, launch, failures, unfinished, interrupt.signum, uri, layout,
-                   allow_unverified)
+                   allow_unverified, feed)
 
 
 def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[FailedTrial], unfinished: list[str],
-            signum: int | None, uri: str, layout: SweepDir, allow_unverified: bool = False) -> int:
+            signum: int | None, uri: str, layout: SweepDir, allow_unverified: bool = False,
+            feed: gather.GatherFeed | None = None) -> int:
     """The final gather (every group; the unfinished trials left out), the parent run's end, the summary; returns
     the exit code. A gather actor that died meanwhile (killed with its node's memory, say) is started again: the
     groups it gathered are in the cache."""
@@ -337,6 +342,8 @@ def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[Fail
             print(f"the gather actor died ({type(e).__name__}); gathering again from the cache", flush=True)
             gathered = gather.finish(launch(), failures)
         results = gathered.results
+        if feed is not None:  # the groups that landed since the feed last asked
+            feed.print_lines(gathered.lines[feed.printed:])
         # Left out by the gather step itself (a file or cache entry that failed its check): reported like failures.
         known = {f.name for f in failures}
         left_out = [f for f in results.failed_trials if f.name not in known]
@@ -349,7 +356,7 @@ def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[Fail
     _best_effort(tracker.end_run, parent, failed_reason=None if signum is not None else reason,
                  killed=signum is not None)
     print_summary(results, gathered, [f for f in failures if signum is None or f.name not in unfinished], uri,
-                  tracker.experiment_id, layout)
+                  tracker.experiment_id, layout, tracker.sweep_id)
     if signum is not None:
         return 128 + signum
     unverified = refuse_unverified(results, allow_unverified)

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from qed_ray import cli_help
+from qed_ray import cli_help, console
 from qed_ray.codec import RecordError
 from qed_ray.hints import close_match
 from qed_ray.service import announce
@@ -154,11 +154,13 @@ def _status(spec: SweepSpec | None, folder: Path | None) -> str:
     from qed_ray.service import status
     from qed_ray.service.sweep_state import resolve_paths
 
+    columns = console.width()  # the partial table in blocks of columns, every line wrapped to fit
     if spec is None:  # --status --dir DIR: the spec sweep.json recorded
         layout = SweepDir(folder.absolute())
-        return status.report(status.recorded_spec(layout), layout, "given by --dir")
+        return console.fit(status.report(status.recorded_spec(layout), layout, "given by --dir", columns), columns)
     layout = SweepDir(folder.absolute()) if folder else resolve_paths(spec)[0]
-    return status.report(spec, layout, "given by --dir" if folder else announce.storage_source(spec))
+    return console.fit(status.report(spec, layout, "given by --dir" if folder else announce.storage_source(spec),
+                                     columns), columns)
 
 
 def main(argv: list[str] | None = None) -> int:

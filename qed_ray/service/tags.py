@@ -5,7 +5,8 @@ from qed_ray.layout import TrialId
 
 SWEEP_TAG = "qed.sweep_id"
 TRIAL_TAG = "qed.trial"
-ROLE_TAG = "qed.role"  # sweep (the parent), trial (a seed run), reanalysis (a python -m qed_ray.gather run)
+ROLE_TAG = "qed.role"  # sweep (the parent), group (a cross-seed group), trial (a seed run), reanalysis (a python -m
+# qed_ray.gather run)
 REASON_TAG = "qed.failure_reason"
 NODES_TAG = "qed.node_ids"
 # What a trial's worker records at its end (qed_ray.rl.digests): the digest of every file the gather reads of it,
@@ -18,6 +19,7 @@ TASK_TAG, AGENT_TAG, VARIANT_TAG, SEED_TAG = "qed.task", "qed.agent", "qed.varia
 GROUP_TAG = "qed.group"  # task/agent/variant: the seeds of one cross-seed group, te and QED of a task side by side
 # the claim's outcome (pass, fail, not enough data, or exploratory: not judged) on a sweep or re-analysis run
 VERDICT_TAG = "qed.verdict"
+BASELINE_TAG = "qed.baseline"  # a group run's te variant on its task, once that group has landed (its ratios' base)
 REANALYSIS_TAG = "qed.reanalysis"  # a re-analysis run's settings (its name without the prefix): one run each
 NOTE_TAG = "mlflow.note.content"  # a run's description (markdown), shown on its page in the MLflow UI
 RUN_NAME_TAG = "mlflow.runName"  # MLflow's own: the run's name
@@ -37,3 +39,15 @@ def trial_tags(trial: str) -> dict[str, str]:
     t = TrialId.from_name(trial)
     return {TASK_TAG: t.task, AGENT_TAG: t.agent, VARIANT_TAG: t.variant, SEED_TAG: str(t.seed),
             GROUP_TAG: f"{t.task}/{t.agent}/{t.variant}", RUN_NAME_TAG: run_name(trial)}
+
+
+def group_run_name(task: str, agent: str, variant: str) -> str:
+    """A group run's name: ``cartpole-balance te sac_ln``. Task first, so that the runs list sorted by name puts te
+    and every variant of a task side by side; the variant next, before the agent (a sweep has one agent, mostly)."""
+    return f"{task} {variant} {agent}"
+
+
+def group_tags(task: str, agent: str, variant: str) -> dict[str, str]:
+    """A group run's parts as tags (as a trial run's, without the seed) and its name."""
+    return {TASK_TAG: task, AGENT_TAG: agent, VARIANT_TAG: variant, GROUP_TAG: f"{task}/{agent}/{variant}",
+            RUN_NAME_TAG: group_run_name(task, agent, variant)}

@@ -12,6 +12,7 @@ never a trial, and each evaluation is logged exactly once when the server is bac
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -27,6 +28,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 from qed_ray.layout import SweepDir
 from qed_ray.rl.digests import Recorded
 from qed_ray.run_records import HistoryEntry
+from qed_ray.service.mlflow_view import SHARED_VIEW_TAG, group_view_state, view_key
 from qed_ray.service.relink import follow_move, own_store
 from qed_ray.service.tracking_uri import default_tracking_uri  # noqa: F401 - API (defined MLflow-free)
 
@@ -110,6 +112,13 @@ class Tracker:
         """Tags the experiment so the MLflow UI opens on its runs, not on an empty GenAI overview."""
         self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
 
+    def share_group_view(self, parent_id: str) -> None:
+        """Stores the sweep's group view (:func:`group_view_state`) on the experiment as an MLflow 3 shared view: the
+        tag ``mlflow.sharedViewState.<key>``, which the UI applies when its address carries ``viewStateShareKey``
+        (:func:`~qed_ray.service.mlflow_view.runs_page`), in any browser (a view kept in one browser's storage reaches no other)."""
+        self.client.set_experiment_tag(self.experiment_id, f"{SHARED_VIEW_TAG}{view_key(self.sweep_id)}",
+                                       json.dumps(group_view_state(parent_id)))
+
     # ---- runs ------------------------------------------------------------------------------------
     def _find(self, filter_string: str):
         runs = self.client.search_runs([self.experiment_id], filter_string=filter_string, max_results=2,
@@ -154,6 +163,21 @@ class Tracker:
         return self._child(parent_id, f"tags.`{ROLE_TAG}` = 'reanalysis' and tags.`{REANALYSIS_TAG}` = '{settings}'",
                            {ROLE_TAG: "reanalysis", REANALYSIS_TAG: settings,
                             MLFLOW_RUN_NAME: f"reanalysis {settings}"}, params)
+
+    def group_run(self, parent_id: str, tags: Mapping[str, str]) -> str:
+        """Finds (and reopens) or creates the run of one (task, agent, variant) group under ``parent_id`` (the
+        sweep's run, or a re-analysis's: one group run each); ``tags``: its :func:`group_tags`."""
+        return self._child(parent_id, f"tags.`{ROLE_TAG}` = 'group' and tags.`{GROUP_TAG}` = '{tags[GROUP_TAG]}' and "
+                                      f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{parent_id}'",
+                           {ROLE_TAG: "group", **tags}, {})
+
+    def adopt(self, parent_id: str, runs: Sequence) -> None:
+        """Makes ``parent_id`` the parent of each of ``runs`` (found runs: a group's seed runs) not already under it:
+        MLflow nests runs by the ``mlflow.parentRunId`` tag alone, so a seed run created under the sweep's run
+        moves under its group's run once the group lands."""
+        for run in runs:
+            if run.data.tags.get(MLFLOW_PARENT_RUN_ID) != parent_id:
+                self.client.set_tag(run.info.run_id, MLFLOW_PARENT_RUN_ID, parent_id)
 
     def _child(self, parent_id: str, match: str, tags: Mapping[str, str], params: Mapping[str, Any]) -> str:
         run = self._find(f"tags.`{SWEEP_TAG}` = '{self.sweep_id}' and {match}")
@@ -405,16 +429,3 @@ class TrialRun:
                          f"metrics are in the sweep folder and are logged at the next sweep start")
                 return False
             time.sleep(retry_s)
-
-
-def ui_command(uri: str, experiment_id: str | None = None) -> str:
-    """The command that opens the MLflow UI on ``uri``, and the address of the experiment's runs.
-
-    MLflow 3.17's UI shows an experiment as its GenAI switch says (remembered per browser, GenAI by default), not
-    as the experiment's kind tag says; ``?workflowType=machine_learning`` opens it on its training runs.
-    """
-    page = f"/#/experiments/{experiment_id}?workflowType=machine_learning" if experiment_id else ""
-    if uri.startswith("sqlite:"):
-        return (f"{sys.executable} -m mlflow ui --backend-store-uri {uri} --port 5000   "
-                f"# then open http://127.0.0.1:5000{page}")
-    return f"open {uri.rstrip('/')}{page} in a browser (MLflow tracking server)"
