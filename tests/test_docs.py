@@ -94,3 +94,23 @@ def test_a_null_in_the_data_file_is_printed_as_no_estimate():
 def test_the_makefile_echoes_no_comments():
     recipe_comments = [ln for ln in (ROOT / "Makefile").read_text().splitlines() if re.match(r"\t\s*#", ln)]
     assert recipe_comments == [], "make prints a recipe's comment lines; put them above the target"
+
+
+def _anchors(doc: Path) -> set[str]:
+    """GitHub's anchors of a Markdown file's headings (lower case; punctuation but '-' and '_' dropped)."""
+    heads, fenced = [], False
+    for line in doc.read_text().splitlines():
+        fenced ^= line.lstrip().startswith("```")  # a fence line opens or closes a code block
+        if not fenced and (head := re.match(r"#+ (.+)", line)):
+            heads.append(head.group(1))
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in heads}
+
+
+def test_every_relative_link_reaches_its_file_and_heading():
+    broken = []
+    for doc in DOCS:
+        for target, anchor in re.findall(r"\]\(([^)#:\s]*)(?:#([^)\s]+))?\)", doc.read_text()):
+            path = (doc.parent / target).resolve() if target else doc
+            if not path.exists() or (anchor and path.suffix == ".md" and anchor not in _anchors(path)):
+                broken.append(f"{doc.relative_to(ROOT)}: {target}#{anchor}")
+    assert broken == []
