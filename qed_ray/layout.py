@@ -4,8 +4,8 @@ A sweep writes everything under ``<storage_path>/<name>/``. :class:`SweepDir` bu
 :func:`trial_dirname` / :func:`parse_trial_dirname` turn a trial name ``task/agent/variant/seed`` into its folder
 name ``task__agent__variant__sSEED`` and back. A pack (the seed runs of one task, agent and variant trained in one
 Tune trial; one seed is a pack of one) is named by :class:`PackId`: ``task/agent/variant/pack0-2`` (folder
-``task__agent__variant__pack0-2``); its seeds keep their trial names and folders. The README's "Where results
-land" table lists :data:`DOCUMENTED` (a test compares the two).
+``task__agent__variant__pack0-2``); its seeds keep their trial names and folders. The table of
+docs/results.md ("Sweep folder") lists :data:`DOCUMENTED` (a test compares the two).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ MANIFEST_FILE = "manifest.json"  # written last into a checkpoint or snapshot: i
 REANALYSIS_PREFIX = "reanalysis-"  # gather/reanalysis-<settings>/: a re-analysis's outputs, beside the sweep's own
 SNAPSHOT_DIGITS = 10  # policy snapshot folders are zero-padded env steps, so they sort by name
 
-# Each entry of the README's "Where results land" table (relative to the sweep folder, placeholders in <>) with
-# the SweepDir member that builds it; tests/test_layout.py checks the README and the members against this.
+# Each entry of docs/results.md's "Sweep folder" table (relative to the sweep folder, placeholders in <>) with the
+# SweepDir member that builds it; tests/test_layout.py checks the table and the members against this.
 DOCUMENTED: dict[str, str] = {
     "sweep.json": "state_file",
     "sweep.lock": "lock_file",

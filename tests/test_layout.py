@@ -1,4 +1,5 @@
-"""The sweep folder's layout: trial folder names round-trip, the README's table matches layout.py, snapshot queries."""
+"""The sweep folder's layout: trial folder names round-trip, docs/results.md's table matches layout.py, snapshot
+queries."""
 
 import inspect
 import re
@@ -54,9 +55,10 @@ def test_other_folder_names_are_not_trials(dirname):
         parse_trial_dirname(dirname)
 
 
-def _readme_rows() -> list[str]:
-    """The code spans of the first column of the README's "Where results land" table, in order."""
-    lines = (ROOT / "README.md").read_text().split("### Where results land", 1)[1].splitlines()
+def _documented_rows() -> list[str]:
+    """The code spans of the first column of docs/results.md's "Sweep folder" table (the one table of the layout),
+    in order."""
+    lines = (ROOT / "docs" / "results.md").read_text().split("\n## Sweep folder\n", 1)[1].splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.startswith("| path |"))
     table = []
     for ln in lines[start + 2:]:  # past the header and the |---| line
@@ -76,8 +78,8 @@ def _expand(pattern: str, name: str, env_steps: int, start: str) -> str:
             .replace("<seed>", str(trial.seed)))
 
 
-def test_readme_table_lists_exactly_what_layout_builds(tmp_path):
-    assert _readme_rows() == list(DOCUMENTED), "README 'Where results land' and layout.DOCUMENTED differ"
+def test_the_documented_table_lists_exactly_what_layout_builds(tmp_path):
+    assert _documented_rows() == list(DOCUMENTED), "docs/results.md 'Sweep folder' and layout.DOCUMENTED differ"
     layout = SweepDir(tmp_path)
     name, steps, start = "finger-turn_easy/mad_sac/k=0.2+alpha_max=0.3/4", 120000, "20260101-120000-0"
     for pattern, member in DOCUMENTED.items():
