@@ -117,3 +117,9 @@ def cli_run(tmp: Path, module: str, *args: str, env: dict | None = None, cwd: Pa
                           capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {}), "QED_TEST_LOADED": str(loaded)})
     return proc, json.loads(loaded.read_text()) if loaded.exists() else []
+
+
+def flat(text: str) -> str:
+    """``text`` with its line breaks and runs of spaces as single spaces (what the commands print is wrapped to 100
+    columns when stdout is not a terminal)."""
+    return " ".join(text.split())

@@ -137,7 +137,8 @@ def test_each_member_of_a_shape_pack_keeps_its_name_folders_and_checkpoint(tmp_p
     layout, pack = SweepDir(tmp_path / "shape"), PackId.of([s.name for s in specs])
     assert pack.name == "cartpole-balance/sac_ln/qed0.1+n_actions=2+alpha_max=50,qed0.4+n_actions=2+alpha_max=50/pack0"
     folder = layout.pack_checkpoint(pack, 1000)
-    assert sorted(p.name for p in folder.iterdir()) == sorted([*(trial_dirname(s.name) for s in specs), "pack.json"])
+    assert sorted(p.name for p in folder.iterdir()) == sorted([*(trial_dirname(s.name) for s in specs), "files.json",
+                                                               "pack.json"])
     for i, s in enumerate(specs):
         manifest = read_record(folder / trial_dirname(s.name) / "manifest.json", Manifest)
         assert (manifest.variant, manifest.seed, manifest.pack_index) == (s.variant, s.seed, i)

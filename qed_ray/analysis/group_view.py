@@ -20,7 +20,7 @@ import numpy as np
 from qed_ray.analysis import bootstrap, comparisons
 from qed_ray.analysis.report import with_ci
 from qed_ray.analysis.results import Comparison, GroupKey, GroupResult
-from qed_ray.analysis.tables import _Replicates, baseline_of
+from qed_ray.analysis.tables import baseline_of
 from qed_ray.spec import FinalEvalSpec
 
 # (metric name, Comparison field): te / variant for the spreads, variant / te for the IQM (> 1 favours the variant).
@@ -71,7 +71,7 @@ def _ci(reps: np.ndarray | None, point: float, confidence: float) -> tuple[float
 
 def group_view(g: GroupResult, groups: Sequence[GroupResult], final_eval: FinalEvalSpec) -> GroupView:
     """The view of ``g`` among the landed ``groups`` (its baseline is looked for among those of its task and agent)."""
-    fe, reps = final_eval, _Replicates(final_eval)
+    fe, reps = final_eval, comparisons.Replicates(final_eval)
     iqm = bootstrap.iqm_interval([np.asarray(g.scores, dtype=np.float64)], fe.bootstrap_reps, fe.confidence, fe.seed)
     values = {"V": _ci(reps.get("V", g), float(g.V), fe.confidence),
               "IQM": (iqm["point"], iqm["lower"], iqm["upper"]),
