@@ -23,7 +23,8 @@ def width(stream=None) -> int:
 
 def fit(text: str, columns: int) -> str:
     """``text`` with every line wider than ``columns`` wrapped at spaces; a continuation is indented two columns past
-    its line's own indentation (a word longer than a line, a path say, is cut)."""
+    its line's own indentation (a word longer than a line, a path say, stands whole on a line of its own, so that it
+    can still be copied)."""
     out = []
     for line in text.splitlines():
         if len(line) <= columns:
@@ -31,5 +32,5 @@ def fit(text: str, columns: int) -> str:
             continue
         indent = line[:len(line) - len(line.lstrip())]
         out += textwrap.wrap(line, columns, initial_indent="", subsequent_indent=indent + "  ",
-                             break_on_hyphens=False, drop_whitespace=True) or [line[:columns]]
+                             break_on_hyphens=False, break_long_words=False, drop_whitespace=True) or [line]
     return "\n".join(out)

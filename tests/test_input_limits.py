@@ -20,7 +20,7 @@ from qed_ray.rl.replay import Replay
 from qed_ray.service.tracking_uri import check_uri, masked, unreachable
 from qed_ray.spec import SpecError, SweepSpec
 from qed_ray.tasks import TASK_DIMS, TASKS
-from kit import free_port
+from kit import flat, free_port
 
 ROOT = Path(__file__).parents[1]
 BASE = {"name": "s", "tasks": ["cartpole-balance"], "seeds": 2,
@@ -124,7 +124,7 @@ def test_an_unreachable_server_fails_a_start_in_one_line_and_warns_a_dry_run(cli
         f"warning: tracking.uri: nothing answers at {uri} within 5 s (ConnectionRefusedError: [Errno 111] Connection "
         f"refused); a start from here would be refused (fine if the address is reachable only from the cluster's "
         f"head)"], err
-    assert f"(MLflow {uri}, experiment s)" in out and not (tmp_path / "results").exists()
+    assert f"(MLflow {uri}, experiment s)" in flat(out) and not (tmp_path / "results").exists()
 
 
 class _Refuses(BaseHTTPRequestHandler):
@@ -192,7 +192,7 @@ def test_1e10_env_steps_are_refused_with_the_estimate(cli, tmp_path):
     code, err, out = cli({**spec, "train": {"env_steps": 10**10, "replay_capacity": 10**6}}, "--dry-run")
     assert code == 0, err
     assert ("replay: up to 648.5 MiB per trial (quadruped-run: 1,000,000 transitions x 170 floats), 648.5 MiB per "
-            "pack of 1; caps 16.0 GiB per trial, 64.0 GiB per pack") in out.splitlines()
+            "pack of 1; caps 16.0 GiB per trial, 64.0 GiB per pack") in flat(out)
 
 
 def test_a_pack_past_its_cap_is_refused_naming_pack_seeds(cli):
@@ -206,7 +206,7 @@ def test_a_pack_past_its_cap_is_refused_naming_pack_seeds(cli):
     assert 10 * 10_105_805 * 170 * 4 <= MAX_PACK_REPLAY_BYTES < 10 * 10_105_806 * 170 * 4
     code, err, out = cli({**spec, "pack": {"seeds": 5}}, "--dry-run")
     assert code == 0 and "replay: up to 9.5 GiB per trial (quadruped-run: 15,000,000 transitions x 170 floats), " \
-                          "47.5 GiB per pack of 5;" in out, err
+                          "47.5 GiB per pack of 5;" in flat(out), err
 
 
 def test_the_largest_need_comes_first_over_tasks_and_train_axes():

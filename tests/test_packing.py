@@ -6,6 +6,8 @@ import re
 import uuid
 
 import pytest
+
+from kit import flat
 from pydantic import ValidationError
 
 from qed_ray.field_hints import format_validation_error
@@ -195,31 +197,31 @@ TABLE = {"schema": 1, "device": "cuda", "card": "NVIDIA H100 80GB HBM3", "date":
 def test_dry_run_prints_packs_resources_and_the_bill_from_the_table(tmp_path, capsys):
     packed = dict(pack={"seeds": 2, "env_workers": 1}, resources={"cpu": 1, "gpu": 0.5}, seeds=4,
                   tasks=["cartpole-balance"])
-    out = _dry(tmp_path, capsys, TABLE, True, **packed)
-    assert out.splitlines()[0].startswith("sweep p: 4 trials in 2 packs (Tune trials) of up to 2 seeds -> ")
-    assert out.splitlines()[1] == "trials: 4 new"
-    assert "  pack cartpole-balance/sac_ln/te/pack0-1  (2 seeds)\n    cartpole-balance/sac_ln/te/0 " in out
+    out = flat(_dry(tmp_path, capsys, TABLE, True, **packed))  # wrapped to 100 columns: compared flat
+    assert out.startswith("sweep p: 4 trials in 2 packs (Tune trials) of up to 2 seeds -> ")
+    assert " trials: 4 new pack " in out
+    assert "pack cartpole-balance/sac_ln/te/pack0-1 (2 seeds) cartpole-balance/sac_ln/te/0 " in out
     assert "per pack: 2 CPU (1 + 1 env workers), 0.5 GPU; all 2 packs at once: 4 CPU, 1 GPU" in out
-    assert "\n  sac_ln/te S=2: 2 packs, " in out and "memory per pack (cartpole-balance): host " in out
+    assert " sac_ln/te S=2: 2 packs, " in out and "memory per pack (cartpole-balance): host " in out
     assert "GPU-hours on the NVIDIA A10G (cluster/aws.yaml: 8 x g5.4xlarge, 2 packs each): " in out
     assert "GPU-hours on the NVIDIA H100 80GB HBM3 (the measured card: 8 x a3-highgpu-1g, 2 packs each): " in out
-    assert "  rates: throughput table of 2026-11-26 (NVIDIA H100 80GB HBM3); " in out
-    short = _dry(tmp_path, capsys, TABLE, **packed)  # the plan without the per-trial list
-    assert "trials: 4 new (each trial: --list)" in short and "  pack " not in short
-    assert "  sac_ln/te S=1: 1 pack, " in _dry(tmp_path, capsys, TABLE, **{**packed, "seeds": 5})
-    missing = _dry(tmp_path, capsys, {**TABLE, "entries": TABLE["entries"][:2]}, **packed)
+    assert " rates: throughput table of 2026-11-26 (NVIDIA H100 80GB HBM3); " in out
+    short = flat(_dry(tmp_path, capsys, TABLE, **packed))  # the plan without the per-trial list
+    assert "trials: 4 new (each trial: --list)" in short and " pack cartpole" not in short
+    assert " sac_ln/te S=1: 1 pack, " in flat(_dry(tmp_path, capsys, TABLE, **{**packed, "seeds": 5}))
+    missing = flat(_dry(tmp_path, capsys, {**TABLE, "entries": TABLE["entries"][:2]}, **packed))
     assert "GPU-hours: unknown: the throughput table (NVIDIA H100 80GB HBM3) has no cell to scale from for " \
            "sac_ln/te S=2" in missing
-    assert "GPU-hours: no GPU measurement yet" in _dry(tmp_path, capsys, None, **packed)
+    assert "GPU-hours: no GPU measurement yet" in flat(_dry(tmp_path, capsys, None, **packed))
     placeholder = {**TABLE, "device": "none", "card": "no GPU measurement yet", "entries": []}
-    assert "GPU-hours: no GPU measurement yet" in _dry(tmp_path, capsys, placeholder, **packed)
-    assert "CPU-hours: at least " in _dry(tmp_path, capsys, TABLE, pack={"seeds": 2})
+    assert "GPU-hours: no GPU measurement yet" in flat(_dry(tmp_path, capsys, placeholder, **packed))
+    assert "CPU-hours: at least " in flat(_dry(tmp_path, capsys, TABLE, pack={"seeds": 2}))
     # Each pack's cell at the precision it trains at on a GPU: a 3xtf32 cell, or the fp32 one, said so.
     three = {**TABLE, "entries": [{**e, "precision": "3xtf32", "seed_decisions_per_s": 2 * e["seed_decisions_per_s"]}
                                   for e in TABLE["entries"]]}
     fast = {**packed, "train": {**BASE["train"], "precision": "3xtf32"}}
-    assert "priced as fp32" not in _dry(tmp_path, capsys, three, **fast)
-    assert "3xtf32 priced as fp32" in _dry(tmp_path, capsys, TABLE, **fast)
+    assert "priced as fp32" not in flat(_dry(tmp_path, capsys, three, **fast))
+    assert "3xtf32 priced as fp32" in flat(_dry(tmp_path, capsys, TABLE, **fast))
 
 
 def test_a_seed_runs_mlflow_run_carries_its_packs_name_and_size(tmp_path):
