@@ -123,3 +123,9 @@ def flat(text: str) -> str:
     """``text`` with its line breaks and runs of spaces as single spaces (what the commands print is wrapped to 100
     columns when stdout is not a terminal)."""
     return " ".join(text.split())
+
+
+def widest(text: str) -> int:
+    """The widest line of ``text`` that could have been wrapped: a line that is one word (a path longer than the
+    width, kept whole so that it can be copied) does not count."""
+    return max((len(line) for line in text.splitlines() if len(line.split()) > 1), default=0)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from kit import widest
 from qed_ray.config import RunSpec
 from qed_ray.service.bill import CLUSTERS, ENV_COSTS_PATH, PackRate, pack_rate, pack_seconds, schedule
 from qed_ray.service.dry_plan import bill_line, order_packs, price
@@ -96,7 +97,7 @@ def test_dmc18s_dry_run_is_a_plan_of_at_most_40_lines(tmp_path, monkeypatch, cap
     monkeypatch.setenv("QED_STORAGE_PATH", str(tmp_path / "results"))
     assert main([str(ROOT / "sweeps" / "dmc18.yaml"), "--dry-run"]) == 0
     wrapped = capsys.readouterr().out.splitlines()  # not a terminal: 100 columns (qed_ray.console)
-    assert max(map(len, wrapped)) <= 100 and len(wrapped) <= 40
+    assert widest("\n".join(wrapped)) <= 100 and len(wrapped) <= 40
     monkeypatch.setattr("qed_ray.console.width", lambda stream=None: 1000)  # a wide terminal: a line per item
     assert main([str(ROOT / "sweeps" / "dmc18.yaml"), "--dry-run"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -126,7 +127,7 @@ def test_list_and_workers_belong_to_the_dry_run(tmp_path, monkeypatch, capsys):
     assert main([smoke, "--dry-run", "--list"]) == 0
     out = capsys.readouterr().out
     assert "trials: 12 new\n" in out and out.count("\n    cheetah-run/sac_ln/") == 6
-    assert max(map(len, out.splitlines())) <= 100, "not a terminal: 100 columns at most"
+    assert widest(out) <= 100, "not a terminal: 100 columns at most"
     assert "CPU-hours: at least " in out and "on 1 node(s) of 16 CPUs" in out
     assert not (tmp_path / "results").exists()
 

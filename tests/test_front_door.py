@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kit import flat, widest
 from qed_ray.layout import SweepDir
 from qed_ray.service.announce import LOCAL_HEAD, LOCAL_STATUS, first_lines, status_command
 from qed_ray.service.sweep_state import RUNTIME_ENV_JSON, storage_root
@@ -161,8 +162,7 @@ def test_status_dir_reads_the_given_folder_whatever_the_shell_says(sweep_copy, t
     spec = _spec_file(tmp_path, "results")
     code, out, _ = sweep_cli(str(spec), "--status")
     looked = tmp_path / "unrelated" / "results" / "sweep"
-    flat = lambda text: " ".join(text.split())  # noqa: E731 - not a terminal: wrapped to 100 columns
-    assert code == 0 and max(map(len, out.splitlines())) <= 100 and flat(out) == flat(
+    assert code == 0 and widest(out) <= 100 and flat(out) == flat(
         f"sweep sweep: not started ({looked} has no sweep.json; the folder is storage_path 'results' of the spec "
         f"(QED_STORAGE_PATH not set) against QED_STORAGE_ROOT={tmp_path / 'unrelated'}). A sweep submitted with "
         f"`ray job submit` stores where its job's variables say: its driver's first lines print the --status --dir "

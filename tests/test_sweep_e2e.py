@@ -18,7 +18,7 @@ from qed_ray.analysis.results import Aggregate, BudgetIqm
 from qed_ray.layout import DOCUMENTED, PackId, SweepDir
 from qed_ray.rl.digests import digest, inventory
 from qed_ray.service.tracking import PACK_SIZE_TAG, PACK_TAG
-from kit import GROUP_COLUMNS, cmdline
+from kit import GROUP_COLUMNS, cmdline, widest
 from ray_cluster import processes_naming
 from sweep_helpers import ROOT, TINY_TRAIN, cli_env, done_markers, run_sweep_cli, sweep_runs, tiny_spec, wait_for
 
@@ -133,7 +133,7 @@ def test_tiny_sweep_end_to_end(tmp_path, ray_head):
     assert status.returncode == 0 and "trials: 8 done, 0 running, 0 stopped, 0 failed, 0 not started" in status.stdout
     assert "env steps: 16,000 of 16,000 (100%)" in status.stdout and "results: 4 of 4 groups gathered" in status.stdout
     assert "\nre-analysis (python -m qed_ray.gather): gather/reanalysis-episodes=3+bootstrap_reps=300/\n" in status.stdout
-    assert max(map(len, status.stdout.splitlines())) <= 100, "not a terminal: 100 columns at most"
+    assert widest(status.stdout) <= 100, "not a terminal: 100 columns at most"
     assert len(re.findall(r"^agent +variant +", status.stdout, re.M)) >= 2, "the partial table, in blocks of columns"
 
 
@@ -185,7 +185,7 @@ def _a_console_line_per_group_before_a_summary_of_at_most_100_columns(stdout: st
     assert max(lines.index(ln) for ln in gathered) < start, "every group's line before the summary"
     end = next(i for i, ln in enumerate(lines) if ln.startswith("gather: "))
     summary = lines[start:end]
-    assert len(summary) > 10 and max(map(len, summary)) <= 100, "not a terminal: 100 columns at most"
+    assert len(summary) > 10 and widest("\n".join(summary)) <= 100, "not a terminal: 100 columns at most"
 
 
 def _csv(path):
