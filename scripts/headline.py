@@ -70,6 +70,9 @@ def caption(data: dict) -> str:
 def _verdict(data: dict) -> str:
     if data["verdict"] is None:
         return "No verdict on the claim (no te and QED variant)."
+    if data["verdict"] == "exploratory":
+        return ("The claim is not judged (exploratory: far below the registered design of docs/claim.md"
+                + (", and the demo names no pre-registration)." if data["claim_file"] is None else ")."))
     if data["claim_file"] is None:
         return (f"The verdict on the claim by docs/claim.md's default thresholds (exploratory: the demo names no "
                 f"pre-registration): {data['verdict'].upper()}.")

@@ -222,7 +222,7 @@ def judge_variant(c: Comparison, endpoints: Endpoints, n_at_cap: int, scope: lis
 
 
 def _g(x: float) -> str:
-    return f"{x:.3g}"
+    return "no estimate" if math.isnan(x) else f"{x:.3g}"
 
 
 def _guard_line(g: TaskGuard, judged: bool) -> str:
