@@ -171,7 +171,7 @@ def test_the_readme_local_recipe_runs_the_sweep_and_status_follows_it(tmp_path):
     results = json.loads(SweepDir(sweep_dir).results_json.read_text())
     assert [(g["task"], g["variant"], g["seeds"]) for g in results["groups"]] == [("cartpole-balance", "te", [0])]
     _, runs = sweep_runs(sweep_dir, "smoke")
-    assert sorted(r.data.tags["qed.role"] for r in runs) == ["sweep", "trial"]
+    assert sorted(r.data.tags["qed.role"] for r in runs) == ["group", "sweep", "trial"]
     assert all(r.info.status == "FINISHED" for r in runs)
     # The --status command the driver printed is the README's, and from another process it saw the running sweep.
     (command, probe), = probes

@@ -18,7 +18,7 @@ from qed_ray.analysis.results import Aggregate, BudgetIqm
 from qed_ray.layout import DOCUMENTED, PackId, SweepDir
 from qed_ray.rl.digests import digest, inventory
 from qed_ray.service.tracking import PACK_SIZE_TAG, PACK_TAG
-from kit import GROUP_COLUMNS, cmdline, widest
+from kit import GROUP_COLUMNS, cmdline, flat, widest
 from ray_cluster import processes_naming
 from sweep_helpers import ROOT, TINY_TRAIN, cli_env, done_markers, run_sweep_cli, sweep_runs, tiny_spec, wait_for
 
@@ -313,11 +313,12 @@ def _comparisons_where_qed_sat_and_the_verdict(stdout: str, tracker, pid: str, a
     # a tiny sweep is judged by nothing: not judged, with its real departures from the registered design, and 2
     # seeds give no interval at all
     verdict = stdout[stdout.index("verdict on the claim, by the registered design and thresholds of docs/claim.md"):]
-    assert "  sac_ln qed1000 vs te: not judged (exploratory: no pre-registration named (spec field claim); variant " \
+    verdict = flat(verdict)  # wrapped to 100 columns: compared flat
+    assert "sac_ln qed1000 vs te: not judged (exploratory: no pre-registration named (spec field claim); variant " \
            "sac_ln qed1000 vs te is not among the pre-registered mad_sac qed0.2, qed0.4 vs te; tasks: 0 of the 6 " \
-           "pre-registered and 2 others; seeds: 2 on some task (pre-registered 10); budget: 2,000 env steps " \
+           "pre-registered and 2 others; seeds: 2 on some task (pre-registered 15); budget: 2,000 env steps " \
            "(pre-registered 2,000,000);" in verdict
-    assert verdict.count(": not enough seeds ") == 2 and "  the claim: not judged, nothing: " in verdict
+    assert verdict.count(": not enough seeds ") == 2 and " the claim: not judged, nothing: " in verdict
     assert "PASS" not in verdict and "FAIL" not in verdict
     assert {"gather/comparisons.csv", "gather/verdict.json"} <= arts
     results = json.loads(layout.results_json.read_text())

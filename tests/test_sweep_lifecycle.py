@@ -159,10 +159,12 @@ def test_second_driver_outage_ctrl_c_then_growth_against_a_moved_server(tmp_path
     # No trial trained twice: each evaluation logged once (a deposed driver's trial stops before it writes or logs
     # anything more: it reads the lock before every evaluation's writes), every seed's files as its worker signed.
     assert all(_steps(tracker, by_trial[SEED(s)]) == STEPS for s in range(3))
-    assert int(by_trial[SEED(1)].data.tags["qed.resumed_from_env_step"]) in STEPS[:-1]
+    # seed 1 may have reached its end under the frozen driver: then it is resumed from its final checkpoint, only to
+    # be signed (the files its worker recorded in files.json), never trained again
+    assert int(by_trial[SEED(1)].data.tags["qed.resumed_from_env_step"]) in STEPS
     assert int(by_trial[SEED(2)].data.tags["qed.resumed_from_env_step"]) in STEPS[:-1], "the new driver resumed it"
     signed = {s for s in range(3) if "qed.files_hmac" in by_trial[SEED(s)].data.tags}
-    assert signed == ({0, 1, 2} if not unverified else {0, 2}), "unsigned exactly when reported unverified"
+    assert signed == {0, 1, 2}, "every seed signed: none is left unverified"
     # Finished trials keep what gather and a rerun need, not their replay chunks.
     assert all(layout.trial_state(SEED(s)) == "done" and not layout.replay(SEED(s)).exists() for s in range(3))
     assert all(3000 in layout.snapshots(SEED(s)) for s in range(3))
