@@ -239,8 +239,10 @@ def report(spec: SweepSpec, layout: SweepDir, source: str = "", columns: int | N
     projected = projected_wall_s(states, shares)
     for unit, share in (("GPU", res["gpu"]), ("CPU", res["cpu"])):
         if share > 0:
-            lines.append(f"{unit}-hours: {spent * share / 3600:.3g} spent, {projected * share / 3600:.3g} projected "
-                         f"for the whole sweep (pack wall time x {share:g} {unit} per pack)")
+            whole = "no estimate yet (no pack has a pace)" if math.isnan(projected) else \
+                f"{projected * share / 3600:.3g} projected"
+            lines.append(f"{unit}-hours: {spent * share / 3600:.3g} spent, {whole} for the whole sweep (pack wall time "
+                         f"x {share:g} {unit} per pack)")
     signing_key, unchecked = _status_key(layout)
     notes: list[str] = []
     results, n_groups, refused = partial_results(spec, layout, states, signing_key, notes)
