@@ -12,6 +12,7 @@ import pytest
 import torch
 from folder_helpers import SWEEP_ID, finish_running, is_nan, write_history
 
+from kit import flat
 from qed_ray.rl.agents import make_agent
 from qed_ray.rl.checkpoint import manifest_content, read_manifest, save_checkpoint
 from qed_ray.service.lock import SweepLock
@@ -34,11 +35,6 @@ def _latest(layout, name: str):
     """``name`` in the re-analysis folder written last (``gather/reanalysis-<settings>/``; ``gather/`` keeps the
     sweep's own)."""
     return max(layout.reanalyses(), key=lambda p: (p / "results.json").stat().st_mtime_ns) / name
-
-
-def _flat(text: str) -> str:
-    """``text`` with its line breaks and runs of spaces as single spaces (the summary is wrapped to 100 columns)."""
-    return " ".join(text.split())
 
 
 def _outside_gather(layout) -> dict:
@@ -204,9 +200,9 @@ def _paired_ratios_where_qed_sat_and_the_verdict(layout, capsys):
     assert [(e["outcome"], e["lower"]) for e in v["endpoints"]] == [("not enough seeds", None)] * 2, "2 seeds"
     assert v["n_tasks_at_cap"] == 1 and v["scope"][0] == "no pre-registration named (spec field claim)"
     assert (v["outcome"], verdict["outcome"]) == ("exploratory", "exploratory")
-    assert "qed0.2 vs te (1 tasks, 2+ seeds, intervals paired)" in out and "AT ITS CAP on 1 of 1 tasks" in _flat(out)
-    assert "sac_ln qed0.2 vs te: not judged (exploratory: no pre-registration named (spec field claim); " in _flat(out)
-    assert "the claim: not judged" in _flat(out)
+    assert "qed0.2 vs te (1 tasks, 2+ seeds, intervals paired)" in out and "AT ITS CAP on 1 of 1 tasks" in flat(out)
+    assert "sac_ln qed0.2 vs te: not judged (exploratory: no pre-registration named (spec field claim); " in flat(out)
+    assert "the claim: not judged" in flat(out)
     run = _logged_as_child_run(layout, out, "reanalysis sweep settings", results)
     assert run.data.tags["qed.verdict"] == verdict["outcome"]
     assert "**Verdict on the claim: not judged**" in run.data.tags["mlflow.note.content"]
@@ -260,7 +256,7 @@ def test_a_seed_whose_digest_never_reached_mlflow_is_reported_unverified(sweep_c
                                 "--allow-unverified accepts them"]
     assert ("UNVERIFIED: 1 of 3 seeds were used without a check (no signed digest of their files in MLflow): no "
             "reason in its DONE.json (an older qed_ray's end cut off before its digest, or the digest deleted from "
-            f"the tracking store): {TE} seed 1") in _flat(out)
+            f"the tracking store): {TE} seed 1") in flat(out)
     assert main([str(layout.root), *SMALL, "--allow-unverified"]) == 0
     assert capsys.readouterr().err == ""
     te = next(g for g in json.loads(_latest(layout, "results.json").read_text())["groups"] if g["variant"] == "te")
