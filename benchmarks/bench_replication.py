@@ -36,7 +36,7 @@ from pathlib import Path
 import yaml
 
 from qed_ray.analysis.results import read_results
-from qed_ray.codec import RecordError, dump
+from qed_ray.records.codec import RecordError, dump
 
 SWEEP_NAME = "replication"
 CLAIM_FILE = Path(__file__).resolve().parents[1] / "docs" / "claim.md"
@@ -176,7 +176,8 @@ def comparison_table(results: dict) -> list[str]:
 
 def verdict_lines(results: dict) -> list[str]:
     """The verdict as the sweep's summary prints it (:func:`qed_ray.analysis.verdict.format_verdict`)."""
-    from qed_ray.analysis.verdict import Verdict, format_verdict
+    from qed_ray.analysis.results import Verdict
+    from qed_ray.analysis.verdict import format_verdict
 
     if results.get("verdict") is None:
         return ["(no verdict: results.json predates it)"]

@@ -1,5 +1,5 @@
 """Readers of what older releases of qed_ray left on disk, in one place (each says which release wrote it); every
-other reader reads today's records only (:mod:`qed_ray.codec`).
+other reader reads today's records only (:mod:`qed_ray.records.codec`).
 
 - Fields added to a record after files were written read as their model's default there: an evaluation's
   ``q_gap_mean`` (NaN), ``pack.json``'s timings (0), a policy snapshot's evaluation history and wall time (none),
@@ -27,8 +27,8 @@ from typing import Any
 
 from pydantic import ConfigDict, Field
 
-from qed_ray.codec import Num, Record, read_record, write_record
-from qed_ray.layout import MANIFEST_FILE, PACK_FILE, PACK_FORMAT, PackId, SweepDir, seed_dir, trial_dirname
+from qed_ray.records.codec import Num, Record, read_record, write_record
+from qed_ray.records.layout import MANIFEST_FILE, PACK_FILE, PACK_FORMAT, PackId, SweepDir, seed_dir, trial_dirname
 
 CHECKPOINTS = "checkpoints"
 # Module weights of format 1 are laid out as today's except QED's log alpha_TE, which was a submodule's parameter.
@@ -134,7 +134,7 @@ def adopt_trial_checkpoints(layout: SweepDir, pack: PackId, budget: int) -> int:
 
 
 def _pack_json(pack: PackId, name: str, legacy: _LegacyCheckpoint, budget: int) -> dict:
-    """The ``pack.json`` (:class:`qed_ray.rl.manifests.PackRecord`) of a pack of one adopting this checkpoint."""
+    """The ``pack.json`` (:class:`qed_ray.records.manifests.PackRecord`) of a pack of one adopting this checkpoint."""
     p, steps = legacy.progress, legacy.env_steps
     return {"format": PACK_FORMAT, "pack": pack.name, "names": [name], "seeds": list(pack.seeds), "pack_size": 1,
             "env_steps": steps, "decisions": p.decisions, "updates": p.updates, "wall_s": p.wall_s,

@@ -28,7 +28,7 @@ def numbers(sweep_dir: Path) -> dict:
     """The caption's numbers from ``sweep_dir/gather/results.json``: the one QED variant against its te baseline.
     Raises SystemExit naming the file when the sweep has no such single comparison."""
     from qed_ray.analysis.results import read_results
-    from qed_ray.layout import SweepDir
+    from qed_ray.records.layout import SweepDir
 
     layout = SweepDir(sweep_dir)
     results = read_results(layout.results_json)
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python scripts/headline.py", description=__doc__.split("\n\n")[0])
     p.add_argument("sweep_dir", type=Path, help="a finished demo sweep's folder (make demo: results/smoke)")
     args = p.parse_args(argv)
-    from qed_ray.codec import strict_json
+    from qed_ray.records.codec import strict_json
 
     data = json.loads(json.dumps(strict_json(numbers(args.sweep_dir))))  # as the data file will read back
     shutil.copyfile(args.sweep_dir / "gather/figures/pareto_kl_vs_iqm.png", FIGURE)

@@ -78,7 +78,7 @@ def sweep_template(tmp_path_factory):
     finished, qed0.2 seed 1 at 1000 of 2000 env steps; copy it before changing it."""
     from folder_helpers import new_sweep
 
-    from qed_ray.layout import SweepDir
+    from qed_ray.records.layout import SweepDir
 
     layout = SweepDir(tmp_path_factory.mktemp("template") / "sweep")
     new_sweep(layout, TEMPLATE_FINISHED, TEMPLATE_RUNNING)
@@ -90,7 +90,7 @@ def sweep_copy(sweep_template, tmp_path):
     """A private copy of the hand-built sweep folder."""
     import shutil
 
-    from qed_ray.layout import SweepDir
+    from qed_ray.records.layout import SweepDir
 
     return SweepDir(shutil.copytree(sweep_template, tmp_path / "sweep"))
 

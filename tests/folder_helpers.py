@@ -10,11 +10,11 @@ import math
 import torch
 
 from qed_ray.rl.agents import make_agent
-from qed_ray.rl.checkpoint import save_checkpoint
-from qed_ray.rl.digests import inventory, record
+from qed_ray.records.checkpoint import save_checkpoint
+from qed_ray.records.digests import inventory, record
 from qed_ray.rl.run_folder import write_done
 from qed_ray.config import RunSpec
-from qed_ray.layout import SweepDir, TrialId
+from qed_ray.records.layout import SweepDir, TrialId
 from qed_ray.spec import FinalEvalSpec
 
 SWEEP_ID = "0123456789ab"

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from kit import free_port
-from qed_ray.layout import SweepDir
+from qed_ray.records.layout import SweepDir
 
 ROOT = Path(__file__).resolve().parents[1]
 

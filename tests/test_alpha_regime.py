@@ -14,7 +14,7 @@ from qed_ray.analysis.group_eval import _interval_values, interval_diagnostics
 from qed_ray.analysis.results import TrialRecord
 from qed_ray.analysis.tables import group_rows, sweep_results
 from qed_ray.config import HOT_RATIO, TemperatureSpec
-from qed_ray.layout import SweepDir
+from qed_ray.records.layout import SweepDir
 from qed_ray.rl.temperature import alpha_stat_names, alpha_stats, make_temperature, temperature_state
 from qed_ray.service.reanalysis import write_results
 from qed_ray.spec import FinalEvalSpec

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from qed_ray.atomic import atomic_dir, atomic_file, recover_dir, replace_dir, write_json, write_text
+from qed_ray.records.atomic import atomic_dir, atomic_file, recover_dir, replace_dir, write_json, write_text
 
 
 def test_atomic_file_replaces_and_keeps_the_suffix_for_writers_that_add_one(tmp_path):

@@ -1,4 +1,4 @@
-"""Every file the service reads back goes through one bounded reader (qed_ray/file_reads.py): a device behind a link, a
+"""Every file the service reads back goes through one bounded reader (qed_ray/records/file_reads.py): a device behind a link, a
 FIFO, a huge file and a link out of the sweep folder, put where `--status`, the re-analysis, a driver start and the
 results key read, are each refused in one line naming the file, without a traceback, within 5 s, and nothing in the
 folder changes; error lines are cut to a bounded length (L3, L8)."""
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from qed_ray.codec import RecordError
-from qed_ray.file_reads import ERROR_LINE, LIMITS, cut, read_bytes
+from qed_ray.records.codec import RecordError
+from qed_ray.records.file_reads import ERROR_LINE, LIMITS, cut, read_bytes
 from qed_ray.service.reanalysis import main as gather_main
 from qed_ray.service.results_key import KEY_FILE_ENV, ResultsKeyError, load_key
 from qed_ray.service.status import error_summary

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from qed_ray.rl.agents import make_agent
-from qed_ray.rl.checkpoint import (FORMAT_VERSION, CheckpointError, CheckpointVersionError, load_checkpoint,
+from qed_ray.records.checkpoint import (FORMAT_VERSION, CheckpointError, CheckpointVersionError, load_checkpoint,
                                 save_checkpoint)
 from qed_ray.config import RunSpec
 from qed_ray.rl.replay import Replay, list_chunks, prune_chunks
@@ -114,7 +114,7 @@ def test_policy_snapshots_of_format_1_still_load_for_analysis(tmp_path):
     assert not torch.equal(fresh.mode_with(fresh.params(), torch.as_tensor(obs[0])),
                            agent.mode_with(agent.params(), torch.as_tensor(obs[0])))  # the weights came from the file
     assert manifest.run.agent.hidden == 16, "the manifest's run is upgraded (visualize)"
-    from qed_ray.rl.checkpoint import SNAPSHOT_FORMATS, read_manifest
+    from qed_ray.records.checkpoint import SNAPSHOT_FORMATS, read_manifest
     import hashlib
     stated = read_manifest(snapshot, SNAPSHOT_FORMATS).state_sha256  # what gather and its checksums read
     assert stated == hashlib.sha256((snapshot / "state.pt").read_bytes()).hexdigest()

@@ -11,11 +11,11 @@ from pydantic import ValidationError
 
 from qed_ray import claim
 from qed_ray.service.dry_run import dry_run
-from qed_ray.layout import SweepDir
+from qed_ray.records.layout import SweepDir
 from qed_ray.spec import SweepSpec, load_spec
 from qed_ray.service.sweep_cli import main
-from qed_ray.codec import dump
-from qed_ray.service.sweep_record import SweepState, write_state
+from qed_ray.records.codec import dump
+from qed_ray.records.sweep import SweepState, write_state
 from qed_ray.service.sweep_state import plan
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The frozen pre-registration is bound to its hash and signed (qed_ray/claim.py, qed_ray/service/sweep_record.py):
+"""The frozen pre-registration is bound to its hash and signed (qed_ray/claim.py, qed_ray/records/sweep.py):
 the audit's reproduction (one threshold edited in sweep.json's stored claim block) is refused naming the field by a
 driver start and by the re-analysis; a block and hash edited together fail the record's signature; the verdict is
 judged by the claim file's block, or by the signed stored block where the file is not at hand."""
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from qed_ray import claim
-from qed_ray.codec import dump
+from qed_ray.records.codec import dump
 from qed_ray.service.reanalysis import main as gather_main
 from qed_ray.service.results_key import load_key
-from qed_ray.service.sweep_record import ClaimRecord, SweepState, read_state, sign_claim, verified_claim, write_state
+from qed_ray.records.sweep import ClaimRecord, SweepState, read_state, sign_claim, verified_claim, write_state
 from qed_ray.service.sweep_state import plan
 from qed_ray.spec import SpecError, SweepSpec
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from qed_ray.config import TrainSpec
-from qed_ray.layout import PackId, SweepDir, seed_dir
+from qed_ray.records.layout import PackId, SweepDir, seed_dir
 from qed_ray.rl.run import RunStopped, parse_args, spec_from_args
 from qed_ray.service.announce import resumed_env_steps, start_line
 from qed_ray.service.packing import TuneTrial, form_packs

@@ -34,7 +34,7 @@ def _named(pattern: re.Pattern) -> dict[str, list[str]]:
 
 def test_every_named_path_exists():
     paths = _named(PATH)
-    assert "qed_ray/layout.py" in paths and "qed_ray/rl/temperature.py" in paths  # the scan finds what is there
+    assert "qed_ray/records/layout.py" in paths and "qed_ray/rl/temperature.py" in paths  # the scan finds what is there
     missing = {p: sorted(set(docs)) for p, docs in paths.items() if not (ROOT / p).exists()}
     assert not missing, f"named in the docs, not in the repository: {missing}"
 

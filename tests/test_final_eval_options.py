@@ -12,17 +12,17 @@ import pytest
 import torch
 from folder_helpers import group_result
 
-from qed_ray.run_records import EvalRecord
+from qed_ray.records.run import EvalRecord
 from qed_ray.analysis import bootstrap
 from qed_ray.rl.agents import make_agent
 from qed_ray.analysis.group_eval import evaluate_group
-from qed_ray.rl.checkpoint import save_checkpoint
+from qed_ray.records.checkpoint import save_checkpoint
 from qed_ray.config import RunSpec, SacLnSpec, TemperatureSpec
 from qed_ray.rl.agents import make_packed_agent
 from qed_ray.rl.env_pool import EnvPool
 from qed_ray.rl.evaluate import eval_policy, eval_seeds, rollout_lockstep
 from qed_ray.analysis.group_cache import ANALYSIS_VERSION, EVAL_FIELDS, cache_key
-from qed_ray.layout import SweepDir
+from qed_ray.records.layout import SweepDir
 from qed_ray.service.reanalysis import policy_dir, write_results
 from qed_ray.analysis.results import GroupKey, SweepResults, TrialRecord
 from qed_ray.spec import FinalEvalSpec

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from kit import flat, widest
-from qed_ray.layout import SweepDir
+from qed_ray.records.layout import SweepDir
 from qed_ray.service.announce import LOCAL_HEAD, LOCAL_STATUS, first_lines, status_command
 from qed_ray.service.sweep_state import RUNTIME_ENV_JSON, storage_root
 from qed_ray.spec import SpecError, SweepSpec

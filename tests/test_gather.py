@@ -9,7 +9,7 @@ import pytest
 
 from qed_ray.analysis import group_cache
 from qed_ray.analysis.checksums import TamperedSnapshotError, Verifier, verify
-from qed_ray.rl.digests import Recorded, digest, file_sha256, inventory
+from qed_ray.records.digests import Recorded, digest, file_sha256, inventory
 from qed_ray.rl.run_folder import write_done
 from qed_ray.service.gather import group_task_resources
 from qed_ray.analysis.results import GroupKey
@@ -52,7 +52,7 @@ def test_cache_key_covers_policies_and_evaluation_settings_only():
 def test_group_cache_round_trip_unreadable_and_edited_entries(tmp_path):
     from folder_helpers import group_result
 
-    from qed_ray.layout import SweepDir
+    from qed_ray.records.layout import SweepDir
 
     layout, g, key = SweepDir(tmp_path), group_result("a"), b"k" * 32
     assert group_cache.load(layout, "k" * 64, key) is None

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from qed_ray.layout import SweepDir
+from qed_ray.records.layout import SweepDir
 from kit import flat, free_port
 from ray_cluster import kill_processes_naming
 from qed_ray.service.sweep_state import RUNTIME_ENV_JSON

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from qed_ray import layout as L
-from qed_ray.rl.checkpoint import MANIFEST_FILE
+from qed_ray.records import layout as L
+from qed_ray.records.checkpoint import MANIFEST_FILE
 from qed_ray.rl.envs import TASKS
-from qed_ray.layout import DOCUMENTED, PACK_FILE, PackId, SweepDir, TrialId, parse_trial_dirname, trial_dirname
-from qed_ray.run_records import HistoryEntry, read_history
+from qed_ray.records.layout import DOCUMENTED, PACK_FILE, PackId, SweepDir, TrialId, parse_trial_dirname, trial_dirname
+from qed_ray.records.run import HistoryEntry, read_history
 
 ROOT = Path(__file__).resolve().parents[1]
 VARIANTS = ["te", "qed0.2", "fixed0.05", "k=0.2+alpha_max=0.3", "hidden=64+kind=qed+k=0.1", "tau=0.95",

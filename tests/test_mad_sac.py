@@ -301,8 +301,8 @@ def _flat_tensors(state, prefix=""):
 
 @pytest.mark.parametrize("temperature", [{"kind": "te"}, {"kind": "qed", "k": 0.2}])
 def test_resumed_run_matches_a_straight_run(tiny_run, tmp_path, temperature):
-    from qed_ray.codec import dump
-    from qed_ray.layout import PackId, SweepDir, seed_dir, trial_dirname
+    from qed_ray.records.codec import dump
+    from qed_ray.records.layout import PackId, SweepDir, seed_dir, trial_dirname
     from qed_ray.rl.run import run
 
     agent = {"name": "mad_sac", "hidden": 16, "batch_size": 16,

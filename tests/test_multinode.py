@@ -27,7 +27,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from qed_ray.layout import PackId, SweepDir, trial_dirname
+from qed_ray.records.layout import PackId, SweepDir, trial_dirname
 from kit import free_port, lone_trial_process
 from ray_cluster import HEAD_RESOURCE, RAY, ray_env, short_tmp, start_head
 from sweep_helpers import ROOT, TINY_TRAIN, done_markers, run_sweep_cli, sweep_runs, tiny_spec

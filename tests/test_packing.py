@@ -12,12 +12,12 @@ from pydantic import ValidationError
 
 from qed_ray.field_hints import format_validation_error
 from qed_ray.service.dry_run import dry_run
-from qed_ray.layout import PackId, SweepDir, member_dirs, parse_trial_dirname, trial_dirname
+from qed_ray.records.layout import PackId, SweepDir, member_dirs, parse_trial_dirname, trial_dirname
 from qed_ray.service.packing import TuneTrial, form_packs, pack_records
 from qed_ray.spec import SweepSpec
-from qed_ray.codec import dump
-from qed_ray.run_records import HistoryEntry
-from qed_ray.service.sweep_record import SweepState, read_state, write_state
+from qed_ray.records.codec import dump
+from qed_ray.records.run import HistoryEntry
+from qed_ray.records.sweep import SweepState, read_state, write_state
 from qed_ray.service.sweep_state import plan
 from qed_ray.service.tracking import PACK_SIZE_TAG, PACK_TAG, Tracker, TrialRun, pack_tags
 

@@ -14,7 +14,7 @@ from folder_helpers import SWEEP_ID, finish_running, is_nan, write_history
 
 from kit import flat
 from qed_ray.rl.agents import make_agent
-from qed_ray.rl.checkpoint import manifest_content, read_manifest, save_checkpoint
+from qed_ray.records.checkpoint import manifest_content, read_manifest, save_checkpoint
 from qed_ray.service.lock import SweepLock
 from qed_ray.service.reanalysis import main as gather_main
 from qed_ray.service.reanalysis import main, quiet_model_deprecations

@@ -1,4 +1,4 @@
-"""Every file the service writes and reads back has one model (:mod:`qed_ray.codec`): a damaged copy of each
+"""Every file the service writes and reads back has one model (:mod:`qed_ray.records.codec`): a damaged copy of each
 (truncated, a wrong type, a folder, a dangling symbolic link) is refused where it is read, with one line naming the
 file and the field, and every other file stays as it was; the commands that read them in real use (``--status``, a
 driver start, ``python -m qed_ray.gather``, the run CLI's resume) exit 2 with that line, never a traceback.
@@ -21,16 +21,16 @@ from folder_helpers import group_result
 
 from qed_ray.analysis import group_cache
 from qed_ray.analysis.results import SweepResults, read_results
-from qed_ray.codec import RecordError, dump, read_lines, read_record, write_record
+from qed_ray.records.codec import RecordError, dump, read_lines, read_record, write_record
 from qed_ray.config import RunSpec
-from qed_ray.layout import PACK_FILE, PackId, SweepDir, seed_dir, trial_dirname
-from qed_ray.rl.checkpoint import SNAPSHOT_FORMATS, read_manifest
+from qed_ray.records.layout import PACK_FILE, PackId, SweepDir, seed_dir, trial_dirname
+from qed_ray.records.checkpoint import SNAPSHOT_FORMATS, read_manifest
 from qed_ray.rl.pack import read_pack
 from qed_ray.rl.run import RUN_FILE, read_run_file, run
-from qed_ray.run_records import (HistoryEntry, Metrics, RunSummary, diverged_reason, read_diverged, read_done,
+from qed_ray.records.run import (HistoryEntry, Metrics, RunSummary, diverged_reason, read_diverged, read_done,
                                  read_history)
 from qed_ray.service.lock import LockDamaged, LockInfo, read_lock
-from qed_ray.service.sweep_record import read_state, write_state
+from qed_ray.records.sweep import read_state, write_state
 from qed_ray.service.sweep_state import plan
 from qed_ray.spec import FinalEvalSpec, SweepSpec
 
@@ -256,6 +256,6 @@ def test_no_module_parses_a_folder_file_by_hand_outside_its_model():
         tree = ast.parse(path.read_text())
         dumps = {id(c) for c in _json_calls(tree, ("dumps",))}
         hand = [c.lineno for c in _json_calls(tree, ("load", "loads")) if not (c.args and id(c.args[0]) in dumps)]
-        if hand and rel not in ("qed_ray/codec.py", *JSON_OUTSIDE_THE_CODEC):
+        if hand and rel not in ("qed_ray/records/codec.py", *JSON_OUTSIDE_THE_CODEC):
             loads[rel] = hand
-    assert loads == {}, "JSON parsed by hand outside qed_ray.codec (read it with codec.read_record and its model)"
+    assert loads == {}, "JSON parsed by hand outside qed_ray.records.codec (read it with codec.read_record and its model)"

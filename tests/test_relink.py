@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from sweep_helpers import ROOT, MlflowServer, cli_env
 
 from qed_ray.service import relink
-from qed_ray.layout import SweepDir
+from qed_ray.records.layout import SweepDir
 from qed_ray.service.tracking import ROLE_TAG, Tracker, artifact_location, default_tracking_uri
 
 FIGURE = "gather/figures"

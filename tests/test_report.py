@@ -124,8 +124,8 @@ def test_the_markdown_description_holds_the_same_table_legend_and_verdict():
 
 
 def test_unverified_seeds_are_listed_by_the_reason_their_done_json_gives(tmp_path):
-    from qed_ray.codec import write_record
-    from qed_ray.layout import SweepDir
+    from qed_ray.records.codec import write_record
+    from qed_ray.records.layout import SweepDir
     from qed_ray.rl.run_folder import write_done
 
     layout = SweepDir(tmp_path)

@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from qed_ray.rl.digests import key_id, record, signed
+from qed_ray.records.digests import key_id, record, signed
 from qed_ray.service.results_key import ResultsKeyError, key_path, load_key
 
 

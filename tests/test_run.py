@@ -19,15 +19,15 @@ import torch
 from kit import TINY_MAD
 
 from qed_ray.rl.agents import load_policy, make_agent
-from qed_ray.rl.checkpoint import CheckpointError, load_checkpoint
+from qed_ray.records.checkpoint import CheckpointError, load_checkpoint
 from qed_ray.config import RunSpec
-from qed_ray.layout import PACK_FILE, PackId, SweepDir, seed_dir, trial_dirname
+from qed_ray.records.layout import PACK_FILE, PackId, SweepDir, seed_dir, trial_dirname
 from qed_ray.rl.replay import list_chunks, prune_chunks
 from qed_ray.rl.run_folder import restore_latest
-from qed_ray.codec import dump
+from qed_ray.records.codec import dump
 from qed_ray.rl.run import run
 from qed_ray.rl.trainer import InjectedCrash, build_trainer
-from qed_ray.run_records import read_history
+from qed_ray.records.run import read_history
 
 TRAIN = {"env_steps": 2000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 50, "frame_skip": 10,
          "nan_check_every": 10}
@@ -306,8 +306,8 @@ def test_policy_snapshots_keep_exactly_the_named_modules(tmp_path):
 
 
 def test_eval_records_round_trip_through_the_codec():
-    from qed_ray.codec import RecordError, parse
-    from qed_ray.run_records import EvalRecord
+    from qed_ray.records.codec import RecordError, parse
+    from qed_ray.records.run import EvalRecord
 
     rec = EvalRecord(env_steps=2000, return_mean=12.5, alpha_mean=0.0625, q_gap_mean=0.5)
     assert dump(rec) == {"env_steps": 2000, "return_mean": 12.5, "alpha_mean": 0.0625, "q_gap_mean": 0.5}

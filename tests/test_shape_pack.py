@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from qed_ray.codec import dump, read_record
+from qed_ray.records.codec import dump, read_record
 from qed_ray.config import RunSpec, TemperatureSpec
-from qed_ray.layout import PackId, SweepDir, trial_dirname
+from qed_ray.records.layout import PackId, SweepDir, trial_dirname
 from qed_ray.rl.agents import make_packed_agent
-from qed_ray.rl.manifests import Manifest
+from qed_ray.records.manifests import Manifest
 from qed_ray.rl.pack import check_pack
 from qed_ray.rl.run import run
 from qed_ray.service.packing import form_packs
-from qed_ray.service.sweep_record import read_state, write_state
+from qed_ray.records.sweep import read_state, write_state
 from qed_ray.service.sweep_state import plan
 from qed_ray.spec import SweepSpec, load_spec
 from kit import ACT, B, OBS, QED, spec_of

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qed_ray.layout import trial_dirname
+from qed_ray.records.layout import trial_dirname
 from qed_ray.spec import SpecError, load_spec
 from qed_ray.service.sweep_cli import main
 

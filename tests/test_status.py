@@ -14,7 +14,7 @@ import yaml
 from folder_helpers import BUDGET, finished_trial, seed_checkpoint
 
 from qed_ray.console import PIPE_WIDTH, fit
-from qed_ray.layout import PackId, SweepDir, seed_dir
+from qed_ray.records.layout import PackId, SweepDir, seed_dir
 from qed_ray.service.lock import SweepLock
 from qed_ray.service.packing import Pack, form_packs
 from qed_ray.service.reanalysis import main as reanalyze
@@ -172,7 +172,7 @@ def test_status_flag_starts_nothing_and_reads_the_folder(sweep_copy, tmp_path):
 
 
 def test_status_shows_each_seed_run_with_its_pack(sweep_copy):
-    from qed_ray.service.sweep_record import read_state, write_state
+    from qed_ray.records.sweep import read_state, write_state
 
     layout, start = sweep_copy, "20260101-120000-0"
     spec = SweepSpec.model_validate({**SPEC, "storage_path": str(layout.root.parent), "pack": {"seeds": 2}})
@@ -200,7 +200,7 @@ def test_status_shows_each_seed_run_with_its_pack(sweep_copy):
 def test_status_dir_needs_no_spec_and_imports_neither_torch_nor_ray(sweep_copy, tmp_path):
     from kit import cli_run
 
-    from qed_ray.service.sweep_record import read_state, write_state
+    from qed_ray.records.sweep import read_state, write_state
     from qed_ray.service.sweep_state import plan
 
     layout, spec = sweep_copy, _spec(sweep_copy)

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from qed_ray.analysis.results import Aggregate, BudgetIqm
-from qed_ray.layout import DOCUMENTED, PackId, SweepDir
-from qed_ray.rl.digests import digest, inventory
+from qed_ray.records.layout import DOCUMENTED, PackId, SweepDir
+from qed_ray.records.digests import digest, inventory
 from qed_ray.service.tracking import PACK_SIZE_TAG, PACK_TAG
 from kit import GROUP_COLUMNS, cmdline, flat, widest
 from ray_cluster import processes_naming
@@ -351,7 +351,7 @@ def _comparisons_where_qed_sat_and_the_verdict(stdout: str, tracker, pid: str, a
 def _groups_land_while_the_sweep_runs(tracker, parent_id: str, children: list, layout: SweepDir) -> None:
     """Each group's row reaches the parent run after its own trials ended; the first one before the sweep's last
     trial ended; every trial's worker signed the digest of its files with the session's results key."""
-    from qed_ray.rl.digests import digest, inventory
+    from qed_ray.records.digests import digest, inventory
     from qed_ray.service.results_key import load_key
 
     end = {r.data.tags["qed.trial"]: r.info.end_time / 1000 for r in children}

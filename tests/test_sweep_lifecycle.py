@@ -18,7 +18,7 @@ import time
 import pytest
 import yaml
 
-from qed_ray.layout import PackId, SweepDir
+from qed_ray.records.layout import PackId, SweepDir
 from kit import lone_trial_process
 from sweep_helpers import TINY_TRAIN, MlflowServer, cli_env, run_sweep_cli, start_sweep, sweep_runs, tiny_spec, wait_for
 

@@ -14,13 +14,13 @@ import pytest
 import yaml
 
 from kit import flat
-from qed_ray.rl.digests import Recorded, digest
-from qed_ray.layout import PackId, SweepDir
+from qed_ray.records.digests import Recorded, digest
+from qed_ray.records.layout import PackId, SweepDir
 from qed_ray.service.packing import form_packs
 from qed_ray.analysis.results import FailedTrial
 from qed_ray.spec import SweepSpec
-from qed_ray.run_records import read_history
-from qed_ray.service.sweep_record import SweepState, write_state
+from qed_ray.records.run import read_history
+from qed_ray.records.sweep import SweepState, write_state
 from qed_ray.service.sweep_state import check_folder, move_aside, outcome, plan, sync_runs
 from qed_ray.service.tracking import DIGEST_TAG, UNVERIFIED_TAG, Tracker, digest_tags
 
@@ -442,7 +442,7 @@ def test_a_fresh_dry_run_shows_the_new_sweep_and_moves_nothing(tmp_path, capsys)
     import json as json_module
 
     from qed_ray.service.sweep_cli import main
-    from qed_ray.service.sweep_record import write_state
+    from qed_ray.records.sweep import write_state
 
     raw = {"name": "s", "tasks": ["cartpole-balance"], "seeds": 2, "storage_path": str(tmp_path / "results"),
            "agents": [{"name": "sac_ln", "temperatures": [{"kind": "te"}]}]}

@@ -12,7 +12,7 @@ from folder_helpers import group_result
 from kit import GROUP_COLUMNS
 
 from qed_ray.analysis import bootstrap, metrics
-from qed_ray.layout import SweepDir
+from qed_ray.records.layout import SweepDir
 from qed_ray.service.reanalysis import write_results
 from qed_ray.analysis.results import Aggregate, CriticProxy, FailedTrial, GroupResult, SweepResults
 from qed_ray.spec import FinalEvalSpec

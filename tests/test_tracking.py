@@ -6,9 +6,9 @@ import socket
 
 import pytest
 
-from qed_ray.rl.digests import Recorded
-from qed_ray.run_records import HistoryEntry
-from qed_ray.layout import SweepDir
+from qed_ray.records.digests import Recorded
+from qed_ray.records.run import HistoryEntry
+from qed_ray.records.layout import SweepDir
 from qed_ray.service.tracking import Tracker, TrialRun, artifact_location, digest_tags, limit_http_retries, sweep_digests
 
 

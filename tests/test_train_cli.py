@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from qed_ray.layout import trial_dirname
+from qed_ray.records.layout import trial_dirname
 from qed_ray.rl.run import main
 
 

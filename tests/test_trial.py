@@ -11,9 +11,9 @@ import torch
 from pydantic import ValidationError
 
 from qed_ray.config import RunSpec, TrainSpec
-from qed_ray.layout import PackId, SweepDir
+from qed_ray.records.layout import PackId, SweepDir
 from qed_ray.rl.run_folder import snapshot_modules
-from qed_ray.rl.digests import Recorded, digest, inventory, key_id, signed
+from qed_ray.records.digests import Recorded, digest, inventory, key_id, signed
 from qed_ray.service.tracking import (DIGEST_TAG, GROUP_TAG, KEY_ID_TAG, MAC_TAG, PACK_SIZE_TAG, PACK_TAG, REASON_TAG,
                                       Tracker, run_name)
 from qed_ray.rl.trainer import InjectedCrash
@@ -152,8 +152,8 @@ def test_an_end_cut_off_is_finished_at_the_next_start_and_planted_files_are_neve
     import shutil
 
     from qed_ray.analysis.checksums import TamperedSnapshotError, Verifier, verify
-    from qed_ray.rl.checkpoint import CheckpointError
-    from qed_ray.rl.digests import unverified_reason
+    from qed_ray.records.checkpoint import CheckpointError
+    from qed_ray.records.digests import unverified_reason
     from qed_ray.service.tracking import UNVERIFIED_TAG, TrialRun
 
     context, tracker = _context(tmp_path, "s")

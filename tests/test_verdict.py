@@ -14,8 +14,9 @@ from qed_ray import claim
 from qed_ray.analysis import bootstrap
 from qed_ray.analysis.tables import compare_all, sweep_results
 from qed_ray.analysis.evidence import judge
-from qed_ray.analysis.verdict import (EXPLORATORY, FAIL, NOT_ENOUGH, NOT_ENOUGH_SEEDS, PASS, Verdict, combine,
-                                      decision_level, format_verdict, guard_outcome, interval_outcome)
+from qed_ray.analysis.results import Verdict
+from qed_ray.analysis.verdict import (EXPLORATORY, FAIL, NOT_ENOUGH, NOT_ENOUGH_SEEDS, PASS, combine, decision_level,
+                                      format_verdict, guard_outcome, interval_outcome)
 from qed_ray.spec import FinalEvalSpec
 
 FE = FinalEvalSpec(bootstrap_reps=400, seed=1)

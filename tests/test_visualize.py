@@ -20,7 +20,7 @@ from PIL import Image, ImageSequence
 
 from qed_ray.analysis import behaviour as vis
 from qed_ray.service import behaviour_cli as cli
-from qed_ray.layout import SweepDir
+from qed_ray.records.layout import SweepDir
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = "cheetah-run"
@@ -49,7 +49,7 @@ def redness(rgb) -> float:
 def save_policy(layout: SweepDir, spec, step: int, init_seed: int, dims: tuple[int, int]) -> None:
     """A policy snapshot where the sweep writes it, with weights initialised from ``init_seed``."""
     from qed_ray.rl.agents import make_agent
-    from qed_ray.rl.checkpoint import save_checkpoint
+    from qed_ray.records.checkpoint import save_checkpoint
 
     agent = make_agent(spec.agent, spec.temperature, *dims, torch.device("cpu"), init_seed)
     manifest = {"task": spec.task, "agent": spec.agent.name, "variant": spec.variant, "seed": spec.seed,

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from qed_ray.rl.writer import BackgroundWriter
+from qed_ray.records.writer import BackgroundWriter
 
 
 def test_jobs_run_off_the_caller_thread_in_order_and_flush_waits(tmp_path):

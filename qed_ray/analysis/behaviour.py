@@ -26,8 +26,8 @@ from typing import Callable, Mapping, MutableMapping, Sequence
 
 import numpy as np
 
-from qed_ray.atomic import write_json
-from qed_ray.layout import SweepDir
+from qed_ray.records.atomic import write_json
+from qed_ray.records.layout import SweepDir
 from qed_ray.analysis.metrics import per_step_pairwise_distance
 
 GL_DISABLED = ("off", "disable", "disabled", "false", "0")  # dm_control's names for "no renderer"

@@ -3,8 +3,8 @@
 A snapshot's ``manifest.json`` holds the SHA-256 of its ``state.pt``, but both sit in the same folder: that catches
 corruption, not someone who rewrites both. So at its end the worker that trained a trial records, in the trial's
 MLflow run, one digest of every file the gather step reads of it (each snapshot's ``state.pt`` and
-``manifest.json``, and ``history.json``: :func:`qed_ray.rl.digests.inventory`), signed with the user's results key,
-which lies outside the sweep folder (:func:`qed_ray.rl.digests.record`). Before a group is evaluated, or taken from
+``manifest.json``, and ``history.json``: :func:`qed_ray.records.digests.inventory`), signed with the user's results key,
+which lies outside the sweep folder (:func:`qed_ray.records.digests.record`). Before a group is evaluated, or taken from
 the cache, :func:`verify` checks the signature and hashes the files again; any difference refuses the group and names
 the file (with the list the trial left in ``DONE.json``, believed only when it hashes to the signed digest). Nobody
 copies a digest from the folder into MLflow: a trial whose record never reached MLflow (an outage at its end) is
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from qed_ray.layout import STATE_FILE, SweepDir
-from qed_ray.rl.digests import Recorded, digest, inventory, key_id, listed_files, signed
+from qed_ray.records.layout import STATE_FILE, SweepDir
+from qed_ray.records.digests import Recorded, digest, inventory, key_id, listed_files, signed
 
 
 class TamperedSnapshotError(RuntimeError):

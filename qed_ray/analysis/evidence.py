@@ -16,10 +16,9 @@ import numpy as np
 from pydantic import ValidationError
 
 from qed_ray.analysis import bootstrap, comparisons, metrics
-from qed_ray.analysis.results import Comparison, GroupResult
-from qed_ray.analysis.verdict import (EXPLORATORY, EndpointResult, TaskGuard, Verdict, combine, decision_level,
-                                      departures, endpoint_rules, guard_outcome, interval_outcome, is_qed,
-                                      judge_variant)
+from qed_ray.analysis.results import Comparison, EndpointResult, GroupResult, TaskGuard, Verdict
+from qed_ray.analysis.verdict import (EXPLORATORY, combine, decision_level, departures, endpoint_rules, guard_outcome,
+                                      interval_outcome, is_qed, judge_variant)
 from qed_ray.claim import MIN_SEEDS, ClaimBlock, Endpoints
 from qed_ray.spec import FinalEvalSpec
 

@@ -33,10 +33,10 @@ from pydantic import BaseModel, ConfigDict
 from qed_ray.analysis.checksums import TamperedSnapshotError, Verifier, verify
 from qed_ray.analysis.group_eval import evaluate_group, trial_record
 from qed_ray.analysis.results import FailedTrial, GroupKey, GroupResult, TrialRecord
-from qed_ray.codec import RecordError, dump, read_record, write_record
-from qed_ray.layout import SweepDir, TrialId
-from qed_ray.rl.checkpoint import SNAPSHOT_FORMATS, CheckpointError, read_manifest
-from qed_ray.rl.digests import sign
+from qed_ray.records.codec import RecordError, dump, read_record, write_record
+from qed_ray.records.layout import SweepDir, TrialId
+from qed_ray.records.checkpoint import SNAPSHOT_FORMATS, CheckpointError, read_manifest
+from qed_ray.records.digests import sign
 from qed_ray.spec import FinalEvalSpec
 
 # Bump whenever evaluate_group gives other numbers for the same policies and settings (3: where QED sat; 4: the

@@ -20,12 +20,12 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from qed_ray.analysis import metrics
-from qed_ray.layout import MANIFEST_FILE
-from qed_ray.rl.checkpoint import SNAPSHOT_FORMATS, read_manifest
-from qed_ray.run_records import read_history
+from qed_ray.records.layout import MANIFEST_FILE
+from qed_ray.records.checkpoint import SNAPSHOT_FORMATS, read_manifest
+from qed_ray.records.run import read_history
 from qed_ray.rl.env_pool import EnvPool
 from qed_ray.rl.evaluate import EvalPolicy, Rollouts, eval_policy, eval_seeds, rollout_in_chunks
-from qed_ray.layout import SweepDir, TrialId
+from qed_ray.records.layout import SweepDir, TrialId
 from qed_ray.analysis.results import GroupResult, TrialRecord
 from qed_ray.spec import FinalEvalSpec
 
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     from qed_ray.analysis import plots
     from qed_ray.analysis.results import read_results
     from qed_ray.analysis.tables import critic_proxy
-    from qed_ray.codec import RecordError
+    from qed_ray.records.codec import RecordError
 
     p = cli_help.parser("python -m qed_ray.analysis", main.__doc__, (
         "python -m qed_ray.analysis results/smoke   # the critic-proxy table of the demo sweep",

@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 from matplotlib import ticker  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from qed_ray.atomic import atomic_file  # noqa: E402
+from qed_ray.records.atomic import atomic_file  # noqa: E402
 from qed_ray.analysis.results import Aggregate, BudgetIqm, CriticProxy, GroupResult, SweepResults  # noqa: E402
 from qed_ray.analysis.report import is_baseline  # noqa: E402
 

@@ -19,8 +19,8 @@ from qed_ray.config import HOT_RATIO
 from qed_ray.analysis.results import Aggregate, Comparison, GroupResult, SweepResults
 from qed_ray.console import fit
 from qed_ray.naming import parse_variant
-from qed_ray.layout import SweepDir
-from qed_ray.rl.digests import unverified_reasons
+from qed_ray.records.layout import SweepDir
+from qed_ray.records.digests import unverified_reasons
 
 NAMES = ("agent", "variant", "flags")  # left-aligned columns; the others are numbers, right-aligned
 DASH = "-"
@@ -196,7 +196,7 @@ def how_hot(results: SweepResults, agent: str, variant: str) -> list[str]:
 def unverified_line(groups: Sequence[GroupResult], layout: SweepDir | None = None) -> str | None:
     """How many of the groups' seeds were used unchecked, and which (None: every seed was checked); with the sweep
     folder ``layout`` (seeds checked against MLflow, so each unverified one lacks its digest there), grouped by
-    the reason each trial's ``DONE.json`` gives (:func:`~qed_ray.rl.digests.unverified_reason`)."""
+    the reason each trial's ``DONE.json`` gives (:func:`~qed_ray.records.digests.unverified_reason`)."""
     seeds = [(g.key.name, s) for g in sorted(groups, key=lambda g: g.key) for s in g.unverified_seeds]
     if not seeds:
         return None

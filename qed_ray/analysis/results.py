@@ -16,22 +16,21 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
 from qed_ray import compat
-from qed_ray.analysis.verdict import Verdict
-from qed_ray.codec import JsonRecord, Num, RecordError, load_json, parse
-from qed_ray.run_records import EvalRecord
+from qed_ray.records.codec import JsonRecord, Num, RecordError, load_json, parse
+from qed_ray.records.run import EvalRecord
 from qed_ray.spec import FinalEvalSpec
 
 MOST_STATES = 0.5  # a group sat at QED's cap (or hot) when its late share of such states is above this
 
 
 class Row(JsonRecord):
-    """A table row: ``to_json`` / ``from_json`` through :mod:`qed_ray.codec` (:func:`dataclasses.asdict` is its CSV
+    """A table row: ``to_json`` / ``from_json`` through :mod:`qed_ray.records.codec` (:func:`dataclasses.asdict` is its CSV
     row); a numeric column a row written before it existed lacks reads as NaN
     (:func:`qed_ray.compat.missing_numbers`)."""
 
     @classmethod
     def from_json(cls, data: Any):
-        """Inverse of :meth:`to_json`; raises :class:`~qed_ray.codec.RecordError` naming the field."""
+        """Inverse of :meth:`to_json`; raises :class:`~qed_ray.records.codec.RecordError` naming the field."""
         return parse(cls, compat.missing_numbers(cls, data), cls.__name__)
 
 
@@ -367,6 +366,71 @@ class FailedTrial(JsonRecord):
         return GroupKey(*parts[:3]) if len(parts) == 4 else None
 
 
+# The verdict's records (qed_ray.analysis.verdict judges and fills them; gather/verdict.json holds a Verdict).
+@dataclass(frozen=True)
+class EndpointResult(JsonRecord):
+    """One endpoint of one variant: its estimate and interval (at the variant's ``level``), rule and outcome."""
+
+    name: str
+    outcome: str
+    estimate: Num
+    lower: Num
+    upper: Num
+    rule: str
+
+
+@dataclass(frozen=True)
+class TaskGuard(JsonRecord):
+    """One task's guard: the learning floor (from a random policy's score), te's and QED's mean scores with the
+    ends that decide, QED's mean over te's with its interval, the outcome and why; ``alpha_regime`` is the QED
+    group's (None: no estimate)."""
+
+    task: str
+    outcome: str
+    reason: str
+    random_score: Num
+    floor: Num
+    baseline_mean: Num
+    baseline_lower: Num
+    variant_mean: Num
+    variant_upper: Num
+    mean_ratio: Num
+    mean_ratio_lower: Num
+    mean_ratio_upper: Num
+    alpha_regime: str | None = None
+
+
+@dataclass(frozen=True)
+class VariantVerdict(JsonRecord):
+    """One QED variant against its te baseline; ``scope`` lists its departures from the registered design (empty:
+    judged), ``level`` is the two-sided level of its deciding intervals (NaN: none drawn)."""
+
+    agent: str
+    variant: str
+    baseline: str
+    outcome: str
+    pairing: str
+    n_tasks: int
+    n_tasks_at_cap: int
+    scope: list[str]
+    endpoints: list[EndpointResult]
+    level: Num = math.nan
+    guards: list[TaskGuard] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Verdict(JsonRecord):
+    """The claim's verdict: per variant and overall (``claim_file`` None: measured against the registered design
+    with its thresholds)."""
+
+    claim_file: str | None
+    claim_sha256: str | None
+    outcome: str
+    judged_over: str
+    variants: list[VariantVerdict] = field(default_factory=list)  # as JSON: gather/verdict.json
+    correction: str = ""
+
+
 @dataclass(frozen=True)
 class SweepResults(JsonRecord):
     """Everything the gather step computes for a sweep (``results.json``), under the evaluation policy ``policy``
@@ -417,7 +481,7 @@ def _older_rows(data: Any) -> Any:
 
 
 def read_results(path: str | os.PathLike) -> SweepResults:
-    """``gather/results.json``; raises :class:`~qed_ray.codec.RecordError` naming the file and the field."""
+    """``gather/results.json``; raises :class:`~qed_ray.records.codec.RecordError` naming the file and the field."""
     data = load_json(path)
     try:
         return SweepResults.from_json(data)

@@ -25,17 +25,15 @@ variant on the design the claim is ``exploratory`` too.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from qed_ray.claim import MIN_SEEDS, ClaimBlock, Endpoints, registered_design
-from qed_ray.codec import JsonRecord, Num
+from qed_ray.analysis.results import Comparison, EndpointResult, TaskGuard, Verdict, VariantVerdict
 from qed_ray.naming import parse_variant
 
 if TYPE_CHECKING:
-    from qed_ray.analysis.results import Comparison
     from qed_ray.spec import FinalEvalSpec
 
 PASS, FAIL, NOT_ENOUGH = "pass", "fail", "not enough data"
@@ -81,70 +79,6 @@ def combine(outcomes, any_pass: bool, axis: int = -1):
 def decision_level(endpoints: Endpoints, n_judged: int) -> float:
     """The two-sided level of every interval that decides: Bonferroni over the ``n_judged`` variants."""
     return 1.0 - (1.0 - endpoints.decision_confidence) / max(1, n_judged)
-
-
-@dataclass(frozen=True)
-class EndpointResult(JsonRecord):
-    """One endpoint of one variant: its estimate and interval (at the variant's ``level``), rule and outcome."""
-
-    name: str
-    outcome: str
-    estimate: Num
-    lower: Num
-    upper: Num
-    rule: str
-
-
-@dataclass(frozen=True)
-class TaskGuard(JsonRecord):
-    """One task's guard: the learning floor (from a random policy's score), te's and QED's mean scores with the
-    ends that decide, QED's mean over te's with its interval, the outcome and why; ``alpha_regime`` is the QED
-    group's (None: no estimate)."""
-
-    task: str
-    outcome: str
-    reason: str
-    random_score: Num
-    floor: Num
-    baseline_mean: Num
-    baseline_lower: Num
-    variant_mean: Num
-    variant_upper: Num
-    mean_ratio: Num
-    mean_ratio_lower: Num
-    mean_ratio_upper: Num
-    alpha_regime: str | None = None
-
-
-@dataclass(frozen=True)
-class VariantVerdict(JsonRecord):
-    """One QED variant against its te baseline; ``scope`` lists its departures from the registered design (empty:
-    judged), ``level`` is the two-sided level of its deciding intervals (NaN: none drawn)."""
-
-    agent: str
-    variant: str
-    baseline: str
-    outcome: str
-    pairing: str
-    n_tasks: int
-    n_tasks_at_cap: int
-    scope: list[str]
-    endpoints: list[EndpointResult]
-    level: Num = math.nan
-    guards: list[TaskGuard] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Verdict(JsonRecord):
-    """The claim's verdict: per variant and overall (``claim_file`` None: measured against the registered design
-    with its thresholds)."""
-
-    claim_file: str | None
-    claim_sha256: str | None
-    outcome: str
-    judged_over: str
-    variants: list[VariantVerdict] = field(default_factory=list)  # as JSON: gather/verdict.json
-    correction: str = ""
 
 
 def is_qed(label: str) -> bool:

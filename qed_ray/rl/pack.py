@@ -4,7 +4,7 @@ differ in the temperature's member scalars (:data:`~qed_ray.config.TemperatureSp
 
 The pack's name and validation, its counters (:class:`Progress`) and what it keeps per seed (:class:`SeedRun`,
 with its evaluation history), and the layout of a pack checkpoint: ``pack.json`` (the pack, its shared counters and
-each seed's status, :class:`~qed_ray.rl.manifests.PackRecord`; written last, so its presence marks a complete
+each seed's status, :class:`~qed_ray.records.manifests.PackRecord`; written last, so its presence marks a complete
 checkpoint) and one ``seed_<seed>/`` folder per seed (its tensors, manifest and random streams).
 """
 
@@ -18,11 +18,11 @@ from typing import Sequence
 
 import numpy as np
 
-from qed_ray.codec import read_record
+from qed_ray.records.codec import read_record
 from qed_ray.config import RunSpec, TrainSpec
-from qed_ray.layout import PACK_FILE, PackId
-from qed_ray.rl.manifests import CheckpointError, PackRecord
-from qed_ray.run_records import EvalRecord
+from qed_ray.records.layout import PACK_FILE, PackId
+from qed_ray.records.manifests import CheckpointError, PackRecord
+from qed_ray.records.run import EvalRecord
 
 
 def remaining_s(train: TrainSpec, decisions: int, evals_done: int, warmup_s_per_decision: float | None,
@@ -58,7 +58,7 @@ class Progress:
     eval_s: float = 0.0  # time spent evaluating and reporting (checkpoints, snapshots, logging)
 
     def fields(self) -> dict:
-        """The counters as ``pack.json`` (:class:`~qed_ray.rl.manifests.PackRecord`) holds them."""
+        """The counters as ``pack.json`` (:class:`~qed_ray.records.manifests.PackRecord`) holds them."""
         return dataclasses.asdict(self)
 
     @classmethod
@@ -69,7 +69,7 @@ class Progress:
 
 def pack_name(specs: Sequence[RunSpec]) -> str:
     """``task/agent/variant/pack0-9`` (consecutive seeds) or ``task/agent/variant/pack0+3+7``
-    (:class:`~qed_ray.layout.PackId`; a sweep names its packs from its trial names, whose variants hold its axes)."""
+    (:class:`~qed_ray.records.layout.PackId`; a sweep names its packs from its trial names, whose variants hold its axes)."""
     return PackId.of([s.name for s in specs]).name
 
 

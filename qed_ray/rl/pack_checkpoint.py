@@ -2,7 +2,7 @@
 
 A checkpoint folder holds ``pack.json`` (the pack, its shared counters and each seed's status; written last, so
 its presence marks a complete checkpoint) and one ``seed_<seed>/`` folder per seed (per member, named for its
-trial, in a pack of several variants: :func:`~qed_ray.layout.member_dirs`): that seed's tensors
+trial, in a pack of several variants: :func:`~qed_ray.records.layout.member_dirs`): that seed's tensors
 (``state.pt``), its ``manifest.json`` (identity, run settings, episodes, evaluation history, random-stream states,
 replay size) and, when the replay is kept inside the checkpoint, its replay chunks. A policy snapshot is one
 seed's acting modules (or all of them) with a manifest that carries the evaluation history. Everything is copied
@@ -16,12 +16,12 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from qed_ray.codec import dump, write_record
-from qed_ray.layout import PACK_FILE, PACK_FORMAT, member_dirs
-from qed_ray.rl.checkpoint import MANIFEST_FILE, load_checkpoint, manifest_content, save_checkpoint
-from qed_ray.rl.manifests import CheckpointError, Manifest, PackRecord
+from qed_ray.records.codec import dump, write_record
+from qed_ray.records.layout import PACK_FILE, PACK_FORMAT, member_dirs
+from qed_ray.records.checkpoint import MANIFEST_FILE, load_checkpoint, manifest_content, save_checkpoint
+from qed_ray.records.manifests import CheckpointError, Manifest, PackRecord
 from qed_ray.rl.pack import Progress, SeedRun, read_pack
-from qed_ray.run_records import EvalRecord
+from qed_ray.records.run import EvalRecord
 
 if TYPE_CHECKING:
     from qed_ray.rl.trainer import Trainer

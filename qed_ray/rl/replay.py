@@ -24,8 +24,8 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
-from qed_ray.atomic import TMP_MARK, atomic_file
-from qed_ray.rl.checkpoint import CheckpointError
+from qed_ray.records.atomic import TMP_MARK, atomic_file
+from qed_ray.records.checkpoint import CheckpointError
 from qed_ray.replay_memory import FLOAT_BYTES, replay_bytes, replay_capacity, row_width  # noqa: F401 - the API
 
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated")

@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import ValidationError
 
-from qed_ray.atomic import fsync_file, write_text
-from qed_ray.codec import Record, RecordError, dump, load_json, parse, read_lines, read_record, write_record
+from qed_ray.records.atomic import fsync_file, write_text
+from qed_ray.records.codec import Record, RecordError, dump, load_json, parse, read_lines, read_record, write_record
 from qed_ray import cli_help
 from qed_ray.config import RunSpec, TrainSpec
 from qed_ray.field_hints import format_validation_error
 from qed_ray.flags import Flag, add_run_flags, settings_from_args
-from qed_ray.layout import PackId, SweepDir, trial_dirname
+from qed_ray.records.layout import PackId, SweepDir, trial_dirname
 from qed_ray.naming import EXECUTION_SETTINGS, identity, identity_changes, show_setting
 from qed_ray.rl.pack import check_pack, pack_name
-from qed_ray.run_records import Metrics, RunSummary, read_done
+from qed_ray.records.run import Metrics, RunSummary, read_done
 from qed_ray.spec import SpecError, load_yaml
 from qed_ray.replay_memory import replay_needs, replay_problems
 

@@ -1,10 +1,10 @@
-"""A pack's record in a run folder laid out as a sweep folder (:class:`~qed_ray.layout.SweepDir`): what both the
+"""A pack's record in a run folder laid out as a sweep folder (:class:`~qed_ray.records.layout.SweepDir`): what both the
 single-run CLI and a sweep trial write at each evaluation, and how a pack resumes from it (no Ray, no MLflow).
 
 At each evaluation, queued on the trainer's writer thread in this order: each seed's policy snapshot
 (``policies/<trial>/<env_steps>/``), each seed's history (``policies/<trial>/history.json``) and the pack checkpoint
 (``checkpoints/<pack>/<env_steps>/``, the newest two kept) with its ``files.json``: the SHA-256 of every file the
-gather step reads that the worker wrote of each seed so far (:mod:`qed_ray.rl.digests`), signed in a sweep. A seed
+gather step reads that the worker wrote of each seed so far (:mod:`qed_ray.records.digests`), signed in a sweep. A seed
 that diverged gets its ``DIVERGED.json``. After the trainer returns, a finished seed's end is recorded (in a sweep,
 its digest signed in MLflow: :mod:`qed_ray.service.trial`), then its ``DONE.json`` with that file list: an end cut
 off before (Ctrl-C, a killed worker) leaves the seed unfinished, and the next start finishes it from its final
@@ -20,15 +20,15 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from qed_ray.atomic import TMP_MARK, publish_dir, staging_dir
-from qed_ray.codec import Record, read_record, write_record
+from qed_ray.records.atomic import TMP_MARK, publish_dir, staging_dir
+from qed_ray.records.codec import Record, read_record, write_record
 from qed_ray.config import TrainSpec
-from qed_ray.layout import PACK_FILE, PackId, SweepDir
-from qed_ray.rl.checkpoint import MANIFEST_FILE, CheckpointError, CheckpointVersionError
-from qed_ray.rl.digests import Signer, differences, file_sha256, inventory, snapshot_files
+from qed_ray.records.layout import PACK_FILE, PackId, SweepDir
+from qed_ray.records.checkpoint import MANIFEST_FILE, CheckpointError, CheckpointVersionError
+from qed_ray.records.digests import Signer, differences, file_sha256, inventory, snapshot_files
 from qed_ray.rl.pack import SeedRun
 from qed_ray.rl.trainer import SaveFn, Trainer
-from qed_ray.run_records import DivergedRecord, HistoryEntry, done_record, read_history, write_history
+from qed_ray.records.run import DivergedRecord, HistoryEntry, done_record, read_history, write_history
 
 KEEP_CHECKPOINTS = 2  # the newest two: a damaged newest one still leaves one to resume from
 
@@ -99,7 +99,7 @@ FILES_FILE = "files.json"  # in a pack checkpoint: the files its worker wrote of
 class CheckpointFiles(Record):
     """A pack checkpoint's ``files.json``: per seed, the files (path under its policies folder: SHA-256) its worker
     wrote up to this checkpoint, the final ones among them in the final checkpoint, and, in a sweep, their HMAC
-    under the results key (:class:`~qed_ray.rl.digests.Signer`). A later start that finishes the seed signs these
+    under the results key (:class:`~qed_ray.records.digests.Signer`). A later start that finishes the seed signs these
     and nothing else: a file planted in the folder is never signed (the gather step refuses it, naming it)."""
 
     files: dict[str, dict[str, str]]
@@ -108,7 +108,7 @@ class CheckpointFiles(Record):
 
 def write_done(layout: SweepDir, name: str, metrics: dict, files: dict[str, str] | None,
                unverified: str | None = None) -> None:
-    """A finished seed run's ``DONE.json`` (:class:`~qed_ray.run_records.DoneRecord`): its final metrics, the
+    """A finished seed run's ``DONE.json`` (:class:`~qed_ray.records.run.DoneRecord`): its final metrics, the
     SHA-256 of every file its worker wrote that the gather step reads (what a failed check names, never what it
     trusts) and, if its digest was not signed, why."""
     write_record(layout.done_marker(name), done_record(metrics, files, unverified))

@@ -5,7 +5,7 @@ Per decision: one batched act for the S observations, the S envs stepped (here o
 seed into the replay, one packed update (:class:`~qed_ray.rl.agents.packed.PackedAgent` through
 :class:`~qed_ray.rl.update.PackUpdater`: eager, compiled, or one CUDA graph). Every evaluation rolls out all
 seeds x episodes in lock-step with one policy call per step (:func:`~qed_ray.rl.evaluate.rollout_lockstep`), and
-checkpoints are hashed and written by a background thread (:class:`~qed_ray.rl.writer.BackgroundWriter`).
+checkpoints are hashed and written by a background thread (:class:`~qed_ray.records.writer.BackgroundWriter`).
 
 Each seed has its run spec, random streams, metrics, evaluations and checkpoint folder. A non-finite loss, Q value
 or observation stops that seed only: its status becomes "diverged" with the reason, its env is no longer stepped,
@@ -30,15 +30,15 @@ from qed_ray.rl.agents import make_packed_agent
 from qed_ray.config import RunSpec
 from qed_ray.rl.env_pool import EnvPool
 from qed_ray.rl.evaluate import eval_seeds, rollout_lockstep
-from qed_ray.rl.manifests import PackRecord
+from qed_ray.records.manifests import PackRecord
 from qed_ray.rl.pack import Progress, SeedRun, check_pack, pack_name, remaining_s, sampler_seeds
 from qed_ray.rl.pack_checkpoint import PackCheckpoints
 from qed_ray.rl.update import PackUpdater, resolve_mode
 from qed_ray.rl.precision import apply_matmul_precision, set_run_precision
 from qed_ray.rl.replay import Replay, keeps_transition, replay_bytes, replay_capacity, replay_device
 from qed_ray.rl.update_metrics import MetricAccumulator
-from qed_ray.rl.writer import BackgroundWriter
-from qed_ray.run_records import EvalRecord, RunSummary
+from qed_ray.records.writer import BackgroundWriter
+from qed_ray.records.run import EvalRecord, RunSummary
 
 HEARTBEAT_EVERY = 100  # decisions between looks at the clock for a heartbeat
 

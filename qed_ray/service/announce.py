@@ -17,7 +17,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from qed_ray.layout import SweepDir
+from qed_ray.records.layout import SweepDir
 from qed_ray.service.packing import Pack
 from qed_ray.service.sweep_state import STORAGE_PATH_ENV, STORAGE_ROOT_ENV
 from qed_ray.spec import SweepSpec

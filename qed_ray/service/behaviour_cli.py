@@ -12,9 +12,9 @@ from typing import Callable, Sequence
 
 from qed_ray import cli_help
 from qed_ray.analysis.behaviour import COLORMAP, RenderError, configure_rendering, frame_steps, run, select_snapshots
-from qed_ray.layout import SweepDir
-from qed_ray.rl.checkpoint import CheckpointError
-from qed_ray.service.sweep_record import sweep_id as read_sweep_id
+from qed_ray.records.layout import SweepDir
+from qed_ray.records.checkpoint import CheckpointError
+from qed_ray.records.sweep import sweep_id as read_sweep_id
 from qed_ray.service.tracking_uri import default_tracking_uri, given_uri
 
 

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from qed_ray.codec import adapter, load_json
+from qed_ray.records.codec import adapter, load_json
 from qed_ray.config import AgentSpec, RunSpec, TemperatureSpec, agent_spec
 from qed_ray.rl.agents import make_packed_agent
 from qed_ray.rl.precision import CUDA_DEFAULT

@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from qed_ray import console
-from qed_ray.layout import SweepDir
+from qed_ray.records.layout import SweepDir
 from qed_ray.service.packing import Pack
 from qed_ray.spec import SpecError, SweepSpec, Trial
 from qed_ray.service.sweep_state import check_folder, plan, resolve_paths

@@ -33,14 +33,14 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from qed_ray.analysis import group_cache, tables
 from qed_ray.analysis.checksums import Verifier
-from qed_ray.layout import SweepDir
+from qed_ray.records.layout import SweepDir
 from qed_ray.service.reanalysis import write_results
 from qed_ray.analysis.results import FailedTrial, GroupKey, GroupResult, SweepResults
 from qed_ray.spec import FinalEvalSpec, SweepSpec
 from qed_ray.analysis.group_view import GroupView, baseline_in, group_view
 from qed_ray.service.mirror import log_files, log_groups, log_rows
 from qed_ray.service.tracking import Tracker
-from qed_ray.run_records import diverged_reason
+from qed_ray.records.run import diverged_reason
 from qed_ray.service.packing import TuneTrial
 
 NAMESPACE = "qed_ray"

@@ -35,7 +35,7 @@ from typing import Callable
 import psutil
 from pydantic import Field
 
-from qed_ray.codec import Record, RecordError, dump, load_json, parse, write_record
+from qed_ray.records.codec import Record, RecordError, dump, load_json, parse, write_record
 
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 120.0

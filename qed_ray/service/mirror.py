@@ -16,7 +16,7 @@ from typing import Sequence
 from qed_ray.analysis import report
 from qed_ray.analysis.results import GroupResult, SweepResults
 from qed_ray.labels import settings_label  # noqa: F401 - API (re-exported)
-from qed_ray.layout import SweepDir
+from qed_ray.records.layout import SweepDir
 from qed_ray.analysis.group_view import GroupView, group_view
 from qed_ray.service.tags import BASELINE_TAG, GROUP_TAG, NOTE_TAG, VERDICT_TAG, group_tags
 from qed_ray.service.mlflow_view import runs_page

@@ -22,9 +22,9 @@ from typing import Any, Mapping, Sequence
 
 from pydantic import Field, model_validator
 
-from qed_ray.codec import Record, dump, parse
+from qed_ray.records.codec import Record, dump, parse
 from qed_ray.config import RunSpec
-from qed_ray.layout import PackId, SweepDir, member_dirs
+from qed_ray.records.layout import PackId, SweepDir, member_dirs
 from qed_ray.rl.pack import shared_settings
 from qed_ray.spec import SweepSpec, Trial
 
@@ -167,7 +167,7 @@ def pack_started(layout: SweepDir, pack_id: PackId) -> bool:
 
 def seed_checkpoint(layout: SweepDir, pack_id: PackId, name: str) -> Path | None:
     """The newest complete pack checkpoint's folder of seed run ``name`` (``seed_<seed>/``, its single-seed
-    checkpoint; :func:`~qed_ray.layout.member_dirs`), or None before the pack's first checkpoint."""
+    checkpoint; :func:`~qed_ray.records.layout.member_dirs`), or None before the pack's first checkpoint."""
     steps = layout.pack_checkpoint_steps(pack_id)
     if not steps:
         return None

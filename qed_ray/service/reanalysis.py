@@ -38,16 +38,16 @@ from pydantic import ValidationError
 from qed_ray import cli_help, console
 from qed_ray.analysis import group_cache, report, tables
 from qed_ray.analysis.results import FailedTrial, GroupResult, SweepResults, read_results
-from qed_ray.atomic import atomic_file, write_json
+from qed_ray.records.atomic import atomic_file, write_json
 from qed_ray.field_hints import format_validation_error
 from qed_ray.analysis.group_cache import TamperedCacheError, UnreadableSeedError
 from qed_ray.analysis.checksums import TamperedSnapshotError, Verifier
 from qed_ray.labels import settings_label
-from qed_ray.layout import SweepDir
+from qed_ray.records.layout import SweepDir
 from qed_ray.service.lock import LockHeld, SweepLock
 from qed_ray.service.results_key import ResultsKey, ResultsKeyError, key_path, load_key
 from qed_ray.service.status import driver, sweep_folders_in
-from qed_ray.service.sweep_record import read_state, sweep_id, verified_claim
+from qed_ray.records.sweep import read_state, sweep_id, verified_claim
 from qed_ray.service.tracking_uri import given_uri
 from qed_ray.spec import FinalEvalSpec
 
@@ -151,7 +151,7 @@ def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, verifier: Verifier | 
               signing_key: bytes | None = None, claim: dict | None = None) -> tuple[SweepResults, list[str]]:
     """Computes every output ``gather/`` holds, into :func:`reanalysis_dir` (``gather/`` keeps the sweep's own; only
     new groups enter ``gather/cache/``), for ``final_eval`` (the verdict by ``claim``, the pre-registration
-    :func:`~qed_ray.service.sweep_record.verified_claim` checked, if any); returns the results and the refused groups.
+    :func:`~qed_ray.records.sweep.verified_claim` checked, if any); returns the results and the refused groups.
     ``verifier`` None (``--no-verify``): nothing is checked, every seed is unverified; ``signing_key`` (default the
     verifier's) signs and checks the cache, which is left alone without one. When every trial is left out (no group has
     a result) nothing is written: that folder's previous outputs stay.

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Callable
 
 from qed_ray import cli_help
-from qed_ray.layout import SweepDir
-from qed_ray.service.sweep_record import sweep_id as read_sweep_id
+from qed_ray.records.layout import SweepDir
+from qed_ray.records.sweep import sweep_id as read_sweep_id
 from qed_ray.service.tags import SWEEP_TAG
 
 SQLITE_PREFIX = "sqlite:///"

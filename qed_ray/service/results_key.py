@@ -18,8 +18,8 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qed_ray.file_reads import LIMITS, open_regular
-from qed_ray.rl.digests import key_id
+from qed_ray.records.file_reads import LIMITS, open_regular
+from qed_ray.records.digests import key_id
 from qed_ray.service.sweep_state import SYSTEM_FOLDERS
 from qed_ray.spec import SpecError
 
@@ -40,7 +40,7 @@ class ResultsKey:
 
     @property
     def id(self) -> str:
-        """Its public name (:func:`qed_ray.rl.digests.key_id`), recorded beside every signature."""
+        """Its public name (:func:`qed_ray.records.digests.key_id`), recorded beside every signature."""
         return key_id(self.secret)
 
 

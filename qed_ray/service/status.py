@@ -1,6 +1,6 @@
 """``python -m qed_ray.sweep SPEC --status``: a sweep's progress and partial results, read from its folder alone.
 
-Starts nothing (no Ray, no MLflow) and reads what the sweep folder records (:class:`~qed_ray.layout.SweepDir`):
+Starts nothing (no Ray, no MLflow) and reads what the sweep folder records (:class:`~qed_ray.records.layout.SweepDir`):
 ``sweep.lock`` whether a driver runs the sweep now (and which); ``DONE.json`` that a trial finished and
 ``DIVERGED.json`` that it failed for good; its seed's part of its pack's newest checkpoint
 (``checkpoints/<pack>/``, else its newest policy snapshot) how far it got and how long it has run; an ``error.txt``
@@ -34,15 +34,15 @@ from pydantic import ValidationError
 from qed_ray.analysis import group_cache, tables
 from qed_ray.analysis.report import format_table, unverified_line
 from qed_ray.analysis.results import FailedTrial, SweepResults
-from qed_ray.codec import RecordError
-from qed_ray.file_reads import cut, read_tail
-from qed_ray.layout import SweepDir
-from qed_ray.rl.checkpoint import MANIFEST_FILE, SNAPSHOT_FORMATS, CheckpointVersionError, read_manifest
-from qed_ray.run_records import diverged_reason, read_done
+from qed_ray.records.codec import RecordError
+from qed_ray.records.file_reads import cut, read_tail
+from qed_ray.records.layout import SweepDir
+from qed_ray.records.checkpoint import MANIFEST_FILE, SNAPSHOT_FORMATS, CheckpointVersionError, read_manifest
+from qed_ray.records.run import diverged_reason, read_done
 from qed_ray.service.lock import STALE_AFTER_S, LockDamaged, read_lock, stale_reason
 from qed_ray.service.packing import Pack, form_packs, pack_of, seed_checkpoint
 from qed_ray.service.results_key import ResultsKeyError, key_path, load_key
-from qed_ray.service.sweep_record import StateDamaged, read_state
+from qed_ray.records.sweep import StateDamaged, read_state
 from qed_ray.field_hints import format_validation_error
 from qed_ray.spec import SpecError, SweepSpec
 
@@ -110,7 +110,7 @@ def _progress(layout: SweepDir, name: str, pack: Pack) -> tuple[int, float, floa
 
 
 def error_summary(error_txt: str) -> str:
-    """One line of a Tune ``error.txt``, cut to :data:`~qed_ray.file_reads.ERROR_LINE` characters: a traceback's last
+    """One line of a Tune ``error.txt``, cut to :data:`~qed_ray.records.file_reads.ERROR_LINE` characters: a traceback's last
     line (``InjectedCrash: ...``), else the first line after the ``Failure # n`` header that is not Ray's task
     header (a worker killed by Ray: ``1 worker(s) were killed due to ... low on memory ...``). Terminal colour codes
     are dropped."""

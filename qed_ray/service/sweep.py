@@ -19,7 +19,7 @@ The Tune trials are packs (:mod:`qed_ray.service.packing`): each trains the seed
 else (outcomes, MLflow runs, the gather step) stays per seed run.
 
 This module is the driver; what runs inside a trial's Ray worker is :mod:`qed_ray.service.trial`, and every path in the
-sweep folder comes from :class:`qed_ray.layout.SweepDir`.
+sweep folder comes from :class:`qed_ray.records.layout.SweepDir`.
 
 Exit codes: 0 every trial finished and gathering succeeded; 1 a trial failed, or gathering failed or left a
 finished trial out (a file that does not match the digest its trial signed, say), or used seeds unverified (without
@@ -48,18 +48,18 @@ from qed_ray.service import announce, gather
 from qed_ray.analysis import report
 from qed_ray.service.cluster import check_cluster
 from qed_ray.service.dry_run import tune_order
-from qed_ray.layout import SweepDir
+from qed_ray.records.layout import SweepDir
 from qed_ray.service.lock import SweepLock
 from qed_ray.service.results_key import ResultsKey
 from qed_ray.service.reanalysis import refuse_unverified
 from qed_ray.analysis.results import FailedTrial, SweepResults
 from qed_ray.spec import SweepSpec
 from qed_ray.service.status import error_summary
-from qed_ray.codec import RecordError
-from qed_ray.file_reads import cut, read_tail
+from qed_ray.records.codec import RecordError
+from qed_ray.records.file_reads import cut, read_tail
 from qed_ray.compat import adopt_trial_checkpoints
 from qed_ray.service.packing import Pack, TuneTrial
-from qed_ray.service.sweep_record import SweepState
+from qed_ray.records.sweep import SweepState
 from qed_ray.service.sweep_state import git_sha, outcome, prune_finished, sync_runs
 from qed_ray.service.mlflow_view import ui_command
 from qed_ray.service.tracking import Tracker, artifact_location
@@ -74,7 +74,7 @@ def trial_name(trial) -> str:
 
 
 def tune_dirname(trial) -> str:
-    """A Tune trial's folder name in ``tune/<start>/`` (:mod:`qed_ray.layout`)."""
+    """A Tune trial's folder name in ``tune/<start>/`` (:mod:`qed_ray.records.layout`)."""
     return TuneTrial.of(trial.config).id.dirname
 
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from qed_ray import cli_help, console
-from qed_ray.codec import RecordError
+from qed_ray.records.codec import RecordError
 from qed_ray.hints import close_match
 from qed_ray.service import announce
 from qed_ray.service.lock import LockHeld
@@ -54,7 +54,7 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
     from qed_ray.service.lock import SweepLock
     from qed_ray.service.ray_join import join_ray
     from qed_ray.service.results_key import load_key
-    from qed_ray.service.sweep_record import sign_claim, write_state
+    from qed_ray.records.sweep import sign_claim, write_state
     from qed_ray.service.sweep_state import check_folder, move_aside, plan, resolve_paths
     from qed_ray.service.tracking_uri import unreachable, uri_field
 
@@ -150,7 +150,7 @@ def parser():
 
 
 def _status(spec: SweepSpec | None, folder: Path | None) -> str:
-    from qed_ray.layout import SweepDir
+    from qed_ray.records.layout import SweepDir
     from qed_ray.service import status
     from qed_ray.service.sweep_state import resolve_paths
 

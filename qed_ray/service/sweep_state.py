@@ -41,14 +41,14 @@ from typing import TYPE_CHECKING, Any
 
 from qed_ray import claim
 from qed_ray.analysis.results import FailedTrial
-from qed_ray.codec import RecordError
+from qed_ray.records.codec import RecordError
 from qed_ray.compat import legacy_trial_started, old_default_target_alpha
-from qed_ray.layout import PackId, SweepDir, TrialId
+from qed_ray.records.layout import PackId, SweepDir, TrialId
 from qed_ray.naming import identity, identity_changes, parse_variant, show_setting
-from qed_ray.rl.digests import unverified_reason
-from qed_ray.run_records import diverged_reason, read_history
+from qed_ray.records.digests import unverified_reason
+from qed_ray.records.run import diverged_reason, read_history
 from qed_ray.service.packing import Pack, form_packs, pack_of, pack_records, pack_started, pack_state
-from qed_ray.service.sweep_record import STATE_FORMAT, StateDamaged, SweepState, read_state
+from qed_ray.records.sweep import STATE_FORMAT, StateDamaged, SweepState, read_state
 from qed_ray.service.tags import DIGEST_TAG, UNVERIFIED_TAG
 from qed_ray.service.tracking_uri import URI_ENV, check_uri, default_tracking_uri
 from qed_ray.spec import SpecError, SweepSpec
@@ -426,7 +426,7 @@ def sync_runs(tracker: Tracker, parent_run_id: str, layout: SweepDir, spec: Swee
 
 def _unverified(layout: SweepDir, name: str, run) -> dict[str, str]:
     """The ``qed.unverified`` tag for a finished trial whose run lacks the digest only its worker records, with the
-    reason its ``DONE.json`` gives (:func:`~qed_ray.rl.digests.unverified_reason`), unless the run has either tag
+    reason its ``DONE.json`` gives (:func:`~qed_ray.records.digests.unverified_reason`), unless the run has either tag
     already; else ``{}``. Raises RecordError for a damaged ``DONE.json`` (the caller reports it)."""
     tags = run.data.tags if run is not None else {}
     if layout.trial_state(name) != "done" or DIGEST_TAG in tags or UNVERIFIED_TAG in tags:

@@ -1,7 +1,7 @@
 """The tags that give the sweep's MLflow runs their identity (read by :mod:`qed_ray.service.tracking` and, in the
 store's own tables, by :mod:`qed_ray.service.relink`), and the ones the MLflow UI groups and shows them by."""
 
-from qed_ray.layout import TrialId
+from qed_ray.records.layout import TrialId
 
 SWEEP_TAG = "qed.sweep_id"
 TRIAL_TAG = "qed.trial"
@@ -9,7 +9,7 @@ ROLE_TAG = "qed.role"  # sweep (the parent), group (a cross-seed group), trial (
 # qed_ray.gather run)
 REASON_TAG = "qed.failure_reason"
 NODES_TAG = "qed.node_ids"
-# What a trial's worker records at its end (qed_ray.rl.digests): the digest of every file the gather reads of it,
+# What a trial's worker records at its end (qed_ray.records.digests): the digest of every file the gather reads of it,
 # its HMAC under the user's results key, and that key's id. A finished run without them is flagged UNVERIFIED_TAG.
 DIGEST_TAG, MAC_TAG, KEY_ID_TAG = "qed.files_sha256", "qed.files_hmac", "qed.results_key_id"
 UNVERIFIED_TAG = "qed.unverified"

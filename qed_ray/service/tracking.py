@@ -25,9 +25,9 @@ from mlflow.entities import Metric, Param, RunStatus
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 
-from qed_ray.layout import SweepDir
-from qed_ray.rl.digests import Recorded
-from qed_ray.run_records import HistoryEntry
+from qed_ray.records.layout import SweepDir
+from qed_ray.records.digests import Recorded
+from qed_ray.records.run import HistoryEntry
 from qed_ray.service.mlflow_view import SHARED_VIEW_TAG, group_view_state, view_key
 from qed_ray.service.relink import follow_move, own_store
 from qed_ray.service.tracking_uri import default_tracking_uri  # noqa: F401 - API (defined MLflow-free)

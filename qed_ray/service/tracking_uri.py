@@ -28,7 +28,7 @@ from pathlib import Path
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from qed_ray.hints import near, short_text
-from qed_ray.layout import SweepDir
+from qed_ray.records.layout import SweepDir
 from qed_ray.spec import SpecError
 
 URI_ENV = "MLFLOW_TRACKING_URI"

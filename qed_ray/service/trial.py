@@ -36,9 +36,9 @@ import ray
 from pydantic import Field
 from ray import tune
 
-from qed_ray.rl.digests import Signer, record
+from qed_ray.records.digests import Signer, record
 from qed_ray.config import Frozen
-from qed_ray.layout import SweepDir
+from qed_ray.records.layout import SweepDir
 from qed_ray.rl.replay import prune_chunks
 from qed_ray.rl.run_folder import FolderReporter
 from qed_ray.service.lock import LockLost, check_holder
@@ -132,7 +132,7 @@ def train_trial(config: dict, context: TrialContext) -> None:
             why = "its final checkpoint, written by a qed_ray from before signed checkpoints, records none of its files"
         elif key is None:
             why = "trained without a results key"
-        else:  # the worker signs only the files it wrote (qed_ray.rl.digests); nobody else signs them
+        else:  # the worker signs only the files it wrote (qed_ray.records.digests); nobody else signs them
             if run.finish(folder.histories[i], tags={**tags, **digest_tags(record(key, context.sweep_id, names[i],
                                                                                     written))}, timeout_s=timeout_s):
                 return None

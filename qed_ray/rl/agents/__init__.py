@@ -15,13 +15,13 @@ import torch
 
 from qed_ray import compat
 from qed_ray.config import AgentSpec, TemperatureSpec
-from qed_ray.layout import MANIFEST_FILE
+from qed_ray.records.layout import MANIFEST_FILE
 from qed_ray.rl.agents.base import Agent, SACBase
 from qed_ray.rl.agents.mad_sac import MadSAC
 from qed_ray.rl.agents.packed import PackedAgent
 from qed_ray.rl.agents.sac_ln import SACLN
-from qed_ray.rl.checkpoint import SNAPSHOT_FORMATS, load_checkpoint
-from qed_ray.rl.manifests import Manifest
+from qed_ray.records.checkpoint import SNAPSHOT_FORMATS, load_checkpoint
+from qed_ray.records.manifests import Manifest
 
 AGENTS: dict[str, type[SACBase]] = {SACLN.name: SACLN, MadSAC.name: MadSAC}
 # A snapshot's weights do not depend on the random streams that changed in format 2, so format 1 ones still load

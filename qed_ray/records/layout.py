@@ -20,8 +20,8 @@ SEP = "__"  # between the parts of a trial folder name; never inside a task, age
 SEED_PREFIX = "s"
 PACK_PREFIX = "pack"
 PACK_FILE = "pack.json"  # written last into a pack checkpoint: its presence marks a complete one
-PACK_FORMAT = 1  # pack.json's format (qed_ray.rl.manifests.PackRecord)
-STATE_FILE = "state.pt"  # a checkpoint's or policy snapshot's tensors (qed_ray.rl.checkpoint)
+PACK_FORMAT = 1  # pack.json's format (qed_ray.records.manifests.PackRecord)
+STATE_FILE = "state.pt"  # a checkpoint's or policy snapshot's tensors (qed_ray.records.checkpoint)
 MANIFEST_FILE = "manifest.json"  # written last into a checkpoint or snapshot: its presence marks a complete one
 REANALYSIS_PREFIX = "reanalysis-"  # gather/reanalysis-<settings>/: a re-analysis's outputs, beside the sweep's own
 SNAPSHOT_DIGITS = 10  # policy snapshot folders are zero-padded env steps, so they sort by name
@@ -348,7 +348,7 @@ class SweepDir:
 
     def history(self, name: str) -> Path:
         """The trial's metrics at every evaluation so far, each with the time it was recorded: what its MLflow run
-        mirrors (:func:`qed_ray.run_records.read_history`; the gather step and ``--status`` read the evaluation
+        mirrors (:func:`qed_ray.records.run.read_history`; the gather step and ``--status`` read the evaluation
         history in the snapshot manifests)."""
         return self.policies(name) / "history.json"
 

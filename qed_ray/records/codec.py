@@ -4,7 +4,7 @@ Every such file has one model (a pydantic model, or a dataclass pydantic validat
 as strict JSON (NaN and inf, which JSON does not have, as ``null``; a :data:`Num` field reads ``null`` back as NaN),
 atomically, and :func:`read_record` reads and validates it where it is read. A file that is missing, a folder, a
 dangling symbolic link, a link out of its folder, a FIFO or a device, larger than its kind may be
-(:mod:`qed_ray.file_reads`), not UTF-8, not JSON (truncated, say) or whose content does not fit its model (a missing
+(:mod:`qed_ray.records.file_reads`), not UTF-8, not JSON (truncated, say) or whose content does not fit its model (a missing
 field, a wrong type, an impossible value) is refused with one :class:`RecordError` line naming the file and the
 field; nothing is written or deleted on the way. Older on-disk shapes are upgraded by :mod:`qed_ray.compat` before
 a model sees them.
@@ -21,8 +21,8 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, TypeAdapter, ValidationError
 
-from qed_ray.atomic import write_text
-from qed_ray.file_reads import read_bytes
+from qed_ray.records.atomic import write_text
+from qed_ray.records.file_reads import read_bytes
 from qed_ray.hints import short_repr
 
 T = TypeVar("T")

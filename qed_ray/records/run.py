@@ -1,4 +1,4 @@
-"""What a seed run records in its run folder, one model per file (:mod:`qed_ray.codec`), read back by the trainer,
+"""What a seed run records in its run folder, one model per file (:mod:`qed_ray.records.codec`), read back by the trainer,
 the service and the gather step alike.
 
 - :class:`EvalRecord`: one evaluation; the same record in checkpoint and snapshot manifests, ``summary.json`` and
@@ -6,7 +6,7 @@ the service and the gather step alike.
 - :class:`HistoryEntry`: one line of ``policies/<trial>/history.json`` (a list): an evaluation's metrics and the
   time they were recorded, what the trial's MLflow run mirrors.
 - :class:`DoneRecord`: ``DONE.json``, the final metrics and the SHA-256 of every file the gather step reads of the
-  trial (:func:`qed_ray.rl.digests.inventory`); :class:`DivergedRecord`: ``DIVERGED.json``, the reason and env step.
+  trial (:func:`qed_ray.records.digests.inventory`); :class:`DivergedRecord`: ``DIVERGED.json``, the reason and env step.
 - :class:`RunSummary`: the run CLI's ``<trial>/summary.json``; :data:`Metrics`: a line of its ``metrics.jsonl``.
 """
 
@@ -19,8 +19,8 @@ from typing import Annotated, Literal, Union
 
 from pydantic import AfterValidator, ConfigDict, Field
 
-from qed_ray.codec import Num, Record, RecordError, parse, read_record, write_record
-from qed_ray.layout import SweepDir
+from qed_ray.records.codec import Num, Record, RecordError, parse, read_record, write_record
+from qed_ray.records.layout import SweepDir
 
 STATUSES = ("running", "finished", "diverged")
 
@@ -125,12 +125,12 @@ def done_record(metrics: dict, files: dict[str, str] | None, unverified: str | N
 
 
 def read_done(layout: SweepDir, name: str) -> DoneRecord:
-    """The trial's ``DONE.json``; raises :class:`~qed_ray.codec.RecordError` naming the file and the field."""
+    """The trial's ``DONE.json``; raises :class:`~qed_ray.records.codec.RecordError` naming the file and the field."""
     return read_record(layout.done_marker(name), DoneRecord)
 
 
 def read_diverged(layout: SweepDir, name: str) -> DivergedRecord:
-    """The trial's ``DIVERGED.json``; raises :class:`~qed_ray.codec.RecordError` naming the file and the field."""
+    """The trial's ``DIVERGED.json``; raises :class:`~qed_ray.records.codec.RecordError` naming the file and the field."""
     return read_record(layout.diverged_marker(name), DivergedRecord)
 
 
@@ -145,7 +145,7 @@ def diverged_reason(layout: SweepDir, name: str) -> str:
 
 def read_history(layout: SweepDir, name: str) -> list[HistoryEntry]:
     """The trial's recorded evaluations, oldest first (``[]`` before its first one); raises
-    :class:`~qed_ray.codec.RecordError` naming the file and the entry for a damaged file."""
+    :class:`~qed_ray.records.codec.RecordError` naming the file and the entry for a damaged file."""
     path = layout.history(name)
     if not os.path.lexists(path):
         return []

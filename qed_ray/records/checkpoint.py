@@ -1,7 +1,7 @@
 """Checkpoints: agent tensors in ``state.pt`` plus a JSON ``manifest.json``.
 
 ``state.pt`` holds tensors only and is loaded with ``torch.load(..., weights_only=True)`` (no pickle from shared
-storage). The manifest (:class:`~qed_ray.rl.manifests.Manifest`, validated where it is written and where it is
+storage). The manifest (:class:`~qed_ray.records.manifests.Manifest`, validated where it is written and where it is
 read) records what the checkpoint is (task, agent, variant, seed, step, package versions), a SHA-256 of
 ``state.pt`` to detect corruption, and the small trainer state (counters, RNG states, history).
 """
@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from qed_ray import compat
-from qed_ray.atomic import atomic_file
-from qed_ray.codec import dump, load_json, parse, write_record
-from qed_ray.file_reads import file_sha256, open_regular
-from qed_ray.layout import MANIFEST_FILE, STATE_FILE
-from qed_ray.rl.manifests import CheckpointError, CheckpointVersionError, Manifest
+from qed_ray.records.atomic import atomic_file
+from qed_ray.records.codec import dump, load_json, parse, write_record
+from qed_ray.records.file_reads import file_sha256, open_regular
+from qed_ray.records.layout import MANIFEST_FILE, STATE_FILE
+from qed_ray.records.manifests import CheckpointError, CheckpointVersionError, Manifest
 
 if TYPE_CHECKING:
     import torch
@@ -50,7 +50,7 @@ def save_checkpoint(directory: str | os.PathLike, agent_state: dict, manifest: d
     Args:
         directory: target folder.
         agent_state: tensors only (``agent.state_dict()``).
-        manifest: the manifest's content (a :class:`~qed_ray.rl.manifests.Manifest` but for the fields written
+        manifest: the manifest's content (a :class:`~qed_ray.records.manifests.Manifest` but for the fields written
             here: format, versions, ``state.pt``'s SHA-256); must contain :data:`IDENTITY_FIELDS` and ``env_steps``.
 
     Returns:

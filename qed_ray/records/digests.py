@@ -7,7 +7,7 @@ and :func:`digest` hashes that list: one digest covers every file the gather rea
 trained the trial computes it from the files it has just written and records it in its MLflow run with an HMAC
 (:func:`sign`) under the user's results key, which binds the sweep, the trial and the digest; the key never lies in
 the sweep folder (``qed_ray.service.results_key``). The list itself goes into ``DONE.json``
-(:class:`~qed_ray.run_records.DoneRecord`'s ``files``) only so that a failed check can name the file: it is believed only when it hashes to the signed
+(:class:`~qed_ray.records.run.DoneRecord`'s ``files``) only so that a failed check can name the file: it is believed only when it hashes to the signed
 digest. The checks are :mod:`qed_ray.analysis.checksums`; the threat model is docs/design.md ("Trusting results").
 """
 
@@ -19,10 +19,10 @@ import json  # canonical JSON to hash (the codec parses; nothing is parsed here)
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qed_ray import file_reads
-from qed_ray.codec import RecordError
-from qed_ray.layout import MANIFEST_FILE, STATE_FILE, SweepDir
-from qed_ray.run_records import read_done
+from qed_ray.records import file_reads
+from qed_ray.records.codec import RecordError
+from qed_ray.records.layout import MANIFEST_FILE, STATE_FILE, SweepDir
+from qed_ray.records.run import read_done
 
 SIGNATURE_VERSION = "qed_ray results v1"  # the first line of every signed message (another version: another key use)
 
@@ -38,7 +38,7 @@ class Recorded:
 
 def file_sha256(path: str | Path) -> str:
     """SHA-256 of a file's bytes, hex; a file that is not a regular file of the trial's folder, or too large, raises
-    RecordError naming it (:mod:`qed_ray.file_reads`)."""
+    RecordError naming it (:mod:`qed_ray.records.file_reads`)."""
     return file_reads.file_sha256(path, RecordError)
 
 

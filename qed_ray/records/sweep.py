@@ -16,9 +16,9 @@ from typing import Any, Literal
 from pydantic import Field, model_serializer, model_validator
 
 from qed_ray import claim as claim_file
-from qed_ray.codec import Num, Record, RecordError, read_record, write_record
-from qed_ray.layout import PackId, SweepDir, TrialId
-from qed_ray.rl.digests import sign
+from qed_ray.records.codec import Num, Record, RecordError, read_record, write_record
+from qed_ray.records.layout import PackId, SweepDir, TrialId
+from qed_ray.records.digests import sign
 from qed_ray.spec import SpecError
 
 STATE_FORMAT = 3  # 3: QED trials record temperature.target_alpha, whose default became floor

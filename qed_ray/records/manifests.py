@@ -1,4 +1,4 @@
-"""The JSON records of checkpoints and policy snapshots, one model per file (:mod:`qed_ray.codec`).
+"""The JSON records of checkpoints and policy snapshots, one model per file (:mod:`qed_ray.records.codec`).
 
 :class:`Manifest` is a checkpoint's or policy snapshot's ``manifest.json``: what it is (task, agent, variant, seed,
 dims, env steps, the run's settings), the SHA-256 of its ``state.pt`` and the versions that wrote it; a policy
@@ -15,10 +15,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from qed_ray.codec import Num, Record, RecordError
+from qed_ray.records.codec import Num, Record, RecordError
 from qed_ray.config import MAX_SEED, RunSpec
-from qed_ray.layout import PACK_FORMAT
-from qed_ray.run_records import STATUSES, EvalRecord
+from qed_ray.records.layout import PACK_FORMAT
+from qed_ray.records.run import STATUSES, EvalRecord
 
 MAX_WORD128 = 2**128 - 1  # PCG64's state and increment are 128-bit words
 SHA256_HEX = r"^[0-9a-f]{64}$"
