@@ -9,7 +9,7 @@ is rewritten after every cell, so a later failure loses nothing):
    atol 1e-5); the last 20 graphed updates run under ``torch.cuda.set_sync_debug_mode("error")`` (a host sync
    inside the update raises). On the CPU the graph is replaced by ``compile`` (``--cpu-compile``) or, without it, by
    eager again (SAC-LN only: the check's own code, rehearsed in CI without a cold inductor compile; compile against
-   eager is tests/test_pack_update.py's).
+   eager is tests/rl/test_pack_update.py's).
 2. ``graph``: S in {1, 10, 20}, both agents, QED and te (auto mode: graph on CUDA, eager on the CPU); S = 1 is a
    single run (a pack of one); on CUDA, right after the S = 10 cells, the same S = 10 cells at ``train.precision``
    3xtf32 and tf32 (the check also runs SAC-LN's graph against eager at 3xtf32: the per-product TF32 switch must be

@@ -3,7 +3,7 @@
 #   bash benchmarks/gpu_check.sh --device cuda --out "$OUT"
 # from the repository root, with the pydantic wheels (pydantic, pydantic_core, annotated_types,
 # typing_inspection for cp312) carried in .whl/ (see benchmarks/README.md, "GPU run owed").
-# `--device cpu --quick` runs every step CI-sized (tests/test_gpu_check.py).
+# `--device cpu --quick` runs every step CI-sized (tests/benchmarks/test_gpu_check.py).
 # Steps: (0) install the carried wheels; (1) import check: nothing on the path imports dm_control, mujoco, ray
 # or mlflow; (2) the torch_only tests with QED_TEST_DEVICE=<device>; (3) the precision gate
 # (benchmarks/bench_precision_gate.py): QED's alpha at fp32, 3xtf32 and tf32 against an FP64 recomputation on the
@@ -59,7 +59,7 @@ PY
 
 echo "step 2: torch_only tests with QED_TEST_DEVICE=$DEVICE"
 QED_TEST_DEVICE="$DEVICE" timeout 120 "$PY" -m pytest -q -p no:cacheprovider -m "torch_only and not slow" \
-  tests/test_pack_update.py tests/test_throughput.py tests/test_precision.py > "$OUT/pytest.log" 2>&1
+  tests/rl/test_pack_update.py tests/service/test_throughput.py tests/rl/test_precision.py > "$OUT/pytest.log" 2>&1
 echo "step 2: pytest exit $? ($(tail -n 1 "$OUT/pytest.log"))"
 
 # The gate: alpha from the whole QED pass against FP64 on the same inputs; 3xtf32 passes when its mean alpha error

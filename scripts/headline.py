@@ -4,7 +4,7 @@
 
 reads ``gather/results.json`` (validated as every reader of it does), copies ``gather/figures/pareto_kl_vs_iqm.png``
 to ``docs/img/smoke_pareto.png``, writes the numbers the caption quotes to ``docs/img/smoke_pareto.json`` and
-rewrites the caption between the README's ``headline`` markers from that file. ``tests/test_docs.py`` checks the
+rewrites the caption between the README's ``headline`` markers from that file. ``tests/docs/test_docs.py`` checks the
 README's caption against the committed data file.
 """
 

@@ -161,7 +161,7 @@ def out_of_date(templates: Path, copies: Path, shown: str, values: dict[str, str
 
 
 def example_text(templates: Path) -> str:
-    """cluster/values.env.example, from the table (tests/test_cluster_fill.py keeps the shipped file equal to it)."""
+    """cluster/values.env.example, from the table (tests/cluster/test_cluster_fill.py keeps the file equal)."""
     targets = target_files(templates)
     lines = ["# The values of the cluster configs' placeholders, in one place. Copy this file to cluster/values.env",
              "# (ignored by git), uncomment and set the lines of the cluster you launch, then",

@@ -172,7 +172,7 @@ def stratified_mean_replicates(per_task_replicates: Sequence[np.ndarray]) -> np.
 
 # ---- paired resampling of two variants' seeds (te vs QED) ------------------------------------------------------
 # Runs of two variants with the same seed number share their initial weights, training-env seed and evaluation
-# seeds (tests/test_pairing.py), so a resample that draws seed i draws it for both: the te/QED ratio's interval
+# seeds (tests/rl/test_pairing.py), so a resample that draws seed i draws it for both: the te/QED ratio's interval
 # then reflects the variation of the difference, not of each variant apart. Per task one (R, I) array of draw
 # counts serves every statistic (V, action distance, return variance, the scores behind the IQM); tasks are
 # resampled independently (stratified). Letters as above; K tasks compared.

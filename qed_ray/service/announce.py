@@ -22,8 +22,8 @@ from qed_ray.service.packing import Pack
 from qed_ray.service.sweep_state import STORAGE_PATH_ENV, STORAGE_ROOT_ENV
 from qed_ray.spec import SweepSpec
 
-# The local recipe, as the README gives it (tests/test_job_submit.py runs the README's copy): the head must run the
-# venv's `python`, Ray's token auth must be on for the head and its clients, Ray's temp folder must lie in a private
+# The local recipe, as the README gives it (tests/service/test_job_submit.py runs the README's copy): the head must run
+# the venv's `python`, Ray's token auth must be on for the head and its clients, Ray's temp folder must lie in a private
 # one (Ray makes its temp folder, default /tmp/ray, mode 777 and reuses a job package already unpacked there: another
 # local account could swap a submitted package for its own code; a 0700 folder above it keeps them out), and only
 # --runtime-env-json brings the storage root into the job (a variable exported in the submitting shell stays there).
