@@ -404,7 +404,7 @@ def test_fresh_needs_force_to_move_aside_a_folder_whose_sweep_json_cannot_be_rea
 
 
 def test_a_fit_that_fails_outside_ray_is_a_failed_start_with_its_reason(tmp_path, monkeypatch, capsys):
-    """A full disk under Tune (L12): fit() raises an OSError of its own; the start reports its pending trials failed
+    """A full disk under Tune: fit() raises an OSError of its own; the start reports its pending trials failed
     with the reason, in one line, and the driver goes on to its summary instead of dying with Tune's traceback."""
     from qed_ray.service import sweep as sweep_module
     from qed_ray.service.packing import form_packs
@@ -426,7 +426,7 @@ def test_a_fit_that_fails_outside_ray_is_a_failed_start_with_its_reason(tmp_path
 
 
 def test_a_fresh_dry_run_shows_the_new_sweep_and_moves_nothing(tmp_path, capsys):
-    """--fresh --dry-run showed the plan of the sweep as it is (L14): it now shows what --fresh would start."""
+    """--fresh --dry-run shows what --fresh would start, not the plan of the sweep as it is."""
     from qed_ray.service.sweep_cli import main
     from qed_ray.service.sweep_record import write_state
 

@@ -1,6 +1,6 @@
 """The frozen pre-registration is bound to its hash and signed (qed_ray/claim.py, qed_ray/service/sweep_record.py):
-the audit's reproduction (one threshold edited in sweep.json's stored claim block) is refused naming the field by a
-driver start and by the re-analysis; a block and hash edited together fail the record's signature; the verdict is
+one threshold edited in sweep.json's stored claim block is refused naming the field by a driver start and by the
+re-analysis; a block and hash edited together fail the record's signature; the verdict is
 judged by the claim file's block, or by the signed stored block where the file is not at hand."""
 
 import json
@@ -49,7 +49,7 @@ def test_a_driver_start_refuses_an_edited_stored_block_naming_the_field_and_judg
     assert problem.startswith(f"claim: {doc}: the claim block changed since this sweep started ({FIELD}: 0.5 -> 0.95;")
 
 
-def test_the_reanalysis_refuses_the_audits_edited_threshold_naming_the_field(sweep_copy, doc, capsys):
+def test_the_reanalysis_refuses_an_edited_threshold_naming_the_field(sweep_copy, doc, capsys):
     state = read_state(sweep_copy)  # the first start froze the claim file's block and signed it
     state = sign_claim(state.model_copy(update={"claim": ClaimRecord(**claim.check(None, str(doc), False)[0])}),
                        load_key(create=True).secret)
