@@ -10,6 +10,7 @@ unset RAY_AUTH_MODE RAY_AUTH_TOKEN RAY_AUTH_TOKEN_PATH RAY_ADDRESS
 unset PYTHONDONTWRITEBYTECODE
 # The fast suite on every core (its tests share nothing but read-only fixtures). The slow suite three files at a time
 # on two cores: its tests wait on process starts, Ray and MLflow (two at a time left them 11-17% idle), and each
-# file's clusters are its own (tests/ray_cluster.py); the longest files go first (tests/conftest.py).
+# file's clusters are its own (tests/ray_cluster.py); the longest files go first, by the recorded durations of
+# tests/data/slow_durations.json (tests/conftest.py; docs/ci.md says how to record them again).
 $PY -m pytest -m "not slow" -q -n auto --durations=10 "$@"
 $PY -m pytest -m slow -q -n 3 --dist loadfile --no-loadscope-reorder --durations=40 "$@"

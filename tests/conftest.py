@@ -9,6 +9,7 @@ on the network who can reach those ports cannot run code on them without it.
 """
 
 import atexit
+import json
 import os
 import secrets
 import shutil
@@ -33,17 +34,25 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
-# The slow files, longest first (their CI call times), so that the pytest-xdist workers (scripts/test.sh) end
-# together; the other files keep their order after them.
-LONGEST_FIRST = ("test_sweep_e2e.py", "test_sweep_lifecycle.py", "test_multinode.py", "test_job_submit.py",
-                 "test_pack_update.py", "test_gpu_check.py", "test_trial.py", "test_mlflow_auth.py", "test_relink.py",
-                 "test_ray_token.py")
+# Each slow file's seconds in a recorded run (scripts/slow_order.py writes it from that run's --durations).
+DURATIONS = Path(__file__).parent / "data" / "slow_durations.json"
+
+
+def file_seconds(path: Path = DURATIONS) -> dict[str, float]:
+    """``{test file relative to the repository: seconds}`` of :data:`DURATIONS`, checked where it is read."""
+    seconds = json.loads(path.read_text()).get("seconds")
+    if not isinstance(seconds, dict) or not all(isinstance(s, (int, float)) and s >= 0 for s in seconds.values()):
+        raise pytest.UsageError(f"{path}: 'seconds' must map test files to seconds >= 0; regenerate it with "
+                                f"scripts/slow_order.py (docs/ci.md)")
+    return seconds
 
 
 def pytest_collection_modifyitems(items):
-    """Orders the collected tests by :data:`LONGEST_FIRST` (stable: a file's own order stays)."""
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    """Orders the collected tests by their file's recorded seconds, longest first, so that the pytest-xdist workers
+    (scripts/test.sh) end together; files the run did not record keep their order after them (the sort is stable:
+    a file's own order stays)."""
+    seconds = file_seconds()
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))
 
 
 @pytest.fixture

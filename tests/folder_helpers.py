@@ -8,6 +8,7 @@ import json
 import math
 
 import torch
+from kit import TRAIN
 
 from qed_ray.rl.agents import make_agent
 from qed_ray.records.checkpoint import save_checkpoint
@@ -22,6 +23,10 @@ SWEEP_ID = "0123456789ab"
 SWEEP_FINAL_EVAL = {"episodes": 1, "action_rollouts": 1, "action_steps": 10, "curve_episodes": 1, "bootstrap_reps": 100}
 TEMPERATURES = {"te": {"kind": "te"}, "qed0.2": {"kind": "qed", "k": 0.2}}
 BUDGET, EVAL_EVERY = 2000, 1000
+# The hand-built folder's sweep spec over kit's sweep (kit.sweep_spec(TEMPLATE_SWEEP, storage_path=...)).
+TEMPLATE_SWEEP = {"name": "sweep", "agents": [{"name": "sac_ln", "overrides": {"hidden": 16},
+                                              "temperatures": list(TEMPERATURES.values())}],
+                  "train": {**TRAIN, "env_steps": BUDGET, "eval_every": EVAL_EVERY}, "final_eval": SWEEP_FINAL_EVAL}
 
 
 def run_spec(name: str) -> RunSpec:

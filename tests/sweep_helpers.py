@@ -11,9 +11,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-import yaml
-
-from kit import free_port
+from kit import free_port, sweep_file
 from qed_ray.records.layout import SweepDir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,22 +22,19 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY_TRAIN = {"env_steps": 2000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 20, "frame_skip": 10}
 
 
+# The tiny sweeps over kit's sweep: batches of 16, TINY_TRAIN, a small final evaluation, no GPU.
+TINY_SWEEP = {"agents": [{"name": "sac_ln", "overrides": {"hidden": 16, "batch_size": 16},
+                          "temperatures": [{"kind": "te"}]}],
+              "train": TINY_TRAIN,
+              "final_eval": {"episodes": 2, "action_rollouts": 2, "action_steps": 20, "curve_episodes": 1,
+                             "bootstrap_reps": 200},
+              "resources": {"cpu": 1, "gpu": 0}}
+
+
 def tiny_spec(tmp_path: Path, name: str, **overrides) -> Path:
-    """Writes a very small sweep spec (tiny nets, short training) and returns its path."""
-    spec = {
-        "name": name, "tasks": ["cartpole-balance"], "seeds": 2,
-        "agents": [{"name": "sac_ln", "overrides": {"hidden": 16, "batch_size": 16},
-                    "temperatures": [{"kind": "te"}]}],
-        "train": dict(TINY_TRAIN),
-        "final_eval": {"episodes": 2, "action_rollouts": 2, "action_steps": 20, "curve_episodes": 1,
-                       "bootstrap_reps": 200},
-        "resources": {"cpu": 1, "gpu": 0},
-        "storage_path": str(tmp_path / "results"),
-    }
-    spec.update(overrides)
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
+    """Writes a very small sweep spec (tiny nets, short training) to ``tmp_path/<name>.yaml`` and returns its path."""
+    return sweep_file(tmp_path / f"{name}.yaml", TINY_SWEEP, {"name": name, "storage_path": str(tmp_path / "results")},
+                      **overrides)
 
 
 def cli_env(**extra) -> dict:

@@ -1,4 +1,4 @@
-"""Issue 18's final-evaluation options on real (tiny, untrained) policies: the ``sample`` evaluation policy draws
+"""The final-evaluation options on real (tiny, untrained) policies: the ``sample`` evaluation policy draws
 from the policy with noise fixed by the shared eval seeds, each policy's numbers come out apart, the critic-proxy
 window, the cache keys, the tables and figures of every policy, and the Sec. 6.3 figure of the mean return."""
 

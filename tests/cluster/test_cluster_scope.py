@@ -65,7 +65,7 @@ WIDE_TERMINATE = f"{ROLE}: ec2:TerminateInstances must be limited to this cluste
 
 
 @pytest.mark.parametrize("policy, expected", [
-    # The policy before issue 30: RunInstances and CreateTags on '*' without any condition.
+    # RunInstances and CreateTags on '*' without any condition.
     ({"Statement": [{"Effect": "Allow", "Action": ["ec2:RunInstances", "ec2:CreateTags"], "Resource": "*"}]},
      [WIDE_RUN, WIDE_TAGS]),
     (_policy(lambda st: _statement(st, RUN).pop("Condition")), [UNTAGGED_RUN, ANY_TYPE]),
@@ -75,7 +75,7 @@ WIDE_TERMINATE = f"{ROLE}: ec2:TerminateInstances must be limited to this cluste
     (_policy(lambda st: _statement(st, TERMINATE).pop("Condition")), [WIDE_TERMINATE]),
     (_policy(lambda st: _statement(st, TERMINATE)["Condition"]["StringEquals"].update(
         {"ec2:ResourceTag/ray-cluster-name": "*"})), [WIDE_TERMINATE]),
-], ids=["before-issue-30", "run-unconditioned", "any-type", "retag-cluster-key", "retag-anything",
+], ids=["all-unconditioned", "run-unconditioned", "any-type", "retag-cluster-key", "retag-anything",
         "terminate-anything", "terminate-any-tag-value"])
 def test_the_head_launches_tags_and_terminates_only_this_clusters_instances(policy, expected):
     assert aws_head_scope_problems(ROLE, _policy(), "qed-ray", {"g5.4xlarge"}) == []
@@ -142,7 +142,7 @@ NO_ADMIN_FILE = "the MLflow server must read its admin login from ~/mlflow/admin
                 "077) on the head"
 
 
-def _before_issue_30(cfg: dict) -> None:
+def _admin_login_of_the_clients(cfg: dict) -> None:
     """The head's MLflow start as it was: the admin login taken from the clients' variables, no clients' user."""
     start = [c for c in cfg["head_start_ray_commands"] if "mlflow server" in c][0]
     start = start[:start.index("{ [ -s ~/mlflow/admin.env ]")] + start[start.index("if [ -f ~/mlflow/server.pid ]"):]
@@ -155,14 +155,14 @@ def _before_issue_30(cfg: dict) -> None:
 
 @pytest.mark.parametrize("provider", sorted(LAUNCHERS))
 @pytest.mark.parametrize("mutate, expected", [
-    (_before_issue_30, [ADMIN_IS_CLIENTS, NO_ADMIN_FILE, "head_start_ray_commands must create the clients' user: "
+    (_admin_login_of_the_clients, [ADMIN_IS_CLIENTS, NO_ADMIN_FILE, "head_start_ray_commands must create the clients' user: "
                         "python ~/qed-ray/cluster/mlflow_users.py --admin-env ~/mlflow/admin.env --client-env "
                         "~/.qed/mlflow.env"]),
     (lambda cfg: cfg["file_mounts"].update({"~/mlflow/admin.env": "~/.qed/mlflow-admin.env"}),
      ["~/mlflow/admin.env must stay on the head, out of file_mounts and of the nodes' environment"]),
     (lambda cfg: cfg["setup_commands"].append("cat ~/mlflow/admin.env >> ~/qed_env.sh"),
      ["~/mlflow/admin.env must stay on the head, out of file_mounts and of the nodes' environment"]),
-], ids=["before-issue-30", "admin-file-copied", "admin-in-node-env"])
+], ids=["admin-is-clients", "admin-file-copied", "admin-in-node-env"])
 def test_vm_clients_never_hold_the_mlflow_admin_login(provider, mutate, expected):
     cfg = load_yaml(ROOT / LAUNCHERS[provider])
     assert vm_mlflow_problems(cfg) == []
@@ -247,7 +247,7 @@ def _server_env(m, name):
 
 
 def _admin_secret_is_the_clients(r, m, n):
-    """The manifests before issue 30: the server's admin login is the Ray pods' (one Secret for both)."""
+    """Manifests whose server admin login is the Ray pods' (one Secret for both)."""
     for name, key in (("MLFLOW_AUTH_ADMIN_USERNAME", "MLFLOW_TRACKING_USERNAME"),
                       ("MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_TRACKING_PASSWORD")):
         _server_env(m, name)["valueFrom"]["secretKeyRef"] = {"name": "qed-mlflow-client", "key": key}
@@ -263,7 +263,7 @@ KUBE_CASES = [  # (id, check, mutate(ray, mlflow, namespace), problems)
     ("ipv6-metadata-not-excepted", metadata_egress_problems,
      lambda r, m, n: _egress(r)["egress"][0]["to"][2]["ipBlock"].update({"except": ["fd00::/64"]}),
      [f"NetworkPolicy qed-ray-egress: admits egress to ['fd00:ec2::254', 'fd20:ce::254']; {EXCEPTS}"]),
-    ("gce-ipv6-metadata-not-excepted", metadata_egress_problems,  # L13: GCE's IPv6 metadata address
+    ("gce-ipv6-metadata-not-excepted", metadata_egress_problems,  # GCE's IPv6 metadata address
      lambda r, m, n: _egress(r)["egress"][0]["to"][2]["ipBlock"].update({"except": ["fd00:ec2::254/128"]}),
      [f"NetworkPolicy qed-ray-egress: admits egress to ['fd20:ce::254']; {EXCEPTS}"]),
     ("a-policy-admitting-all-egress", metadata_egress_problems, lambda r, m, n: r.append(ALLOW_ALL),

@@ -1,5 +1,5 @@
-"""Issue 18's trial options: each changes exactly what it names, in the single and the packed (S=2) update, and
-the defaults reproduce the results of the commit before the options (20a91d0) bit for bit."""
+"""The trial options: each changes exactly what it names, in the single and the packed (S=2) update, and the
+defaults reproduce the pinned default runs (tests/data/default_digests.json)."""
 
 import json
 from pathlib import Path

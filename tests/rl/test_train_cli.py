@@ -22,7 +22,7 @@ from qed_ray.rl.run import main
                                    "mad_sac, or drop --proportion-real)\n"),
     (["--agent", "mad_sac", "--hl-vmin", "-5"], "error: --hl-vmin applies to sac_ln, but the agent is mad_sac"),
     (["--eval-every", "1500"], "train.eval_every: 1500 must be a multiple of 1000"),
-    (["--seeds", "0", "1", "--env-workers", "3"],  # L14: as pack.env_workers is bounded in a sweep
+    (["--seeds", "0", "1", "--env-workers", "3"],  # as pack.env_workers is bounded in a sweep
      "error: --env-workers: 3 workers for the 2 training envs; allowed 0 to 2 (one per --seeds)\n"),
     (["--env-workers", "2"], "error: --env-workers: 2 workers for the 1 training env; allowed 0 to 1"),
 ])
@@ -47,7 +47,7 @@ def test_bad_settings_are_refused_naming_the_field_once(tmp_path, capsys, flags,
     (b"task: cartpole-balance\nagent: {name: sac-ln}\n",
      "error: agent: unknown 'sac-ln'; one of sac_ln, mad_sac; did you mean 'sac_ln'?\n"),
     (b"task: cheetah_run\n", "error: task: unknown task 'cheetah_run' (did you mean 'cheetah-run'?); valid tasks: "),
-    (b"task: cartpole-balance\nseed: 1\x00\n",  # L4
+    (b"task: cartpole-balance\nseed: 1\x00\n",  # a NUL byte
      "run.yaml: line 2, column 8: the character U+0000 is not allowed in YAML (a NUL or control character: is it the "
      "right file?)\n"),
     (b"task: cartpole\x1b[0m-balance\n", "run.yaml: line 1, column 15: the character U+001B is not allowed"),

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from kit import widest
+from kit import sweep_spec, widest
 from qed_ray.config import RunSpec
 from qed_ray.service.bill import CLUSTERS, ENV_COSTS_PATH, PackRate, pack_rate, pack_seconds, schedule
 from qed_ray.service.dry_plan import bill_line, order_packs, price
 from qed_ray.service.memory import NODE_TYPES
 from qed_ray.service.packing import form_packs
 from qed_ray.service.throughput import load_throughput, parse_throughput
-from qed_ray.spec import SweepSpec, load_spec
+from qed_ray.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 H100 = "NVIDIA H100 80GB HBM3"
@@ -24,16 +24,16 @@ TABLE = parse_throughput({"schema": 1, "device": "cuda", "card": H100, "date": "
     {"agent": "sac_ln", "temperature": "te", "seeds": 10, "packs": 2, "mode": "graph", "seed_decisions_per_s": 600}]})
 
 
-def _spec(tasks=("cartpole-balance", "quadruped-run"), seeds=10, gpu=1.0, workers=3) -> SweepSpec:
-    return SweepSpec.model_validate({
-        "name": "b", "tasks": list(tasks), "seeds": seeds, "pack": {"seeds": seeds, "env_workers": workers},
-        "resources": {"cpu": 1, "gpu": gpu},
-        "agents": [{"name": "sac_ln", "overrides": {"hidden": 512, "batch_size": 512}, "temperatures": [{"kind": "te"}]}],
-        "train": {"env_steps": 20_000, "eval_every": 10_000, "eval_episodes": 2, "warmup_decisions": 100}})
+# Two packs of 10 seeds at the paper's size, 10,000 decisions each, over kit's sweep.
+BILLED = {"name": "b", "tasks": ["cartpole-balance", "quadruped-run"], "seeds": 10,
+          "pack": {"seeds": 10, "env_workers": 3}, "resources": {"cpu": 1, "gpu": 1.0},
+          "agents": [{"name": "sac_ln", "overrides": {"hidden": 512, "batch_size": 512},
+                      "temperatures": [{"kind": "te"}]}],
+          "train": {"env_steps": 20_000, "eval_every": 10_000, "eval_episodes": 2, "warmup_decisions": 100}}
 
 
 def test_a_packs_rate_is_measured_or_scaled_as_stated():
-    run = _spec().runs()[0]
+    run = sweep_spec(BILLED).runs()[0]
     assert pack_rate(TABLE, run, 10, 1, None) == PackRate(1000, 1000, frozenset())
     assert pack_rate(TABLE, run, 10, 2, None) == PackRate(1200, 1000, frozenset())  # 2 packs x 600, measured
     assert pack_rate(TABLE, run, 15, 1, None) == PackRate(1250, 1250, frozenset({"S=15 between S=10 and S=20"}))
@@ -53,7 +53,7 @@ def test_a_packs_rate_is_measured_or_scaled_as_stated():
 
 
 def test_a_packs_wall_time_is_its_card_time_or_its_env_stepping_and_packs_go_longest_first():
-    spec = _spec()
+    spec = sweep_spec(BILLED)
     packs = form_packs(spec)
     assert [p.id.task for p in packs] == ["cartpole-balance", "quadruped-run"]  # grid order
     costs = {t: d["ms_per_decision"] / 1000 for t, d in json.loads(ENV_COSTS_PATH.read_text())["tasks"].items()}
@@ -64,7 +64,7 @@ def test_a_packs_wall_time_is_its_card_time_or_its_env_stepping_and_packs_go_lon
         assert pack_seconds(p, rate, 1, 3) == pytest.approx(want)
     assert [p.id.task for p in order_packs(spec, packs, TABLE)] == ["quadruped-run", "cartpole-balance"]
     assert order_packs(spec, packs, None) == packs  # nothing to rank by: grid order
-    cpu = _spec(gpu=0)
+    cpu = sweep_spec(BILLED, resources={"cpu": 1, "gpu": 0})
     assert order_packs(cpu, form_packs(cpu), TABLE) == form_packs(cpu)
 
 

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from kit import sweep_file, sweep_spec
 from pydantic import ValidationError
 
 from qed_ray import claim
@@ -67,29 +68,25 @@ def test_the_claim_sweeps_dry_run_passes_with_gpu_hours(tmp_path, capsys, monkey
     assert not (tmp_path / "results").exists()
 
 
-def _spec(claim_file) -> SweepSpec:
-    return SweepSpec.model_validate({"name": "s", "tasks": ["cartpole-balance"], "seeds": 2, "claim": claim_file,
-                                     "agents": [{"name": "sac_ln", "temperatures": [{"kind": "te"}]}]})
-
-
 def test_the_block_is_frozen_at_the_first_start_and_a_changed_block_is_refused(tmp_path):
     doc = tmp_path / "claim.md"
     shutil.copy(DOC, doc)
-    first = plan(None, _spec(str(doc)))
+    first = plan(None, sweep_spec(claim=str(doc)))
     rec = dump(first.state)["claim"]
     assert first.problems == [] and rec["sha256"] == claim.block_sha256(rec["block"]) and rec["file"] == str(doc)
     state = SweepState.model_validate(json.loads(json.dumps(dump(first.state))))  # as sweep.json keeps it
     doc.write_text(doc.read_text().replace("tasks: [cheetah-run", "# a comment\ntasks: [cheetah-run"))
-    assert plan(state, _spec(str(doc))).problems == [], "comments and layout are not the block's values"
+    assert plan(state, sweep_spec(claim=str(doc))).problems == [], "comments and layout are not the block's values"
 
     doc.write_text(doc.read_text().replace("v_ratio: {summary: median, lower_at_least: 10}",
                                            "v_ratio: {summary: median, lower_at_least: 5}"))
-    (problem,) = plan(state, _spec(str(doc))).problems
+    (problem,) = plan(state, sweep_spec(claim=str(doc))).problems
     assert problem.startswith(f"claim: {doc}: the claim block changed since this sweep started "
                               f"(endpoints.v_ratio.lower_at_least: 10 -> 5; block sha256 {rec['sha256'][:12]}")
-    (problem,) = plan(state, _spec(None)).problems
+    (problem,) = plan(state, sweep_spec(claim=None)).problems
     assert problem.startswith(f"claim: this sweep was started against {doc}") and "restore claim:" in problem
-    (problem,) = plan(state.model_copy(update={"claim": None}), _spec(str(DOC))).problems  # no claim at the start
+    unclaimed = state.model_copy(update={"claim": None})  # no claim at the start
+    (problem,) = plan(unclaimed, sweep_spec(claim=str(DOC))).problems
     assert "was not named when this sweep first started" in problem
 
 
@@ -102,7 +99,7 @@ def test_an_unusable_claim_file_is_refused_naming_it(tmp_path, text, needle):
     doc = tmp_path / "claim.md"
     if text is not None:
         doc.write_text(text)
-    problems = plan(None, _spec(str(doc))).problems
+    problems = plan(None, sweep_spec(claim=str(doc))).problems
     assert problems and problems[0].startswith(f"claim: {doc}: ") and needle in "\n".join(problems)
 
 
@@ -135,8 +132,7 @@ def test_an_agent_entry_may_set_train_settings_of_its_own():
 def test_a_run_and_a_dry_run_of_a_sweep_refuse_its_changed_block(tmp_path, capsys):
     doc, spec_file = tmp_path / "claim.md", tmp_path / "s.yaml"
     shutil.copy(DOC, doc)
-    spec_file.write_text(json.dumps({**_spec(str(doc)).model_dump(mode="json", exclude_defaults=True),
-                                     "storage_path": str(tmp_path / "results")}))
+    sweep_file(spec_file, claim=str(doc), storage_path=str(tmp_path / "results"))
     layout = SweepDir(tmp_path / "results" / "s")
     layout.root.mkdir(parents=True)
     write_state(layout, plan(None, load_spec(spec_file)).state)  # the first start froze the block

@@ -10,13 +10,14 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+from kit import TRAIN, sweep_spec
 
 from qed_ray.config import TrainSpec
 from qed_ray.records.layout import PackId, SweepDir, seed_dir
 from qed_ray.rl.run import RunStopped, parse_args, spec_from_args
 from qed_ray.service.announce import resumed_env_steps, start_line
 from qed_ray.service.packing import TuneTrial, form_packs
-from qed_ray.spec import SpecError, SweepSpec
+from qed_ray.spec import SpecError
 from sweep_helpers import ROOT
 
 TINY = ["--task", "cartpole-balance", "--env-steps", "40000", "--eval-every", "1000", "--eval-episodes", "1",
@@ -56,13 +57,6 @@ def test_the_stop_line_before_the_first_checkpoint():
                                                  "again")
 
 
-def _spec(tmp_path) -> SweepSpec:
-    return SweepSpec.model_validate({
-        "name": "restart", "tasks": ["cartpole-balance"], "seeds": 4,
-        "agents": [{"name": "sac_ln", "temperatures": [{"kind": "te"}]}],
-        "train": {"env_steps": 8000, "eval_every": 2000, "warmup_decisions": 100}, "storage_path": str(tmp_path)})
-
-
 def _checkpoint(layout: SweepDir, pack: PackId, step: int) -> None:
     folder = layout.pack_checkpoint(pack, step)
     for seed in pack.seeds:
@@ -73,7 +67,8 @@ def _checkpoint(layout: SweepDir, pack: PackId, step: int) -> None:
 def test_a_restart_says_what_resumed_from_where_and_counts_progress_from_there(tmp_path):
     from qed_ray.service.sweep import Progress
 
-    spec = _spec(tmp_path)
+    spec = sweep_spec(name="restart", seeds=4, train={**TRAIN, "env_steps": 8000, "eval_every": 2000},
+                      storage_path=str(tmp_path))
     layout, packs = SweepDir(tmp_path / "restart"), form_packs(spec)
     done, resumed, resumed_later, fresh = packs  # one seed per pack
     layout.done_marker(done.names[0]).parent.mkdir(parents=True)

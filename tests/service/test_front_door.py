@@ -10,13 +10,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from kit import flat, widest
+from folder_helpers import TEMPLATE_SWEEP
+from kit import flat, sweep_file, sweep_spec, widest
 from qed_ray.records.layout import SweepDir
 from qed_ray.service.announce import LOCAL_HEAD, LOCAL_STATUS, first_lines, status_command
 from qed_ray.service.sweep_state import RUNTIME_ENV_JSON, storage_root
-from qed_ray.spec import SpecError, SweepSpec
+from qed_ray.spec import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKUP = re.compile(r"``|:(func|mod|class|meth|attr|data|exc|obj|ref):`")
@@ -89,17 +89,11 @@ def in_ray_job(monkeypatch, tmp_path):
     return at
 
 
-def _spec(storage_path: str, name: str = "smoke") -> SweepSpec:
-    return SweepSpec.model_validate({"name": name, "tasks": ["cartpole-balance"], "seeds": 1,
-                                     "agents": [{"name": "sac_ln", "temperatures": [{"kind": "te"}]}],
-                                     "storage_path": storage_path})
-
-
 def test_a_relative_storage_path_in_a_ray_job_names_the_job_folder_and_the_line_to_add(in_ray_job, tmp_path,
                                                                                        monkeypatch):
     package = in_ray_job(tmp_path / "session_1" / "runtime_resources" / "working_dir_files" / "_ray_pkg_ab12")
     with pytest.raises(SpecError) as refused:
-        storage_root(_spec("results"))
+        storage_root(sweep_spec(storage_path="results"))
     lines = str(refused.value).splitlines()
     assert lines[0] == (f"storage_path: 'results' is relative, and this Ray job's working folder is Ray's per-job "
                         f"copy of --working-dir ({package}): Ray deletes it, and the next submission gets a new one "
@@ -109,13 +103,13 @@ def test_a_relative_storage_path_in_a_ray_job_names_the_job_folder_and_the_line_
     # Without --working-dir the job runs where the head was started: named as that, not as a package cache.
     head = in_ray_job(tmp_path / "where_the_head_started")
     with pytest.raises(SpecError) as refused:
-        storage_root(_spec("results"))
+        storage_root(sweep_spec(storage_path="results"))
     assert f"is the folder the Ray head was started in ({head}), not the folder the job was submitted from" in \
         str(refused.value)
     # The line, as a shell expands it, is what makes the same spec land in the submitter's folder.
     env_json = json.loads(shlex.split(lines[2])[1].replace("$PWD", str(tmp_path)))
     monkeypatch.setenv("QED_STORAGE_ROOT", env_json["env_vars"]["QED_STORAGE_ROOT"])
-    assert storage_root(_spec("results")) == tmp_path / "results"
+    assert storage_root(sweep_spec(storage_path="results")) == tmp_path / "results"
 
 
 def test_the_first_lines_print_the_folder_and_the_status_command(tmp_path, monkeypatch):
@@ -145,21 +139,11 @@ def sweep_cli(monkeypatch, capsys):
     return call
 
 
-def _spec_file(tmp_path: Path, storage_path: str, name: str = "sweep") -> Path:
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump({"name": name, "tasks": ["cartpole-balance"], "seeds": 2,
-                                    "agents": [{"name": "sac_ln", "overrides": {"hidden": 16},
-                                                "temperatures": [{"kind": "te"}, {"kind": "qed", "k": 0.2}]}],
-                                    "train": {"env_steps": 2000, "eval_every": 1000, "warmup_decisions": 100},
-                                    "storage_path": storage_path}))
-    return path
-
-
 def test_status_dir_reads_the_given_folder_whatever_the_shell_says(sweep_copy, tmp_path, monkeypatch, sweep_cli):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("QED_STORAGE_ROOT", str(tmp_path / "unrelated"))
     monkeypatch.delenv("QED_STORAGE_PATH", raising=False)
-    spec = _spec_file(tmp_path, "results")
+    spec = sweep_file(tmp_path / "sweep.yaml", TEMPLATE_SWEEP, storage_path="results")
     code, out, _ = sweep_cli(str(spec), "--status")
     looked = tmp_path / "unrelated" / "results" / "sweep"
     assert code == 0 and widest(out) <= 100 and flat(out) == flat(
@@ -180,7 +164,7 @@ def test_status_dir_reads_the_given_folder_whatever_the_shell_says(sweep_copy, t
 def test_status_dir_on_a_folder_of_another_sweep_or_of_no_sweep_says_so(sweep_copy, tmp_path, sweep_cli, capsys):
     state = json.loads(sweep_copy.state_file.read_text())
     sweep_copy.state_file.write_text(json.dumps({**state, "name": "other"}))
-    spec = _spec_file(tmp_path, "results")
+    spec = sweep_file(tmp_path / "sweep.yaml", TEMPLATE_SWEEP, storage_path="results")
     code, out, err = sweep_cli(str(spec), "--status", "--dir", str(sweep_copy.root))
     assert (code, out) == (2, "")
     assert err == (f"error: {sweep_copy.root} holds the sweep 'other', not 'sweep'; the folder is given by --dir; "
@@ -197,14 +181,8 @@ def test_status_dir_on_a_folder_of_another_sweep_or_of_no_sweep_says_so(sweep_co
 
 
 def _write_spec(folder: Path, **changes) -> Path:
-    spec = {"name": "fd", "tasks": ["cartpole-balance"], "seeds": 1,
-            "agents": [{"name": "sac_ln", "overrides": {"hidden": 16},
-                        "temperatures": [{"kind": "te"}, {"kind": "qed", "k": 0.2}]}],
-            "train": {"env_steps": 1000, "eval_every": 1000, "warmup_decisions": 100},
-            "storage_path": str(folder / "results"), **changes}
-    path = folder / "fd.yaml"
-    path.write_text(yaml.safe_dump(spec))
-    return path
+    return sweep_file(folder / "fd.yaml", {"name": "fd", "seeds": 1, "storage_path": str(folder / "results")},
+                      **changes)
 
 
 def test_help_and_refusals_answer_without_torch_ray_or_mlflow(tmp_path):

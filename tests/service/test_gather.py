@@ -129,8 +129,8 @@ def test_every_file_the_gather_reads_is_checked_against_the_signed_digest(sweep_
 def test_a_forged_policy_with_its_done_json_and_manifest_fixed_is_refused_naming_done_json(sweep_copy):
     layout, verifier = sweep_copy, _verifier(sweep_copy)
     other = "cartpole-balance/sac_ln/te/1"
-    # Seed 1's final policy copied over seed 0's, with seed 0's manifest and DONE.json made to match it (the
-    # re-audit's forgery that published V = 0 when the driver copied DONE.json's checksums into MLflow).
+    # Seed 1's final policy copied over seed 0's, with seed 0's manifest and DONE.json made to match it (a forgery
+    # that would publish V = 0 if the driver copied DONE.json's checksums into MLflow).
     final = layout.snapshot(TE0, 2000)
     shutil.copy(layout.snapshot(other, 2000) / "state.pt", final / "state.pt")
     manifest = json.loads((final / "manifest.json").read_text())

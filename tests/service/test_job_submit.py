@@ -139,7 +139,7 @@ def test_the_readme_local_recipe_runs_the_sweep_and_status_follows_it(tmp_path):
             time.sleep(10)
             code, out = _submit(f"{settings}\n{submission}", clone, env, status)
         refused = _refusals(env, dash, gcs)
-        # As the review ran it: the storage root exported in the submitting shell, no --runtime-env-json.
+        # The storage root exported in the submitting shell, no --runtime-env-json.
         left_out = subprocess.run(
             ["bash", "-ec", f"{settings}\nexport QED_STORAGE_ROOT=$PWD\n"
                             f"ray job submit --address http://127.0.0.1:{dash} --working-dir . -- python -m "

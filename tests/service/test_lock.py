@@ -168,7 +168,7 @@ def test_a_removed_lock_stops_its_driver(tmp_path):
 
 def test_a_future_heartbeat_counts_only_up_to_the_files_mtime(tmp_path):
     path = tmp_path / "sweep.lock"
-    _write(path, host="other-node", pid=1, heartbeat=time.time() + 10 ** 8)  # a record dated years ahead (L11)
+    _write(path, host="other-node", pid=1, heartbeat=time.time() + 10 ** 8)  # a record dated years ahead
     os.utime(path, (time.time() - 121, time.time() - 121))  # but last written two minutes ago
     said = []
     with SweepLock(path, log=said.append):

@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from kit import flat
+from kit import TRAIN, flat, sweep_spec
 from pydantic import ValidationError
 
 from qed_ray.field_hints import format_validation_error
@@ -21,13 +21,7 @@ from qed_ray.records.sweep import SweepState, read_state, write_state
 from qed_ray.service.sweep_state import plan
 from qed_ray.service.tracking import PACK_SIZE_TAG, PACK_TAG, Tracker, TrialRun, pack_tags
 
-BASE = {"name": "p", "tasks": ["cartpole-balance", "walker-walk"], "seeds": 5,
-        "agents": [{"name": "sac_ln", "overrides": {"hidden": 16}, "temperatures": [{"kind": "te"}]}],
-        "train": {"env_steps": 2000, "eval_every": 1000, "warmup_decisions": 100}}
-
-
-def _spec(**changes) -> SweepSpec:
-    return SweepSpec.model_validate({**BASE, **changes})
+PACKING = {"name": "p", "tasks": ["cartpole-balance", "walker-walk"], "seeds": 5}  # over kit's sweep
 
 
 def _names(packs) -> list[tuple[str, list[str]]]:
@@ -35,19 +29,19 @@ def _names(packs) -> list[tuple[str, list[str]]]:
 
 
 def test_packs_are_the_seed_runs_of_one_task_agent_variant_in_seed_order_in_chunks():
-    packs = form_packs(_spec(pack={"seeds": 2}))
+    packs = form_packs(sweep_spec(PACKING, pack={"seeds": 2}))
     seeds = [[0, 1], [2, 3], [4]]
     assert _names(packs) == [(f"{t}/sac_ln/te/pack{'-'.join(map(str, [s[0], s[-1]])) if len(s) > 1 else s[0]}",
-                              [f"{t}/sac_ln/te/{x}" for x in s]) for t in BASE["tasks"] for s in seeds]
+                              [f"{t}/sac_ln/te/{x}" for x in s]) for t in PACKING["tasks"] for s in seeds]
     assert [p.id.dirname for p in packs[:3]] == ["cartpole-balance__sac_ln__te__pack0-1",
                                                  "cartpole-balance__sac_ln__te__pack2-3",
                                                  "cartpole-balance__sac_ln__te__pack4"]
     assert packs[0].env_steps == 4000 and [t.run.seed for t in packs[1].trials] == [2, 3]
     # Seeds in any order in the spec: packs in seed order; seeds that do not follow each other joined by +.
-    scattered = form_packs(_spec(seeds=[7, 3, 5], tasks=["cartpole-balance"], pack={"seeds": 2}))
+    scattered = form_packs(sweep_spec(PACKING, seeds=[7, 3, 5], tasks=["cartpole-balance"], pack={"seeds": 2}))
     assert [p.name for p in scattered] == ["cartpole-balance/sac_ln/te/pack3+5", "cartpole-balance/sac_ln/te/pack7"]
     # Variants never share a pack; a grid axis in the variant is in the pack's name.
-    axes = _spec(tasks=["cartpole-balance"], seeds=2, pack={"seeds": 2},
+    axes = sweep_spec(PACKING, tasks=["cartpole-balance"], seeds=2, pack={"seeds": 2},
                  agents=[{"name": "sac_ln", "overrides": {"hidden": [16, 32]},
                           "temperatures": [{"kind": "te"}, {"kind": "qed", "k": 0.2}]}])
     variants = ("te+hidden=16", "qed0.2+hidden=16", "te+hidden=32", "qed0.2+hidden=32")
@@ -103,35 +97,37 @@ def _started(layout: SweepDir, state: SweepState, spec: SweepSpec) -> None:
 
 def test_membership_is_fixed_when_the_sweep_grows(tmp_path):
     layout = SweepDir(tmp_path / "p")
-    first = plan(None, _spec(seeds=3, pack={"seeds": 2}), layout)
+    first = plan(None, sweep_spec(PACKING, seeds=3, pack={"seeds": 2}), layout)
     assert first.problems == [] and first.state.pack_seeds == 2
     assert first.state.packs == pack_records(first.packs) == {
-        f"{t}/sac_ln/te/{p}": [f"{t}/sac_ln/te/{s}" for s in seeds] for t in BASE["tasks"]
+        f"{t}/sac_ln/te/{p}": [f"{t}/sac_ln/te/{s}" for s in seeds] for t in PACKING["tasks"]
         for p, seeds in (("pack0-1", (0, 1)), ("pack2", (2,)))}
-    _started(layout, first.state, _spec(seeds=3))
-    grown = plan(read_state(layout), _spec(seeds=6, pack={"seeds": 2}), layout)
-    assert grown.problems == [] and grown.new == [f"{t}/sac_ln/te/{s}" for t in BASE["tasks"] for s in (3, 4, 5)]
+    _started(layout, first.state, sweep_spec(PACKING, seeds=3))
+    grown = plan(read_state(layout), sweep_spec(PACKING, seeds=6, pack={"seeds": 2}), layout)
+    assert grown.problems == [] and grown.new == [f"{t}/sac_ln/te/{s}" for t in PACKING["tasks"] for s in (3, 4, 5)]
     # Seed 2's pack stays a pack of one; the new seeds form new packs of their own, in chunks of 2.
-    assert [p.name for p in grown.packs] == [f"{t}/sac_ln/te/{p}" for t in BASE["tasks"]
+    assert [p.name for p in grown.packs] == [f"{t}/sac_ln/te/{p}" for t in PACKING["tasks"]
                                             for p in ("pack0-1", "pack2", "pack3-4", "pack5")]
     assert grown.state.packs == pack_records(grown.packs)
     # A recorded pack that never started (nothing of it in the folder) may re-form with the grown grid.
-    unstarted = plan(first.state, _spec(seeds=6, pack={"seeds": 2}), SweepDir(tmp_path / "empty"))
+    unstarted = plan(first.state, sweep_spec(PACKING, seeds=6, pack={"seeds": 2}), SweepDir(tmp_path / "empty"))
     assert [p.name for p in unstarted.packs][:3] == [f"cartpole-balance/sac_ln/te/pack{p}"
                                                      for p in ("0-1", "2-3", "4-5")]
 
 
 def test_a_sweep_of_single_seeds_trains_packs_of_one(tmp_path):
-    plain, explicit = _spec(), _spec(pack={"seeds": 1, "env_workers": 0})
+    plain, explicit = sweep_spec(PACKING), sweep_spec(PACKING, pack={"seeds": 1, "env_workers": 0})
     assert plain.pack == explicit.pack and plain.fingerprint() == explicit.fingerprint()
     assert [(t.name, t.run) for t in plain.trials()] == [(t.name, t.run) for t in explicit.trials()]
-    assert plain.fingerprint() == _spec(pack={"seeds": 3}).fingerprint(), "packing never changes a trial's identity"
+    assert plain.fingerprint() == sweep_spec(PACKING, pack={"seeds": 3}).fingerprint(), \
+        "packing never changes a trial's identity"
     p = plan(None, explicit)
     assert [pk.name for pk in p.packs][:3] == [f"cartpole-balance/sac_ln/te/pack{s}" for s in range(3)]
     assert all(len(pk.trials) == 1 for pk in p.packs) and len(p.packs) == len(plain.trials())
     assert p.state.pack_seeds == 1 and p.state.packs == {pk.name: pk.names for pk in p.packs}
     assert explicit.trial_resources() == {"cpu": 1.0, "gpu": 0.0}
-    assert _spec(pack={"env_workers": 1}).trial_resources() == {"cpu": 2.0, "gpu": 0.0}, "its env on a worker"
+    assert sweep_spec(PACKING, pack={"env_workers": 1}).trial_resources() == {"cpu": 2.0, "gpu": 0.0}, \
+        "its env on a worker"
     # A sweep.json of the previous release (seed runs outside packs: no packs recorded) resumes as packs of one.
     layout = SweepDir(tmp_path / "p")
     legacy = {k: v for k, v in dump(p.state).items() if k not in ("pack_seeds", "packs")}
@@ -140,8 +136,8 @@ def test_a_sweep_of_single_seeds_trains_packs_of_one(tmp_path):
     again = plan(read_state(layout), explicit, layout)
     assert again.problems == [] and again.new == [] and dump(again.state) == {**legacy, "pack_seeds": 1,
                                                                               "packs": p.state.packs}
-    assert _spec(pack={"seeds": 5, "env_workers": 3}, resources={"cpu": 2, "gpu": 0.5}).trial_resources() == {
-        "cpu": 5.0, "gpu": 0.5}
+    big = sweep_spec(PACKING, pack={"seeds": 5, "env_workers": 3}, resources={"cpu": 2, "gpu": 0.5})
+    assert big.trial_resources() == {"cpu": 5.0, "gpu": 0.5}
 
 
 @pytest.mark.parametrize("pack, says", [
@@ -158,7 +154,7 @@ def test_a_sweep_of_single_seeds_trains_packs_of_one(tmp_path):
 ])
 def test_bad_pack_fields_are_refused_naming_the_field_and_what_is_allowed(pack, says):
     with pytest.raises(ValidationError) as e:
-        _spec(pack=pack)
+        sweep_spec(PACKING, pack=pack)
     assert says in format_validation_error(e.value)
 
 
@@ -169,17 +165,17 @@ def test_bad_pack_fields_are_refused_naming_the_field_and_what_is_allowed(pack, 
 ])
 def test_a_started_sweeps_pack_size_cannot_change(tmp_path, before, after, says):
     layout = SweepDir(tmp_path / "p")
-    first = plan(None, _spec(pack={"seeds": before}), layout)
-    _started(layout, first.state, _spec())
-    again = plan(read_state(layout), _spec(pack={"seeds": after}), layout)
+    first = plan(None, sweep_spec(PACKING, pack={"seeds": before}), layout)
+    _started(layout, first.state, sweep_spec(PACKING))
+    again = plan(read_state(layout), sweep_spec(PACKING, pack={"seeds": after}), layout)
     assert len(again.problems) == 1 and again.problems[0].startswith(says)
     assert "restore pack.seeds: " + str(before) in again.problems[0]
     # Before anything started, the pack size may still change.
-    assert plan(first.state, _spec(pack={"seeds": after}), SweepDir(tmp_path / "empty")).problems == []
+    assert plan(first.state, sweep_spec(PACKING, pack={"seeds": after}), SweepDir(tmp_path / "empty")).problems == []
 
 
 def _dry(tmp_path, capsys, table: dict | None, listing: bool = False, **changes) -> str:
-    spec = _spec(storage_path=str(tmp_path / "results"), **changes)
+    spec = sweep_spec(PACKING, storage_path=str(tmp_path / "results"), **changes)
     path = tmp_path / f"throughput-{uuid.uuid4().hex[:6]}.json"
     if table is not None:
         path.write_text(json.dumps(table))
@@ -219,7 +215,7 @@ def test_dry_run_prints_packs_resources_and_the_bill_from_the_table(tmp_path, ca
     # Each pack's cell at the precision it trains at on a GPU: a 3xtf32 cell, or the fp32 one, said so.
     three = {**TABLE, "entries": [{**e, "precision": "3xtf32", "seed_decisions_per_s": 2 * e["seed_decisions_per_s"]}
                                   for e in TABLE["entries"]]}
-    fast = {**packed, "train": {**BASE["train"], "precision": "3xtf32"}}
+    fast = {**packed, "train": {**TRAIN, "precision": "3xtf32"}}
     assert "priced as fp32" not in flat(_dry(tmp_path, capsys, three, **fast))
     assert "3xtf32 priced as fp32" in flat(_dry(tmp_path, capsys, TABLE, **fast))
 

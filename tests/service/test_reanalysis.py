@@ -152,7 +152,7 @@ def test_reanalysis_evaluates_once_then_caches_and_changes_only_evaluation_outpu
 
 
 def _an_edited_cache_entry_is_refused_naming_it(layout, capsys, first: dict):
-    """The re-audit's forgery: scores 0.999 and V 1e-6 written into te's cache entry (its key unchanged)."""
+    """A forged cache entry: scores 0.999 and V 1e-6 written into te's cache entry (its key unchanged)."""
     (entry,) = [p for p in layout.group_cache.glob("*.json") if '"variant": "te"' in p.read_text()]
     kept = entry.read_bytes()
     forged = json.loads(kept)

@@ -122,7 +122,7 @@ def test_an_artifact_location_edited_to_lead_out_of_the_folder_is_pointed_back_i
     import sqlite3
 
     elsewhere = tmp_path / "elsewhere"
-    with sqlite3.connect(sweep_copy.mlflow_db) as conn:  # what a writer of the folder can do to its own store (L10)
+    with sqlite3.connect(sweep_copy.mlflow_db) as conn:  # what a writer of the folder can do to its own store
         exp, old = conn.execute("SELECT experiment_id, artifact_location FROM experiments WHERE experiment_id IN "
                                 "(SELECT experiment_id FROM runs)").fetchone()
         conn.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = ?", (str(elsewhere), exp))

@@ -59,7 +59,7 @@ def test_a_key_others_can_read_inside_the_sweep_folder_or_damaged_is_refused(key
                                               f"folder {sweep}"):
         load_key(create=True, sweep_dir=sweep)
     assert not sweep.exists(), "refused before anything is written"
-    monkeypatch.setenv("QED_RESULTS_KEY_FILE", str(tmp_path / "keys" / "results.key"))  # beside the sweep (L2)
+    monkeypatch.setenv("QED_RESULTS_KEY_FILE", str(tmp_path / "keys" / "results.key"))  # beside the sweep
     with pytest.raises(ResultsKeyError, match=f"^QED_RESULTS_KEY_FILE: {tmp_path / 'keys' / 'results.key'} lies "
                                               f"under the storage root {tmp_path.resolve()} of the sweep folders"):
         load_key(create=True, sweep_dir=sweep)

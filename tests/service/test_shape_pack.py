@@ -16,8 +16,8 @@ from qed_ray.rl.run import run
 from qed_ray.service.packing import form_packs
 from qed_ray.records.sweep import read_state, write_state
 from qed_ray.service.sweep_state import plan
-from qed_ray.spec import SweepSpec, load_spec
-from kit import ACT, B, OBS, QED, spec_of
+from qed_ray.spec import load_spec
+from kit import ACT, B, OBS, QED, spec_of, sweep_spec
 
 SEEDS = (3, 7)
 KS = (0.1, 0.2, 0.4)
@@ -28,7 +28,7 @@ def qed(k: float) -> TemperatureSpec:
     return TemperatureSpec(**{**QED, "k": k})
 
 
-def _spec(name: str):
+def _agent(name: str):
     return spec_of(name, {"model_every": 2})
 
 
@@ -46,9 +46,9 @@ def _batch(step: int, members: int) -> dict[str, torch.Tensor]:
     ("sac_ln", [TemperatureSpec(kind="fixed", alpha=a) for a in (0.05, 0.2)], 6)])
 def test_a_pack_of_several_k_values_equals_one_pack_per_k_member_by_member(name, rules, updates):
     members = [(t, s) for t in rules for s in SEEDS]  # k-major, as a sweep packs them
-    mixed = make_packed_agent(_spec(name), [t for t, _ in members], OBS, ACT, torch.device("cpu"),
+    mixed = make_packed_agent(_agent(name), [t for t, _ in members], OBS, ACT, torch.device("cpu"),
                               [s for _, s in members])
-    alone = [make_packed_agent(_spec(name), t, OBS, ACT, torch.device("cpu"), SEEDS) for t in rules]
+    alone = [make_packed_agent(_agent(name), t, OBS, ACT, torch.device("cpu"), SEEDS) for t in rules]
     on, on2 = np.ones(len(members), bool), np.ones(2, bool)
     cols = [mixed.metric_layout.names.index(c) for c in LOSSES]
     for step in range(updates):
@@ -96,29 +96,28 @@ def test_what_must_not_share_a_pack_is_refused_naming_the_field(other, field):
     with pytest.raises(ValueError, match="differs from agent 0 in temperature.kind, .*; a pack's members may differ "
                                          "only in temperature.k, temperature.alpha, temperature.alpha_max, "
                                          "temperature.init_alpha"):
-        make_packed_agent(_spec("sac_ln"), [qed(0.2), TemperatureSpec(kind="te")], OBS, ACT, torch.device("cpu"),
+        make_packed_agent(_agent("sac_ln"), [qed(0.2), TemperatureSpec(kind="te")], OBS, ACT, torch.device("cpu"),
                           [0, 1])
 
 
-BASE = {"name": "s", "tasks": ["cartpole-balance", "walker-walk"], "seeds": 2,
-        "agents": [{"name": "sac_ln", "overrides": {"hidden": 16},
-                    "temperatures": [{"kind": "te"}, {"kind": "qed", "k": [0.1, 0.2, 0.4]},
-                                     {"kind": "qed", "k": 0.2, "target_alpha": "qed"}]}],
-        "train": {"env_steps": 2000, "eval_every": 1000, "warmup_decisions": 100}}
+SHAPES = {"tasks": ["cartpole-balance", "walker-walk"],  # over kit's sweep: three shapes of QED/te
+          "agents": [{"name": "sac_ln", "overrides": {"hidden": 16},
+                      "temperatures": [{"kind": "te"}, {"kind": "qed", "k": [0.1, 0.2, 0.4]},
+                                       {"kind": "qed", "k": 0.2, "target_alpha": "qed"}]}]}
 
 
 def test_a_sweep_packs_by_shape_and_keeps_packing_by_variant_by_default():
-    by_shape = form_packs(SweepSpec.model_validate({**BASE, "pack": {"seeds": 6, "by": "shape"}}))
+    by_shape = form_packs(sweep_spec(SHAPES, pack={"seeds": 6, "by": "shape"}))
     assert [(p.name, len(p.trials)) for p in by_shape] == [
-        (f"{t}/sac_ln/{v}/pack0-1", n) for t in BASE["tasks"]
+        (f"{t}/sac_ln/{v}/pack0-1", n) for t in SHAPES["tasks"]
         for v, n in (("te", 2), ("qed0.1,qed0.2,qed0.4", 6), ("qed0.2+target_alpha=qed", 2))]
     assert by_shape[1].names == [f"cartpole-balance/sac_ln/qed{k}/{s}" for k in KS for s in (0, 1)]
     check_pack([t.run for t in by_shape[1].trials])  # what the trial's worker checks again
     # Chunks of pack.seeds members, variant by variant; by variant (the default) as before.
-    assert [p.name for p in form_packs(SweepSpec.model_validate({**BASE, "pack": {"seeds": 4, "by": "shape"}}))][:3] \
+    assert [p.name for p in form_packs(sweep_spec(SHAPES, pack={"seeds": 4, "by": "shape"}))][:3] \
         == ["cartpole-balance/sac_ln/te/pack0-1", "cartpole-balance/sac_ln/qed0.1,qed0.2/pack0-1",
             "cartpole-balance/sac_ln/qed0.4/pack0-1"]
-    assert len(form_packs(SweepSpec.model_validate({**BASE, "pack": {"seeds": 6}}))) == 10
+    assert len(form_packs(sweep_spec(SHAPES, pack={"seeds": 6}))) == 10
     dmc18 = load_spec("sweeps/dmc18.yaml")
     packs = form_packs(dmc18)
     assert dmc18.pack.by == "shape" and len(packs) == 72 and sorted({len(p.trials) for p in packs}) == [10, 30]
@@ -150,14 +149,14 @@ def test_each_member_of_a_shape_pack_keeps_its_name_folders_and_checkpoint(tmp_p
 
 def test_sweep_json_records_pack_by_only_when_not_the_default(tmp_path):
     layout = SweepDir(tmp_path / "s")
-    shape = plan(None, SweepSpec.model_validate({**BASE, "pack": {"seeds": 6, "by": "shape"}}))
+    shape = plan(None, sweep_spec(SHAPES, pack={"seeds": 6, "by": "shape"}))
     assert shape.problems == [] and shape.state.pack_by == "shape" and dump(shape.state)["pack_by"] == "shape"
     write_state(layout, shape.state)
     assert read_state(layout) == shape.state
-    default = plan(None, SweepSpec.model_validate({**BASE, "pack": {"seeds": 6}}))
+    default = plan(None, sweep_spec(SHAPES, pack={"seeds": 6}))
     assert default.state.pack_by == "variant" and "pack_by" not in dump(default.state)  # sweep.json as before
     # Once packs are recorded, the packing cannot change (a started pack's checkpoint holds its members together).
-    changed = plan(shape.state, SweepSpec.model_validate({**BASE, "pack": {"seeds": 6}}))
+    changed = plan(shape.state, sweep_spec(SHAPES, pack={"seeds": 6}))
     assert changed.problems == ["pack.by: this sweep packs by shape, the spec now gives variant; a started pack's "
                                 "checkpoint holds its members together: restore pack.by: shape, or start over with "
                                 "--fresh or another name"]

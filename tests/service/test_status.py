@@ -10,34 +10,23 @@ import sys
 import time
 
 import pytest
-import yaml
-from folder_helpers import BUDGET, finished_trial, seed_checkpoint
+from folder_helpers import BUDGET, TEMPLATE_SWEEP, finished_trial, seed_checkpoint
+from kit import sweep_file, sweep_spec
 
 from qed_ray.console import PIPE_WIDTH, fit
 from qed_ray.records.layout import PackId, SweepDir, seed_dir
 from qed_ray.service.lock import SweepLock
 from qed_ray.service.packing import Pack, form_packs
 from qed_ray.service.reanalysis import main as reanalyze
-from qed_ray.spec import SweepSpec
 from qed_ray.service.status import TrialState, driver, projected_wall_s, report, trial_state
 
 TE, QED = "cartpole-balance/sac_ln/te", "cartpole-balance/sac_ln/qed0.2"
-SPEC = {"name": "sweep", "tasks": ["cartpole-balance"], "seeds": 2,
-        "agents": [{"name": "sac_ln", "overrides": {"hidden": 16},
-                    "temperatures": [{"kind": "te"}, {"kind": "qed", "k": 0.2}]}],
-        "train": {"env_steps": BUDGET, "eval_every": 1000, "warmup_decisions": 100},
-        "final_eval": {"episodes": 1, "action_rollouts": 1, "action_steps": 10, "curve_episodes": 1,
-                       "bootstrap_reps": 100},
-        "resources": {"cpu": 1, "gpu": 0.5}}
-
-
-def _spec(layout: SweepDir) -> SweepSpec:
-    return SweepSpec.model_validate({**SPEC, "storage_path": str(layout.root.parent)})
+SPEC = {**TEMPLATE_SWEEP, "resources": {"cpu": 1, "gpu": 0.5}}  # the hand-built folder's sweep
 
 
 def _alone(name: str) -> Pack:
     """The pack of one that trains trial ``name``."""
-    (pack,) = [p for p in form_packs(_spec(SweepDir("/x"))) if p.names == [name]] or [
+    (pack,) = [p for p in form_packs(sweep_spec(SPEC)) if p.names == [name]] or [
         Pack(PackId.of([name]), ())]
     return pack
 
@@ -84,7 +73,7 @@ def test_trial_states_from_the_folder(sweep_copy):
 
 
 def test_the_lock_shows_whether_and_which_driver_runs_the_sweep(sweep_copy):
-    layout, spec = sweep_copy, _spec(sweep_copy)
+    layout, spec = sweep_copy, sweep_spec(SPEC, storage_path=str(sweep_copy.root.parent))
     assert driver(layout) is None and "driver: none running" in report(spec, layout)
     with SweepLock(layout.lock_file):
         holder = driver(layout)
@@ -108,7 +97,7 @@ def test_projection_scales_each_trial_to_its_budget():
 
 def test_status_of_an_unfinished_then_finished_sweep(sweep_copy, capsys):
     layout = sweep_copy
-    spec = _spec(layout)
+    spec = sweep_spec(SPEC, storage_path=str(layout.root.parent))
     text = report(spec, layout)
     assert "trials: 3 done, 0 running, 1 stopped, 0 failed, 0 not started" in text
     assert "env steps: 7,000 of 8,000 (88%)" in text
@@ -160,22 +149,22 @@ def _unverified_and_edited_entries(layout, spec):
 
 
 def test_status_flag_starts_nothing_and_reads_the_folder(sweep_copy, tmp_path):
-    spec_path = tmp_path / "sweep.yaml"
-    spec_path.write_text(yaml.safe_dump({**SPEC, "storage_path": str(sweep_copy.root.parent)}))
+    spec_path = sweep_file(tmp_path / "sweep.yaml", SPEC, storage_path=str(sweep_copy.root.parent))
     proc = subprocess.run([sys.executable, "-m", "qed_ray.sweep", str(spec_path), "--status"], capture_output=True,
                           text=True, timeout=120, env={"MUJOCO_GL": "disable", "PATH": "/usr/bin:/bin",
                                                        "RAY_ADDRESS": "127.0.0.1:1"})  # nothing to reach
     assert proc.returncode == 0, proc.stderr
     assert "trials: 3 done, 0 running, 1 stopped" in proc.stdout and proc.stderr == ""
     nowhere = SweepDir(tmp_path / "none" / "sweep")
-    assert report(_spec(nowhere), nowhere).startswith(f"sweep sweep: not started ({nowhere.root} has no sweep.json). ")
+    spec = sweep_spec(SPEC, storage_path=str(nowhere.root.parent))
+    assert report(spec, nowhere).startswith(f"sweep sweep: not started ({nowhere.root} has no sweep.json). ")
 
 
 def test_status_shows_each_seed_run_with_its_pack(sweep_copy):
     from qed_ray.records.sweep import read_state, write_state
 
     layout, start = sweep_copy, "20260101-120000-0"
-    spec = SweepSpec.model_validate({**SPEC, "storage_path": str(layout.root.parent), "pack": {"seeds": 2}})
+    spec = sweep_spec(SPEC, storage_path=str(layout.root.parent), pack={"seeds": 2})
     write_state(layout, read_state(layout).model_copy(update={
         "pack_seeds": 2, "packs": {p.name: p.names for p in form_packs(spec)}}))
     pack = PackId("cartpole-balance", "sac_ln", "qed0.2", (0, 1))
@@ -203,7 +192,7 @@ def test_status_dir_needs_no_spec_and_imports_neither_torch_nor_ray(sweep_copy, 
     from qed_ray.records.sweep import read_state, write_state
     from qed_ray.service.sweep_state import plan
 
-    layout, spec = sweep_copy, _spec(sweep_copy)
+    layout, spec = sweep_copy, sweep_spec(SPEC, storage_path=str(sweep_copy.root.parent))
     state = layout.state_file
     proc, _ = cli_run(tmp_path, "qed_ray.sweep", "--status", "--dir", str(layout.root))
     assert proc.returncode == 2 and proc.stderr == (

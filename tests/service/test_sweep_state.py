@@ -11,28 +11,18 @@ import time
 import uuid
 
 import pytest
-import yaml
 
-from kit import flat
+from kit import TRAIN, flat, sweep_file, sweep_spec
 from qed_ray.records.digests import Recorded, digest
 from qed_ray.records.layout import PackId, SweepDir
 from qed_ray.service.packing import form_packs
 from qed_ray.analysis.results import FailedTrial
-from qed_ray.spec import SweepSpec
 from qed_ray.records.run import read_history
 from qed_ray.records.sweep import SweepState, write_state
 from qed_ray.service.sweep_state import check_folder, move_aside, outcome, plan, sync_runs
 from qed_ray.service.tracking import DIGEST_TAG, UNVERIFIED_TAG, Tracker, digest_tags
 
 SEED0 = "cartpole-balance/sac_ln/te/0"
-BASE = {"name": "s", "tasks": ["cartpole-balance"], "seeds": 2,
-        "agents": [{"name": "sac_ln", "overrides": {"hidden": 16}, "temperatures": [{"kind": "te"}]}],
-        "train": {"env_steps": 2000, "eval_every": 1000, "warmup_decisions": 100}}
-
-
-def _spec(**changes) -> SweepSpec:
-    return SweepSpec.model_validate({**BASE, **changes})
-
 
 @pytest.fixture
 def cli(monkeypatch, tmp_path, capsys):
@@ -44,9 +34,8 @@ def cli(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("RAY_AIR_NEW_OUTPUT", "0")
     from qed_ray.service.sweep_cli import main
 
-    def run(spec: dict, *flags: str):
-        path = tmp_path / f"spec-{uuid.uuid4().hex[:6]}.yaml"
-        path.write_text(yaml.safe_dump(spec))
+    def run(changes: dict, *flags: str):
+        path = sweep_file(tmp_path / f"spec-{uuid.uuid4().hex[:6]}.yaml", changes)
         capsys.readouterr()
         code = main([str(path), *flags])
         out = capsys.readouterr()
@@ -75,7 +64,7 @@ def test_storage_in_system_folders_is_refused_before_anything_exists(cli, tmp_pa
     (tmp_path / "home").mkdir()
     name = f"qedtest-{uuid.uuid4().hex[:8]}"
     for flags in ((), ("--dry-run",)):
-        code, err, _ = cli({**BASE, "name": name, "storage_path": storage}, *flags)
+        code, err, _ = cli({"name": name, "storage_path": storage}, *flags)
         line = _error_line(err)
         assert code == 2 and line.startswith(f"error: {field}: ") and says in line, line
         assert line.count("storage_path") == 1
@@ -85,7 +74,7 @@ def test_storage_in_system_folders_is_refused_before_anything_exists(cli, tmp_pa
 
 def test_env_override_is_named_and_checked_too(cli, monkeypatch, tmp_path):
     monkeypatch.setenv("QED_STORAGE_PATH", "/var/tmp/qed-results")
-    code, err, _ = cli({**BASE, "storage_path": str(tmp_path)}, "--dry-run")
+    code, err, _ = cli({"storage_path": str(tmp_path)}, "--dry-run")
     assert code == 2 and _error_line(err).startswith(
         "error: QED_STORAGE_PATH: '/var/tmp/qed-results' resolves to /var/tmp/qed-results, inside the system folder "
         "/var")
@@ -95,7 +84,7 @@ def test_relative_storage_under_ray_job_submit_is_refused_or_resolved_against_th
                                                                                              tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")  # what Ray's job supervisor gives the driver
-    code, err, _ = cli({**BASE, "storage_path": "results"})
+    code, err, _ = cli({"storage_path": "results"})
     lines = err.splitlines()  # the reason, then the --runtime-env-json line to add (tests/service/test_front_door.py)
     assert code == 2 and lines[0] == (f"error: storage_path: 'results' is relative, and this Ray job's working folder "
                                       f"is the folder the Ray head was started in ({tmp_path}), not the folder the "
@@ -104,13 +93,13 @@ def test_relative_storage_under_ray_job_submit_is_refused_or_resolved_against_th
     assert len(lines) == 4 and all(ln.startswith("error: ") for ln in lines), err
     assert not (tmp_path / "results").exists()
     monkeypatch.setenv("QED_STORAGE_ROOT", str(tmp_path / "stable"))
-    code, err, out = cli({**BASE, "storage_path": "results"}, "--dry-run")
+    code, err, out = cli({"storage_path": "results"}, "--dry-run")
     assert code == 0, err
     # wrapped to 100 columns, a path longer than a line broken inside it: compared without white space
     assert "".join(f"-> {tmp_path / 'stable' / 'results' / 's'} (MLflow sqlite:///{tmp_path}/stable/results/s/mlflow.db"
                    .split()) in "".join(out.split())
     monkeypatch.setenv("QED_STORAGE_ROOT", "relative/root")
-    code, err, _ = cli({**BASE, "storage_path": "results"}, "--dry-run")
+    code, err, _ = cli({"storage_path": "results"}, "--dry-run")
     assert code == 2 and _error_line(err) == "error: QED_STORAGE_ROOT: 'relative/root' must be an absolute path"
 
 
@@ -119,16 +108,16 @@ def test_a_folder_that_is_not_this_sweeps_is_never_written_or_moved(cli, tmp_pat
     (storage / "s").mkdir(parents=True)
     (storage / "s" / "notes.txt").write_text("mine")
     for flags in ((), ("--fresh",), ("--dry-run",)):
-        code, err, _ = cli({**BASE, "storage_path": str(storage)}, *flags)
+        code, err, _ = cli({"storage_path": str(storage)}, *flags)
         assert code == 2 and _error_line(err) == (
             f"error: storage_path: {storage / 's'} already holds files but no sweep.json, so it is not a sweep folder; "
             f"refusing to write into it (choose another name or storage_path)")
     assert [p.name for p in (storage / "s").iterdir()] == ["notes.txt"]
     # A folder holding another sweep (a --fresh backup, say) is not this one either, --fresh or not.
     other = SweepDir(storage / "s.old-20260101-000000")
-    write_state(other, plan(None, _spec()).state)
+    write_state(other, plan(None, sweep_spec()).state)
     for flags in ((), ("--fresh",)):
-        code, err, _ = cli({**BASE, "name": "s.old-20260101-000000", "storage_path": str(storage)}, *flags)
+        code, err, _ = cli({"name": "s.old-20260101-000000", "storage_path": str(storage)}, *flags)
         assert code == 2 and _error_line(err).startswith(
             f"error: name: {other.root} holds the sweep 's', not 's.old-20260101-000000'")
     assert [p.name for p in other.root.iterdir()] == ["sweep.json"]
@@ -138,7 +127,7 @@ def test_a_folder_that_is_not_this_sweeps_is_never_written_or_moved(cli, tmp_pat
 def test_a_changed_trial_is_refused_by_the_run_and_the_dry_run_naming_the_field_once(cli, tmp_path):
     storage = tmp_path / "results"
     layout = SweepDir(storage / "s")
-    write_state(layout, plan(None, _spec()).state)
+    write_state(layout, plan(None, sweep_spec()).state)
     layout.done_marker("cartpole-balance/sac_ln/te/0").parent.mkdir(parents=True)
     layout.done_marker("cartpole-balance/sac_ln/te/0").write_text("{}")
     first = layout.pack_checkpoint(PackId.of(["cartpole-balance/sac_ln/te/1"]), 1000)  # its pack's checkpoint
@@ -146,8 +135,8 @@ def test_a_changed_trial_is_refused_by_the_run_and_the_dry_run_naming_the_field_
     (first / "pack.json").write_text("{}")
     layout.replay("cartpole-balance/sac_ln/te/1").mkdir(parents=True)  # and its replay: the trial started
     before = {p: p.stat().st_mtime_ns for p in storage.rglob("*")}
-    changed = {**BASE, "storage_path": str(storage), "seeds": 3,
-               "train": {**BASE["train"], "warmup_decisions": 200}}
+    changed = {"storage_path": str(storage), "seeds": 3,
+               "train": {**TRAIN, "warmup_decisions": 200}}
     for flags in ((), ("--dry-run",)):
         code, err, out = cli(changed, *flags)
         line = _error_line(err)
@@ -157,7 +146,7 @@ def test_a_changed_trial_is_refused_by_the_run_and_the_dry_run_naming_the_field_
             "another name")
     assert {p: p.stat().st_mtime_ns for p in storage.rglob("*")} == before, "nothing written, no lock left"
     # The dry run shows what a run would do with each trial, from the folder.
-    code, err, out = cli({**BASE, "storage_path": str(storage), "seeds": 3}, "--dry-run", "--list")
+    code, err, out = cli({"storage_path": str(storage), "seeds": 3}, "--dry-run", "--list")
     assert code == 0, err
     assert f"sweep s: 3 trials in 3 packs (Tune trials) of up to 1 seed -> {layout.root}" in flat(out)
     status = dict(re.findall(r"(\S+/te/\d) [^\[\]]*\[([^\]]*)\]", flat(out)))
@@ -167,9 +156,9 @@ def test_a_changed_trial_is_refused_by_the_run_and_the_dry_run_naming_the_field_
 
 
 def test_growing_adds_only_new_trials_and_keeps_the_sweeps_identity():
-    first = plan(None, _spec())
+    first = plan(None, sweep_spec())
     assert first.new == ["cartpole-balance/sac_ln/te/0", "cartpole-balance/sac_ln/te/1"] and not first.problems
-    grown = plan(first.state, _spec(seeds=3, tasks=["cartpole-balance", "pendulum-swingup"],
+    grown = plan(first.state, sweep_spec(seeds=3, tasks=["cartpole-balance", "pendulum-swingup"],
                                     agents=[{"name": "sac_ln", "overrides": {"hidden": 16},
                                              "temperatures": [{"kind": "te"}, {"kind": "qed", "k": [0.2, 0.3]}]}]))
     assert not grown.problems and len(grown.new) == 2 * 3 * 3 - 2
@@ -177,33 +166,33 @@ def test_growing_adds_only_new_trials_and_keeps_the_sweeps_identity():
     assert set(grown.state.trials) == set(first.state.trials) | set(grown.new)
     assert grown.state.trials["cartpole-balance/sac_ln/qed0.3/2"]["temperature.k"] == 0.3
     # How a trial executes is not what it is: a device or thread count may change.
-    again = plan(grown.state, _spec(seeds=3, tasks=["cartpole-balance", "pendulum-swingup"],
-                                    train={**BASE["train"], "device": "cpu", "threads": 2},
+    again = plan(grown.state, sweep_spec(seeds=3, tasks=["cartpole-balance", "pendulum-swingup"],
+                                    train={**TRAIN, "device": "cpu", "threads": 2},
                                     agents=[{"name": "sac_ln", "overrides": {"hidden": 16},
                                              "temperatures": [{"kind": "te"}, {"kind": "qed", "k": [0.2, 0.3]}]}]))
     assert not again.problems and not again.new
 
 
 def test_renamed_and_dropped_trials_are_refused_naming_the_setting():
-    state = plan(None, _spec()).state
-    axis = plan(state, _spec(agents=[{"name": "sac_ln", "overrides": {"hidden": [16, 32]},
+    state = plan(None, sweep_spec()).state
+    axis = plan(state, sweep_spec(agents=[{"name": "sac_ln", "overrides": {"hidden": [16, 32]},
                                       "temperatures": [{"kind": "te"}]}]))
     assert axis.problems == [
         "agent.hidden: now a grid axis, so 2 trial(s) of this sweep would be renamed (e.g. "
         "cartpole-balance/sac_ln/te/0 -> cartpole-balance/sac_ln/te+hidden=16/0) and lose their checkpoints and MLflow "
         "runs; keep agent.hidden as it was for this sweep, or start over with --fresh or another name"]
-    fewer = plan(state, _spec(seeds=[1]))
+    fewer = plan(state, sweep_spec(seeds=[1]))
     assert fewer.problems == ["seeds: the spec no longer has 1 trial(s) of this sweep (e.g. cartpole-balance/sac_ln/"
                               "te/0); a sweep only grows: add them back, or start over with --fresh or another name"]
-    replaced = plan(state, _spec(agents=[{"name": "sac_ln", "overrides": {"hidden": 16},
+    replaced = plan(state, sweep_spec(agents=[{"name": "sac_ln", "overrides": {"hidden": 16},
                                           "temperatures": [{"kind": "fixed", "alpha": 0.1}]}]))
     assert [p.split(":")[0] for p in replaced.problems] == ["temperature.alpha", "temperature.kind"]
 
 
 def test_a_sweep_json_from_before_trial_identities_is_upgraded_only_if_its_grid_is_unchanged():
-    spec = _spec()
+    spec = sweep_spec()
     old = SweepState.model_validate({"sweep_id": "abc123abc123", "fingerprint": spec.fingerprint(), "created": 1.0})
-    upgraded = plan(old, _spec(seeds=3))
+    upgraded = plan(old, sweep_spec(seeds=3))
     assert upgraded.problems and upgraded.problems[0].startswith("trials: the spec's grid changed")
     same = plan(old, spec)
     assert not same.problems and not same.new and same.state.sweep_id == "abc123abc123"
@@ -213,7 +202,7 @@ def test_a_sweep_json_from_before_trial_identities_is_upgraded_only_if_its_grid_
 def test_qed_records_its_target_alpha_and_a_sweep_from_before_its_default_changed_is_refused_in_one_line():
     """temperature.target_alpha's default became floor (App. C): a new sweep records it for every QED trial even at
     the default; a sweep.json of format 2 meant target_alpha: qed by ``qed0.2`` and is refused once, naming it."""
-    qed = _spec(agents=[{"name": "sac_ln", "overrides": {"hidden": 16},
+    qed = sweep_spec(agents=[{"name": "sac_ln", "overrides": {"hidden": 16},
                          "temperatures": [{"kind": "te"}, {"kind": "qed", "k": 0.2}]}])
     first = plan(None, qed)
     assert first.state.format == 3 and not first.problems
@@ -227,7 +216,7 @@ def test_qed_records_its_target_alpha_and_a_sweep_from_before_its_default_change
         "QED trial(s) (e.g. cartpole-balance/sac_ln/qed0.2/0) were named under the old default qed, so their names "
         "now mean another setting: finish them with the release that started them, or start over with --fresh or "
         "another name"]
-    te_only = plan(plan(None, _spec()).state.model_copy(update={"format": 2}), _spec())
+    te_only = plan(plan(None, sweep_spec()).state.model_copy(update={"format": 2}), sweep_spec())
     assert not te_only.problems and te_only.state.format == 3, "no QED trial: adopted as it is"
 
 
@@ -236,18 +225,18 @@ def test_damaged_sweep_json_gives_the_way_out(tmp_path):
     layout.root.mkdir()
     layout.state_file.write_text('{"sweep_id": "ab')
     with pytest.raises(Exception, match=r"sweep.json: not JSON .*start over with --fresh --force"):
-        check_folder(layout, _spec())
+        check_folder(layout, sweep_spec())
 
 
 def test_fresh_moves_everything_but_the_lock_aside(tmp_path):
     layout = SweepDir(tmp_path / "s")
-    write_state(layout, plan(None, _spec()).state)
+    write_state(layout, plan(None, sweep_spec()).state)
     (layout.root / "policies").mkdir()
     layout.lock_file.write_text("{}")
     backup = move_aside(layout)
     assert backup.name.startswith("s.old-") and sorted(p.name for p in backup.iterdir()) == ["policies", "sweep.json"]
     assert [p.name for p in layout.root.iterdir()] == ["sweep.lock"]
-    assert check_folder(layout, _spec()) is None, "a folder holding only the lock is a new sweep's"
+    assert check_folder(layout, sweep_spec()) is None, "a folder holding only the lock is a new sweep's"
 
 
 def _fake_trial(layout: SweepDir, name: str, steps: list[int], done: bool, files: dict | None = None):
@@ -265,7 +254,7 @@ FILES = {"2000/state.pt": "a" * 64, "2000/manifest.json": "b" * 64}
 
 
 def test_the_folder_is_the_record_and_mlflow_is_brought_in_line(tmp_path):
-    spec = _spec(seeds=5)
+    spec = sweep_spec(seeds=5)
     layout = SweepDir(tmp_path / "s")
     names = [t.name for t in spec.trials()]
     _fake_trial(layout, names[0], [1000, 2000], done=True, files=FILES)  # finished, its run never reached MLflow
@@ -361,16 +350,16 @@ def test_failed_trials_are_summed_up_by_the_line_that_says_why():
 
 def test_trials_that_never_started_may_still_change_or_go(tmp_path):
     layout = SweepDir(tmp_path / "s")
-    state = plan(None, _spec(seeds=3)).state  # recorded by a start that a cluster check then refused, say
+    state = plan(None, sweep_spec(seeds=3)).state  # recorded by a start that a cluster check then refused, say
     layout.policies(SEED0).mkdir(parents=True)  # only seed 0 got anywhere
-    fewer = plan(state, _spec(seeds=1), layout)
+    fewer = plan(state, sweep_spec(seeds=1), layout)
     assert not fewer.problems and sorted(fewer.state.trials) == [SEED0]
-    changed = plan(state, _spec(seeds=1, train={**BASE["train"], "warmup_decisions": 200}), layout)
+    changed = plan(state, sweep_spec(seeds=1, train={**TRAIN, "warmup_decisions": 200}), layout)
     assert [p.split(":")[0] for p in changed.problems] == ["train.warmup_decisions"], "a started trial still may not"
 
 
 def test_a_damaged_history_json_costs_its_trial_only_and_every_run_still_ends(tmp_path):
-    spec = _spec(seeds=3)
+    spec = sweep_spec(seeds=3)
     layout = SweepDir(tmp_path / "s")
     names = [t.name for t in spec.trials()]
     for name in names:  # all finished while MLflow was down: their runs must be created and ended now
@@ -392,21 +381,21 @@ def test_a_damaged_history_json_costs_its_trial_only_and_every_run_still_ends(tm
 def test_fresh_needs_force_to_move_aside_a_folder_whose_sweep_json_cannot_be_read(cli, tmp_path):
     storage = tmp_path / "results"
     layout = SweepDir(storage / "s")
-    write_state(layout, plan(None, _spec()).state)
+    write_state(layout, plan(None, sweep_spec()).state)
     (layout.root / "policies").mkdir()
     layout.state_file.write_text('{"sweep_id": "ab')
     before = sorted(p.name for p in storage.rglob("*"))
-    code, err, _ = cli({**BASE, "storage_path": str(storage)}, "--fresh")
+    code, err, _ = cli({"storage_path": str(storage)}, "--fresh")
     assert code == 2 and _error_line(err) == (
         f"error: {layout.state_file}: not JSON (Unterminated string starting at: line 1 column 14; truncated or "
         f"damaged); --fresh cannot check that this folder holds the sweep 's': add --force to move it aside anyway "
         f"(nothing is deleted)")
-    code, err, _ = cli({**BASE, "storage_path": str(storage)}, "--force")
+    code, err, _ = cli({"storage_path": str(storage)}, "--force")
     assert code == 2 and _error_line(err).startswith("error: --force: only with --fresh")
-    code, err, _ = cli({**BASE, "storage_path": str(storage)})
+    code, err, _ = cli({"storage_path": str(storage)})
     assert code == 2 and "start over with --fresh --force" in _error_line(err)
     assert sorted(p.name for p in storage.rglob("*")) == before, "nothing moved or written"
-    assert check_folder(layout, _spec(), fresh=True, force=True) is None, "--fresh --force: moved aside unchecked"
+    assert check_folder(layout, sweep_spec(), fresh=True, force=True) is None, "--fresh --force: moved aside unchecked"
     layout.state_file.unlink()
     layout.state_file.symlink_to(tmp_path / "gone.json")  # a dangling link moves aside too
     backup = move_aside(layout)
@@ -415,14 +404,13 @@ def test_fresh_needs_force_to_move_aside_a_folder_whose_sweep_json_cannot_be_rea
 
 
 def test_a_fit_that_fails_outside_ray_is_a_failed_start_with_its_reason(tmp_path, monkeypatch, capsys):
-    """A full disk under Tune (L12): fit() raises an OSError of its own; the start reports its pending trials failed
+    """A full disk under Tune: fit() raises an OSError of its own; the start reports its pending trials failed
     with the reason, in one line, and the driver goes on to its summary instead of dying with Tune's traceback."""
     from qed_ray.service import sweep as sweep_module
     from qed_ray.service.packing import form_packs
     from qed_ray.service.trial import TrialContext
 
-    spec = SweepSpec.model_validate({"name": "s", "tasks": ["cartpole-balance"], "seeds": 2,
-                                     "agents": [{"name": "sac_ln", "temperatures": [{"kind": "te"}]}]})
+    spec = sweep_spec()
     context = TrialContext(sweep_id="0123456789ab", sweep_dir=tmp_path / "s", tracking_uri="sqlite:////x/mlflow.db",
                            experiment="s", parent_run_id="p")
 
@@ -438,19 +426,14 @@ def test_a_fit_that_fails_outside_ray_is_a_failed_start_with_its_reason(tmp_path
 
 
 def test_a_fresh_dry_run_shows_the_new_sweep_and_moves_nothing(tmp_path, capsys):
-    """--fresh --dry-run showed the plan of the sweep as it is (L14): it now shows what --fresh would start."""
-    import json as json_module
-
+    """--fresh --dry-run shows what --fresh would start, not the plan of the sweep as it is."""
     from qed_ray.service.sweep_cli import main
     from qed_ray.records.sweep import write_state
 
-    raw = {"name": "s", "tasks": ["cartpole-balance"], "seeds": 2, "storage_path": str(tmp_path / "results"),
-           "agents": [{"name": "sac_ln", "temperatures": [{"kind": "te"}]}]}
-    spec_file = tmp_path / "s.yaml"
-    spec_file.write_text(json_module.dumps(raw))
+    spec_file = sweep_file(tmp_path / "s.yaml", storage_path=str(tmp_path / "results"))
     layout = SweepDir(tmp_path / "results" / "s")
     layout.root.mkdir(parents=True)
-    write_state(layout, plan(None, SweepSpec.model_validate(raw)).state)
+    write_state(layout, plan(None, sweep_spec(storage_path=str(tmp_path / "results"))).state)
     (layout.policies("cartpole-balance/sac_ln/te/0") / "1000").mkdir(parents=True)  # started: it would resume
     before = sorted(p.relative_to(layout.root) for p in layout.root.rglob("*"))
     assert main([str(spec_file), "--dry-run", "--fresh"]) == 0

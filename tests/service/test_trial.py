@@ -184,7 +184,7 @@ def test_an_end_cut_off_is_finished_at_the_next_start_and_planted_files_are_neve
     macs = {n: runs[n].data.tags[MAC_TAG] for n in NAMES}
     files0 = inventory(layout, NAMES[0])
 
-    # M1: DONE.json deleted, seed 1's final snapshot planted as seed 0's and an extra snapshot beside it
+    # DONE.json deleted, seed 1's final snapshot planted as seed 0's and an extra snapshot beside it
     seed0, seed1 = (layout.policies(n) for n in NAMES)
     layout.done_marker(NAMES[0]).unlink()
     for f in ("state.pt", "manifest.json"):

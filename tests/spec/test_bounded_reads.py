@@ -1,7 +1,7 @@
 """Every file the service reads back goes through one bounded reader (qed_ray/records/file_reads.py): a device behind a link, a
 FIFO, a huge file and a link out of the sweep folder, put where `--status`, the re-analysis, a driver start and the
 results key read, are each refused in one line naming the file, without a traceback, within 5 s, and nothing in the
-folder changes; error lines are cut to a bounded length (L3, L8)."""
+folder changes; error lines are cut to a bounded length."""
 
 import json
 import os

@@ -1,6 +1,6 @@
 """The frozen pre-registration is bound to its hash and signed (qed_ray/claim.py, qed_ray/records/sweep.py):
-the audit's reproduction (one threshold edited in sweep.json's stored claim block) is refused naming the field by a
-driver start and by the re-analysis; a block and hash edited together fail the record's signature; the verdict is
+one threshold edited in sweep.json's stored claim block is refused naming the field by a driver start and by the
+re-analysis; a block and hash edited together fail the record's signature; the verdict is
 judged by the claim file's block, or by the signed stored block where the file is not at hand."""
 
 import json
@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from kit import sweep_spec
 
 from qed_ray import claim
 from qed_ray.records.codec import dump
@@ -15,15 +16,10 @@ from qed_ray.service.reanalysis import main as gather_main
 from qed_ray.service.results_key import load_key
 from qed_ray.records.sweep import ClaimRecord, SweepState, read_state, sign_claim, verified_claim, write_state
 from qed_ray.service.sweep_state import plan
-from qed_ray.spec import SpecError, SweepSpec
+from qed_ray.spec import SpecError
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "claim.md"
 FIELD = "endpoints.iqm_kept.lower_at_least"
-
-
-def _spec(claim_file) -> SweepSpec:
-    return SweepSpec.model_validate({"name": "s", "tasks": ["cartpole-balance"], "seeds": 2, "claim": claim_file,
-                                     "agents": [{"name": "sac_ln", "temperatures": [{"kind": "te"}]}]})
 
 
 def _edited(state: SweepState, value: float, rehash: bool = False) -> SweepState:
@@ -42,18 +38,18 @@ def doc(tmp_path) -> Path:
 
 
 def test_a_driver_start_refuses_an_edited_stored_block_naming_the_field_and_judges_by_the_file(doc):
-    first = plan(None, _spec(str(doc))).state
+    first = plan(None, sweep_spec(claim=str(doc))).state
     file_block = claim.read_block(doc)[1]
-    assert plan(first, _spec(str(doc))).state.claim.block == file_block
-    (problem,) = plan(_edited(first, 0.5), _spec(str(doc))).problems
+    assert plan(first, sweep_spec(claim=str(doc))).state.claim.block == file_block
+    (problem,) = plan(_edited(first, 0.5), sweep_spec(claim=str(doc))).problems
     assert problem.startswith(f"claim.block: sweep.json's frozen claim block was edited after the first start "
                               f"({FIELD}: 0.95 -> 0.5 against {doc}): its values hash to "), problem
     assert f"not to the block sha256 {first.claim.sha256[:12]} frozen with it" in problem
-    (problem,) = plan(_edited(first, 0.5, rehash=True), _spec(str(doc))).problems  # block and hash replaced
+    (problem,) = plan(_edited(first, 0.5, rehash=True), sweep_spec(claim=str(doc))).problems  # block and hash replaced
     assert problem.startswith(f"claim: {doc}: the claim block changed since this sweep started ({FIELD}: 0.5 -> 0.95;")
 
 
-def test_the_reanalysis_refuses_the_audits_edited_threshold_naming_the_field(sweep_copy, doc, capsys):
+def test_the_reanalysis_refuses_an_edited_threshold_naming_the_field(sweep_copy, doc, capsys):
     state = read_state(sweep_copy)  # the first start froze the claim file's block and signed it
     state = sign_claim(state.model_copy(update={"claim": ClaimRecord(**claim.check(None, str(doc), False)[0])}),
                        load_key(create=True).secret)
@@ -74,7 +70,7 @@ def test_the_reanalysis_refuses_the_audits_edited_threshold_naming_the_field(swe
 
 def test_the_signed_record_binds_block_hash_and_file(doc, tmp_path):
     key = load_key(create=True).secret
-    state = sign_claim(plan(None, _spec(str(doc))).state, key)
+    state = sign_claim(plan(None, sweep_spec(claim=str(doc))).state, key)
     file_block = claim.read_block(doc)[1]
     assert verified_claim(state, key) == {"file": str(doc), "sha256": claim.block_sha256(file_block),
                                           "block": file_block}

@@ -67,7 +67,7 @@ def cli(monkeypatch, tmp_path, capsys):
     (f"postgresql://qed:{SECRET}@db/mlflow", "'postgresql://***@db/mlflow' carries credentials, which would be "
                                              "printed and stored with the sweep; give the URI without them and give "
                                              "the password in the driver's password file (PostgreSQL: ~/.pgpass)"),
-    (f"postgresql://db/mlflow?sslmode=require&password={SECRET}",  # L9: as a query parameter
+    (f"postgresql://db/mlflow?sslmode=require&password={SECRET}",  # as a query parameter
      "'postgresql://db/mlflow?***' carries a credential in its query string (password=...), which would be printed "
      "and stored with the sweep; give the URI without it and the password in the driver's password file"),
     (f"http://head:5000/?Access_Token={SECRET}", "'http://head:5000/?***' carries a credential in its query string "

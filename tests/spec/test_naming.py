@@ -4,24 +4,15 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
 from qed_ray.config import AGENT_SPECS, RunSpec, TemperatureSpec
 from qed_ray.flags import run_flags
 from qed_ray.naming import format_value, identity, parse_value, parse_variant, temperature_label, variant_label
 from qed_ray.spec import load_spec
 from qed_ray.rl.run import main as train_main
-from kit import TINY_MAD
+from kit import TINY_MAD, TRAIN, sweep_spec
 
 ROOT = Path(__file__).resolve().parents[2]
-TRAIN = {"env_steps": 2000, "eval_every": 1000, "warmup_decisions": 100}
-
-
-def _spec(tmp_path, agents, train=TRAIN, seeds=1):
-    path = tmp_path / "spec.yaml"
-    path.write_text(yaml.safe_dump({"name": "t", "tasks": ["cartpole-balance"], "seeds": seeds, "agents": agents,
-                                    "train": train}))
-    return load_spec(path)
 
 
 @pytest.mark.parametrize("settings,label", [
@@ -71,9 +62,9 @@ def test_bad_variant_labels_are_refused(label):
         parse_variant(label)
 
 
-def test_two_widths_and_two_alpha_max_expand_to_distinct_trials_with_distinct_labels(tmp_path):
-    spec = _spec(tmp_path, [{"name": "sac_ln", "overrides": {"hidden": [256, 512], "batch_size": 64},
-                             "temperatures": [{"kind": "qed", "k": 0.2, "alpha_max": [0.2, 0.3]}]}])
+def test_two_widths_and_two_alpha_max_expand_to_distinct_trials_with_distinct_labels():
+    spec = sweep_spec(seeds=1, agents=[{"name": "sac_ln", "overrides": {"hidden": [256, 512], "batch_size": 64},
+                                        "temperatures": [{"kind": "qed", "k": 0.2, "alpha_max": [0.2, 0.3]}]}])
     assert [t.name for t in spec.trials()] == [
         "cartpole-balance/sac_ln/qed0.2/0", "cartpole-balance/sac_ln/qed0.2+alpha_max=0.3/0",
         "cartpole-balance/sac_ln/qed0.2+hidden=512/0", "cartpole-balance/sac_ln/qed0.2+alpha_max=0.3+hidden=512/0"]
@@ -86,8 +77,8 @@ def test_two_widths_and_two_alpha_max_expand_to_distinct_trials_with_distinct_la
         assert parsed["agent"].get("hidden", 256) == t.run.agent.hidden
 
 
-def test_any_agent_or_train_field_is_an_axis_and_entries_of_one_agent_are_compared(tmp_path):
-    spec = _spec(tmp_path, [
+def test_any_agent_or_train_field_is_an_axis_and_entries_of_one_agent_are_compared():
+    spec = sweep_spec(seeds=1, agents=[
         {"name": "mad_sac", "overrides": {"hidden": 32, "mad": {**TINY_MAD, "proportion_real": [0.5, 0.95]}},
          "temperatures": [{"kind": "te"}]},
         {"name": "sac_ln", "overrides": {"hidden": 16}, "temperatures": [{"kind": "te"}]},
@@ -104,10 +95,10 @@ def test_any_agent_or_train_field_is_an_axis_and_entries_of_one_agent_are_compar
     assert {t.run.train.eval_every for t in spec.trials()} == {1000, 2000}
 
 
-def test_identical_entries_are_refused(tmp_path):
+def test_identical_entries_are_refused():
     with pytest.raises(Exception, match="two entries expand to the same trial cartpole-balance/sac_ln/te/0"):
-        _spec(tmp_path, [{"name": "sac_ln", "temperatures": [{"kind": "te"}]},
-                         {"name": "sac_ln", "temperatures": [{"kind": "te"}]}])
+        sweep_spec(seeds=1, agents=[{"name": "sac_ln", "temperatures": [{"kind": "te"}]},
+                                    {"name": "sac_ln", "temperatures": [{"kind": "te"}]}])
 
 
 def test_adding_a_defaulted_field_leaves_identity_unchanged():

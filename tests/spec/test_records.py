@@ -42,7 +42,7 @@ SPEC = {"name": "run", "tasks": ["cartpole-balance"], "seeds": 2, "pack": {"seed
         "train": {"env_steps": 2000, "eval_every": 1000, "warmup_decisions": 100}}
 
 
-def _specs() -> list[RunSpec]:
+def _runs() -> list[RunSpec]:
     return [RunSpec.model_validate({"task": "cartpole-balance", "seed": seed, "agent": {"hidden": 8, "batch_size": 8},
                                     "train": {**TRAIN, "debug": {"nan": {"seed": 1, "env_step": 700}}}})
             for seed in (0, 1)]
@@ -52,7 +52,7 @@ def _specs() -> list[RunSpec]:
 def folder(tmp_path_factory):
     """A run folder of a real two-seed pack (seed 1 diverges), with the sweep's own files written beside it."""
     root = tmp_path_factory.mktemp("records") / "run"
-    run(_specs(), root)
+    run(_runs(), root)
     layout = SweepDir(root)
     spec = SweepSpec.model_validate({**SPEC, "storage_path": str(root.parent)})
     write_state(layout, plan(None, spec).state)
@@ -207,7 +207,7 @@ def _command(command: str, layout: SweepDir, tmp_path) -> int:
     from qed_ray.rl.run import main
 
     config = tmp_path / "run.yaml"
-    config.write_text(yaml.safe_dump(_specs()[0].model_dump(mode="json")))
+    config.write_text(yaml.safe_dump(_runs()[0].model_dump(mode="json")))
     budget = ["--env-steps", "2000"] if command == "resume" else []
     return main(["--config", str(config), "--seeds", "0", "1", "--out", str(layout.root), *budget])
 

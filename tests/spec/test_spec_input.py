@@ -197,7 +197,7 @@ def test_an_oversized_file_is_refused_before_the_parser_sees_it(tmp_path, capsys
      f"line 2: nested {MAX_DEPTH + 1} levels deep (aliases expanded); at most {MAX_DEPTH}"),
     ("seeds: 1" + "0" * 5000 + "\n", "invalid YAML value (Exceeds the limit (4300 digits) for integer string"),
     ("name: t\nseeds: \x002\n", "line 2, column 8: the character U+0000 is not allowed in YAML (a NUL or control "
-                                 "character: is it the right file?)"),  # L4: PyYAML's reader raised it unparsed
+                                 "character: is it the right file?)"),  # PyYAML's reader raised it unparsed
     ("name: t\x07\n", "line 1, column 8: the character U+0007 is not allowed in YAML"),
 ])
 def test_complex_keys_and_deep_nesting_give_one_line(tmp_path, capsys, text, message):
