@@ -183,7 +183,8 @@ class PackSpec(Frozen):
     network shape, whose variants differ only in a temperature scalar (QED's three k values as one pack of 30).
     """
 
-    seeds: int = Field(1, ge=1, le=MAX_PACK, description="seed runs per pack (Tune trial); 1: packs of one")
+    seeds: int | Literal["auto"] = Field(1, description="seed runs per pack (Tune trial); 1: packs of one; auto: "
+                                         "the largest that fits the machine and keeps every node busy")
     by: Literal["variant", "shape"] = Field(
         "variant", description="which seed runs share a pack: 'variant' (the seeds of one task, agent and variant) "
                                "or 'shape' (one task, agent, temperature kind and network shape: variants that "
@@ -191,19 +192,27 @@ class PackSpec(Frozen):
     env_workers: int = Field(0, ge=0, le=MAX_PACK, description="env worker processes per pack (0: the pack's own "
                                                                "process steps its envs); each asks for one more CPU")
 
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _seeds(cls, v: Any) -> Any:
+        if v == "auto" or (type(v) is int and 1 <= v <= MAX_PACK):
+            return v
+        raise ValueError(f"allowed 1 to {MAX_PACK} seeds per pack, or auto (the largest pack that fits the machine; "
+                         f"got {short_text(repr(v))})")
+
     @model_validator(mode="before")
     @classmethod
     def _known_fields(cls, data: Any) -> Any:
         if isinstance(data, dict):
             unknown = [k for k in data if k not in cls.model_fields]  # keys of any type
             if unknown:
-                raise ValueError(f"{short_text(str(unknown[0]))}: not a pack field; pack takes seeds (1 to {MAX_PACK}), "
+                raise ValueError(f"{short_text(str(unknown[0]))}: not a pack field; pack takes seeds (1 to {MAX_PACK} or auto), "
                                  f"env_workers (0 to pack.seeds) and by (variant or shape)")
         return data
 
     @model_validator(mode="after")
     def _workers(self) -> "PackSpec":
-        if self.env_workers > self.seeds:
+        if self.seeds != "auto" and self.env_workers > self.seeds:
             raise ValueError(f"env_workers: {self.env_workers} workers for the {self.seeds} training "
                              f"env{'s' if self.seeds > 1 else ''} of a pack; "
                              f"allowed 0 to {self.seeds} (pack.seeds)")
@@ -298,7 +307,12 @@ class SweepSpec(Frozen):
 
     @model_validator(mode="after")
     def _check_shared_indices(self) -> "SweepSpec":
-        if self.pack.seeds == 1 and any(t.shared_indices for t in self.train_specs()):
+        shared = any(t.shared_indices for t in self.train_specs())
+        if shared and self.pack.seeds == "auto":
+            raise ValueError("pack.seeds: auto, but train.shared_indices: true couples the seeds of a pack (its size "
+                             "sets the coupling), so a pack keeps the size the spec registers; set pack.seeds to the "
+                             "seeds trained together (the paper's 10)")
+        if self.pack.seeds == 1 and shared:
             raise ValueError("train.shared_indices: true makes the seeds of a pack draw the same replay positions, "
                              "but pack.seeds is 1 (packs of one share nothing); set pack.seeds to the seeds trained "
                              "together (the paper's 10)")
@@ -328,7 +342,9 @@ class SweepSpec(Frozen):
         """The replay sizes of the grid per seed and per pack, largest first (:mod:`qed_ray.replay_memory`)."""
         tasks = dict.fromkeys(t for entry in self.agents for t in entry.tasks or self.tasks)
         # A pack by shape holds several variants' seeds: up to pack.seeds members.
-        members = self.pack.seeds if self.pack.by == "shape" else min(self.pack.seeds, len(self.seeds))
+        # auto: sized by the plan to fit its machine, within the pack cap (qed_ray.service.dry_plan)
+        size = 1 if self.pack.seeds == "auto" else self.pack.seeds
+        members = size if self.pack.by == "shape" else min(size, len(self.seeds))
         return replay_needs([(task, train) for task in tasks for train in self.train_specs()], members)
 
     def _device_problems(self) -> list[str]:
@@ -377,6 +393,11 @@ class SweepSpec(Frozen):
     def runs(self) -> list[RunSpec]:
         """The runs of :meth:`trials`, in the same order."""
         return [t.run for t in self.trials()]
+
+    def sized(self, seeds: int) -> "SweepSpec":
+        """This spec with packs of ``seeds`` (``pack.seeds: auto`` resolved; env workers at most ``seeds``)."""
+        pack = self.pack.model_copy(update={"seeds": seeds, "env_workers": min(self.pack.env_workers, seeds)})
+        return self.model_copy(update={"pack": pack})
 
     def trial_resources(self) -> dict[str, float]:
         """Ray resources of one Tune trial (a pack, or an unpacked seed run): ``resources.cpu`` for the trainer's

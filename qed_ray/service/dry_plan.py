@@ -1,146 +1,190 @@
-"""The dry run's plan (``--dry-run``): one line per pack shape (packs, members, hours per pack, memory per pack and
-the node it needs), then the bill on each shipped cluster's card and on the measured one (GPU-hours with the
-scheduling tail, the packs' own hours, the wall clock at the worker count), and where each number comes from
-(:mod:`qed_ray.service.bill`, :mod:`qed_ray.service.memory`). The order packs go to Tune is :func:`order_packs`."""
+"""The plan of ``--dry-run``, one block per machine (this one, then every shipped cluster): the pack size (``auto``:
+the largest that fits a node with its headroom and keeps every node busy), packs per node, the largest pack's
+memory, the device-hours with the tail, the wall clock and the money; or "not runnable as shipped" with the reason
+and the fix and no wall clock; "no estimate" with the reason where a rate was never measured (never 0)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
-from qed_ray.service.bill import CLUSTERS, STARTUP_S, PackRate, longest_first, pack_rate, pack_seconds, schedule
-from qed_ray.service.memory import NODE_TYPES, NodeType, fit_problem, gib, pack_memory, packs_per_node
-from qed_ray.service.packing import Pack
+from qed_ray.replay_memory import MAX_PACK_REPLAY_BYTES
+from qed_ray.service.bill import NODE_START_S, Rate, longest_first, pack_rate, pack_seconds, schedule
+from qed_ray.service.machines import Machine, PriceTable
+from qed_ray.service.memory import HOST_USABLE, gib, pack_memory
+from qed_ray.service.packing import Pack, form_packs, split
 from qed_ray.service.throughput import Throughput
 from qed_ray.spec import SweepSpec
 from qed_ray.tasks import TASK_DIMS
 
+LEGEND = ("legend: packs of S (auto): the largest pack that fits a node and keeps every node busy; with the tail: "
+          "node-hours, each node held until its last pack ends; spot: that price, plus the work an interruption "
+          "loses (since the last checkpoint)")
+
 
 @dataclass(frozen=True)
-class Priced:
-    """Each pack's rate (None: not priced) and expected wall seconds on one node type."""
+class Tables:
+    """The measured rates (GPU, CPU), the cards' FP32 peaks and the prices (None: no ``cluster/``)."""
 
-    rates: tuple[PackRate | None, ...]
-    seconds: tuple[float, ...]
+    gpu: Throughput | None
+    cpu: Throughput | None
+    prices: PriceTable | None
 
 
-def price(spec: SweepSpec, packs: Sequence[Pack], table: Throughput | None, node: NodeType | None) -> Priced:
-    """Every pack's rate and wall seconds on ``node`` (None: the table's card); CPU packs by env stepping."""
-    gpu = spec.resources.gpu
-    per_gpu = round(1 / gpu) if gpu else 1
-    rates = tuple(pack_rate(table, p.trials[0].run, len(p.trials), per_gpu, node) if gpu and table else None
-                  for p in packs)
-    return Priced(rates, tuple(pack_seconds(p, r, per_gpu, spec.pack.env_workers) for p, r in zip(packs, rates)))
+def per_node(spec: SweepSpec, m: Machine) -> int:
+    """Packs a node of ``m`` runs at once: by its CPUs and, for GPU packs, its GPU shares."""
+    by_cpu = int(m.cpus // spec.trial_resources()["cpu"])
+    return min(by_cpu, round(m.gpus / spec.resources.gpu)) if spec.resources.gpu else by_cpu
+
+
+def placement_problem(spec: SweepSpec, m: Machine) -> str | None:
+    """Why no pack of ``spec`` can be placed on ``m`` at any size (the field, the reason and the fix), or None."""
+    gpu, cpu = spec.resources.gpu, spec.trial_resources()["cpu"]
+    if gpu and not m.gpus:
+        return (f"resources.gpu: a pack asks for {gpu:g} GPU and {m.name} has none; set resources.gpu: 0 to train "
+                f"on CPUs, or run on a GPU cluster")
+    if cpu > m.cpus:
+        return (f"resources.cpu: a pack asks for {cpu:g} CPUs (resources.cpu + pack.env_workers) and {m.node} has "
+                f"{m.cpus}; ask for at most {m.cpus}")
+    return None
+
+
+def fit_problem(spec: SweepSpec, pack: Pack, m: Machine) -> str | None:
+    """Why ``pack`` does not fit a node of ``m`` next to the others there, or None."""
+    runs, gpu, n = [t.run for t in pack.trials], spec.resources.gpu, per_node(spec, m)
+    mem = pack_memory(runs, min(spec.pack.env_workers, len(runs)), gpu, m.gpu_bytes)
+    if mem.replay > MAX_PACK_REPLAY_BYTES:
+        return f"its replay {gib(mem.replay)} > the {gib(MAX_PACK_REPLAY_BYTES)} a pack may hold"
+    if n * mem.host > HOST_USABLE * m.host_bytes:
+        return f"{n} x {gib(mem.host)} host memory > {HOST_USABLE:.0%} of {m.node}'s {gib(m.host_bytes)}"
+    if gpu and round(1 / gpu) * mem.gpu > m.gpu_bytes:
+        return f"{round(1 / gpu)} x {gib(mem.gpu)} GPU memory > the {m.card}'s {gib(m.gpu_bytes)}"
+    return None
+
+
+def _largest(packs: Sequence[Pack]) -> list[Pack]:
+    """The pack with the largest task of each shape (agent/variants, members): the ones whose fit decides."""
+    rows: dict[tuple, Pack] = {}
+    for p in packs:
+        key = (p.id.agent, p.id.variant, len(p.trials))
+        if key not in rows or sum(TASK_DIMS[p.id.task]) > sum(TASK_DIMS[rows[key].id.task]):
+            rows[key] = p
+    return list(rows.values())
+
+
+def _misfit(spec: SweepSpec, packs: Sequence[Pack], m: Machine) -> str | None:
+    return next((f"{p.id.agent}/{p.id.variant} S={len(p.trials)}: {why}" for p in _largest(packs)
+                 for why in [fit_problem(spec, p, m)] if why), None)
+
+
+def size_packs(spec: SweepSpec, whole: Sequence[Pack], m: Machine, fixed: bool) -> tuple[int, list[Pack], str]:
+    """``(size, packs, how)`` on ``m``; size 0 with ``how`` the reason and the fix when no size fits. ``whole``:
+    the packs at a size no group exceeds (or the recorded ones, with ``fixed``)."""
+    if fixed or spec.pack.seeds != "auto":
+        size = max(len(p.trials) for p in whole) if fixed else spec.pack.seeds
+        packs = list(whole) if fixed else split(whole, size)
+        why = _misfit(spec, packs, m)
+        if why is None:
+            return size, packs, "registered" if fixed else "pack.seeds"
+        fits = next((s for s in range(size - 1, 0, -1) if _misfit(spec, split(whole, s), m) is None), 0)
+        keep = any(t.shared_indices for t in spec.train_specs()) or fixed
+        fix = ("another cluster (this pack size is registered)" if keep else
+               f"pack.seeds: {fits} (or auto)" if fits else "a machine with more memory")
+        return 0, [], f"{why}; fix: {fix}"
+    if not spec.resources.gpu:  # on CPUs a pack of S costs S packs of one on one core: more keep more cores busy
+        return 1, split(whole, 1), "auto: packs of one on CPUs"
+    slots, top = m.nodes * per_node(spec, m), max(len(p.trials) for p in whole)
+    for size in sorted({-(-top // k) for k in range(1, top + 1)}, reverse=True):  # balanced: 30, 15, 10, 8, ...
+        packs = split(whole, size)
+        if _misfit(spec, packs, m) is None and (len(packs) >= slots or size == 1):
+            return size, packs, "auto"
+    return 0, [], f"{_misfit(spec, split(whole, 1), m)}; fix: a machine with more memory"
+
+
+def price(spec: SweepSpec, packs: Sequence[Pack], m: Machine, tables: Tables) -> tuple[list[float], set[str]] | str:
+    """Every pack's wall seconds on ``m`` and the rates' notes; a str (no estimate, why) where a rate is missing."""
+    per_gpu = round(1 / spec.resources.gpu) if spec.resources.gpu else 0
+    table, peaks = (tables.gpu if per_gpu else tables.cpu), (tables.prices.cards if tables.prices else {})
+    seconds, notes = [], set()
+    for p in packs:
+        rate = pack_rate(p.trials[0].run, len(p.trials), per_gpu, m, table, peaks)
+        if not isinstance(rate, Rate):
+            return rate
+        notes |= rate.notes
+        seconds.append(pack_seconds(p, rate, per_gpu, spec.pack.env_workers))
+    return seconds, notes
 
 
 def order_packs(spec: SweepSpec, packs: Sequence[Pack], table: Throughput | None) -> list[Pack]:
-    """``packs`` in the order they go to Tune: longest expected wall time first (on the measured card), so that
-    the longest packs do not start last and stretch the sweep's tail. CPU sweeps, and GPU ones without a table,
-    keep their grid order (an estimate without the updates' cost would not rank them)."""
+    """``packs`` in the order they go to Tune: longest first on the GPU table's card (the longest packs must not
+    start last and stretch the tail); CPU sweeps, and packs without a rate, in grid order."""
     if not spec.resources.gpu or table is None:
         return list(packs)
-    return longest_first(packs, price(spec, packs, table, None).seconds)
+    m = Machine("measured", "measured", table.card, 80 * 2**30, 2**40, 1024, 1, 1)
+    priced = price(spec, packs, m, Tables(table, None, None))
+    return list(packs) if isinstance(priced, str) else longest_first(packs, priced[0])
 
 
-def _shape(pack: Pack) -> str:
-    return f"{pack.id.agent}/{pack.id.variant}"
+def machine_lines(spec: SweepSpec, whole: Sequence[Pack], m: Machine, tables: Tables, fixed: bool,
+                  workers: int | None, price_per_hour: float | None) -> list[str]:
+    """The plan's block for ``m`` (see the module notes)."""
+    m = m if workers is None or m.name == "this machine" else Machine(**{**m.__dict__, "nodes": workers})
+    what = f"{m.card}, {gib(m.gpu_bytes)}" if m.card else "no GPU"
+    nodes = f"{m.name} ({what}" if m.name == m.node else f"{m.name}: {m.nodes} x {m.node} ({what}"
+    head = f"{nodes}; {m.cpus} CPUs, {gib(m.host_bytes)} for packs)"
+    problem = placement_problem(spec, m)
+    size, packs, how = (0, [], problem) if problem else size_packs(spec, whole, m, fixed)
+    if not size:
+        return [head, f"  not runnable as shipped: {how}"]
+    n, unit = per_node(spec, m), "GPU" if spec.resources.gpu else "CPU"
+    big = max(_largest(packs), key=lambda p: pack_memory([t.run for t in p.trials], 0, 0, 0).host)
+    mem = pack_memory([t.run for t in big.trials], min(spec.pack.env_workers, size), spec.resources.gpu, m.gpu_bytes)
+    out = [head, f"  packs of {size} ({how}): {len(packs):,} packs, {n} per node; largest {big.id.agent}/"
+                 f"{big.id.variant} ({big.id.task}): host {gib(mem.host)}"
+                 + (f", GPU {gib(mem.gpu)}, replay on the {mem.replay_on}" if spec.resources.gpu else "")]
+    priced = price(spec, packs, m, tables)
+    if isinstance(priced, str):
+        return out + [f"  {unit}-hours and wall clock: no estimate: {priced}"]
+    seconds, notes = priced
+    s = schedule(seconds, m.nodes, n)
+    share = spec.resources.gpu * n if spec.resources.gpu else spec.trial_resources()["cpu"] * n
+    start = NODE_START_S if m.name != "this machine" else 0.0
+    wall_h = (start + s.makespan_s) / 3600
+    out.append(f"  {unit}-hours {s.node_hours * share:,.{2 if s.node_hours < 10 else 0}f} with the tail "
+               f"({s.busy_hours * share:,.{2 if s.busy_hours < 10 else 0}f} in packs); wall clock "
+               + (f"{wall_h:,.1f} h" if wall_h >= 1 else f"{wall_h * 60:.0f} min")
+               + (f" (incl. a {start / 60:.0f}-min node start)" if start else "") + _money(m, s.node_hours, wall_h,
+                                                                                         price_per_hour))
+    if m.spot and price_per_hour is None:
+        t = big.trials[0].run.train
+        lost = max(seconds) * t.eval_every_decisions / t.decisions / 3600
+        out.append(f"  spot: an interruption loses up to {lost:,.1f} h of a pack's work (a checkpoint every "
+                   f"{t.eval_every:,} env steps) and a node start")
+    return out + ([f"  rates: {'; '.join(sorted(notes))}"] if notes else [])
 
 
-def shape_rows(packs: Sequence[Pack]) -> dict[tuple[str, int], list[int]]:
-    """The packs' indices per shape (``agent/variants``, members); the first index is the pack of the largest
-    task (the one whose memory a row shows)."""
-    rows: dict[tuple[str, int], list[int]] = {}
-    for i, p in enumerate(packs):
-        rows.setdefault((_shape(p), len(p.trials)), []).append(i)
-    size = {i: sum(TASK_DIMS[packs[i].trials[0].run.task]) for i in range(len(packs))}
-    return {k: sorted(v, key=lambda i: -size[i]) for k, v in rows.items()}
+def _money(m: Machine, node_hours: float, wall_h: float, price_per_hour: float | None) -> str:
+    fixed = m.fixed_per_hour * wall_h
+    if price_per_hour is not None:
+        return f"; ${node_hours * price_per_hour + fixed:,.0f} at --price-per-hour {price_per_hour:g}"
+    if m.on_demand is None:
+        return ""
+    extra = f" (incl. ${fixed:,.0f} {m.fixed})" if fixed >= 0.5 else ""
+    return f"; ${node_hours * m.on_demand + fixed:,.0f} on demand, ${node_hours * m.spot + fixed:,.0f} spot{extra}"
 
 
-def shape_lines(spec: SweepSpec, packs: Sequence[Pack], priced: Priced, node: NodeType | None) -> list[str]:
-    """One line per pack shape (agent, variants, members), longest first: packs, hours per pack, memory per pack
-    (its largest task) and the node it needs."""
-    res, gpu = spec.trial_resources(), spec.resources.gpu
-    out = []
-    for (shape, size), idx in sorted(shape_rows(packs).items(), key=lambda kv: -max(priced.seconds[i] for i in kv[1])):
-        hours = sorted(priced.seconds[i] / 3600 for i in idx)
-        runs = [t.run for t in packs[idx[0]].trials]
-        workers = min(spec.pack.env_workers, size)
-        mem = pack_memory(runs, workers, gpu, node)
-        span = _span(hours[0], hours[-1])
-        where = f"GPU {gib(mem.gpu)}, replay on the {mem.replay_on}" if gpu else f"replay on the {mem.replay_on}"
-        fits = [n.name for n in NODE_TYPES.values()
-                if fit_problem(pack_memory(runs, workers, gpu, n), n, res["cpu"], gpu) is None] if gpu else []
-        out.append(f"  {shape} S={size}: {len(idx)} pack{'s' if len(idx) > 1 else ''}, {span} each; memory per pack "
-                   f"({packs[idx[0]].id.task}): host {gib(mem.host)}, {where}"
-                   + (f"; fits {', '.join(fits) or 'none of ' + ', '.join(NODE_TYPES)}" if gpu else ""))
-    return out
-
-
-def _span(lo: float, hi: float) -> str:
-    """``5.1 h``, ``2.0-3.1 h``, ``12 min``."""
-    one = (lambda h: f"{h * 60:.0f}") if hi < 1 else (lambda h: f"{h:.1f}")
-    return (one(lo) if one(lo) == one(hi) else f"{one(lo)}-{one(hi)}") + (" min" if hi < 1 else " h")
-
-
-def misfits(spec: SweepSpec, packs: Sequence[Pack], node: NodeType) -> list[str]:
-    """``shape (why)`` for each pack shape whose largest pack does not fit ``node``."""
-    res, gpu, out = spec.trial_resources(), spec.resources.gpu, []
-    for (shape, size), idx in shape_rows(packs).items():
-        workers = min(spec.pack.env_workers, size)
-        why = fit_problem(pack_memory([t.run for t in packs[idx[0]].trials], workers, gpu, node), node, res["cpu"],
-                          gpu)
-        if why:
-            out.append(f"{shape} S={size} ({why})")
-    return out
-
-
-def bill_line(spec: SweepSpec, priced: Priced, node: NodeType, workers: int, source: str) -> str:
-    """GPU-hours with the tail, the packs' own GPU-hours and the wall clock on ``workers`` nodes of ``node``."""
-    per_node = packs_per_node(node, spec.trial_resources()["cpu"], spec.resources.gpu)
-    if per_node < 1:
-        return f"GPU-hours on the {node.card}: none ({node.name} cannot hold one pack)"
-    s = schedule(priced.seconds, workers, per_node)
-    return (f"GPU-hours on the {node.card} ({source}: {workers} x {node.name}, {per_node} packs each): "
-            f"{s.node_hours * node.gpus:,.0f} with the tail ({s.busy_hours * node.gpus:,.0f} in packs); wall clock "
-            f"{(STARTUP_S + s.makespan_s) / 3600:,.1f} h ({STARTUP_S / 60:.0f} min start)")
-
-
-def plan_lines(spec: SweepSpec, packs: Sequence[Pack], table: Throughput | None, workers: int | None) -> list[str]:
-    """The plan's lines (see the module notes); ``workers`` overrides the clusters' ``max_workers``."""
-    if not spec.resources.gpu:
-        priced = price(spec, packs, None, None)
-        per = max(1, int(16 // spec.trial_resources()["cpu"]))
-        s = schedule(priced.seconds, workers or 1, per)
-        return ["packs by shape, longest first:", *shape_lines(spec, packs, priced, None),
-                f"CPU-hours: at least {sum(priced.seconds) / 3600 * spec.trial_resources()['cpu']:,.2f} (env stepping "
-                f"only, from benchmarks/env_costs.json: no CPU table of the updates); wall clock at least "
-                f"{_span(s.makespan_s / 3600, s.makespan_s / 3600)} on {workers or 1} node(s) of 16 CPUs"]
-    if table is None:
-        return ["GPU-hours: no GPU measurement yet (qed_ray/data/throughput.json has no GPU table)"]
-    aws = NODE_TYPES[CLUSTERS["aws"][1]]
-    priced = price(spec, packs, table, aws)
-    missing = sorted({_shape(p) + f" S={len(p.trials)}" for p, r in zip(packs, priced.rates) if r is None})
-    if missing:
-        return [f"GPU-hours: unknown: the throughput table ({table.card}) has no cell to scale from for "
-                f"{', '.join(missing)}"]
-    out = [f"packs by shape, longest first (hours per pack on the {aws.card}):", *shape_lines(spec, packs, priced, aws)]
-    notes: set[str] = set()
-    for name, (config, node_name, max_workers) in CLUSTERS.items():
-        node = NODE_TYPES[node_name]
-        p = priced if node is aws else price(spec, packs, table, node)
-        notes |= {n for r in p.rates for n in r.notes}
-        out.append(bill_line(spec, p, node, workers or max_workers, "--workers" if workers else config))
-        bad = misfits(spec, packs, node)
-        if bad:
-            out.append(f"  does not fit {node.name}: {'; '.join(bad)}: pack fewer seeds (pack.seeds) or use another "
-                       f"cluster")
-    measured = next((n for n in NODE_TYPES.values() if n.card == table.card), None)
-    if measured is not None:
-        p = price(spec, packs, table, None)
-        notes |= {n for r in p.rates for n in r.notes}
-        out.append(bill_line(spec, p, measured, workers or CLUSTERS["aws"][2], "the measured card"))
-    out.append(f"  rates: throughput table of {table.date[:10]} ({table.card}); "
-               + ("; ".join(sorted(notes)) if notes else "every cell measured")
-               + "; env stepping and evaluations from benchmarks/env_costs.json; checkpoints and the gather step "
-                 "not counted")
-    return out
+def plan_lines(spec: SweepSpec, machines: Sequence[Machine], tables: Tables, recorded: Mapping | None,
+               workers: int | None = None, price_per_hour: float | None = None) -> list[str]:
+    """The plan's lines: a block per machine, where the rates and prices come from, and the legend."""
+    fixed = bool(recorded)
+    whole = form_packs(spec, recorded, size=None if fixed else 10**6)
+    out = [line for m in machines for line in machine_lines(spec, whole, m, tables, fixed, workers, price_per_hour)]
+    t = tables.cpu if not spec.resources.gpu else tables.gpu
+    if t is not None:
+        out.append(f"rates: {t.card} ({t.device}{f', {t.cpus} CPUs' if t.cpus else ''}), measured {t.date[:10]}; "
+                   f"env stepping from benchmarks/env_costs.json")
+    if tables.prices is not None:
+        p = tables.prices
+        out.append(f"prices: cluster/prices.yaml, as of {p.date}, source: "
+                   + "; ".join(p.sources.values()) + " (--price-per-hour overrides)")
+    return out + [LEGEND]

@@ -1,14 +1,11 @@
-"""``python -m qed_ray.sweep SPEC --dry-run [--list] [--workers N]``: what a run would do, and what it would cost;
-starts nothing.
+"""``python -m qed_ray.sweep SPEC --dry-run [--list] [--workers N] [--card C] [--price-per-hour P]``: what a run
+would do and cost on this machine and on every shipped cluster; starts nothing.
 
-Prints the plan: the trials and packs (one Tune trial each) with what a run would do with them from the folder on
-disk (``new``, ``start``, ``resume from env step N``, ``done``, ``diverged``: counted, and per trial with ``--list``,
-packs in the order they go to Tune), the resources per Tune trial and all at once, one line per pack shape (hours
-and memory per pack, the node it needs), the GPU-hours with the scheduling tail and the wall clock on each shipped
-cluster's card and on the measured one (:mod:`qed_ray.service.dry_plan`, :mod:`qed_ray.service.bill`), and the
-largest replay per trial and per pack against their caps (:mod:`qed_ray.replay_memory`). A spec that a real run
-would refuse is refused the same way (exit 2); a tracking server that does not answer from here is only warned
-about (:mod:`qed_ray.service.tracking_uri`).
+Prints the trials and what a run would do with each from the folder on disk (``new``, ``start``, ``resume from env
+step N``, ``done``, ``diverged``: counted, and per trial with ``--list``), the resources per pack, the plan per
+machine (:mod:`qed_ray.service.dry_plan`) and the largest replay against its caps. A spec a start from here would
+refuse is refused the same way (exit 2) after the plan: a pack this machine cannot place, when a start would run
+on it (an embedded Ray cluster: :func:`embedded`). A tracking server that does not answer is only warned about.
 """
 
 from __future__ import annotations
@@ -18,27 +15,58 @@ from collections import Counter
 from pathlib import Path
 
 from qed_ray import console
-from qed_ray.records.layout import SweepDir
-from qed_ray.service.packing import Pack
-from qed_ray.spec import SpecError, SweepSpec, Trial
-from qed_ray.service.sweep_state import check_folder, plan, resolve_paths
+from qed_ray.layout import SweepDir
 from qed_ray.replay_memory import replay_line
+from qed_ray.service.dry_plan import Tables, order_packs, placement_problem, plan_lines, size_packs
+from qed_ray.service.machines import Machine, clusters, load_prices, this_machine
+from qed_ray.service.packing import Pack, form_packs
+from qed_ray.service.sweep_state import check_folder, plan, resolve_paths
+from qed_ray.service.throughput import CPU_PATH, DEFAULT_PATH, load_table, load_throughput
 from qed_ray.service.tracking_uri import unreachable, uri_field
-from qed_ray.service.dry_plan import order_packs, plan_lines
-from qed_ray.service.throughput import DEFAULT_PATH, load_throughput
+from qed_ray.spec import SpecError, SweepSpec, Trial
 
 
 def tune_order(spec: SweepSpec, packs: list[Pack]) -> list[Pack]:
-    """The packs in the order the driver hands them to Tune: longest first on the measured table's card
-    (:func:`qed_ray.service.dry_plan.order_packs`)."""
+    """The packs in the order the driver hands them to Tune (:func:`qed_ray.service.dry_plan.order_packs`)."""
     return order_packs(spec, packs, load_throughput())
 
 
+def embedded() -> bool:
+    """Whether a start from here would run on this machine (an embedded Ray cluster, not a joined one)."""
+    from qed_ray.service.ray_join import target
+
+    return target().address is None
+
+
+def check_machine(spec: SweepSpec, here: Machine | None = None) -> None:
+    """Refuses (SpecError naming the field, with the fix) a pack this machine cannot place; only where a start
+    runs on this machine, and before anything is written."""
+    problem = placement_problem(spec, here or this_machine()) if embedded() else None
+    if problem:
+        raise SpecError(problem)
+
+
+def sized_spec(spec: SweepSpec, recorded_seeds: int | None, here: Machine | None = None) -> SweepSpec:
+    """``spec`` with ``pack.seeds: auto`` resolved: the size a started sweep registered, else the plan's for this
+    machine (embedded) or the smallest over the shipped clusters (a joined cluster: it fits every one)."""
+    if spec.pack.seeds != "auto":
+        return spec
+    if recorded_seeds:
+        return spec.sized(recorded_seeds)
+    prices = load_prices()
+    machines = [here or this_machine()] if embedded() or prices is None else clusters(prices)
+    whole = form_packs(spec, size=10**6)
+    sizes = [s for m in machines if not placement_problem(spec, m)
+             for s, _, _ in [size_packs(spec, whole, m, False)] if s]
+    return spec.sized(min(sizes) if sizes else 1)
+
+
 def dry_run(spec: SweepSpec, throughput_path: str | Path = DEFAULT_PATH, listing: bool = False,
-            workers: int | None = None, fresh: bool = False, force: bool = False) -> int:
-    """Prints the plan (see the module notes; every trial with ``listing``; ``workers`` nodes instead of the
-    clusters' ``max_workers``; with ``fresh``, that of the new sweep ``--fresh`` would start); raises SpecError with
-    the refusals a run would give; no line wider than :func:`qed_ray.console.width`."""
+            workers: int | None = None, fresh: bool = False, force: bool = False, card: str | None = None,
+            price_per_hour: float | None = None, here: Machine | None = None) -> int:
+    """Prints the plan (the module notes; every trial with ``listing``; ``workers`` nodes per cluster instead of
+    its config's; ``card``: KubeRay's GPU; ``price_per_hour``: a node-hour's price; ``here``: this machine, for
+    tests); raises SpecError with the refusals a start would give; no line wider than the console."""
     layout, uri, exp = resolve_paths(spec)
     columns = console.width()
 
@@ -46,43 +74,45 @@ def dry_run(spec: SweepSpec, throughput_path: str | Path = DEFAULT_PATH, listing
         print(console.fit(line, columns))
 
     existing = check_folder(layout, spec, fresh, force)
-    p = plan(None, spec) if fresh else plan(existing, spec, layout)
+    recorded = None if fresh or existing is None else existing.packs
+    run_spec = sized_spec(spec, None if fresh or existing is None else existing.pack_seeds, here)
+    p = plan(None, run_spec) if fresh else plan(existing, run_spec, layout)
     if fresh and existing is not None:
         show(f"--fresh: {layout.root} would be moved aside first (nothing is deleted); the plan below is of a new "
-              f"sweep")
+             f"sweep")
     trials = spec.trials()
-    res = spec.trial_resources()
-    plural = "s" if len(p.packs) > 1 else ""
-    show(f"sweep {spec.name}: {len(trials)} trials in {len(p.packs)} pack{plural} (Tune trial{plural}) of up to "
-         f"{spec.pack.seeds} seed{'s' if spec.pack.seeds > 1 else ''} -> {layout.root}  (MLflow {uri}, experiment "
-         f"{exp})")
+    size = "sized per machine (auto)" if spec.pack.seeds == "auto" else f"of up to {spec.pack.seeds}"
+    show(f"sweep {spec.name}: {len(trials)} trials in packs {size} (by {spec.pack.by}) -> "
+         f"{layout.root}  (MLflow {uri}, experiment {exp})")
     if p.state.claim is not None:
         rec = p.state.claim
         show(f"pre-registration: {rec.file} (claim block sha256 {rec.sha256[:12]}; frozen in sweep.json at the "
              f"first start, a changed block is refused)")
-    table = load_throughput(throughput_path)
-    packs = order_packs(spec, p.packs, table)
-    what = {t.name: _what_next(layout, t, p.new, pack) for pack in packs for t in pack.trials}
+    what = {t.name: _what_next(layout, t, p.new, pack) for pack in p.packs for t in pack.trials}
     counts = Counter(w if not w.startswith("resume") else "resume" for w in what.values())
     show("trials: " + ", ".join(f"{n:,} {w}" for w, n in counts.most_common())
          + ("" if listing else " (each trial: --list)"))
-    for pack in packs if listing else ():
+    for pack in order_packs(run_spec, p.packs, load_throughput(throughput_path)) if listing else ():
         show(f"  pack {pack.name}  ({len(pack.trials)} seed{'s' if len(pack.trials) > 1 else ''})")
         for t in pack.trials:
             r = t.run
             show(f"    {t.name:48s} env_steps={r.train.env_steps:,} hidden={r.agent.hidden} "
                  f"batch={r.agent.batch_size}  [{what[t.name]}]")
-    total, n = sum(t.run.train.env_steps for t in trials), len(p.packs)
+    res = spec.trial_resources()
     show(f"per pack: {res['cpu']:g} CPU ({spec.resources.cpu:g} + {spec.pack.env_workers} env workers), "
-         f"{res['gpu']:g} GPU; all {n} packs at once: {res['cpu'] * n:g} CPU, {res['gpu'] * n:g} GPU; total "
-         f"env steps {total:,}")
-    for line in plan_lines(spec, packs, table, workers):
+         f"{res['gpu']:g} GPU; total env steps {sum(t.run.train.env_steps for t in trials):,}")
+    prices = load_prices()
+    here = here or this_machine()
+    machines = [here] + (clusters(prices, card=card) if prices else [])
+    tables = Tables(load_throughput(throughput_path), load_table(CPU_PATH), prices)
+    for line in plan_lines(run_spec if recorded else spec, machines, tables, recorded, workers, price_per_hour):
         show(line)
-    show(replay_line(spec.replay_needs()))
+    show(replay_line(run_spec.replay_needs()))
     problem = unreachable(uri)
     if problem:  # a cluster-only address is normal where a dry run is made: a start refuses it, this warns
         print(f"warning: {uri_field()}: {problem}; a start from here would be refused (fine if the address is "
               f"reachable only from the cluster's head)", file=sys.stderr)
+    check_machine(spec, here)
     if p.problems:
         raise SpecError("\n".join(p.problems))
     return 0

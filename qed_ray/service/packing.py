@@ -111,10 +111,11 @@ def pack_group(trial: Trial, by: str) -> str:
     return json.dumps(shared_settings(trial.run), sort_keys=True, default=str)
 
 
-def form_packs(spec: SweepSpec, recorded: Mapping[str, Sequence[str]] | None = None) -> list[Pack]:
+def form_packs(spec: SweepSpec, recorded: Mapping[str, Sequence[str]] | None = None,
+               size: int | None = None) -> list[Pack]:
     """The spec's packs: the ``recorded`` ones (``{pack name: trial names}``, kept as they are), then the trials in
     none of them, per group (:func:`pack_group` of ``spec.pack.by``) variant by variant in grid order and each in
-    seed order, in chunks of ``spec.pack.seeds``. Packs come in the grid order of their first (task, agent,
+    seed order, in chunks of ``size`` (default ``spec.pack.seeds``). Packs come in the grid order of their first (task, agent,
     variant), then by first seed. Trials of a recorded pack that the spec no longer has are left out (a started
     sweep refuses dropping trials before this matters, :func:`qed_ray.service.sweep_state.plan`).
     """
@@ -132,11 +133,17 @@ def form_packs(spec: SweepSpec, recorded: Mapping[str, Sequence[str]] | None = N
     for t in trials:
         if t.name not in taken:
             groups.setdefault(pack_group(t, spec.pack.by), []).append(t)
-    size = spec.pack.seeds
+    size = size or spec.pack.seeds
     for members in groups.values():
         members = sorted(members, key=lambda t: (order[group_of(t.name)], t.run.seed))
         packs += [_pack(members[i:i + size]) for i in range(0, len(members), size)]
     return sorted(packs, key=lambda p: (order[group_of(p.names[0])], p.trials[0].run.seed))
+
+
+def split(packs: Sequence[Pack], size: int) -> list[Pack]:
+    """Each of ``packs`` cut in order into packs of ``size`` (the last of each may be smaller): what
+    :func:`form_packs` forms at ``size`` from its packs at a size no group exceeds, in another order."""
+    return [_pack(p.trials[i:i + size]) for p in packs for i in range(0, len(p.trials), size)]
 
 
 def _pack(members: Sequence[Trial]) -> Pack:

@@ -29,8 +29,10 @@ EXAMPLES = ("python -m qed_ray.sweep sweeps/smoke.yaml --dry-run   # the plan an
 
 def check_options(no_spec: bool, args) -> None:
     """Refuses flags that do not go together, naming them (SpecError)."""
-    if (args.list or args.workers is not None) and not args.dry_run:
-        raise SpecError("--list, --workers: only with --dry-run")
+    if (args.list or args.workers is not None or args.card or args.price_per_hour is not None) and not args.dry_run:
+        raise SpecError("--list, --workers, --card, --price-per-hour: only with --dry-run")
+    if args.price_per_hour is not None and not args.price_per_hour > 0:
+        raise SpecError(f"--price-per-hour: {args.price_per_hour:g}; a node-hour's price in USD, more than 0")
     if args.workers is not None and args.workers < 1:
         raise SpecError(f"--workers: {args.workers} worker nodes; allowed 1 or more")
     if args.dir is not None and not args.status:
@@ -61,6 +63,10 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
     say = lambda line: print(line, flush=True)  # noqa: E731
     layout, uri, experiment = resolve_paths(spec)
     state = check_folder(layout, spec, fresh, force)
+    from qed_ray.service.dry_run import check_machine, sized_spec
+
+    check_machine(spec)  # a pack this machine cannot place (an embedded cluster): refused before any folder exists
+    spec = sized_spec(spec, state.pack_seeds if state is not None and not fresh else None)
     # Refused before anything is written (or moved aside), and checked again under the lock.
     _refuse(plan(None, spec).problems if fresh else plan(state, spec, layout).problems)
     problem = unreachable(uri)  # seconds now, not minutes of MLflow retries once Ray is up
@@ -130,11 +136,15 @@ def parser():
     p = cli_help.parser("python -m qed_ray.sweep", __doc__, EXAMPLES, announce.local_head_help())
     p.add_argument("spec", type=Path, nargs="?", help="sweep YAML (see sweeps/ and the README's field table); "
                    "not needed with --status --dir")
-    p.add_argument("--dry-run", action="store_true", help="print the plan (trials, packs by shape, memory, GPU-hours "
-                                                          "and wall clock); run nothing (refuses what a run would refuse)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan on this machine and each shipped cluster "
+                                                          "(pack size, memory, hours, wall clock, price); run nothing (refuses what a run would refuse)")
     p.add_argument("--list", action="store_true", help="with --dry-run: every trial, pack by pack (longest first)")
     p.add_argument("--workers", type=int, metavar="N", help="with --dry-run: the bill on N worker nodes (default: "
                                                             "the shipped cluster configs' max_workers)")
+    p.add_argument("--card", metavar="NAME", help="with --dry-run: the GPU of KubeRay's workers (a card of "
+                                                  "cluster/prices.yaml; default: its qed-ray.io/card annotation)")
+    p.add_argument("--price-per-hour", type=float, metavar="USD", help="with --dry-run: a worker node-hour's price "
+                                                                       "(default: cluster/prices.yaml's)")
     p.add_argument("--fresh", action="store_true", help="start a new sweep (this sweep's folder is moved aside)")
     p.add_argument("--force", action="store_true", help="with --fresh: move the folder aside even when its "
                    "sweep.json cannot be read (then the folder cannot be checked to be this sweep's)")
@@ -180,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             from qed_ray.service.dry_run import dry_run
 
-            return dry_run(spec, listing=args.list, workers=args.workers, fresh=args.fresh, force=args.force)
+            return dry_run(spec, listing=args.list, workers=args.workers, fresh=args.fresh, force=args.force,
+                           card=args.card, price_per_hour=args.price_per_hour)
         return run_sweep(spec, args.spec.resolve(), args.fresh, args.gather_partial, args.force,
                          args.allow_unverified)
     except (SpecError, LockHeld, RecordError) as e:  # a damaged folder file (RecordError) names itself

@@ -40,10 +40,10 @@ def test_the_cpu_form_of_the_gpu_check_runs_every_step_and_writes_its_table_wher
     agents, temps = ("sac_ln", "mad_sac"), ("qed", "te")
     expected = {(a, t, s, 1, "off") for a in agents for t in temps for s in (1, 2)}
     expected |= {("sac_ln", "qed", 2, 2, "off")}
-    cells = [(e["agent"], e["temperature"], e["seeds"], e["packs"], e["mode"]) for e in table.entries]
+    cells = [(e.agent, e.temperature, e.seeds, e.packs, e.mode) for e in table.entries]
     assert set(cells) == expected and len(cells) == len(expected) + 1  # two rows of the 2-pack cell, one each
-    assert all(e["seed_decisions_per_s"] > 0 and e["decisions"] >= 3 for e in table.entries)
-    assert {e["precision"] for e in table.entries} == {"fp32"}  # on the CPU: no precision cells
+    assert all(e.seed_decisions_per_s > 0 and e.decisions >= 3 for e in table.entries)
+    assert {e.precision for e in table.entries} == {"fp32"}  # on the CPU: no precision cells
     assert raw["checks"]["failed"] == [] and raw["checks"]["skipped"] == []
     assert table.device == "cpu" and load_throughput(out / "throughput.json") is None  # a CPU table is no GPU one
     assert len((out / "throughput.md").read_text().splitlines()) >= 2 + len(cells)

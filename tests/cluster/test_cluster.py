@@ -621,34 +621,34 @@ def test_image_references_must_be_documented_exact_tags(documented, image, messa
     assert len(problems) == len(messages)
 
 
-# ---- the dmc18 pack layout on the shipped node types (qed_ray.service.memory.NODE_TYPES: g5.4xlarge = 1x A10G,
-# g2-standard-16 = 1x L4, 24 GB cards; the KubeRay worker asks for one nvidia.com/gpu of a 24 GB class) ------------
+# ---- the dmc18 packs on the shipped clusters' workers (cluster/prices.yaml, qed_ray.service.machines) -----------
 
 
 def _worker_types(cfg: dict) -> list[dict]:
     return [t["resources"] for name, t in cfg["available_node_types"].items() if name != cfg["head_node_type"]]
 
 
-@pytest.mark.parametrize("provider, node_type", [("aws", "g5.4xlarge"), ("gcp", "g2-standard-16")])
-def test_the_dmc18_packs_fit_the_worker_nodes_cpus_gpu_share_and_memory(provider, node_type):
-    from qed_ray.service.dry_plan import misfits
-    from qed_ray.service.memory import NODE_TYPES
+@pytest.mark.parametrize("provider", ["aws", "gcp", "kuberay"])
+def test_the_dmc18_packs_fit_the_worker_nodes_cpus_gpu_share_and_memory_at_their_auto_size(provider):
+    from qed_ray.service.dry_plan import fit_problem, size_packs
+    from qed_ray.service.machines import clusters, load_prices
     from qed_ray.service.packing import form_packs
     from qed_ray.spec import load_spec
 
     spec = load_spec(ROOT / "sweeps" / "dmc18.yaml")
-    need, per_gpu = spec.trial_resources(), round(1 / spec.resources.gpu)
-    assert (spec.pack.seeds, spec.pack.by) == (30, "shape") and per_gpu * spec.resources.gpu == pytest.approx(1.0)
-    (node,) = _worker_types(launcher(provider))
-    assert need["cpu"] * per_gpu * node["GPU"] <= node["CPU"], "every pack on a node gets its CPUs"
-    model = NODE_TYPES[node_type]  # the memory model's node type is the config's worker
-    assert node_type in str(launcher(provider)) and (model.cpus, model.gpus) == (node["CPU"], node["GPU"])
-    # Host and GPU memory of each pack shape on its largest task (qed_ray.service.memory: replay at 1M transitions
-    # per seed, on the host when it passes half the pack's share of the card), for the packs sharing a node.
-    bad = [m.split(" (")[0] for m in misfits(spec, form_packs(spec), model)]
-    # gcp's g2-standard-16 has 64 GB (59.6 GiB) of RAM: two MAD-SAC QED packs of 30 on quadruped (19 GiB of replay
-    # each on the host) pass its 90%; the dry run names it (packs of 20, or one pack per GPU, fit).
-    assert bad == {"aws": [], "gcp": ["mad_sac/qed0.2,qed0.3,qed0.4 S=30"]}[provider]
+    need, per_gpu = spec.sized(30).trial_resources(), round(1 / spec.resources.gpu)
+    assert (spec.pack.seeds, spec.pack.by) == ("auto", "shape") and per_gpu * spec.resources.gpu == pytest.approx(1.0)
+    model = next(m for m in clusters(load_prices()) if m.name == provider)  # the plan's machine is the config's
+    if provider != "kuberay":
+        (node,) = _worker_types(launcher(provider))
+        assert (model.cpus, model.gpus) == (node["CPU"], node["GPU"]) and model.node in str(launcher(provider))
+    assert need["cpu"] * per_gpu * model.gpus <= model.cpus, "every pack on a node gets its CPUs"
+    # The largest pack that fits with its headroom (qed_ray.service.dry_plan): gcp's 59.6 GiB and KubeRay's 40 GiB
+    # (56 Gi less the 16 Gi /dev/shm) cannot hold two MAD-SAC QED packs of 30 on quadruped (19 GiB of replay each on
+    # the host), so their packs are smaller there; every pack at that size fits.
+    size, packs, how = size_packs(spec, form_packs(spec, size=10**6), model, False)
+    assert how == "auto" and size == {"aws": 30, "gcp": 15, "kuberay": 15}[provider]
+    assert all(fit_problem(spec.sized(size), p, model) is None for p in packs)
 
 
 def test_the_kuberay_worker_fits_the_dmc18_packs():

@@ -1,20 +1,24 @@
-"""The bill of a sweep (qed_ray.service.bill, dry_plan): pack rates from the throughput table and their stated
-scalings, a pack's wall time, packs longest first, the schedule's tail, every shipped GPU spec priced on the shipped
-clusters' cards, and dmc18's dry run as a plan of at most 40 lines."""
+"""The plan of a sweep (qed_ray.service.bill, dry_plan, dry_run): rates looked up in the measured tables and each
+step that is not a measured cell named, a pack's wall time, the schedule's tail, the plan on this machine (its
+cores injected), on every shipped cluster with its price, pack sizes that fit, "not runnable as shipped", and the
+resources refused before anything is written."""
 
-import json
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
-from kit import sweep_spec, widest
+from kit import flat, widest
 from qed_ray.config import RunSpec
-from qed_ray.service.bill import CLUSTERS, ENV_COSTS_PATH, PackRate, pack_rate, pack_seconds, schedule
-from qed_ray.service.dry_plan import bill_line, order_packs, price
-from qed_ray.service.memory import NODE_TYPES
+from qed_ray.replay_memory import GIB
+from qed_ray.service.bill import (ENV_COSTS_PATH, NODE_START_S, PACK_START_S, Rate, env_costs, pack_rate,
+                                  pack_seconds, schedule)
+from qed_ray.service.dry_plan import Tables, fit_problem, machine_lines, order_packs, per_node
+from qed_ray.service.machines import Machine, clusters, load_prices, this_machine
 from qed_ray.service.packing import form_packs
-from qed_ray.service.throughput import load_throughput, parse_throughput
-from qed_ray.spec import load_spec
+from qed_ray.service.throughput import CPU_PATH, load_table, load_throughput, parse_throughput
+from qed_ray.spec import SweepSpec, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 H100 = "NVIDIA H100 80GB HBM3"
@@ -22,119 +26,191 @@ TABLE = parse_throughput({"schema": 1, "device": "cuda", "card": H100, "date": "
     {"agent": "sac_ln", "temperature": "te", "seeds": 10, "packs": 1, "mode": "graph", "seed_decisions_per_s": 1000},
     {"agent": "sac_ln", "temperature": "te", "seeds": 20, "packs": 1, "mode": "graph", "seed_decisions_per_s": 1500},
     {"agent": "sac_ln", "temperature": "te", "seeds": 10, "packs": 2, "mode": "graph", "seed_decisions_per_s": 600}]})
+PEAKS = {H100: 66.9, "NVIDIA A10G": 35.0}
+H100_NODE = Machine("measured", "h", H100, 80 * GIB, 200 * GIB, 32, 1, 1)
+SMOKE, DMC18 = ROOT / "sweeps" / "smoke.yaml", ROOT / "sweeps" / "dmc18.yaml"
 
 
-# Two packs of 10 seeds at the paper's size, 10,000 decisions each, over kit's sweep.
-BILLED = {"name": "b", "tasks": ["cartpole-balance", "quadruped-run"], "seeds": 10,
-          "pack": {"seeds": 10, "env_workers": 3}, "resources": {"cpu": 1, "gpu": 1.0},
-          "agents": [{"name": "sac_ln", "overrides": {"hidden": 512, "batch_size": 512},
-                      "temperatures": [{"kind": "te"}]}],
-          "train": {"env_steps": 20_000, "eval_every": 10_000, "eval_episodes": 2, "warmup_decisions": 100}}
+def _run(**agent) -> RunSpec:
+    return RunSpec.model_validate({"task": "cheetah-run", "agent": {"name": "sac_ln", "hidden": 512, "batch_size": 512,
+                                                                    **agent},
+                                   "temperature": {"kind": "te"}, "train": {"precision": "fp32"}})
 
 
-def test_a_packs_rate_is_measured_or_scaled_as_stated():
-    run = sweep_spec(BILLED).runs()[0]
-    assert pack_rate(TABLE, run, 10, 1, None) == PackRate(1000, 1000, frozenset())
-    assert pack_rate(TABLE, run, 10, 2, None) == PackRate(1200, 1000, frozenset())  # 2 packs x 600, measured
-    assert pack_rate(TABLE, run, 15, 1, None) == PackRate(1250, 1250, frozenset({"S=15 between S=10 and S=20"}))
-    held = pack_rate(TABLE, run, 30, 1, None)
-    assert held == PackRate(1500, 1500, frozenset({"S=30 at the S=20 cell's rate"}))
-    # Two packs of 15 on a card whose sharing was not measured for them: at most one pack of 30.
-    assert pack_rate(TABLE, run, 15, 2, None) == PackRate(1500, 1250, frozenset({
-        "S=15 between S=10 and S=20", "S=30 at the S=20 cell's rate", "2 packs of S=15 as one pack of S=30"}))
-    a10g = pack_rate(TABLE, run, 10, 1, NODE_TYPES["g5.4xlarge"])
+def test_a_packs_rate_is_a_measured_cell_or_each_step_is_named_or_there_is_no_estimate():
+    run = _run()
+    assert pack_rate(run, 10, 1, H100_NODE, TABLE, PEAKS) == Rate(1000, 1000, frozenset())
+    assert pack_rate(run, 10, 2, H100_NODE, TABLE, PEAKS) == Rate(1200, 1000, frozenset())  # 2 x 600, measured
+    assert pack_rate(run, 15, 1, H100_NODE, TABLE, PEAKS) == Rate(1250, 1250, frozenset(
+        {"sizes between measured ones linear"}))
+    assert pack_rate(run, 30, 1, H100_NODE, TABLE, PEAKS) == Rate(1500, 1500, frozenset({"packs past S=20 at its rate"}))
+    assert pack_rate(run, 15, 2, H100_NODE, TABLE, PEAKS) == Rate(1500, 1250, frozenset({  # 2 x 15 as one pack of 30
+        "sizes between measured ones linear", "packs past S=20 at its rate", "2 packs on a card as one pack of their "
+                                                                              "seeds"}))
+    a10g = pack_rate(run, 10, 1, Machine("aws", "g5", "NVIDIA A10G", 1, 1, 16, 1, 8), TABLE, PEAKS)
     assert a10g.shared == pytest.approx(1000 * 35.0 / 66.9) and a10g.notes == {
-        f"NVIDIA A10G = {H100} x 35/66.9 FP32 TFLOP/s"}
-    tf32 = run.model_copy(update={"train": run.train.model_copy(update={"precision": "tf32"})})
-    assert pack_rate(TABLE, tf32, 10, 1, None).notes == {"tf32 priced as fp32"}
-    mad = RunSpec.model_validate({"task": "cheetah-run", "agent": {"name": "mad_sac", "hidden": 512, "batch_size": 512},
-                                  "temperature": {"kind": "te"}})
-    assert pack_rate(TABLE, mad, 10, 1, None) is None  # nothing to scale from
+        f"NVIDIA A10G extrapolated from the measured {H100} by FP32 peak (35/66.9)"}
+    auto = _run().model_copy(update={"train": _run().train.model_copy(update={"precision": "auto"})})
+    assert pack_rate(auto, 10, 1, H100_NODE, TABLE, PEAKS).notes == {"3xtf32 priced as fp32"}
+    assert pack_rate(_run(hidden=256), 10, 1, H100_NODE, TABLE, PEAKS) == (
+        "sac_ln/te hidden 256, batch 512 (graph) was never measured on a GPU (the NVIDIA H100 80GB HBM3 table: "
+        "hidden 512, batch 512)")
+    cpu, here = load_table(CPU_PATH), this_machine(cpus=2, host_bytes=8 * GIB, gpus=0)
+    small = _run(hidden=64, batch_size=64)
+    want = cpu.rate("sac_ln", "te", 1, 1, "off", shape=(64, 64))
+    assert pack_rate(small, 1, 0, here, cpu, PEAKS) == Rate(want, want, frozenset()) and want > 0
+    assert pack_rate(small, 3, 0, here, cpu, PEAKS).startswith("sac_ln/te hidden 64, batch 64, S=3 was never "
+                                                               "measured on the CPU")
+    assert pack_rate(small, 1, 0, here, None, PEAKS) == "no CPU rate table (benchmarks/cpu_rates.py)"
 
 
-def test_a_packs_wall_time_is_its_card_time_or_its_env_stepping_and_packs_go_longest_first():
-    spec = sweep_spec(BILLED)
+def test_a_packs_wall_time_and_the_order_packs_go_to_tune():
+    spec = SweepSpec.model_validate({
+        "name": "b", "tasks": ["cartpole-balance", "quadruped-run"], "seeds": 10, "resources": {"cpu": 1, "gpu": 1},
+        "pack": {"seeds": 10, "env_workers": 3}, "agents": [{"name": "sac_ln", "temperatures": [{"kind": "te"}],
+                                                             "overrides": {"hidden": 512, "batch_size": 512}}],
+        "train": {"env_steps": 20_000, "eval_every": 10_000, "eval_episodes": 2, "warmup_decisions": 100,
+                  "precision": "fp32"}})
     packs = form_packs(spec)
-    assert [p.id.task for p in packs] == ["cartpole-balance", "quadruped-run"]  # grid order
-    costs = {t: d["ms_per_decision"] / 1000 for t, d in json.loads(ENV_COSTS_PATH.read_text())["tasks"].items()}
-    evals = 2 * 500 / 5000  # eval episodes x decisions per episode / decisions between evaluations
-    rate = pack_rate(TABLE, packs[0].trials[0].run, 10, 1, None)
-    for p in packs:  # t = max(S Q / r_Q, S / r_1 + S c (1 + e) / W) per decision, 10,000 decisions
-        want = 10_000 * max(10 / 1000, 10 / 1000 + 10 * costs[p.id.task] * (1 + evals) / 3)
-        assert pack_seconds(p, rate, 1, 3) == pytest.approx(want)
+    costs = env_costs(ENV_COSTS_PATH)
+    for p in packs:  # PACK_START_S + decisions x max(S Q / r_Q, S / r_1 + S c (1 + e) / W); e = 2 x 500 / 5,000
+        want = PACK_START_S + 10_000 * max(10 / 1000, 10 / 1000 + 10 * costs[p.id.task] * 1.2 / 3)
+        assert pack_seconds(p, Rate(1000, 1000, frozenset()), 1, 3) == pytest.approx(want)
     assert [p.id.task for p in order_packs(spec, packs, TABLE)] == ["quadruped-run", "cartpole-balance"]
     assert order_packs(spec, packs, None) == packs  # nothing to rank by: grid order
-    cpu = sweep_spec(BILLED, resources={"cpu": 1, "gpu": 0})
-    assert order_packs(cpu, form_packs(cpu), TABLE) == form_packs(cpu)
 
 
 def test_the_schedule_holds_each_node_until_its_last_pack_ends():
-    # Three packs of 10 s on one node of 2 slots: 10 + 10 on one slot, so the node is held 20 s for 15 s of work.
-    s = schedule([10, 10, 10], 1, 2)
+    s = schedule([10, 10, 10], 1, 2)  # 10 + 10 on one slot: the node is held 20 s for 15 s of work
     assert (s.makespan_s, s.node_hours * 3600, s.busy_hours * 3600) == (20, 20, 15)
-    # Longest first on 2 nodes of 2 slots: 5, 4 | 3, 3, then the last 3 after a 3: the nodes end at 5 and 6.
-    s = schedule([3, 5, 3, 4, 3], 2, 2)
+    s = schedule([3, 5, 3, 4, 3], 2, 2)  # 5, 4 | 3, 3, then the last 3 after a 3: the nodes end at 5 and 6
     assert s.makespan_s == 6 and s.node_hours * 3600 == pytest.approx(5 + 6) and s.busy_hours * 3600 == 9
 
 
-@pytest.mark.parametrize("name", ["dmc18", "ablations", "fixed_alpha", "hopper_hop", "claim"])
-def test_every_shipped_gpu_spec_is_priced_on_each_shipped_card(name):
-    spec = load_spec(ROOT / "sweeps" / f"{name}.yaml")
-    assert spec.resources.gpu > 0
-    packs, table = form_packs(spec), load_throughput()
-    for node_name, card in (("g5.4xlarge", "NVIDIA A10G"), ("g2-standard-16", "NVIDIA L4")):
-        node = NODE_TYPES[node_name]
-        priced = price(spec, packs, table, node)
-        assert None not in priced.rates
-        line = bill_line(spec, priced, node, 8, "cluster/x.yaml")
-        assert line.startswith(f"GPU-hours on the {card} (cluster/x.yaml: 8 x {node_name}, ") and "unknown" not in line
-        assert " with the tail (" in line and "; wall clock " in line
-
-
-def test_dmc18s_dry_run_is_a_plan_of_at_most_40_lines(tmp_path, monkeypatch, capsys):
-    from qed_ray.service.sweep_cli import main
+@pytest.mark.parametrize("cores", [2, 8])
+def test_the_smoke_plan_on_a_machine_of_n_cores_is_priced_from_the_stored_cpu_rates(cores, tmp_path, monkeypatch,
+                                                                                     capsys):
+    from qed_ray.service.dry_run import dry_run
 
     monkeypatch.setenv("QED_STORAGE_PATH", str(tmp_path / "results"))
-    assert main([str(ROOT / "sweeps" / "dmc18.yaml"), "--dry-run"]) == 0
-    wrapped = capsys.readouterr().out.splitlines()  # not a terminal: 100 columns (qed_ray.console)
-    assert widest("\n".join(wrapped)) <= 100 and len(wrapped) <= 40
-    monkeypatch.setattr("qed_ray.console.width", lambda stream=None: 1000)  # a wide terminal: a line per item
-    assert main([str(ROOT / "sweeps" / "dmc18.yaml"), "--dry-run"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert max(map(len, lines)) > 100 and " ".join(" ".join(lines).split()) == " ".join(" ".join(wrapped).split())
-    assert len(lines) <= 40 and not any("unknown" in line for line in lines)
-    assert lines[1] == "trials: 1,440 new (each trial: --list)"
-    shapes = [line for line in lines if line.startswith("  ") and " S=" in line and "memory per pack" in line]
-    assert [s.split(":")[0].strip() for s in shapes] == [
-        "mad_sac/qed0.2,qed0.3,qed0.4 S=30", "sac_ln/qed0.1,qed0.2,qed0.4 S=30", "mad_sac/te S=10", "sac_ln/te S=10"]
-    assert all("18 packs, " in s and "(quadruped-run): host " in s and "; fits " in s for s in shapes)
-    bills = [line for line in lines if line.startswith("GPU-hours on the ")]
-    assert [b.split(" (")[0] for b in bills] == ["GPU-hours on the NVIDIA A10G", "GPU-hours on the NVIDIA L4",
-                                                 f"GPU-hours on the {H100}"]
-    assert "(cluster/aws.yaml: 8 x g5.4xlarge, 2 packs each)" in bills[0] and "wall clock" in bills[0]
-    assert not (tmp_path / "results").exists()
-
-
-def test_list_and_workers_belong_to_the_dry_run(tmp_path, monkeypatch, capsys):
-    from qed_ray.service.sweep_cli import main
-
-    monkeypatch.setenv("QED_STORAGE_PATH", str(tmp_path / "results"))
-    smoke = str(ROOT / "sweeps" / "smoke.yaml")
-    assert main([smoke, "--list"]) == 2
-    assert capsys.readouterr().err == "error: --list, --workers: only with --dry-run\n"
-    assert main([smoke, "--dry-run", "--workers", "0"]) == 2
-    assert capsys.readouterr().err == "error: --workers: 0 worker nodes; allowed 1 or more\n"
-    assert main([smoke, "--dry-run", "--list"]) == 0
+    spec, here = load_spec(SMOKE), this_machine(cpus=cores, host_bytes=16 * GIB, gpus=0)
+    assert dry_run(spec, here=here) == 0
     out = capsys.readouterr().out
-    assert "trials: 12 new\n" in out and out.count("\n    cheetah-run/sac_ln/") == 6
-    assert widest(out) <= 100, "not a terminal: 100 columns at most"
-    assert "CPU-hours: at least " in out and "on 1 node(s) of 16 CPUs" in out
+    assert widest(out) <= 100 and not (tmp_path / "results").exists()
+    cpu, costs = load_table(CPU_PATH), env_costs(ENV_COSTS_PATH)
+    seconds = []
+    for p in form_packs(spec):  # the model by hand: 3,000 decisions at the stored rate plus env stepping
+        run, t = p.trials[0].run, p.trials[0].run.train
+        rate = cpu.rate("sac_ln", run.temperature.kind, 1, 1, "off", shape=(64, 64))
+        evals = t.eval_episodes * t.episode_decisions / t.eval_every_decisions
+        seconds.append(PACK_START_S + 3000 * (1 / rate + costs[run.task] * (1 + evals)))
+    s = schedule(seconds, 1, cores)
+    block = flat(out).split("this machine (no GPU; ")[1].split(" aws: ")[0]
+    assert block.startswith(f"{cores} CPUs, 16.0 GiB for packs) packs of 1 (pack.seeds): 12 packs, {cores} per node")
+    hours = f"CPU-hours {s.node_hours * cores:.2f} with the tail ({sum(seconds) / 3600:.2f} in packs)"
+    assert hours in block and f"wall clock {s.makespan_s / 60:.0f} min" in block and sum(seconds) > 12 * PACK_START_S
+    assert s.node_hours > 0 and s.makespan_s / 60 >= 1
+    assert f"rates: {cpu.card} (cpu, {cpu.cpus} CPUs), measured {cpu.date[:10]}" in flat(out)
+
+
+def test_dmc18s_plan_gives_each_shipped_cluster_a_pack_size_that_fits_a_wall_clock_and_a_price(tmp_path, monkeypatch,
+                                                                                                capsys):
+    from qed_ray.service.sweep_cli import main
+
+    monkeypatch.setenv("QED_STORAGE_PATH", str(tmp_path / "results"))
+    monkeypatch.setenv("RAY_ADDRESS", "local")  # a start from here would run on this CPU machine: refused after
+    assert main([str(DMC18), "--dry-run"]) == 2
+    out, err = capsys.readouterr()
+    assert err == ("error: resources.gpu: a pack asks for 0.5 GPU and this machine has none; set resources.gpu: 0 to "
+                   "train on CPUs, or run on a GPU cluster\n")
+    assert widest(out) <= 100 and len(out.splitlines()) <= 60 and not (tmp_path / "results").exists()
+    text, spec, prices = flat(out), load_spec(DMC18), load_prices()
+    assert spec.pack.seeds == "auto" and "this machine (no GPU; " in text
+    assert "not runnable as shipped: resources.gpu: a pack asks for 0.5 GPU" in text
+    whole = form_packs(spec, size=10**6)
+    for m in clusters(prices):
+        block = text.split(f" {m.name}: {m.nodes} x {m.node} ({m.card}, ")[1].split(" legend: ")[0]
+        size = int(re.search(r"packs of (\d+) \(auto\)", block).group(1))
+        sized = spec.sized(size)
+        packs = [p for p in form_packs(sized) if len(p.trials) == size]
+        assert all(fit_problem(sized, p, m) is None for p in packs), m.name
+        assert len(form_packs(sized)) >= m.nodes * per_node(sized, m)  # every node busy
+        assert re.search(r"GPU-hours [\d,]+ with the tail \([\d,]+ in packs\); wall clock [\d,.]+ h", block)
+        assert re.search(r"\$[\d,]+ on demand, \$[\d,]+ spot", block), m.name
+        assert "spot: an interruption loses up to " in block and "not runnable" not in block.split(" rates: ")[0]
+    assert [m.name for m in clusters(prices)] == ["aws", "gcp", "kuberay"]
+    assert "prices: cluster/prices.yaml, as of 2025-01, source: AWS EC2 On-Demand Pricing page" in text
+    assert "legend: packs of S (auto): the largest pack that fits a node and keeps every node busy; with the tail" \
+        in text
+
+
+def test_a_node_that_holds_no_pack_is_not_runnable_as_shipped_with_the_reason_and_the_fix():
+    spec, prices = load_spec(DMC18), load_prices()
+    tables = Tables(load_throughput(), load_table(CPU_PATH), prices)
+    tiny = Machine("tiny", "t1.small", "NVIDIA A10G", 22 * GIB, 4 * GIB, 16, 1, 4, 1.0, 0.5)
+    whole = form_packs(spec, size=10**6)
+    lines = machine_lines(spec, whole, tiny, tables, False, None, None)
+    assert lines[0] == "tiny: 4 x t1.small (NVIDIA A10G, 22.0 GiB; 16 CPUs, 4.0 GiB for packs)"
+    assert re.fullmatch(r"  not runnable as shipped: \w+/[\w.,]+ S=1: 2 x [\d.]+ GiB host memory > 90% of "
+                        r"t1.small.s 4.0 GiB; fix: a machine with more memory", lines[1]) and len(lines) == 2
+    fixed = spec.sized(30)  # a registered size: too large for a 40 GiB node, the size that fits is named
+    mid = Machine("mid", "m1", "NVIDIA A10G", 22 * GIB, 40 * GIB, 16, 1, 4, 1.0, 0.5)
+    (head, why) = machine_lines(fixed, whole, mid, tables, False, None, None)
+    assert re.fullmatch(r"  not runnable as shipped: \w+/qed[\w.,]+ S=30: 2 x [\d.]+ GiB host memory "
+                        r"> 90% of m1's 40.0 GiB; fix: pack.seeds: \d+ \(or auto\)", why)
+    few_cpus = machine_lines(spec, whole, Machine("c", "c2", "NVIDIA A10G", 22 * GIB, 64 * GIB, 2, 1, 4), tables,
+                             False, None, None)
+    assert few_cpus[1] == ("  not runnable as shipped: resources.cpu: a pack asks for 4 CPUs (resources.cpu + "
+                           "pack.env_workers) and c2 has 2; ask for at most 2")
+
+
+def test_the_price_per_hour_and_the_card_options(tmp_path, monkeypatch, capsys):
+    from qed_ray.service.sweep_cli import main
+
+    monkeypatch.setenv("QED_STORAGE_PATH", str(tmp_path / "results"))
+    monkeypatch.setenv("RAY_ADDRESS", "ray://elsewhere:10001")  # a joined cluster: this machine is not checked
+    spec = load_spec(DMC18)
+    assert main([str(DMC18), "--dry-run", "--price-per-hour", "2", "--card", "NVIDIA L4", "--workers", "4"]) == 0
+    text = flat(capsys.readouterr().out)
+    assert "kuberay: 4 x a 14-CPU pod (NVIDIA L4, 22.5 GiB; 14 CPUs, 40.0 GiB for packs)" in text
+    aws = text.split(" aws: 4 x g5.4xlarge ")[1].split(" gcp: ")[0]
+    hours = float(re.search(r"GPU-hours ([\d,]+) with the tail", aws).group(1).replace(",", ""))
+    wall = float(re.search(r"wall clock ([\d,.]+) h", aws).group(1).replace(",", ""))
+    dollars = float(re.search(r"\$([\d,]+) at --price-per-hour 2", aws).group(1).replace(",", ""))
+    assert dollars == pytest.approx(hours * 2 + 0.384 * wall, abs=1 + 0.384 * 0.05 + 2)  # rounding of the printout
+    assert main([str(DMC18), "--dry-run", "--card", "TPU"]) == 2
+    assert "error: --card: 'TPU' is not a card of cluster/prices.yaml" in capsys.readouterr().err
+    assert main([str(SMOKE), "--price-per-hour", "2"]) == 2
+    assert capsys.readouterr().err == "error: --list, --workers, --card, --price-per-hour: only with --dry-run\n"
+    assert spec.pack.seeds == "auto" and not (tmp_path / "results").exists()
+
+
+def test_a_gpu_on_this_cpu_machine_is_refused_by_the_dry_run_and_by_a_start_before_any_folder(tmp_path, monkeypatch,
+                                                                                           capsys):
+    from qed_ray.service.sweep_cli import main
+
+    raw = yaml.safe_load(SMOKE.read_text())
+    raw["resources"] = {"cpu": 1, "gpu": 1}
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    monkeypatch.setenv("QED_STORAGE_PATH", str(tmp_path / "results"))
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    monkeypatch.setattr("qed_ray.service.dry_run.this_machine", lambda: this_machine(cpus=2, gpus=0))
+    message = ("error: resources.gpu: a pack asks for 1 GPU and this machine has none; set resources.gpu: 0 to train "
+               "on CPUs, or run on a GPU cluster\n")
+    assert main([str(path), "--dry-run"]) == 2
+    assert capsys.readouterr().err == message
+    assert main([str(path)]) == 2
+    assert capsys.readouterr().err == message
     assert not (tmp_path / "results").exists()
 
 
-def test_the_shipped_clusters_are_the_configs_workers():
-    import yaml
-
-    for config, node, max_workers in CLUSTERS.values():
-        cfg = yaml.safe_load((ROOT / config).read_text())
-        assert cfg["max_workers"] == max_workers and node in str(cfg["available_node_types"])
+def test_the_price_table_names_its_date_and_sources_and_the_clusters_are_the_configs_workers():
+    prices = load_prices()
+    assert prices.date == "2025-01" and set(prices.sources) == {"aws", "gcp"}
+    assert all(n.spot < n.on_demand and n.card in prices.cards for n in prices.nodes.values())
+    for name, c in prices.clusters.items():
+        docs = list(yaml.safe_load_all((ROOT / c.config).read_text()))
+        assert c.worker is None or c.worker in str(docs[0]["available_node_types"]), name
+    kuberay = next(m for m in clusters(prices) if m.name == "kuberay")
+    assert (kuberay.cpus, kuberay.host_bytes, kuberay.card) == (14, (56 - 16) * GIB, "NVIDIA A10G")  # less /dev/shm

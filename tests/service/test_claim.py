@@ -10,6 +10,8 @@ import pytest
 from kit import sweep_file, sweep_spec
 from pydantic import ValidationError
 
+from kit import flat
+
 from qed_ray import claim
 from qed_ray.service.dry_run import dry_run
 from qed_ray.records.layout import SweepDir
@@ -58,11 +60,13 @@ def test_the_block_holds_the_design_and_the_thresholds_the_verdict_applies():
 def test_the_claim_sweeps_dry_run_passes_with_gpu_hours(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("QED_STORAGE_PATH", str(tmp_path / "results"))
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")  # submitted to a cluster: this CPU machine not checked
     assert dry_run(load_spec(ROOT / "sweeps" / "claim.yaml")) == 0
-    out = capsys.readouterr().out
-    assert "540 trials in 36 packs" in out and "unknown" not in out
-    assert "GPU-hours on the NVIDIA A10G (" in out
-    assert "  mad_sac/qed0.2+shared_indices=true S=15: 3 packs, " in out, "the A3 control is priced"
+    out = flat(capsys.readouterr().out)
+    assert "540 trials in packs of up to 15 (by variant)" in out and "no estimate" not in out
+    aws = out.split(" aws: 8 x g5.4xlarge (NVIDIA A10G, ")[1].split(" gcp: ")[0]
+    assert "packs of 15 (pack.seeds): 36 packs, 2 per node; " in aws and " wall clock " in aws and " spot" in aws
+    assert "not runnable as shipped" not in out.split(" aws: ")[1], "the A3 control (shared_indices) fits as well"
     assert f"pre-registration: docs/claim.md (claim block sha256 {claim.block_sha256(claim.read_block(DOC)[1])[:12]}" \
         in out
     assert not (tmp_path / "results").exists()

@@ -12,7 +12,8 @@ from pydantic import ValidationError
 
 from qed_ray.field_hints import format_validation_error
 from qed_ray.service.dry_run import dry_run
-from qed_ray.records.layout import PackId, SweepDir, member_dirs, parse_trial_dirname, trial_dirname
+from qed_ray.service.machines import Machine
+from qed_ray.layout import PackId, SweepDir, member_dirs, parse_trial_dirname, trial_dirname
 from qed_ray.service.packing import TuneTrial, form_packs, pack_records
 from qed_ray.spec import SweepSpec
 from qed_ray.records.codec import dump
@@ -141,14 +142,17 @@ def test_a_sweep_of_single_seeds_trains_packs_of_one(tmp_path):
 
 
 @pytest.mark.parametrize("pack, says", [
-    ({"seeds": 0}, "pack.seeds: Input should be greater than or equal to 1 (got 0)"),
-    ({"seeds": 1001}, "pack.seeds: Input should be less than or equal to 1000 (got 1001)"),
-    ({"seeds": "3"}, "pack.seeds: Input should be a valid integer (got '3')"),
+    ({"seeds": 0}, "pack.seeds: allowed 1 to 1000 seeds per pack, or auto (the largest pack that fits the machine; "
+                   "got 0)"),
+    ({"seeds": 1001}, "pack.seeds: allowed 1 to 1000 seeds per pack, or auto (the largest pack that fits the "
+                      "machine; got 1001)"),
+    ({"seeds": "3"}, "pack.seeds: allowed 1 to 1000 seeds per pack, or auto (the largest pack that fits the "
+                     "machine; got '3')"),
     ({"seeds": 2, "env_workers": -1}, "pack.env_workers: Input should be greater than or equal to 0 (got -1)"),
     ({"seeds": 2, "env_workers": 3}, "pack.env_workers: 3 workers for the 2 training envs of a pack; allowed 0 to 2 "
                                      "(pack.seeds)"),
     ({"env_workers": 2}, "pack.env_workers: 2 workers for the 1 training env of a pack; allowed 0 to 1"),
-    ({"seeds": 2, "workers": 2}, "pack.workers: not a pack field; pack takes seeds (1 to 1000), env_workers "
+    ({"seeds": 2, "workers": 2}, "pack.workers: not a pack field; pack takes seeds (1 to 1000 or auto), env_workers "
                                  "(0 to pack.seeds) and by (variant or shape)"),
     ({"by": "task"}, "pack.by: Input should be 'variant' or 'shape' (got 'task')"),
 ])
@@ -180,38 +184,41 @@ def _dry(tmp_path, capsys, table: dict | None, listing: bool = False, **changes)
     if table is not None:
         path.write_text(json.dumps(table))
     capsys.readouterr()
-    assert dry_run(spec, path, listing) == 0
+    here = Machine("this machine", "this machine", "NVIDIA H100 80GB HBM3", 80 * 2**30, 64 * 2**30, 16, 1, 1)
+    assert dry_run(spec, path, listing, here=here) == 0
     assert not (tmp_path / "results").exists()
     return capsys.readouterr().out
 
 
-TABLE = {"schema": 1, "device": "cuda", "card": "NVIDIA H100 80GB HBM3", "date": "2026-11-26",
+TABLE = {"schema": 1, "device": "cuda", "card": "NVIDIA H100 80GB HBM3", "date": "2026-11-26", "hidden": 16,
+         "batch": _spec().runs()[0].agent.batch_size,
          "entries": [{"agent": "sac_ln", "temperature": "te", "seeds": s, "packs": q, "mode": "graph",
                       "seed_decisions_per_s": r} for s, q, r in ((2, 2, 0.5), (1, 2, 0.25), (2, 1, 0.8), (1, 1, 0.4))]}
 
 
-def test_dry_run_prints_packs_resources_and_the_bill_from_the_table(tmp_path, capsys):
+def test_dry_run_prints_packs_resources_and_the_plan_per_machine_from_the_table(tmp_path, capsys):
     packed = dict(pack={"seeds": 2, "env_workers": 1}, resources={"cpu": 1, "gpu": 0.5}, seeds=4,
                   tasks=["cartpole-balance"])
     out = flat(_dry(tmp_path, capsys, TABLE, True, **packed))  # wrapped to 100 columns: compared flat
-    assert out.startswith("sweep p: 4 trials in 2 packs (Tune trials) of up to 2 seeds -> ")
+    assert out.startswith("sweep p: 4 trials in packs of up to 2 (by variant) -> ")
     assert " trials: 4 new pack " in out
     assert "pack cartpole-balance/sac_ln/te/pack0-1 (2 seeds) cartpole-balance/sac_ln/te/0 " in out
-    assert "per pack: 2 CPU (1 + 1 env workers), 0.5 GPU; all 2 packs at once: 4 CPU, 1 GPU" in out
-    assert " sac_ln/te S=2: 2 packs, " in out and "memory per pack (cartpole-balance): host " in out
-    assert "GPU-hours on the NVIDIA A10G (cluster/aws.yaml: 8 x g5.4xlarge, 2 packs each): " in out
-    assert "GPU-hours on the NVIDIA H100 80GB HBM3 (the measured card: 8 x a3-highgpu-1g, 2 packs each): " in out
-    assert " rates: throughput table of 2026-11-26 (NVIDIA H100 80GB HBM3); " in out
+    assert "per pack: 2 CPU (1 + 1 env workers), 0.5 GPU; total env steps 8,000" in out
+    assert " this machine (NVIDIA H100 80GB HBM3, 80.0 GiB; 16 CPUs, 64.0 GiB for packs) packs of 2 (pack.seeds): " \
+           "2 packs, 2 per node; largest sac_ln/te (cartpole-balance): host " in out
+    assert " aws: 8 x g5.4xlarge (NVIDIA A10G, 22.5 GiB; 16 CPUs, 64.0 GiB for packs) packs of 2 (pack.seeds): " \
+           "2 packs, 2 per node; " in out
+    assert "NVIDIA A10G extrapolated from the measured NVIDIA H100 80GB HBM3 by FP32 peak (35/66.9)" in out
+    assert " rates: NVIDIA H100 80GB HBM3 (cuda), measured 2026-11-26; " in out
     short = flat(_dry(tmp_path, capsys, TABLE, **packed))  # the plan without the per-trial list
     assert "trials: 4 new (each trial: --list)" in short and " pack cartpole" not in short
-    assert " sac_ln/te S=1: 1 pack, " in flat(_dry(tmp_path, capsys, TABLE, **{**packed, "seeds": 5}))
+    assert "packs of 2 (pack.seeds): 3 packs" in flat(_dry(tmp_path, capsys, TABLE, **{**packed, "seeds": 5}))
     missing = flat(_dry(tmp_path, capsys, {**TABLE, "entries": TABLE["entries"][:2]}, **packed))
-    assert "GPU-hours: unknown: the throughput table (NVIDIA H100 80GB HBM3) has no cell to scale from for " \
-           "sac_ln/te S=2" in missing
-    assert "GPU-hours: no GPU measurement yet" in flat(_dry(tmp_path, capsys, None, **packed))
-    placeholder = {**TABLE, "device": "none", "card": "no GPU measurement yet", "entries": []}
-    assert "GPU-hours: no GPU measurement yet" in flat(_dry(tmp_path, capsys, placeholder, **packed))
-    assert "CPU-hours: at least " in flat(_dry(tmp_path, capsys, TABLE, pack={"seeds": 2}))
+    assert "GPU-hours and wall clock: no estimate: sac_ln/te hidden 16, batch 256 (graph) was never measured on " \
+           "a GPU (the NVIDIA H100 80GB HBM3 table: hidden 16, batch 256)" in missing
+    none = flat(_dry(tmp_path, capsys, None, **packed))
+    assert "GPU-hours and wall clock: no estimate: no GPU rate table (benchmarks/gpu_bench.py)" in none
+    assert "GPU-hours 0" not in none and "CPU-hours " in flat(_dry(tmp_path, capsys, TABLE, pack={"seeds": 1}))
     # Each pack's cell at the precision it trains at on a GPU: a 3xtf32 cell, or the fp32 one, said so.
     three = {**TABLE, "entries": [{**e, "precision": "3xtf32", "seed_decisions_per_s": 2 * e["seed_decisions_per_s"]}
                                   for e in TABLE["entries"]]}

@@ -1,10 +1,10 @@
-"""The throughput table's reader (qed_ray.service.throughput): schema, lookups and the no-GPU-yet case."""
+"""The rate tables' reader (qed_ray.service.throughput): the model, lookups by cell and shape, the committed tables."""
 
 import json
 
 import pytest
 
-from qed_ray.service.throughput import DEFAULT_PATH, load_throughput, parse_throughput
+from qed_ray.service.throughput import CPU_PATH, DEFAULT_PATH, load_table, load_throughput, parse_throughput
 
 pytestmark = pytest.mark.torch_only
 
@@ -18,62 +18,46 @@ def table(**over):
     return {**raw, **over}
 
 
-def test_a_gpu_table_gives_the_rate_of_the_whole_gpu_for_a_measured_cell(tmp_path):
+def test_a_measured_cell_gives_the_whole_devices_rate_and_nothing_else_is_guessed(tmp_path):
     path = tmp_path / "t.json"
     path.write_text(json.dumps(table()))
     t = load_throughput(path)
-    assert t.card == "NVIDIA H100 80GB HBM3"
-    assert t.decisions_per_s("sac_ln", "qed", 10, packs_per_gpu=2) == 3000.0  # 2 packs x 1500 each
-    assert t.decisions_per_s("sac_ln", "qed", 10) == 2000.0
-    assert t.decisions_per_s("sac_ln", "te", 10) is None  # not measured: no guess
-    assert t.decisions_per_s("sac_ln", "qed", 10, mode="off") is None
-    with pytest.raises(ValueError, match="mode: 'fast' is not one of graph, compile, off, single"):
-        t.decisions_per_s("sac_ln", "qed", 10, mode="fast")
+    assert t.card == "NVIDIA H100 80GB HBM3" and (t.hidden, t.batch) == (512, 512)
+    assert t.rate("sac_ln", "qed", 10, packs=2) == 3000.0  # 2 packs x 1500 each
+    assert t.rate("sac_ln", "qed", 10) == 2000.0
+    assert t.rate("sac_ln", "qed", 10, shape=(256, 256)) is None  # another shape: never measured
+    assert t.rate("sac_ln", "te", 10) is None and t.rate("sac_ln", "qed", 10, mode="off") is None
+    assert t.sizes("sac_ln", "qed", "graph") == [10]
+    cpu = parse_throughput(table(device="cpu", card="AMD EPYC", entries=[
+        {**ENTRY, "packs": 1, "mode": "off", "seeds": 1, "hidden": 64, "batch": 64}]))
+    assert cpu.rate("sac_ln", "qed", 1, 1, "off", shape=(64, 64)) == 1500.0 and cpu.rate("sac_ln", "qed", 1) is None
 
 
-def test_no_file_or_a_cpu_table_mean_no_gpu_measurement_yet_and_the_committed_table_is_the_gpu_run(tmp_path):
+def test_no_file_or_a_cpu_table_mean_no_gpu_measurement_and_the_committed_tables_are_read(tmp_path):
     assert load_throughput(tmp_path / "missing.json") is None
     cpu = tmp_path / "cpu.json"
     cpu.write_text(json.dumps(table(device="cpu", card="cpu")))
-    assert load_throughput(cpu) is None
-    assert parse_throughput(json.loads(cpu.read_text())).decisions_per_s("sac_ln", "qed", 10) == 2000.0
+    assert load_throughput(cpu) is None and load_table(cpu).device == "cpu"
     committed = load_throughput(DEFAULT_PATH)  # the H100 run of benchmarks/gpu_check.sh (benchmarks/README.md)
     assert committed is not None and committed.card == "NVIDIA H100 80GB HBM3"
-    assert all(committed.decisions_per_s(a, t, s) > 0 for a in ("sac_ln", "mad_sac") for t in ("qed", "te")
-               for s in (1, 10, 20))
+    assert all(committed.rate(a, t, s) > 0 for a in ("sac_ln", "mad_sac") for t in ("qed", "te") for s in (1, 10, 20))
+    assert {e.mode for e in committed.entries} == {"graph", "off", "compile"}  # the deleted single mode is gone
+    rates = load_table(CPU_PATH)  # benchmarks/cpu_rates.py on the machine it names
+    assert rates.device == "cpu" and rates.cpus >= 1 and rates.host_bytes > 0 and rates.card
+    assert rates.rate("sac_ln", "te", 1, 1, "off", shape=(64, 64)) > rates.rate("sac_ln", "qed", 1, 1, "off",
+                                                                                 shape=(64, 64)) > 0
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"schema": 2}, "schema 2, this reader reads schema 1"),
-    ({"entries": [{"agent": "sac_ln"}]}, r"entries\[0\] lacks temperature, seeds, packs, mode"),
-    ({"entries": [{**ENTRY, "mode": "fast"}]}, r"entries\[0\].mode 'fast' is not one of graph, compile, off"),
+    ({"schema": 2}, r"throughput: schema: Input should be 1 \(got 2\)"),
+    ({"entries": [{"agent": "sac_ln"}]}, r"throughput: entries.0.temperature: Field required"),
+    ({"entries": [{**ENTRY, "mode": "single"}]}, r"entries.0.mode: Input should be 'graph', 'compile' or 'off'"),
+    ({"entries": [{**ENTRY, "precision": "bf16"}]}, r"entries.0.precision: Input should be"),
 ])
-def test_a_malformed_table_is_refused_naming_the_field(change, message):
+def test_a_malformed_table_is_refused_naming_the_field(change, message, tmp_path):
     with pytest.raises(ValueError, match=message):
         parse_throughput(table(**change))
-    raw = table()
-    del raw["card"]
-    with pytest.raises(ValueError, match="field 'card' is missing"):
-        parse_throughput(raw)
-
-
-def test_an_unmeasured_sharing_cell_is_scaled_by_the_reference_cells_sharing_efficiency():
-    mad = {**ENTRY, "agent": "mad_sac", "packs": 1, "seed_decisions_per_s": 400.0}
-    t = parse_throughput(table(entries=[ENTRY, {**ENTRY, "packs": 1, "seed_decisions_per_s": 2000.0}, mad]))
-    assert t.shared_rate("sac_ln", "qed", 10, 2) == (3000.0, False)  # measured: 2 packs x 1500
-    assert t.shared_rate("mad_sac", "qed", 10, 2) == (400.0 * 3000.0 / 2000.0, True)  # scaled by 1.5
-    assert t.shared_rate("mad_sac", "qed", 10, 1) == (400.0, False)
-    assert t.shared_rate("mad_sac", "qed", 10, 3) is None, "no reference cell with 3 packs"
-    assert t.shared_rate("mad_sac", "te", 10, 2) is None, "the one-pack cell itself was not measured"
-
-
-def test_cells_are_read_at_their_precision_and_an_entry_without_one_is_fp32():
-    three = {**ENTRY, "packs": 1, "seed_decisions_per_s": 3000.0, "precision": "3xtf32"}
-    t = parse_throughput(table(entries=[ENTRY, {**ENTRY, "packs": 1, "seed_decisions_per_s": 2000.0}, three]))
-    assert t.decisions_per_s("sac_ln", "qed", 10) == 2000.0  # the entries written before train.precision
-    assert t.decisions_per_s("sac_ln", "qed", 10, precision="3xtf32") == 3000.0
-    assert t.decisions_per_s("sac_ln", "qed", 10, precision="tf32") is None
-    # 2 packs at 3xtf32 were not measured: scaled by the fp32 reference cell's sharing (1500 x 2 / 2000)
-    assert t.shared_rate("sac_ln", "qed", 10, 2, precision="3xtf32") == (3000.0 * 3000.0 / 2000.0, True)
-    with pytest.raises(ValueError, match=r"entries\[0\].precision 'bf16' is not one of fp32, 3xtf32, tf32"):
-        parse_throughput(table(entries=[{**ENTRY, "precision": "bf16"}]))
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(table(card=None)))
+    with pytest.raises(ValueError, match=f"{path}: throughput: card: Input should be a valid string"):
+        load_table(path)

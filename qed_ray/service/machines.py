@@ -1,0 +1,138 @@
+"""The machines a plan is made for: this one (its CPUs, memory and GPUs) and every shipped cluster of ``cluster/``
+with its worker, node count and price (``cluster/prices.yaml``, read and validated here; KubeRay's worker from
+its RayCluster: CPU and memory limits less its ``/dev/shm``, the card from the ``qed-ray.io/card`` annotation)."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import ConfigDict, Field, ValidationError
+
+from qed_ray.codec import Record
+from qed_ray.replay_memory import GIB
+from qed_ray.spec import SpecError
+
+CLUSTER_DIR = Path(__file__).parents[2] / "cluster"
+CARD_ANNOTATION = "qed-ray.io/card"
+
+
+class _Model(Record):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+
+
+class NodePrice(_Model):
+    card: str
+    gpu_gib: float = Field(gt=0)
+    host_gib: float = Field(gt=0)
+    cpus: int = Field(ge=1)
+    gpus: int = Field(ge=0)
+    on_demand: float = Field(gt=0)
+    spot: float = Field(gt=0)
+
+
+class ClusterPrice(_Model):
+    config: str
+    worker: str | None
+    fixed_per_hour: float = Field(ge=0)
+    fixed: str
+
+
+class PriceTable(_Model):
+    """``cluster/prices.yaml``: the date and sources of its prices, cards' FP32 peaks, node types, clusters."""
+
+    date: str
+    sources: dict[str, str]
+    cards: dict[str, float]
+    nodes: dict[str, NodePrice]
+    clusters: dict[str, ClusterPrice]
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Where packs run: ``nodes`` worker nodes of ``node`` (``card`` None: CPUs only), what a node offers packs
+    (``host_bytes``: its RAM, or a pod's memory limit less its /dev/shm), and what a node-hour costs."""
+
+    name: str
+    node: str
+    card: str | None
+    gpu_bytes: int
+    host_bytes: int
+    cpus: int
+    gpus: int
+    nodes: int
+    on_demand: float | None = None
+    spot: float | None = None
+    fixed_per_hour: float = 0.0
+    fixed: str = ""
+
+
+def this_machine(cpus: int | None = None, host_bytes: int | None = None, gpus: int | None = None) -> Machine:
+    """This machine (``os.cpu_count()``, its RAM, torch's CUDA devices; each injectable)."""
+    card, gpu_bytes = None, 0
+    if gpus is None:
+        import torch
+
+        gpus = torch.cuda.device_count()
+        if gpus:
+            card, gpu_bytes = torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory
+    host = host_bytes or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return Machine("this machine", "this machine", card, gpu_bytes, host, cpus or os.cpu_count() or 1, gpus, 1)
+
+
+def load_prices(folder: Path = CLUSTER_DIR) -> PriceTable | None:
+    """``prices.yaml`` of ``folder``; None where the package ships without ``cluster/``.
+
+    Raises:
+        SpecError: a malformed table, naming the file and the field.
+    """
+    path = folder / "prices.yaml"
+    if not path.is_file():
+        return None
+    try:
+        return PriceTable.model_validate(yaml.safe_load(path.read_text()))
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise SpecError(f"{path}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+
+
+def clusters(prices: PriceTable, folder: Path = CLUSTER_DIR, card: str | None = None) -> list[Machine]:
+    """Every cluster of ``prices`` as a :class:`Machine` (KubeRay's card: ``card``, else its annotation)."""
+    out = []
+    for name, c in prices.clusters.items():
+        cfg = list(yaml.safe_load_all((folder.parent / c.config).read_text()))
+        if c.worker is None:
+            out.append(_kuberay(name, c, cfg, prices, card))
+            continue
+        n = prices.nodes[c.worker]
+        out.append(Machine(name, c.worker, n.card, int(n.gpu_gib * GIB), int(n.host_gib * GIB), n.cpus, n.gpus,
+                           int(cfg[0]["max_workers"]), n.on_demand, n.spot, c.fixed_per_hour, c.fixed))
+    return out
+
+
+def _kuberay(name: str, c: ClusterPrice, docs: list, prices: PriceTable, card: str | None) -> Machine:
+    ray_cluster = next(d for d in docs if d and d.get("kind") == "RayCluster")
+    group = ray_cluster["spec"]["workerGroupSpecs"][0]
+    pod = group["template"]
+    limits = pod["spec"]["containers"][0]["resources"]["limits"]
+    shm = sum(_bytes(v["emptyDir"].get("sizeLimit", "0")) for v in pod["spec"].get("volumes", [])
+              if v.get("emptyDir", {}).get("medium") == "Memory")
+    card = card or pod.get("metadata", {}).get("annotations", {}).get(CARD_ANNOTATION)
+    if card not in prices.cards:
+        raise SpecError(f"--card: {card!r} is not a card of cluster/prices.yaml ({', '.join(prices.cards)}); "
+                        f"name KubeRay's GPU with --card or the {CARD_ANNOTATION} annotation of {c.config}")
+    like = next((n for n in prices.nodes.values() if n.card == card), None)
+    return Machine(name, f"a {limits['cpu']}-CPU pod", card, int((like.gpu_gib if like else 80) * GIB),
+                   _bytes(limits["memory"]) - shm, int(float(limits["cpu"])), int(limits["nvidia.com/gpu"]),
+                   int(group["maxReplicas"]), like and like.on_demand, like and like.spot, c.fixed_per_hour,
+                   c.fixed)
+
+
+def _bytes(quantity: str) -> int:
+    """Bytes of a Kubernetes quantity (``56Gi``, ``500M``)."""
+    number, unit = re.fullmatch(r"([\d.]+)([A-Za-z]*)", str(quantity)).groups()
+    scale = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "K": 10**3, "M": 10**6, "G": 10**9}
+    return int(float(number) * scale[unit])
