@@ -58,7 +58,9 @@ def fit_problem(spec: SweepSpec, pack: Pack, m: Machine) -> str | None:
     if n * mem.host > HOST_USABLE * m.host_bytes:
         return f"{n} x {gib(mem.host)} host memory > {HOST_USABLE:.0%} of {m.node}'s {gib(m.host_bytes)}"
     if gpu and round(1 / gpu) * mem.gpu > m.gpu_bytes:
-        return f"{round(1 / gpu)} x {gib(mem.gpu)} GPU memory > the {m.card}'s {gib(m.gpu_bytes)}"
+        k = next((k for k in (10, 8, 5, 4, 2, 1) if k * mem.gpu <= m.gpu_bytes and k < round(1 / gpu)), 0)
+        return (f"{round(1 / gpu)} x {gib(mem.gpu)} GPU memory > the {m.card}'s {gib(m.gpu_bytes)}"
+                + (f"; fix: resources.gpu: {1 / k:g} ({k} packs per card)" if k else ""))
     return None
 
 
@@ -90,7 +92,7 @@ def size_packs(spec: SweepSpec, whole: Sequence[Pack], m: Machine, fixed: bool) 
         keep = any(t.shared_indices for t in spec.train_specs()) or fixed
         fix = ("another cluster (this pack size is registered)" if keep else
                f"pack.seeds: {fits} (or auto)" if fits else "a machine with more memory")
-        return 0, [], f"{why}; fix: {fix}"
+        return 0, [], why if "fix:" in why else f"{why}; fix: {fix}"
     if not spec.resources.gpu:  # on CPUs a pack of S costs S packs of one on one core: more keep more cores busy
         return 1, split(whole, 1), "auto: packs of one on CPUs"
     slots, top = m.nodes * per_node(spec, m), max(len(p.trials) for p in whole)
@@ -98,7 +100,8 @@ def size_packs(spec: SweepSpec, whole: Sequence[Pack], m: Machine, fixed: bool) 
         packs = split(whole, size)
         if _misfit(spec, packs, m) is None and (len(packs) >= slots or size == 1):
             return size, packs, "auto"
-    return 0, [], f"{_misfit(spec, split(whole, 1), m)}; fix: a machine with more memory"
+    why = _misfit(spec, split(whole, 1), m)
+    return 0, [], why if "fix:" in why else f"{why}; fix: a machine with more memory"
 
 
 def price(spec: SweepSpec, packs: Sequence[Pack], m: Machine, tables: Tables) -> tuple[list[float], set[str]] | str:

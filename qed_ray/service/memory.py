@@ -13,8 +13,9 @@ Per member (one seed run of the pack), on the device that trains it:
 - **replay at capacity**: S x capacity x row bytes (:func:`~qed_ray.replay_memory.replay_bytes`), on the GPU when
   it fits in :data:`~qed_ray.rl.replay.GPU_REPLAY_SHARE` of the pack's share of the card, else on the host.
 
-On a GPU the allocator holds :data:`GPU_POOL_BYTES` more (CUDA graph pools, cuBLAS workspaces, its rounding: fitted
-to the GPU table's peaks of packs of 10 and 20, checked by the same benchmark) and the CUDA context lies outside it.
+On a GPU the networks' bytes are ``pool + slope x`` the CPU's (:data:`GPU_FIT` per agent: a CUDA graph keeps its
+intermediates, the allocator rounds; fitted to the GPU table's measured peaks, checked by the same benchmark for
+packs of 10 and more) and the CUDA context lies outside the allocator.
 Host memory adds the pack's process, its envs and env worker processes and the checkpoint's host copy of the
 state. Those are estimates (:data:`PROCESS_BYTES` and the others).
 """
@@ -34,7 +35,7 @@ from qed_ray.tasks import TASK_DIMS
 GRAD_FACTOR = 2.3
 ROW_FACTORS = {"sac_ln": (1.44, 0.49), "mad_sac": (2.4, 0.0)}  # (a, q) of the module notes
 PROCESS_BYTES = {"cpu": int(0.6 * GIB), "cuda": int(2.5 * GIB)}  # Python, torch, Ray, MLflow, dm_control (+CUDA)
-GPU_POOL_BYTES = int(1.75 * GIB)
+GPU_FIT = {"sac_ln": (2.1, int(0.91 * GIB)), "mad_sac": (1.25, int(1.13 * GIB))}  # (slope, pool)
 CUDA_CONTEXT_BYTES = int(0.6 * GIB)  # GPU memory outside torch's allocator: context, cuBLAS workspace
 ENV_BYTES, ENV_WORKER_BYTES = 12 * 2**20, 300 * 2**20  # one dm_control env; one env worker process
 HOST_USABLE = 0.9  # share of a node's RAM for packs: the OS and Ray's own processes, Ray's memory monitor at 95%
@@ -105,7 +106,8 @@ def pack_memory(runs: Sequence[RunSpec], env_workers: int, gpu_share: float, gpu
     if not gpu_share:
         return PackMemory(replay, "host", nets + replay, PROCESS_BYTES["cpu"] + nets + replay + around, 0)
     on_gpu = replay <= GPU_REPLAY_SHARE * gpu_share * gpu_bytes
-    tensors = nets + GPU_POOL_BYTES + (replay if on_gpu else 0)
+    slope, pool = GPU_FIT[run.agent.name]
+    tensors = pool + int(slope * nets) + (replay if on_gpu else 0)
     host = PROCESS_BYTES["cuda"] + around + (0 if on_gpu else replay)
     return PackMemory(replay, "gpu" if on_gpu else "host", tensors, host, tensors + CUDA_CONTEXT_BYTES)
 

@@ -255,7 +255,8 @@ def report(spec: SweepSpec, layout: SweepDir, source: str = "", columns: int | N
     if results.aggregates:
         lines += ["", format_table(results, columns)]
     by_name = {s.name: s for s in states}
-    lines += ["", f"packs ({len(packs)}, up to {spec.pack.seeds} seed{'s' if spec.pack.seeds > 1 else ''} each): "
+    most = max((len(p.trials) for p in packs), default=1)
+    lines += ["", f"packs ({len(packs)}, up to {most} seed{'s' if most > 1 else ''} each): "
                   f"seed: state [env steps]"]
     lines += [f"  {p.name}  " + "  ".join(_seed_cell(by_name[t.name], t.run.seed) for t in p.trials) for p in packs]
     lines += [f"FAILED {s.name} (pack {in_pack[s.name].name}): {cut(s.error)}" for s in states if s.state == "failed"]
@@ -311,8 +312,9 @@ def recorded_spec(layout: SweepDir) -> SweepSpec:
 def sweep_packs(spec: SweepSpec, layout: SweepDir) -> list[Pack]:
     """The sweep's packs as its ``sweep.json`` records them (and, for its trials in none, as a start forms them);
     raises SpecError naming a damaged ``sweep.json``."""
-    state = read_state(layout)
-    return form_packs(spec, state.packs if state is not None else {})
+    state = read_state(layout)  # pack.seeds auto: the size the sweep registered (packs of one before it started)
+    size = state.pack_seeds if state is not None else 1
+    return form_packs(spec, state.packs if state is not None else {}, size if spec.pack.seeds == "auto" else None)
 
 
 def _seed_cell(s: TrialState, seed: int) -> str:

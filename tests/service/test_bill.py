@@ -214,3 +214,18 @@ def test_the_price_table_names_its_date_and_sources_and_the_clusters_are_the_con
         assert c.worker is None or c.worker in str(docs[0]["available_node_types"]), name
     kuberay = next(m for m in clusters(prices) if m.name == "kuberay")
     assert (kuberay.cpus, kuberay.host_bytes, kuberay.card) == (14, (56 - 16) * GIB, "NVIDIA A10G")  # less /dev/shm
+
+
+@pytest.mark.parametrize("name", ["ablations", "fixed_alpha", "hopper_hop", "claim"])
+def test_every_shipped_gpu_spec_is_runnable_and_priced_on_each_shipped_cluster(name):
+    spec, prices = load_spec(ROOT / "sweeps" / f"{name}.yaml"), load_prices()
+    tables = Tables(load_throughput(), load_table(CPU_PATH), prices)
+    whole = form_packs(spec, size=10**6)
+    for m in clusters(prices):
+        text = flat("\n".join(machine_lines(spec, whole, m, tables, False, None, None)))
+        if name == "fixed_alpha":  # ten MAD-SAC packs of one (2.5 GiB each, replay on the card) per 24 GB card
+            assert re.search(r"not runnable as shipped: mad_sac/\S+ S=1: 10 x 2.5 GiB GPU memory > the NVIDIA \w+'s "
+                             r"22.5 GiB; fix: resources.gpu: 0.125 \(8 packs per card\)$", text), text
+            continue
+        assert "not runnable" not in text and "no estimate" not in text, (m.name, text)
+        assert re.search(r"GPU-hours [\d,.]+ with the tail .* wall clock [\d,.]+ h .*\$[\d,]+ on demand", text), text

@@ -12,7 +12,7 @@ from qed_ray.config import RunSpec
 from qed_ray.rl.agents import make_packed_agent
 from qed_ray.rl.replay import GPU_REPLAY_SHARE, Replay, replay_bytes
 from qed_ray.rl.update import PackUpdater
-from qed_ray.service.memory import GIB, GPU_POOL_BYTES, GRAD_FACTOR, ROW_FACTORS, counted, pack_memory
+from qed_ray.service.memory import GIB, GPU_FIT, GRAD_FACTOR, ROW_FACTORS, counted, pack_memory
 from qed_ray.tasks import TASK_DIMS, TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +55,8 @@ def test_a_pack_on_the_cpu_and_on_a_card_with_its_replay_where_it_fits():
     assert cpu.tensors == 3 * (c.state + c.working(256)) + replay and cpu.host > cpu.tensors
     card = int(22.5 * GIB)
     gpu = pack_memory(runs, 3, 0.5, card)
-    assert gpu.replay_on == "gpu" and gpu.tensors == 3 * (c.state + c.working(256)) + GPU_POOL_BYTES + replay
+    slope, pool = GPU_FIT["sac_ln"]
+    assert gpu.replay_on == "gpu" and gpu.tensors == pool + int(slope * 3 * (c.state + c.working(256))) + replay
     big = _runs(30, task="quadruped-run", capacity=1_000_000)  # 30 x 680 MB = 19 GiB > half a 11.25 GiB share
     moved = pack_memory(big, 3, 0.5, card)
     assert moved.replay > GPU_REPLAY_SHARE * 0.5 * card and moved.replay_on == "host" and moved.host > moved.replay
