@@ -1,20 +1,13 @@
-"""The bill of a sweep on one machine: each pack's rate (looked up in the measured tables) and expected wall time,
-the order packs go to Tune (longest first), and the device-hours with the scheduling tail and the wall clock.
+"""The bill of a sweep on one machine: each pack's rate, looked up in the measured tables, its wall time, the order
+packs go to Tune, and the schedule with its tail.
 
-**A pack's rate** (seed-decisions per second of its device): on a GPU from the GPU table at the spec's shape, with
-each step that is not a measured cell stated in the plan: a pack size between measured sizes linear, past the
-largest held at its rate; Q packs sharing a card, where not measured, as one pack of Q S; a precision not
-measured as fp32; a card not measured from the table's by their FP32 peaks (``cluster/prices.yaml``). On a CPU
-from the CPU table (one torch thread per pack), packs of one only. A shape or agent the table never measured
-gives no rate but the reason ("no estimate").
-
-**A pack's wall time**: per decision ``t = max(S Q / r_Q, S / r_1 + S c (1 + e) / W)``, r_Q the rate with Q packs
-on the device, r_1 one pack alone, c the task's env seconds per decision (``benchmarks/env_costs.json``), e the
-evaluation decisions per training decision and W the pack's env workers (at least 1); plus :data:`PACK_START_S`.
-
-**The schedule**: packs go to Tune longest first and each starts on the first free slot; a node is held until its
-last pack ends (the tail), so node-hours count each node's idle end; the wall clock adds one node start on a
-cluster (:data:`NODE_START_S`).
+A **rate** is a measured cell, or each step that is not one is named: sizes between measured ones linear, past the
+largest at its rate; Q packs sharing an unmeasured card as one pack of Q S; an unmeasured precision as fp32; an
+unmeasured card from the measured one by FP32 peaks. A shape or agent never measured gives the reason instead.
+A pack's **wall time** per decision is ``max(S Q / r_Q, S / r_1 + S c (1 + e) / W)`` (r_Q: the rate with Q packs on
+the device, r_1: alone, c: the task's env seconds per decision, e: evaluation decisions per training decision, W:
+env workers), plus :data:`PACK_START_S`. The **schedule** puts packs longest first on the first free slot; a node
+is held until its last pack ends (the tail).
 """
 
 from __future__ import annotations
@@ -27,6 +20,7 @@ from typing import Sequence
 
 from qed_ray.codec import load_json
 from qed_ray.config import RunSpec
+from qed_ray.rl.precision import CUDA_DEFAULT
 from qed_ray.service.machines import Machine
 from qed_ray.service.packing import Pack
 from qed_ray.service.throughput import Throughput
@@ -34,7 +28,6 @@ from qed_ray.service.throughput import Throughput
 ENV_COSTS_PATH = Path(__file__).parents[2] / "benchmarks" / "env_costs.json"
 NODE_START_S = 600.0  # a worker node's start: the autoscaler's launch, the image, Ray (an estimate)
 PACK_START_S = 20.0  # a Tune trial's start and end: a Ray worker's imports, the trainer's build, checkpoints
-CUDA_DEFAULT = "3xtf32"  # train.precision auto on a GPU (qed_ray.rl.precision)
 
 
 @functools.lru_cache(maxsize=4)
@@ -47,8 +40,7 @@ def env_costs(path: Path = ENV_COSTS_PATH) -> dict[str, float]:
 
 @dataclass(frozen=True)
 class Rate:
-    """Seed-decisions per second of the device holding Q packs (``shared``) and of one pack alone, and the steps
-    that were not a measured cell."""
+    """Seed-decisions per second with Q packs on the device and of one pack alone; the steps not measured."""
 
     shared: float
     alone: float

@@ -8,10 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from qed_ray.replay_memory import MAX_PACK_REPLAY_BYTES
+from qed_ray.replay_memory import MAX_PACK_REPLAY_BYTES, show_bytes as gib
 from qed_ray.service.bill import NODE_START_S, Rate, longest_first, pack_rate, pack_seconds, schedule
 from qed_ray.service.machines import Machine, PriceTable
-from qed_ray.service.memory import HOST_USABLE, gib, pack_memory
+from qed_ray.service.memory import HOST_USABLE, pack_memory
 from qed_ray.service.packing import Pack, form_packs, split
 from qed_ray.service.throughput import Throughput
 from qed_ray.spec import SweepSpec
@@ -24,7 +24,7 @@ LEGEND = ("legend: packs of S (auto): the largest pack that fits a node and keep
 
 @dataclass(frozen=True)
 class Tables:
-    """The measured rates (GPU, CPU), the cards' FP32 peaks and the prices (None: no ``cluster/``)."""
+    """The measured rates (GPU, CPU) and the prices with the cards' FP32 peaks (None: no ``cluster/``)."""
 
     gpu: Throughput | None
     cpu: Throughput | None
@@ -74,7 +74,7 @@ def _largest(packs: Sequence[Pack]) -> list[Pack]:
     return list(rows.values())
 
 
-def _misfit(spec: SweepSpec, packs: Sequence[Pack], m: Machine) -> str | None:
+def _misfit(spec: SweepSpec, packs: Sequence[Pack], m: Machine) -> str | None:  # the first shape that does not fit
     return next((f"{p.id.agent}/{p.id.variant} S={len(p.trials)}: {why}" for p in _largest(packs)
                  for why in [fit_problem(spec, p, m)] if why), None)
 

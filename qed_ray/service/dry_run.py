@@ -1,11 +1,8 @@
 """``python -m qed_ray.sweep SPEC --dry-run [--list] [--workers N] [--card C] [--price-per-hour P]``: what a run
-would do and cost on this machine and on every shipped cluster; starts nothing.
-
-Prints the trials and what a run would do with each from the folder on disk (``new``, ``start``, ``resume from env
-step N``, ``done``, ``diverged``: counted, and per trial with ``--list``), the resources per pack, the plan per
-machine (:mod:`qed_ray.service.dry_plan`) and the largest replay against its caps. A spec a start from here would
-refuse is refused the same way (exit 2) after the plan: a pack this machine cannot place, when a start would run
-on it (an embedded Ray cluster: :func:`embedded`). A tracking server that does not answer is only warned about.
+would do (per trial from the folder on disk: ``new``, ``start``, ``resume from env step N``, ``done``,
+``diverged``) and cost on this machine and every shipped cluster (:mod:`qed_ray.service.dry_plan`); starts
+nothing. What a start from here would refuse is refused the same way (exit 2) after the plan, a pack this machine
+cannot place included where a start would run on it (:func:`embedded`); an unreachable tracking server is warned of.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ from qed_ray.spec import SpecError, SweepSpec, Trial
 
 
 def tune_order(spec: SweepSpec, packs: list[Pack]) -> list[Pack]:
-    """The packs in the order the driver hands them to Tune (:func:`qed_ray.service.dry_plan.order_packs`)."""
+    """The packs in the order the driver hands them to Tune (:func:`~qed_ray.service.dry_plan.order_packs`)."""
     return order_packs(spec, packs, load_throughput())
 
 
@@ -39,8 +36,7 @@ def embedded() -> bool:
 
 
 def check_machine(spec: SweepSpec, here: Machine | None = None) -> None:
-    """Refuses (SpecError naming the field, with the fix) a pack this machine cannot place; only where a start
-    runs on this machine, and before anything is written."""
+    """Refuses (SpecError naming the field, with the fix) a pack this machine cannot place, where a start runs."""
     problem = placement_problem(spec, here or this_machine()) if embedded() else None
     if problem:
         raise SpecError(problem)
@@ -64,9 +60,8 @@ def sized_spec(spec: SweepSpec, recorded_seeds: int | None, here: Machine | None
 def dry_run(spec: SweepSpec, throughput_path: str | Path = DEFAULT_PATH, listing: bool = False,
             workers: int | None = None, fresh: bool = False, force: bool = False, card: str | None = None,
             price_per_hour: float | None = None, here: Machine | None = None) -> int:
-    """Prints the plan (the module notes; every trial with ``listing``; ``workers`` nodes per cluster instead of
-    its config's; ``card``: KubeRay's GPU; ``price_per_hour``: a node-hour's price; ``here``: this machine, for
-    tests); raises SpecError with the refusals a start would give; no line wider than the console."""
+    """Prints the plan (the module notes; ``workers``: nodes per cluster; ``card``: KubeRay's GPU; ``here``: this
+    machine, for tests); raises SpecError with the refusals a start would give."""
     layout, uri, exp = resolve_paths(spec)
     columns = console.width()
 

@@ -1,29 +1,19 @@
-"""Memory of a pack from counted bytes: host and GPU bytes, and whether it fits a machine (the plan's fit).
+"""Memory of a pack from counted bytes: its host and GPU bytes (the plan's fit, :mod:`qed_ray.service.dry_plan`).
 
-Per member (one seed run of the pack), on the device that trains it:
-
-- **state**: every tensor of the agent the spec builds (online and target networks, buffers, the temperature) and
-  Adam's two moments per trainable parameter, counted;
-- **update working set**, by formula: ``GRAD_FACTOR x trainable bytes`` (gradients and the fused optimiser's
-  temporaries) plus, per batch row, 4 bytes x (a W + q n_actions W_critic), W the layer widths of the learned
-  networks summed (one activation per unit per layer), W_critic the critic's (QED's n_actions policy actions per
-  state pass through it); (a, q) per agent (:data:`ROW_FACTORS`: MAD-SAC's peak is its model step, where QED's
-  passes are not alive), fitted to and checked against measured peaks (``benchmarks/bench_memory.py``: within
-  20% on the CPU; the GPU table's peaks beside them, for information);
-- **replay at capacity**: S x capacity x row bytes (:func:`~qed_ray.replay_memory.replay_bytes`), on the GPU when
-  it fits in :data:`~qed_ray.rl.replay.GPU_REPLAY_SHARE` of the pack's share of the card, else on the host.
-
-On a GPU the networks' bytes are ``pool + slope x`` the CPU's (:data:`GPU_FIT` per agent: a CUDA graph keeps its
-intermediates, the allocator rounds; fitted to the GPU table's measured peaks, checked by the same benchmark for
-packs of 10 and more) and the CUDA context lies outside the allocator.
-Host memory adds the pack's process, its envs and env worker processes and the checkpoint's host copy of the
-state. Those are estimates (:data:`PROCESS_BYTES` and the others).
+Per member, on its device: its **state** (every tensor of the agent the spec builds, Adam's two moments per
+trainable parameter), counted; its update's **working set**, ``GRAD_FACTOR x`` trainable bytes (gradients, the fused
+optimiser's temporaries) plus per batch row 4 bytes x (a W + q n_actions W_critic), W the layer widths of the
+learned networks summed, W_critic the critic's (QED's n_actions actions per state pass through it), (a, q) per
+agent (:data:`ROW_FACTORS`); on a GPU the networks' bytes are ``pool + slope x`` that (:data:`GPU_FIT`: CUDA graphs
+keep their intermediates, the allocator rounds). The factors are fitted to measured peaks and checked by
+``benchmarks/bench_memory.py`` (within 20%: the CPU's; the GPU table's for packs of 10 and more). The **replay** at
+capacity, S x capacity x row bytes, lives on the GPU when it fits in ``GPU_REPLAY_SHARE`` of the pack's share of
+the card. Host memory adds the process, the envs and env workers and a checkpoint's copy of the state (estimates).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -43,7 +33,7 @@ HOST_USABLE = 0.9  # share of a node's RAM for packs: the OS and Ray's own proce
 
 @dataclass(frozen=True)
 class Counted:
-    """One member's counted bytes (state, trainable parameters) and layer widths (all learned networks, critic)."""
+    """One member's counted bytes (state, trainable parameters), layer widths, QED's actions per state."""
 
     state: int
     trainable: int
@@ -110,9 +100,3 @@ def pack_memory(runs: Sequence[RunSpec], env_workers: int, gpu_share: float, gpu
     tensors = pool + int(slope * nets) + (replay if on_gpu else 0)
     host = PROCESS_BYTES["cuda"] + around + (0 if on_gpu else replay)
     return PackMemory(replay, "gpu" if on_gpu else "host", tensors, host, tensors + CUDA_CONTEXT_BYTES)
-
-
-def gib(nbytes: float) -> str:
-    """``12.3 GiB`` (``0.41 GiB`` below 1)."""
-    value = nbytes / GIB
-    return f"{value:.2f} GiB" if value < 1 else f"{value:.1f} GiB" if value < 100 else f"{math.ceil(value)} GiB"

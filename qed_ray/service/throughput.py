@@ -26,9 +26,9 @@ DEFAULT_PATH, CPU_PATH = DATA / "throughput.json", DATA / "throughput_cpu.json"
 
 
 class Cell(Record):
-    """One measured cell (see the module notes); the rest are the benchmark's own records."""
+    """One measured cell (the module notes); the benchmark's other records (``peak_mib``, ...) pass through."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+    model_config = ConfigDict(frozen=True, extra="allow", strict=False)
     agent: str
     temperature: Literal["te", "qed"]
     seeds: int = Field(ge=1)
@@ -38,37 +38,26 @@ class Cell(Record):
     precision: Precision = "fp32"
     hidden: int | None = None
     batch: int | None = None
-    decisions: int | None = None
-    timed_s: float | None = None
-    setup_s: float | None = None
-    peak_mib: float | None = None
-    overlap_ok: bool | None = None
 
 
 class Throughput(Record):
-    """A measured table: the device and machine it was measured on (``card``: the GPU's or CPU's name), its
-    cells, and the benchmark's checks."""
+    """A table: the device and machine it was measured on (``card``: the GPU's or CPU's name; ``cpus`` and
+    ``host_bytes`` for a CPU table) and its cells; the benchmark's other records pass through."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+    model_config = ConfigDict(frozen=True, extra="allow", strict=False)
     schema_: Literal[1] = Field(alias="schema")
     device: str
     card: str
     date: str
     entries: tuple[Cell, ...]
-    torch: str | None = None
     hidden: int = 512
     batch: int = 512
-    obs_dim: int | None = None
-    action_dim: int | None = None
     cpus: int | None = None
-    host_bytes: int | None = None
-    load_avg_1m: list[float] | None = None
-    checks: dict | None = None
 
     def rate(self, agent: str, kind: str, seeds: int, packs: int = 1, mode: str = "graph", precision: str = "fp32",
              shape: tuple[int, int] | None = None) -> float | None:
-        """Seed-decisions per second of the device holding ``packs`` packs of ``seeds`` (the cell's rate x packs) at
-        ``shape`` (hidden, batch; None: the table's); None when that cell was not measured."""
+        """Seed-decisions per second of the device holding ``packs`` packs of ``seeds`` at ``shape`` (hidden,
+        batch; None: the table's); None when that cell was not measured."""
         want = (agent, kind, seeds, packs, mode, precision, shape or (self.hidden, self.batch))
         for e in self.entries:
             if (e.agent, e.temperature, e.seeds, e.packs, e.mode, e.precision,
@@ -77,32 +66,23 @@ class Throughput(Record):
         return None
 
     def sizes(self, agent: str, kind: str, mode: str, precision: str = "fp32") -> list[int]:
-        """The measured pack sizes of one pack alone at the table's shape, ascending."""
+        """The measured sizes of one pack alone at the table's shape, ascending."""
         return sorted({e.seeds for e in self.entries if (e.agent, e.temperature, e.packs, e.mode, e.precision) ==
                        (agent, kind, 1, mode, precision) and e.hidden in (None, self.hidden)})
 
 
 def parse_throughput(raw: dict) -> Throughput:
-    """A table read from JSON, validated.
-
-    Raises:
-        ValueError: one line naming the field that is wrong (a schema other than :data:`SCHEMA`, a missing field,
-            a mode outside :data:`MODES`, an unknown precision).
-    """
+    """A table read from JSON; raises ValueError naming the field that is wrong."""
     try:
         return Throughput.model_validate(raw)
     except ValidationError as e:
         err = e.errors()[0]
-        where = ".".join(str(x) for x in err["loc"])
-        raise ValueError(f"throughput: {where}: {err['msg']} (got {err.get('input')!r:.60})") from None
+        raise ValueError(f"throughput: {'.'.join(map(str, err['loc']))}: {err['msg']} (got {err.get('input')!r:.60})") \
+            from None
 
 
 def load_table(path: str | Path) -> Throughput | None:
-    """The table at ``path``; None when the file is missing or has no cells.
-
-    Raises:
-        ValueError: a malformed table (:func:`parse_throughput`), naming the file.
-    """
+    """The table at ``path`` (None: missing, or no cells); raises ValueError naming the file and the field."""
     path = Path(path)
     if not path.is_file():
         return None
@@ -114,6 +94,6 @@ def load_table(path: str | Path) -> Throughput | None:
 
 
 def load_throughput(path: str | Path = DEFAULT_PATH) -> Throughput | None:
-    """The GPU table at ``path``; None when it is missing or no GPU measurement (callers: "no GPU measurement")."""
+    """The GPU table at ``path``; None when it is missing or no GPU measurement."""
     table = load_table(path)
     return table if table is not None and table.device.startswith("cuda") else None
