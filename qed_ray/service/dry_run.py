@@ -7,6 +7,7 @@ cannot place included where a start would run on it (:func:`embedded`); an unrea
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -21,6 +22,9 @@ from qed_ray.service.sweep_state import check_folder, plan, resolve_paths
 from qed_ray.service.throughput import CPU_PATH, DEFAULT_PATH, load_table, load_throughput
 from qed_ray.service.tracking_uri import unreachable, uri_field
 from qed_ray.spec import SpecError, SweepSpec, Trial
+
+
+CLUSTER_ENV = "QED_CLUSTER"  # the shipped cluster a joined driver sizes auto packs for (default: all of them)
 
 
 def tune_order(spec: SweepSpec, packs: list[Pack]) -> list[Pack]:
@@ -44,13 +48,17 @@ def check_machine(spec: SweepSpec, here: Machine | None = None) -> None:
 
 def sized_spec(spec: SweepSpec, recorded_seeds: int | None, here: Machine | None = None) -> SweepSpec:
     """``spec`` with ``pack.seeds: auto`` resolved: the size a started sweep registered, else the plan's for this
-    machine (embedded) or the smallest over the shipped clusters (a joined cluster: it fits every one)."""
+    machine (embedded), for the cluster :data:`CLUSTER_ENV` names, or the smallest over the shipped clusters."""
     if spec.pack.seeds != "auto":
         return spec
     if recorded_seeds:
         return spec.sized(recorded_seeds)
-    prices = load_prices()
-    machines = [here or this_machine()] if embedded() or prices is None else clusters(prices)
+    prices, named = load_prices(), os.environ.get(CLUSTER_ENV)
+    machines = [here or this_machine()] if embedded() or prices is None else \
+        [m for m in clusters(prices) if named in (None, m.name)]
+    if not machines:
+        raise SpecError(f"{CLUSTER_ENV}: {named!r} is not a cluster of cluster/prices.yaml "
+                        f"({', '.join(prices.clusters)})")
     whole = form_packs(spec, size=10**6)
     sizes = [s for m in machines if not placement_problem(spec, m)
              for s, _, _ in [size_packs(spec, whole, m, False)] if s]

@@ -18,7 +18,7 @@ from qed_ray.service.dry_plan import Tables, fit_problem, machine_lines, order_p
 from qed_ray.service.machines import Machine, clusters, load_prices, this_machine
 from qed_ray.service.packing import form_packs
 from qed_ray.service.throughput import CPU_PATH, load_table, load_throughput, parse_throughput
-from qed_ray.spec import SweepSpec, load_spec
+from qed_ray.spec import SpecError, SweepSpec, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 H100 = "NVIDIA H100 80GB HBM3"
@@ -229,3 +229,21 @@ def test_every_shipped_gpu_spec_is_runnable_and_priced_on_each_shipped_cluster(n
             continue
         assert "not runnable" not in text and "no estimate" not in text, (m.name, text)
         assert re.search(r"GPU-hours [\d,.]+ with the tail .* wall clock [\d,.]+ h .*\$[\d,]+ on demand", text), text
+
+
+def test_auto_packs_resolve_to_the_registered_size_this_machine_or_the_named_cluster(monkeypatch):
+    from qed_ray.service.dry_run import sized_spec
+
+    spec = load_spec(DMC18)
+    assert sized_spec(spec, 20).pack.seeds == 20  # a started sweep keeps its registered size
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")
+    monkeypatch.setenv("QED_CLUSTER", "aws")
+    assert sized_spec(spec, None).pack.seeds == 30
+    monkeypatch.delenv("QED_CLUSTER")
+    assert sized_spec(spec, None).pack.seeds == 15  # every shipped cluster's workers hold packs of 15
+    monkeypatch.setenv("QED_CLUSTER", "azure")
+    with pytest.raises(SpecError, match=r"QED_CLUSTER: 'azure' is not a cluster of cluster/prices.yaml \(aws, gcp, "):
+        sized_spec(spec, None)
+    smoke = load_spec(SMOKE).model_copy(update={"pack": load_spec(SMOKE).pack.model_copy(update={"seeds": "auto"})})
+    monkeypatch.setenv("RAY_ADDRESS", "local")
+    assert sized_spec(smoke, None, this_machine(cpus=2, gpus=0)).pack.seeds == 1  # on CPUs: packs of one
