@@ -22,7 +22,7 @@ from qed_ray.rl.agents import make_packed_agent
 from qed_ray.rl.replay import Replay
 from qed_ray.rl.update import PackUpdater
 from qed_ray.service.memory import pack_memory
-from qed_ray.service.throughput import load_throughput
+from qed_ray.records.throughput import load_throughput
 from qed_ray.tasks import TASK_DIMS
 
 MAD_64 = {"latent_dim": 64, "encoder_hidden": 64, "model_hidden": 64, "num_bins": 51, "vmin": -50.0, "vmax": 50.0}

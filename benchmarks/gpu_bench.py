@@ -48,7 +48,7 @@ from qed_ray.config import TemperatureSpec, agent_spec
 from qed_ray.rl.update import PackUpdater, resolve_mode
 from qed_ray.rl.precision import set_run_precision
 from qed_ray.rl.replay import Replay
-from qed_ray.service.throughput import SCHEMA
+from qed_ray.records.throughput import SCHEMA
 
 TEMPERATURES = {"te": TemperatureSpec(kind="te"), "qed": TemperatureSpec(kind="qed", k=0.2)}
 AGENTS = ("sac_ln", "mad_sac")

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from qed_ray.codec import load_json
+from qed_ray.records.codec import load_json
 from qed_ray.config import RunSpec
 from qed_ray.rl.precision import CUDA_DEFAULT
 from qed_ray.service.machines import Machine
 from qed_ray.service.packing import Pack
-from qed_ray.service.throughput import Throughput
+from qed_ray.records.throughput import Throughput
 
 ENV_COSTS_PATH = Path(__file__).parents[2] / "benchmarks" / "env_costs.json"
 NODE_START_S = 600.0  # a worker node's start: the autoscaler's launch, the image, Ray (an estimate)

@@ -13,7 +13,7 @@ from qed_ray.service.bill import NODE_START_S, Rate, longest_first, pack_rate, p
 from qed_ray.service.machines import Machine, PriceTable
 from qed_ray.service.memory import HOST_USABLE, pack_memory
 from qed_ray.service.packing import Pack, form_packs, split
-from qed_ray.service.throughput import Throughput
+from qed_ray.records.throughput import Throughput
 from qed_ray.spec import SweepSpec
 from qed_ray.tasks import TASK_DIMS
 

@@ -13,13 +13,13 @@ from collections import Counter
 from pathlib import Path
 
 from qed_ray import console
-from qed_ray.layout import SweepDir
+from qed_ray.records.layout import SweepDir
 from qed_ray.replay_memory import replay_line
 from qed_ray.service.dry_plan import Tables, order_packs, placement_problem, plan_lines, size_packs
 from qed_ray.service.machines import Machine, clusters, load_prices, this_machine
 from qed_ray.service.packing import Pack, form_packs
 from qed_ray.service.sweep_state import check_folder, plan, resolve_paths
-from qed_ray.service.throughput import CPU_PATH, DEFAULT_PATH, load_table, load_throughput
+from qed_ray.records.throughput import CPU_PATH, DEFAULT_PATH, load_table, load_throughput
 from qed_ray.service.tracking_uri import unreachable, uri_field
 from qed_ray.spec import SpecError, SweepSpec, Trial
 

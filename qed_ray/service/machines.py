@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 from pydantic import ConfigDict, Field, ValidationError
 
-from qed_ray.codec import Record
+from qed_ray.records.codec import Record
 from qed_ray.replay_memory import GIB
 from qed_ray.spec import SpecError
 

@@ -59,7 +59,7 @@ def _counted(agent_json: str, n_actions: int, obs: int, act: int) -> Counted:
     import torch
 
     from qed_ray.config import AgentSpec, TemperatureSpec
-    from qed_ray.codec import adapter
+    from qed_ray.records.codec import adapter
     from qed_ray.rl.agents import make_packed_agent
 
     with torch.random.fork_rng(devices=[]):

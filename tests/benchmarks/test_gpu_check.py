@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from qed_ray.service.throughput import DEFAULT_PATH, load_throughput, parse_throughput
+from qed_ray.records.throughput import DEFAULT_PATH, load_throughput, parse_throughput
 
 ROOT = Path(__file__).parents[2]
 

@@ -17,7 +17,7 @@ from qed_ray.service.bill import (ENV_COSTS_PATH, NODE_START_S, PACK_START_S, Ra
 from qed_ray.service.dry_plan import Tables, fit_problem, machine_lines, order_packs, per_node
 from qed_ray.service.machines import Machine, clusters, load_prices, this_machine
 from qed_ray.service.packing import form_packs
-from qed_ray.service.throughput import CPU_PATH, load_table, load_throughput, parse_throughput
+from qed_ray.records.throughput import CPU_PATH, load_table, load_throughput, parse_throughput
 from qed_ray.spec import SpecError, SweepSpec, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,8 +50,8 @@ def test_a_packs_rate_is_a_measured_cell_or_each_step_is_named_or_there_is_no_es
     a10g = pack_rate(run, 10, 1, Machine("aws", "g5", "NVIDIA A10G", 1, 1, 16, 1, 8), TABLE, PEAKS)
     assert a10g.shared == pytest.approx(1000 * 35.0 / 66.9) and a10g.notes == {
         f"NVIDIA A10G extrapolated from the measured {H100} by FP32 peak (35/66.9)"}
-    auto = _run().model_copy(update={"train": _run().train.model_copy(update={"precision": "auto"})})
-    assert pack_rate(auto, 10, 1, H100_NODE, TABLE, PEAKS).notes == {"3xtf32 priced as fp32"}
+    three = _run().model_copy(update={"train": _run().train.model_copy(update={"precision": "3xtf32"})})
+    assert pack_rate(three, 10, 1, H100_NODE, TABLE, PEAKS).notes == {"3xtf32 priced as fp32"}
     assert pack_rate(_run(hidden=256), 10, 1, H100_NODE, TABLE, PEAKS) == (
         "sac_ln/te hidden 256, batch 512 (graph) was never measured on a GPU (the NVIDIA H100 80GB HBM3 table: "
         "hidden 512, batch 512)")

@@ -7,10 +7,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from kit import sweep_file, sweep_spec
+from kit import flat, sweep_file, sweep_spec
 from pydantic import ValidationError
 
-from kit import flat
 
 from qed_ray import claim
 from qed_ray.service.dry_run import dry_run

@@ -15,7 +15,7 @@ from qed_ray.rl.update import PackUpdater
 from qed_ray.service.memory import GIB, GPU_FIT, GRAD_FACTOR, ROW_FACTORS, counted, pack_memory
 from qed_ray.tasks import TASK_DIMS, TASKS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _runs(members=3, kind="qed", task="cheetah-run", capacity=20_000, hidden=128, batch=256) -> list[RunSpec]:

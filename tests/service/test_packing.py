@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from qed_ray.field_hints import format_validation_error
 from qed_ray.service.dry_run import dry_run
 from qed_ray.service.machines import Machine
-from qed_ray.layout import PackId, SweepDir, member_dirs, parse_trial_dirname, trial_dirname
+from qed_ray.records.layout import PackId, SweepDir, member_dirs, parse_trial_dirname, trial_dirname
 from qed_ray.service.packing import TuneTrial, form_packs, pack_records
 from qed_ray.spec import SweepSpec
 from qed_ray.records.codec import dump
@@ -190,8 +190,9 @@ def _dry(tmp_path, capsys, table: dict | None, listing: bool = False, **changes)
     return capsys.readouterr().out
 
 
-TABLE = {"schema": 1, "device": "cuda", "card": "NVIDIA H100 80GB HBM3", "date": "2026-11-26", "hidden": 16,
-         "batch": _spec().runs()[0].agent.batch_size,
+AGENT = sweep_spec(PACKING).runs()[0].agent  # the table is measured at its shape
+TABLE = {"schema": 1, "device": "cuda", "card": "NVIDIA H100 80GB HBM3", "date": "2026-11-26", "hidden": AGENT.hidden,
+         "batch": AGENT.batch_size,
          "entries": [{"agent": "sac_ln", "temperature": "te", "seeds": s, "packs": q, "mode": "graph",
                       "seed_decisions_per_s": r} for s, q, r in ((2, 2, 0.5), (1, 2, 0.25), (2, 1, 0.8), (1, 1, 0.4))]}
 
@@ -214,8 +215,9 @@ def test_dry_run_prints_packs_resources_and_the_plan_per_machine_from_the_table(
     assert "trials: 4 new (each trial: --list)" in short and " pack cartpole" not in short
     assert "packs of 2 (pack.seeds): 3 packs" in flat(_dry(tmp_path, capsys, TABLE, **{**packed, "seeds": 5}))
     missing = flat(_dry(tmp_path, capsys, {**TABLE, "entries": TABLE["entries"][:2]}, **packed))
-    assert "GPU-hours and wall clock: no estimate: sac_ln/te hidden 16, batch 256 (graph) was never measured on " \
-           "a GPU (the NVIDIA H100 80GB HBM3 table: hidden 16, batch 256)" in missing
+    shape = f"hidden {AGENT.hidden}, batch {AGENT.batch_size}"
+    assert f"GPU-hours and wall clock: no estimate: sac_ln/te {shape} (graph) was never measured on a GPU (the " \
+           f"NVIDIA H100 80GB HBM3 table: {shape})" in missing
     none = flat(_dry(tmp_path, capsys, None, **packed))
     assert "GPU-hours and wall clock: no estimate: no GPU rate table (benchmarks/gpu_bench.py)" in none
     assert "GPU-hours 0" not in none and "CPU-hours " in flat(_dry(tmp_path, capsys, TABLE, pack={"seeds": 1}))

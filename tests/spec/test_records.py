@@ -237,7 +237,6 @@ def test_each_command_refuses_the_damaged_file_it_reads_with_one_line(folder, tm
 # Where JSON may still be parsed outside the codec: none of them is a file of a sweep or run folder.
 JSON_OUTSIDE_THE_CODEC = {
     "qed_ray/paper/toy.py": "the --overrides flag's JSON",
-    "qed_ray/service/throughput.py": "benchmarks' GPU throughput table, a file of the repository",
 }
 
 

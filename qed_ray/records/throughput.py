@@ -10,13 +10,12 @@ at the table's. Lookups never interpolate across shapes: an unmeasured cell is N
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
 from pydantic import ConfigDict, Field, ValidationError
 
-from qed_ray.codec import Record
+from qed_ray.records.codec import Record, load_json
 from qed_ray.config import Precision
 
 SCHEMA = 1
@@ -87,7 +86,7 @@ def load_table(path: str | Path) -> Throughput | None:
     if not path.is_file():
         return None
     try:
-        table = parse_throughput(json.loads(path.read_text()))
+        table = parse_throughput(load_json(path))
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
     return table if table.entries else None

@@ -1,10 +1,10 @@
-"""The rate tables' reader (qed_ray.service.throughput): the model, lookups by cell and shape, the committed tables."""
+"""The rate tables' reader (qed_ray.records.throughput): the model, lookups by cell and shape, the committed tables."""
 
 import json
 
 import pytest
 
-from qed_ray.service.throughput import CPU_PATH, DEFAULT_PATH, load_table, load_throughput, parse_throughput
+from qed_ray.records.throughput import CPU_PATH, DEFAULT_PATH, load_table, load_throughput, parse_throughput
 
 pytestmark = pytest.mark.torch_only
 
