@@ -10,7 +10,7 @@ from typing import Mapping, Sequence
 
 from qed_ray.replay_memory import MAX_PACK_REPLAY_BYTES, show_bytes as gib
 from qed_ray.service.bill import NODE_START_S, Rate, longest_first, pack_rate, pack_seconds, schedule
-from qed_ray.service.machines import Machine, PriceTable
+from qed_ray.service.machines import Machine, PriceTable, per_node, placement_problem
 from qed_ray.service.memory import HOST_USABLE, pack_memory
 from qed_ray.service.packing import Pack, form_packs, split
 from qed_ray.records.throughput import Throughput
@@ -29,24 +29,6 @@ class Tables:
     gpu: Throughput | None
     cpu: Throughput | None
     prices: PriceTable | None
-
-
-def per_node(spec: SweepSpec, m: Machine) -> int:
-    """Packs a node of ``m`` runs at once: by its CPUs and, for GPU packs, its GPU shares."""
-    by_cpu = int(m.cpus // spec.trial_resources()["cpu"])
-    return min(by_cpu, round(m.gpus / spec.resources.gpu)) if spec.resources.gpu else by_cpu
-
-
-def placement_problem(spec: SweepSpec, m: Machine) -> str | None:
-    """Why no pack of ``spec`` can be placed on ``m`` at any size (the field, the reason and the fix), or None."""
-    gpu, cpu = spec.resources.gpu, spec.trial_resources()["cpu"]
-    if gpu and not m.gpus:
-        return (f"resources.gpu: a pack asks for {gpu:g} GPU and {m.name} has none; set resources.gpu: 0 to train "
-                f"on CPUs, or run on a GPU cluster")
-    if cpu > m.cpus:
-        return (f"resources.cpu: a pack asks for {cpu:g} CPUs (resources.cpu + pack.env_workers) and {m.node} has "
-                f"{m.cpus}; ask for at most {m.cpus}")
-    return None
 
 
 def fit_problem(spec: SweepSpec, pack: Pack, m: Machine) -> str | None:

@@ -2,7 +2,8 @@
 would do (per trial from the folder on disk: ``new``, ``start``, ``resume from env step N``, ``done``,
 ``diverged``) and cost on this machine and every shipped cluster (:mod:`qed_ray.service.dry_plan`); starts
 nothing. What a start from here would refuse is refused the same way (exit 2) after the plan, a pack this machine
-cannot place included where a start would run on it (:func:`embedded`); an unreachable tracking server is warned of.
+cannot place included where a start would run on it (:func:`~qed_ray.service.machines.check_machine`); an
+unreachable tracking server is warned of.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from pathlib import Path
 from qed_ray import console
 from qed_ray.records.layout import SweepDir
 from qed_ray.replay_memory import replay_line
-from qed_ray.service.dry_plan import Tables, order_packs, placement_problem, plan_lines, size_packs
-from qed_ray.service.machines import Machine, clusters, load_prices, this_machine
+from qed_ray.service.dry_plan import Tables, order_packs, plan_lines, size_packs
+from qed_ray.service.machines import Machine, check_machine, clusters, embedded, load_prices, placement_problem, \
+    this_machine
 from qed_ray.service.packing import Pack, form_packs
 from qed_ray.service.sweep_state import check_folder, plan, resolve_paths
 from qed_ray.records.throughput import CPU_PATH, DEFAULT_PATH, load_table, load_throughput
@@ -30,20 +32,6 @@ CLUSTER_ENV = "QED_CLUSTER"  # the shipped cluster a joined driver sizes auto pa
 def tune_order(spec: SweepSpec, packs: list[Pack]) -> list[Pack]:
     """The packs in the order the driver hands them to Tune (:func:`~qed_ray.service.dry_plan.order_packs`)."""
     return order_packs(spec, packs, load_throughput())
-
-
-def embedded() -> bool:
-    """Whether a start from here would run on this machine (an embedded Ray cluster, not a joined one)."""
-    from qed_ray.service.ray_join import target
-
-    return target().address is None
-
-
-def check_machine(spec: SweepSpec, here: Machine | None = None) -> None:
-    """Refuses (SpecError naming the field, with the fix) a pack this machine cannot place, where a start runs."""
-    problem = placement_problem(spec, here or this_machine()) if embedded() else None
-    if problem:
-        raise SpecError(problem)
 
 
 def sized_spec(spec: SweepSpec, recorded_seeds: int | None, here: Machine | None = None) -> SweepSpec:
@@ -84,9 +72,10 @@ def dry_run(spec: SweepSpec, throughput_path: str | Path = DEFAULT_PATH, listing
         show(f"--fresh: {layout.root} would be moved aside first (nothing is deleted); the plan below is of a new "
              f"sweep")
     trials = spec.trials()
-    size = "sized per machine (auto)" if spec.pack.seeds == "auto" else f"of up to {spec.pack.seeds}"
-    show(f"sweep {spec.name}: {len(trials)} trials in packs {size} (by {spec.pack.by}) -> "
-         f"{layout.root}  (MLflow {uri}, experiment {exp})")
+    n, size = len(p.packs), run_spec.pack.seeds
+    auto = " (pack.seeds auto: sized per machine below)" if spec.pack.seeds == "auto" else ""
+    show(f"sweep {spec.name}: {len(trials)} trials in {n} pack{'s' if n > 1 else ''} (Tune trial{'s' if n > 1 else ''}) "
+         f"of up to {size} seed{'s' if size > 1 else ''}{auto} -> {layout.root}  (MLflow {uri}, experiment {exp})")
     if p.state.claim is not None:
         rec = p.state.claim
         show(f"pre-registration: {rec.file} (claim block sha256 {rec.sha256[:12]}; frozen in sweep.json at the "
@@ -101,9 +90,10 @@ def dry_run(spec: SweepSpec, throughput_path: str | Path = DEFAULT_PATH, listing
             r = t.run
             show(f"    {t.name:48s} env_steps={r.train.env_steps:,} hidden={r.agent.hidden} "
                  f"batch={r.agent.batch_size}  [{what[t.name]}]")
-    res = spec.trial_resources()
-    show(f"per pack: {res['cpu']:g} CPU ({spec.resources.cpu:g} + {spec.pack.env_workers} env workers), "
-         f"{res['gpu']:g} GPU; total env steps {sum(t.run.train.env_steps for t in trials):,}")
+    res = run_spec.trial_resources()
+    show(f"per pack: {res['cpu']:g} CPU ({spec.resources.cpu:g} + {run_spec.pack.env_workers} env workers), "
+         f"{res['gpu']:g} GPU; all {n} packs at once: {res['cpu'] * n:g} CPU, {res['gpu'] * n:g} GPU; total env "
+         f"steps {sum(t.run.train.env_steps for t in trials):,}")
     prices = load_prices()
     here = here or this_machine()
     machines = [here] + (clusters(prices, card=card) if prices else [])

@@ -14,10 +14,11 @@ from pydantic import ConfigDict, Field, ValidationError
 
 from qed_ray.records.codec import Record
 from qed_ray.replay_memory import GIB
-from qed_ray.spec import SpecError
+from qed_ray.spec import SpecError, SweepSpec
 
 CLUSTER_DIR = Path(__file__).parents[2] / "cluster"
 CARD_ANNOTATION = "qed-ray.io/card"
+NVIDIA_GPUS = "/proc/driver/nvidia/gpus"  # one folder per GPU the NVIDIA driver sees
 
 
 class _Model(Record):
@@ -73,14 +74,46 @@ class Machine:
 def this_machine(cpus: int | None = None, host_bytes: int | None = None, gpus: int | None = None) -> Machine:
     """This machine (``os.cpu_count()``, its RAM, torch's CUDA devices; each injectable)."""
     card, gpu_bytes = None, 0
-    if gpus is None:
-        import torch
-
-        gpus = torch.cuda.device_count()
+    if gpus is None:  # the driver's count, read without importing torch; their card and memory from torch
+        gpus = len(os.listdir(NVIDIA_GPUS)) if os.path.isdir(NVIDIA_GPUS) else 0
         if gpus:
+            import torch
+
             card, gpu_bytes = torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory
     host = host_bytes or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     return Machine("this machine", "this machine", card, gpu_bytes, host, cpus or os.cpu_count() or 1, gpus, 1)
+
+
+def per_node(spec: SweepSpec, m: Machine) -> int:
+    """Packs a node of ``m`` runs at once: by its CPUs and, for GPU packs, its GPU shares."""
+    by_cpu = int(m.cpus // spec.trial_resources()["cpu"])
+    return min(by_cpu, round(m.gpus / spec.resources.gpu)) if spec.resources.gpu else by_cpu
+
+
+def placement_problem(spec: SweepSpec, m: Machine) -> str | None:
+    """Why no pack of ``spec`` can be placed on ``m`` at any size (the field, the reason and the fix), or None."""
+    gpu, cpu = spec.resources.gpu, spec.trial_resources()["cpu"]
+    if gpu and not m.gpus:
+        return (f"resources.gpu: a pack asks for {gpu:g} GPU and {m.name} has none; set resources.gpu: 0 to train "
+                f"on CPUs, or run on a GPU cluster")
+    if cpu > m.cpus:
+        return (f"resources.cpu: a pack asks for {cpu:g} CPUs (resources.cpu + pack.env_workers) and {m.node} has "
+                f"{m.cpus}; ask for at most {m.cpus}")
+    return None
+
+
+def embedded() -> bool:
+    """Whether a start from here would run on this machine (an embedded Ray cluster, not a joined one)."""
+    from qed_ray.service.ray_join import target
+
+    return target().address is None
+
+
+def check_machine(spec: SweepSpec, here: Machine | None = None) -> None:
+    """Refuses (SpecError naming the field, with the fix) a pack this machine cannot place, where a start runs."""
+    problem = placement_problem(spec, here or this_machine()) if embedded() else None
+    if problem:
+        raise SpecError(problem)
 
 
 def load_prices(folder: Path = CLUSTER_DIR) -> PriceTable | None:

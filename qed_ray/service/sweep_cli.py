@@ -63,10 +63,13 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
     say = lambda line: print(line, flush=True)  # noqa: E731
     layout, uri, experiment = resolve_paths(spec)
     state = check_folder(layout, spec, fresh, force)
-    from qed_ray.service.dry_run import check_machine, sized_spec
+    from qed_ray.service.machines import check_machine
 
     check_machine(spec)  # a pack this machine cannot place (an embedded cluster): refused before any folder exists
-    spec = sized_spec(spec, state.pack_seeds if state is not None and not fresh else None)
+    if spec.pack.seeds == "auto":  # sized by the plan's memory model (torch): only for such a spec, before Ray
+        from qed_ray.service.dry_run import sized_spec
+
+        spec = sized_spec(spec, state.pack_seeds if state is not None and not fresh else None)
     # Refused before anything is written (or moved aside), and checked again under the lock.
     _refuse(plan(None, spec).problems if fresh else plan(state, spec, layout).problems)
     problem = unreachable(uri)  # seconds now, not minutes of MLflow retries once Ray is up

@@ -195,7 +195,7 @@ def test_a_gpu_on_this_cpu_machine_is_refused_by_the_dry_run_and_by_a_start_befo
     path.write_text(yaml.safe_dump(raw))
     monkeypatch.setenv("QED_STORAGE_PATH", str(tmp_path / "results"))
     monkeypatch.setenv("RAY_ADDRESS", "local")
-    monkeypatch.setattr("qed_ray.service.dry_run.this_machine", lambda: this_machine(cpus=2, gpus=0))
+    monkeypatch.setattr("qed_ray.service.machines.this_machine", lambda: this_machine(cpus=2, gpus=0))
     message = ("error: resources.gpu: a pack asks for 1 GPU and this machine has none; set resources.gpu: 0 to train "
                "on CPUs, or run on a GPU cluster\n")
     assert main([str(path), "--dry-run"]) == 2

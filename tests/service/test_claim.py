@@ -62,7 +62,7 @@ def test_the_claim_sweeps_dry_run_passes_with_gpu_hours(tmp_path, capsys, monkey
     monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")  # submitted to a cluster: this CPU machine not checked
     assert dry_run(load_spec(ROOT / "sweeps" / "claim.yaml")) == 0
     out = flat(capsys.readouterr().out)
-    assert "540 trials in packs of up to 15 (by variant)" in out and "no estimate" not in out
+    assert "540 trials in 36 packs (Tune trials) of up to 15 seeds" in out and "no estimate" not in out
     aws = out.split(" aws: 8 x g5.4xlarge (NVIDIA A10G, ")[1].split(" gcp: ")[0]
     assert "packs of 15 (pack.seeds): 36 packs, 2 per node; " in aws and " wall clock " in aws and " spot" in aws
     assert "not runnable as shipped" not in out.split(" aws: ")[1], "the A3 control (shared_indices) fits as well"

@@ -201,10 +201,11 @@ def test_dry_run_prints_packs_resources_and_the_plan_per_machine_from_the_table(
     packed = dict(pack={"seeds": 2, "env_workers": 1}, resources={"cpu": 1, "gpu": 0.5}, seeds=4,
                   tasks=["cartpole-balance"])
     out = flat(_dry(tmp_path, capsys, TABLE, True, **packed))  # wrapped to 100 columns: compared flat
-    assert out.startswith("sweep p: 4 trials in packs of up to 2 (by variant) -> ")
+    assert out.startswith("sweep p: 4 trials in 2 packs (Tune trials) of up to 2 seeds -> ")
     assert " trials: 4 new pack " in out
     assert "pack cartpole-balance/sac_ln/te/pack0-1 (2 seeds) cartpole-balance/sac_ln/te/0 " in out
-    assert "per pack: 2 CPU (1 + 1 env workers), 0.5 GPU; total env steps 8,000" in out
+    assert "per pack: 2 CPU (1 + 1 env workers), 0.5 GPU; all 2 packs at once: 4 CPU, 1 GPU; total env steps " \
+           "8,000" in out
     assert " this machine (NVIDIA H100 80GB HBM3, 80.0 GiB; 16 CPUs, 64.0 GiB for packs) packs of 2 (pack.seeds): " \
            "2 packs, 2 per node; largest sac_ln/te (cartpole-balance): host " in out
     assert " aws: 8 x g5.4xlarge (NVIDIA A10G, 22.5 GiB; 16 CPUs, 64.0 GiB for packs) packs of 2 (pack.seeds): " \

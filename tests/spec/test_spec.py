@@ -96,7 +96,8 @@ def test_unreadable_and_non_mapping_specs(tmp_path, capsys):
         load_spec(p)
 
 
-def test_dry_run_prints_trials_and_resources(tmp_path, capsys):
+def test_dry_run_prints_trials_and_resources(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "ray://head:10001")  # a GPU spec planned from here for a cluster's head
     spec = {**BASE, "storage_path": str(tmp_path / "results"), "resources": {"cpu": 0.5, "gpu": 0.1}}
     assert main([str(_write(tmp_path, spec)), "--dry-run", "--list"]) == 0
     out = capsys.readouterr().out
