@@ -11,7 +11,7 @@ import torch
 from kit import TRAIN
 
 from qed_ray.rl.agents import make_agent
-from qed_ray.records.checkpoint import save_checkpoint
+from qed_ray.records.checkpoint import new_manifest, save_checkpoint
 from qed_ray.records.digests import inventory, record
 from qed_ray.rl.run_folder import write_done
 from qed_ray.config import RunSpec
@@ -49,10 +49,10 @@ def save_snapshot(layout: SweepDir, name: str, step: int, init_seed: int) -> Non
     agent = make_agent(spec.agent, spec.temperature, 5, 1, torch.device("cpu"), init_seed)
     seed = TrialId.from_name(name).seed
     save_checkpoint(layout.snapshot(name, step), {k: m.state_dict() for k, m in agent.modules().items()},
-                    {"task": spec.task, "agent": spec.agent.name, "variant": spec.variant, "seed": seed,
-                     "obs_dim": 5, "action_dim": 1, "env_steps": step, "run": spec.model_dump(mode="json"),
-                     "policy_only": True, "modules": sorted(agent.modules()), "evals": evals_until(step, seed),
-                     "wall_s": 10.0 * step / EVAL_EVERY})
+                    new_manifest(task=spec.task, agent=spec.agent.name, variant=spec.variant, seed=seed, obs_dim=5,
+                                 action_dim=1, env_steps=step, run=spec, policy_only=True,
+                                 modules=sorted(agent.modules()), evals=evals_until(step, seed),
+                                 wall_s=10.0 * step / EVAL_EVERY))
 
 
 def seed_checkpoint(folder, name: str, step: int, wall_s: float, pack_size: int = 1, index: int = 0) -> None:
@@ -64,13 +64,12 @@ def seed_checkpoint(folder, name: str, step: int, wall_s: float, pack_size: int 
     agent = make_agent(spec.agent, spec.temperature, 5, 1, torch.device("cpu"), 0)
     pcg = np.random.default_rng(0).bit_generator.state
     mt = {"name": "MT19937", "keys": [1] * 624, "pos": 624, "has_gauss": 0, "cached": 0.0}
-    save_checkpoint(folder, agent.state_dict(), {
-        "task": spec.task, "agent": spec.agent.name, "variant": spec.variant, "seed": spec.seed, "obs_dim": 5,
-        "action_dim": 1, "env_steps": step, "run": spec.model_dump(mode="json"),
-        "progress": {"decisions": step // 2, "updates": 0, "episodes": 0, "wall_s": wall_s,
-                     "evals": evals_until(step, spec.seed)},
-        "rng": {"warmup": pcg, "replay": pcg, "env": mt}, "replay": {"added": step // 2, "external": True},
-        "pack": "p", "pack_size": pack_size, "pack_index": index})
+    save_checkpoint(folder, agent.state_dict(), new_manifest(
+        task=spec.task, agent=spec.agent.name, variant=spec.variant, seed=spec.seed, obs_dim=5, action_dim=1,
+        env_steps=step, run=spec, progress={"decisions": step // 2, "updates": 0, "episodes": 0, "wall_s": wall_s,
+                                            "evals": evals_until(step, spec.seed)},
+        rng={"warmup": pcg, "replay": pcg, "env": mt}, replay={"added": step // 2, "external": True},
+        pack="p", pack_size=pack_size, pack_index=index))
 
 
 def finished_trial(layout: SweepDir, name: str) -> None:

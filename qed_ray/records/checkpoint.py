@@ -30,7 +30,6 @@ FORMAT_VERSION = 2
 # Policy snapshots only feed evaluation: their module weights load from format 1 too (agents.load_policy upgrades
 # the few renamed parameters), so every reader of a snapshot accepts these; resuming needs FORMAT_VERSION.
 SNAPSHOT_FORMATS = (1, FORMAT_VERSION)
-IDENTITY_FIELDS = ("task", "agent", "variant", "seed", "obs_dim", "action_dim")
 
 
 def package_versions() -> dict[str, str]:
@@ -44,36 +43,31 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def save_checkpoint(directory: str | os.PathLike, agent_state: dict, manifest: dict) -> Path:
-    """Writes ``state.pt`` and ``manifest.json`` into ``directory`` (created if needed).
-
-    Args:
-        directory: target folder.
-        agent_state: tensors only (``agent.state_dict()``).
-        manifest: the manifest's content (a :class:`~qed_ray.records.manifests.Manifest` but for the fields written
-            here: format, versions, ``state.pt``'s SHA-256); must contain :data:`IDENTITY_FIELDS` and ``env_steps``.
-
-    Returns:
-        the directory.
+def new_manifest(**fields) -> Manifest:
+    """A manifest to write (:func:`save_checkpoint`), built from its fields (identity, ``env_steps`` and what the
+    kind of checkpoint holds) with this version's format and package versions; ``state.pt``'s SHA-256 is set when
+    the file is written.
 
     Raises:
-        ValueError: the content is not a valid manifest (naming the field); nothing is written then.
+        ValueError: ``fields`` are not a valid manifest (naming the field); nothing is written then.
     """
+    return Manifest(**fields, format_version=FORMAT_VERSION, versions=package_versions(), state_sha256="0" * 64)
+
+
+def save_checkpoint(directory: str | os.PathLike, agent_state: dict, manifest: Manifest) -> Path:
+    """Writes ``state.pt`` and ``manifest.json`` into ``directory`` (created if needed): ``manifest``'s given fields
+    (:func:`new_manifest`, or a manifest read back and written again unchanged) with this version's format, the
+    package versions and ``state.pt``'s SHA-256; returns the directory."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    missing = [k for k in (*IDENTITY_FIELDS, "env_steps") if k not in manifest]
-    if missing:
-        raise ValueError(f"manifest: missing fields {missing}")
-    path = directory / MANIFEST_FILE
-    full = {**manifest, "format_version": FORMAT_VERSION, "versions": package_versions(), "state_sha256": "0" * 64}
-    checked = parse(Manifest, full, path, ValueError)  # before anything is written
     state_path = directory / STATE_FILE
     with atomic_file(state_path) as tmp:
         import torch  # here, not at import: --status reads manifests without loading torch
 
         torch.save(agent_state, tmp)
-    checked = checked.model_copy(update={"state_sha256": file_sha256(state_path, CheckpointError)})
-    write_manifest(path, checked)  # the manifest last: it marks a complete checkpoint
+    checked = manifest.model_copy(update={"format_version": FORMAT_VERSION, "versions": package_versions(),
+                                          "state_sha256": file_sha256(state_path, CheckpointError)})
+    write_manifest(directory / MANIFEST_FILE, checked)  # the manifest last: it marks a complete checkpoint
     return directory
 
 
@@ -81,13 +75,6 @@ def write_manifest(path: Path, manifest: Manifest) -> None:
     """Writes ``manifest.json``: the fields the manifest was given (a snapshot holds no counters, say)."""
     given = manifest.model_fields_set | {"format_version", "versions", "state_sha256"}
     write_record(path, {k: v for k, v in dump(manifest).items() if k in given}, dict)
-
-
-def manifest_content(manifest: Manifest) -> dict:
-    """What :func:`save_checkpoint` was given to write ``manifest`` (a seed's manifest rewritten unchanged into
-    a later checkpoint of its pack)."""
-    return {k: v for k, v in dump(manifest).items() if k in manifest.model_fields_set
-            and k not in ("format_version", "versions", "state_sha256")}
 
 
 def read_manifest(directory: str | os.PathLike, formats: tuple[int, ...] = (FORMAT_VERSION,)) -> Manifest:

@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 from qed_ray.records.codec import Num, Record, RecordError
 from qed_ray.config import MAX_SEED, RunSpec
 from qed_ray.records.layout import PACK_FORMAT
-from qed_ray.records.run import STATUSES, EvalRecord
+from qed_ray.records.run import STATUSES, EvalRecord, Timings
 
 MAX_WORD128 = 2**128 - 1  # PCG64's state and increment are 128-bit words
 SHA256_HEX = r"^[0-9a-f]{64}$"
@@ -79,18 +79,12 @@ class ReplayInfo(Record):
     external: bool
 
 
-class SeedProgress(Record):
-    """A seed's counters and evaluation history in its checkpoint. (The timings are the pack's, in ``pack.json``;
-    a single-seed checkpoint of qed_ray 0.1, adopted into its pack of one, kept them here.)"""
+class SeedProgress(Timings):
+    """A seed's counters, episodes and evaluation history in its checkpoint. (The timings are the pack's, in
+    ``pack.json``; a single-seed checkpoint of qed_ray 0.1, adopted into its pack of one, kept them here.)"""
 
-    decisions: int = Field(ge=0)
-    updates: int = Field(ge=0)
     episodes: int = Field(ge=0)
-    wall_s: Num
     evals: list[EvalRecord]
-    warmup_s: Num = 0.0
-    train_s: Num = 0.0
-    eval_s: Num = 0.0
 
 
 class Manifest(Record):
@@ -129,9 +123,9 @@ class Manifest(Record):
         return tuple(getattr(self, n) for n in names)
 
 
-class PackRecord(Record):
+class PackRecord(Timings):
     """A pack checkpoint's ``pack.json``: the pack, its shared counters and timings, and each seed's status (written
-    last, so its presence marks a complete checkpoint). Timings a file written before they existed lacks are 0."""
+    last, so its presence marks a complete checkpoint)."""
 
     format: Literal[PACK_FORMAT]
     pack: str = Field(min_length=1)
@@ -139,12 +133,6 @@ class PackRecord(Record):
     seeds: list[int]
     pack_size: int = Field(ge=1)
     env_steps: int = Field(ge=0)
-    decisions: int = Field(ge=0)
-    updates: int = Field(ge=0)
-    wall_s: Num
-    warmup_s: Num = 0.0
-    train_s: Num = 0.0
-    eval_s: Num = 0.0
     status: list[Literal[STATUSES]]
     reasons: list[str | None]
     stopped_at: list[Annotated[list[int], Field(min_length=2, max_length=2)] | None]  # (decisions, updates)

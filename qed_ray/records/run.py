@@ -89,8 +89,24 @@ class DivergedRecord(Record):
     env_steps: int = Field(ge=0)
 
 
-class RunSummary(Record):
-    """A seed run's final figures: the run CLI's ``<trial>/summary.json`` (``reason`` when it diverged)."""
+class Timings(Record):
+    """A pack's counters (its seeds act and update in lock-step) and where its time went: ``wall_s`` real time in
+    the training loop over every start of the pack, of it ``warmup_s`` in warm-up decisions, ``train_s`` in
+    decisions with updates and ``eval_s`` evaluating and reporting (checkpoints, snapshots, logging). The one
+    declaration of these fields: ``pack.json``, a seed's checkpoint progress, ``summary.json`` and the trainer's
+    live counters extend it (a file written before the three parts existed lacks them: 0)."""
+
+    decisions: int = Field(ge=0)
+    updates: int = Field(ge=0)
+    wall_s: Num
+    warmup_s: Num = 0.0
+    train_s: Num = 0.0
+    eval_s: Num = 0.0
+
+
+class RunSummary(Timings):
+    """A seed run's final figures: the run CLI's ``<trial>/summary.json`` (``reason`` when it diverged); its
+    counters are the seed's (up to where it stopped), its timings the pack's."""
 
     name: str
     task: str
@@ -99,15 +115,9 @@ class RunSummary(Record):
     seed: int = Field(ge=0)
     status: Literal[STATUSES]
     env_steps: int = Field(ge=0)
-    decisions: int = Field(ge=0)
-    updates: int = Field(ge=0)
     pack_size: int = Field(ge=1)
     precision: str
     update_mode: Literal["off", "compile", "graph"] = "off"  # train.compile resolved (summaries before it: eager)
-    wall_s: Num
-    warmup_s: Num
-    train_s: Num
-    eval_s: Num
     updates_per_s: Num
     final_eval_return_mean: Num
     final_eval_return_std: Num

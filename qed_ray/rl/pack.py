@@ -10,19 +10,19 @@ checkpoint) and one ``seed_<seed>/`` folder per seed (its tensors, manifest and 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from pydantic import ConfigDict
 
 from qed_ray.records.codec import read_record
 from qed_ray.config import RunSpec, TrainSpec
 from qed_ray.records.layout import PACK_FILE, PackId
-from qed_ray.records.manifests import CheckpointError, PackRecord
-from qed_ray.records.run import EvalRecord
+from qed_ray.records.manifests import CheckpointError, Manifest, PackRecord
+from qed_ray.records.run import EvalRecord, Timings
 
 
 def remaining_s(train: TrainSpec, decisions: int, evals_done: int, warmup_s_per_decision: float | None,
@@ -45,26 +45,25 @@ def remaining_s(train: TrainSpec, decisions: int, evals_done: int, warmup_s_per_
     return float(sum(n * cost for n, cost in parts if n > 0))
 
 
-@dataclass
-class Progress:
-    """A pack's shared counters (its seeds act and update in lock-step) and where its time went; with each seed's
-    :class:`SeedRun` what makes a resumed pack continue exactly. Written into ``pack.json``."""
+class Progress(Timings):
+    """The pack's live counters and timings (:class:`~qed_ray.records.run.Timings`, which the trainer adds to); with
+    each seed's :class:`SeedRun` what makes a resumed pack continue exactly. Written into ``pack.json``."""
 
-    decisions: int = 0
-    updates: int = 0
-    wall_s: float = 0.0  # real time inside Trainer.run, summed over every start of the pack
-    warmup_s: float = 0.0  # time spent in warm-up decisions
-    train_s: float = 0.0  # time spent in decisions with updates
-    eval_s: float = 0.0  # time spent evaluating and reporting (checkpoints, snapshots, logging)
+    model_config = ConfigDict(frozen=False)
+
+    @classmethod
+    def start(cls) -> "Progress":
+        """A fresh pack's: nothing done yet."""
+        return cls(decisions=0, updates=0, wall_s=0.0)
 
     def fields(self) -> dict:
         """The counters as ``pack.json`` (:class:`~qed_ray.records.manifests.PackRecord`) holds them."""
-        return dataclasses.asdict(self)
+        return self.model_dump()
 
     @classmethod
     def of(cls, pack: PackRecord) -> "Progress":
         """The counters a pack checkpoint's ``pack.json`` holds."""
-        return cls(**{f.name: getattr(pack, f.name) for f in dataclasses.fields(cls)})
+        return cls(**pack.model_dump(include=set(Timings.model_fields)))
 
 
 def pack_name(specs: Sequence[RunSpec]) -> str:
@@ -145,6 +144,42 @@ def read_pack(directory: Path, seeds: Sequence[int]) -> PackRecord:
 
 
 @dataclass
+class PackState:
+    """The trainer's resumable state besides the agent's tensors, the replay and the envs' streams: the pack's name,
+    its seed runs, shared counters, which seeds still train and the env steps it resumed from (None: a fresh start).
+    :class:`~qed_ray.rl.trainer.Trainer` owns it; :class:`~qed_ray.rl.pack_checkpoint.PackCheckpoints` writes and
+    restores it."""
+
+    name: str
+    runs: list[SeedRun]
+    train: TrainSpec
+    progress: Progress = field(default_factory=Progress.start)
+    resumed_from: int | None = None
+    active: np.ndarray = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.active = np.ones(len(self.runs), bool)
+
+    @property
+    def n(self) -> int:
+        return len(self.runs)
+
+    @property
+    def env_steps(self) -> int:
+        return self.progress.decisions * self.train.frame_skip
+
+    def status(self, run: SeedRun) -> str:
+        """``running``, ``diverged``, or ``finished`` once the budget is done (also in the final checkpoint)."""
+        return "finished" if run.status == "running" and self.progress.decisions >= self.train.decisions else run.status
+
+    def stop(self, i: int, reason: str | None, at: tuple[int, int]) -> None:
+        """Seed ``i`` diverged (``reason``) at ``at`` = (decisions, updates): it trains no more."""
+        run = self.runs[i]
+        run.status, run.reason, run.stopped_at = "diverged", reason, tuple(at)
+        self.active[i] = False
+
+
+@dataclass
 class SeedRun:
     """What a pack keeps per seed besides its slices of the agent and the replay."""
 
@@ -159,4 +194,4 @@ class SeedRun:
     evals: list[EvalRecord] = field(default_factory=list)
     train_returns: list = field(default_factory=list)
     last_metrics: dict = field(default_factory=dict)
-    saved: tuple[dict, dict] | None = None  # (state, manifest) of its last checkpoint, kept once it diverges
+    saved: tuple[dict, Manifest] | None = None  # (state, manifest) of its last checkpoint, kept once it diverges

@@ -14,70 +14,77 @@ from __future__ import annotations
 import os
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-from qed_ray.records.codec import dump, write_record
+from qed_ray.records.checkpoint import MANIFEST_FILE, load_checkpoint, new_manifest, save_checkpoint
+from qed_ray.records.codec import write_record
 from qed_ray.records.layout import PACK_FILE, PACK_FORMAT, member_dirs
-from qed_ray.records.checkpoint import MANIFEST_FILE, load_checkpoint, manifest_content, save_checkpoint
 from qed_ray.records.manifests import CheckpointError, Manifest, PackRecord
-from qed_ray.rl.pack import Progress, SeedRun, read_pack
-from qed_ray.records.run import EvalRecord
+from qed_ray.rl.pack import PackState, Progress, SeedRun, read_pack
 
 if TYPE_CHECKING:
-    from qed_ray.rl.trainer import Trainer
+    from qed_ray.records.writer import BackgroundWriter
+    from qed_ray.rl.agents.packed import PackedAgent
+    from qed_ray.rl.env_pool import EnvPool
+    from qed_ray.rl.replay import Replay
+
 
 class PackCheckpoints:
-    """Saves and restores one trainer's pack.
+    """Saves and restores one pack: its :class:`~qed_ray.rl.pack.PackState` with the agent's tensors, the replay
+    and the envs' random streams.
 
     Args:
-        trainer: the pack's trainer (its runs, agent, replay, envs, counters and writer).
+        state: the pack's resumable state (its runs, counters, active seeds).
+        agent, replay, pool: the pack's agent, replay and envs.
+        writer: the background writer of checkpoint files.
         replay_dirs: per seed, where its replay chunks persist (None: inside each checkpoint).
+        wall_s: the pack's wall time so far, over every start.
     """
 
-    def __init__(self, trainer: "Trainer", replay_dirs: Sequence[Path] | None):
-        self.tr, self.replay_dirs = trainer, replay_dirs
+    def __init__(self, state: PackState, agent: PackedAgent, replay: Replay, pool: EnvPool, writer: BackgroundWriter,
+                 replay_dirs: Sequence[Path] | None, wall_s: Callable[[], float]):
+        self.state, self.agent, self.replay, self.pool, self.writer = state, agent, replay, pool, writer
+        self.replay_dirs, self.wall_s = replay_dirs, wall_s
 
     def member_dir(self, i: int) -> str:
         """Member ``i``'s folder inside a pack checkpoint."""
-        return member_dirs([r.name for r in self.tr.runs], [r.spec.seed for r in self.tr.runs])[i]
+        return member_dirs([r.name for r in self.state.runs], [r.spec.seed for r in self.state.runs])[i]
 
     def identity(self, i: int) -> dict:
         """Fields seed ``i``'s checkpoint must match."""
-        s, pool = self.tr.runs[i].spec, self.tr.pool
+        s = self.state.runs[i].spec
         return {"task": s.task, "agent": s.agent.name, "variant": s.variant, "seed": s.seed,
-                "obs_dim": pool.obs_dim, "action_dim": pool.action_dim}
+                "obs_dim": self.pool.obs_dim, "action_dim": self.pool.action_dim}
 
     def save(self, directory: Path, modules: Sequence[str] | None = None, index: int | None = None) -> Future:
         """Queues the pack checkpoint (or, with ``modules`` and ``index``, a policy snapshot of seed ``index``) for
         the writer thread; the state is copied before this returns."""
-        tr, directory = self.tr, Path(directory)
-        env_steps = tr.p.decisions * tr.t.frame_skip
+        st, directory = self.state, Path(directory)
         if modules is not None:
-            state = tr.agent.module_state_dicts(index, modules)
+            state = self.agent.module_state_dicts(index, modules)
+            run = st.runs[index]
             # The evaluation history and wall time ride along, so the gather step and --status read a finished or
             # running trial from its snapshots alone (learning curves, critic-proxy x of App. D, cost so far).
-            manifest = {**self.identity(index), "env_steps": env_steps,
-                        "run": tr.runs[index].spec.model_dump(mode="json"), "policy_only": True,
-                        "modules": sorted(state), "evals": dump(tr.runs[index].evals, list[EvalRecord]),
-                        "wall_s": tr.wall_s()}
-            return tr.writer.submit(directory, lambda: save_checkpoint(directory, state, manifest))
+            manifest = new_manifest(**self.identity(index), env_steps=st.env_steps, run=run.spec, policy_only=True,
+                                    modules=sorted(state), evals=list(run.evals), wall_s=self.wall_s())
+            return self.writer.submit(directory, lambda: save_checkpoint(directory, state, manifest))
         seeds, chunks = [], []
-        for i, run in enumerate(tr.runs):
+        for i, run in enumerate(st.runs):
             if run.status != "diverged":
-                run.saved = (tr.agent.seed_state_dict(i), self._manifest(i))
+                run.saved = (self.agent.seed_state_dict(i), self._manifest(i))
             if run.saved is not None:
                 sub = directory / self.member_dir(i)
                 loc = self.replay_dirs[i] if self.replay_dirs is not None else sub / "replay"
                 if run.status != "diverged":
-                    chunks.append(tr.replay.plan_save(i, loc))
+                    chunks.append(self.replay.plan_save(i, loc))
                 elif self.replay_dirs is None:  # a new checkpoint folder needs the rows its manifest counts
-                    chunks.append(tr.replay.plan_save(i, loc, run.saved[1]["replay"]["added"]))
+                    chunks.append(self.replay.plan_save(i, loc, run.saved[1].replay.added))
                 seeds.append((sub, *run.saved))
-        pack = PackRecord(format=PACK_FORMAT, pack=tr.name, names=[r.name for r in tr.runs],
-                          seeds=[r.spec.seed for r in tr.runs], pack_size=tr.n, env_steps=env_steps,
-                          **{**tr.p.fields(), "wall_s": tr.wall_s()}, status=[tr._status(r) for r in tr.runs],
-                          reasons=[r.reason for r in tr.runs],
-                          stopped_at=[list(r.stopped_at) if r.stopped_at else None for r in tr.runs])
+        pack = PackRecord(format=PACK_FORMAT, pack=st.name, names=[r.name for r in st.runs],
+                          seeds=[r.spec.seed for r in st.runs], pack_size=st.n, env_steps=st.env_steps,
+                          **{**st.progress.fields(), "wall_s": self.wall_s()}, status=[st.status(r) for r in st.runs],
+                          reasons=[r.reason for r in st.runs],
+                          stopped_at=[list(r.stopped_at) if r.stopped_at else None for r in st.runs])
 
         def write() -> None:
             for chunk in chunks:
@@ -86,24 +93,23 @@ class PackCheckpoints:
                 save_checkpoint(sub, state, manifest)
             write_record(directory / PACK_FILE, pack)  # last: it marks a complete pack checkpoint
 
-        return tr.writer.submit(directory, write)
+        return self.writer.submit(directory, write)
 
-    def _manifest(self, i: int) -> dict:
+    def _manifest(self, i: int) -> Manifest:
         """Seed ``i``'s manifest: identity, settings, progress, random streams, replay size, place in the pack."""
-        tr, run = self.tr, self.tr.runs[i]
-        return {
-            **self.identity(i), "env_steps": tr.p.decisions * tr.t.frame_skip,
-            "run": run.spec.model_dump(mode="json"),
-            "progress": {"decisions": tr.p.decisions, "updates": tr.p.updates, "episodes": run.episodes,
-                         "wall_s": tr.wall_s(), "evals": dump(run.evals, list[EvalRecord])},
-            "rng": {"warmup": run.warmup_rng.bit_generator.state, "replay": tr.replay.rng_state(i),
-                    "env": tr.pool.random_state(i)},
-            "replay": {"added": int(tr.replay.added[i]), "external": self.replay_dirs is not None},
-            "pack": tr.name, "pack_size": tr.n, "pack_index": i,
-        }
+        st, run = self.state, self.state.runs[i]
+        return new_manifest(
+            **self.identity(i), env_steps=st.env_steps, run=run.spec,
+            progress={"decisions": st.progress.decisions, "updates": st.progress.updates, "episodes": run.episodes,
+                      "wall_s": self.wall_s(), "evals": list(run.evals)},
+            rng={"warmup": run.warmup_rng.bit_generator.state, "replay": self.replay.rng_state(i),
+                 "env": self.pool.random_state(i)},
+            replay={"added": int(self.replay.added[i]), "external": self.replay_dirs is not None},
+            pack=st.name, pack_size=st.n, pack_index=i)
 
     def restore(self, directory: Path) -> PackRecord:
-        """Loads a pack checkpoint written by :meth:`save` (same seeds, same pack size); returns its pack.json.
+        """Loads a pack checkpoint written by :meth:`save` (same seeds, same pack size) into the state; returns its
+        pack.json.
 
         A seed the checkpoint records as finished (the final checkpoint, which a kill between the seeds'
         ``DONE.json`` writes leaves behind) is restored without its replay: it trains no more, and a later start may
@@ -113,29 +119,27 @@ class PackCheckpoints:
             CheckpointError: a missing or corrupt file (naming it and the field), another pack, or a seed checkpoint
                 that does not match.
         """
-        tr, directory = self.tr, Path(directory)
-        pack = read_pack(directory, [r.spec.seed for r in tr.runs])
+        st, directory = self.state, Path(directory)
+        pack = read_pack(directory, [r.spec.seed for r in st.runs])
         states, manifests = [], []
-        for i, run in enumerate(tr.runs):
+        for i, run in enumerate(st.runs):
             sub = directory / self.member_dir(i)
             if pack.status[i] == "diverged" and not os.path.lexists(sub / MANIFEST_FILE):
                 states.append(None), manifests.append(None)  # diverged before its first checkpoint
                 continue
-            state, m = load_checkpoint(sub, expect={**self.identity(i), "pack_size": tr.n, "pack_index": i},
+            state, m = load_checkpoint(sub, expect={**self.identity(i), "pack_size": st.n, "pack_index": i},
                                        map_location="cpu")
             states.append(state), manifests.append(m)
-        tr.agent.load_seed_state_dicts(states)
-        for i, (run, m) in enumerate(zip(tr.runs, manifests)):
-            done = pack.status[i] == "finished" and pack.env_steps >= tr.t.env_steps  # not a larger budget
+        self.agent.load_seed_state_dicts(states)
+        for i, (run, m) in enumerate(zip(st.runs, manifests)):
+            done = pack.status[i] == "finished" and pack.env_steps >= st.train.env_steps  # not a larger budget
             self._restore_seed(i, run, m, states[i], directory, done)
             if pack.status[i] == "diverged":
                 if pack.stopped_at[i] is None:
                     raise CheckpointError(f"{directory / PACK_FILE}: stopped_at.{i}: missing for a diverged seed")
-                run.status, run.reason, run.stopped_at = "diverged", pack.reasons[i], tuple(pack.stopped_at[i])
-                tr.active[i] = False
-                tr.agent.freeze(i)
-        tr.p = Progress.of(pack)
-        tr.resumed_from = pack.env_steps
+                st.stop(i, pack.reasons[i], pack.stopped_at[i])
+                self.agent.freeze(i)
+        st.progress, st.resumed_from = Progress.of(pack), pack.env_steps
         return pack
 
     def _restore_seed(self, i: int, run: SeedRun, m: Manifest | None, state: dict | None, directory: Path,
@@ -144,17 +148,17 @@ class PackCheckpoints:
         seed ``finished`` in this checkpoint trains no more, so its replay (perhaps pruned since) is not read."""
         if m is None:
             return
-        tr, sub = self.tr, directory / self.member_dir(i)
+        sub = directory / self.member_dir(i)
         progress, rng, replay = m.require(sub / MANIFEST_FILE, "progress", "rng", "replay")
         run.episodes, run.evals = progress.episodes, list(progress.evals)
         try:  # the model checked each state's shape; the generators check the rest of what they are given
             run.warmup_rng.bit_generator.state = rng.warmup.model_dump()
-            tr.replay.set_rng_state(i, rng.replay.model_dump())
-            tr.pool.set_random_state(i, rng.env.model_dump())
+            self.replay.set_rng_state(i, rng.replay.model_dump())
+            self.pool.set_random_state(i, rng.env.model_dump())
         except (TypeError, ValueError, KeyError) as e:
             raise CheckpointError(f"{sub / MANIFEST_FILE}: rng: not a state this generator can take "
                                   f"({type(e).__name__}: {e})") from None
         src = self.replay_dirs[i] if replay.external else sub / "replay"
         if not finished:
-            tr.replay.load(i, src, replay.added)
-        run.saved = (state, manifest_content(m))
+            self.replay.load(i, src, replay.added)
+        run.saved = (state, m)

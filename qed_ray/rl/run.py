@@ -290,7 +290,7 @@ def run(specs: list[RunSpec], out: Path, env_workers: int = 0) -> list[RunSummar
     finally:
         trainer.close()  # also lands the checkpoint writes in flight
     if stopped:
-        raise RunStopped(trainer.p.decisions * trainer.t.frame_skip, specs[0].train,
+        raise RunStopped(trainer.state.env_steps, specs[0].train,
                          max(layout.pack_checkpoint_steps(pack), default=0))
     folder.record_diverged()
     folder.finish()

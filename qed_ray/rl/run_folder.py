@@ -259,7 +259,7 @@ class FolderReporter:
         trial's files are not covered, docs/design.md), a finished one for none (None)."""
         path = self.layout.pack_checkpoint(self.pack, step) / FILES_FILE
         if not os.path.lexists(path):
-            return [None if self.trainer._status(r) == "finished" else
+            return [None if self.trainer.state.status(r) == "finished" else
                     {p: h for p, h in inventory(self.layout, n).items() if _step_of(p) <= step}
                     for n, r in zip(self.names, self.trainer.runs)]
         record = read_record(path, CheckpointFiles, CheckpointError)

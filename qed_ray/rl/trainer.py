@@ -31,7 +31,7 @@ from qed_ray.config import RunSpec
 from qed_ray.rl.env_pool import EnvPool
 from qed_ray.rl.evaluate import eval_seeds, rollout_lockstep
 from qed_ray.records.manifests import PackRecord
-from qed_ray.rl.pack import Progress, SeedRun, check_pack, pack_name, remaining_s, sampler_seeds
+from qed_ray.rl.pack import PackState, Progress, SeedRun, check_pack, pack_name, remaining_s, sampler_seeds
 from qed_ray.rl.pack_checkpoint import PackCheckpoints
 from qed_ray.rl.update import PackUpdater, resolve_mode
 from qed_ray.rl.precision import apply_matmul_precision, set_run_precision
@@ -105,14 +105,12 @@ class Trainer:
                  writer: BackgroundWriter, replay_dirs: Sequence[Path] | None = None,
                  log: Callable[[str], None] = lambda s: None, name: str | None = None,
                  heartbeat: Callable[[dict], None] | None = None, heartbeat_s: float = 30.0):
-        self.runs, self.pool, self.agent, self.replay = runs, pool, agent, replay
+        self.pool, self.agent, self.replay = pool, agent, replay
         self.reporter, self.writer, self.log = reporter, writer, log
         self.heartbeat, self.heartbeat_s = heartbeat, heartbeat_s
-        self.t, self.n, self.name = runs[0].spec.train, len(runs), name or pack_name([r.spec for r in runs])
-        self.active = np.ones(self.n, bool)
-        self.p = Progress()
-        self.resumed_from: int | None = None
-        self.checkpoints = PackCheckpoints(self, replay_dirs)
+        self.t, self.n = runs[0].spec.train, len(runs)
+        self.state = PackState(name or pack_name([r.spec for r in runs]), runs, self.t)
+        self.checkpoints = PackCheckpoints(self.state, agent, replay, pool, writer, replay_dirs, self.wall_s)
         self._wall_base, self._t_start, self._t_mark = 0.0, None, time.perf_counter()  # _t_start: set in run()
         self.acc = MetricAccumulator(agent.metric_layout, agent.device, seeds=self.n)
         mode, why = resolve_mode(self.t.compile, agent.device, agent,
@@ -120,21 +118,33 @@ class Trainer:
         self.precision, why_p = set_run_precision(agent.template.fn, self.t.precision, agent.device, mode)
         self.update_mode = mode
         self.updater = PackUpdater(agent, replay, self.acc, mode, agent.spec.batch_size)
-        log(f"pack {self.name}: update mode {mode} ({why}); precision {self.precision} ({why_p})")
+        log(f"pack {self.state.name}: update mode {mode} ({why}); precision {self.precision} ({why_p})")
         self.eval_index = self.n + np.arange(self.n * self.t.eval_episodes).reshape(self.n, -1)
+
+    @property
+    def runs(self) -> list[SeedRun]:
+        return self.state.runs
+
+    @property
+    def progress(self) -> Progress:
+        return self.state.progress
+
+    @property
+    def active(self) -> np.ndarray:
+        return self.state.active
 
     # ---- loop --------------------------------------------------------------------------------------------
     def run(self) -> list[RunSummary]:
         """Trains every seed to the budget (or until it diverges); returns the per-seed summaries. The checkpoint
         writes are flushed before it returns or raises, and a stopped run still counts its real wall time."""
-        self._wall_base, self._t_start = self.p.wall_s, time.perf_counter()
+        self._wall_base, self._t_start = self.progress.wall_s, time.perf_counter()
         self._t_mark = self._t_start
         try:
             self._loop()
             for run in self.runs:
-                run.status = self._status(run)
+                run.status = self.state.status(run)
         finally:
-            self.p.wall_s, self._t_start = self.wall_s(), None
+            self.progress.wall_s, self._t_start = self.wall_s(), None
             self.writer.flush()
         return self.summaries()
 
@@ -147,38 +157,38 @@ class Trainer:
         last_beat = time.perf_counter()
         if self.heartbeat is not None:
             self._beat()
-        while self.p.decisions < t.decisions and self.active.any():
-            env_steps = (self.p.decisions + 1) * t.frame_skip
-            if env_steps == t.debug.crash_at_env_step and self.resumed_from is None:
+        while self.progress.decisions < t.decisions and self.active.any():
+            env_steps = (self.progress.decisions + 1) * t.frame_skip
+            if env_steps == t.debug.crash_at_env_step and self.state.resumed_from is None:
                 raise InjectedCrash(f"injected crash at env step {env_steps}")
             on = np.flatnonzero(self.active)
             starting = on[fresh[on]]
             if len(starting):
                 obs[starting], fresh[starting] = self.pool.reset(starting), False
             obs, done = self._decide(obs, on, env_steps)
-            self.p.decisions += 1
-            if self.p.decisions > t.warmup_decisions:
+            self.progress.decisions += 1
+            if self.progress.decisions > t.warmup_decisions:
                 interval_updates += self._update(env_steps)
-            elif self.p.decisions == t.warmup_decisions:
+            elif self.progress.decisions == t.warmup_decisions:
                 self._flush_phase_time()  # the cheap warm-up decisions end here
             for i in np.flatnonzero(done & self.active):
                 run = self.runs[i]
                 run.train_returns.append(run.ep_return)
                 run.episodes, run.ep_return, fresh[i] = run.episodes + 1, 0.0, True
-            if self.p.decisions % t.nan_check_every == 0:
+            if self.progress.decisions % t.nan_check_every == 0:
                 self._check_finite(env_steps)
-            if self.p.decisions % t.eval_every_decisions == 0:
+            if self.progress.decisions % t.eval_every_decisions == 0:
                 self._evaluate_and_report(env_steps, time.perf_counter() - interval_start, interval_updates)
                 interval_start, interval_updates = time.perf_counter(), 0
                 last_beat = interval_start
-            elif self.heartbeat is not None and self.p.decisions % HEARTBEAT_EVERY == 0 \
+            elif self.heartbeat is not None and self.progress.decisions % HEARTBEAT_EVERY == 0 \
                     and time.perf_counter() - last_beat >= self.heartbeat_s:
                 last_beat = time.perf_counter()
                 self._beat()
 
     def _decide(self, obs: np.ndarray, on: np.ndarray, env_steps: int) -> tuple[np.ndarray, np.ndarray]:
         """Acts, steps the active envs, stores their transitions; returns (next obs, episode ended) [S]."""
-        if self.p.decisions < self.t.warmup_decisions:
+        if self.progress.decisions < self.t.warmup_decisions:
             actions = np.zeros((self.n, self.pool.action_dim), np.float32)
             for i in on:
                 actions[i] = self.runs[i].warmup_rng.uniform(-1.0, 1.0, self.pool.action_dim).astype(np.float32)
@@ -196,7 +206,7 @@ class Trainer:
         for i in on[~np.isfinite(step.obs).all(axis=1)]:
             self._stop(i, f"non-finite observation at env step {env_steps}")
         truncated = done & ~terminated
-        keep = [keeps_transition(self.t, run.spec.seed, self.p.decisions, bool(truncated[i]))
+        keep = [keeps_transition(self.t, run.spec.seed, self.progress.decisions, bool(truncated[i]))
                 for i, run in enumerate(self.runs)]
         self.replay.add(obs, actions, reward, nxt, terminated, self.active & np.array(keep))
         for i in np.flatnonzero(self.active):
@@ -215,7 +225,7 @@ class Trainer:
                 self.updater.eager(batch, self.agent.noise(b, self.active))
             else:
                 self.updater(idx, self.agent.noise(b, self.active))
-            self.p.updates += 1
+            self.progress.updates += 1
         return self.agent.spec.utd
 
     def _check_finite(self, env_steps: int) -> None:
@@ -223,12 +233,11 @@ class Trainer:
         for i in np.flatnonzero(self.active):
             if bad[i]:
                 self._stop(i, f"non-finite {', '.join(bad[i])} by env step {env_steps} (decision "
-                              f"{self.p.decisions}, update {self.p.updates})")
+                              f"{self.progress.decisions}, update {self.progress.updates})")
 
     def _stop(self, i: int, reason: str) -> None:
         run = self.runs[i]
-        run.status, run.reason, run.stopped_at = "diverged", reason, (self.p.decisions, self.p.updates)
-        self.active[i] = False
+        self.state.stop(i, reason, (self.progress.decisions, self.progress.updates))
         self.agent.freeze(i)
         others = " (the other seeds of the pack go on)" if self.active.any() else ""
         self.log(f"{run.name} stopped{others}: {reason}")
@@ -237,21 +246,21 @@ class Trainer:
     def wall_s(self) -> float:
         """Real time inside :meth:`run` so far, over every start of this pack (resumes add up)."""
         if self._t_start is None:
-            return self.p.wall_s
+            return self.progress.wall_s
         return self._wall_base + time.perf_counter() - self._t_start
 
     def _flush_phase_time(self) -> None:
         """Books the time since the last mark to warm-up or training, whichever the decisions since were."""
         now = time.perf_counter()
-        if self.p.decisions <= self.t.warmup_decisions:
-            self.p.warmup_s += now - self._t_mark
+        if self.progress.decisions <= self.t.warmup_decisions:
+            self.progress.warmup_s += now - self._t_mark
         else:
-            self.p.train_s += now - self._t_mark
+            self.progress.train_s += now - self._t_mark
         self._t_mark = now
 
     def eta_s(self) -> float | None:
         """Seconds to the end of the run at the costs measured so far (see :func:`~qed_ray.rl.pack.remaining_s`)."""
-        t, p = self.t, self.p
+        t, p = self.t, self.progress
         warm_done, evals = min(p.decisions, t.warmup_decisions), p.decisions // t.eval_every_decisions
         return remaining_s(t, p.decisions, evals,
                            p.warmup_s / warm_done if warm_done and p.warmup_s > 0 else None,
@@ -262,8 +271,8 @@ class Trainer:
     def _beat(self) -> None:
         self._flush_phase_time()
         t = self.t
-        self.heartbeat({"env_steps": self.p.decisions * t.frame_skip, "total_env_steps": t.env_steps,
-                        "warmup": self.p.decisions < t.warmup_decisions, "eta_s": self.eta_s(),
+        self.heartbeat({"env_steps": self.progress.decisions * t.frame_skip, "total_env_steps": t.env_steps,
+                        "warmup": self.progress.decisions < t.warmup_decisions, "eta_s": self.eta_s(),
                         "wall_s": self.wall_s()})
 
     # ---- evaluation ------------------------------------------------------------------------------
@@ -279,13 +288,13 @@ class Trainer:
         interval = self.acc.means_per_seed()
         # The eval time includes this report (checkpoint, snapshot, logging) only from the next evaluation on:
         # the checkpoint written here must already hold the count of evaluations it belongs to.
-        self.p.eval_s += eval_s
-        eta = self.eta_s() if self.p.decisions < self.t.decisions else 0.0
+        self.progress.eval_s += eval_s
+        eta = self.eta_s() if self.progress.decisions < self.t.decisions else 0.0
         metrics = {int(i): self._metrics(self.runs[i], returns[i], interval[i], env_steps, elapsed,
                                          interval_updates, eval_s, eta) for i in np.flatnonzero(self.active)}
         t_report = time.perf_counter()
         self.reporter(metrics, self.checkpoints.save)
-        self.p.eval_s += time.perf_counter() - t_report
+        self.progress.eval_s += time.perf_counter() - t_report
         self._t_mark = time.perf_counter()
         for i, m in metrics.items():
             self.log(f"{self.runs[i].name} env_steps={env_steps} eval={m['eval/return_mean']:.1f} "
@@ -299,7 +308,7 @@ class Trainer:
                                     alpha_mean=interval.get("alpha/actor_mean", math.nan),
                                     q_gap_mean=interval.get("q/abs_diff_mean", math.nan)))
         metrics = {
-            "env_steps": env_steps, "decisions": self.p.decisions, "updates": self.p.updates,
+            "env_steps": env_steps, "decisions": self.progress.decisions, "updates": self.progress.updates,
             "episodes": run.episodes, "eval/return_mean": mean, "eval/return_std": float(returns.std()),
             "eval/return_min": float(returns.min()), "eval/return_max": float(returns.max()),
             "perf/updates_per_s": interval_updates / max(elapsed, 1e-9),
@@ -319,22 +328,18 @@ class Trainer:
         """Loads a pack checkpoint (:class:`~qed_ray.rl.pack_checkpoint.PackCheckpoints`); returns its pack.json."""
         return self.checkpoints.restore(directory)
 
-    def _status(self, run: SeedRun) -> str:
-        """``running``, ``diverged``, or ``finished`` once the budget is done (also in the final checkpoint)."""
-        return "finished" if run.status == "running" and self.p.decisions >= self.t.decisions else run.status
-
     def summaries(self) -> list[RunSummary]:
         """Per seed, its final figures (``summary.json``; ``reason`` when it diverged)."""
         return [self._summary(run) for run in self.runs]
 
     def _summary(self, run: SeedRun) -> RunSummary:
-        s, t, p = run.spec, self.t, self.p
+        s, t, p = run.spec, self.t, self.progress
         decisions, updates = run.stopped_at or (p.decisions, p.updates)
         alphas = [e.alpha_mean for e in run.evals if math.isfinite(e.alpha_mean)]
         last = run.last_metrics
         return RunSummary(
             name=run.name, task=s.task, agent=s.agent.name, variant=s.variant, seed=s.seed,
-            status=self._status(run), env_steps=decisions * t.frame_skip, decisions=decisions, updates=updates,
+            status=self.state.status(run), env_steps=decisions * t.frame_skip, decisions=decisions, updates=updates,
             pack_size=self.n, precision=self.precision, update_mode=self.update_mode, wall_s=p.wall_s, warmup_s=p.warmup_s, train_s=p.train_s,
             eval_s=p.eval_s, updates_per_s=p.updates / p.train_s if p.train_s else math.nan,
             final_eval_return_mean=run.evals[-1].return_mean if run.evals else math.nan,

@@ -14,7 +14,7 @@ from qed_ray.rl.agents import make_agent
 from qed_ray.rl.agents import load_policies
 from qed_ray.analysis.group_eval import (GroupEnvs, RandomPolicy, action_rollouts, evaluate_group, random_score,
                                          trial_record)
-from qed_ray.records.checkpoint import save_checkpoint
+from qed_ray.records.checkpoint import new_manifest, save_checkpoint
 from qed_ray.config import RunSpec
 from qed_ray.rl.evaluate import eval_seeds
 from qed_ray.records.layout import SweepDir
@@ -32,8 +32,8 @@ def _snapshot(root, seed, step, variant="te", same_weights_as=None):
     agent = make_agent(spec.agent, spec.temperature, 5, 1, torch.device("cpu"), same_weights_as or seed)
     d = root / f"s{seed}" / f"{step:010d}"
     save_checkpoint(d, {k: m.state_dict() for k, m in agent.modules().items()},
-                    {"task": spec.task, "agent": "sac_ln", "variant": variant, "seed": seed, "obs_dim": 5,
-                     "action_dim": 1, "env_steps": step, "run": spec.model_dump(mode="json")})
+                    new_manifest(task=spec.task, agent="sac_ln", variant=variant, seed=seed, obs_dim=5, action_dim=1,
+                                 env_steps=step, run=spec))
     return str(d)
 
 

@@ -16,7 +16,7 @@ from qed_ray.records.run import EvalRecord
 from qed_ray.analysis import bootstrap
 from qed_ray.rl.agents import make_agent
 from qed_ray.analysis.group_eval import evaluate_group
-from qed_ray.records.checkpoint import save_checkpoint
+from qed_ray.records.checkpoint import new_manifest, save_checkpoint
 from qed_ray.config import RunSpec, SacLnSpec, TemperatureSpec
 from qed_ray.rl.agents import make_packed_agent
 from qed_ray.rl.env_pool import EnvPool
@@ -57,8 +57,8 @@ def _record(root, seed: int, history) -> TrialRecord:
     agent = make_agent(spec.agent, spec.temperature, 5, 1, torch.device("cpu"), seed)
     d = root / f"s{seed}"
     save_checkpoint(d, {k: m.state_dict() for k, m in agent.modules().items()},
-                    {"task": TASK, "agent": "sac_ln", "variant": "te", "seed": seed, "obs_dim": 5,
-                     "action_dim": 1, "env_steps": 2000, "run": spec.model_dump(mode="json")})
+                    new_manifest(task=TASK, agent="sac_ln", variant="te", seed=seed, obs_dim=5, action_dim=1,
+                                 env_steps=2000, run=spec))
     return TrialRecord(f"{TASK}/sac_ln/te/{seed}", TASK, "sac_ln", "te", seed, 2, {2000: str(d)}, list(history))
 
 

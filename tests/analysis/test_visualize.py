@@ -49,11 +49,11 @@ def redness(rgb) -> float:
 def save_policy(layout: SweepDir, spec, step: int, init_seed: int, dims: tuple[int, int]) -> None:
     """A policy snapshot where the sweep writes it, with weights initialised from ``init_seed``."""
     from qed_ray.rl.agents import make_agent
-    from qed_ray.records.checkpoint import save_checkpoint
+    from qed_ray.records.checkpoint import new_manifest, save_checkpoint
 
     agent = make_agent(spec.agent, spec.temperature, *dims, torch.device("cpu"), init_seed)
-    manifest = {"task": spec.task, "agent": spec.agent.name, "variant": spec.variant, "seed": spec.seed,
-                "obs_dim": dims[0], "action_dim": dims[1], "env_steps": step, "run": spec.model_dump(mode="json")}
+    manifest = new_manifest(task=spec.task, agent=spec.agent.name, variant=spec.variant, seed=spec.seed,
+                            obs_dim=dims[0], action_dim=dims[1], env_steps=step, run=spec)
     save_checkpoint(layout.snapshot(spec.name, step), {k: m.state_dict() for k, m in agent.modules().items()},
                     manifest)
 

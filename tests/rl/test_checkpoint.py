@@ -12,7 +12,7 @@ import torch
 
 from qed_ray.rl.agents import make_agent
 from qed_ray.records.checkpoint import (FORMAT_VERSION, CheckpointError, CheckpointVersionError, load_checkpoint,
-                                save_checkpoint)
+                                        new_manifest, save_checkpoint)
 from qed_ray.config import RunSpec
 from qed_ray.rl.replay import Replay, list_chunks, prune_chunks
 
@@ -28,7 +28,7 @@ def test_agent_roundtrip_gives_identical_actions_and_updates(tiny_run, tmp_path)
              "next_obs": torch.randn(32, 5), "terminated": torch.zeros(32)}
     a.update(batch)
     ident = {"task": spec.task, "agent": "sac_ln", "variant": "qed0.2", "seed": 0, "obs_dim": 5, "action_dim": 1}
-    save_checkpoint(tmp_path, a.state_dict(), {**ident, "env_steps": 10})
+    save_checkpoint(tmp_path, a.state_dict(), new_manifest(**ident, env_steps=10))
     state, manifest = load_checkpoint(tmp_path, expect=ident)
     b = _agent(spec, seed=99)
     b.load_state_dict(state)
@@ -77,7 +77,7 @@ def test_checkpoint_of_another_format_is_refused_and_kept(tiny_run, tmp_path, ve
     spec = tiny_run()
     ident = {"task": spec.task, "agent": "sac_ln", "variant": "te", "seed": 0, "obs_dim": 5, "action_dim": 1}
     ckpt = tmp_path / "checkpoint"
-    save_checkpoint(ckpt, _agent(spec).state_dict(), {**ident, "env_steps": 2000})
+    save_checkpoint(ckpt, _agent(spec).state_dict(), new_manifest(**ident, env_steps=2000))
     manifest = json.loads((ckpt / "manifest.json").read_text())
     if version is None:
         del manifest["format_version"]

@@ -182,7 +182,7 @@ def test_a_pack_resumes_from_its_newest_intact_checkpoint(packs, tmp_path):
     longer = pack_specs(env_steps=3000)
     trainer = trainer_of(longer)
     assert restore_latest(trainer, layout, pack, said.append) == 1000
-    assert trainer.p.decisions == 100 and trainer.replay.added.tolist() == [100, 100] and trainer.resumed_from == 1000
+    assert trainer.progress.decisions == 100 and trainer.replay.added.tolist() == [100, 100] and trainer.state.resumed_from == 1000
     assert said[-2].startswith(f"WARNING {pack.name}: cannot resume from {layout.pack_checkpoint(pack, 2000)}: "
                                f"{newest_chunk}: damaged replay chunk")
     assert said[-1] == f"WARNING {pack.name}: resumed from the older checkpoint at env step 1000"
@@ -194,7 +194,7 @@ def test_a_pack_resumes_from_its_newest_intact_checkpoint(packs, tmp_path):
     assert restore_latest(other, layout, PackId.of([specs[0].name]), said.append) is None
     with pytest.raises(CheckpointError, match="mismatched seeds"):
         other.restore(checkpoint(root, "straight"))
-    assert other.p.decisions == 0
+    assert other.progress.decisions == 0
     shutil.copytree(root / "straight", tmp_path / "old")
     old = SweepDir(tmp_path / "old")
     for step in (1000, 2000):  # an older qed_ray wrote both: they cannot continue this run, so the pack starts over
@@ -203,7 +203,7 @@ def test_a_pack_resumes_from_its_newest_intact_checkpoint(packs, tmp_path):
             manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "format_version": 1}))
     said.clear()
     fresh = build_trainer(longer, lambda m, save: None, [old.replay(x.name) for x in longer], log=said.append)
-    assert restore_latest(fresh, old, pack, said.append) is None and fresh.p.decisions == 0
+    assert restore_latest(fresh, old, pack, said.append) is None and fresh.progress.decisions == 0
     assert said[-1] == f"WARNING {pack.name}: every checkpoint was written by an older qed_ray; starting this pack over"
 
 
@@ -376,7 +376,7 @@ def test_a_trial_checkpoint_of_the_previous_release_is_adopted_by_its_pack_of_on
                             log=lambda s: None)
     try:
         assert restore_latest(trainer, layout, pack, print) == 1000
-        assert trainer.p.decisions == 100 and trainer.p.eval_s == 3.0 and trainer.replay.added.tolist() == [100]
+        assert trainer.progress.decisions == 100 and trainer.progress.eval_s == 3.0 and trainer.replay.added.tolist() == [100]
         assert trainer.runs[0].evals[0].env_steps == 1000
     finally:
         trainer.close()

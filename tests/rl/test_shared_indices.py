@@ -46,7 +46,7 @@ def test_a_variants_seeds_draw_one_index_stream_with_the_option_and_their_own_wi
         ind = _draws(independent.replay)
         assert (ind[0] != ind[1]).mean() > 0.9, "without the option each seed draws its own positions"
         shared.run()  # the seeds' samplers stay in step, their weights apart
-        assert shared.p.updates == 10 and shared.replay.added.tolist() == [100, 100]
+        assert shared.progress.updates == 10 and shared.replay.added.tolist() == [100, 100]
         assert shared.replay.rng_state(0) == shared.replay.rng_state(1), "the same draws, update after update"
         actions = shared.replay.storage[:, :100, shared.replay.columns["action"]]
         assert not torch.equal(actions[0], actions[1]), "the same positions of two seeds' own transitions"

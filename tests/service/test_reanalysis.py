@@ -14,7 +14,7 @@ from folder_helpers import SWEEP_ID, finish_running, is_nan, write_history
 
 from kit import flat
 from qed_ray.rl.agents import make_agent
-from qed_ray.records.checkpoint import manifest_content, read_manifest, save_checkpoint
+from qed_ray.records.checkpoint import read_manifest, save_checkpoint
 from qed_ray.service.lock import SweepLock
 from qed_ray.service.reanalysis import main as gather_main
 from qed_ray.service.reanalysis import main, quiet_model_deprecations
@@ -214,7 +214,7 @@ def test_a_tampered_snapshot_is_refused_naming_the_file(sweep_copy, capsys):
     manifest = read_manifest(final)
     other = make_agent(*_agent_args(manifest), torch.device("cpu"), 12345)
     # Someone with write access to the share rewrites the weights and a manifest that matches them.
-    save_checkpoint(final, {k: m.state_dict() for k, m in other.modules().items()}, manifest_content(manifest))
+    save_checkpoint(final, {k: m.state_dict() for k, m in other.modules().items()}, manifest)
     assert read_manifest(final).state_sha256 != manifest.state_sha256
     assert gather_main is main  # python -m qed_ray.gather runs this command
     assert main([str(layout.root), *SMALL]) == 1
