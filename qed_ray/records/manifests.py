@@ -113,6 +113,18 @@ class Manifest(Record):
     pack_size: int | None = Field(None, ge=1)
     pack_index: int | None = Field(None, ge=0)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _old_target_alpha(cls, data: Any) -> Any:
+        """Releases before ``temperature.target_alpha`` defaulted to ``floor`` wrote its old default ``qed`` into the
+        run of every temperature kind; it never applied to te or fixed (which refuse it today), so it is dropped."""
+        temperature = data.get("run", {}).get("temperature") if isinstance(data, dict) and isinstance(
+            data.get("run"), dict) else None
+        if isinstance(temperature, dict) and temperature.get("kind") != "qed" and temperature.get("target_alpha") == "qed":
+            data = {**data, "run": {**data["run"], "temperature": {k: v for k, v in temperature.items()
+                                                                    if k != "target_alpha"}}}
+        return data
+
     def require(self, path: Path, *names: str) -> tuple[Any, ...]:
         """The named parts, which the use at hand needs; raises CheckpointError naming the file and the first
         missing part."""
