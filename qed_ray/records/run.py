@@ -7,7 +7,8 @@ the service and the gather step alike.
   time they were recorded, what the trial's MLflow run mirrors.
 - :class:`DoneRecord`: ``DONE.json``, the final metrics and the SHA-256 of every file the gather step reads of the
   trial (:func:`qed_ray.records.digests.inventory`); :class:`DivergedRecord`: ``DIVERGED.json``, the reason and env step.
-- :class:`RunSummary`: the run CLI's ``<trial>/summary.json``; :data:`Metrics`: a line of its ``metrics.jsonl``.
+- :class:`RunSummary`: the run CLI's ``<trial>/summary.json``; :data:`Metrics`: a line of its ``metrics.jsonl``;
+  :class:`RunFile`: its ``run.json`` (the runs of the pack the folder trains). :class:`Timings`: the counter fields.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import AfterValidator, ConfigDict, Field
 
+from qed_ray.config import RunSpec
 from qed_ray.records.codec import Num, Record, RecordError, parse, read_record, write_record
 from qed_ray.records.layout import SweepDir
 
@@ -87,6 +89,18 @@ class DivergedRecord(Record):
 
     reason: str
     env_steps: int = Field(ge=0)
+
+
+RUN_FORMAT = 2  # run.json {"format", "pack", "runs"}; format 1 (qed_ray 0.1) held one run and is not resumed
+
+
+class RunFile(Record):
+    """``run.json``: the validated runs of the pack a run folder trains (format 1, one run of qed_ray 0.1, is not
+    resumed)."""
+
+    format: Literal[RUN_FORMAT]
+    pack: str
+    runs: list[RunSpec]
 
 
 class Timings(Record):

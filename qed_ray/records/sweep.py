@@ -5,12 +5,15 @@ Every start writes it (atomically, :func:`qed_ray.service.sweep_state.plan` deci
 holds a wrong type, is truncated, is not JSON, is a folder or a dangling symbolic link, or names trials and packs
 that cannot be this sweep's is refused naming the file and the field, with the way out: restore it, or move the
 folder aside with ``--fresh --force`` (its name cannot be checked, so ``--fresh`` alone does not).
+
+:class:`LockInfo` is ``sweep.lock``'s content (:mod:`qed_ray.service.lock` takes, beats and reads the lock).
 """
 
 from __future__ import annotations
 
 import hmac
 import os
+import time
 from typing import Any, Literal
 
 from pydantic import Field, model_serializer, model_validator
@@ -163,3 +166,23 @@ def _claim_problem(sweep: str, rec: ClaimRecord, raw: dict | None, key: bytes | 
                 f"({'; '.join(claim_file.changed_fields(rec.block, raw))}): a sweep's pre-registration cannot "
                 f"change: restore the block")
     return None
+
+
+PID_MAX = 2**22  # Linux's ceiling on pids (PID_MAX_LIMIT); a larger one is no process of any host
+TIME_MAX = 2**33  # seconds since the epoch (year 2242): a later start or heartbeat is a damaged record
+
+
+class LockInfo(Record):
+    """The content of a lock file."""
+
+    host: str = Field(min_length=1)
+    pid: int = Field(ge=1, le=PID_MAX)
+    started: float = Field(ge=0, le=TIME_MAX)
+    heartbeat: float = Field(ge=0, le=TIME_MAX)
+    token: str = Field(min_length=1)
+
+    def describe(self, now: float) -> str:
+        """``pid 123 on host h (started 2026-01-01 12:00:00, last heartbeat 12 s ago)``."""
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
+        return (f"pid {self.pid} on host {self.host} (started {started}, last heartbeat "
+                f"{max(now - self.heartbeat, 0):.0f} s ago)")

@@ -18,12 +18,12 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from qed_ray.records.atomic import fsync_file, write_text
-from qed_ray.records.codec import Record, RecordError, dump, load_json, parse, read_lines, read_record, write_record
+from qed_ray.records.codec import RecordError, dump, load_json, parse, read_lines, read_record, write_record
 from qed_ray import cli_help
 from qed_ray.config import RunSpec, TrainSpec
 from qed_ray.field_hints import format_validation_error
@@ -31,7 +31,7 @@ from qed_ray.flags import Flag, add_run_flags, settings_from_args
 from qed_ray.records.layout import PackId, SweepDir, trial_dirname
 from qed_ray.naming import EXECUTION_SETTINGS, identity, identity_changes, show_setting
 from qed_ray.rl.pack import check_pack, pack_name
-from qed_ray.records.run import Metrics, RunSummary, read_done
+from qed_ray.records.run import RUN_FORMAT, Metrics, RunFile, RunSummary, read_done
 from qed_ray.spec import SpecError, load_yaml
 from qed_ray.replay_memory import replay_needs, replay_problems
 
@@ -39,19 +39,9 @@ if TYPE_CHECKING:  # torch comes with the trainer: imported by a run, not by --h
     from qed_ray.rl.run_folder import FolderReporter
 
 RUN_FILE, METRICS_FILE, SUMMARY_FILE = "run.json", "metrics.jsonl", "summary.json"
-RUN_FORMAT = 2  # run.json {"format", "pack", "runs"}; format 1 (qed_ray 0.1) held one run and is not resumed
 RESUMABLE_CHANGES = EXECUTION_SETTINGS | {"train.env_steps"}  # a resume may extend the budget
 HEARTBEAT_S = 15.0  # seconds between progress lines before and between evaluations
 SWEEP_FILES = ("sweep.json", "sweep.lock")
-
-
-class RunFile(Record):
-    """``run.json``: the validated runs of the pack a run folder trains (format 1, one run of qed_ray 0.1, is not
-    resumed)."""
-
-    format: Literal[RUN_FORMAT]
-    pack: str
-    runs: list[RunSpec]
 
 
 def format_eta(seconds: float | None) -> str:

@@ -33,14 +33,12 @@ from pathlib import Path
 from typing import Callable
 
 import psutil
-from pydantic import Field
 
-from qed_ray.records.codec import Record, RecordError, dump, load_json, parse, write_record
+from qed_ray.records.codec import RecordError, dump, load_json, parse, write_record
+from qed_ray.records.sweep import LockInfo
 
 HEARTBEAT_S = 30.0
 STALE_AFTER_S = 120.0
-PID_MAX = 2**22  # Linux's ceiling on pids (PID_MAX_LIMIT); a larger one is no process of any host
-TIME_MAX = 2**33  # seconds since the epoch (year 2242): a later start or heartbeat is a damaged record
 
 
 class LockHeld(RuntimeError):
@@ -58,22 +56,6 @@ class LockDamaged(LockHeld):
     def __init__(self, problem: str, mtime: float | None):
         super().__init__(problem)
         self.mtime = mtime
-
-
-class LockInfo(Record):
-    """The content of a lock file."""
-
-    host: str = Field(min_length=1)
-    pid: int = Field(ge=1, le=PID_MAX)
-    started: float = Field(ge=0, le=TIME_MAX)
-    heartbeat: float = Field(ge=0, le=TIME_MAX)
-    token: str = Field(min_length=1)
-
-    def describe(self, now: float) -> str:
-        """``pid 123 on host h (started 2026-01-01 12:00:00, last heartbeat 12 s ago)``."""
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
-        return (f"pid {self.pid} on host {self.host} (started {started}, last heartbeat "
-                f"{max(now - self.heartbeat, 0):.0f} s ago)")
 
 
 def read_lock(path: Path) -> LockInfo | None:

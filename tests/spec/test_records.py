@@ -29,7 +29,8 @@ from qed_ray.rl.pack import read_pack
 from qed_ray.rl.run import RUN_FILE, read_run_file, run
 from qed_ray.records.run import (HistoryEntry, Metrics, RunSummary, diverged_reason, read_diverged, read_done,
                                  read_history)
-from qed_ray.service.lock import LockDamaged, LockInfo, read_lock
+from qed_ray.records.sweep import LockInfo
+from qed_ray.service.lock import LockDamaged, read_lock
 from qed_ray.records.sweep import read_state, write_state
 from qed_ray.service.sweep_state import plan
 from qed_ray.spec import FinalEvalSpec, SweepSpec
