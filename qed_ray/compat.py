@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import ConfigDict, Field
 
 from qed_ray.records.codec import Num, Record, read_record, write_record
+from qed_ray.records.run import Timings
 from qed_ray.records.layout import MANIFEST_FILE, PACK_FILE, PACK_FORMAT, PackId, SweepDir, seed_dir, trial_dirname
 
 CHECKPOINTS = "checkpoints"
@@ -65,15 +66,8 @@ def missing_numbers(cls: type, row: Any) -> Any:
     return {**{f.name: None for f in dataclasses.fields(cls) if f.name not in row and hints[f.name] == Num}, **row}
 
 
-class _LegacyProgress(Record):
+class _LegacyProgress(Timings):
     model_config = ConfigDict(frozen=True, extra="allow", strict=True)
-
-    decisions: int = Field(ge=0)
-    updates: int = Field(ge=0)
-    wall_s: Num
-    warmup_s: Num = 0.0
-    train_s: Num = 0.0
-    eval_s: Num = 0.0
 
 
 class _LegacyCheckpoint(Record):
