@@ -27,7 +27,7 @@ REANALYSIS_PREFIX = "reanalysis-"  # gather/reanalysis-<settings>/: a re-analysi
 SNAPSHOT_DIGITS = 10  # policy snapshot folders are zero-padded env steps, so they sort by name
 
 # Each entry of docs/results.md's "Sweep folder" table (relative to the sweep folder, placeholders in <>) with the
-# SweepDir member that builds it; tests/spec/test_layout.py checks the table and the members against this.
+# SweepDir member that builds it; tests/records/test_layout.py checks the table and the members against this.
 DOCUMENTED: dict[str, str] = {
     "sweep.json": "state_file",
     "sweep.lock": "lock_file",

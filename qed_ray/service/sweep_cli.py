@@ -137,7 +137,7 @@ def missing_spec(path: Path, cwd: Path | None = None) -> str:
 def parser():
     """The command line (``--help`` prints the local ``ray job submit`` recipe after the flags)."""
     p = cli_help.parser("python -m qed_ray.sweep", __doc__, EXAMPLES, announce.local_head_help())
-    p.add_argument("spec", type=Path, nargs="?", help="sweep YAML (see sweeps/ and the README's field table); "
+    p.add_argument("spec", type=Path, nargs="?", help="sweep YAML (see sweeps/ and docs/spec.md's field table); "
                    "not needed with --status --dir")
     p.add_argument("--dry-run", action="store_true", help="print the plan on this machine and each shipped cluster "
                                                           "(pack size, memory, hours, wall clock, price); run nothing (refuses what a run would refuse)")

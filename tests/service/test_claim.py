@@ -3,6 +3,7 @@ thresholds the verdict applies, its hash is frozen in sweep.json at the first st
 naming the file and the field, the claim sweep's dry run passes; entries of a spec may run on a subset of tasks."""
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -69,6 +70,15 @@ def test_the_claim_sweeps_dry_run_passes_with_gpu_hours(tmp_path, capsys, monkey
     assert f"pre-registration: docs/claim.md (claim block sha256 {claim.block_sha256(claim.read_block(DOC)[1])[:12]}" \
         in out
     assert not (tmp_path / "results").exists()
+    # The cost docs/claim.md quotes is this dry run's, never typed: its trials, packs and each cloud's GPU-hours.
+    hours = {cloud: re.search(rf" {cloud}: .*? GPU-hours ([\d,]+) with the tail", out).group(1)
+             for cloud in ("aws", "gcp")}
+    trials, packs = re.search(r"(\d+) trials in (\d+) packs", out).groups()
+    doc = flat(DOC.read_text())
+    quoted = (f"{trials} trials in {packs} packs of 15 seeds, {hours['aws']} GPU-hours on the shipped AWS cluster's "
+              f"A10G cards ({hours['gcp']} on GCP's L4;")
+    assert quoted in doc, f"docs/claim.md must quote the dry run's cost: {quoted}"
+    assert f"the dry run's {hours['aws']} A10G GPU-hours" in doc
 
 
 def test_the_block_is_frozen_at_the_first_start_and_a_changed_block_is_refused(tmp_path):

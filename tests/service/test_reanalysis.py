@@ -12,7 +12,7 @@ import pytest
 import torch
 from folder_helpers import SWEEP_ID, finish_running, is_nan, write_history
 
-from kit import flat
+from kit import flat, outcomes
 from qed_ray.rl.agents import make_agent
 from qed_ray.records.checkpoint import read_manifest, save_checkpoint
 from qed_ray.service.lock import SweepLock
@@ -77,7 +77,7 @@ def test_reanalysis_evaluates_once_then_caches_and_changes_only_evaluation_outpu
     before = _outside_gather(layout)
     assert main([str(layout.root), *SMALL]) == 0
     out = capsys.readouterr().out
-    assert f"{TE}: evaluated" in out and f"{QED}: evaluated" in out
+    assert outcomes(out) == {TE: "evaluated", QED: "evaluated"}
     assert f"MLflow: {layout.root} was moved or copied: pointed 5 run(s) of its store from " in out
     assert f" to {layout.mlartifacts}\n" in out
     first = json.loads(_latest(layout, "results.json").read_text())
@@ -95,7 +95,7 @@ def test_reanalysis_evaluates_once_then_caches_and_changes_only_evaluation_outpu
 
     assert main([str(layout.root), *SMALL]) == 0  # same settings: nothing is evaluated again
     out = capsys.readouterr().out
-    assert f"{TE}: cached" in out and f"{QED}: cached" in out and "evaluated" not in out
+    assert outcomes(out) == {TE: "cached", QED: "cached"}
     assert json.loads(_latest(layout, "results.json").read_text()) == first
     assert list(_reanalysis_runs(layout)[2]) == ["reanalysis sweep settings"], "the same settings: the same run"
     _an_edited_cache_entry_is_refused_naming_it(layout, capsys, first)
@@ -129,7 +129,7 @@ def test_reanalysis_evaluates_once_then_caches_and_changes_only_evaluation_outpu
     entry.write_text(entry.read_text()[:50])
     assert main([str(layout.root), *SMALL]) == 0
     out = capsys.readouterr().out
-    assert f"WARNING: {entry}: not JSON" in out and f"{TE}: evaluated" in out and f"{QED}: cached" in out
+    assert f"WARNING: {entry}: not JSON" in out and outcomes(out) == {TE: "evaluated", QED: "cached"}
     assert json.loads(_latest(layout, "results.json").read_text()) == first and json.loads(entry.read_text())["key"] == entry.stem
 
     assert main([str(layout.root), *SMALL, "--episodes", "2", "--bootstrap-reps", "200"]) == 0
@@ -176,7 +176,7 @@ def _paired_ratios_where_qed_sat_and_the_verdict(layout, capsys):
     write_history(layout, f"{QED}/1", floor=[0.2, 0.0], cap=[0.7, 0.9])
     assert main([str(layout.root), *SMALL]) == 0
     out = capsys.readouterr().out
-    assert f"{TE}: cached" in out and f"{QED}: evaluated" in out
+    assert outcomes(out) == {TE: "cached", QED: "evaluated"}
     results = json.loads(_latest(layout, "results.json").read_text())
     qed = next(g for g in results["groups"] if g["variant"] == "qed0.2")
     assert qed["seeds"] == [0, 1] and results["failed_trials"] == []

@@ -11,7 +11,7 @@ import time
 
 import pytest
 from folder_helpers import BUDGET, TEMPLATE_SWEEP, finished_trial, seed_checkpoint
-from kit import sweep_file, sweep_spec
+from kit import counts, sweep_file, sweep_spec
 
 from qed_ray.console import PIPE_WIDTH, fit
 from qed_ray.records.layout import PackId, SweepDir, seed_dir
@@ -21,6 +21,8 @@ from qed_ray.service.reanalysis import main as reanalyze
 from qed_ray.service.status import TrialState, driver, projected_wall_s, report, trial_state
 
 TE, QED = "cartpole-balance/sac_ln/te", "cartpole-balance/sac_ln/qed0.2"
+# The hand-built folder's trials (conftest.sweep_template): seed 1 of qed0.2 stopped at 1,000 env steps.
+STOPPED = {"done": 3, "running": 0, "stopped": 1, "failed": 0, "not started": 0}
 SPEC = {**TEMPLATE_SWEEP, "resources": {"cpu": 1, "gpu": 0.5}}  # the hand-built folder's sweep
 
 
@@ -79,7 +81,7 @@ def test_the_lock_shows_whether_and_which_driver_runs_the_sweep(sweep_copy):
         holder = driver(layout)
         assert holder.startswith(f"pid {os.getpid()} on host {socket.gethostname()} (started ")
         text = report(spec, layout)
-        assert f"driver: {holder}" in text and "trials: 3 done, 1 running, 0 stopped, 0 failed" in text
+        assert f"driver: {holder}" in text and counts(text, "trials") == {**STOPPED, "running": 1, "stopped": 0}
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     layout.lock_file.write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid, "started": 1.0,
@@ -99,7 +101,7 @@ def test_status_of_an_unfinished_then_finished_sweep(sweep_copy, capsys):
     layout = sweep_copy
     spec = sweep_spec(SPEC, storage_path=str(layout.root.parent))
     text = report(spec, layout)
-    assert "trials: 3 done, 0 running, 1 stopped, 0 failed, 0 not started" in text
+    assert counts(text, "trials") == STOPPED
     assert "env steps: 7,000 of 8,000 (88%)" in text
     # spent: 20 + 20 + 20 + 10 s of trial wall time; projected: 60 s done + 10 s/1000 steps x 2000 = 80 s
     assert f"GPU-hours: {70 * 0.5 / 3600:.3g} spent, {80 * 0.5 / 3600:.3g} projected" in text
@@ -120,7 +122,7 @@ def test_status_of_an_unfinished_then_finished_sweep(sweep_copy, capsys):
 
     finished_trial(layout, f"{QED}/1")
     text = report(spec, layout)
-    assert "trials: 4 done, 0 running, 0 stopped, 0 failed, 0 not started" in text and "env steps: 8,000 of 8,000" in text
+    assert counts(text, "trials") == {**STOPPED, "done": 4, "stopped": 0} and "env steps: 8,000 of 8,000" in text
     assert "results: 1 of 2 groups gathered" in text, "qed0.2's cache key changed with its new seed"
 
 
@@ -154,7 +156,7 @@ def test_status_flag_starts_nothing_and_reads_the_folder(sweep_copy, tmp_path):
                           text=True, timeout=120, env={"MUJOCO_GL": "disable", "PATH": "/usr/bin:/bin",
                                                        "RAY_ADDRESS": "127.0.0.1:1"})  # nothing to reach
     assert proc.returncode == 0, proc.stderr
-    assert "trials: 3 done, 0 running, 1 stopped" in proc.stdout and proc.stderr == ""
+    assert counts(proc.stdout, "trials") == STOPPED and proc.stderr == ""
     nowhere = SweepDir(tmp_path / "none" / "sweep")
     spec = sweep_spec(SPEC, storage_path=str(nowhere.root.parent))
     assert report(spec, nowhere).startswith(f"sweep sweep: not started ({nowhere.root} has no sweep.json). ")
@@ -204,7 +206,7 @@ def test_status_dir_needs_no_spec_and_imports_neither_torch_nor_ray(sweep_copy, 
     proc, loaded = cli_run(tmp_path, "qed_ray.sweep", "--status", "--dir", str(layout.root))
     assert (proc.returncode, proc.stderr) == (0, "") and loaded == [], loaded
     assert proc.stdout == fit(report(spec, layout, "given by --dir", PIPE_WIDTH), PIPE_WIDTH) + "\n", "100 columns"
-    assert "trials: 3 done, 0 running, 1 stopped, 0 failed, 0 not started" in proc.stdout
+    assert counts(proc.stdout, "trials") == STOPPED
     raw = json.loads(state.read_text())
     raw["spec"]["seeds"] = -3  # validated where it is read, as a spec file is
     state.write_text(json.dumps(raw))
