@@ -190,14 +190,18 @@ def build_tuner(spec: SweepSpec, context: TrialContext, packs: list[Pack], start
 
     The context is bound with ``tune.with_parameters``; trials resume from their own checkpoints in the sweep
     folder, so nothing of an earlier Tuner is needed (or read). Each Tune trial asks for
-    :meth:`SweepSpec.trial_resources <qed_ray.spec.SweepSpec.trial_resources>`.
+    :meth:`SweepSpec.trial_resources <qed_ray.spec.SweepSpec.trial_resources>`. A worker whose trial ends takes
+    the next pending one (``reuse_actors``: no new process, imports and Ray actor set-up per trial);
+    :func:`~qed_ray.service.trial.train_trial` builds everything it uses from its config and context, and the
+    process-wide settings a trial makes (torch threads, matrix-product precision) are made again by the next trial's
+    trainer, so a reused worker trains as a fresh one does.
     """
     trainable = tune.with_resources(tune.with_parameters(train_trial, context=context), spec.trial_resources())
     space = {"pack": tune.grid_search([TuneTrial.from_pack(p).param() for p in packs])}
     return tune.Tuner(
         trainable, param_space=space,
         tune_config=tune.TuneConfig(trial_name_creator=trial_name, trial_dirname_creator=tune_dirname,
-                                    max_concurrent_trials=spec.max_concurrent_trials),
+                                    max_concurrent_trials=spec.max_concurrent_trials, reuse_actors=True),
         run_config=tune.RunConfig(name=start, storage_path=str(context.layout.tune_root), verbose=0, stop=stopper,
                                   failure_config=tune.FailureConfig(max_failures=spec.max_retries),
                                   callbacks=callbacks))

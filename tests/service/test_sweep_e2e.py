@@ -50,7 +50,10 @@ def test_tiny_sweep_end_to_end(tmp_path, ray_head):
     every state is at the floor (the same code path as any k)."""
     agents = [{"name": "sac_ln", "overrides": {"hidden": 16, "batch_size": 16},
                "temperatures": [{"kind": "te"}, {"kind": "qed", "k": 1000}]}]
-    spec = tiny_spec(tmp_path, "e2e", tasks=list(TASKS), agents=agents, pack={"seeds": 2})
+    # One pack at a time: a reused worker starts the next pack at once, so only packs trained after the first group's
+    # gather (worker start, final evaluation, MLflow) show that groups land while the sweep runs; two packs at a time
+    # on 2 cores ended the sweep before it (a race lost by 4.9 s at load 20).
+    spec = tiny_spec(tmp_path, "e2e", tasks=list(TASKS), agents=agents, pack={"seeds": 2}, max_concurrent_trials=1)
     proc = run_sweep_cli(spec)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "8 trials (0 done, 8 new) in 4 packs of up to 2 seeds" in proc.stdout
@@ -109,6 +112,7 @@ def test_tiny_sweep_end_to_end(tmp_path, ray_head):
     assert view["orderByKey"] == "tags.`mlflow.runName`" and "metrics.`V`" in view["selectedColumns"]
     _groups_land_while_the_sweep_runs(tracker, pid, children, layout)
     _gather_tables_and_pack_folders(layout, children)
+    _one_worker_trains_every_pack(layout)
 
     results = json.loads(layout.results_json.read_text())
     assert {(g["task"], g["variant"]) for g in results["groups"]} == {(t, v) for t in TASKS for v in VARIANTS}
@@ -192,6 +196,15 @@ def _csv(path):
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
     return list(rows[0]), rows
+
+
+def _one_worker_trains_every_pack(layout: SweepDir) -> None:
+    """4 packs, one at a time: the worker whose pack ended took the next one (Tune's reuse_actors), so one worker
+    process trained them all (Tune's result rows name the process)."""
+    (start,) = layout.tune_root.iterdir()
+    files = list(start.glob("*/result.json"))
+    pids = {json.loads(line)["pid"] for f in files for line in f.read_text().splitlines() if line}
+    assert len(files) == 4 and len(pids) == 1, pids
 
 
 def _gather_tables_and_pack_folders(layout: SweepDir, children: list) -> None:
