@@ -74,6 +74,34 @@ class Endpoints(Frozen):
     correction: Literal["bonferroni"] = Field("bonferroni", description="the correction across judged variants")
 
 
+class AdaptiveSpec(Frozen):
+    """Seeds by looks (docs/claim.md, "Seeds by looks"): the verdict is judged after ``start`` seeds, then after
+    every ``step`` more, up to ``max_seeds``; each look tests the pass boundaries at the level the ``spending`` rule
+    allots it (:mod:`qed_ray.analysis.spending`). The looks are the design: fixed before the first start."""
+
+    start: int = Field(ge=MIN_SEEDS, description=f"seeds at the first look ({MIN_SEEDS} or more: an interval needs "
+                                                 f"{MIN_SEEDS})")
+    step: int = Field(ge=1, description="seeds added to every growing group at each later look")
+    max_seeds: int = Field(ge=MIN_SEEDS, description="seeds at the last look (the design's maximum)")
+    spending: Literal["obrien_fleming", "pocock"] = Field(
+        "obrien_fleming", description="Lan-DeMets spending of the false-pass rate across the looks")
+
+    @model_validator(mode="after")
+    def _steps(self) -> "AdaptiveSpec":
+        if self.max_seeds <= self.start or (self.max_seeds - self.start) % self.step:
+            raise ValueError(f"max_seeds: {self.max_seeds} must be start ({self.start}) plus a whole number (>= 1) "
+                             f"of steps ({self.step}), e.g. {self.start + self.step}")
+        return self
+
+    def looks(self) -> list[int]:
+        """The seeds of every look, in order (the last is ``max_seeds``)."""
+        return list(range(self.start, self.max_seeds + 1, self.step))
+
+    def fractions(self) -> list[float]:
+        """Each look's information fraction: its seeds over the maximum."""
+        return [n / self.max_seeds for n in self.looks()]
+
+
 class ClaimBlock(Frozen):
     """The design and the decision rules fixed before the runs (docs/claim.md)."""
 
@@ -92,6 +120,8 @@ class ClaimBlock(Frozen):
     bootstrap_reps: int = Field(ge=100, description="bootstrap resamples")
     endpoints: Endpoints = Field(description="the primary endpoints and their thresholds")
     secondary: list[str] = Field(default_factory=list, description="reported, not decided on")
+    adaptive: AdaptiveSpec | None = Field(None, description="seeds by looks (None: all seeds at once); its "
+                                                           "max_seeds is the design's seeds")
 
     @model_validator(mode="after")
     def _known(self) -> "ClaimBlock":
@@ -100,6 +130,9 @@ class ClaimBlock(Frozen):
         bad = [t for t in self.tasks if t not in TASKS]
         if bad:
             raise ValueError(f"tasks: {bad} are not tasks of this service (python -m qed_ray.envs lists them)")
+        if self.adaptive is not None and self.adaptive.max_seeds != self.seeds:
+            raise ValueError(f"adaptive.max_seeds: {self.adaptive.max_seeds}, but seeds is {self.seeds}: the design "
+                             f"floor counts the maximum, so the two must be equal")
         return self
 
 

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from qed_ray import yaml_input
+from qed_ray.claim import AdaptiveSpec
 from qed_ray.config import AGENT_SPECS, MAX_SEED, AgentBase, Frozen, RunSpec, TemperatureSpec, TrainSpec
 from qed_ray.field_hints import format_validation_error, k_in_words, k_warning
 from qed_ray.grid import expand_grid, grid_size, validate_grid
@@ -246,6 +247,9 @@ class SweepSpec(Frozen):
     claim: str | None = Field(None, min_length=1, description="the pre-registration this sweep tests (a Markdown "
                               "file with one ```yaml claim block, relative to the current folder, e.g. "
                               "docs/claim.md); frozen in sweep.json at the first start (qed_ray.claim)")
+    adaptive: AdaptiveSpec | None = Field(None, description="seeds by looks: start, step, max_seeds, spending; "
+                                          "seeds lists the maximum's seeds, of which each look trains the first "
+                                          "ones (docs/claim.md, Seeds by looks)")
 
     @field_validator("tasks", mode="before")
     @classmethod
@@ -316,6 +320,20 @@ class SweepSpec(Frozen):
             raise ValueError("train.shared_indices: true makes the seeds of a pack draw the same replay positions, "
                              "but pack.seeds is 1 (packs of one share nothing); set pack.seeds to the seeds trained "
                              "together (the paper's 10)")
+        return self
+
+    @model_validator(mode="after")
+    def _check_adaptive(self) -> "SweepSpec":
+        a = self.adaptive
+        if a is None:
+            return self
+        if len(self.seeds) != a.max_seeds:
+            raise ValueError(f"seeds: {len(self.seeds)} seeds, but adaptive.max_seeds is {a.max_seeds}: seeds lists "
+                             f"the maximum's seeds (a count of {a.max_seeds}, or {a.max_seeds} seeds)")
+        if self.pack.by == "shape" or a.start % self.pack.seeds or a.step % self.pack.seeds:
+            raise ValueError(f"pack.seeds: {self.pack.seeds} (by {self.pack.by}) with adaptive start {a.start} and "
+                             f"step {a.step}: every look adds whole packs of one variant, so pack.by must be variant "
+                             f"and pack.seeds must divide both")
         return self
 
     @model_validator(mode="after")

@@ -9,6 +9,7 @@ Letters: R bootstrap replicates, I seeds of a group.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Sequence
 
@@ -18,7 +19,7 @@ from pydantic import ValidationError
 from qed_ray.analysis import bootstrap, comparisons, metrics
 from qed_ray.analysis.results import Comparison, EndpointResult, GroupResult, TaskGuard, Verdict
 from qed_ray.analysis.verdict import (EXPLORATORY, combine, decision_level, departures, endpoint_rules, guard_outcome,
-                                      interval_outcome, is_qed, judge_variant)
+                                      interval_outcome, is_qed, judge_variant, look_levels)
 from qed_ray.claim import MIN_SEEDS, ClaimBlock, Endpoints
 from qed_ray.spec import FinalEvalSpec
 
@@ -123,6 +124,15 @@ def _block(claim: dict | None) -> tuple[ClaimBlock | None, list[str]]:
                       f"rules ({'.'.join(map(str, first['loc']))}: {first['msg']}): start a new sweep to judge it"]
 
 
+def _look(block: ClaimBlock | None, c: Comparison, scope: list[str], level: float) -> tuple[int | None, float]:
+    """The registered look a judged comparison's seeds make it and that look's level (an adaptive design: m is the
+    registered k, so a variant frozen at an earlier look keeps its share); a fixed design: (None, ``level``)."""
+    if block is None or block.adaptive is None or scope:
+        return None, level
+    look = block.adaptive.looks().index(c.n_seeds) + 1
+    return look, look_levels(block.endpoints, block.adaptive, len(block.variants))[look - 1]
+
+
 def judge(comparisons: Sequence[Comparison], groups: Sequence[GroupResult], final_eval: FinalEvalSpec,
           claim: dict | None = None, unpaired=None) -> Verdict | None:
     """The verdict over every QED variant with a te baseline (None if there is none).
@@ -149,11 +159,17 @@ def judge(comparisons: Sequence[Comparison], groups: Sequence[GroupResult], fina
         base = [g for g in groups if (g.agent, g.variant) == (c.agent, c.baseline) and g.task in c.tasks]
         how = (None if min(len(g.seeds) for g in mine + base) < MIN_SEEDS else
                    lambda lv, c=c, b=base, t=mine: measure(c, b, t, final_eval, lv, endpoints, unpaired))
-        variants.append(judge_variant(c, endpoints, sum(g.at_cap for g in mine), scope, level, how))
+        look, lv = _look(block, c, scope, level)
+        variant = judge_variant(c, endpoints, sum(g.at_cap for g in mine), scope, lv, how)
+        variants.append(dataclasses.replace(variant, look=look) if look else variant)
     use = [v for v in variants if not v.scope]
     outcome = combine([v.outcome for v in use], any_pass=True) if use else EXPLORATORY
     over = (f"the {len(use)} pre-registered variant(s)" if use else
             "nothing: no variant runs the registered design (exploratory)")
     correction = f"{endpoints.correction} over {len(judged) or len(rows)} variant(s): intervals at {100 * level:.4g}%"
+    if block is not None and block.adaptive is not None:
+        a = block.adaptive
+        correction = (f"{endpoints.correction} over the {len(block.variants)} registered variant(s), spent by {a.spending} "
+                      f"over the looks at {', '.join(map(str, a.looks()))} seeds (docs/claim.md, seeds by looks)")
     return Verdict(claim["file"] if claim else None, claim["sha256"] if claim else None, outcome, over, variants,
                    correction)

@@ -403,7 +403,8 @@ class TaskGuard(JsonRecord):
 @dataclass(frozen=True)
 class VariantVerdict(JsonRecord):
     """One QED variant against its te baseline; ``scope`` lists its departures from the registered design (empty:
-    judged), ``level`` is the two-sided level of its deciding intervals (NaN: none drawn)."""
+    judged), ``level`` is the two-sided level of its deciding intervals (NaN: none drawn); ``look``: the registered
+    look (1-based) its seeds make it, under an adaptive design (None: a fixed design)."""
 
     agent: str
     variant: str
@@ -416,6 +417,7 @@ class VariantVerdict(JsonRecord):
     endpoints: list[EndpointResult]
     level: Num = math.nan
     guards: list[TaskGuard] = field(default_factory=list)
+    look: int | None = None
 
 
 @dataclass(frozen=True)

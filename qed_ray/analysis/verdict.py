@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from qed_ray.claim import MIN_SEEDS, ClaimBlock, Endpoints, registered_design
+from qed_ray.claim import MIN_SEEDS, AdaptiveSpec, ClaimBlock, Endpoints, registered_design
 from qed_ray.analysis.results import Comparison, EndpointResult, TaskGuard, Verdict, VariantVerdict
 from qed_ray.naming import parse_variant
 
@@ -81,6 +81,16 @@ def decision_level(endpoints: Endpoints, n_judged: int) -> float:
     return 1.0 - (1.0 - endpoints.decision_confidence) / max(1, n_judged)
 
 
+def look_levels(endpoints: Endpoints, adaptive: AdaptiveSpec, n_judged: int) -> list[float]:
+    """Per registered look, the two-sided level of every deciding interval: each variant's one-sided false-pass
+    rate (1 - decision_confidence) / (2 m) (Bonferroni over the m judged variants) spent across the looks by
+    ``adaptive.spending`` (:mod:`qed_ray.analysis.spending`); one look gives :func:`decision_level`."""
+    from qed_ray.analysis.spending import nominal_levels  # scipy's root finding: only for an adaptive design
+
+    alpha = (1.0 - endpoints.decision_confidence) / (2 * max(1, n_judged))
+    return nominal_levels(adaptive.fractions(), alpha, adaptive.spending)
+
+
 def is_qed(label: str) -> bool:
     """Whether a variant label is a QED variant (the ones judged; controls such as fixed alpha never are)."""
     try:
@@ -101,8 +111,10 @@ def departures(c: Comparison, block: ClaimBlock | None, final_eval: FinalEvalSpe
     if sorted(c.tasks) != sorted(block.tasks):
         out.append(f"tasks: {len(set(c.tasks) & set(block.tasks))} of the {len(block.tasks)} pre-registered"
                    + (f" and {len(set(c.tasks) - set(block.tasks))} others" if set(c.tasks) - set(block.tasks) else ""))
-    if c.n_seeds < block.seeds:
-        out.append(f"seeds: {c.n_seeds} on some task (pre-registered {block.seeds})")
+    looks = block.adaptive.looks() if block.adaptive else [block.seeds]
+    if c.n_seeds < looks[0] or (block.adaptive and c.n_seeds not in looks):
+        out.append(f"seeds: {c.n_seeds} on some task (pre-registered {block.seeds}"
+                   + (f", judged at the looks of {', '.join(map(str, looks))} seeds)" if block.adaptive else ")"))
     if c.env_steps == block.pilot_env_steps:
         out.append(f"pilot at {c.env_steps:,} env steps: read through the V curves only (docs/claim.md)")
     elif c.env_steps != block.env_steps:
@@ -175,8 +187,9 @@ def format_verdict(v: Verdict, confidence: float) -> str:
         if r.scope:
             lines.append(f"{head}: not judged (exploratory: {'; '.join(r.scope)})")
         else:
+            at = f", look {r.look} of the registered ones" if r.look else ""
             lines.append(f"{head}: {r.outcome.upper()}  ({r.n_tasks} tasks, intervals {r.pairing} at "
-                         f"{100 * r.level:.4g}%)")
+                         f"{100 * r.level:.4g}%{at})")
         for e in r.endpoints:
             said = "" if r.scope and e.outcome in (PASS, FAIL) else f"{e.outcome}  "
             ends = ("no interval" if math.isnan(e.lower) and math.isnan(e.upper) else
