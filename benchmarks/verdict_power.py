@@ -31,8 +31,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from qed_ray.analysis.evidence import learning_floor  # noqa: E402
 from qed_ray.analysis.verdict import FAIL, NOT_ENOUGH, PASS, combine, decision_level, guard_outcome, \
-    interval_outcome  # noqa: E402
-from qed_ray.claim import Endpoints, registered_design  # noqa: E402
+    interval_outcome, look_levels  # noqa: E402
+from qed_ray.claim import AdaptiveSpec, Endpoints, registered_design  # noqa: E402
 
 TASKS = ("cheetah-run", "walker-walk", "hopper-hop", "finger-spin", "reacher-hard", "quadruped-walk")
 MEANS = np.array([0.80, 0.95, 0.35, 0.90, 0.85, 0.85])
@@ -141,10 +141,11 @@ def masked_iqm(x: np.ndarray, keep: np.ndarray) -> np.ndarray:
 
 
 def _draw(counts: np.ndarray, scores: np.ndarray, kl: np.ndarray):
-    """Per task replicates of the mean score (n, K, R), V (n, K, R) and the resampled scores (n, R, K*I)."""
+    """Per task replicates of the mean score (n, K, R) and V (n, K, R) from draw counts (n, K, R, I)."""
+    seeds = scores.shape[-1]
     c = counts.astype(np.float64)  # (n, K, R, I)
-    mean = c @ scores[..., None] / SEEDS  # (n, K, R, 1)
-    v = ((c @ kl) * c).sum(-1) / (SEEDS ** 2 - (c * c).sum(-1))
+    mean = c @ scores[..., None] / seeds  # (n, K, R, 1)
+    v = ((c @ kl) * c).sum(-1) / (seeds ** 2 - (c * c).sum(-1))
     return mean[..., 0], v
 
 
@@ -153,18 +154,24 @@ def _resampled(idx: np.ndarray, scores: np.ndarray) -> np.ndarray:
     return np.take_along_axis(scores[:, :, None, :], idx, -1).transpose(0, 2, 1, 3)
 
 
-def decide(sc: Scenario, rng, n: int, reps: int, endpoints: Endpoints) -> tuple[np.ndarray, np.ndarray]:
-    """The claim's outcome (n,) and each variant's (n, VARIANTS) for ``n`` simulated experiments."""
-    te, variants = _world(sc, rng, n)
-    idx = rng.integers(0, SEEDS, (n, len(TASKS), reps, SEEDS))
-    counts = (idx[..., None] == np.arange(SEEDS)).sum(-2)
-    level = decision_level(endpoints, VARIANTS)
+def _first(world: tuple, seeds: int) -> tuple:
+    """An arm's scores and KL matrices on its first ``seeds`` seeds (the seeds of an earlier look)."""
+    scores, kl = world
+    return scores[..., :seeds], kl[..., :seeds, :seeds]
+
+
+def _judge(te, variants, rng, reps: int, level: float, endpoints: Endpoints) -> np.ndarray:
+    """Each variant's outcome (n, VARIANTS) by the verdict's rules at ``level``, from the arms' (n, K, I) scores
+    and (n, K, I, I) KL matrices."""
+    n, seeds = te[0].shape[0], te[0].shape[-1]
+    idx = rng.integers(0, seeds, (n, len(TASKS), reps, seeds))
+    counts = (idx[..., None] == np.arange(seeds)).sum(-2)
     g = endpoints.guards
     floor = learning_floor(RANDOM, g.learned_above_random)[None, :]
     te_mean_reps, te_v_reps = _draw(counts, *te)
     te_lo, _ = _ends(te_mean_reps, level)
     te_res = _resampled(idx, te[0]).reshape(n, reps, -1)
-    te_v = te[1].sum((-1, -2)) / (SEEDS * (SEEDS - 1))
+    te_v = te[1].sum((-1, -2)) / (seeds * (seeds - 1))
     out = []
     for scores, kl in variants:
         mean_reps, v_reps = _draw(counts, scores, kl)
@@ -172,38 +179,75 @@ def decide(sc: Scenario, rng, n: int, reps: int, endpoints: Endpoints) -> tuple[
         _, r_hi = _ends(mean_reps / te_mean_reps, level)
         guards = guard_outcome(floor, te_lo, q_hi, r_hi, g.mean_kept)  # (n, K)
         v_keep = guards == PASS
-        v_point = masked_median(te_v / (kl.sum((-1, -2)) / (SEEDS * (SEEDS - 1))), v_keep)
+        v_point = masked_median(te_v / (kl.sum((-1, -2)) / (seeds * (seeds - 1))), v_keep)
         v_rep = masked_median((te_v_reps / v_reps).transpose(0, 2, 1), v_keep[:, None, :])  # (n, R)
         v_out = interval_outcome(v_point, *_ends(v_rep, level), endpoints.v_ratio.lower_at_least)
-        learned = np.repeat(guards != NOT_ENOUGH, SEEDS, axis=-1)  # (n, K*I)
+        learned = np.repeat(guards != NOT_ENOUGH, seeds, axis=-1)  # (n, K*I)
         q_point = (masked_iqm(scores.reshape(n, -1), learned) / masked_iqm(te[0].reshape(n, -1), learned))
         res = _resampled(idx, scores).reshape(n, reps, -1)
         with np.errstate(invalid="ignore", divide="ignore"):
             q_rep = masked_iqm(res, learned[:, None]) / masked_iqm(te_res, learned[:, None])
         q_out = interval_outcome(q_point, *_ends(q_rep, level), endpoints.iqm_kept.lower_at_least)
         out.append(combine(np.concatenate([guards, v_out[:, None], q_out[:, None]], -1), any_pass=False))
-    per_variant = np.stack(out, -1)
+    return np.stack(out, -1)
+
+
+def decide(sc: Scenario, rng, n: int, reps: int, endpoints: Endpoints) -> tuple[np.ndarray, np.ndarray]:
+    """The claim's outcome (n,) and each variant's (n, VARIANTS) for ``n`` simulated experiments."""
+    te, variants = _world(sc, rng, n)
+    per_variant = _judge(te, variants, rng, reps, decision_level(endpoints, VARIANTS), endpoints)
     return combine(per_variant, any_pass=True), per_variant
 
 
-def run(sc: Scenario, experiments: int, reps: int, endpoints: Endpoints, seed: int, chunk: int = 50) -> dict:
-    """Rates of one scenario over ``experiments`` experiments (drawn ``chunk`` at a time)."""
+def decide_adaptive(sc: Scenario, rng, n: int, reps: int, endpoints: Endpoints, adaptive: AdaptiveSpec):
+    """The adaptive design (:mod:`qed_ray.analysis.sequential`'s rule, look by look, on worlds of ``max_seeds``
+    seeds): the claim's outcome (n,), each variant's (n, VARIANTS), the look where growth ended (n,) and the seed
+    runs used per task (n,: te's seeds plus each variant's)."""
+    te, variants = _world(sc, rng, n)
+    looks, levels = adaptive.looks(), look_levels(endpoints, adaptive, VARIANTS)
+    floor = learning_floor(RANDOM, endpoints.guards.learned_above_random)
+    decided = np.full((n, VARIANTS), "", dtype="<U16")
+    used = np.zeros((n, 1 + VARIANTS))  # te's seeds, then each variant's, where each stopped
+    stop, going = np.zeros(n, dtype=int), np.ones(n, dtype=bool)
+    for k, (seeds, level) in enumerate(zip(looks, levels), start=1):
+        live = going[:, None] & (decided == "")
+        used[going, 0], used[:, 1:] = seeds, np.where(live, seeds, used[:, 1:])
+        out = _judge(_first(te, seeds), [_first(v, seeds) for v in variants], rng, reps, level, endpoints)
+        te_stop = (te[0][..., :seeds].mean(-1) < floor).any(-1)  # te's mean score below its floor on a task
+        now = np.where(np.isin(out, [PASS, FAIL]), out, np.where(te_stop[:, None], NOT_ENOUGH, ""))
+        decided = np.where(live, now, decided)
+        claim = combine(np.where(decided == "", NOT_ENOUGH, decided), any_pass=True)
+        ended = going & (te_stop | (claim != NOT_ENOUGH) | (decided != "").all(-1) | (k == len(looks)))
+        decided = np.where(ended[:, None] & (decided == ""), NOT_ENOUGH, decided)
+        stop[ended], going = k, going & ~ended
+    runs = used.sum(-1)
+    return combine(decided, any_pass=True), decided, stop, runs
+
+
+def run(sc: Scenario, experiments: int, reps: int, endpoints: Endpoints, seed: int, chunk: int = 50,
+        adaptive: AdaptiveSpec | None = None) -> dict:
+    """Rates of one scenario over ``experiments`` experiments (drawn ``chunk`` at a time); with ``adaptive`` also
+    the mean stopping look and the seed runs used per task (mean and its standard error)."""
     rng = np.random.default_rng([seed, sum(map(ord, sc.name))])
-    claims, variants = [], []
-    for start in range(0, experiments, chunk):
-        c, v = decide(sc, rng, min(chunk, experiments - start), reps, endpoints)
-        claims.append(c), variants.append(v)
-    c, v = np.concatenate(claims), np.concatenate(variants)
+    parts = [decide(sc, rng, min(chunk, experiments - start), reps, endpoints) if adaptive is None else
+             decide_adaptive(sc, rng, min(chunk, experiments - start), reps, endpoints, adaptive)
+             for start in range(0, experiments, chunk)]
+    c, v, *more = (np.concatenate(x) for x in zip(*parts))
     rate = {o: float(np.mean(c == o)) for o in (PASS, FAIL, NOT_ENOUGH)}
-    return {"scenario": sc.name, "want": sc.want, "n": len(c), **rate,
-            "se": {o: float(np.sqrt(p * (1 - p) / len(c))) for o, p in rate.items()},
-            "variant_pass": float(np.mean(v == PASS))}
+    out = {"scenario": sc.name, "want": sc.want, "n": len(c), **rate,
+           "se": {o: float(np.sqrt(p * (1 - p) / len(c))) for o, p in rate.items()},
+           "variant_pass": float(np.mean(v == PASS))}
+    if more:
+        stop, runs = more
+        out |= {"look": float(stop.mean()), "runs": float(runs.mean()), "runs_se": float(runs.std() / np.sqrt(len(c)))}
+    return out
 
 
 def _row(r: dict) -> str:
     cell = lambda o: f"{r[o]:.3f} ± {r['se'][o]:.3f}"  # noqa: E731
+    seeds = f" {r['look']:.2f} | {r['runs']:.1f} ± {r['runs_se']:.1f} |" if "look" in r else ""
     return (f"| {r['scenario']} | {r['n']:,} | {cell(PASS)} | {cell(FAIL)} | {cell(NOT_ENOUGH)} | "
-            f"{r['variant_pass']:.3f} | {r['want']} |")
+            f"{r['variant_pass']:.3f} |{seeds} {r['want']} |")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,23 +260,40 @@ def main(argv: list[str] | None = None) -> int:
                    help="family-wise level to try (default: the registered one)")
     p.add_argument("--only", nargs="*", default=None, help="scenario name prefixes (e.g. S1 S4)")
     p.add_argument("--seeds", type=int, default=SEEDS, help="seeds per task and variant (the registered 10)")
+    p.add_argument("--adaptive", nargs=3, type=int, metavar=("START", "STEP", "MAX"), default=None,
+                   help="simulate seeds by looks instead (default: the registered block's adaptive, if any)")
+    p.add_argument("--spending", default="obrien_fleming", choices=["obrien_fleming", "pocock"])
+    p.add_argument("--fixed", action="store_true", help="the fixed design even when the registered one is adaptive")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    SEEDS = args.seeds
+    registered = registered_design().adaptive
+    adaptive = (None if args.fixed else AdaptiveSpec(start=args.adaptive[0], step=args.adaptive[1],
+                                                     max_seeds=args.adaptive[2], spending=args.spending)
+                if args.adaptive else registered)
+    SEEDS = adaptive.max_seeds if adaptive else args.seeds
     n, reps = (1000, 300) if args.quick else (args.experiments, args.reps)
     endpoints = Endpoints(decision_confidence=args.decision_confidence)
-    level = decision_level(endpoints, VARIANTS)
-    print(f"verdict power: {n:,} experiments per row, {reps:,} paired resamples each, {len(TASKS)} tasks x {SEEDS} "
-          f"seeds, {VARIANTS} variants, decision_confidence {args.decision_confidence:g} (Bonferroni: intervals at "
-          f"{100 * level:.4g}%)")
-    print("| scenario | experiments | claim pass | claim fail | claim not enough data | per-variant pass | must |")
-    print("|---|---:|---:|---:|---:|---:|---|")
+    if adaptive:
+        levels = ", ".join(f"{100 * x:.4g}%" for x in look_levels(endpoints, adaptive, VARIANTS))
+        print(f"verdict power, seeds by looks: {n:,} experiments per row, {reps:,} paired resamples each, "
+              f"{len(TASKS)} tasks, looks at {', '.join(map(str, adaptive.looks()))} seeds, {VARIANTS} variants, "
+              f"decision_confidence {args.decision_confidence:g} (Bonferroni, spent by {adaptive.spending}: "
+              f"intervals at {levels})")
+        print("| scenario | experiments | claim pass | claim fail | claim not enough data | per-variant pass | "
+              "mean stopping look | seed runs per task (max " f"{adaptive.max_seeds * (1 + VARIANTS)}) | must |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    else:
+        print(f"verdict power: {n:,} experiments per row, {reps:,} paired resamples each, {len(TASKS)} tasks x "
+              f"{SEEDS} seeds, {VARIANTS} variants, decision_confidence {args.decision_confidence:g} (Bonferroni: "
+              f"intervals at {100 * decision_level(endpoints, VARIANTS):.4g}%)")
+        print("| scenario | experiments | claim pass | claim fail | claim not enough data | per-variant pass | must |")
+        print("|---|---:|---:|---:|---:|---:|---|")
     for sc in SCENARIOS:
         if args.only and not any(sc.name.startswith(o) for o in args.only):
             continue
         t0 = time.perf_counter()
-        print(_row(run(sc, n, reps, endpoints, args.seed)) + f"  <!-- {time.perf_counter() - t0:.0f} s -->",
-              flush=True)
+        print(_row(run(sc, n, reps, endpoints, args.seed, adaptive=adaptive))
+              + f"  <!-- {time.perf_counter() - t0:.0f} s -->", flush=True)
     return 0
 
 

@@ -93,6 +93,17 @@ class AdaptiveSpec(Frozen):
                              f"of steps ({self.step}), e.g. {self.start + self.step}")
         return self
 
+    def misfit(self, seeds: int, pack_seeds: int, pack_by: str) -> str | None:
+        """Why a sweep of ``seeds`` seeds packed so cannot grow by these looks (None: it can), naming the field."""
+        if seeds != self.max_seeds:
+            return (f"seeds: {seeds} seeds, but adaptive.max_seeds is {self.max_seeds}: seeds lists the maximum's "
+                    f"seeds (a count of {self.max_seeds}, or {self.max_seeds} seeds)")
+        if pack_by == "shape" or self.start % pack_seeds or self.step % pack_seeds:
+            return (f"pack.seeds: {pack_seeds} (by {pack_by}) with adaptive start {self.start} and step {self.step}: "
+                    f"every look adds whole packs of one variant, so pack.by must be variant and pack.seeds must "
+                    f"divide both")
+        return None
+
     def looks(self) -> list[int]:
         """The seeds of every look, in order (the last is ``max_seeds``)."""
         return list(range(self.start, self.max_seeds + 1, self.step))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
 from qed_ray import yaml_input
 from qed_ray.claim import AdaptiveSpec
@@ -230,6 +230,7 @@ class TrackingSpec(Frozen):
 class SweepSpec(Frozen):
     """A whole sweep, as written in ``sweeps/*.yaml``."""
 
+    _look: tuple[dict[str, int], int] | None = PrivateAttr(None)  # at_look: the trials of one look only
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=100)
     tasks: list[str] = Field(description="task names, or a task set name (dmc18)")
     seeds: list[int] = Field(description="a seed count (10 -> 0..9) or a list of seeds")
@@ -247,9 +248,7 @@ class SweepSpec(Frozen):
     claim: str | None = Field(None, min_length=1, description="the pre-registration this sweep tests (a Markdown "
                               "file with one ```yaml claim block, relative to the current folder, e.g. "
                               "docs/claim.md); frozen in sweep.json at the first start (qed_ray.claim)")
-    adaptive: AdaptiveSpec | None = Field(None, description="seeds by looks: start, step, max_seeds, spending; "
-                                          "seeds lists the maximum's seeds, of which each look trains the first "
-                                          "ones (docs/claim.md, Seeds by looks)")
+    adaptive: AdaptiveSpec | None = Field(None, description="seeds by looks (docs/claim.md); seeds: the maximum's")
 
     @field_validator("tasks", mode="before")
     @classmethod
@@ -324,16 +323,9 @@ class SweepSpec(Frozen):
 
     @model_validator(mode="after")
     def _check_adaptive(self) -> "SweepSpec":
-        a = self.adaptive
-        if a is None:
-            return self
-        if len(self.seeds) != a.max_seeds:
-            raise ValueError(f"seeds: {len(self.seeds)} seeds, but adaptive.max_seeds is {a.max_seeds}: seeds lists "
-                             f"the maximum's seeds (a count of {a.max_seeds}, or {a.max_seeds} seeds)")
-        if self.pack.by == "shape" or a.start % self.pack.seeds or a.step % self.pack.seeds:
-            raise ValueError(f"pack.seeds: {self.pack.seeds} (by {self.pack.by}) with adaptive start {a.start} and "
-                             f"step {a.step}: every look adds whole packs of one variant, so pack.by must be variant "
-                             f"and pack.seeds must divide both")
+        problem = self.adaptive and self.adaptive.misfit(len(self.seeds), self.pack.seeds, self.pack.by)
+        if problem:
+            raise ValueError(problem)
         return self
 
     @model_validator(mode="after")
@@ -404,9 +396,19 @@ class SweepSpec(Frozen):
     def trials(self) -> list[Trial]:
         """The expanded grid, ordered task, agent, agent settings, variant, train settings, seed (deterministic).
 
-        Variants name the temperature plus every agent/train setting that varies among one agent's trials.
-        """
-        return list(self._trials)
+        Variants name the temperature plus every agent/train setting that varies among one agent's trials (a spec
+        :meth:`at_look`: that look's only)."""
+        if self._look is None:
+            return list(self._trials)
+        seeds, default = self._look
+        first = {s: i for i, s in enumerate(self.seeds)}
+        return [t for t in self._trials if first[t.run.seed] < seeds.get(t.variant, default)]
+
+    def at_look(self, seeds: dict[str, int], default: int) -> "SweepSpec":
+        """This spec at one look (``adaptive``): each variant's first ``seeds[variant]`` seeds (else ``default``)."""
+        copy = self.model_copy()
+        copy._look = (dict(seeds), default)
+        return copy
 
     def runs(self) -> list[RunSpec]:
         """The runs of :meth:`trials`, in the same order."""

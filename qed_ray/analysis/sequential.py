@@ -103,8 +103,8 @@ def next_look(verdict: Verdict, adaptive: AdaptiveSpec, look: int, before: Look 
              + ": not enough data" if te_stop else
              f"the claim is decided ({claim})" if claim in (PASS, FAIL) else
              f"the last registered look ({looks[-1]} seeds)" if last else
-             "" if growing else "every variant is decided")
-    base = verdict.variants[0].baseline
+             "" if growing or not rows else "every variant is decided")
+    base = verdict.variants[0].baseline if verdict.variants else "te"
     if ended:  # a variant still growing is undecided where growth ends
         stop = TE_UNLEARNED if te_stop else NOT_ENOUGH
         rows = [dataclasses.replace(r, decision=stop, decided_at=look) if r.decision == GROW else r for r in rows]

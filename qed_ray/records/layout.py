@@ -31,6 +31,7 @@ SNAPSHOT_DIGITS = 10  # policy snapshot folders are zero-padded env steps, so th
 DOCUMENTED: dict[str, str] = {
     "sweep.json": "state_file",
     "sweep.lock": "lock_file",
+    "looks.json": "looks_file",
     "checkpoints/<pack>/<env_steps>/": "pack_checkpoint",
     "policies/<trial>/<env_steps>/": "snapshot",
     "policies/<trial>/history.json": "history",
@@ -211,6 +212,11 @@ class SweepDir:
     def state_file(self) -> Path:
         """``sweep.json``: the sweep's stable id, name and the identity of every trial it holds."""
         return self.root / "sweep.json"
+
+    @property
+    def looks_file(self) -> Path:
+        """``looks.json``: an adaptive sweep's looks so far, each with its intervals, levels and decisions."""
+        return self.root / "looks.json"
 
     @property
     def lock_file(self) -> Path:

@@ -100,6 +100,11 @@ def dry_run(spec: SweepSpec, throughput_path: str | Path = DEFAULT_PATH, listing
     tables = Tables(load_throughput(throughput_path), load_table(CPU_PATH), prices)
     for line in plan_lines(run_spec if recorded else spec, machines, tables, recorded, workers, price_per_hour):
         show(line)
+    if spec.adaptive is not None:
+        from qed_ray.service.looks import price_lines
+
+        for line in price_lines(run_spec, p.packs, machines[0], tables):
+            show(line)
     show(replay_line(run_spec.replay_needs()))
     problem = unreachable(uri)
     if problem:  # a cluster-only address is normal where a dry run is made: a start refuses it, this warns

@@ -85,14 +85,26 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
         check_folder(layout, spec, fresh, force)
         if fresh and os.path.lexists(layout.state_file):
             say(f"--fresh: moved the previous sweep to {move_aside(layout)}")
-        p = plan(check_folder(layout, spec), spec, layout)
-        _refuse(p.problems)
-        p.state = sign_claim(p.state, key.secret)  # the re-analysis checks the frozen claim by it
-        write_state(layout, p.state)
-        for line in announce.first_lines(spec.name, spec_path, layout, uri):
-            say(line)
-        code = driver.run_locked(spec, spec_path, layout, uri, experiment, p.state, p.new, gather_partial, p.packs,
-                                 lock, key, allow_unverified)
+        announced = False
+
+        def start(this: SweepSpec) -> int:  # one start over the spec (an adaptive sweep: over one look's trials)
+            nonlocal announced
+            p = plan(check_folder(layout, this), this, layout)
+            _refuse(p.problems)
+            p.state = sign_claim(p.state, key.secret)  # the re-analysis checks the frozen claim by it
+            write_state(layout, p.state)
+            for line in [] if announced else announce.first_lines(spec.name, spec_path, layout, uri):
+                say(line)
+            announced = True
+            return driver.run_locked(this, spec_path, layout, uri, experiment, p.state, p.new, gather_partial,
+                                     p.packs, lock, key, allow_unverified)
+
+        if spec.adaptive is None:
+            code = start(spec)
+        else:
+            from qed_ray.service import looks
+
+            code = looks.run_looks(spec, layout, start, lambda look: looks.log_look(uri, layout, look), say)
         if lock.lost.is_set() or not lock.beat():  # lost while (or after) training: nothing more of this start
             print(f"error: {lock.why}; this driver stopped its trials and leaves the sweep to the driver that holds "
                   f"it now", file=sys.stderr, flush=True)

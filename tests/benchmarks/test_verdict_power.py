@@ -45,3 +45,24 @@ def test_degenerate_scenarios_never_pass(power):
     d1 = next(sc for sc in power.SCENARIOS if sc.name.startswith("D1"))
     claim, _ = power.decide(d1, np.random.default_rng(1), 8, 100, endpoints)
     assert (claim == "not enough data").all(), "neither arm learned: nothing is judged"
+
+
+def test_the_adaptive_design_never_passes_a_degenerate_scenario_and_counts_its_seeds(power):
+    """Seeds by looks (10, then 15): the degenerate scenarios never pass at any look; neither arm learned ends
+    growth at the first look (te below its floor), using 10 seeds of each of te and the two variants."""
+    from qed_ray.claim import AdaptiveSpec
+
+    adaptive, endpoints = AdaptiveSpec(start=10, step=5, max_seeds=15), Endpoints()
+    power.SEEDS = 15
+    try:
+        for sc in power.SCENARIOS:
+            if sc.name.startswith("D"):
+                claim, variants, stop, runs = power.decide_adaptive(sc, np.random.default_rng(1), 6, 100, endpoints,
+                                                                     adaptive)
+                assert not (claim == PASS).any() and not (variants == PASS).any(), sc.name
+                assert set(stop) <= {1, 2} and ((runs >= 30) & (runs <= 45)).all(), sc.name
+        d1 = next(sc for sc in power.SCENARIOS if sc.name.startswith("D1"))
+        claim, variants, stop, runs = power.decide_adaptive(d1, np.random.default_rng(1), 6, 100, endpoints, adaptive)
+        assert (claim == "not enough data").all() and (stop == 1).all() and (runs == 30).all()
+    finally:
+        power.SEEDS = power.registered_design().seeds

@@ -1,0 +1,164 @@
+"""An adaptive sweep (``adaptive:`` in its spec) run look by look through the ordinary growth path.
+
+Each look is one start of the sweep over :meth:`SweepSpec.at_look <qed_ray.spec.SweepSpec.at_look>`: the first
+``n`` seeds of every group, ``n`` that look's seeds for te and the variants still growing, the seeds it was
+decided at for a frozen variant (te's count for a variant the verdict does not judge, such as a control). The
+start plans, trains only what that look adds (the trials already done are not trained again), gathers, and writes
+``gather/verdict.json``, judged at the look's level (:func:`qed_ray.analysis.verdict.look_levels`). The rule of
+:mod:`qed_ray.analysis.sequential` then decides, and the look is appended to ``looks.json`` (read back and
+validated at every start) and logged to the sweep's MLflow run (``look_*`` metrics at step k, a ``qed.look<k>``
+tag per variant, the look's record as an artifact) before the next look starts. A restart reads ``looks.json``:
+it resumes the look after the last recorded one, or, when growth has ended, trains nothing and gathers again.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from qed_ray.analysis.sequential import Look, bias_note, next_look
+from qed_ray.analysis.verdict import EXPLORATORY, Verdict
+from qed_ray.codec import RecordError, read_record, write_record
+from qed_ray.layout import SweepDir
+from qed_ray.spec import SpecError, SweepSpec
+
+Start = Callable[[SweepSpec], int]  # one start of the sweep over a look's spec; its exit code
+
+
+def read_looks(layout: SweepDir) -> list[Look]:
+    """The looks recorded so far (none before the first look ends); a damaged file is refused naming it."""
+    if not layout.looks_file.exists():
+        return []
+    return read_record(layout.looks_file, list[Look])
+
+
+def check_design(spec: SweepSpec, looks: list[Look]) -> None:
+    """Refuses (SpecError naming ``adaptive``) a design that differs from the one the recorded looks ran."""
+    if not looks:
+        return
+    a = spec.adaptive
+    now = (a.looks(), a.spending) if a else None
+    if now != (looks[0].looks, looks[0].spending):
+        raise SpecError(f"adaptive: this sweep's looks were fixed at {looks[0].looks} seeds, spent by "
+                        f"{looks[0].spending}, at its first look ({len(looks)} recorded in looks.json); the spec now "
+                        f"says {now or 'no adaptive design'}: restore it, or start over with --fresh or another name")
+
+
+def look_spec(spec: SweepSpec, looks: list[Look]) -> tuple[int, SweepSpec]:
+    """The look to run (1-based; the last recorded one again when growth ended) and the spec of its trials."""
+    first = spec.adaptive.start
+    if not looks:
+        return 1, spec.at_look({}, first)
+    last = looks[-1]
+    if last.ended:
+        seeds = {v.variant: v.seeds for v in last.variants}
+        return last.look, spec.at_look(seeds, last.baseline_seeds)
+    return last.look + 1, spec.at_look(last.next_seeds, last.next_seeds[last.baseline])
+
+
+def read_verdict(layout: SweepDir) -> Verdict:
+    """The verdict the look's gather wrote (none: no QED variant with te, judged as exploratory)."""
+    verdict = read_record(layout.verdict_json, Verdict | None)
+    return verdict or Verdict(None, None, EXPLORATORY, "no QED variant with a te baseline")
+
+
+def log_look(uri: str, layout: SweepDir, look: Look) -> None:
+    """Mirrors one recorded look to the sweep's MLflow run: ``look_seeds`` and per variant ``look_level.<variant>``
+    at step k, a ``qed.look<k>.<variant>`` tag with its decision, and the record as ``looks/look<k>.json``. A
+    tracking server that fails costs a warning: ``looks.json`` holds the look either way."""
+    try:
+        _log_look(uri, layout, look)
+    except Exception as e:  # noqa: BLE001 - MLflow mirrors the folder, which has the record
+        print(f"WARNING: MLflow failed to record look {look.look} ({type(e).__name__}: {e}); looks.json has it",
+              flush=True)
+
+
+def _log_look(uri: str, layout: SweepDir, look: Look) -> None:
+    import json
+
+    from qed_ray.service.sweep_record import sweep_id
+    from qed_ray.service.tracking import metric_key, open_sweep
+
+    found = open_sweep(uri, sweep_id(layout))
+    if found is None:
+        return
+    tracker, run = found
+    run_id, k = run.info.run_id, look.look
+    tracker.log_metrics(run_id, {"look_seeds": float(look.baseline_seeds),
+                                 **{metric_key("look_level", v.variant): v.level for v in look.variants
+                                    if v.outcome not in (None, EXPLORATORY)}}, step=k)
+    tracker.set_tags(run_id, {metric_key(f"qed.look{k}", v.variant): v.decision for v in look.variants}
+                     | {f"qed.look{k}/claim": look.claim})
+    tracker.log_text(run_id, json.dumps(look.to_json(), indent=1), f"looks/look{k}.json")
+
+
+def price_lines(spec: SweepSpec, packs: list, table) -> list[str]:
+    """The dry run's line for an adaptive spec: the GPU-hours in packs (CPU-hours on CPUs) at the minimum (every
+    group stops at the first look), expected under the power tool's scenarios (``qed_ray/data/adaptive_power.json``,
+    for the design it simulated) and at the maximum (every look)."""
+    import json
+    from pathlib import Path
+
+    from qed_ray.service.dry_plan import price
+
+    a, gpu = spec.adaptive, spec.resources.gpu
+    priced = price(spec, packs, table if gpu else None, None)
+    if gpu and any(r is None for r in priced.rates):
+        return [f"adaptive: looks at {', '.join(map(str, a.looks()))} seeds; GPU-hours unknown (no throughput cell)"]
+    unit, per = ("GPU-hours", gpu) if gpu else ("CPU-hours", spec.trial_resources()["cpu"])
+    first = {s: i for i, s in enumerate(spec.seeds)}
+    at_start = sum(s for p, s in zip(packs, priced.seconds) if max(first[t.run.seed] for t in p.trials) < a.start)
+    lo, hi = at_start * per / 3600, sum(priced.seconds) * per / 3600
+    sim = json.loads((Path(__file__).resolve().parents[1] / "data" / "adaptive_power.json").read_text())
+    if (sim["looks"], sim["spending"]) == (a.looks(), a.spending) and sim["expected_runs"]:
+        span = sim["max_runs"] * a.start / a.max_seeds  # seed runs per task when every group stops at look 1
+        expected = "; ".join(f"{lo + (hi - lo) * (runs - span) / (sim['max_runs'] - span):,.1f} if {name}"
+                             for name, runs in sim["expected_runs"].items())
+    else:
+        expected = (f"not simulated for this design (benchmarks/verdict_power.py --adaptive {a.start} {a.step} "
+                    f"{a.max_seeds} prices it)")
+    return [f"adaptive: looks at {', '.join(map(str, a.looks()))} seeds ({a.spending}); {unit} in packs: minimum "
+            f"{lo:,.1f} (every group stops at the first look), maximum {hi:,.1f} (every look, as above); expected "
+            f"{expected}"]
+
+
+def look_lines(look: Look) -> list[str]:
+    """The console lines of one look's decisions."""
+    lines = [f"look {look.look} of {len(look.looks)} ({look.baseline_seeds} seeds of te): the claim "
+             f"{look.claim}" + (f"; growth ended: {look.ended}" if look.ended else
+                                f"; next look: {', '.join(f'{k} {n}' for k, n in look.next_seeds.items())} seeds")]
+    for v in look.variants:
+        judged = "" if v.outcome in (None, EXPLORATORY) else f" (at {100 * v.level:.4g}%: {v.outcome})"
+        lines.append(f"  {v.variant}: {v.decision}{judged}, {v.seeds} seeds"
+                     + (f", decided at look {v.decided_at}" if v.decided_at else ""))
+    return lines
+
+
+def run_looks(spec: SweepSpec, layout: SweepDir, start: Start, log: Callable[[Look], None],
+              say: Callable[[str], None]) -> int:
+    """Runs the looks from where ``looks.json`` left off until growth ends; returns the exit code of the first
+    start that does not succeed (0 once growth ended). ``start`` runs one start over a look's spec, ``log``
+    mirrors a recorded look to MLflow."""
+    looks = read_looks(layout)
+    check_design(spec, looks)
+    while True:
+        k, this = look_spec(spec, looks)
+        say(f"look {k} of {len(spec.adaptive.looks())}: " + ("growth ended at this look; gathering again" if
+                                                           looks and looks[-1].ended else "training its seeds"))
+        code = start(this)
+        if code != 0 or (looks and looks[-1].ended):
+            if code == 0:
+                say(bias_note(looks[-1]))
+            return code
+        try:
+            look = next_look(read_verdict(layout), spec.adaptive, k, looks[-1] if looks else None)
+        except RecordError as e:
+            say(f"error: look {k}: {e}")
+            return 1
+        looks = [*looks, look]
+        write_record(layout.looks_file, looks, list[Look])
+        log(look)
+        for line in look_lines(look):
+            say(line)
+        if look.ended:
+            say(bias_note(look))
+            return 0
