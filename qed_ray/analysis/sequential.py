@@ -24,9 +24,10 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from qed_ray.analysis.verdict import EXPLORATORY, FAIL, NOT_ENOUGH, PASS, EndpointResult, Verdict, combine
+from qed_ray.analysis.results import EndpointResult, Verdict
+from qed_ray.analysis.verdict import EXPLORATORY, FAIL, NOT_ENOUGH, PASS, combine
 from qed_ray.claim import AdaptiveSpec
-from qed_ray.codec import JsonRecord, Num
+from qed_ray.records.codec import JsonRecord, Num
 
 GROW = "grow"
 TE_UNLEARNED = "not enough data: te below its learning floor"

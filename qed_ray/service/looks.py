@@ -16,9 +16,10 @@ from __future__ import annotations
 from typing import Callable
 
 from qed_ray.analysis.sequential import Look, bias_note, next_look
-from qed_ray.analysis.verdict import EXPLORATORY, Verdict
-from qed_ray.codec import RecordError, read_record, write_record
-from qed_ray.layout import SweepDir
+from qed_ray.analysis.results import Verdict
+from qed_ray.analysis.verdict import EXPLORATORY
+from qed_ray.records.codec import RecordError, read_record, write_record
+from qed_ray.records.layout import SweepDir
 from qed_ray.spec import SpecError, SweepSpec
 
 Start = Callable[[SweepSpec], int]  # one start of the sweep over a look's spec; its exit code
@@ -75,7 +76,7 @@ def log_look(uri: str, layout: SweepDir, look: Look) -> None:
 def _log_look(uri: str, layout: SweepDir, look: Look) -> None:
     import json
 
-    from qed_ray.service.sweep_record import sweep_id
+    from qed_ray.records.sweep import sweep_id
     from qed_ray.service.tracking import metric_key, open_sweep
 
     found = open_sweep(uri, sweep_id(layout))
@@ -111,14 +112,18 @@ def price_lines(spec: SweepSpec, packs: list, table) -> list[str]:
     sim = json.loads((Path(__file__).resolve().parents[1] / "data" / "adaptive_power.json").read_text())
     if (sim["looks"], sim["spending"]) == (a.looks(), a.spending) and sim["expected_runs"]:
         span = sim["max_runs"] * a.start / a.max_seeds  # seed runs per task when every group stops at look 1
-        expected = "; ".join(f"{lo + (hi - lo) * (runs - span) / (sim['max_runs'] - span):,.1f} if {name}"
+        expected = "; ".join(f"{_hours(lo + (hi - lo) * (runs - span) / (sim['max_runs'] - span))} if {name}"
                              for name, runs in sim["expected_runs"].items())
     else:
         expected = (f"not simulated for this design (benchmarks/verdict_power.py --adaptive {a.start} {a.step} "
                     f"{a.max_seeds} prices it)")
     return [f"adaptive: looks at {', '.join(map(str, a.looks()))} seeds ({a.spending}); {unit} in packs: minimum "
-            f"{lo:,.1f} (every group stops at the first look), maximum {hi:,.1f} (every look, as above); expected "
+            f"{_hours(lo)} (every group stops at the first look), maximum {_hours(hi)} (every look); expected "
             f"{expected}"]
+
+
+def _hours(h: float) -> str:
+    return f"{h:,.1f}" if h >= 1 else f"{h:.2g}"  # a tiny sweep's hours still show
 
 
 def look_lines(look: Look) -> list[str]:
