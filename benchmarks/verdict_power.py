@@ -15,7 +15,10 @@ QED's s / rho. This is the model of an independent fidelity review's power simul
 weaknesses the guards now close.
 
 Run: ``nice -n 10 .venv/bin/python benchmarks/verdict_power.py [--quick] [--experiments 5000] [--reps 500]``
-(``--quick``: 1,000 experiments per row at 300 resamples; ``--seeds``, ``--decision-confidence``: other designs).
+(``--quick``: 1,000 experiments per row at 300 resamples; ``--seeds``, ``--decision-confidence``: other designs;
+``--adaptive START STEP MAX``: seeds by looks, each world grown to MAX seeds and judged look by look by
+:mod:`qed_ray.analysis.sequential`'s rule at the looks' levels, with the mean stopping look and the expected seed
+runs per task).
 """
 
 from __future__ import annotations
