@@ -43,9 +43,11 @@ def test_looks_grow_resume_after_an_interrupt_and_stop_at_the_first_look(tmp_pat
     spec = tiny_spec(tmp_path, "grows", seeds=4, agents=TWO_ARMS, adaptive={"start": 3, "step": 1, "max_seeds": 4})
     layout = SweepDir(tmp_path / "results" / "grows")
     driver = start_sweep(spec, tmp_path / "first.log", env=ray_head.env())
-    wait_for(lambda: _looks(layout), 600, "look 1 recorded in looks.json", alive=driver)
+    log = tmp_path / "first.log"
+    wait_for(lambda: "look 2 of 2: training its seeds" in log.read_text(), 900, "look 1 recorded and logged, look 2 "
+             "started", alive=driver)
     driver.send_signal(signal.SIGINT)
-    assert driver.wait(120) == 130, (tmp_path / "first.log").read_text()[-3000:]
+    assert driver.wait(120) == 130, log.read_text()[-3000:]
     (first,) = _looks(layout)
     assert (first["look"], first["baseline_seeds"], first["ended"]) == (1, 3, "")
     assert first["next_seeds"] == {"te": 4, "qed0.2": 4}
