@@ -10,12 +10,13 @@ from qed_ray.records.codec import RecordError, write_record
 from qed_ray.records.layout import SweepDir
 from qed_ray.service import looks
 from qed_ray.service.packing import form_packs
+from kit import sweep_spec
 from qed_ray.spec import SpecError, SweepSpec
 
-SPEC = {"name": "a", "tasks": ["cartpole-balance"], "seeds": 15,
-        "adaptive": {"start": 10, "step": 5, "max_seeds": 15},
-        "agents": [{"name": "sac_ln", "temperatures": [{"kind": "te"}, {"kind": "qed", "k": [0.2, 0.4]}]}],
-        "train": {"env_steps": 2000, "eval_every": 1000, "warmup_decisions": 20}, "pack": {"seeds": 5}}
+# kit's sweep with te and two QED variants, 15 seeds judged at looks of 10 and 15, packs of 5.
+LOOKED = {"seeds": 15, "adaptive": {"start": 10, "step": 5, "max_seeds": 15}, "pack": {"seeds": 5},
+          "agents": [{"name": "sac_ln", "temperatures": [{"kind": "te"}, {"kind": "qed", "k": [0.2, 0.4]}]}]}
+TWENTY = {"seeds": 20, "adaptive": {"start": 10, "step": 10, "max_seeds": 20}}
 
 
 def _look(k: int, variants, next_seeds, ended="") -> Look:
@@ -31,7 +32,7 @@ def _seeds(spec: SweepSpec) -> dict[str, int]:
 
 
 def test_each_start_runs_the_next_look_over_its_trials_and_a_finished_design_runs_its_last(tmp_path):
-    spec, layout = SweepSpec.model_validate(SPEC), SweepDir(tmp_path)
+    spec, layout = sweep_spec(LOOKED), SweepDir(tmp_path)
     assert looks.read_looks(layout) == []
     k, first = looks.look_spec(spec, [])
     assert k == 1 and _seeds(first) == {"te": 10, "qed0.2": 10, "qed0.4": 10} and len(spec.trials()) == 45
@@ -52,24 +53,23 @@ def test_each_start_runs_the_next_look_over_its_trials_and_a_finished_design_run
 def test_a_changed_design_and_a_damaged_record_are_refused_naming_them(tmp_path):
     layout = SweepDir(tmp_path)
     recorded = [_look(1, [], {"te": 15})]
-    other = SweepSpec.model_validate({**SPEC, "seeds": 20, "adaptive": {"start": 10, "step": 10, "max_seeds": 20}})
+    other = sweep_spec(LOOKED, **TWENTY)
     with pytest.raises(SpecError, match=r"adaptive: this sweep's looks were fixed at \[10, 15\] seeds"):
         looks.check_design(other, recorded)
-    looks.check_design(SweepSpec.model_validate(SPEC), recorded)
+    looks.check_design(sweep_spec(LOOKED), recorded)
     layout.looks_file.write_text(json.dumps([{"look": "one"}]))
     with pytest.raises(RecordError, match="looks.json"):
         looks.read_looks(layout)
 
 
 def test_the_dry_run_prices_the_first_look_the_expected_seeds_and_every_look(tmp_path):
-    spec = SweepSpec.model_validate({**SPEC, "storage_path": str(tmp_path)})
+    spec = sweep_spec(LOOKED, storage_path=str(tmp_path))
     (line,) = looks.price_lines(spec, form_packs(spec), None)
     assert line.startswith("adaptive: looks at 10, 15 seeds (obrien_fleming); CPU-hours in packs: minimum ")
     lo, hi = (float(line.split(w)[1].split()[0]) for w in ("minimum ", "maximum "))
     assert lo == pytest.approx(hi * 10 / 15, rel=0.05)
     s1 = float(line.split("expected ")[1].split()[0])
     assert s1 == pytest.approx(lo + (hi - lo) * (35.9 - 30) / 15, rel=0.05), "S1's 35.9 of 45 seed runs per task"
-    other = SweepSpec.model_validate({**SPEC, "seeds": 20, "adaptive": {"start": 10, "step": 10, "max_seeds": 20},
-                                      "storage_path": str(tmp_path)})
+    other = sweep_spec(LOOKED, TWENTY, storage_path=str(tmp_path))
     (line,) = looks.price_lines(other, form_packs(other), None)
     assert "expected not simulated for this design (benchmarks/verdict_power.py --adaptive 10 10 20" in line
