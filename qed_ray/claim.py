@@ -93,12 +93,12 @@ class AdaptiveSpec(Frozen):
                              f"of steps ({self.step}), e.g. {self.start + self.step}")
         return self
 
-    def misfit(self, seeds: int, pack_seeds: int, pack_by: str) -> str | None:
+    def misfit(self, seeds: int, pack_seeds: int | str, pack_by: str) -> str | None:
         """Why a sweep of ``seeds`` seeds packed so cannot grow by these looks (None: it can), naming the field."""
         if seeds != self.max_seeds:
             return (f"seeds: {seeds} seeds, but adaptive.max_seeds is {self.max_seeds}: seeds lists the maximum's "
                     f"seeds (a count of {self.max_seeds}, or {self.max_seeds} seeds)")
-        if pack_by == "shape" or self.start % pack_seeds or self.step % pack_seeds:
+        if pack_by == "shape" or pack_seeds == "auto" or self.start % pack_seeds or self.step % pack_seeds:
             return (f"pack.seeds: {pack_seeds} (by {pack_by}) with adaptive start {self.start} and step {self.step}: "
                     f"every look adds whole packs of one variant, so pack.by must be variant and pack.seeds must "
                     f"divide both")

@@ -92,23 +92,26 @@ def _log_look(uri: str, layout: SweepDir, look: Look) -> None:
     tracker.log_text(run_id, json.dumps(look.to_json(), indent=1), f"looks/look{k}.json")
 
 
-def price_lines(spec: SweepSpec, packs: list, table) -> list[str]:
-    """The dry run's line for an adaptive spec: the GPU-hours in packs (CPU-hours on CPUs) at the minimum (every
-    group stops at the first look), expected under the power tool's scenarios (``qed_ray/data/adaptive_power.json``,
-    for the design it simulated) and at the maximum (every look)."""
+def price_lines(spec: SweepSpec, packs: list, machine, tables) -> list[str]:
+    """The dry run's line for an adaptive spec: the hours in packs on ``machine`` (GPU-hours, or CPU-hours on CPUs)
+    at the minimum (every group stops at the first look), expected under the power tool's scenarios
+    (``qed_ray/data/adaptive_power.json``, for the design it simulated; scaled linearly in seed runs) and at the
+    maximum (every look)."""
     import json
     from pathlib import Path
 
     from qed_ray.service.dry_plan import price
 
     a, gpu = spec.adaptive, spec.resources.gpu
-    priced = price(spec, packs, table if gpu else None, None)
-    if gpu and any(r is None for r in priced.rates):
-        return [f"adaptive: looks at {', '.join(map(str, a.looks()))} seeds; GPU-hours unknown (no throughput cell)"]
+    got = price(spec, packs, machine, tables)
+    if isinstance(got, str):
+        return [f"adaptive: looks at {', '.join(map(str, a.looks()))} seeds; hours on {machine.name}: no estimate "
+                f"({got})"]
+    seconds, _ = got
     unit, per = ("GPU-hours", gpu) if gpu else ("CPU-hours", spec.trial_resources()["cpu"])
     first = {s: i for i, s in enumerate(spec.seeds)}
-    at_start = sum(s for p, s in zip(packs, priced.seconds) if max(first[t.run.seed] for t in p.trials) < a.start)
-    lo, hi = at_start * per / 3600, sum(priced.seconds) * per / 3600
+    at_start = sum(s for p, s in zip(packs, seconds) if max(first[t.run.seed] for t in p.trials) < a.start)
+    lo, hi = at_start * per / 3600, sum(seconds) * per / 3600
     sim = json.loads((Path(__file__).resolve().parents[1] / "data" / "adaptive_power.json").read_text())
     if (sim["looks"], sim["spending"]) == (a.looks(), a.spending) and sim["expected_runs"]:
         span = sim["max_runs"] * a.start / a.max_seeds  # seed runs per task when every group stops at look 1
@@ -117,9 +120,9 @@ def price_lines(spec: SweepSpec, packs: list, table) -> list[str]:
     else:
         expected = (f"not simulated for this design (benchmarks/verdict_power.py --adaptive {a.start} {a.step} "
                     f"{a.max_seeds} prices it)")
-    return [f"adaptive: looks at {', '.join(map(str, a.looks()))} seeds ({a.spending}); {unit} in packs: minimum "
-            f"{_hours(lo)} (every group stops at the first look), maximum {_hours(hi)} (every look); expected "
-            f"{expected}"]
+    return [f"adaptive: looks at {', '.join(map(str, a.looks()))} seeds ({a.spending}); {unit} in packs on "
+            f"{machine.name}: minimum {_hours(lo)} (every group stops at the first look), maximum {_hours(hi)} "
+            f"(every look); expected {expected}"]
 
 
 def _hours(h: float) -> str:

@@ -76,9 +76,7 @@ def test_looks_grow_resume_after_an_interrupt_and_stop_at_the_first_look(tmp_pat
                      adaptive={"start": 3, "step": 3, "max_seeds": 6})
     priced = run_sweep_cli(spec, "--dry-run")
     line = " ".join(priced.stdout.split()).split("adaptive: ")[1]
-    assert line.startswith("looks at 3, 6 seeds (obrien_fleming); CPU-hours in packs: minimum "), line
-    lo, hi = (float(line.split(word)[1].split()[0]) for word in ("minimum ", "maximum "))
-    assert hi > 0 and lo == pytest.approx(hi / 2, rel=0.05), "one look of two, packs of equal length"
+    assert line.startswith("looks at 3, 6 seeds"), line  # its hours: tests/service/test_looks.py
     stops = run_sweep_cli(spec, env=ray_head.env())
     assert stops.returncode == 0, stops.stdout[-3000:] + stops.stderr[-3000:]
     layout = SweepDir(tmp_path / "results" / "stops")

@@ -9,6 +9,9 @@ from qed_ray.analysis.sequential import GROW, Look, LookVariant
 from qed_ray.records.codec import RecordError, write_record
 from qed_ray.records.layout import SweepDir
 from qed_ray.service import looks
+from qed_ray.records.throughput import CPU_PATH, load_table
+from qed_ray.service.dry_plan import Tables
+from qed_ray.service.machines import this_machine
 from qed_ray.service.packing import form_packs
 from kit import sweep_spec
 from qed_ray.spec import SpecError, SweepSpec
@@ -16,6 +19,7 @@ from qed_ray.spec import SpecError, SweepSpec
 # kit's sweep with te and two QED variants, 15 seeds judged at looks of 10 and 15, packs of 5.
 LOOKED = {"seeds": 15, "adaptive": {"start": 10, "step": 5, "max_seeds": 15}, "pack": {"seeds": 5},
           "agents": [{"name": "sac_ln", "temperatures": [{"kind": "te"}, {"kind": "qed", "k": [0.2, 0.4]}]}]}
+HERE, TABLES = this_machine(cpus=16, host_bytes=64 * 2**30, gpus=0), Tables(None, load_table(CPU_PATH), None)
 TWENTY = {"seeds": 20, "adaptive": {"start": 10, "step": 10, "max_seeds": 20}}
 
 
@@ -63,13 +67,13 @@ def test_a_changed_design_and_a_damaged_record_are_refused_naming_them(tmp_path)
 
 
 def test_the_dry_run_prices_the_first_look_the_expected_seeds_and_every_look(tmp_path):
-    spec = sweep_spec(LOOKED, storage_path=str(tmp_path))
-    (line,) = looks.price_lines(spec, form_packs(spec), None)
-    assert line.startswith("adaptive: looks at 10, 15 seeds (obrien_fleming); CPU-hours in packs: minimum ")
-    lo, hi = (float(line.split(w)[1].split()[0]) for w in ("minimum ", "maximum "))
+    spec = sweep_spec(LOOKED, pack={"seeds": 1}, storage_path=str(tmp_path))  # packs of one: the CPU table's
+    (line,) = looks.price_lines(spec, form_packs(spec), HERE, TABLES)
+    assert line.startswith("adaptive: looks at 10, 15 seeds (obrien_fleming); CPU-hours in packs on "), line
+    lo, hi = (float(line.split(w)[1].split()[0].replace(",", "")) for w in ("minimum ", "maximum "))
     assert lo == pytest.approx(hi * 10 / 15, rel=0.05)
-    s1 = float(line.split("expected ")[1].split()[0])
+    s1 = float(line.split("expected ")[1].split()[0].replace(",", ""))
     assert s1 == pytest.approx(lo + (hi - lo) * (35.9 - 30) / 15, rel=0.05), "S1's 35.9 of 45 seed runs per task"
-    other = sweep_spec(LOOKED, TWENTY, storage_path=str(tmp_path))
-    (line,) = looks.price_lines(other, form_packs(other), None)
+    other = sweep_spec(LOOKED, TWENTY, pack={"seeds": 1}, storage_path=str(tmp_path))
+    (line,) = looks.price_lines(other, form_packs(other), HERE, TABLES)
     assert "expected not simulated for this design (benchmarks/verdict_power.py --adaptive 10 10 20" in line
