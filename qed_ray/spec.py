@@ -26,6 +26,7 @@ from qed_ray.grid import expand_grid, grid_size, validate_grid
 from qed_ray.hints import duplicates, near, short_repr, short_text
 from qed_ray.naming import identity, variant_label
 from qed_ray.replay_memory import ReplayNeed, replay_needs, replay_problems
+from qed_ray.search_spec import SearchSpec, search_problems
 from qed_ray.tasks import TASK_SETS, TASKS
 
 MAX_SEEDS = 10_000  # per sweep; far above the paper's 10, far below what exhausts memory while expanding
@@ -249,6 +250,8 @@ class SweepSpec(Frozen):
                               "file with one ```yaml claim block, relative to the current folder, e.g. "
                               "docs/claim.md); frozen in sweep.json at the first start (qed_ray.claim)")
     adaptive: AdaptiveSpec | None = Field(None, description="seeds by looks (docs/claim.md); seeds: the maximum's")
+    search: SearchSpec | None = Field(None, description="search QED's k (and alpha_max) per task and agent with "
+                                      "Optuna, te the reference (qed_ray.search_spec; the 'search' extra)")
 
     @field_validator("tasks", mode="before")
     @classmethod
@@ -326,6 +329,13 @@ class SweepSpec(Frozen):
         problem = self.adaptive and self.adaptive.misfit(len(self.seeds), self.pack.seeds, self.pack.by)
         if problem:
             raise ValueError(problem)
+        return self
+
+    @model_validator(mode="after")
+    def _check_search(self) -> "SweepSpec":
+        problems = search_problems(self) if self.search is not None else []
+        if problems:
+            raise ValueError("\n".join(problems))
         return self
 
     @model_validator(mode="after")
