@@ -232,20 +232,22 @@ def group_rows(groups: Sequence[GroupResult], stats: Sequence[GroupStats]) -> li
 
 
 def sweep_results(sweep: str, final_eval: FinalEvalSpec, groups: Sequence[GroupResult],
-                  failed: Sequence[FailedTrial], n_trials: int, claim: dict | None = None) -> SweepResults:
+                  failed: Sequence[FailedTrial], n_trials: int, claim: dict | None = None,
+                  judge: bool = True) -> SweepResults:
     """Every table of a sweep from its evaluated groups (any subset: partial results while the sweep runs): under
     the first evaluation policy of ``final_eval.policies``, and under each other one in ``other_policies`` (from
     the groups' own ``other_policies``). ``claim``: the sweep's pre-registration record from ``sweep.json`` (None:
-    the verdict applies the default thresholds, :mod:`qed_ray.analysis.verdict`)."""
+    the verdict applies the default thresholds, :mod:`qed_ray.analysis.verdict`). ``judge`` False: no verdict at
+    all (a k search is exploratory by construction, :mod:`qed_ray.search_spec`)."""
     first, *others = final_eval.policies
     return dataclasses.replace(
-        _tables(sweep, final_eval, groups, failed, n_trials, first, claim),
+        _tables(sweep, final_eval, groups, failed, n_trials, first, claim, judge),
         other_policies={p: _tables(sweep, final_eval, [g.other_policies[p] for g in groups if p in g.other_policies],
-                                   failed, n_trials, p, claim) for p in others})
+                                   failed, n_trials, p, claim, judge) for p in others})
 
 
 def _tables(sweep: str, final_eval: FinalEvalSpec, groups: Sequence[GroupResult], failed: Sequence[FailedTrial],
-            n_trials: int, policy: str, claim: dict | None) -> SweepResults:
+            n_trials: int, policy: str, claim: dict | None, judge: bool = True) -> SweepResults:
     groups = sorted(groups, key=lambda g: g.key)
     failed = list(failed)
     reps = comparisons.Replicates(final_eval)
@@ -253,5 +255,5 @@ def _tables(sweep: str, final_eval: FinalEvalSpec, groups: Sequence[GroupResult]
     return SweepResults(sweep, final_eval, aggregate(groups, final_eval, failed, comps) if groups else [], groups,
                         critic_proxy(groups), failed, n_trials, group_stats(groups, final_eval, failed),
                         iqm_by_budget(groups, final_eval), policy, comparisons=comps,
-                        verdict=evidence.judge(comps, groups, final_eval, claim, reps.get),
+                        verdict=evidence.judge(comps, groups, final_eval, claim, reps.get) if judge else None,
                         performance_profiles=profiles.performance_profiles(groups, final_eval))
