@@ -32,6 +32,7 @@ DOCUMENTED: dict[str, str] = {
     "sweep.json": "state_file",
     "sweep.lock": "lock_file",
     "looks.json": "looks_file",
+    "search.json": "search_file",
     "checkpoints/<pack>/<env_steps>/": "pack_checkpoint",
     "policies/<trial>/<env_steps>/": "snapshot",
     "policies/<trial>/history.json": "history",
@@ -50,6 +51,7 @@ DOCUMENTED: dict[str, str] = {
     "gather/behaviour/": "behaviour",
     "gather/policy_<policy>/": "policy_gather",
     "gather/reanalysis-<settings>/": "reanalysis",
+    "gather/search/": "search_outputs",
     "mlflow.db": "mlflow_db",
     "mlartifacts/": "mlartifacts",
 }
@@ -232,6 +234,16 @@ class SweepDir:
     def policies_root(self) -> Path:
         """``policies/``: one folder of policy snapshots per trial."""
         return self.root / "policies"
+
+    @property
+    def search_file(self) -> Path:
+        """``search.json``: a k search's suggested points, in order (:mod:`qed_ray.search_spec`)."""
+        return self.root / "search.json"
+
+    @property
+    def search_outputs(self) -> Path:
+        """``gather/search/``: a k search's front (table, figure) and the spec fragment of its chosen k."""
+        return self.gather / "search"
 
     @property
     def gather(self) -> Path:

@@ -64,6 +64,11 @@ def dry_run(spec: SweepSpec, throughput_path: str | Path = DEFAULT_PATH, listing
     def show(line: str) -> None:
         print(console.fit(line, columns))
 
+    if spec.search is not None:  # the whole trial budget, priced pack by pack as any sweep's
+        from qed_ray.service.search import dry_spec
+
+        spec, line = dry_spec(spec, layout, fresh)
+        show(line)
     existing = check_folder(layout, spec, fresh, force)
     recorded = None if fresh or existing is None else existing.packs
     run_spec = sized_spec(spec, None if fresh or existing is None else existing.pack_seeds, here)

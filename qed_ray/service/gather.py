@@ -78,6 +78,7 @@ class GatherPlan:
     max_in_flight: int
     claim: dict | None = None  # sweep.json's pre-registration record (qed_ray.claim), for the verdict
     results_key: bytes = field(default=b"", repr=False)  # the user's results key (qed_ray.service.results_key)
+    judge: bool = True  # False: no verdict (a k search is exploratory)
 
 
 def group_task_resources(nodes: list[dict], trial_cpu: float, trial_gpu: float, n_trials: int,
@@ -231,7 +232,7 @@ class Gatherer:
         p = self.plan
         results = tables.sweep_results(p.sweep, p.final_eval, list(self.results.values()),
                                        sorted(self.excluded.values(), key=lambda f: f.name), len(self.group_of),
-                                       p.claim)
+                                       p.claim, p.judge)
         new = [g for g in results.groups if g.key not in self.logged_at]
         self.unlogged.update({v.key: v for v in self._views(results)})
         # The rows first (figures take seconds to draw); MLflow is a mirror: gather/ is written either way.
@@ -384,7 +385,7 @@ def launch(spec: SweepSpec, layout: SweepDir, sweep_id: str, uri: str, experimen
         [n for n in ray.nodes() if n.get("Alive")], need["cpu"], need["gpu"], n_tune_trials or len(names),
         spec.max_concurrent_trials)
     plan = GatherPlan(spec.name, sweep_id, str(layout.root), spec.final_eval, group_cache.plan_groups(names), uri,
-                      experiment, parent_run_id, resources, in_flight, claim, results_key)
+                      experiment, parent_run_id, resources, in_flight, claim, results_key, spec.search is None)
     return start(plan, [n for n in names if layout.trial_state(n) != "pending"])
 
 

@@ -197,7 +197,8 @@ def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, verifier: Verifier | 
             pool.shutdown()
     n_trials = max(old.n_trials if old else 0, len(trials) + len([f for f in failed if f.name not in trials]))
     out = tables.sweep_results(old.sweep if old else layout.root.name, final_eval, list(results.values()),
-                               sorted(failed, key=lambda f: f.name), n_trials, claim)
+                               sorted(failed, key=lambda f: f.name), n_trials, claim,
+                               judge=not layout.search_file.exists())  # a k search is never judged
     if out.groups:
         write_results(out, layout, reanalysis_dir(layout, final_eval, old.final_eval if old else None))
     return out, refused

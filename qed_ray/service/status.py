@@ -195,7 +195,8 @@ def partial_results(spec: SweepSpec, layout: SweepDir, states: list[TrialState],
             continue
         if cached is not None:
             found.append(cached)
-    results = tables.sweep_results(spec.name, spec.final_eval, found, failed, len(states))
+    results = tables.sweep_results(spec.name, spec.final_eval, found, failed, len(states),
+                                   judge=spec.search is None)
     return results, len(groups), refused
 
 

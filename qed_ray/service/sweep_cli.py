@@ -199,6 +199,11 @@ def main(argv: list[str] | None = None) -> int:
         for line in spec.warnings() if spec is not None and not args.status else ():
             print(f"warning: {line}", file=sys.stderr, flush=True)
         check_options(spec is None, args)
+        if spec is not None and spec.search is not None and not args.status:
+            from qed_ray.search_spec import optuna_problem
+
+            if optuna_problem():  # at once, before any folder, tracking server or Ray is touched
+                raise SpecError(optuna_problem())
         if args.status:
             print(_status(spec, args.dir))
             return 0
@@ -207,6 +212,11 @@ def main(argv: list[str] | None = None) -> int:
 
             return dry_run(spec, listing=args.list, workers=args.workers, fresh=args.fresh, force=args.force,
                            card=args.card, price_per_hour=args.price_per_hour)
+        if spec.search is not None:
+            from qed_ray.service.search import run_search
+
+            return run_search(spec, args.spec.resolve(), run_sweep, args.fresh, args.gather_partial, args.force,
+                              args.allow_unverified)
         return run_sweep(spec, args.spec.resolve(), args.fresh, args.gather_partial, args.force,
                          args.allow_unverified)
     except (SpecError, LockHeld, RecordError) as e:  # a damaged folder file (RecordError) names itself

@@ -159,7 +159,9 @@ def check_folder(layout: SweepDir, spec: SweepSpec, fresh: bool = False, force: 
     root = layout.root
     if root.exists() and not root.is_dir():
         raise SpecError(f"storage_path: {root} exists and is not a folder")
-    if not root.exists() or not [p for p in root.iterdir() if p.name != layout.lock_file.name]:
+    # A k search's points (search.json) are written before its first start makes the folder a sweep's.
+    if not root.exists() or not [p for p in root.iterdir() if p.name not in (layout.lock_file.name,
+                                                                             layout.search_file.name)]:
         return None
     try:
         state = read_state(layout)

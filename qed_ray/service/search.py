@@ -1,0 +1,243 @@
+"""A sweep with a ``search:`` block (:mod:`qed_ray.search_spec`): Optuna's multi-objective sampler, through Ray
+Tune's searcher interface (``OptunaSearch.suggest`` / ``on_trial_complete``), suggests QED's k (and alpha_max) per
+task and agent entry, and each suggested point is trained as one more variant of the same sweep.
+
+The search runs in rounds. A round asks each (entry, task) whose points are all finished for up to
+``search.per_round`` new points (within ``search.trials``), records them in ``search.json``, grows the spec by
+them (:func:`qed_ray.search_spec.grown`) and runs the grown sweep as any start does (``run_sweep``: the same
+folder checks, lock, packs, resume, gather and MLflow runs). Points are rounded to three significant digits, so
+a point names its trials. Each point's objectives are its own pack's IQM and within-pack V from the gather
+step. A restarted search reads ``search.json``: finished points stay finished, unfinished ones resume, and the
+searcher is rebuilt from the finished points' results before it suggests more. After every round the front,
+its table with intervals, the figure and the spec fragment of the pre-stated rule's k are written to
+``gather/search/`` and logged to the parent MLflow run (:mod:`qed_ray.analysis.search_front`). A search is
+exploratory: its gather step judges no verdict.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from qed_ray.analysis.results import read_results
+from qed_ray.analysis.search_front import EXPLORATORY, SearchedPoint, front_rows, table_lines, write
+from qed_ray.atomic import write_json
+from qed_ray.codec import RecordError, load_json, parse
+from qed_ray.config import AGENT_SPECS, TemperatureSpec, TrainSpec
+from qed_ray.layout import SweepDir
+from qed_ray.search_spec import SearchPoint, SearchRecord, grown, rounded, studies
+from qed_ray.spec import SpecError, SweepSpec
+
+RETRIES = 50  # suggestions asked for before a study whose sampler keeps repeating known points stops
+
+
+def read_record(layout: SweepDir, spec: SweepSpec) -> SearchRecord:
+    """``search.json`` (none yet: no points); raises RecordError naming the file for a damaged one or one whose
+    points name an (entry, task) this spec does not search."""
+    path = layout.search_file
+    if not path.exists():
+        return SearchRecord()
+    record = parse(SearchRecord, load_json(path), path)
+    known = set(studies(spec))
+    bad = [p for p in record.points if p.study not in known]
+    if bad:
+        raise RecordError(f"{path}: point {bad[0].model_dump()} names agent entry {bad[0].entry} on "
+                          f"{bad[0].task}, which this spec does not search (restore the spec's agents)")
+    return record
+
+
+def point_names(spec: SweepSpec, point: SearchPoint) -> list[str]:
+    """The trial names of ``point`` in ``grown(spec, ...)``: its group's variant label, per seed."""
+    return [f"{point.task}/{spec.agents[point.entry].name}/{variant}/{s}" for variant in [_variant(spec, point)]
+            for s in spec.seeds]
+
+
+def _run_key(task: str, agent, temperature, train) -> str:
+    return "|".join([task, agent.model_dump_json(), temperature.model_dump_json(), train.model_dump_json()])
+
+
+def _variant(spec: SweepSpec, point: SearchPoint) -> str:
+    big = grown(spec, (point,))
+    e = spec.agents[point.entry]
+    want = _run_key(point.task, AGENT_SPECS[e.name].model_validate(e.overrides),
+                    TemperatureSpec.model_validate(point.temperature()), TrainSpec.model_validate(spec.entry_train(e)))
+    return next(t.variant for t in big.trials() if t.run.seed == spec.seeds[0]
+                and _run_key(t.run.task, t.run.agent, t.run.temperature, t.run.train) == want)
+
+
+def _finished(layout: SweepDir, names: list[str]) -> bool:
+    return all(layout.trial_state(n) != "pending" for n in names)
+
+
+def objectives(spec: SweepSpec, layout: SweepDir, points) -> dict[SearchPoint, dict | None]:
+    """Per finished point, ``{"iqm", "V"}`` of its pack from ``gather/results.json`` (None: no result, a failed or
+    diverged pack; the searcher hears of it as a failed trial)."""
+    from qed_ray.analysis import metrics
+    import numpy as np
+
+    groups = {}
+    if layout.results_json.exists():
+        groups = {g.key.name: g for g in read_results(layout.results_json).groups}
+    out = {}
+    for p in points:
+        g = groups.get(point_names(spec, p)[0].rsplit("/", 1)[0])
+        value = None
+        if g is not None and math.isfinite(g.V) and g.scores:
+            value = {"iqm": metrics.iqm(np.asarray(g.scores, dtype=float)[:, None]), "V": float(g.V)}
+        out[p] = value
+    return out
+
+
+def searcher(spec: SweepSpec, index: int, done: dict[SearchPoint, dict | None], running: list[SearchPoint]):
+    """Study ``index``'s OptunaSearch, rebuilt from its finished points (told their results) and told of those
+    still running (suggested again, left open)."""
+    import optuna
+    from ray import tune
+    from ray.tune.search.optuna import OptunaSearch
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logging.getLogger("ray.tune.search.optuna").setLevel(logging.ERROR)
+    s = spec.search
+    seed = s.seed + index
+    sampler = (optuna.samplers.TPESampler(seed=seed) if s.sampler == "tpe"
+               else optuna.samplers.NSGAIISampler(seed=seed))
+    space = OptunaSearch.convert_search_space({n: tune.loguniform(lo, hi) for n, (lo, hi) in s.space().items()})
+    known = [*done, *running]
+    opt = OptunaSearch(space, metric=["iqm", "V"], mode=["max", "min"], sampler=sampler,
+                       points_to_evaluate=[_params(spec, p) for p in known] or None)
+    for i, p in enumerate(known):
+        opt.suggest(f"known-{i}")
+        if p in done:
+            opt.on_trial_complete(f"known-{i}", done[p], error=done[p] is None)
+    return opt
+
+
+def _params(spec: SweepSpec, p: SearchPoint) -> dict:
+    out = {"k": _clip(p.k, spec.search.k)}
+    if spec.search.alpha_max is not None:
+        out["alpha_max"] = _clip(p.alpha_max or spec.search.alpha_max[0], spec.search.alpha_max)
+    return out
+
+
+def _clip(x: float, bounds: tuple[float, float]) -> float:
+    return min(max(x, bounds[0]), bounds[1])
+
+
+def suggest_round(spec: SweepSpec, layout: SweepDir, record: SearchRecord) -> tuple[SearchRecord, list[SearchPoint]]:
+    """Asks every study whose points are all finished for its next points; returns the record with them (written
+    to ``search.json``) and the new points."""
+    new: list[SearchPoint] = []
+    finished = {p: _finished(layout, point_names(spec, p)) for p in record.points}
+    results = objectives(spec, layout, [p for p, f in finished.items() if f])
+    for index, (entry, task) in enumerate(studies(spec)):
+        mine = [p for p in record.points if p.study == (entry, task)]
+        if any(not finished[p] for p in mine) or len(mine) >= spec.search.trials:
+            continue
+        opt = searcher(spec, index, {p: results[p] for p in mine}, [])
+        want, taken = min(spec.search.per_round, spec.search.trials - len(mine)), {*mine}
+        for j in range(RETRIES * want):
+            if len(taken) - len(mine) >= want:
+                break
+            params = opt.suggest(f"new-{j}")
+            p = SearchPoint(entry=entry, task=task, k=rounded(params["k"]),
+                            alpha_max=rounded(params["alpha_max"]) if "alpha_max" in params else None)
+            if p in taken:  # the sampler repeated a point (after rounding): it learns the known result, asks again
+                opt.on_trial_complete(f"new-{j}", results.get(p), error=results.get(p) is None)
+                continue
+            taken.add(p)
+            new.append(p)
+    if new:
+        record = SearchRecord(points=[*record.points, *new])
+        write_json(layout.search_file, record.model_dump(mode="json"), indent=1)
+    return record, new
+
+
+def write_front(spec: SweepSpec, layout: SweepDir, record: SearchRecord, uri: str | None = None) -> list[str]:
+    """Writes ``gather/search/`` from ``gather/results.json`` and logs it to the parent MLflow run (best-effort);
+    returns the lines the driver prints."""
+    if not layout.results_json.exists():
+        return ["search: nothing gathered yet"]
+    results = read_results(layout.results_json)
+    big = grown(spec, record.points)
+    pts = [SearchedPoint(p.task, spec.agents[p.entry].name, _variant(spec, p), p.k, p.alpha_max,
+                         {"name": spec.agents[p.entry].name, "overrides": spec.agents[p.entry].overrides,
+                          "train": spec.agents[p.entry].train}) for p in record.points]
+    rows = front_rows(results.groups, pts, big.final_eval, spec.search.iqm_guard)
+    paths = write(rows, pts, layout.search_outputs, spec.name, spec.search.rule(), big.final_eval.confidence)
+    if uri is not None:
+        _log(uri, layout)
+    chosen = [f"{r.task}/{r.agent}: k = {r.k:g} ({r.variant})" for r in rows if r.chosen]
+    return ["", f"k search ({len(rows)} of {len(record.points)} suggested points gathered): {EXPLORATORY}.",
+            f"rule, stated before the search: {spec.search.rule()}", *table_lines(rows, big.final_eval.confidence),
+            "chosen: " + ("; ".join(chosen) if chosen else "none (no point's IQM guard held, or none could be judged)"),
+            f"front figure, table and spec fragment: {paths[0].parent}/ (paste fragment.yaml into a confirmatory "
+            f"sweep)"]
+
+
+def _log(uri: str, layout: SweepDir) -> None:
+    from qed_ray.service.sweep_record import sweep_id
+    from qed_ray.service.tracking import open_sweep
+
+    try:
+        found = open_sweep(uri, sweep_id(layout))
+        if found is not None:
+            tracker, parent = found
+            tracker.log_artifacts(parent.info.run_id, layout.search_outputs, "gather/search")
+    except Exception as e:  # noqa: BLE001 - gather/search/ is the record; MLflow is a mirror
+        print(f"WARNING: MLflow: the search's front was not logged ({type(e).__name__}: {e}); it is in "
+              f"{layout.search_outputs}", flush=True)
+
+
+def run_search(spec: SweepSpec, spec_path, run_sweep, fresh: bool = False, gather_partial: bool = False,
+               force: bool = False, allow_unverified: bool = False) -> int:
+    """Runs (or resumes) the search round by round (module notes), each round a start of the grown spec by
+    ``run_sweep`` (:func:`qed_ray.service.sweep_cli.run_sweep`); returns the exit code of the first round that did
+    not succeed, else 0."""
+    from qed_ray.service.sweep_state import resolve_paths
+
+    layout, uri, _ = resolve_paths(spec)
+    print(f"k search: {spec.search.trials} point(s) per task and agent, {spec.search.per_round} per round; "
+          f"{EXPLORATORY}", flush=True)
+    print(f"rule, stated before the search: {spec.search.rule()}", flush=True)
+    if fresh:  # the folder (search.json with it) is moved aside by a start of the spec without points
+        code = run_sweep(spec, spec_path, True, gather_partial, force, allow_unverified)
+        if code:
+            return code
+    while True:
+        record, new = suggest_round(spec, layout, read_record(layout, spec))
+        big = grown(spec, record.points)
+        pending = [t.name for t in big.trials() if layout.trial_state(t.name) == "pending"]
+        if not pending:
+            break
+        say = ", ".join(f"k={p.k:g}" + (f" alpha_max={p.alpha_max:g}" if p.alpha_max else "") + f" on {p.task}"
+                        for p in new)
+        print(f"k search: round with {len(record.points)} of {spec.search.trials * len(studies(spec))} points "
+              f"suggested{'; new: ' + say if new else ''}", flush=True)
+        code = run_sweep(big, spec_path, False, gather_partial, False, allow_unverified)
+        if code:
+            return code
+        write_front(spec, layout, record, uri)  # after every round: an interrupted search keeps its front so far
+    for line in write_front(spec, layout, record, uri):
+        print(line, flush=True)
+    return 0
+
+
+
+def dry_spec(spec: SweepSpec, layout: SweepDir, fresh: bool = False) -> tuple[SweepSpec, str]:
+    """The spec a dry run prices for a search: grown by the points suggested so far and, for the rest of the trial
+    budget, by placeholder k values spread over the range (log scale); and the line that says so."""
+    s = spec.search
+    record = SearchRecord() if fresh else read_record(layout, spec)
+    points = list(record.points)
+    for entry, task in studies(spec):
+        mine = {p.k for p in points if p.study == (entry, task)}
+        m = s.trials + len(mine)  # enough values that the recorded ones leave the budget's rest free
+        spread = [rounded(s.k[0] * (s.k[1] / s.k[0]) ** (i / max(m - 1, 1))) for i in range(m)]
+        free = [k for k in dict.fromkeys(spread) if k not in mine][:s.trials - len(mine)]
+        points += [SearchPoint(entry=entry, task=task, k=k, alpha_max=s.alpha_max[0] if s.alpha_max else None)
+                   for k in free]
+    n = s.trials * len(studies(spec))
+    return grown(spec, tuple(points)), (
+        f"k search: {s.trials} point(s) x {len(studies(spec))} (task, agent) = {n} packs of {len(spec.seeds)} seeds "
+        f"beside te's; priced below as per-pack cost x this budget ({len(record.points)} suggested so far, the "
+        f"rest at placeholder k over [{s.k[0]:g}, {s.k[1]:g}]); exploratory: no verdict")
