@@ -69,17 +69,19 @@ def test_the_searcher_is_rebuilt_from_the_folders_finished_points_and_suggests_n
     layout.root.mkdir(parents=True)
     old = [SearchPoint(entry=0, task=TASK, k=0.2), SearchPoint(entry=0, task=TASK, k=0.5)]
     layout.search_file.write_text(json.dumps(SearchRecord(points=old).model_dump(mode="json")))
-    record, new = suggest_round(spec, layout, read_record(layout, spec))
-    assert new == [] and record.points == old  # both points still train: nothing more is asked
-    for p in old:  # both finished (no gathered result: the searcher hears of failed trials)
+    assert suggest_round(spec, layout, read_record(layout, spec)) == (SearchRecord(points=old), [], False)
+    for p in old:  # both points still trained: nothing more was asked; now both are done
         for s in spec.seeds:
             name = f"{TASK}/sac_ln/qed{p.k:g}/{s}"
             layout.done_marker(name).parent.mkdir(parents=True)
             layout.done_marker(name).write_text("{}")
-    record, new = suggest_round(spec, layout, read_record(layout, spec))
-    assert len(new) == 2 and record.points[:2] == old and read_record(layout, spec) == record
+    # Done but not gathered (a stop during the gather step): the study waits for a start that gathers them ...
+    assert suggest_round(spec, layout, read_record(layout, spec)) == (SearchRecord(points=old), [], True)
+    # ... and after one that still found no result, the searcher hears of them as failed trials.
+    record, new, waiting = suggest_round(spec, layout, read_record(layout, spec), ungathered_failed=True)
+    assert len(new) == 2 and not waiting and record.points[:2] == old and read_record(layout, spec) == record
     assert all(0.1 <= p.k <= 1.0 and p.k == rounded(p.k) and p not in old for p in new)
-    assert suggest_round(spec, layout, record) == (record, [])  # the new two train first
+    assert suggest_round(spec, layout, record) == (record, [], False)  # the new two train first
 
 
 def test_a_point_of_an_entry_the_spec_does_not_search_is_refused_naming_search_json(tmp_path):

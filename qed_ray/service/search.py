@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 
 from qed_ray.analysis.results import read_results
 from qed_ray.analysis.search_front import EXPLORATORY, SearchedPoint, front_rows, table_lines, write
@@ -28,6 +29,7 @@ from qed_ray.layout import SweepDir
 from qed_ray.search_spec import SearchPoint, SearchRecord, grown, rounded, studies
 from qed_ray.spec import SpecError, SweepSpec
 
+UNGATHERED = "ungathered"
 RETRIES = 50  # suggestions asked for before a study whose sampler keeps repeating known points stops
 
 
@@ -69,9 +71,10 @@ def _finished(layout: SweepDir, names: list[str]) -> bool:
     return all(layout.trial_state(n) != "pending" for n in names)
 
 
-def objectives(spec: SweepSpec, layout: SweepDir, points) -> dict[SearchPoint, dict | None]:
-    """Per finished point, ``{"iqm", "V"}`` of its pack from ``gather/results.json`` (None: no result, a failed or
-    diverged pack; the searcher hears of it as a failed trial)."""
+def objectives(spec: SweepSpec, layout: SweepDir, points) -> dict[SearchPoint, dict | str | None]:
+    """Per finished point, ``{"iqm", "V"}`` of its pack from ``gather/results.json``; :data:`UNGATHERED` when every
+    seed is done but its group is not gathered yet (a stop during the gather step); None: no result (a diverged
+    seed, no V), which the searcher hears of as a failed trial."""
     from qed_ray.analysis import metrics
     import numpy as np
 
@@ -80,8 +83,9 @@ def objectives(spec: SweepSpec, layout: SweepDir, points) -> dict[SearchPoint, d
         groups = {g.key.name: g for g in read_results(layout.results_json).groups}
     out = {}
     for p in points:
-        g = groups.get(point_names(spec, p)[0].rsplit("/", 1)[0])
-        value = None
+        names = point_names(spec, p)
+        g = groups.get(names[0].rsplit("/", 1)[0])
+        value = UNGATHERED if g is None and all(layout.trial_state(n) == "done" for n in names) else None
         if g is not None and math.isfinite(g.V) and g.scores:
             value = {"iqm": metrics.iqm(np.asarray(g.scores, dtype=float)[:, None]), "V": float(g.V)}
         out[p] = value
@@ -123,17 +127,23 @@ def _clip(x: float, bounds: tuple[float, float]) -> float:
     return min(max(x, bounds[0]), bounds[1])
 
 
-def suggest_round(spec: SweepSpec, layout: SweepDir, record: SearchRecord) -> tuple[SearchRecord, list[SearchPoint]]:
-    """Asks every study whose points are all finished for its next points; returns the record with them (written
-    to ``search.json``) and the new points."""
+def suggest_round(spec: SweepSpec, layout: SweepDir, record: SearchRecord, ungathered_failed: bool = False
+                  ) -> tuple[SearchRecord, list[SearchPoint], bool]:
+    """Asks every study whose points are all finished and gathered for its next points; returns the record with
+    them (written to ``search.json``), the new points, and whether a study waits for a finished point's gather
+    (with ``ungathered_failed``, such a point counts as failed instead: a start gathered and still found none)."""
     new: list[SearchPoint] = []
+    waiting = False
     finished = {p: _finished(layout, point_names(spec, p)) for p in record.points}
     results = objectives(spec, layout, [p for p, f in finished.items() if f])
     for index, (entry, task) in enumerate(studies(spec)):
         mine = [p for p in record.points if p.study == (entry, task)]
         if any(not finished[p] for p in mine) or len(mine) >= spec.search.trials:
             continue
-        opt = searcher(spec, index, {p: results[p] for p in mine}, [])
+        if not ungathered_failed and any(results[p] == UNGATHERED for p in mine):
+            waiting = True
+            continue
+        opt = searcher(spec, index, {p: None if results[p] == UNGATHERED else results[p] for p in mine}, [])
         want, taken = min(spec.search.per_round, spec.search.trials - len(mine)), {*mine}
         for j in range(RETRIES * want):
             if len(taken) - len(mine) >= want:
@@ -142,14 +152,15 @@ def suggest_round(spec: SweepSpec, layout: SweepDir, record: SearchRecord) -> tu
             p = SearchPoint(entry=entry, task=task, k=rounded(params["k"]),
                             alpha_max=rounded(params["alpha_max"]) if "alpha_max" in params else None)
             if p in taken:  # the sampler repeated a point (after rounding): it learns the known result, asks again
-                opt.on_trial_complete(f"new-{j}", results.get(p), error=results.get(p) is None)
+                known = results.get(p) if isinstance(results.get(p), dict) else None
+                opt.on_trial_complete(f"new-{j}", known, error=known is None)
                 continue
             taken.add(p)
             new.append(p)
     if new:
         record = SearchRecord(points=[*record.points, *new])
         write_json(layout.search_file, record.model_dump(mode="json"), indent=1)
-    return record, new
+    return record, new, waiting
 
 
 def write_front(spec: SweepSpec, layout: SweepDir, record: SearchRecord, uri: str | None = None) -> list[str]:
@@ -188,6 +199,13 @@ def _log(uri: str, layout: SweepDir) -> None:
               f"{layout.search_outputs}", flush=True)
 
 
+def _default_signals() -> None:
+    """Between rounds, Ctrl-C and SIGTERM act as before a start (the round's stopper, still installed, would take
+    them for trials that no longer run): Ctrl-C ends the search at once, and the same command resumes it."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def run_search(spec: SweepSpec, spec_path, run_sweep, fresh: bool = False, gather_partial: bool = False,
                force: bool = False, allow_unverified: bool = False) -> int:
     """Runs (or resumes) the search round by round (module notes), each round a start of the grown spec by
@@ -203,19 +221,24 @@ def run_search(spec: SweepSpec, spec_path, run_sweep, fresh: bool = False, gathe
         code = run_sweep(spec, spec_path, True, gather_partial, force, allow_unverified)
         if code:
             return code
+        _default_signals()
+    gather_only = False
     while True:
-        record, new = suggest_round(spec, layout, read_record(layout, spec))
+        record, new, waiting = suggest_round(spec, layout, read_record(layout, spec), gather_only)
         big = grown(spec, record.points)
         pending = [t.name for t in big.trials() if layout.trial_state(t.name) == "pending"]
-        if not pending:
+        if not pending and (not waiting or gather_only):
             break
+        gather_only = not pending  # a start that trains nothing gathers the points a stop left ungathered
         say = ", ".join(f"k={p.k:g}" + (f" alpha_max={p.alpha_max:g}" if p.alpha_max else "") + f" on {p.task}"
                         for p in new)
-        print(f"k search: round with {len(record.points)} of {spec.search.trials * len(studies(spec))} points "
+        print("k search: a start that gathers the points a stop left ungathered" if gather_only else
+              f"k search: round with {len(record.points)} of {spec.search.trials * len(studies(spec))} points "
               f"suggested{'; new: ' + say if new else ''}", flush=True)
         code = run_sweep(big, spec_path, False, gather_partial, False, allow_unverified)
         if code:
             return code
+        _default_signals()
         write_front(spec, layout, record, uri)  # after every round: an interrupted search keeps its front so far
     for line in write_front(spec, layout, record, uri):
         print(line, flush=True)
