@@ -82,12 +82,6 @@ class SearchPoint(Frozen):
         return {"kind": "qed", "k": self.k, **({"alpha_max": self.alpha_max} if self.alpha_max else {})}
 
 
-class SearchRecord(Frozen):
-    """``search.json``: the points suggested so far, in order (a point is done when its trials are)."""
-
-    points: list[SearchPoint] = []
-
-
 def rounded(x: float) -> float:
     """A suggested value to 3 significant digits: the variant label stays short, and a re-suggested value names the
     same trials."""

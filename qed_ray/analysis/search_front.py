@@ -18,8 +18,8 @@ import yaml
 from qed_ray.analysis import comparisons, metrics
 from qed_ray.analysis.results import GroupKey, GroupResult, Row
 from qed_ray.claim import MIN_SEEDS
-from qed_ray.atomic import atomic_file, write_text
-from qed_ray.codec import Num
+from qed_ray.records.atomic import atomic_file, write_text
+from qed_ray.records.codec import Num
 from qed_ray.spec import FinalEvalSpec
 
 NAN = math.nan

@@ -237,7 +237,7 @@ class SweepDir:
 
     @property
     def search_file(self) -> Path:
-        """``search.json``: a k search's suggested points, in order (:mod:`qed_ray.search_spec`)."""
+        """``search.json``: a k search's suggested points, in order (:mod:`qed_ray.records.search`)."""
         return self.root / "search.json"
 
     @property

@@ -22,30 +22,14 @@ import signal
 
 from qed_ray.analysis.results import read_results
 from qed_ray.analysis.search_front import EXPLORATORY, SearchedPoint, front_rows, table_lines, write
-from qed_ray.atomic import write_json
-from qed_ray.codec import RecordError, load_json, parse
 from qed_ray.config import AGENT_SPECS, TemperatureSpec, TrainSpec
-from qed_ray.layout import SweepDir
-from qed_ray.search_spec import SearchPoint, SearchRecord, grown, rounded, studies
+from qed_ray.records.layout import SweepDir
+from qed_ray.records.search import SearchRecord, read_search, write_search
+from qed_ray.search_spec import SearchPoint, grown, rounded, studies
 from qed_ray.spec import SpecError, SweepSpec
 
 UNGATHERED = "ungathered"
 RETRIES = 50  # suggestions asked for before a study whose sampler keeps repeating known points stops
-
-
-def read_record(layout: SweepDir, spec: SweepSpec) -> SearchRecord:
-    """``search.json`` (none yet: no points); raises RecordError naming the file for a damaged one or one whose
-    points name an (entry, task) this spec does not search."""
-    path = layout.search_file
-    if not path.exists():
-        return SearchRecord()
-    record = parse(SearchRecord, load_json(path), path)
-    known = set(studies(spec))
-    bad = [p for p in record.points if p.study not in known]
-    if bad:
-        raise RecordError(f"{path}: point {bad[0].model_dump()} names agent entry {bad[0].entry} on "
-                          f"{bad[0].task}, which this spec does not search (restore the spec's agents)")
-    return record
 
 
 def point_names(spec: SweepSpec, point: SearchPoint) -> list[str]:
@@ -159,7 +143,7 @@ def suggest_round(spec: SweepSpec, layout: SweepDir, record: SearchRecord, ungat
             new.append(p)
     if new:
         record = SearchRecord(points=[*record.points, *new])
-        write_json(layout.search_file, record.model_dump(mode="json"), indent=1)
+        write_search(layout, record)
     return record, new, waiting
 
 
@@ -186,7 +170,7 @@ def write_front(spec: SweepSpec, layout: SweepDir, record: SearchRecord, uri: st
 
 
 def _log(uri: str, layout: SweepDir) -> None:
-    from qed_ray.service.sweep_record import sweep_id
+    from qed_ray.records.sweep import sweep_id
     from qed_ray.service.tracking import open_sweep
 
     try:
@@ -224,7 +208,7 @@ def run_search(spec: SweepSpec, spec_path, run_sweep, fresh: bool = False, gathe
         _default_signals()
     gather_only = False
     while True:
-        record, new, waiting = suggest_round(spec, layout, read_record(layout, spec), gather_only)
+        record, new, waiting = suggest_round(spec, layout, read_search(layout, spec), gather_only)
         big = grown(spec, record.points)
         pending = [t.name for t in big.trials() if layout.trial_state(t.name) == "pending"]
         if not pending and (not waiting or gather_only):
@@ -250,7 +234,7 @@ def dry_spec(spec: SweepSpec, layout: SweepDir, fresh: bool = False) -> tuple[Sw
     """The spec a dry run prices for a search: grown by the points suggested so far and, for the rest of the trial
     budget, by placeholder k values spread over the range (log scale); and the line that says so."""
     s = spec.search
-    record = SearchRecord() if fresh else read_record(layout, spec)
+    record = SearchRecord() if fresh else read_search(layout, spec)
     points = list(record.points)
     for entry, task in studies(spec):
         mine = {p.k for p in points if p.study == (entry, task)}

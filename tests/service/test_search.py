@@ -13,11 +13,12 @@ import yaml
 from folder_helpers import group_result
 
 from qed_ray.analysis.search_front import SearchedPoint, choose, fragment, front_rows, pareto, table_lines
-from qed_ray.layout import SweepDir
-from qed_ray.search_spec import SearchPoint, SearchRecord, grown, rounded
+from qed_ray.records.layout import SweepDir
+from qed_ray.records.search import SearchRecord
+from qed_ray.search_spec import SearchPoint, grown, rounded
 from qed_ray.spec import FinalEvalSpec, SpecError, SweepSpec, load_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FE = FinalEvalSpec(bootstrap_reps=300, seed=2)
 TASK = "cartpole-balance"
 
@@ -62,31 +63,32 @@ def test_points_grow_the_spec_by_their_variants_and_keep_every_earlier_trial(tmp
 
 
 def test_the_searcher_is_rebuilt_from_the_folders_finished_points_and_suggests_new_ones_in_range(tmp_path):
-    from qed_ray.service.search import read_record, suggest_round
+    from qed_ray.records.search import read_search
+    from qed_ray.service.search import suggest_round
 
     spec = _spec(tmp_path, search={"trials": 4, "per_round": 2, "k": [0.1, 1.0]})
     layout = SweepDir(tmp_path / "results" / "ks")
     layout.root.mkdir(parents=True)
     old = [SearchPoint(entry=0, task=TASK, k=0.2), SearchPoint(entry=0, task=TASK, k=0.5)]
     layout.search_file.write_text(json.dumps(SearchRecord(points=old).model_dump(mode="json")))
-    assert suggest_round(spec, layout, read_record(layout, spec)) == (SearchRecord(points=old), [], False)
+    assert suggest_round(spec, layout, read_search(layout, spec)) == (SearchRecord(points=old), [], False)
     for p in old:  # both points still trained: nothing more was asked; now both are done
         for s in spec.seeds:
             name = f"{TASK}/sac_ln/qed{p.k:g}/{s}"
             layout.done_marker(name).parent.mkdir(parents=True)
             layout.done_marker(name).write_text("{}")
     # Done but not gathered (a stop during the gather step): the study waits for a start that gathers them ...
-    assert suggest_round(spec, layout, read_record(layout, spec)) == (SearchRecord(points=old), [], True)
+    assert suggest_round(spec, layout, read_search(layout, spec)) == (SearchRecord(points=old), [], True)
     # ... and after one that still found no result, the searcher hears of them as failed trials.
-    record, new, waiting = suggest_round(spec, layout, read_record(layout, spec), ungathered_failed=True)
-    assert len(new) == 2 and not waiting and record.points[:2] == old and read_record(layout, spec) == record
+    record, new, waiting = suggest_round(spec, layout, read_search(layout, spec), ungathered_failed=True)
+    assert len(new) == 2 and not waiting and record.points[:2] == old and read_search(layout, spec) == record
     assert all(0.1 <= p.k <= 1.0 and p.k == rounded(p.k) and p not in old for p in new)
     assert suggest_round(spec, layout, record) == (record, [], False)  # the new two train first
 
 
 def test_a_point_of_an_entry_the_spec_does_not_search_is_refused_naming_search_json(tmp_path):
-    from qed_ray.codec import RecordError
-    from qed_ray.service.search import read_record
+    from qed_ray.records.codec import RecordError
+    from qed_ray.records.search import read_search
 
     spec = _spec(tmp_path)
     layout = SweepDir(tmp_path / "results" / "ks")
@@ -94,7 +96,7 @@ def test_a_point_of_an_entry_the_spec_does_not_search_is_refused_naming_search_j
     layout.search_file.write_text(json.dumps({"points": [{"entry": 3, "task": TASK, "k": 0.2}]}))
     with pytest.raises(RecordError, match=r"search.json: point .* names agent entry 3 on cartpole-balance, which "
                                           r"this spec does not search"):
-        read_record(layout, spec)
+        read_search(layout, spec)
 
 
 def test_the_pareto_front_on_hand_made_points():

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from sweep_helpers import run_sweep_cli, start_sweep, sweep_runs, tiny_spec, wait_for
-from qed_ray.layout import SweepDir
+from qed_ray.records.layout import SweepDir
 
 pytestmark = pytest.mark.slow
 
