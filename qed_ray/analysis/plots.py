@@ -332,6 +332,29 @@ def probability_of_improvement(results: SweepResults) -> Figure:
     return _finish(fig, caption(results))
 
 
+def search_front(rows: Sequence, title: str, footnote: str) -> Figure:
+    """A k search's front (:class:`qed_ray.analysis.search_front.FrontRow` rows): one panel per task and agent, IQM
+    against V (log x) for every point, labelled with its k, the Pareto front joined, the chosen point ringed."""
+    studies = list(dict.fromkeys((r.task, r.agent) for r in rows)) or [("", "")]
+    fig, axes = plt.subplots(1, len(studies), figsize=(max(MIN_WIDTH, 4.2 * len(studies)), 4.2), squeeze=False)
+    for ax, study in zip(axes[0], studies):
+        mine = [r for r in rows if (r.task, r.agent) == study and math.isfinite(r.V) and r.V > 0]
+        ax.scatter([r.V for r in mine], [r.iqm for r in mine], color="tab:blue", zorder=3)
+        front = sorted((r for r in mine if r.on_front), key=lambda r: r.V)
+        ax.plot([r.V for r in front], [r.iqm for r in front], color="tab:orange", label="Pareto front")
+        for r in mine:
+            ax.annotate(f"k={r.k:g}", (r.V, r.iqm), textcoords="offset points", xytext=(4, 4), fontsize=7)
+            if r.chosen:
+                ax.scatter([r.V], [r.iqm], s=160, facecolors="none", edgecolors="tab:red", label="chosen by the rule")
+        if mine:
+            ax.set_xscale("log")
+        _name_axes(ax, "V: KL between the pack's seeds (lower: more alike)", "IQM of the normalised score",
+                   "/".join(study))
+        if front:
+            ax.legend(fontsize=7)
+    return _finish(fig, footnote, title)
+
+
 FIGURES = ("pareto_kl_vs_iqm", "mean_return_vs_kl", "ci_width", "action_distance", "v_over_env_steps",
            "learning_curves", "iqm_over_env_steps", "performance_profiles", "probability_of_improvement",
            "critic_proxy")

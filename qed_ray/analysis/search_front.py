@@ -165,33 +165,6 @@ def fragment(rows: Sequence[FrontRow], points: Sequence[SearchedPoint], sweep: s
     return "\n".join(head) + "\n" + body
 
 
-def figure(rows: Sequence[FrontRow], title: str):
-    """One panel per task and agent: IQM against V (log x) for every point, labelled with its k, the front joined,
-    the chosen point ringed; the footnote says the search is exploratory."""
-    from qed_ray.analysis import plots
-
-    studies = list(dict.fromkeys((r.task, r.agent) for r in rows)) or [("", "")]
-    fig, axes = plots.plt.subplots(1, len(studies), figsize=(max(plots.MIN_WIDTH, 4.2 * len(studies)), 4.2),
-                                   squeeze=False)
-    for ax, study in zip(axes[0], studies):
-        mine = [r for r in rows if (r.task, r.agent) == study and math.isfinite(r.V) and r.V > 0]
-        ax.scatter([r.V for r in mine], [r.iqm for r in mine], color="tab:blue", zorder=3)
-        front = sorted((r for r in mine if r.on_front), key=lambda r: r.V)
-        ax.plot([r.V for r in front], [r.iqm for r in front], color="tab:orange", label="Pareto front")
-        for r in mine:
-            ax.annotate(f"k={r.k:g}", (r.V, r.iqm), textcoords="offset points", xytext=(4, 4), fontsize=7)
-            if r.chosen:
-                ax.scatter([r.V], [r.iqm], s=160, facecolors="none", edgecolors="tab:red", label="chosen by the rule")
-        if mine:
-            ax.set_xscale("log")
-        ax.set_xlabel("V (symmetric KL between the pack's seeds), lower is more consistent", fontsize=8)
-        ax.set_ylabel("IQM of the normalised score", fontsize=8)
-        ax.set_title("/".join(study), fontsize=9)
-        if front:
-            ax.legend(fontsize=7)
-    return plots._finish(fig, EXPLORATORY + ".", title)
-
-
 def write(rows: Sequence[FrontRow], points: Sequence[SearchedPoint], out: Path, sweep: str, rule: str,
           confidence: float) -> list[Path]:
     """``front.csv``, ``front.md`` (the table with intervals), ``fragment.yaml`` and ``front.png`` (with an SVG)
@@ -207,6 +180,6 @@ def write(rows: Sequence[FrontRow], points: Sequence[SearchedPoint], out: Path, 
                                             f"Rule, stated before the search: {rule}.", "",
                                             *table_lines(rows, confidence), ""]))
     write_text(out / "fragment.yaml", fragment(rows, points, sweep, rule))
-    png = plots.save(figure(rows, f"k search of {sweep}: IQM against V per searched k (Pareto front of IQM up, "
-                                  f"V down)"), out / "front.png")
+    png = plots.save(plots.search_front(rows, f"k search of {sweep}: IQM against V per searched k (Pareto front of "
+                                          f"IQM up, V down)", EXPLORATORY + "."), out / "front.png")
     return [out / "front.csv", out / "front.md", out / "fragment.yaml", png]

@@ -129,12 +129,16 @@ def suggest_round(spec: SweepSpec, layout: SweepDir, record: SearchRecord, ungat
             continue
         opt = searcher(spec, index, {p: None if results[p] == UNGATHERED else results[p] for p in mine}, [])
         want, taken = min(spec.search.per_round, spec.search.trials - len(mine)), {*mine}
+        fixed = spec.agents[entry].temperature_specs()
         for j in range(RETRIES * want):
             if len(taken) - len(mine) >= want:
                 break
             params = opt.suggest(f"new-{j}")
             p = SearchPoint(entry=entry, task=task, k=rounded(params["k"]),
                             alpha_max=rounded(params["alpha_max"]) if "alpha_max" in params else None)
+            if TemperatureSpec.model_validate(p.temperature()) in fixed:  # an arm the entry trains anyway: not a
+                opt.on_trial_complete(f"new-{j}", None, error=True)         # point of its own (its trials exist)
+                continue
             if p in taken:  # the sampler repeated a point (after rounding): it learns the known result, asks again
                 known = results.get(p) if isinstance(results.get(p), dict) else None
                 opt.on_trial_complete(f"new-{j}", known, error=known is None)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from folder_helpers import group_result
 
-from qed_ray.analysis.search_front import SearchedPoint, choose, fragment, front_rows, pareto, table_lines
+from qed_ray.analysis.search_front import SearchedPoint, choose, fragment, front_rows, pareto, table_lines, write
 from qed_ray.records.layout import SweepDir
 from qed_ray.records.search import SearchRecord
 from qed_ray.search_spec import SearchPoint, grown, rounded
@@ -135,6 +135,19 @@ def test_the_rule_chooses_the_largest_v_reduction_whose_iqm_guard_holds():
     assert "| cartpole-balance | sac_ln | qed0.3 | 0.3 | 0.65 | 0.1 | 10 [10, 10] | 1 [1, 1] | paired | yes | holds | " \
            "**chosen** |" in table_lines(rows, 0.95)
 
+
+
+def test_the_front_is_written_as_table_csv_figure_and_fragment(tmp_path):
+    groups, points = _study()
+    rows = front_rows(groups, points, FE, iqm_guard=0.9)
+    paths = write(rows, points, tmp_path / "search", "ks", "the rule", 0.95)
+    assert [p.name for p in paths] == ["front.csv", "front.md", "fragment.yaml", "front.png"]
+    csv_lines = (tmp_path / "search" / "front.csv").read_text().splitlines()
+    assert len(csv_lines) == 5 and csv_lines[0].startswith("task,agent,variant,k,alpha_max,n_seeds,iqm,V,V_ratio,")
+    md = (tmp_path / "search" / "front.md").read_text()
+    assert "exploratory search" in md and "Rule, stated before the search: the rule." in md
+    assert (tmp_path / "search" / "fragment.yaml").read_text() == fragment(rows, points, "ks", "the rule")
+    assert (tmp_path / "search" / "front.png").stat().st_size > 10_000 and (tmp_path / "search" / "front.svg").exists()
 
 def test_two_seeds_give_no_interval_so_no_point_is_chosen():
     groups, points = _study(n_seeds=2)
