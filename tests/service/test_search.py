@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from folder_helpers import group_result
+from kit import sweep_file
 
 from qed_ray.analysis.search_front import SearchedPoint, choose, fragment, front_rows, pareto, table_lines, write
 from qed_ray.records.layout import SweepDir
@@ -23,17 +24,15 @@ FE = FinalEvalSpec(bootstrap_reps=300, seed=2)
 TASK = "cartpole-balance"
 
 
-def _raw(**changes) -> dict:
-    raw = {"name": "ks", "tasks": [TASK], "seeds": 2, "pack": {"seeds": 2},
-           "agents": [{"name": "sac_ln", "overrides": {"hidden": 16}, "temperatures": [{"kind": "te"}]}],
-           "search": {"trials": 4, "k": [0.05, 2.0]}}
-    return {**raw, **changes}
+SEARCH = {"name": "ks", "pack": {"seeds": 2}, "search": {"trials": 4, "k": [0.05, 2.0]}}  # over kit's sweep
+
+
+def _file(tmp_path: Path, **changes) -> Path:
+    return sweep_file(tmp_path / "ks.yaml", SEARCH, storage_path=str(tmp_path / "results"), **changes)
 
 
 def _spec(tmp_path: Path, **changes) -> SweepSpec:
-    path = tmp_path / "ks.yaml"
-    path.write_text(yaml.safe_dump({**_raw(storage_path=str(tmp_path / "results")), **changes}))
-    return load_spec(path)
+    return load_spec(_file(tmp_path, **changes))
 
 
 @pytest.mark.parametrize("changes, line", [
@@ -170,8 +169,7 @@ def test_the_dry_run_prices_the_whole_trial_budget(tmp_path):
 
 
 def test_without_optuna_a_search_spec_is_refused_at_once_with_one_line_naming_the_extra(tmp_path):
-    path = tmp_path / "ks.yaml"
-    path.write_text(yaml.safe_dump(_raw(storage_path=str(tmp_path / "results"))))
+    path = _file(tmp_path)
     code = ("import sys; sys.modules['optuna'] = None; from qed_ray.service.sweep_cli import main; "
             "r = main(sys.argv[1:]); assert 'ray' not in sys.modules and 'torch' not in sys.modules; sys.exit(r)")
     for args in ([], ["--dry-run"]):
