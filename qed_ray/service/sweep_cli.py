@@ -184,6 +184,11 @@ def _status(spec: SweepSpec | None, folder: Path | None) -> str:
         layout = SweepDir(folder.absolute())
         return console.fit(status.report(status.recorded_spec(layout), layout, "given by --dir", columns), columns)
     layout = SweepDir(folder.absolute()) if folder else resolve_paths(spec)[0]
+    if spec.search is not None:  # a k search's points so far are trials of its sweep
+        from qed_ray.records.search import read_search
+        from qed_ray.search_spec import grown
+
+        spec = grown(spec, read_search(layout, spec).points)
     return console.fit(status.report(spec, layout, "given by --dir" if folder else announce.storage_source(spec),
                                      columns), columns)
 

@@ -28,7 +28,7 @@ SEARCH = {"name": "ks", "pack": {"seeds": 2}, "search": {"trials": 4, "k": [0.05
 
 
 def _file(tmp_path: Path, **changes) -> Path:
-    return sweep_file(tmp_path / "ks.yaml", SEARCH, storage_path=str(tmp_path / "results"), **changes)
+    return sweep_file(tmp_path / "ks.yaml", SEARCH, {"storage_path": str(tmp_path / "results")}, **changes)
 
 
 def _spec(tmp_path: Path, **changes) -> SweepSpec:
@@ -179,3 +179,15 @@ def test_without_optuna_a_search_spec_is_refused_at_once_with_one_line_naming_th
         assert done.stderr == ("error: search: needs Optuna, which is not installed; install the 'search' extra: "
                                "pip install -e '.[search]'\n")
     assert not (tmp_path / "results").exists()
+
+
+def test_status_counts_the_points_searched_so_far_as_trials_of_the_sweep(sweep_copy, tmp_path, capsys):
+    from qed_ray.records.search import write_search
+    from qed_ray.service.sweep_cli import main
+
+    path = _file(tmp_path, name=sweep_copy.root.name, storage_path=str(sweep_copy.root.parent))
+    write_search(sweep_copy, SearchRecord(points=[SearchPoint(entry=0, task=TASK, k=0.2)]))
+    assert main([str(path), "--status"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"sweep {sweep_copy.root.name}: 4 trials in {sweep_copy.root}"
+    assert lines[2].startswith("trials: 3 done, ")
