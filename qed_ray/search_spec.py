@@ -98,7 +98,7 @@ def search_problems(spec) -> list[str]:
     out = []
     if len(spec.seeds) < 2:
         out.append("search: each point's V is measured across its pack's seeds; need 2 or more seeds")
-    if spec.pack.seeds < len(spec.seeds) or spec.pack.by != "variant":
+    if spec.pack.seeds == "auto" or spec.pack.seeds < len(spec.seeds) or spec.pack.by != "variant":
         out.append(f"pack: a searched point is one pack of the sweep's {len(spec.seeds)} seeds; set pack.seeds to "
                    f"{len(spec.seeds)} (or more) and pack.by to variant")
     with_te = {(e.name, repr(e.overrides), repr(spec.entry_train(e)), task) for e in spec.agents

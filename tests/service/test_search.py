@@ -40,6 +40,8 @@ def _spec(tmp_path: Path, **changes) -> SweepSpec:
                                          "more seeds"),
     ({"pack": {"seeds": 1}}, "pack: a searched point is one pack of the sweep's 2 seeds; set pack.seeds to 2 (or "
                              "more) and pack.by to variant"),
+    ({"pack": {"seeds": "auto"}}, "pack: a searched point is one pack of the sweep's 2 seeds; set pack.seeds to 2 (or "
+                                  "more) and pack.by to variant"),
     ({"agents": [{"name": "sac_ln", "temperatures": [{"kind": "qed", "k": 0.2}]}]},
      "agents.0.temperatures: a search compares each point with te, the fixed reference; add {kind: te}"),
     ({"search": {"trials": 4, "k": [2.0, 0.5]}}, "search.k: [2, 0.5] is no range; need 0 < low < high <= 1000"),
