@@ -187,6 +187,12 @@ def _log(uri: str, layout: SweepDir) -> None:
               f"{layout.search_outputs}", flush=True)
 
 
+def _signal_in_round() -> int | None:
+    """The signal the round's stopper (:class:`qed_ray.service.sweep.Interrupt`, still installed) took after its
+    trials had ended (during the round's final gather, which then finishes): None if none."""
+    return getattr(getattr(signal.getsignal(signal.SIGINT), "__self__", None), "signum", None)
+
+
 def _default_signals() -> None:
     """Between rounds, Ctrl-C and SIGTERM act as before a start (the round's stopper, still installed, would take
     them for trials that no longer run): Ctrl-C ends the search at once, and the same command resumes it."""
@@ -226,12 +232,17 @@ def run_search(spec: SweepSpec, spec_path, run_sweep, fresh: bool = False, gathe
         code = run_sweep(big, spec_path, False, gather_partial, False, allow_unverified)
         if code:
             return code
+        signum = _signal_in_round()
         _default_signals()
+        if signum is not None:  # a stop during the round's end: the search stops after it, resumable
+            write_front(spec, layout, record, uri)
+            print(f"stopped after this round ({signal.Signals(signum).name}); the same command resumes the search",
+                  flush=True)
+            return 128 + signum
         write_front(spec, layout, record, uri)  # after every round: an interrupted search keeps its front so far
     for line in write_front(spec, layout, record, uri):
         print(line, flush=True)
     return 0
-
 
 
 def dry_spec(spec: SweepSpec, layout: SweepDir, fresh: bool = False) -> tuple[SweepSpec, str]:
