@@ -32,7 +32,8 @@ RATIOS = (("te_V_ratio", "V_ratio_median"), ("te_action_distance_ratio", "action
 class GroupView:
     """A landed group's numbers: ``values`` maps each statistic to ``(point, lower, upper)`` (NaN: undefined);
     ``baseline`` is its te variant on the same task when that group has landed ("" otherwise, and for te itself),
-    ``ratios`` then maps each :data:`RATIOS` name to ``(point, lower, upper)``."""
+    ``ratios`` then maps each :data:`RATIOS` name to ``(point, lower, upper)``; ``alpha_regime`` is the group's
+    :attr:`~qed_ray.analysis.results.GroupResult.alpha_regime` (None: no estimate)."""
 
     key: GroupKey
     n_seeds: int
@@ -41,6 +42,7 @@ class GroupView:
     alpha_frac_cap_late: float
     baseline: str = ""
     ratios: dict[str, tuple[float, float, float]] | None = None
+    alpha_regime: str | None = None
 
     def metrics(self) -> dict[str, float]:
         """The group run's metrics: ``V``, ``IQM``, ``action_distance``, ``return_variance`` with ``_ci_lower`` and
@@ -82,7 +84,7 @@ def group_view(g: GroupResult, groups: Sequence[GroupResult], final_eval: FinalE
     c = comparisons.compare([next(o for o in groups if o.key == (g.task, g.agent, base))], [g], fe, reps.get) \
         if base else None
     return GroupView(g.key, len(g.seeds), values, float(g.alpha_frac_floor_late), float(g.alpha_frac_cap_late),
-                     base, _ratios(c) if c is not None else None)
+                     base, _ratios(c) if c is not None else None, g.alpha_regime)
 
 
 def baseline_in(g: GroupResult, groups: Sequence[GroupResult]) -> str:

@@ -76,15 +76,15 @@ def runs_link(experiment_id: str, sweep_id: str) -> str:
 
 def log_groups(tracker: Tracker, parent_id: str, views: Sequence[GroupView], adopt: bool = False) -> None:
     """Logs each group's view (:mod:`qed_ray.analysis.group_view`) to its group run under ``parent_id`` (found or
-    created, named task first, :func:`~qed_ray.service.tags.group_tags`), its te variant as ``qed.baseline`` once
-    that has landed, and ends it FINISHED. ``adopt``: the seed runs of each group move under its run (the sweep's own
-    groups; a re-analysis's group runs hold its numbers only)."""
+    created, named task first; its parts and ``alpha_regime`` as :func:`~qed_ray.service.tags.group_tags`), its te
+    variant as ``qed.baseline`` once that has landed, and ends it FINISHED. ``adopt``: the seed runs of each group
+    move under its run (the sweep's own groups; a re-analysis's group runs hold its numbers only)."""
     seeds: dict[str, list] = {}
     if adopt and views:
         for run in tracker.trial_runs().values():
             seeds.setdefault(run.data.tags.get(GROUP_TAG, ""), []).append(run)
     for view in views:
-        run_id = tracker.group_run(parent_id, group_tags(*view.key))
+        run_id = tracker.group_run(parent_id, group_tags(*view.key, view.alpha_regime))
         tracker.log_metrics(run_id, view.metrics(), step=0)
         if view.baseline:
             tracker.set_tags(run_id, {BASELINE_TAG: view.baseline})

@@ -23,6 +23,10 @@ BASELINE_TAG = "qed.baseline"  # a group run's te variant on its task, once that
 REANALYSIS_TAG = "qed.reanalysis"  # a re-analysis run's settings (its name without the prefix): one run each
 NOTE_TAG = "mlflow.note.content"  # a run's description (markdown), shown on its page in the MLflow UI
 RUN_NAME_TAG = "mlflow.runName"  # MLflow's own: the run's name
+# A group run's GroupResult.alpha_regime (where QED's alpha sat late in training: ok, at_cap, hot), named as the
+# results field and the parent run's alpha_regime/<group> tags; NO_ESTIMATE where there is none (te, fixed, no
+# history.json), so that a run without a regime is never read as one where nothing was wrong.
+ALPHA_REGIME_TAG, NO_ESTIMATE = "alpha_regime", "no estimate"
 
 
 def run_name(trial: str) -> str:
@@ -47,7 +51,8 @@ def group_run_name(task: str, agent: str, variant: str) -> str:
     return f"{task} {variant} {agent}"
 
 
-def group_tags(task: str, agent: str, variant: str) -> dict[str, str]:
-    """A group run's parts as tags (as a trial run's, without the seed) and its name."""
+def group_tags(task: str, agent: str, variant: str, alpha_regime: str | None) -> dict[str, str]:
+    """A group run's parts as tags (as a trial run's, without the seed), its name and its ``alpha_regime`` (None:
+    :data:`NO_ESTIMATE`, never left out)."""
     return {TASK_TAG: task, AGENT_TAG: agent, VARIANT_TAG: variant, GROUP_TAG: f"{task}/{agent}/{variant}",
-            RUN_NAME_TAG: group_run_name(task, agent, variant)}
+            RUN_NAME_TAG: group_run_name(task, agent, variant), ALPHA_REGIME_TAG: alpha_regime or NO_ESTIMATE}

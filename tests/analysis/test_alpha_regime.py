@@ -99,3 +99,19 @@ def test_at_the_cap_is_at_cap_not_hot():
     assert g.alpha_regime == "at_cap"
     old = group_result("a", variant="qed0.2", alpha_frac_cap_late=0.1)  # written before the hot share existed
     assert old.alpha_regime is None, "no estimate, never 'ok'"
+
+
+def test_each_group_run_is_tagged_with_its_regime_and_a_group_without_one_reads_no_estimate():
+    """The group runs' tags (qed_ray.service.tags.group_tags on each group's view): the rule at 100, 9 and 1.5 x
+    alpha_TE (cap 0.2 = 20 x alpha_TE) puts QED at its cap, hot and ok; te has no estimate, and says so."""
+    from qed_ray.analysis.group_view import group_view
+    from qed_ray.service.tags import group_tags
+
+    groups = [qed_group("capped", 100.0, 0.0), qed_group("hot", 9.0, 0.0), qed_group("ok", 1.5, 0.0),
+              te_group("ok", 0.0)]
+    tags = {g.task + "/" + g.variant: group_tags(*g.key, group_view(g, groups, FINAL_EVAL).alpha_regime)
+            for g in groups}
+    assert {k: t["alpha_regime"] for k, t in tags.items()} == {
+        "capped/qed0.2": "at_cap", "hot/qed0.2": "hot", "ok/qed0.2": "ok", "ok/te": "no estimate"}
+    assert tags["ok/te"] == {"qed.task": "ok", "qed.agent": "sac_ln", "qed.variant": "te", "qed.group": "ok/sac_ln/te",
+                             "mlflow.runName": "ok te sac_ln", "alpha_regime": "no estimate"}
