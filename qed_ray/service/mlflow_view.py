@@ -20,11 +20,13 @@ def view_key(sweep_id: str) -> str:
 def group_view_state(parent_id: str) -> dict:
     """The runs list the sweep shares on its experiment: the group runs under ``parent_id``, sorted by name (named
     task first, :func:`~qed_ray.service.tags.group_run_name`: te and QED of a task side by side), with V, IQM and the
-    ratios to te and their interval ends as columns, then where QED's alpha sat (the share at its cap and the tag
-    ``alpha_regime``) and the seeds. Keys as the MLflow 3.17 UI's search facets and UI state."""
+    ratios to te as the first columns, then the tag ``alpha_regime`` (where QED's alpha sat: a ratio to te taken at
+    its cap compares te with an almost fixed alpha), the interval ends, the share at the cap and the seeds. Keys as
+    the MLflow 3.17 UI's search facets and UI state (its columns keep this order, tags among metrics)."""
     stats = ("V", "te_V_ratio", "IQM", "IQM_ratio")  # first, in this order (the UI sorts by name without an order)
-    columns = [f"metrics.`{m}`" for m in (*stats, *(f"{m}{end}" for m in stats for end in ("_ci_lower", "_ci_upper")),
-                                           "alpha_frac_cap_late")] + [f"tags.`{ALPHA_REGIME_TAG}`", "metrics.`n_seeds`"]
+    columns = [*(f"metrics.`{m}`" for m in stats), f"tags.`{ALPHA_REGIME_TAG}`",
+               *(f"metrics.`{m}{end}`" for m in stats for end in ("_ci_lower", "_ci_upper")),
+               "metrics.`alpha_frac_cap_late`", "metrics.`n_seeds`"]
     return {"searchFilter": f"tags.`{ROLE_TAG}` = 'group' and tags.`{PARENT_TAG}` = '{parent_id}'",
             "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True, "selectedColumns": columns, "columnOrder": columns}
 
