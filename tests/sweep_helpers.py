@@ -8,7 +8,9 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from kit import free_port, sweep_file
@@ -129,6 +131,48 @@ class MlflowServer:
         except ProcessLookupError:
             pass
         self.proc.wait()
+
+
+@dataclass(frozen=True)
+class RestRun:
+    """A run as MLflow's REST API lists it (``runs/search``): its tags and its metrics' latest values as dicts."""
+
+    id: str
+    name: str
+    status: str
+    tags: dict[str, str]
+    metrics: dict[str, float]
+
+
+def rest(url: str, endpoint: str, body: dict | None = None) -> dict:
+    """One call of the MLflow REST API of the server at ``url`` in plain HTTP, as the UI or any HTTP client makes
+    it: ``GET /api/2.0/mlflow/<endpoint>`` without ``body``, a JSON ``POST`` with it."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"{url}/api/2.0/mlflow/{endpoint}", data=data,
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+def rest_experiment(url: str, name: str) -> tuple[str, dict[str, str]]:
+    """The id and tags of the experiment named ``name`` (``GET experiments/get-by-name``)."""
+    exp = rest(url, "experiments/get-by-name?" + urllib.parse.urlencode({"experiment_name": name}))["experiment"]
+    return exp["experiment_id"], {t["key"]: t["value"] for t in exp.get("tags", [])}
+
+
+def rest_runs(url: str, experiment: str, filter_string: str = "") -> list[RestRun]:
+    """The runs of the experiment named ``experiment`` that ``filter_string`` selects (``POST runs/search``, page
+    by page)."""
+    body, runs = {"experiment_ids": [rest_experiment(url, experiment)[0]], "filter": filter_string,
+                  "max_results": 1000}, []
+    while True:
+        page = rest(url, "runs/search", body)
+        runs += [RestRun(r["info"]["run_id"], r["info"]["run_name"], r["info"]["status"],
+                         {t["key"]: t["value"] for t in r["data"].get("tags", [])},
+                         {m["key"]: m["value"] for m in r["data"].get("metrics", [])}) for r in page.get("runs", [])]
+        if not page.get("next_page_token"):
+            return runs
+        body["page_token"] = page["next_page_token"]
 
 
 def sweep_runs(sweep_dir: Path, experiment: str, uri: str | None = None):

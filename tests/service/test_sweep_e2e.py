@@ -17,10 +17,11 @@ import yaml
 from qed_ray.analysis.results import Aggregate, BudgetIqm
 from qed_ray.records.layout import DOCUMENTED, PackId, SweepDir
 from qed_ray.records.digests import digest, inventory
-from qed_ray.service.tracking import PACK_SIZE_TAG, PACK_TAG
+from qed_ray.service.tracking import PACK_SIZE_TAG, PACK_TAG, default_tracking_uri
 from kit import GROUP_COLUMNS, cmdline, counts, flat, widest
 from ray_cluster import processes_naming
-from sweep_helpers import ROOT, TINY_TRAIN, cli_env, done_markers, run_sweep_cli, sweep_runs, tiny_spec, wait_for
+from sweep_helpers import (ROOT, TINY_TRAIN, MlflowServer, cli_env, done_markers, rest_experiment, rest_runs,
+                           run_sweep_cli, sweep_runs, tiny_spec, wait_for)
 
 pytestmark = pytest.mark.slow
 
@@ -43,11 +44,12 @@ GATHER_FILES = {"results.json", "aggregates.csv", "groups.csv", "iqm_by_budget.c
                 "figures", "cache"}
 
 
-def test_tiny_sweep_end_to_end(tmp_path, ray_head):
+def test_tiny_sweep_end_to_end(tmp_path, ray_head, request):
     """2 tasks x 2 variants x 2 seeds in packs of two seeds (packs of one: every other slow sweep test): a laptop's
     first start, a start that finishes a pack left half done, --status and a re-analysis with other evaluation
     settings. QED runs with k = 1000, a known answer for where it sat: Delta / (k d) stays far below alpha_TE, so
-    every state is at the floor (the same code path as any k)."""
+    every state is at the floor (the same code path as any k). The group runs are read as the UI and any HTTP client
+    read them: MLflow's REST API, from a real ``mlflow server`` over the sweep's SQLite store."""
     agents = [{"name": "sac_ln", "overrides": {"hidden": 16, "batch_size": 16},
                "temperatures": [{"kind": "te"}, {"kind": "qed", "k": 1000}]}]
     # One pack at a time: a reused worker starts the next pack at once, so only packs trained after the first group's
@@ -65,6 +67,8 @@ def test_tiny_sweep_end_to_end(tmp_path, ray_head):
                            "alpha(s) = Delta / (k x action_dim) is 2500 times smaller than at k = 0.4, so QED would "
                            "sit at its floor alpha_TE (training like te)\n"), proc.stderr[-3000:]
     sweep_dir = tmp_path / "results" / "e2e"
+    server = MlflowServer(tmp_path / "mlflow-server", store_uri=default_tracking_uri(sweep_dir)).start()
+    request.addfinalizer(server.stop)
 
     tracker, runs = sweep_runs(sweep_dir, "e2e")
     parents = [r for r in runs if r.data.tags.get("qed.role") == "sweep"]
@@ -72,7 +76,7 @@ def test_tiny_sweep_end_to_end(tmp_path, ray_head):
     assert len(parents) == 1 and len(children) == 8
     pid = parents[0].info.run_id
     assert parents[0].info.status == "FINISHED"
-    groups = _group_runs_between_the_parent_and_the_seeds(runs, pid, children, sweep_dir)
+    groups = _group_runs_between_the_parent_and_the_seeds(server.url, pid, sweep_dir)
     _a_console_line_per_group_before_a_summary_of_at_most_100_columns(proc.stdout)
     assert {r.data.tags["qed.trial"] for r in children} == {
         f"{t}/sac_ln/{v}/{s}" for t in TASKS for v in VARIANTS for s in SEEDS}
@@ -103,13 +107,14 @@ def test_tiny_sweep_end_to_end(tmp_path, ray_head):
     assert "iqm" in "".join(tracker.client.get_run(pid).data.metrics)
     layout = SweepDir(sweep_dir)
     _comparisons_where_qed_sat_and_the_verdict(proc.stdout, tracker, pid, arts, layout)
-    experiment = tracker.client.get_experiment(tracker.experiment_id)
-    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on the runs
-    view = json.loads(experiment.tags[f"mlflow.sharedViewState.qed-groups-{tracker.sweep_id}"])  # the address's view
-    assert tracker.client.search_runs([tracker.experiment_id], view["searchFilter"]) and {
-        r.info.run_id for r in tracker.client.search_runs([tracker.experiment_id], view["searchFilter"])} == {
-        r.info.run_id for r in groups.values()}, "the shared view lists the sweep's group runs"
-    assert view["orderByKey"] == "tags.`mlflow.runName`" and "metrics.`V`" in view["selectedColumns"]
+    experiment_id, experiment_tags = rest_experiment(server.url, "e2e")
+    assert experiment_id == tracker.experiment_id
+    assert experiment_tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on the runs
+    view = json.loads(experiment_tags[f"mlflow.sharedViewState.qed-groups-{tracker.sweep_id}"])  # the address's view
+    assert sorted(r.name for r in rest_runs(server.url, "e2e", view["searchFilter"])) == sorted(
+        r.name for r in groups.values()), "the shared view lists the sweep's group runs"
+    assert view["orderByKey"] == "tags.`mlflow.runName`" and view["selectedColumns"][:5] == [
+        "metrics.`V`", "metrics.`te_V_ratio`", "metrics.`IQM`", "metrics.`IQM_ratio`", "tags.`alpha_regime`"]
     _groups_land_while_the_sweep_runs(tracker, pid, children, layout)
     _gather_tables_and_pack_folders(layout, children)
     _one_worker_trains_every_pack(layout)
@@ -131,7 +136,7 @@ def test_tiny_sweep_end_to_end(tmp_path, ray_head):
     _a_pack_left_half_done_resumes_and_nothing_else_runs(spec, layout, ray_head)
     assert len(_children(sweep_runs(sweep_dir, "e2e")[1])) == 8
 
-    _reanalysis_is_a_child_run_with_the_new_tables(sweep_dir, pid, groups)
+    _reanalysis_is_a_child_run_with_the_new_tables(sweep_dir, pid, groups, server.url)
     status = subprocess.run([sys.executable, "-m", "qed_ray.sweep", str(spec), "--status"], cwd=ROOT, env=cli_env(),
                             capture_output=True, text=True, timeout=120)
     assert status.returncode == 0 and "trials: 8 done, 0 running, 0 stopped, 0 failed, 0 not started" in status.stdout
@@ -141,38 +146,45 @@ def test_tiny_sweep_end_to_end(tmp_path, ray_head):
     assert len(re.findall(r"^agent +variant +", status.stdout, re.M)) >= 2, "the partial table, in blocks of columns"
 
 
-def _group_runs_between_the_parent_and_the_seeds(runs, pid: str, children: list, sweep_dir) -> dict:
-    """One FINISHED group run per (task, agent, variant) under the sweep's run, named task first (sorted by name, te
-    and QED of a task side by side), holding V and IQM with their intervals and, for QED, its ratios to te on that
-    task; every seed run under its group's run. Returns ``{group: run}``."""
+def _group_runs_between_the_parent_and_the_seeds(url: str, pid: str, sweep_dir) -> dict:
+    """Through the REST API (``runs/search``): one FINISHED group run per (task, agent, variant) under the sweep's
+    run, named task first (sorted by name, te and QED of a task side by side), holding V and IQM with their
+    intervals and, for QED, its ratios to te on that task, tagged with its ``alpha_regime`` (k = 1000: ``ok``; te:
+    ``no estimate``); every seed run under its group's run. Returns ``{group: run}``."""
     results = json.loads(SweepDir(sweep_dir).results_json.read_text())
-    groups = {r.data.tags["qed.group"]: r for r in runs if r.data.tags.get("qed.role") == "group"}
+    runs = rest_runs(url, "e2e")
+    groups = {r.tags["qed.group"]: r for r in runs if r.tags.get("qed.role") == "group"}
+    assert len(groups) == len([r for r in runs if r.tags.get("qed.role") == "group"]), "one run per group"
     assert sorted(groups) == sorted(f"{t}/sac_ln/{v}" for t in TASKS for v in VARIANTS)
-    assert sorted(r.info.run_name for r in groups.values()) == [
+    assert sorted(r.name for r in groups.values()) == [
         f"cartpole-balance {VARIANTS[1]} sac_ln", "cartpole-balance te sac_ln", f"pendulum-swingup {VARIANTS[1]} sac_ln",
         "pendulum-swingup te sac_ln"], "sorted by name: te and QED of each task side by side"
     by_group = {(g["task"], g["variant"]): g for g in results["groups"]}
+    stats = {(s["task"], s["variant"]): s for s in results["group_stats"]}
     for name, run in groups.items():
         task, _, variant = name.split("/")
-        m, g = run.data.metrics, by_group[(task, variant)]
-        assert run.data.tags["mlflow.parentRunId"] == pid and run.info.status == "FINISHED"
+        m, g = run.metrics, by_group[(task, variant)]
+        assert run.tags["mlflow.parentRunId"] == pid and run.status == "FINISHED"
         assert m["V"] == pytest.approx(g["V"]) and m["V_ci_lower"] <= m["V"] <= m["V_ci_upper"]
         assert m["IQM_ci_lower"] <= m["IQM"] <= m["IQM_ci_upper"] and m["n_seeds"] == 2
         assert {"action_distance_ci_upper", "return_variance_ci_lower"} <= set(m)
+        assert run.tags["alpha_regime"] == (stats[(task, variant)]["alpha_regime"] or "no estimate") == (
+            "no estimate" if variant == "te" else "ok"), "the results' field; none: said, never left out"
         if variant == "te":
-            assert "te_V_ratio" not in m and "qed.baseline" not in run.data.tags, "te is the baseline"
+            assert "te_V_ratio" not in m and "qed.baseline" not in run.tags, "te is the baseline"
         else:
             te = by_group[(task, "te")]
-            assert run.data.tags["qed.baseline"] == "te" and m["te_V_ratio"] == pytest.approx(te["V"] / g["V"])
+            assert run.tags["qed.baseline"] == "te" and m["te_V_ratio"] == pytest.approx(te["V"] / g["V"])
             assert m["te_V_ratio_ci_lower"] <= m["te_V_ratio"] <= m["te_V_ratio_ci_upper"]
-            te_iqm = groups[f"{task}/sac_ln/te"].data.metrics["IQM"]
+            te_iqm = groups[f"{task}/sac_ln/te"].metrics["IQM"]
             if te_iqm > 0:
                 assert m["IQM_ratio"] == pytest.approx(m["IQM"] / te_iqm)
             else:  # a tiny pendulum-swingup run scores 0: no ratio, never a 0 or an infinity
                 assert "IQM_ratio" not in m
             assert 0 <= m["alpha_frac_cap_late"] <= 1
-    for r in children:
-        assert r.data.tags["mlflow.parentRunId"] == groups[r.data.tags["qed.group"]].info.run_id, "seeds nested"
+    seeds = [r for r in runs if r.tags.get("qed.role") == "trial"]
+    assert len(seeds) == 8 and all(r.tags["mlflow.parentRunId"] == groups[r.tags["qed.group"]].id
+                                   for r in seeds), "seeds nested under their group's run"
     return groups
 
 
@@ -268,15 +280,19 @@ def _a_pack_left_half_done_resumes_and_nothing_else_runs(spec, layout: SweepDir,
     assert {p: p.stat().st_mtime_ns for p in others} == others, "no other seed was trained or written again"
 
 
-def _reanalysis_is_a_child_run_with_the_new_tables(sweep_dir, parent_id: str, groups: dict) -> None:
+def _reanalysis_is_a_child_run_with_the_new_tables(sweep_dir, parent_id: str, groups: dict, url: str) -> None:
     """``python -m qed_ray.gather DIR`` (its main, in this process) with other evaluation settings evaluates every
     group again (no training, no Ray) into ``gather/reanalysis-<settings>/`` and logs its tables, figures, summary,
     verdict and group runs as a child run of the sweep's run, named for the settings that differ from the run's
-    params; ``gather/``, the sweep's run and its group runs keep their own."""
+    params; ``gather/``, the sweep's run and its group runs keep their own (group runs read through the REST API
+    at ``url``, before and after)."""
     from qed_ray.service.reanalysis import main as gather_main
 
     layout = SweepDir(sweep_dir)
     parent_note = sweep_runs(sweep_dir, "e2e")[0].client.get_run(parent_id).data.tags["mlflow.note.content"]
+    sweeps_groups = f"tags.`qed.role` = 'group' and tags.`mlflow.parentRunId` = '{parent_id}'"
+    runs_before = rest_runs(url, "e2e", sweeps_groups)
+    assert {r.id: r.metrics for r in runs_before} == {r.id: r.metrics for r in groups.values()}, "the second start"
     before = {p: p.read_bytes() for p in layout.gather.rglob("*") if p.is_file()}
     assert gather_main([str(sweep_dir), "--episodes", "3", "--bootstrap-reps", "300"]) == 0
     folder = layout.reanalysis("episodes=3+bootstrap_reps=300")
@@ -304,18 +320,17 @@ def _reanalysis_is_a_child_run_with_the_new_tables(sweep_dir, parent_id: str, gr
     assert child.data.metrics["sac_ln.qed1000/V_ratio_median_ci_lower"] == pytest.approx(qed["V_ratio_median_ci_lower"])
     assert child.data.tags["mlflow.note.content"].startswith("### Re-analysis of e2e: episodes=3 bootstrap_reps=300")
     assert tracker.client.get_run(parent_id).data.tags["mlflow.note.content"] == parent_note
-    mine = {r.data.tags["qed.group"]: r for r in runs if r.data.tags.get("qed.role") == "group"
-            and r.data.tags["mlflow.parentRunId"] == child.info.run_id}
+    mine = {r.tags["qed.group"]: r for r in rest_runs(url, "e2e", f"tags.`qed.role` = 'group' and "
+                                                                 f"tags.`mlflow.parentRunId` = '{child.info.run_id}'")}
     assert sorted(mine) == sorted(groups), "a group run per group under the re-analysis's run"
     for name, run in mine.items():
         g = next(x for x in results["groups"] if f"{x['task']}/{x['agent']}/{x['variant']}" == name)
-        assert run.data.metrics["V"] == pytest.approx(g["V"]) and "IQM_ci_upper" in run.data.metrics
-        assert ("te_V_ratio" in run.data.metrics) == (g["variant"] != "te")
-    again = {r.data.tags["qed.group"]: r for r in runs if r.data.tags.get("qed.role") == "group"
-             and r.data.tags["mlflow.parentRunId"] == parent_id}
-    assert {k: (r.info.run_id, r.data.metrics) for k, r in again.items()} == {
-        k: (r.info.run_id, r.data.metrics) for k, r in groups.items()}, "the sweep's group runs as they were"
-    assert all(r.data.tags["mlflow.parentRunId"] in {r.info.run_id for r in again.values()}
+        assert run.metrics["V"] == pytest.approx(g["V"]) and "IQM_ci_upper" in run.metrics
+        assert ("te_V_ratio" in run.metrics) == (g["variant"] != "te") and run.status == "FINISHED"
+        assert run.tags["alpha_regime"] == groups[name].tags["alpha_regime"], "the same training, the same regime"
+    assert {r.id: (r.metrics, r.tags) for r in rest_runs(url, "e2e", sweeps_groups)} == {
+        r.id: (r.metrics, r.tags) for r in runs_before}, "the sweep's group runs as they were"
+    assert all(r.data.tags["mlflow.parentRunId"] in {r.id for r in runs_before}
                for r in _children(runs)), "the seed runs stay under the sweep's group runs"
 
 
