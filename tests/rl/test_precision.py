@@ -118,7 +118,7 @@ def test_only_qeds_critic_passes_change_precision(device):
     out = {}
     for precision in ("fp32", "tf32"):
         fn.qed_precision = precision
-        _, metrics = fn.critic_loss(p, agent.target_params(), batch, noise[0], noise[1])
+        _, metrics = fn.critic_loss(p, params_of(agent.critic_target), batch, noise[0], noise[1])
         actor, logp, alpha = fn.actor_loss(p["actor"], p["critic"], p["temperature"], batch["obs"], noise[2],
                                            noise[3])
         out[precision] = (metrics, actor.detach(), logp.detach(), alpha)
