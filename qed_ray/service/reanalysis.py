@@ -219,9 +219,9 @@ def _name_list(text: str) -> list[str]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command-line flags: the sweep folder, the final-evaluation settings to change, verification."""
-    p = cli_help.parser("python -m qed_ray.gather", __doc__, (
-        "python -m qed_ray.gather results/smoke --episodes 20   # more final-evaluation episodes; no retraining",
-        "python -m qed_ray.gather results/smoke --policies mean,sample --workers 2   # also sampled actions"))
+    p = cli_help.parser("qed-ray gather", __doc__, (
+        "qed-ray gather results/smoke --episodes 20   # more final-evaluation episodes; no retraining",
+        "qed-ray gather results/smoke --policies mean,sample --workers 2   # also sampled actions"))
     p.add_argument("sweep_dir", type=Path, help="the sweep folder (with sweep.json and policies/)")
     for name in FLAGS:
         info = FinalEvalSpec.model_fields[name]
