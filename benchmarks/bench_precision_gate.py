@@ -1,4 +1,4 @@
-"""The numerics gate of QED's precisions (qed_ray.rl.precision_gate): alpha against FP64, per case, as a table.
+"""The numerics gate of QED's precisions (benchmarks/precision_gate.py): alpha against FP64, per case, as a table.
 
 Per case (|Q| level x alpha regime: near the alpha_TE floor, mid-range, near alpha_max) and precision: the mean and
 max over states of |alpha - alpha64| / alpha64 from the whole QED pass (both heads' layers, |Q1 - Q2| over N = 8
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from qed_ray.rl.precision import PRECISIONS
-from qed_ray.rl.precision_gate import TOLERANCE, GateResult, GateSettings, run_gate
+from benchmarks.precision_gate import TOLERANCE, GateResult, GateSettings, run_gate
 
 QUICK = GateSettings(hidden=32, states=128, q_levels=(10.0, 120.0, 400.0))
 

@@ -50,8 +50,8 @@ cat "$OUT/env.txt"
 "$PY" - <<'PY'
 import sys
 import qed_ray.rl.agents, qed_ray.rl.agents.packed, qed_ray.rl.update, qed_ray.rl.replay, qed_ray.rl.trainer  # noqa
-import qed_ray.rl.precision, qed_ray.rl.precision_gate  # noqa
-import benchmarks.gpu_bench, benchmarks.bench_precision_gate  # noqa
+import qed_ray.rl.precision  # noqa
+import benchmarks.gpu_bench, benchmarks.precision_gate, benchmarks.bench_precision_gate  # noqa
 heavy = sorted(m for m in ("dm_control", "mujoco", "ray", "mlflow") if m in sys.modules)
 print("step 1: import check:", "FAILED, imported " + ", ".join(heavy) if heavy else "passed (no dm_control, mujoco, ray, mlflow)")
 PY

@@ -20,7 +20,7 @@ fi
 
 # 3. Every one of the 18 dm_control tasks loads (one line per task). This exact command string is
 #    documented in docker/README.md and checked by cluster/check.py.
-python -m qed_ray.envs --check-all
+qed-ray envs --check-all
 
 # 4. Optional: headless rendering through the configured backend (EGL on GPU hosts). State-based
 #    training never renders, so this is opt-in; it catches a missing `graphics` driver capability.

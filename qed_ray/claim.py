@@ -140,7 +140,7 @@ class ClaimBlock(Frozen):
             raise ValueError(f"agent: {self.agent!r} is not an agent ({', '.join(AGENT_SPECS)})")
         bad = [t for t in self.tasks if t not in TASKS]
         if bad:
-            raise ValueError(f"tasks: {bad} are not tasks of this service (python -m qed_ray.envs lists them)")
+            raise ValueError(f"tasks: {bad} are not tasks of this service (qed-ray envs lists them)")
         if self.adaptive is not None and self.adaptive.max_seeds != self.seeds:
             raise ValueError(f"adaptive.max_seeds: {self.adaptive.max_seeds}, but seeds is {self.seeds}: the design "
                              f"floor counts the maximum, so the two must be equal")

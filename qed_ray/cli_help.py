@@ -28,7 +28,7 @@ def epilog(examples: Sequence[str], more: str = "") -> str:
 
 
 def parser(prog: str, description: str, examples: Sequence[str], more: str = "") -> argparse.ArgumentParser:
-    """An ArgumentParser for ``python -m <prog>``: the first line of ``description`` without markup, and
+    """An ArgumentParser for ``<prog>`` (``qed-ray COMMAND``): the first line of ``description`` without markup, and
     :func:`epilog` after the flags (printed as written)."""
     if len(examples) < 2:
         raise ValueError(f"{prog}: give at least two examples")

@@ -1,8 +1,8 @@
-"""Re-analysis of a sweep folder: ``python -m qed_ray.gather SWEEP_DIR`` (:mod:`qed_ray.service.reanalysis`)."""
+"""``python -m qed_ray.gather SWEEP_DIR``: ``qed-ray gather``."""
 
 import sys
 
-from qed_ray.service.reanalysis import main
+from qed_ray.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["gather", *sys.argv[1:]]))

@@ -1,9 +1,8 @@
-"""The sweep service: ``python -m qed_ray.sweep SPEC``, here or as a Ray job (``--help`` gives the local
-``ray job submit`` recipe; the command line is :mod:`qed_ray.service.sweep_cli`, the driver :mod:`qed_ray.service.sweep`)."""
+"""``python -m qed_ray.sweep SPEC``: ``qed-ray sweep`` (kept for ``ray job submit`` and the used-by command)."""
 
 import sys
 
-from qed_ray.service.sweep_cli import main
+from qed_ray.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(["sweep", *sys.argv[1:]]))

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from kit import ACT, B, OBS, QED, spec_of
+from oracles.single_seed import single_update
 
 UPDATE_CASES = {"sac_ln_te": ("sac_ln", {"kind": "te"}), "sac_ln_qed": ("sac_ln", QED),
                 "mad_sac_qed": ("mad_sac", QED)}
@@ -57,7 +58,7 @@ def update_values(name: str, temperature: dict, steps: int = 6) -> list:
         batch = {"obs": torch.randn(B, OBS, generator=g), "action": torch.rand(B, ACT, generator=g) * 2 - 1,
                  "reward": torch.rand(B, generator=g) * 2, "next_obs": torch.randn(B, OBS, generator=g),
                  "terminated": (torch.rand(B, generator=g) < 0.1).float()}
-        metrics.append(agent.update(batch))
+        metrics.append(single_update(agent, batch))
     return metrics + _agent_state(agent.modules())
 
 

@@ -37,8 +37,8 @@ RAY_UID = "1000"
 MLFLOW_ADMIN_ENV = "~/mlflow/admin.env"
 MLFLOW_CLIENT_ENV = "~/.qed/mlflow.env"
 MLFLOW_USERS_TOOL = "~/qed-ray/cluster/mlflow_users.py"
-# The CLI that qed_ray.envs provides (loads all 18 tasks, one line per task): the image's smoke test.
-SMOKE_CMD = "python -m qed_ray.envs --check-all"
+# qed-ray envs (qed_ray.rl.envs) loads all 18 tasks, one line per task: the image's smoke test.
+SMOKE_CMD = "qed-ray envs --check-all"
 # Any image reference of the project's image, whatever registry replaces the placeholder.
 IMAGE_RE = re.compile(r"[\w.\-]+(?:/[\w.\-]+)*/qed-ray:[\w.\-]+(?:@sha256:[0-9a-f]{64})?")
 # An exact version tag: <ray version>-py3XX-<variant>, optionally pinned further by digest. Never `latest`

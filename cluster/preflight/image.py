@@ -175,16 +175,16 @@ def check_dockerfile(text: str, pins: Pins) -> list[str]:
 
 
 def smoke_command_problems(texts: dict[str, str]) -> list[str]:
-    """smoke.sh must run SMOKE_CMD; every mention of qed_ray.envs elsewhere must be that string."""
+    """smoke.sh must run SMOKE_CMD; every mention of qed-ray envs elsewhere must be that string."""
     problems = []
     runs = [ln.strip() for ln in texts.get("docker/smoke.sh", "").splitlines()
-            if "qed_ray.envs" in ln and not ln.strip().startswith("#")]
+            if "qed-ray envs" in ln and not ln.strip().startswith("#")]
     if runs != [SMOKE_CMD]:
         problems.append(f"docker/smoke.sh must run exactly {SMOKE_CMD!r}, runs {runs}")
     if SMOKE_CMD not in texts.get("docker/README.md", ""):
         problems.append(f"docker/README.md does not document {SMOKE_CMD!r}")
     for name, text in texts.items():
-        for mention in re.findall(r"python -m qed_ray\.envs[^\n`'\"]*", text):
+        for mention in re.findall(r"qed-ray envs[^\n`'\"]*", text):
             if mention.strip() != SMOKE_CMD:
                 problems.append(f"{name}: {mention.strip()!r} differs from {SMOKE_CMD!r}")
     return problems

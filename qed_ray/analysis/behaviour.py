@@ -1,4 +1,4 @@
-"""Behaviour figure of a finished sweep (paper Fig. 1, Sec. 6.2 'Visual similarity'): ``python -m qed_ray.visualize``
+"""Behaviour figure of a finished sweep (paper Fig. 1, Sec. 6.2 'Visual similarity'): ``qed-ray visualize``
 (its command and MLflow upload: :mod:`qed_ray.service.behaviour_cli`).
 
 Every seed's final policy of one (task, agent, variant) acts deterministically (tanh(mu)) for ``--steps`` decisions

@@ -255,7 +255,7 @@ def _evaluate_policy(records: Sequence[TrialRecord], pack: PackedAgent, envs: Gr
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m qed_ray.analysis SWEEP_DIR``: the critic-proxy table (App. D) of a gathered sweep.
+    """``qed-ray analysis SWEEP_DIR``: the critic-proxy table (App. D) of a gathered sweep.
 
     Reads ``SWEEP_DIR/gather/results.json``, prints per agent-variant the early within-run |Q1 - Q2| (over the
     gather's ``final_eval.proxy_window`` first evaluations) and the final cross-seed Q1 dispersion per task with the
@@ -270,9 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     from qed_ray.analysis.tables import critic_proxy
     from qed_ray.records.codec import RecordError
 
-    p = cli_help.parser("python -m qed_ray.analysis", main.__doc__, (
-        "python -m qed_ray.analysis results/smoke   # the critic-proxy table of the demo sweep",
-        "python -m qed_ray.analysis results/dmc18   # App. D's table and scatter plot"))
+    p = cli_help.parser("qed-ray analysis", main.__doc__, (
+        "qed-ray analysis results/smoke   # the critic-proxy table of the demo sweep",
+        "qed-ray analysis results/dmc18   # App. D's table and scatter plot"))
     p.add_argument("sweep_dir", type=Path, help="a finished sweep folder (with gather/results.json)")
     args = p.parse_args(argv)
     layout = SweepDir(args.sweep_dir)

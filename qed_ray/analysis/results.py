@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import typing
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
-from qed_ray import compat
 from qed_ray.records.codec import JsonRecord, Num, RecordError, load_json, parse
 from qed_ray.records.run import EvalRecord
 from qed_ray.spec import FinalEvalSpec
@@ -23,15 +23,23 @@ from qed_ray.spec import FinalEvalSpec
 MOST_STATES = 0.5  # a group sat at QED's cap (or hot) when its late share of such states is above this
 
 
+def missing_numbers(cls: type, row: Any) -> Any:
+    """A results row (a dataclass ``cls`` as JSON) with each numeric column it lacks as null (NaN): the row was
+    written before that column existed."""
+    if not isinstance(row, dict):
+        return row
+    hints = typing.get_type_hints(cls, include_extras=True)
+    return {**{f.name: None for f in dataclasses.fields(cls) if f.name not in row and hints[f.name] == Num}, **row}
+
+
 class Row(JsonRecord):
     """A table row: ``to_json`` / ``from_json`` through :mod:`qed_ray.records.codec` (:func:`dataclasses.asdict` is its CSV
-    row); a numeric column a row written before it existed lacks reads as NaN
-    (:func:`qed_ray.compat.missing_numbers`)."""
+    row); a numeric column a row written before it existed lacks reads as NaN (:func:`missing_numbers`)."""
 
     @classmethod
     def from_json(cls, data: Any):
         """Inverse of :meth:`to_json`; raises :class:`~qed_ray.records.codec.RecordError` naming the field."""
-        return parse(cls, compat.missing_numbers(cls, data), cls.__name__)
+        return parse(cls, missing_numbers(cls, data), cls.__name__)
 
 
 class GroupKey(NamedTuple):
@@ -472,10 +480,10 @@ _ROWS = {"aggregates": Aggregate, "critic_proxy": CriticProxy, "group_stats": Gr
 
 
 def _older_rows(data: Any) -> Any:
-    """``results.json`` with each row's missing numeric columns as null (:func:`qed_ray.compat.missing_numbers`)."""
+    """``results.json`` with each row's missing numeric columns as null (:func:`missing_numbers`)."""
     if not isinstance(data, dict):
         return data
-    out = {**data, **{k: [compat.missing_numbers(row, r) for r in data[k]] for k, row in _ROWS.items()
+    out = {**data, **{k: [missing_numbers(row, r) for r in data[k]] for k, row in _ROWS.items()
                       if isinstance(data.get(k), list)}}
     if isinstance(data.get("other_policies"), dict):
         out["other_policies"] = {p: _older_rows(r) for p, r in data["other_policies"].items()}

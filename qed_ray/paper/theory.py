@@ -11,13 +11,14 @@ Two results are checked on finite action sets with plain numpy:
   unregularised ``Q*`` and the two runs' disagreement contracts as
   ``gamma^t Delta_0``.
 
-Run ``python -m qed_ray.theory`` to print the worst observed ratio to each bound
+Run ``qed-ray theory`` to print the worst observed ratio to each bound
 and save plots.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -373,15 +374,16 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     Returns:
         The printed worst ratios keyed by name.
     """
-    parser = cli_help.parser("python -m qed_ray.theory", __doc__, (
-        "python -m qed_ray.theory                        # both theorems, plots in theory_out/",
-        "python -m qed_ray.theory --cases 1000 --mdps 10 --out /tmp/theory   # a quick check"))
+    parser = cli_help.parser("qed-ray theory", __doc__, (
+        "qed-ray theory                        # both theorems, plots in theory_out/",
+        "qed-ray theory --cases 1000 --mdps 10 --out /tmp/theory   # a quick check"))
     parser.add_argument("--cases", type=int, default=10_000, help="random Q-pairs for Theorem 4.1")
     parser.add_argument("--mdps", type=int, default=50, help="random MDPs for Theorem 4.2")
     parser.add_argument("--iters", type=int, default=150, help="soft value-iteration steps per MDP")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="theory_out", help="folder for the plots")
     args = parser.parse_args(argv)
+    start = time.perf_counter()
     rng = np.random.default_rng(args.seed)
     t1 = theorem1_check(args.cases, rng)
     control = theorem1_check(args.cases, rng, temperature_scale=0.05)
@@ -399,4 +401,5 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     os.makedirs(args.out, exist_ok=True)
     _plot_theorem1(t1, control, os.path.join(args.out, "theorem1_kl_vs_bound.png"))
     _plot_theorem2(t2["cases"], os.path.join(args.out, "theorem2_error_curves.png"))
+    print(f"wall time {time.perf_counter() - start:.1f} s")
     return worst

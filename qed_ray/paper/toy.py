@@ -244,9 +244,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     """
     from qed_ray.paper.toy_plots import plot_panels  # matplotlib only when drawing
 
-    parser = cli_help.parser("python -m qed_ray.toy", __doc__, (
-        "python -m qed_ray.toy                           # Fig. 2's runs, figures in toy_out/",
-        "python -m qed_ray.toy --alphas 0.05 0.2 --seeds 0 1 --steps 500 --out /tmp/toy   # a quick variant"))
+    parser = cli_help.parser("qed-ray toy", __doc__, (
+        "qed-ray toy                           # Fig. 2's runs, figures in toy_out/",
+        "qed-ray toy --alphas 0.05 0.2 --seeds 0 1 --steps 500 --out /tmp/toy   # a quick variant"))
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.1, 0.15])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--steps", type=int, default=2000, help="gradient updates per run")

@@ -14,7 +14,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from qed_ray import compat
 from qed_ray.records.atomic import atomic_file
 from qed_ray.records.codec import dump, load_json, parse, write_record
 from qed_ray.records.file_reads import file_sha256, open_regular
@@ -83,14 +82,26 @@ def read_manifest(directory: str | os.PathLike, formats: tuple[int, ...] = (FORM
     Args:
         directory: checkpoint folder.
         formats: format versions accepted (resuming needs :data:`FORMAT_VERSION`; reading weights of a policy
-            snapshot can accept older ones, upgraded by :func:`qed_ray.compat.format1_snapshot`).
+            snapshot can accept older ones, upgraded by :func:`format1_snapshot`).
     """
     path = Path(directory) / MANIFEST_FILE
     raw = load_json(path, CheckpointError)
     version = raw.get("format_version") if isinstance(raw, dict) else None
     if version not in formats:
         raise CheckpointVersionError(version_message(path, version))
-    return parse(Manifest, compat.format1_snapshot(raw) if version == 1 else raw, path, CheckpointError)
+    return parse(Manifest, format1_snapshot(raw) if version == 1 else raw, path, CheckpointError)
+
+
+def format1_snapshot(manifest: dict) -> dict:
+    """A format-1 snapshot manifest (qed_ray 0.1) as today's reads it: every agent carried (and ignored) ``mad``
+    settings then; only MAD-SAC has them now."""
+    run = manifest.get("run")
+    if not isinstance(run, dict) or not isinstance(run.get("agent", {}), dict):
+        return manifest
+    agent = dict(run.get("agent", {}))
+    if agent.get("name", "sac_ln") != "mad_sac":
+        agent.pop("mad", None)
+    return {**manifest, "run": {**run, "agent": agent}}
 
 
 def version_message(path: Path, version) -> str:

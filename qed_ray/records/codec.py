@@ -6,8 +6,8 @@ atomically, and :func:`read_record` reads and validates it where it is read. A f
 dangling symbolic link, a link out of its folder, a FIFO or a device, larger than its kind may be
 (:mod:`qed_ray.records.file_reads`), not UTF-8, not JSON (truncated, say) or whose content does not fit its model (a missing
 field, a wrong type, an impossible value) is refused with one :class:`RecordError` line naming the file and the
-field; nothing is written or deleted on the way. Older on-disk shapes are upgraded by :mod:`qed_ray.compat` before
-a model sees them.
+field; nothing is written or deleted on the way. Older on-disk shapes are upgraded where they are read, before a
+model sees them.
 """
 
 from __future__ import annotations

@@ -296,7 +296,7 @@ class SweepDir:
 
     @property
     def behaviour(self) -> Path:
-        """``gather/behaviour/``: the behaviour figures of ``python -m qed_ray.visualize``."""
+        """``gather/behaviour/``: the behaviour figures of ``qed-ray visualize``."""
         return self.gather / "behaviour"
 
     def policy_gather(self, policy: str) -> Path:

@@ -68,7 +68,7 @@ class DoneRecord(Record):
     SHA-256 of every file the gather step reads of it by its path under the trial's policies folder (what a failed
     check names, believed only when it hashes to the digest the trial signed in MLflow: qed_ray.analysis.checksums;
     absent in a file written before trials listed them). ``checksums``: what qed_ray wrote there before results
-    were signed (read, never trusted or used: :mod:`qed_ray.compat`)."""
+    were signed (read, never trusted or used)."""
 
     model_config = ConfigDict(frozen=True, extra="allow", strict=True)
     __pydantic_extra__: dict[str, Union[int, Num]]

@@ -14,13 +14,14 @@ from __future__ import annotations
 import hmac
 import os
 import time
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, model_serializer, model_validator
 
 from qed_ray import claim as claim_file
 from qed_ray.records.codec import Num, Record, RecordError, read_record, write_record
-from qed_ray.records.layout import PackId, SweepDir, TrialId
+from qed_ray.records.layout import PackId, SweepDir, TrialId, parse_trial_dirname
 from qed_ray.records.digests import sign
 from qed_ray.spec import SpecError
 
@@ -92,6 +93,42 @@ class SweepState(Record):
         if self.pack_by == "variant":
             data.pop("pack_by", None)
         return data
+
+
+def older_release(layout: SweepDir | None, fmt: int, recorded: dict[str, dict]) -> str | None:
+    """The one-line refusal of a sweep an older release started that this one cannot go on with (None: none).
+
+    - A folder of qed_ray 0.1, which trained a sweep's trials outside packs (their own ``checkpoints/<trial>/`` and
+      ``tune/<start>/<trial>/``; ``layout`` None: not looked at).
+    - A ``sweep.json`` of format < 3 (``fmt``; its trials' identities ``recorded``) holding QED trials: written before
+      ``temperature.target_alpha`` defaulted to ``floor``, their names were given under the old default (``qed0.2``
+      then meant target_alpha: qed), so today's names would mean another setting.
+    """
+    way_out = "or start over with --fresh or another name"
+    if layout is not None and (old := _unpacked_trial(layout)):
+        return (f"sweep_dir: {layout.root} was started by qed_ray 0.1, which trained its trials outside packs "
+                f"({old.relative_to(layout.root)}); this release does not resume it: finish it with qed_ray 0.1, "
+                f"{way_out}")
+    qed = [n for n, i in recorded.items() if i.get("temperature.kind") == "qed"]
+    if fmt >= 3 or not qed:
+        return None
+    return (f"temperature.target_alpha: this sweep.json predates the default target_alpha: floor (paper App. C), and "
+            f"its {len(qed)} QED trial(s) (e.g. {qed[0]}) were named under the old default qed, so their names now "
+            f"mean another setting: finish them with the release that started them, {way_out}")
+
+
+def _unpacked_trial(layout: SweepDir) -> Path | None:
+    """A trial's own checkpoint or Tune folder, which only qed_ray 0.1 wrote (every run is a pack since, its folders
+    named by the pack's); None when there is none."""
+    tune = sorted(layout.tune_root.iterdir()) if layout.tune_root.is_dir() else []
+    for root in [layout.root / "checkpoints", *tune]:
+        for d in sorted(root.iterdir()) if root.is_dir() else []:
+            try:
+                parse_trial_dirname(d.name)
+                return d
+            except ValueError:
+                continue
+    return None
 
 
 def read_state(layout: SweepDir) -> SweepState | None:

@@ -126,10 +126,10 @@ def check_all(frame_skip: int = 2) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI: ``python -m qed_ray.envs --check-all`` loads all 18 tasks (the image smoke command)."""
-    parser = cli_help.parser("python -m qed_ray.envs", __doc__, (
-        "python -m qed_ray.envs               # list the 18 task names",
-        "python -m qed_ray.envs --check-all   # load every task and take one step"))
+    """CLI: ``qed-ray envs --check-all`` loads all 18 tasks (the image smoke command)."""
+    parser = cli_help.parser("qed-ray envs", __doc__, (
+        "qed-ray envs               # list the 18 task names",
+        "qed-ray envs --check-all   # load every task and take one step"))
     parser.add_argument("--check-all", action="store_true", help="load every task and take one step")
     args = parser.parse_args(argv)
     if not args.check_all:

@@ -25,7 +25,7 @@ same way: expected, not yet seen on a GPU (``benchmarks/gpu_check.sh`` checks bo
 (inductor chooses a product's precision when it compiles), so ``3xtf32`` refuses ``train.compile: compile``
 (:func:`resolve_precision`). On any other device the same function emulates the tensor cores exactly: operands
 rounded by :func:`round_tf32`, products of TF32 values (exact in FP32), FP32 accumulation; this is what the numerics
-gate (:mod:`qed_ray.rl.precision_gate`) measures on a CPU. CPU *runs* ignore ``train.precision``: there is no TF32
+gate (``benchmarks/precision_gate.py``) measures on a CPU. CPU *runs* ignore ``train.precision``: there is no TF32
 hardware to gain from, so a run there is FP32 and says so (:func:`resolve_precision`).
 
 A fused kernel (one Triton program per seed and state tile: both heads' layers, |Q1 - Q2|, the expectile and the

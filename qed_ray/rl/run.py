@@ -1,6 +1,6 @@
 """The run CLI: one seed, or several seeds of one configuration trained together as a pack.
 
-``python -m qed_ray.train --task cartpole-balance --temperature qed --k 0.2 --seed 0 --env-steps 20000 --out DIR``
+``qed-ray run --task cartpole-balance --temperature qed --k 0.2 --seed 0 --env-steps 20000 --out DIR``
 (or ``--seeds 0 1 2``, with ``--env-workers W``) trains into DIR, laid out as a sweep folder: per seed its policy
 snapshots, ``history.json`` and ``DONE.json`` in ``policies/<trial>/``, its replay in ``replay/<trial>/``,
 ``<trial>/metrics.jsonl`` (one line per evaluation) and ``<trial>/summary.json``; the pack's checkpoints in
@@ -91,15 +91,15 @@ class RunLog:
 
 
 EXAMPLES = (
-    "python -m qed_ray.train --task cartpole-balance --temperature qed --k 0.2 --seed 0 --env-steps 20000 "
+    "qed-ray run --task cartpole-balance --temperature qed --k 0.2 --seed 0 --env-steps 20000 "
     "--out runs/cp-qed   # one seed; the same command resumes it",
-    "python -m qed_ray.train --task cheetah-run --agent mad_sac --seeds 0 1 2 --env-workers 3 --env-steps 100000 "
+    "qed-ray run --task cheetah-run --agent mad_sac --seeds 0 1 2 --env-workers 3 --env-steps 100000 "
     "--out runs/ch-mad   # three seeds as one pack")
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[Flag]]:
     """Command-line flags: one per RunSpec setting, help and defaults read from the models (:mod:`qed_ray.flags`)."""
-    p = cli_help.parser("python -m qed_ray.train", __doc__, EXAMPLES)
+    p = cli_help.parser("qed-ray run", __doc__, EXAMPLES)
     p.add_argument("--config", type=Path, help="YAML file with RunSpec settings (flags given override it)")
     p.add_argument("--out", type=Path, required=True, help="run folder (laid out as a sweep folder)")
     p.add_argument("--seeds", type=int, nargs="+", help="several seeds trained together as one pack (instead of "

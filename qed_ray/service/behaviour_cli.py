@@ -1,4 +1,4 @@
-"""``python -m qed_ray.visualize SWEEP_DIR --task ...``: the behaviour figure of a finished sweep (paper Fig. 1), drawn
+"""``qed-ray visualize SWEEP_DIR --task ...``: the behaviour figure of a finished sweep (paper Fig. 1), drawn
 by :mod:`qed_ray.analysis.behaviour`, and its upload to the sweep's MLflow parent run."""
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ def _int_at_least(low: int) -> Callable[[str], int]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """The CLI's arguments."""
-    p = cli_help.parser("python -m qed_ray.visualize", "the behaviour figure of a finished sweep (paper Fig. 1)", (
-        "python -m qed_ray.visualize results/smoke --task cartpole-balance   # te and QED seeds side by side",
-        "python -m qed_ray.visualize results/dmc18 --task cheetah-run --variants te qed0.2 --no-mlflow"))
+    p = cli_help.parser("qed-ray visualize", "the behaviour figure of a finished sweep (paper Fig. 1)", (
+        "qed-ray visualize results/smoke --task cartpole-balance   # te and QED seeds side by side",
+        "qed-ray visualize results/dmc18 --task cheetah-run --variants te qed0.2 --no-mlflow"))
     p.add_argument("sweep_dir", type=Path, help="a finished sweep folder (holds policies/ and sweep.json)")
     p.add_argument("--task", required=True, help="task of the figure, e.g. cheetah-run")
     p.add_argument("--agent", default="sac_ln", help="agent name (default sac_ln)")

@@ -31,10 +31,10 @@ import ray
 from ray import tune
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from qed_ray.analysis import group_cache, tables
+from qed_ray.analysis import group_cache
 from qed_ray.analysis.checksums import Verifier
+from qed_ray.analysis.gather_engine import GatherEngine
 from qed_ray.records.layout import SweepDir
-from qed_ray.service.reanalysis import write_results
 from qed_ray.analysis.results import FailedTrial, GroupKey, GroupResult, SweepResults
 from qed_ray.spec import FinalEvalSpec, SweepSpec
 from qed_ray.analysis.group_view import GroupView, baseline_in, group_view
@@ -113,29 +113,27 @@ def _evaluate_group_task(job: group_cache.GroupJob, final_eval: FinalEvalSpec) -
 
 
 def _cause(e: BaseException) -> str:
-    inner = getattr(e, "cause", None) or e  # a Ray task's error carries the original exception as .cause
-    return f"{type(inner).__name__}: {inner}".splitlines()[0]
+    return f"{type(e).__name__}: {e}".splitlines()[0]
 
 
 @ray.remote(num_cpus=0)
 class Gatherer:
-    """Gathers one sweep's groups as their trials finish; see the module notes. Async: group evaluations run as
-    Ray tasks concurrently; file and MLflow work runs on one thread, in order."""
+    """Gathers one sweep's groups as their trials finish, through the gather engine
+    (:class:`~qed_ray.analysis.gather_engine.GatherEngine`); see the module notes. Async: groups are gathered on
+    ``max_in_flight`` threads at once, each evaluation a Ray task; file and MLflow work runs on one thread, in
+    order."""
 
     def __init__(self, plan: GatherPlan):
         self.plan, self.layout = plan, SweepDir(plan.sweep_dir)
+        self.engine = GatherEngine(self.layout, plan.final_eval, plan.results_key)
         self.group_of = {n: k for k, names in plan.groups.items() for n in names}
         self.finished: set[str] = set()
         self.failed: dict[str, str] = {}
-        self.results: dict[GroupKey, GroupResult] = {}
-        self.excluded: dict[str, FailedTrial] = {}
         self.jobs: dict[GroupKey, asyncio.Task] = {}
         self.seen_at: dict[str, float] = {}
         self.logged_at: dict[GroupKey, float] = {}
-        self.evaluated: list[str] = []
-        self.from_cache: list[str] = []
         self.io = ThreadPoolExecutor(1)
-        self.slots = asyncio.Semaphore(plan.max_in_flight)
+        self.groups = ThreadPoolExecutor(plan.max_in_flight)
         self.dirty = False
         self.refresher: asyncio.Task | None = None
         self.tracker: Tracker | None = None
@@ -181,41 +179,24 @@ class Gatherer:
 
     async def _gather(self, key: GroupKey) -> None:
         names = self.plan.groups[key]
-        for n in names:
-            if n in self.failed:
-                self.excluded[n] = FailedTrial(n, self.failed[n])
+        self.engine.exclude(FailedTrial(n, self.failed[n]) for n in names if n in self.failed)
         finished = [n for n in names if n in self.finished]
         try:
-            job = await self._blocking(self._prepare, key, finished)
-            result = await self._blocking(group_cache.cached, job)  # each seed checked first, then the entry
-            if result is not None:
-                self.from_cache.append(key.name)
-            elif job.records:
-                async with self.slots:
-                    task = _evaluate_group_task.options(**self.plan.group_resources)
-                    result = await task.remote(job, self.plan.final_eval)
-                await self._blocking(group_cache.store, self.layout, job.key, result, self.plan.results_key)
-                self.evaluated.append(key.name)
-            if result is not None:
-                self.results[key] = result
-        except Exception as e:  # noqa: BLE001 - a refused or broken group is left out, flagged with the reason
-            for n in finished:
-                self.excluded[n] = FailedTrial(n, f"gather refused {key.name}: {_cause(e)}")
+            recorded = await self._blocking(lambda: self._tracker().recorded_digests())
+        except Exception as e:  # noqa: BLE001 - MLflow unreachable: the snapshots cannot be checked now
+            self.retry.add(key)
+            self.engine.exclude(FailedTrial(n, f"gather refused {key.name}: {_cause(e)}") for n in finished)
+        else:
+            verifier = Verifier(self.plan.sweep_id, self.plan.results_key, recorded)
+            await asyncio.get_running_loop().run_in_executor(self.groups, self.engine.group, key, finished, verifier,
+                                                             self._evaluate)
         self.dirty = True
         if self.refresher is None or self.refresher.done():
             self.refresher = asyncio.get_running_loop().create_task(self._refresh_loop())
 
-    def _prepare(self, key: GroupKey, finished: list[str]) -> group_cache.GroupJob:
-        try:
-            recorded = self._tracker().recorded_digests()
-        except Exception:
-            self.retry.add(key)  # MLflow unreachable: the snapshots cannot be checked now
-            raise
-        verifier = Verifier(self.plan.sweep_id, self.plan.results_key, recorded)
-        job = group_cache.prepare(self.layout, key, finished, verifier, self.plan.final_eval)
-        for f in job.excluded:
-            self.excluded[f.name] = f
-        return job
+    def _evaluate(self, job: group_cache.GroupJob) -> GroupResult:
+        """A group's evaluation as a Ray task with its own resources, waited for on the gathering thread."""
+        return ray.get(_evaluate_group_task.options(**self.plan.group_resources).remote(job, self.plan.final_eval))
 
     def _tracker(self) -> Tracker:
         if self.tracker is None:
@@ -229,10 +210,7 @@ class Gatherer:
             await self._blocking(self._refresh)
 
     def _refresh(self) -> SweepResults:
-        p = self.plan
-        results = tables.sweep_results(p.sweep, p.final_eval, list(self.results.values()),
-                                       sorted(self.excluded.values(), key=lambda f: f.name), len(self.group_of),
-                                       p.claim, p.judge)
+        results = self.engine.sweep_results(self.plan.sweep, len(self.group_of), self.plan.claim, self.plan.judge)
         new = [g for g in results.groups if g.key not in self.logged_at]
         self.unlogged.update({v.key: v for v in self._views(results)})
         # The rows first (figures take seconds to draw); MLflow is a mirror: gather/ is written either way.
@@ -245,7 +223,7 @@ class Gatherer:
         # their upload: the figures alone take seconds to draw.
         text = json.dumps(results.to_json(), sort_keys=True)
         if text != self.written:
-            write_results(results, self.layout)
+            self.engine.write(results)
             self.written, self.files_logged = text, False
         if not self.files_logged:
             self.files_logged = self._mirror(log_files, self.layout)
@@ -288,14 +266,8 @@ class Gatherer:
     def _again(self, key: GroupKey) -> None:
         """Forgets a gathered group's outcome and gathers it again."""
         self.retry.discard(key)
-        for n in self.plan.groups[key]:
-            if n in self.finished:
-                self.excluded.pop(n, None)
-        self.results.pop(key, None)
+        self.engine.forget(key, [n for n in self.plan.groups[key] if n in self.finished])
         self.logged_at.pop(key, None)
-        for done in (self.evaluated, self.from_cache):
-            if key.name in done:
-                done.remove(key.name)
         del self.jobs[key]
         self._start_if_complete(key)
 
@@ -305,8 +277,8 @@ class Gatherer:
         for f in failed:  # the driver's reasons are the final ones (the callback only knew that Tune gave up)
             if f.name in self.group_of and f.name not in self.finished:
                 self.failed[f.name] = f.error
-                if f.name in self.excluded:
-                    self.excluded[f.name] = f
+                if f.name in self.engine.excluded:
+                    self.engine.exclude([f])
         for name in self.group_of:
             if name not in self.finished and name not in self.failed:
                 self.failed[name] = "did not finish"
@@ -318,13 +290,12 @@ class Gatherer:
         await asyncio.gather(*self.jobs.values())
         if self.refresher is not None:
             await self.refresher
-        extra = [f for f in failed if f.name not in self.group_of]  # e.g. a failure of the gather step itself
-        for f in extra:
-            self.excluded[f.name] = f
+        self.engine.exclude(f for f in failed if f.name not in self.group_of)  # e.g. a failure of the gather step
         results = await self._blocking(self._refresh)
         delays = {k.name: self.logged_at[k] - max(self.seen_at[n] for n in self.plan.groups[k] if n in self.seen_at)
-                  for k in self.results if k in self.logged_at and any(n in self.seen_at for n in self.plan.groups[k])}
-        return GatherReport(results, self.evaluated, self.from_cache, delays, list(self.lines))
+                  for k in self.engine.results if k in self.logged_at
+                  and any(n in self.seen_at for n in self.plan.groups[k])}
+        return GatherReport(results, self.engine.evaluated, self.engine.from_cache, delays, list(self.lines))
 
 
 class GatherFeed(tune.Callback):

@@ -23,25 +23,22 @@ named (exit 2).
 from __future__ import annotations
 
 import argparse
-import csv
 import logging
 import os
 import sys
-import time
-from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from qed_ray import cli_help, console
-from qed_ray.analysis import group_cache, report, tables
+from qed_ray.analysis import group_cache, report
+from qed_ray.analysis.checksums import Verifier
+from qed_ray.analysis.gather_engine import GatherEngine
+from qed_ray.analysis.outputs import policy_dir
 from qed_ray.analysis.results import FailedTrial, GroupResult, SweepResults, read_results
-from qed_ray.records.atomic import atomic_file, write_json
 from qed_ray.field_hints import format_validation_error
-from qed_ray.analysis.group_cache import TamperedCacheError, UnreadableSeedError
-from qed_ray.analysis.checksums import TamperedSnapshotError, Verifier
 from qed_ray.labels import settings_label
 from qed_ray.records.layout import SweepDir
 from qed_ray.service.lock import LockHeld, SweepLock
@@ -56,33 +53,6 @@ FLAGS = ("policies", "episodes", "action_rollouts", "action_steps", "curve_episo
          "confidence", "seed", "proxy_window")
 
 
-def _write_csv(rows: list[dict], path: Path) -> None:
-    with atomic_file(path) as tmp, open(tmp, "w", newline="") as f:
-        if rows:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-
-
-def policy_dir(layout: SweepDir, policy: str) -> Path:
-    """``gather/policy_<name>/`` (:meth:`SweepDir.policy_gather`)."""
-    return layout.policy_gather(policy)
-
-
-def write_results(results: SweepResults, layout: SweepDir, folder: Path | None = None) -> None:
-    """``results.json`` (strict JSON, every evaluation policy's tables in it), ``aggregates.csv``, ``groups.csv``,
-    ``iqm_by_budget.csv``, ``comparisons.csv``, ``verdict.json`` (``null`` without a te and a QED variant) and,
-    with groups, the figures (PNG and SVG), each replaced atomically (the live gather rewrites them while the sweep
-    runs); the same tables and figures of each further evaluation policy under :func:`policy_dir`. Into
-    ``folder`` (a re-analysis's, :meth:`SweepDir.reanalysis`) laid out as ``gather/``; default ``gather/``."""
-    folder = layout.gather if folder is None else folder
-    folder.mkdir(parents=True, exist_ok=True)
-    write_json(folder / layout.results_json.name, results.to_json(), indent=1)
-    _write_tables(results, folder, layout)
-    for policy, other in results.other_policies.items():
-        _write_tables(other, folder / policy_dir(layout, policy).name, layout)
-
-
 def reanalysis_dir(layout: SweepDir, final_eval: FinalEvalSpec, sweep_settings: FinalEvalSpec | None) -> Path:
     """``gather/reanalysis-<settings>/`` for ``final_eval``: named for the settings that differ from the sweep's own
     (``gather/results.json``'s, else the defaults), ``+`` between them (``reanalysis-episodes=20+seed=3``);
@@ -91,20 +61,6 @@ def reanalysis_dir(layout: SweepDir, final_eval: FinalEvalSpec, sweep_settings: 
     label = settings_label(final_eval.model_dump(mode="json"), {f"final_eval.{k}": str(v) for k, v in base.items()},
                            FLAGS)
     return layout.reanalysis("sweep-settings" if label == "sweep settings" else label.replace(" ", "+"))
-
-
-def _write_tables(results: SweepResults, folder: Path, layout: SweepDir) -> None:
-    """The CSV tables and figures of one evaluation policy in ``folder`` (file names as in ``gather/``)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    _write_csv([asdict(a) for a in results.aggregates], folder / layout.aggregates_csv.name)
-    _write_csv(tables.group_rows(results.groups, results.group_stats), folder / layout.groups_csv.name)
-    _write_csv([asdict(b) for b in results.iqm_by_budget], folder / layout.budgets_csv.name)
-    _write_csv([c.csv_row() for c in results.comparisons], folder / layout.comparisons_csv.name)
-    write_json(folder / layout.verdict_json.name, results.verdict.to_json() if results.verdict else None, indent=1)
-    if results.groups:
-        from qed_ray.analysis import plots  # matplotlib: for the figures, not for --help or a refused folder
-
-        plots.all_figures(results, folder / layout.figures.name)
 
 
 def previous_results(layout: SweepDir) -> SweepResults | None:
@@ -151,57 +107,37 @@ def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, verifier: Verifier | 
               signing_key: bytes | None = None, claim: dict | None = None) -> tuple[SweepResults, list[str]]:
     """Computes every output ``gather/`` holds, into :func:`reanalysis_dir` (``gather/`` keeps the sweep's own; only
     new groups enter ``gather/cache/``), for ``final_eval`` (the verdict by ``claim``, the pre-registration
-    :func:`~qed_ray.records.sweep.verified_claim` checked, if any); returns the results and the refused groups.
-    ``verifier`` None (``--no-verify``): nothing is checked, every seed is unverified; ``signing_key`` (default the
-    verifier's) signs and checks the cache, which is left alone without one. When every trial is left out (no group has
-    a result) nothing is written: that folder's previous outputs stay.
+    :func:`~qed_ray.records.sweep.verified_claim` checked, if any), through the gather engine
+    (:class:`~qed_ray.analysis.gather_engine.GatherEngine`, ``workers`` groups at a time in local processes);
+    returns the results and the refused groups. ``verifier`` None (``--no-verify``): nothing is checked, every seed
+    is unverified; ``signing_key`` (default the verifier's) signs and checks the cache, which is left alone without
+    one. When every trial is left out (no group has a result) nothing is written: that folder's previous outputs
+    stay.
 
     Raises:
         RecordError / SpecError: a damaged ``results.json`` or ``sweep.json`` (naming it and the field).
     """
     trials = [t.name for t in layout.trials()]
     old = previous_results(layout)
-    failed = [f for f in (old.failed_trials if old else []) if f.name not in trials and "/" in f.name]
     finished = [n for n in trials if layout.done_marker(n).exists()]
-    failed += [FailedTrial(n, "did not finish (no DONE.json)") for n in trials if n not in finished]
-    jobs, results, refused = [], {}, []
-    for key, names in group_cache.plan_groups(trials).items():
-        job = group_cache.prepare(layout, key, [n for n in names if n in finished], verifier, final_eval, signing_key)
-        failed += job.excluded
-        try:
-            cached = group_cache.cached(job, log)
-        except (TamperedSnapshotError, TamperedCacheError, UnreadableSeedError) as e:  # refused before evaluating
-            _refuse(job, e, refused, failed, log)
-            continue
-        if cached is not None:
-            results[key] = cached
-            log(f"  {key.name}: cached")
-        elif job.records:
-            jobs.append(job)
-    pool = ProcessPoolExecutor(workers, mp_context=get_context("spawn")) if workers > 1 else None
-    try:
-        futures = [(job, pool.submit(_evaluate_in_worker, job, final_eval) if pool else None) for job in jobs]
-        for job, future in futures:
-            t0 = time.perf_counter()
-            try:
-                result = future.result() if future else group_cache.evaluate(job, final_eval)
-            except Exception as e:  # noqa: BLE001 - a refused group is reported, the others still land
-                _refuse(job, e, refused, failed, log)
-                continue
-            if job.signing_key is not None:
-                group_cache.store(layout, job.key, result, job.signing_key, log)
-            results[job.group] = result
-            log(f"  {job.group.name}: evaluated ({time.perf_counter() - t0:.1f} s)")
-    finally:
-        if pool is not None:
-            pool.shutdown()
-    n_trials = max(old.n_trials if old else 0, len(trials) + len([f for f in failed if f.name not in trials]))
-    out = tables.sweep_results(old.sweep if old else layout.root.name, final_eval, list(results.values()),
-                               sorted(failed, key=lambda f: f.name), n_trials, claim,
+    engine = GatherEngine(layout, final_eval, signing_key, log, progress=log)
+    engine.exclude([f for f in (old.failed_trials if old else []) if f.name not in trials and "/" in f.name])
+    engine.exclude(FailedTrial(n, "did not finish (no DONE.json)") for n in trials if n not in finished)
+    groups = [(key, [n for n in names if n in finished]) for key, names in group_cache.plan_groups(trials).items()]
+    if workers > 1:
+        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool, ThreadPoolExecutor(workers) as each:
+            def evaluate(job: group_cache.GroupJob) -> GroupResult:
+                return pool.submit(_evaluate_in_worker, job, final_eval).result()
+            list(each.map(lambda g: engine.group(*g, verifier, evaluate), groups))
+    else:
+        for key, done in groups:
+            engine.group(key, done, verifier)
+    n_trials = max(old.n_trials if old else 0, len(trials) + len([f for f in engine.excluded if f not in trials]))
+    out = engine.sweep_results(old.sweep if old else layout.root.name, n_trials, claim,
                                judge=not layout.search_file.exists())  # a k search is never judged
     if out.groups:
-        write_results(out, layout, reanalysis_dir(layout, final_eval, old.final_eval if old else None))
-    return out, refused
+        engine.write(out, reanalysis_dir(layout, final_eval, old.final_eval if old else None))
+    return out, engine.refused
 
 
 def _log_to_mlflow(layout: SweepDir, uri: str | None, results: SweepResults, refused: list[str], folder: Path) -> str:
@@ -221,13 +157,6 @@ def _log_to_mlflow(layout: SweepDir, uri: str | None, results: SweepResults, ref
     except Exception as e:  # noqa: BLE001 - MLflow mirrors the folder; the new tables are in gather/ either way
         return f"WARNING: MLflow not updated ({type(e).__name__}: {' '.join(str(e).split())[:300]}); the results " \
                f"are in {layout.gather}"
-
-
-def _refuse(job: group_cache.GroupJob, e: Exception, refused: list[str], failed: list[FailedTrial], log) -> None:
-    """A refused group: reported, its seeds left out naming the reason (the others still land)."""
-    refused.append(f"{job.group.name}: {type(e).__name__}: {e}")
-    failed.extend(FailedTrial(r.name, f"gather refused {job.group.name}: {e}") for r in job.records)
-    log(f"  {job.group.name}: REFUSED: {e}")
 
 
 def _verifier(layout: SweepDir, uri: str | None, key: bytes) -> Verifier:
@@ -291,9 +220,9 @@ def _name_list(text: str) -> list[str]:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Command-line flags: the sweep folder, the final-evaluation settings to change, verification."""
-    p = cli_help.parser("python -m qed_ray.gather", __doc__, (
-        "python -m qed_ray.gather results/smoke --episodes 20   # more final-evaluation episodes; no retraining",
-        "python -m qed_ray.gather results/smoke --policies mean,sample --workers 2   # also sampled actions"))
+    p = cli_help.parser("qed-ray gather", __doc__, (
+        "qed-ray gather results/smoke --episodes 20   # more final-evaluation episodes; no retraining",
+        "qed-ray gather results/smoke --policies mean,sample --workers 2   # also sampled actions"))
     p.add_argument("sweep_dir", type=Path, help="the sweep folder (with sweep.json and policies/)")
     for name in FLAGS:
         info = FinalEvalSpec.model_fields[name]

@@ -1,4 +1,4 @@
-"""Relinks a moved or copied local sweep folder to its own MLflow artifacts (``python -m qed_ray.relink DIR``).
+"""Relinks a moved or copied local sweep folder to its own MLflow artifacts (``qed-ray relink DIR``).
 
 A local sweep keeps its MLflow store (``mlflow.db``) and artifact root (``mlartifacts/``) in the sweep folder, but
 MLflow records artifact locations as absolute paths: it resolves a relative one against the working folder when
@@ -9,7 +9,7 @@ artifacts would be written there. Relinking rewrites, in the folder's own store 
 artifact locations of the sweep's experiments, runs and logged models that point into another folder's
 ``mlartifacts/`` (or anywhere else: an edited store could send the re-analysis's artifacts out of the folder) so
 that they point into this folder's; nothing else changes. A sweep start, ``python -m
-qed_ray.gather`` and ``python -m qed_ray.visualize`` relink a moved folder themselves; this command is for a
+qed_ray.gather`` and ``qed-ray visualize`` relink a moved folder themselves; this command is for a
 folder nothing else will open first (e.g. before ``mlflow ui`` on a copy).
 """
 
@@ -131,9 +131,9 @@ def follow_move(layout: SweepDir, sweep_id: str | None = None,
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; exit code 0 relinked (or nothing to do), 2 bad input."""
-    p = cli_help.parser("python -m qed_ray.relink", __doc__, (
-        "mv results/smoke archive/smoke && python -m qed_ray.relink archive/smoke   # after a move",
-        "cp -r results/smoke /data/smoke && python -m qed_ray.relink /data/smoke    # a copy keeps its own"))
+    p = cli_help.parser("qed-ray relink", __doc__, (
+        "mv results/smoke archive/smoke && qed-ray relink archive/smoke   # after a move",
+        "cp -r results/smoke /data/smoke && qed-ray relink /data/smoke    # a copy keeps its own"))
     p.add_argument("sweep_dir", type=Path, help="the moved or copied sweep folder (with sweep.json and mlflow.db)")
     layout = SweepDir(p.parse_args(argv).sweep_dir.absolute())
     problem = (f"{layout.root} is not a sweep folder (no {layout.state_file.name})" if not layout.state_file.exists()

@@ -57,7 +57,6 @@ from qed_ray.spec import SweepSpec
 from qed_ray.service.status import error_summary
 from qed_ray.records.codec import RecordError
 from qed_ray.records.file_reads import cut, read_tail
-from qed_ray.compat import adopt_trial_checkpoints
 from qed_ray.service.packing import Pack, TuneTrial
 from qed_ray.records.sweep import SweepState
 from qed_ray.service.sweep_state import git_sha, outcome, prune_finished, sync_runs
@@ -281,9 +280,6 @@ def run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, exp
                new: list[str], gather_partial: bool, packs: list[Pack], lock: SweepLock, key: ResultsKey,
                allow_unverified: bool = False) -> int:
     prune_finished(layout, packs, spec.keep_replay)
-    adopted = sum(adopt_trial_checkpoints(layout, p.id, p.trials[0].run.train.env_steps) for p in packs)
-    if adopted:
-        print(f"adopted {adopted} checkpoint(s) of trials an older qed_ray trained outside packs", flush=True)
     interrupt = Interrupt(lock.lost)
     interrupt.install()
     quiet_never_started()

@@ -22,9 +22,9 @@ from qed_ray.service.ray_join import EXIT_NO_RAY, JoinFailed
 from qed_ray.spec import SpecError, SweepSpec, load_spec
 
 REPOSITORY = Path(__file__).resolve().parents[2]  # where sweeps/ and the README's relative paths are
-EXAMPLES = ("python -m qed_ray.sweep sweeps/smoke.yaml --dry-run   # the plan and its cost; runs nothing",
-            "python -m qed_ray.sweep sweeps/smoke.yaml             # run, resume or grow the sweep",
-            "python -m qed_ray.sweep --status --dir results/smoke  # its progress, from any shell (no spec needed)")
+EXAMPLES = ("qed-ray sweep sweeps/smoke.yaml --dry-run   # the plan and its cost; runs nothing",
+            "qed-ray sweep sweeps/smoke.yaml             # run, resume or grow the sweep",
+            "qed-ray sweep --status --dir results/smoke  # its progress, from any shell (no spec needed)")
 
 
 def check_options(no_spec: bool, args) -> None:
@@ -148,7 +148,7 @@ def missing_spec(path: Path, cwd: Path | None = None) -> str:
 
 def parser():
     """The command line (``--help`` prints the local ``ray job submit`` recipe after the flags)."""
-    p = cli_help.parser("python -m qed_ray.sweep", __doc__, EXAMPLES, announce.local_head_help())
+    p = cli_help.parser("qed-ray sweep", __doc__, EXAMPLES, announce.local_head_help())
     p.add_argument("spec", type=Path, nargs="?", help="sweep YAML (see sweeps/ and docs/spec.md's field table); "
                    "not needed with --status --dir")
     p.add_argument("--dry-run", action="store_true", help="print the plan on this machine and each shipped cluster "

@@ -42,13 +42,12 @@ from typing import TYPE_CHECKING, Any
 from qed_ray import claim
 from qed_ray.analysis.results import FailedTrial
 from qed_ray.records.codec import RecordError
-from qed_ray.compat import legacy_trial_started, old_default_target_alpha
 from qed_ray.records.layout import PackId, SweepDir, TrialId
 from qed_ray.naming import identity, identity_changes, parse_variant, show_setting
 from qed_ray.records.digests import unverified_reason
 from qed_ray.records.run import diverged_reason, read_history
 from qed_ray.service.packing import Pack, form_packs, pack_of, pack_records, pack_started, pack_state
-from qed_ray.records.sweep import STATE_FORMAT, StateDamaged, SweepState, read_state
+from qed_ray.records.sweep import STATE_FORMAT, StateDamaged, SweepState, older_release, read_state
 from qed_ray.service.tags import DIGEST_TAG, UNVERIFIED_TAG
 from qed_ray.service.tracking_uri import URI_ENV, check_uri, default_tracking_uri
 from qed_ray.spec import SpecError, SweepSpec
@@ -230,8 +229,8 @@ def plan(state: SweepState | None, spec: SweepSpec, layout: SweepDir | None = No
         recorded = dict(current)
     if layout is not None:
         recorded = {n: i for n, i in recorded.items() if _started(layout, n)}
-    if state.format < 3 and (old_qed := old_default_target_alpha(recorded)):
-        return Plan(state, problems=[old_qed])
+    if old := older_release(layout, state.format, recorded):
+        return Plan(state, problems=[old])
     new = [n for n in current if n not in recorded]
     packs, pack_problems = _plan_packs(state, spec, bool(recorded), layout)
     old_claim = state.claim.model_dump() if state.claim is not None else None
@@ -253,7 +252,7 @@ def _plan_packs(state: SweepState, spec: SweepSpec, started: bool, layout: Sweep
     old, recorded = state.pack_seeds, state.packs
     if layout is not None:
         recorded = {n: m for n, m in recorded.items() if pack_started(layout, PackId.of(m))}
-    if old != spec.pack.seeds and (recorded or (old == 1 and started)):
+    if old != spec.pack.seeds and recorded:
         shown = form_packs(spec)  # what --dry-run lists beside the refusal
         return shown, [f"pack.seeds: this sweep trains packs of {old} seed{'s' if old > 1 else ''}, the spec now gives "
                        f"{spec.pack.seeds}; a started pack's checkpoint holds its seeds together, so a sweep's pack "
@@ -267,9 +266,8 @@ def _plan_packs(state: SweepState, spec: SweepSpec, started: bool, layout: Sweep
 
 
 def _started(layout: SweepDir, name: str) -> bool:
-    """Whether the trial left anything of its own in the folder (a policy or replay folder, or what an unpacked
-    trial of an older release left)."""
-    return any(p.exists() for p in (layout.policies(name), layout.replay(name))) or legacy_trial_started(layout, name)
+    """Whether the trial left anything of its own in the folder (a policy or replay folder)."""
+    return any(p.exists() for p in (layout.policies(name), layout.replay(name)))
 
 
 def _problems(recorded: dict, current: dict, spec: SweepSpec) -> list[str]:

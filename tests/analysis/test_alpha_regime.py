@@ -16,7 +16,7 @@ from qed_ray.analysis.tables import group_rows, sweep_results
 from qed_ray.config import HOT_RATIO, TemperatureSpec
 from qed_ray.records.layout import SweepDir
 from qed_ray.rl.temperature import alpha_stat_names, alpha_stats, make_temperature, temperature_state
-from qed_ray.service.reanalysis import write_results
+from qed_ray.analysis.outputs import write_results
 from qed_ray.spec import FinalEvalSpec
 
 FINAL_EVAL = FinalEvalSpec(episodes=2, action_rollouts=2, action_steps=30, curve_episodes=1, bootstrap_reps=200,

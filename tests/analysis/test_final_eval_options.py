@@ -23,7 +23,7 @@ from qed_ray.rl.env_pool import EnvPool
 from qed_ray.rl.evaluate import eval_policy, eval_seeds, rollout_lockstep
 from qed_ray.analysis.group_cache import ANALYSIS_VERSION, EVAL_FIELDS, cache_key
 from qed_ray.records.layout import SweepDir
-from qed_ray.service.reanalysis import policy_dir, write_results
+from qed_ray.analysis.outputs import policy_dir, write_results
 from qed_ray.analysis.results import GroupKey, SweepResults, TrialRecord
 from qed_ray.spec import FinalEvalSpec
 from qed_ray.analysis.tables import sweep_results

@@ -83,7 +83,7 @@ def sweep(tmp_path_factory) -> Path:
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     """``main(argv)`` in a fresh process with no rendering backend or MLflow URI preset."""
     env = {k: v for k, v in os.environ.items() if k not in ("MUJOCO_GL", "PYOPENGL_PLATFORM", "MLFLOW_TRACKING_URI")}
-    code = "import sys; from qed_ray.visualize import main; sys.exit(main(sys.argv[1:]))"
+    code = "import sys; from qed_ray.cli import main; sys.exit(main([\"visualize\", *sys.argv[1:]]))"
     return subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
 

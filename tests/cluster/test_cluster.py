@@ -588,10 +588,10 @@ def test_smoke_command_is_the_same_everywhere(doc_texts):
 
 def test_diverging_smoke_command_is_rejected(doc_texts):
     readme = dict(doc_texts, **{"docker/README.md": doc_texts["docker/README.md"].replace(
-        SMOKE_CMD, "python -m qed_ray.envs --check")})
+        SMOKE_CMD, "qed-ray envs --check")})
     assert any("docker/README.md" in p for p in smoke_command_problems(readme))
     script = dict(doc_texts, **{"docker/smoke.sh": doc_texts["docker/smoke.sh"].replace(
-        SMOKE_CMD, "python -m qed_ray.envs --list")})
+        SMOKE_CMD, "qed-ray envs --list")})
     assert any("must run exactly" in p for p in smoke_command_problems(script))
 
 

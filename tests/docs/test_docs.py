@@ -1,5 +1,5 @@
-"""The docs match the code: every `qed_ray/...` path README.md and docs/ name exists, every `python -m ...` command
-they name answers `--help` with its own usage line, the README's headline caption is the one scripts/headline.py
+"""The docs match the code: every `qed_ray/...` path README.md and docs/ name exists, every `qed-ray ...` and
+`python -m ...` command they name answers `--help` with its own usage line, the README's headline caption is the one scripts/headline.py
 writes from the committed data file, and the Makefile's recipes echo no comments."""
 
 import importlib.util
@@ -19,7 +19,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # A repository path: not the tail of another path (`~/.config/qed_ray/results.key`); placeholders (`<trial>`, `*`)
 # end it, and so does trailing punctuation.
 PATH = re.compile(r"(?<![\w./~-])qed_ray/[\w./-]*\w|(?<![\w./~-])qed_ray/")
-COMMAND = re.compile(r"python -m (qed_ray(?:\.\w+)+)|python (scripts/\w+\.py)")
+COMMAND = re.compile(r"python -m (qed_ray(?:\.\w+)+)|python (scripts/\w+\.py)|(qed-ray [a-z]+)")
 
 
 def _named(pattern: re.Pattern) -> dict[str, list[str]]:
@@ -27,7 +27,7 @@ def _named(pattern: re.Pattern) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for doc in DOCS:
         for match in pattern.finditer(doc.read_text()):
-            found.setdefault(match.group(0) if pattern is PATH else match.group(1) or match.group(2), []).append(
+            found.setdefault(match.group(0) if pattern is PATH else next(g for g in match.groups() if g), []).append(
                 doc.relative_to(ROOT).as_posix())
     return found
 
@@ -40,13 +40,17 @@ def test_every_named_path_exists():
 
 
 def _help(command: str) -> str:
-    """``python -m MODULE --help`` (or ``python SCRIPT --help``) in this process: its stdout. The environment and
-    sys.argv are restored afterwards (an entry point may set variables before parsing)."""
+    """``qed-ray COMMAND --help``, ``python -m MODULE --help`` or ``python SCRIPT --help`` in this process: its stdout.
+    The environment and sys.argv are restored afterwards (an entry point may set variables before parsing)."""
     saved_env, saved_argv, out = dict(os.environ), sys.argv, io.StringIO()
     sys.argv = [command, "--help"]
     try:
         with redirect_stdout(out), pytest.raises(SystemExit) as done:
-            if command.endswith(".py"):
+            if command.startswith("qed-ray "):
+                from qed_ray.cli import main
+
+                raise SystemExit(main([command.split()[1], "--help"]))
+            elif command.endswith(".py"):
                 runpy.run_path(str(ROOT / command), run_name="__main__")
             else:
                 runpy.run_module(command, run_name="__main__", alter_sys=True)
@@ -60,10 +64,11 @@ def _help(command: str) -> str:
 
 def test_every_named_command_answers_help():
     commands = _named(COMMAND)
-    assert {"qed_ray.sweep", "qed_ray.train", "qed_ray.gather", "scripts/headline.py"} <= set(commands)
+    assert {"qed-ray sweep", "qed-ray run", "qed-ray gather", "qed_ray.sweep", "scripts/headline.py"} <= set(commands)
     for command, docs in sorted(commands.items()):
         text = _help(command)
-        usage = f"usage: python {command}" if command.endswith(".py") else f"usage: python -m {command}"
+        usage = (f"usage: python {command}" if command.endswith(".py") else f"usage: {command}"
+                 if command.startswith("qed-ray ") else f"usage: qed-ray {command.removeprefix('qed_ray.')}")
         assert text.startswith(usage), (command, sorted(set(docs)), text[:200])
 
 

@@ -10,7 +10,7 @@ from qed_ray.config import MadSpec, TemperatureSpec, agent_spec
 OBS, ACT, B = 5, 2, 16  # observation and action sizes of the synthetic batches, and their batch size
 QED = {"kind": "qed", "k": 0.2, "n_actions": 4, "alpha_max": 0.5, "init_alpha": 0.02}  # QED with N = 4 samples
 # "qed" measures QED at s' for the TD target too (target_alpha: qed, the default before App. C's floor became it),
-# so the maths tests cover every QED pass and match the format-1 oracle (tests/reference_update.py)
+# so the maths tests cover every QED pass and match the format-1 oracle (tests/oracles/reference_update.py)
 TEMPERATURES = {"te": TemperatureSpec(kind="te"), "fixed": TemperatureSpec(kind="fixed", alpha=0.05),
                 "qed": TemperatureSpec(**QED, target_alpha="qed")}
 TINY_MAD = {"latent_dim": 16, "encoder_hidden": 16, "model_hidden": 16, "num_bins": 21, "vmin": -10.0,

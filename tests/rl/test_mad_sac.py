@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from kit import ACT, OBS, TINY_MAD, batch_of, spec_of
+from oracles.single_seed import single_update
 
 from qed_ray.rl.agents.base import params_of
 from qed_ray.rl.agents.mad_sac import MODEL_METRIC_KEYS, MadSAC, split_sizes
@@ -173,7 +174,7 @@ REQUIRED_KEYS = ("loss/critic", "loss/actor", "loss/alpha", "loss/model_reward",
 def test_update_moves_exactly_the_trained_parameters(temperature):
     agent = make_agent(temperature)
     before = {k: snapshot(m) for k, m in agent.modules().items()}
-    vector = agent.update(make_batch())
+    vector = single_update(agent, make_batch())
     assert vector.shape == (len(agent.metric_layout.names),) and not vector.requires_grad
     assert bool(torch.isfinite(vector).all())
     metrics = agent.metric_layout.as_dict(vector)
@@ -205,28 +206,28 @@ def test_model_step_runs_every_model_every_th_update():
     agent = make_agent(model_every=2)
     batch = make_batch()
     layout = agent.metric_layout
-    first = layout.as_dict(agent.update(batch))
+    first = layout.as_dict(single_update(agent, batch))
     frozen = {k: snapshot(agent.modules()[k]) for k in ("encoder", "dynamics", "reward")}
     critic = snapshot(agent.critic)
-    second = layout.as_dict(agent.update(batch))
+    second = layout.as_dict(single_update(agent, batch))
     for name, old in frozen.items():
         assert all(torch.equal(v, agent.modules()[name].state_dict()[k]) for k, v in old.items()), name
     assert not torch.equal(critic["q1.0.weight"], agent.critic.state_dict()["q1.0.weight"])
     for key in MODEL_METRIC_KEYS:
         assert torch.equal(first[key], second[key]), key
-    agent.update(batch)
+    single_update(agent, batch)
     assert not torch.equal(frozen["encoder"]["net.0.weight"], agent.encoder.state_dict()["net.0.weight"])
     assert agent.updates == 3
 
 
 def test_target_actor_critic_option_trains_the_actor_against_the_target_critic():
     agent = make_agent(actor_critic="target", model_every=2)
-    agent.update(make_batch())  # online and target critics now differ; the next update skips the model step
+    single_update(agent, make_batch())  # online and target critics now differ; the next update skips the model step
     probe = make_agent(actor_critic="target", model_every=2, seed=5)
     probe.load_state_dict(agent.state_dict())  # the state before the second update
     batch = make_batch(seed=2)
     noise = torch.randn(agent.noise_rows(32), ACT, generator=torch.Generator().manual_seed(4))
-    metrics = agent.metric_layout.as_dict(agent.update(batch, noise))
+    metrics = agent.metric_layout.as_dict(single_update(agent, batch, noise))
     n_real = 16
     eps_actor = noise.split(agent.fn.noise_sizes(32))[5]
     with torch.no_grad():  # the actor step reads the encoder, actor and target critic as they were
@@ -272,7 +273,7 @@ def test_report_warnings_fires_above_the_clip_threshold():
 def test_checkpoint_round_trip_gives_identical_actions_and_updates():
     agent = make_agent(TemperatureSpec(kind="qed", k=0.2), model_every=2)
     batch = make_batch()
-    agent.update(batch)
+    single_update(agent, batch)
     buf = io.BytesIO()
     torch.save(agent.state_dict(), buf)
     buf.seek(0)
@@ -283,7 +284,7 @@ def test_checkpoint_round_trip_gives_identical_actions_and_updates():
     assert torch.equal(fresh.mode_with(fresh.params(), obs), agent.mode_with(agent.params(), obs))
     assert torch.equal(fresh.sample_with(fresh.params(), obs, fresh.noise(1)),
                        agent.sample_with(agent.params(), obs, agent.noise(1)))
-    m1, m2 = agent.update(batch), fresh.update(batch)  # model step skipped on both (update 2 of model_every 2)
+    m1, m2 = single_update(agent, batch), single_update(fresh, batch)  # model step skipped on both (update 2 of model_every 2)
     assert torch.equal(m1, m2)
     for name, mod in agent.modules().items():
         other = fresh.modules()[name].state_dict()

@@ -9,6 +9,7 @@ import pytest
 import torch
 from default_digests import all_fingerprints, same
 from kit import ACT, B, OBS, QED, batch_of, spec_of
+from oracles.single_seed import single_update
 
 from qed_ray.rl.agents import make_agent
 from qed_ray.rl.agents.base import params_of
@@ -86,7 +87,7 @@ def test_floor_target_in_mad_sac_drops_the_qed_rows_at_z_next():
     # model a' (B), QED(z') 0, model actions (4), a' (B), QED(z') 0, actor (12), QED(z) (12 x 4)
     assert mad.fn.noise_sizes(B) == (16, 0, 4, 16, 0, 12, 48)
     alpha_te = float(mad.temperature.floor(mad.params()["temperature"]))  # before the update's alpha step
-    metrics = {k: float(v) for k, v in mad.metric_layout.as_dict(mad.update(batch_of(3))).items()}
+    metrics = {k: float(v) for k, v in mad.metric_layout.as_dict(single_update(mad, batch_of(3))).items()}
     assert metrics["alpha/target_mean"] == alpha_te and metrics["alpha/target_max"] == alpha_te
     assert metrics["alpha/actor_max"] > alpha_te, "the actor step still reads QED's alpha(z)"
 
@@ -128,7 +129,7 @@ def test_hlgauss_sac_ln_heads_decode_to_finite_q_and_train_by_cross_entropy():
     torch.testing.assert_close(d2, q2)
     assert float(hl.clip_fraction(target)) == pytest.approx(4 / B)
     for step in range(5):
-        metrics = agent.metric_layout.as_dict(agent.update(batch_of(10 + step)))
+        metrics = agent.metric_layout.as_dict(single_update(agent, batch_of(10 + step)))
     assert all(np.isfinite(v) for v in metrics.values())
 
 
@@ -156,7 +157,7 @@ def test_packed_update_with_an_option_follows_two_single_seed_runs(name, tempera
         batch = batch_of(20 + step, lead=(2,))
         metrics = pack.update(batch, pack.noise(B, on))
         for i, single in enumerate(singles):
-            want = single.update({k: v[i] for k, v in batch.items()})
+            want = single_update(single, {k: v[i] for k, v in batch.items()})
             torch.testing.assert_close(metrics[i], want, rtol=1e-5, atol=1e-5)
     for i, single in enumerate(singles):
         state = pack.seed_state_dict(i)

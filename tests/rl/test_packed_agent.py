@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kit import ACT, B, OBS, TEMPERATURES, spec_of
+from oracles.single_seed import single_update
 
 from qed_ray.rl.agents import make_agent
 from qed_ray.rl.agents.packed import PackedAgent
@@ -90,7 +91,7 @@ def test_packed_update_follows_two_single_seed_runs(name, kind):
             assert torch.equal(noise[i], single_noise), "the same noise block from the seed's own generator"
             for k in FIELDS:
                 assert torch.equal(batch[k][i], single_batch[k]), f"the same replay indices ({k})"
-            want = single.update(single_batch, single_noise)
+            want = single_update(single, single_batch, single_noise)
             torch.testing.assert_close(metrics[i], want, rtol=1e-5, atol=1e-5)
     for i, single in enumerate(singles):
         state = pack.seed_state_dict(i)

@@ -1,4 +1,4 @@
-"""train.precision and QED's critic products (qed_ray.rl.precision) and their numerics gate (qed_ray.rl.precision_gate).
+"""train.precision and QED's critic products (qed_ray.rl.precision) and their numerics gate (benchmarks/precision_gate.py).
 
 The torch_only tests run on the GPU machine too (``QED_TEST_DEVICE=cuda``): there the gate runs on the tensor cores
 inside a CUDA graph, against FP64 on the same inputs, with the same expectations as the CPU emulation.
@@ -19,7 +19,7 @@ from qed_ray.field_hints import format_validation_error
 from qed_ray.naming import identity, parse_variant
 from qed_ray.rl.precision import (CUDA_DEFAULT, apply_matmul_precision, resolve_precision, round_tf32, split_linear,
                                split_tf32, tf32_linear)
-from qed_ray.rl.precision_gate import GateSettings, run_gate
+from benchmarks.precision_gate import GateSettings, run_gate
 
 ROOT = Path(__file__).parents[2]
 QED = TEMPERATURES["qed"]
@@ -118,7 +118,7 @@ def test_only_qeds_critic_passes_change_precision(device):
     out = {}
     for precision in ("fp32", "tf32"):
         fn.qed_precision = precision
-        _, metrics = fn.critic_loss(p, agent.target_params(), batch, noise[0], noise[1])
+        _, metrics = fn.critic_loss(p, params_of(agent.critic_target), batch, noise[0], noise[1])
         actor, logp, alpha = fn.actor_loss(p["actor"], p["critic"], p["temperature"], batch["obs"], noise[2],
                                            noise[3])
         out[precision] = (metrics, actor.detach(), logp.detach(), alpha)

@@ -15,7 +15,8 @@ from qed_ray.config import AgentBase, MadSpec, SacLnSpec, TemperatureSpec
 from qed_ray.config import agent_spec as make_agent_spec
 from qed_ray.rl.update_metrics import MetricAccumulator, MetricLayout
 from kit import ACT, B, OBS, QED, TEMPERATURES, batch_of, spec_of
-from reference_update import OldMadSAC, OldSACLN
+from oracles.reference_update import OldMadSAC, OldSACLN
+from oracles.single_seed import single_update
 
 def agent_spec(name: str, **mad) -> AgentBase:
     return spec_of(name, mad)
@@ -45,7 +46,7 @@ def test_pure_update_equals_the_previous_maths_for_the_same_noise(name, kind, ma
     for step in range(10):
         batch = batch_of(100 + step, dtype=torch.float64)
         noise = torch.randn(new.noise_rows(B), ACT, generator=g, dtype=torch.float64)
-        got = new.metric_layout.as_dict(new.update(batch, noise))
+        got = new.metric_layout.as_dict(single_update(new, batch, noise))
         want = old.update(batch, noise) if name == "sac_ln" else old.update(batch, noise, new.fn.noise_sizes(B))
         assert set(want) <= set(got), sorted(set(want) - set(got))
         for key, value in want.items():
@@ -78,7 +79,7 @@ def test_floor_and_cap_shares_of_states_put_there_by_construction(name, where, k
     on = np.ones(2, bool)
     for step in range(4):
         before = single.temperature.floor(single.params()["temperature"]).item()
-        rows = [single.metric_layout.as_dict(single.update(batch_of(step)))]
+        rows = [single.metric_layout.as_dict(single_update(single, batch_of(step)))]
         batch = {k: torch.stack([v, v]) for k, v in batch_of(step).items()}
         rows += [pack.metric_layout.as_dict(m) for m in pack.update(batch, pack.noise(B, on))]
         # alpha_TE falls at every step here (the fresh policy's entropy is above -action_dim): compared with the
@@ -112,7 +113,7 @@ def test_update_and_act_draw_one_block_each_from_the_agents_generator(name):
     for step in range(3):
         batch = batch_of(step)
         got = a.update({k: v[None] for k, v in batch.items()}, a.noise(B, on))[0]
-        torch.testing.assert_close(got, b.update(batch, torch.randn(b.noise_rows(B), ACT, generator=g)),
+        torch.testing.assert_close(got, single_update(b, batch, torch.randn(b.noise_rows(B), ACT, generator=g)),
                                    rtol=1e-5, atol=1e-6)
         action = a.act(obs, on)[0]
         with torch.no_grad():
@@ -261,7 +262,7 @@ def test_metric_accumulator_keeps_means_maxima_and_minima():
 def test_each_agent_declares_its_metric_columns(name, kind, expected):
     agent = make_agent(agent_spec(name), TEMPERATURES[kind], OBS, ACT, "cpu", 0)
     assert agent.metric_layout.names == expected
-    assert agent.update(batch_of(0)).shape == (len(expected),)
+    assert single_update(agent, batch_of(0)).shape == (len(expected),)
 
 
 # ---- one interface ----------------------------------------------------------------------------------------

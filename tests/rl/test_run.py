@@ -348,40 +348,6 @@ def test_tf32_is_off_for_critic_passes_once_the_trainer_runs():
         torch.set_float32_matmul_precision("highest")
 
 
-def test_a_trial_checkpoint_of_the_previous_release_is_adopted_by_its_pack_of_one(tmp_path):
-    """qed_ray 0.1 kept an unpacked sweep trial's checkpoints in ``checkpoints/<trial>/<env_steps>/`` (one seed's
-    files, no pack.json); a start of this release moves them into the trial's pack of one and resumes from them."""
-    from qed_ray.compat import adopt_trial_checkpoints, legacy_checkpoints, legacy_trial_started
-
-    specs = pack_specs(seeds=[0], env_steps=1000)
-    run(specs, tmp_path)
-    layout, name, pack = SweepDir(tmp_path), specs[0].name, PackId.of([specs[0].name])
-    assert not legacy_trial_started(layout, name)
-    ours = layout.pack_checkpoint(pack, 1000) / seed_dir(0)
-    manifest = json.loads((ours / "manifest.json").read_text())
-    legacy = legacy_checkpoints(layout, name) / "0000001000"  # what 0.1 wrote: the seed's files, no pack fields
-    legacy.parent.mkdir(parents=True)
-    shutil.move(ours, legacy)
-    old = {k: v for k, v in manifest.items() if k not in ("pack", "pack_size", "pack_index")}
-    old["progress"] = {**old["progress"], "warmup_s": 1.0, "train_s": 2.0, "eval_s": 3.0}
-    (legacy / "manifest.json").write_text(json.dumps(old))
-    shutil.rmtree(layout.pack_checkpoints(pack))
-    assert legacy_trial_started(layout, name)
-    assert adopt_trial_checkpoints(layout, PackId.of([name, name[:-1] + "9"]), 1000) == 0, "only a pack of one"
-    assert adopt_trial_checkpoints(layout, pack, 2000) == 1
-    assert not legacy.exists() and adopt_trial_checkpoints(layout, pack, 2000) == 0, "once"
-    adopted = json.loads((layout.pack_checkpoint(pack, 1000) / PACK_FILE).read_text())
-    assert adopted["status"] == ["running"] and adopted["decisions"] == 100 and adopted["train_s"] == 2.0
-    trainer = build_trainer(pack_specs(seeds=[0], env_steps=2000), lambda m, s: None, [layout.replay(name)],
-                            log=lambda s: None)
-    try:
-        assert restore_latest(trainer, layout, pack, print) == 1000
-        assert trainer.progress.decisions == 100 and trainer.progress.eval_s == 3.0 and trainer.replay.added.tolist() == [100]
-        assert trainer.runs[0].evals[0].env_steps == 1000
-    finally:
-        trainer.close()
-
-
 def test_a_non_finite_action_stops_its_seed_before_its_env_is_stepped(packs):
     """A policy that acts NaN (here: seed 1's actor weights set to NaN before training) stops that seed at its first
     policy action, with the reason, like a NaN loss; its env never gets the action and seed 0 trains as without it."""

@@ -178,14 +178,6 @@ def test_pack_flags_are_refused_before_building_anything(tmp_path, capsys, flags
     assert not (tmp_path / "out").exists()
 
 
-def test_the_pack_run_cli_points_to_the_run_cli(capsys):
-    from qed_ray.pack_run import main as pack_run
-
-    assert pack_run([]) == 2
-    assert capsys.readouterr().err == ("error: python -m qed_ray.pack_run was folded into the run CLI: use python -m "
-                                       "qed_ray.train --seeds 0 1 2 [--env-workers W] ... --out DIR\n")
-
-
 def test_unknown_task_and_choice_flags(tmp_path, capsys):
     assert main(["--task", "cheetah-fly", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err

@@ -28,7 +28,7 @@ def test_ctrl_c_in_a_run_prints_one_line_and_exits_130(tmp_path):
     out = tmp_path / "run"
     env = {**os.environ, "MUJOCO_GL": "disable", "PYTHONPATH": str(ROOT)}
     # Its own session, so that the signal reaches the whole process group (env worker too), as Ctrl-C in a terminal.
-    proc = subprocess.Popen([sys.executable, "-m", "qed_ray.train", *TINY, "--env-workers", "1", "--out", str(out)],
+    proc = subprocess.Popen([sys.executable, "-m", "qed_ray", "run", *TINY, "--env-workers", "1", "--out", str(out)],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     seen = []

@@ -32,7 +32,7 @@ def _mains():
     from qed_ray.service.reanalysis import main as gather
     from qed_ray.service.relink import main as relink
     from qed_ray.service.sweep_cli import main as sweep
-    return {"sweep": sweep, "train": train, "gather": gather, "visualize": visualize, "relink": relink,
+    return {"sweep": sweep, "run": train, "gather": gather, "visualize": visualize, "relink": relink,
             "theory": theory, "toy": toy, "envs": envs, "analysis": analysis}
 
 
@@ -48,9 +48,9 @@ def test_every_help_is_plain_text_with_two_examples(capsys):
         text = _help(main, capsys)
         assert not MARKUP.search(text), f"{name}: markup in --help: {MARKUP.search(text).group(0)}"
         examples = text.split("examples (from the repository root, after: source .venv/bin/activate):\n", 1)[1]
-        lines = [ln for ln in examples.splitlines() if f"python -m qed_ray.{name}" in ln]
+        lines = [ln for ln in examples.splitlines() if f"qed-ray {name}" in ln]
         assert len(lines) >= 2 and all(ln.startswith("  ") for ln in lines), (name, examples)
-    train = _help(_mains()["train"], capsys)
+    train = _help(_mains()["run"], capsys)
     assert "--debug" not in train and "--env-steps" in train, "the test-only flags stay out of --help"
     sweep = _help(_mains()["sweep"], capsys)
     assert LOCAL_HEAD.replace("\n", "\n  ") in sweep and LOCAL_STATUS in sweep and "--dir DIR" in sweep
@@ -190,9 +190,18 @@ def test_help_and_refusals_answer_without_torch_ray_or_mlflow(tmp_path):
 
     proc, loaded = cli_run(tmp_path, "qed_ray.sweep", "--help", cwd=ROOT)
     assert proc.returncode == 0 and LOCAL_STATUS in proc.stdout and loaded == [], loaded
-    for command in ("train", "gather", "visualize"):
-        proc, loaded = cli_run(tmp_path, f"qed_ray.{command}", "--help", cwd=ROOT)
-        assert proc.returncode == 0 and f"python -m qed_ray.{command}" in proc.stdout and loaded == [], (command, loaded)
+    for command in ("run", "gather", "visualize"):
+        proc, loaded = cli_run(tmp_path, "qed_ray", command, "--help", cwd=ROOT)
+        assert proc.returncode == 0 and proc.stdout.startswith(f"usage: qed-ray {command} ") and loaded == [], (
+            command, loaded)
+    proc, loaded = cli_run(tmp_path, "qed_ray", "--help", cwd=ROOT)
+    assert proc.returncode == 0 and loaded == [] and proc.stdout.startswith("usage: qed-ray COMMAND [ARGS ...]\n")
+    assert [ln.split()[0] for ln in proc.stdout.split("commands:\n")[1].split("\n\n")[0].splitlines()] == [
+        "sweep", "run", "gather", "visualize", "analysis", "relink", "envs", "toy", "theory"]
+    proc, loaded = cli_run(tmp_path, "qed_ray", "train", cwd=ROOT)
+    assert (proc.returncode, proc.stderr, loaded) == (2, "error: 'train' is not a qed-ray command; the commands: sweep, "
+                                                         "run, gather, visualize, analysis, relink, envs, toy, theory\n",
+                                                      [])
     proc, loaded = cli_run(tmp_path, "qed_ray.gather", str(tmp_path))
     assert (proc.returncode, proc.stderr, loaded) == (
         2, f"error: sweep_dir: {tmp_path} is not a sweep folder (no sweep.json)\n", [])

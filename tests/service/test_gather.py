@@ -180,3 +180,66 @@ def test_a_trial_without_a_recorded_digest_is_unverified_not_trusted(sweep_copy)
 def test_metric_names_are_ones_mlflow_accepts():
     assert metric_key("sac_ln.qed0.2+alpha_max=0.3", "V_mean") == "sac_ln.qed0.2_alpha_max_0.3/V_mean"
     assert metric_key("group", "finger-turn_easy", "sac_ln.te", "V") == "group/finger-turn_easy/sac_ln.te/V"
+
+
+SMALL = FinalEvalSpec(episodes=1, action_rollouts=1, action_steps=10, curve_episodes=1, bootstrap_reps=100)
+
+
+def test_the_gather_engine_takes_a_finished_folder_to_its_files_without_ray_then_from_its_cache(sweep_copy):
+    """The one engine the live actor and the re-analysis drive: each group prepared, evaluated by the caller's
+    ``evaluate`` (here in this process; a Ray task in the actor) and stored, the tables computed and written; a
+    second engine finds every group in the cache and gives the same tables; a group whose file was changed is
+    refused, its seeds left out naming the file."""
+    from conftest import TEMPLATE_FINISHED, TEMPLATE_RUNNING
+
+    from qed_ray.analysis.gather_engine import GatherEngine
+    from qed_ray.analysis.results import FailedTrial
+
+    layout, verifier = sweep_copy, _verifier(sweep_copy)
+    trials = [t.name for t in layout.trials()]
+    finished = [n for n in trials if layout.done_marker(n).exists()]
+    assert sorted(finished) == sorted(TEMPLATE_FINISHED)
+    asked: list[str] = []
+
+    def evaluate(job: group_cache.GroupJob):
+        asked.append(job.group.name)
+        return group_cache.evaluate(job, SMALL)
+
+    def gather(folder: str, log=pytest.fail):  # nothing to warn of
+        engine = GatherEngine(layout, SMALL, verifier.key, log=log, progress=lines.append)
+        engine.exclude(FailedTrial(n, "did not finish") for n in trials if n not in finished)
+        for key, names in group_cache.plan_groups(trials).items():
+            engine.group(key, [n for n in names if n in finished], verifier, evaluate)
+        results = engine.sweep_results("sweep", len(trials))
+        engine.write(results, layout.reanalysis(folder))
+        return engine, results
+
+    lines: list[str] = []
+    first, results = gather("first")
+    qed = "cartpole-balance/sac_ln/qed0.2"
+    assert asked == [qed, TE.name] and first.evaluated == [qed, TE.name] and first.from_cache == []
+    assert [(g.key.name, g.seeds) for g in results.groups] == [(qed, [0]), (TE.name, [0, 1])]
+    assert [(f.name, f.error) for f in results.failed_trials] == [(n, "did not finish") for n in TEMPLATE_RUNNING]
+    assert [ln.split(" (")[0] for ln in lines] == [f"  {qed}: evaluated", f"  {TE.name}: evaluated"]
+    written = {p.name: p.read_bytes() for p in layout.reanalysis("first").iterdir() if p.is_file()}
+    assert sorted(written) == ["aggregates.csv", "comparisons.csv", "groups.csv", "iqm_by_budget.csv",
+                               "results.json", "verdict.json"]
+    assert json.loads(written["results.json"]) == results.to_json()
+
+    lines.clear()
+    second, again = gather("second")
+    assert asked == [qed, TE.name] and second.from_cache == [qed, TE.name] and second.evaluated == []
+    assert lines == [f"  {qed}: cached", f"  {TE.name}: cached"]
+    assert again.to_json() == results.to_json()
+    assert {p.name: p.read_bytes() for p in layout.reanalysis("second").iterdir() if p.is_file()} == written
+
+    state = layout.snapshot(TE0, 2000) / "state.pt"
+    state.write_bytes(state.read_bytes() + b"x")
+    lines.clear()
+    third = GatherEngine(layout, SMALL, verifier.key, log=lines.append)
+    assert third.group(TE, [n for n in finished if n.startswith(f"{TE.name}/")], verifier, evaluate) is None
+    assert third.results == {} and len(third.refused) == 1 and third.refused[0].startswith(
+        f"{TE.name}: TamperedSnapshotError: {state}: has SHA-256")
+    assert sorted(third.excluded) == [TE0, "cartpole-balance/sac_ln/te/1"]
+    assert third.excluded[TE0].error.startswith(f"gather refused {TE.name}: {state}: has SHA-256")
+    assert lines == [f"  {TE.name}: REFUSED: {third.excluded[TE0].error.removeprefix(f'gather refused {TE.name}: ')}"]

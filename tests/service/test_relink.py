@@ -1,6 +1,6 @@
 """A moved or copied local sweep folder keeps its MLflow artifacts: its own store (real SQLite, real MlflowClient, and
 a real ``mlflow server`` in the slow test) is relinked to the copy's ``mlartifacts/``, by ``python -m
-qed_ray.relink`` or by the tracker a sweep start opens, and the artifacts download from the copy with the
+qed_ray relink`` or by the tracker a sweep start opens, and the artifacts download from the copy with the
 original folder gone."""
 
 import json
@@ -105,7 +105,7 @@ def test_mlflow_server_on_a_relinked_copy_serves_its_artifacts(sweep_copy, tmp_p
     texts = _with_artifacts(sweep_copy, tmp_path)
     copy = SweepDir(shutil.copytree(sweep_copy.root, tmp_path / "copy"))
     sweep_copy.root.rename(tmp_path / "gone")
-    done = subprocess.run([sys.executable, "-m", "qed_ray.relink", str(copy.root)], cwd=ROOT, env=cli_env(),
+    done = subprocess.run([sys.executable, "-m", "qed_ray", "relink", str(copy.root)], cwd=ROOT, env=cli_env(),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and f"to {copy.mlartifacts}" in done.stdout, done.stderr
     server = MlflowServer(tmp_path / "server", store_uri=default_tracking_uri(copy.root)).start()

@@ -223,7 +223,7 @@ def _gather_tables_and_pack_folders(layout: SweepDir, children: list) -> None:
     """gather/ holds the documented files with their fixed columns (packs or not); each seed keeps its own files, signed
     by its pack's worker, and each pack its checkpoints with every seed's state."""
     assert {p.name for p in layout.gather.iterdir()} == GATHER_FILES
-    # (behaviour/ is written by `python -m qed_ray.visualize`, policy_<policy>/ only with a second eval policy,
+    # (behaviour/ is written by `qed-ray visualize`, policy_<policy>/ only with a second eval policy,
     # reanalysis-<settings>/ by `python -m qed_ray.gather`, search/ only by a k search)
     assert {k.split("/")[1] for k in DOCUMENTED if k.startswith("gather/") and "behaviour" not in k
             and "policy_" not in k and "reanalysis-" not in k and k.split("/")[1] != "search"} == GATHER_FILES

@@ -18,7 +18,7 @@ from qed_ray.records.layout import PackId, SweepDir
 from qed_ray.service.packing import form_packs
 from qed_ray.analysis.results import FailedTrial
 from qed_ray.records.run import read_history
-from qed_ray.records.sweep import SweepState, write_state
+from qed_ray.records.sweep import SweepState, read_state, write_state
 from qed_ray.service.sweep_state import check_folder, move_aside, outcome, plan, sync_runs
 from qed_ray.service.tracking import DIGEST_TAG, UNVERIFIED_TAG, Tracker, digest_tags
 
@@ -153,6 +153,28 @@ def test_a_changed_trial_is_refused_by_the_run_and_the_dry_run_naming_the_field_
     assert status == {"cartpole-balance/sac_ln/te/0": "done", "cartpole-balance/sac_ln/te/1": "resume from env step "
                       "1,000", "cartpole-balance/sac_ln/te/2": "new"}
     assert counts(out, "trials") == {"done": 1, "resume": 1, "new": 1}
+
+
+def test_a_sweep_folder_of_qed_ray_0_1_is_refused_in_one_line_and_left_as_it_is(cli, tmp_path):
+    """qed_ray 0.1 trained a sweep's trials outside packs, in their own checkpoint and Tune folders; this release
+    does not resume such a sweep (the run and the dry run say so in one line; nothing is written)."""
+    storage = tmp_path / "results"
+    layout = SweepDir(storage / "s")
+    write_state(layout, plan(None, sweep_spec()).state.model_copy(update={"packs": {}}))
+    (layout.root / "checkpoints" / "cartpole-balance__sac_ln__te__s0" / "0000001000").mkdir(parents=True)
+    (layout.tune_root / "20260101-000000" / "cartpole-balance__sac_ln__te__s1").mkdir(parents=True)
+    before = {p: p.stat().st_mtime_ns for p in storage.rglob("*")}
+    for flags in ((), ("--dry-run",)):
+        code, err, _ = cli({"storage_path": str(storage)}, *flags)
+        assert code == 2 and _error_line(err) == (
+            f"error: sweep_dir: {layout.root} was started by qed_ray 0.1, which trained its trials outside packs "
+            f"(checkpoints/cartpole-balance__sac_ln__te__s0); this release does not resume it: finish it with qed_ray "
+            f"0.1, or start over with --fresh or another name")
+    assert {p: p.stat().st_mtime_ns for p in storage.rglob("*")} == before, "nothing written, no lock left"
+    (layout.root / "checkpoints" / "cartpole-balance__sac_ln__te__s0").rename(
+        layout.pack_checkpoints(PackId.of([SEED0])))  # a pack's folder: today's layout
+    (layout.tune_root / "20260101-000000" / "cartpole-balance__sac_ln__te__s1").rmdir()
+    assert not plan(read_state(layout), sweep_spec(), layout).problems
 
 
 def test_growing_adds_only_new_trials_and_keeps_the_sweeps_identity():

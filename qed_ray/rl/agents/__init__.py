@@ -13,7 +13,6 @@ from typing import Sequence
 
 import torch
 
-from qed_ray import compat
 from qed_ray.config import AgentSpec, TemperatureSpec
 from qed_ray.records.layout import MANIFEST_FILE
 from qed_ray.rl.agents.base import Agent, SACBase
@@ -24,9 +23,10 @@ from qed_ray.records.checkpoint import SNAPSHOT_FORMATS, load_checkpoint
 from qed_ray.records.manifests import Manifest
 
 AGENTS: dict[str, type[SACBase]] = {SACLN.name: SACLN, MadSAC.name: MadSAC}
-# A snapshot's weights do not depend on the random streams that changed in format 2, so format 1 ones still load
-# (their few renamed parameters upgraded, qed_ray.compat).
+# A snapshot's weights do not depend on the random streams that changed in format 2, so format 1 ones (qed_ray 0.1)
+# still load, their few renamed parameters upgraded: QED's log alpha_TE was a submodule's parameter then.
 POLICY_FORMATS = SNAPSHOT_FORMATS
+FORMAT1_RENAMES = {"temperature": {"te.log_alpha": "log_alpha"}}
 
 
 def make_agent(agent: AgentSpec, temperature: TemperatureSpec, obs_dim: int, action_dim: int,
@@ -68,7 +68,8 @@ def load_policy(directory: str | os.PathLike, device: str | torch.device = "cpu"
     state, manifest = load_checkpoint(directory, map_location=device, formats=POLICY_FORMATS)
     (spec,) = manifest.require(Path(directory) / MANIFEST_FILE, "run")
     if manifest.format_version == 1:
-        state = compat.format1_state(state)
+        state = {m: {FORMAT1_RENAMES[m].get(n, n): v for n, v in s.items()} if m in FORMAT1_RENAMES else s
+                 for m, s in state.items()}
     agent = make_agent(spec.agent, spec.temperature, manifest.obs_dim, manifest.action_dim, torch.device(device),
                        spec.seed)
     missing = [n for n in agent.acting_modules if n not in state]

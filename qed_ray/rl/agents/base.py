@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Callable, ClassVar, Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -21,7 +21,7 @@ from torch.func import functional_call
 
 from qed_ray.rl.agents.learner import Learner, Params
 from qed_ray.config import AgentSpec, TemperatureSpec
-from qed_ray.rl.networks import freeze, make_adam, polyak_update, require_fp32_matmul, squashed_sample
+from qed_ray.rl.networks import freeze, make_adam, require_fp32_matmul, squashed_sample
 from qed_ray.rl.precision import qed_products
 from qed_ray.rl.temperature import alpha_stats, make_temperature, qed_disagreement, temperature_state
 from qed_ray.rl.update_metrics import MetricLayout
@@ -38,10 +38,7 @@ class Agent(Protocol):
     acting_modules: tuple[str, ...]  # the modules a policy snapshot must hold to act and to be compared
     device: torch.device
     generator: torch.Generator
-    metric_layout: MetricLayout  # names of the columns of update()'s metric vector
-
-    def update(self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None = None) -> torch.Tensor:
-        """One learning step; returns the metric vector [K] (``metric_layout``)."""
+    metric_layout: MetricLayout  # names of the columns of the metric vector learn() returns
 
     def modules(self) -> dict[str, nn.Module]:
         """Every module whose parameters or buffers define the agent."""
@@ -171,9 +168,9 @@ class SACBase:
 
     Subclasses build their networks under :func:`seeded_init`, then call :meth:`_init_sac` and set ``fn`` (their
     :class:`SACFunctions`, with ``noise_sizes(batch_size)``) and ``metric_layout``; they implement
-    ``learn(learner, batch, noise_parts)``, their update rule against a :class:`Learner`, and may override
-    ``encode``/``encode_with``, ``extra_modules``, ``extra_optimizers``, ``extra_state``/``load_extra_state`` and
-    ``report_warnings``. The agent is itself the :class:`Learner` of its own (single-seed) update.
+    ``learn(learner, batch, noise_parts)``, their update rule against a :class:`Learner` (a pack,
+    :class:`~qed_ray.rl.agents.packed.PackedAgent`), and may override ``encode``/``encode_with``, ``extra_modules``,
+    ``extra_optimizers``, ``extra_state``/``load_extra_state`` and ``report_warnings``.
     """
 
     name: ClassVar[str]
@@ -205,14 +202,6 @@ class SACBase:
         """Rows of one update's noise block for ``batch_size`` (the sum of ``fn.noise_sizes``)."""
         return sum(self.fn.noise_sizes(batch_size))
 
-    def noise_parts(self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        """The update's noise block split into the agent's parts (``fn.noise_sizes``); the block is drawn from
-        the agent's generator when ``noise`` is None (one draw of fixed shape per update)."""
-        b = batch["obs"].shape[0]
-        if noise is None:
-            noise = self.noise(self.noise_rows(b))
-        return noise.split(self.fn.noise_sizes(b))
-
     def encode_with(self, params: dict[str, Params], obs: torch.Tensor) -> torch.Tensor:
         """:meth:`encode` computed with ``params`` (a pure function, mapped over the seeds of a pack)."""
         return obs
@@ -233,43 +222,6 @@ class SACBase:
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Online ``(Q1, Q2)`` [B] at (obs [B, O], action [B, A]), computed with ``params``."""
         return self.fn.q_pair(params["critic"], self.encode_with(params, obs), action)
-
-    # ---- the agent as the Learner of its own update ---------------------------------------------------
-    def update(self, batch: dict[str, torch.Tensor], noise: torch.Tensor | None = None) -> torch.Tensor:
-        """One learning step (the subclass's ``learn``) on this agent's parameters.
-
-        Args:
-            batch: replay batch: obs [B, O], action [B, A], reward [B], next_obs [B, O], terminated [B].
-            noise: the update's block [:meth:`noise_rows`, A]; drawn from the agent's generator when None.
-
-        Returns:
-            the metric vector [K] (detached, on the agent's device), columns named by ``metric_layout``.
-        """
-        return self.learn(self, batch, self.noise_parts(batch, noise))
-
-    def per_seed(self, fn: Callable) -> Callable:
-        """One seed: ``fn`` itself."""
-        return fn
-
-    def target_params(self) -> Params:
-        """The target critic's parameters."""
-        return params_of(self.critic_target)
-
-    def step(self, loss: torch.Tensor, *groups: tuple[str, float | None]) -> list[torch.Tensor]:
-        """zero_grad -> backward -> global-norm clip per group (paper App. B: 20) -> Adam step per group."""
-        opts = self.optimizers()
-        for name, _ in groups:
-            opts[name].zero_grad(set_to_none=True)
-        loss.sum().backward()
-        norms = [torch.nn.utils.clip_grad_norm_(opts[name].param_groups[0]["params"], clip)
-                 for name, clip in groups if clip is not None]
-        for name, _ in groups:
-            opts[name].step()
-        return norms
-
-    def polyak(self, rate: float) -> None:
-        """target <- (1 - rate) target + rate online."""
-        polyak_update(self.critic_target, self.critic, rate)
 
     # ---- learning steps shared by both agents, against a Learner ---------------------------------------
     def actor_step(self, x: Learner, actor_p: Params, critic_p: Params, tstate: Params, states: torch.Tensor,

@@ -1,9 +1,9 @@
 """The seed axis of an update: where its parameters live and how its gradient steps are taken.
 
-An agent's update rule (``learn``) is written once against :class:`Learner`. A single-seed agent
-(:class:`~qed_ray.rl.agents.base.SACBase`) is the learner of its own update; a pack
+An agent's update rule (``learn``) is written once against :class:`Learner`. A pack
 (:class:`~qed_ray.rl.agents.packed.PackedAgent`) is the learner of S seeds' stacked tensors, mapping every loss over
-the seed axis. So a packed update runs exactly the per-seed maths of a single-seed one.
+the seed axis, so a packed update runs exactly the per-seed maths of one seed alone (the tests' single-seed learner
+checks that).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ Params = dict[str, torch.Tensor]
 
 
 class Learner(Protocol):
-    """Where an update's parameters live and how its gradient steps are taken: one agent (the tensors of one seed)
-    or a pack (tensors stacked [S, ...] over S seeds)."""
+    """Where an update's parameters live and how its gradient steps are taken (a pack: tensors stacked [S, ...] over
+    S seeds)."""
 
     updates: int  # update() calls so far; MAD-SAC's model_every reads it (one counter for all seeds of a pack)
     memo: dict[str, torch.Tensor]  # what an update keeps for the next (MAD-SAC: the last model step's metrics)
@@ -29,7 +29,7 @@ class Learner(Protocol):
         """The target critic's parameters."""
 
     def per_seed(self, fn: Callable) -> Callable:
-        """``fn`` applied to each seed's slice: ``fn`` itself for one agent, ``vmap(fn)`` for a pack."""
+        """``fn`` applied to each seed's slice (``vmap(fn)`` for a pack)."""
 
     def step(self, loss: torch.Tensor, *groups: tuple[str, float | None]) -> list[torch.Tensor]:
         """Backward of ``loss`` (summed over seeds), then per group ``(optimiser name, clip or None)`` the (clipped)

@@ -1,0 +1,1 @@
+"""Test oracles: the single-seed update a pack is checked against, and the update maths of checkpoint format 1."""
