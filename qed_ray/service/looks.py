@@ -18,7 +18,7 @@ from typing import Callable
 from qed_ray.analysis.sequential import Look, bias_note, next_look
 from qed_ray.analysis.results import Verdict
 from qed_ray.analysis.verdict import EXPLORATORY
-from qed_ray.records.codec import RecordError, read_record, write_record
+from qed_ray.records.codec import Record, RecordError, read_record, write_record
 from qed_ray.records.layout import SweepDir
 from qed_ray.spec import SpecError, SweepSpec
 
@@ -92,12 +92,21 @@ def _log_look(uri: str, layout: SweepDir, look: Look) -> None:
     tracker.log_text(run_id, json.dumps(look.to_json(), indent=1), f"looks/look{k}.json")
 
 
+class AdaptivePower(Record):
+    """``qed_ray/data/adaptive_power.json``: the power tool's expected seed runs per task for one adaptive design."""
+
+    source: str
+    looks: list[int]
+    spending: str
+    max_runs: int
+    expected_runs: dict[str, float]
+
+
 def price_lines(spec: SweepSpec, packs: list, machine, tables) -> list[str]:
     """The dry run's line for an adaptive spec: the hours in packs on ``machine`` (GPU-hours, or CPU-hours on CPUs)
     at the minimum (every group stops at the first look), expected under the power tool's scenarios
     (``qed_ray/data/adaptive_power.json``, for the design it simulated; scaled linearly in seed runs) and at the
     maximum (every look)."""
-    import json
     from pathlib import Path
 
     from qed_ray.service.dry_plan import price
@@ -112,11 +121,11 @@ def price_lines(spec: SweepSpec, packs: list, machine, tables) -> list[str]:
     first = {s: i for i, s in enumerate(spec.seeds)}
     at_start = sum(s for p, s in zip(packs, seconds) if max(first[t.run.seed] for t in p.trials) < a.start)
     lo, hi = at_start * per / 3600, sum(seconds) * per / 3600
-    sim = json.loads((Path(__file__).resolve().parents[1] / "data" / "adaptive_power.json").read_text())
-    if (sim["looks"], sim["spending"]) == (a.looks(), a.spending) and sim["expected_runs"]:
-        span = sim["max_runs"] * a.start / a.max_seeds  # seed runs per task when every group stops at look 1
-        expected = "; ".join(f"{_hours(lo + (hi - lo) * (runs - span) / (sim['max_runs'] - span))} if {name}"
-                             for name, runs in sim["expected_runs"].items())
+    sim = read_record(Path(__file__).resolve().parents[1] / "data" / "adaptive_power.json", AdaptivePower)
+    if (sim.looks, sim.spending) == (list(a.looks()), a.spending) and sim.expected_runs:
+        span = sim.max_runs * a.start / a.max_seeds  # seed runs per task when every group stops at look 1
+        expected = "; ".join(f"{_hours(lo + (hi - lo) * (runs - span) / (sim.max_runs - span))} if {name}"
+                             for name, runs in sim.expected_runs.items())
     else:
         expected = (f"not simulated for this design (benchmarks/verdict_power.py --adaptive {a.start} {a.step} "
                     f"{a.max_seeds} prices it)")

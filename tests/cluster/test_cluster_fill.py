@@ -68,7 +68,7 @@ def test_only_the_named_clusters_configs_must_be_filled_in(capsys):
         "cluster/kuberay.yaml:109: rwx-class-REPLACE-ME -> QED_STORAGE_CLASS",
         "cluster/kuberay.yaml:173: ghcr.io/your-org -> QED_REGISTRY",
         "cluster/kuberay.yaml:224: ghcr.io/your-org -> QED_REGISTRY",
-        "cluster/kuberay.yaml:270: ghcr.io/your-org -> QED_REGISTRY",
+        "cluster/kuberay.yaml:274: ghcr.io/your-org -> QED_REGISTRY",
         "cluster/kuberay-mlflow.yaml:59: ghcr.io/your-org -> QED_REGISTRY",
         "cluster/kuberay-mlflow.yaml:91: your-qed-bucket -> QED_BUCKET",
         "cluster/kuberay-mlflow.yaml:94: your-qed-bucket -> QED_BUCKET"]

@@ -213,7 +213,13 @@ def test_ablations_spec_crosses_m1_m2_and_m3_with_both_evaluation_policies(capsy
                      for k, t in (("te", "floor"), ("qed", "qed"), ("qed", "floor")) for p in ("fp32", "tf32")}
     assert {r.task for r in runs} == {"cheetah-run", "walker-walk", "hopper-hop"}
     assert all(load_spec(p).final_eval.bootstrap_reps == 50_000 for p in root.glob("*.yaml")), "rliable's default"
-    assert main([str(root / "ablations.yaml"), "--dry-run", "--list"]) == 0
-    out = capsys.readouterr().out
+    code = main([str(root / "ablations.yaml"), "--dry-run", "--list"])
+    out, err = capsys.readouterr()
+    # The plan is printed whole either way; a machine without a GPU then refuses the spec's GPU packs for itself.
+    import torch
+
+    assert (code, err.splitlines()[-1:]) == ((0, []) if torch.cuda.is_available() else (2, [
+        "error: resources.gpu: a pack asks for 0.1 GPU and this machine has none; set resources.gpu: 0 to train on "
+        "CPUs, or run on a GPU cluster"]))
     assert "sweep ablations: 720 trials" in out
     assert "qed0.2+target_alpha=qed+critic=hlgauss+critic_depth=3+precision=tf32/9" in out
