@@ -119,14 +119,6 @@ AWS_BROKEN = [
 ]
 
 
-@pytest.mark.parametrize("name,mutate,message", AWS_BROKEN, ids=[b[0] for b in AWS_BROKEN])
-def test_aws_trust_rules(name, mutate, message):
-    cfg = launcher("aws")
-    mutate(cfg)
-    problems = aws_problems(cfg)
-    assert any(message in p for p in problems), problems
-
-
 def test_a_worker_policy_with_write_rights_is_rejected(tmp_path):
     iam = Path(shutil.copytree(IAM, tmp_path / "iam"))
     pull = {"Effect": "Allow", "Action": ["ecr:GetAuthorizationToken", "ecr:BatchGetImage"], "Resource": "*"}
@@ -213,11 +205,14 @@ GCP_BROKEN = [
 ]
 
 
-@pytest.mark.parametrize("name,mutate,message", GCP_BROKEN, ids=[b[0] for b in GCP_BROKEN])
-def test_gcp_trust_rules(name, mutate, message):
-    cfg = launcher("gcp")
+BROKEN = [("aws", *b) for b in AWS_BROKEN] + [("gcp", *b) for b in GCP_BROKEN]
+
+
+@pytest.mark.parametrize("cloud,name,mutate,message", BROKEN, ids=[f"{b[0]}-{b[1]}" for b in BROKEN])
+def test_trust_rules(cloud, name, mutate, message):
+    cfg = launcher(cloud)
     mutate(cfg)
-    problems = gcp_problems(cfg)
+    problems = {"aws": aws_problems, "gcp": gcp_problems}[cloud](cfg)
     assert any(message in p for p in problems), problems
 
 

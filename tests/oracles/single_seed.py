@@ -67,3 +67,12 @@ def single_update(agent: SACBase, batch: dict[str, torch.Tensor], noise: torch.T
     if noise is None:
         noise = agent.noise(agent.noise_rows(b))
     return agent.learn(SingleSeed(agent), batch, noise.split(agent.fn.noise_sizes(b)))
+
+
+def assert_pack_holds_singles(pack, singles: list[SACBase], rtol: float) -> None:
+    """Each seed's slice of ``pack`` equals its single-seed agent's parameters, module by module (rtol ``rtol``)."""
+    for i, single in enumerate(singles):
+        state = pack.seed_state_dict(i)
+        for m, module in single.modules().items():
+            for k, v in module.state_dict().items():
+                torch.testing.assert_close(state[m][k], v, rtol=rtol, atol=1e-6, msg=f"{m}.{k}")

@@ -9,7 +9,7 @@ import pytest
 import torch
 from default_digests import all_fingerprints, same
 from kit import ACT, B, OBS, QED, batch_of, spec_of
-from oracles.single_seed import single_update
+from oracles.single_seed import assert_pack_holds_singles, single_update
 
 from qed_ray.rl.agents import make_agent
 from qed_ray.rl.agents.base import params_of
@@ -159,11 +159,7 @@ def test_packed_update_with_an_option_follows_two_single_seed_runs(name, tempera
         for i, single in enumerate(singles):
             want = single_update(single, {k: v[i] for k, v in batch.items()})
             torch.testing.assert_close(metrics[i], want, rtol=1e-5, atol=1e-5)
-    for i, single in enumerate(singles):
-        state = pack.seed_state_dict(i)
-        for m, module in single.modules().items():
-            for k, v in module.state_dict().items():
-                torch.testing.assert_close(state[m][k], v, rtol=1e-5, atol=1e-6, msg=f"{m}.{k}")
+    assert_pack_holds_singles(pack, singles, rtol=1e-5)
 
 
 # ---- MAD-TD's held-out share and time-limit masking -------------------------------------------------------
