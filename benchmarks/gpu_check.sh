@@ -59,7 +59,7 @@ PY
 
 echo "step 2: torch_only tests with QED_TEST_DEVICE=$DEVICE"
 QED_TEST_DEVICE="$DEVICE" timeout 120 "$PY" -m pytest -q -p no:cacheprovider -m "torch_only and not slow" \
-  tests/rl/test_pack_update.py tests/service/test_throughput.py tests/rl/test_precision.py > "$OUT/pytest.log" 2>&1
+  tests/rl/test_pack_update.py tests/records/test_throughput.py tests/rl/test_precision.py > "$OUT/pytest.log" 2>&1
 echo "step 2: pytest exit $? ($(tail -n 1 "$OUT/pytest.log"))"
 
 # The gate: alpha from the whole QED pass against FP64 on the same inputs; 3xtf32 passes when its mean alpha error
