@@ -116,11 +116,6 @@ def next_look(verdict: Verdict, adaptive: AdaptiveSpec, look: int, before: Look 
                 ended)
 
 
-def stopping_look(records: list[Look]) -> Look | None:
-    """The look where growth ended (None: still growing, or no look yet)."""
-    return records[-1] if records and records[-1].ended else None
-
-
 def bias_note(look: Look) -> str:
     """What the summary says beside the estimates of a sequential verdict."""
     early = look.look < len(look.looks)
