@@ -32,7 +32,7 @@ import time
 import numpy as np
 import torch
 
-from qed_ray.config import RunSpec
+from qed_ray.spec.config import RunSpec
 from qed_ray.rl.envs import make_env
 
 HIDDEN, BATCH, FRAME_SKIP = 256, 256, 2
@@ -109,7 +109,7 @@ def time_ours(task: str, seed: int, warmup: int, timed: int, temperature: dict, 
     end = max(stamps)
     (w0, c0), (w1, c1) = stamps[warmup + skip], stamps[end]
     n = end - warmup - skip
-    updates = getattr(trainer, "p").updates
+    updates = trainer.progress.updates
     return {"per_wall_s": n / (w1 - w0), "per_cpu_s": n / (c1 - c0), "updates": updates, "wall_s": w1 - w0,
             "skipped_wall_s": w0 - stamps[warmup][0]}
 
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("MUJOCO_GL", "disable")
     torch.set_num_threads(1)
     print_versions() if "sb3" in args.only else print(f"torch {torch.__version__}, qed_ray from "
-                                                        f"{os.path.dirname(sys.modules['qed_ray.config'].__file__)}")
+                                                        f"{os.path.dirname(sys.modules['qed_ray.spec.config'].__file__)}")
     print(f"{args.task}: {HIDDEN}x{HIDDEN}, batch {BATCH}, UTD 1, frame skip {FRAME_SKIP}; "
           f"{args.warmup} warm-up + {args.timed} timed decisions")
     temps = {"te": {"kind": "te"}, "qed": {"kind": "qed", "k": 0.2},
