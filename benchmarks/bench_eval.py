@@ -26,7 +26,7 @@ import torch
 from qed_ray.analysis import metrics
 from qed_ray.rl.agents import make_packed_agent
 from qed_ray.analysis.group_eval import GroupEnvs
-from qed_ray.config import SacLnSpec, TemperatureSpec
+from qed_ray.spec.config import SacLnSpec, TemperatureSpec
 from qed_ray.rl.envs import make_env
 from qed_ray.rl.evaluate import eval_seeds
 

@@ -24,15 +24,15 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from qed_ray.config import TemperatureSpec
-from qed_ray.field_hints import format_validation_error
-from qed_ray.naming import parse_variant
+from qed_ray.spec.config import TemperatureSpec
+from qed_ray.spec.field_hints import format_validation_error
+from qed_ray.spec.naming import parse_variant
 
 
 def parse_temperature(label: str) -> dict:
     """A temperature label (``te``, ``qed0.2``, ``fixed0.1``, ``qed0.2+alpha_max=0.3``) as TemperatureSpec settings.
 
-    Uses the project's one label/parse pair (:func:`qed_ray.naming.parse_variant`); argparse turns a bad label
+    Uses the project's one label/parse pair (:func:`qed_ray.spec.naming.parse_variant`); argparse turns a bad label
     into a usage error.
     """
     try:
@@ -104,7 +104,7 @@ def run_one(job: dict) -> dict:
         the spec, every evaluation's metrics, :func:`summarise`'s figures, ``status`` and ``wall_s``.
     """
     os.environ.setdefault("MUJOCO_GL", "disable")
-    from qed_ray.config import RunSpec
+    from qed_ray.spec.config import RunSpec
     from qed_ray.rl.trainer import build_trainer
 
     spec = RunSpec.model_validate(job["spec"])

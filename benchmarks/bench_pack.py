@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from qed_ray.rl.agents import make_packed_agent
-from qed_ray.config import TemperatureSpec, agent_spec
+from qed_ray.spec.config import TemperatureSpec, agent_spec
 from qed_ray.rl.replay import Replay, replay_bytes, replay_device
 
 TEMPERATURES = {"te": TemperatureSpec(kind="te"), "qed": TemperatureSpec(kind="qed", k=0.2)}

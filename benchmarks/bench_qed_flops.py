@@ -19,7 +19,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from qed_ray.rl.agents import make_agent
-from qed_ray.config import TemperatureSpec, agent_spec
+from qed_ray.spec.config import TemperatureSpec, agent_spec
 
 OBS, ACT = 17, 6  # cheetah-run
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from qed_ray.spec import load_spec
+from qed_ray.spec.sweep import load_spec
 from qed_ray.rl.trainer import build_trainer
 
 

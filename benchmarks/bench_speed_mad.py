@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from qed_ray.rl.agents import make_packed_agent
-from qed_ray.config import TemperatureSpec, agent_spec
+from qed_ray.spec.config import TemperatureSpec, agent_spec
 from qed_ray.rl.envs import make_env
 from qed_ray.rl.replay import Replay
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from qed_ray.rl.envs import make_env
-from qed_ray.tasks import TASKS
+from qed_ray.spec.tasks import TASKS
 
 
 def cost_ms(task: str, decisions: int, frame_skip: int) -> tuple[float, int, int]:

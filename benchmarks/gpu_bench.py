@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from qed_ray.rl.agents import make_packed_agent
-from qed_ray.config import TemperatureSpec, agent_spec
+from qed_ray.spec.config import TemperatureSpec, agent_spec
 from qed_ray.rl.update import PackUpdater, resolve_mode
 from qed_ray.rl.precision import set_run_precision
 from qed_ray.rl.replay import Replay

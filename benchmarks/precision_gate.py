@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from qed_ray.rl.agents.base import SACFunctions
-from qed_ray.config import TemperatureSpec
+from qed_ray.spec.config import TemperatureSpec
 from qed_ray.rl.networks import TanhGaussianActor, TwinCritic
 from qed_ray.rl.precision import PRECISIONS, apply_matmul_precision, qed_products
 from qed_ray.rl.temperature import QEDTemperature, expectile, temperature_state

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from qed_ray.analysis.evidence import learning_floor  # noqa: E402
 from qed_ray.analysis.verdict import FAIL, NOT_ENOUGH, PASS, combine, decision_level, guard_outcome, \
     interval_outcome, look_levels  # noqa: E402
-from qed_ray.claim import AdaptiveSpec, Endpoints, registered_design  # noqa: E402
+from qed_ray.spec.claim import AdaptiveSpec, Endpoints, registered_design  # noqa: E402
 
 TASKS = ("cheetah-run", "walker-walk", "hopper-hop", "finger-spin", "reacher-hard", "quadruped-walk")
 MEANS = np.array([0.80, 0.95, 0.35, 0.90, 0.85, 0.85])

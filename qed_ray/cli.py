@@ -17,7 +17,7 @@ COMMANDS = {
     "gather": ("qed_ray.service.reanalysis", "re-analyse a sweep folder with other final-evaluation settings"),
     "visualize": ("qed_ray.service.behaviour_cli", "the behaviour figure of a finished sweep (paper Fig. 1)"),
     "analysis": ("qed_ray.analysis.group_eval", "the critic-proxy table of a gathered sweep (paper App. D)"),
-    "relink": ("qed_ray.service.relink", "relink a moved or copied local sweep folder to its MLflow artifacts"),
+    "relink": ("qed_ray.service.mlflow.relink", "relink a moved or copied local sweep folder to its MLflow artifacts"),
     "envs": ("qed_ray.rl.envs", "list and check the tasks"),
     "toy": ("qed_ray.paper.toy", "the toy MDP experiment (paper Sec. 5.2, Fig. 2)"),
     "theory": ("qed_ray.paper.theory", "numerical checks of the paper's theorems (Sec. 4)"),

@@ -58,7 +58,7 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture
 def tiny_run():
     """A RunSpec factory with tiny networks and a short budget (fast on CPU)."""
-    from qed_ray.config import RunSpec
+    from qed_ray.spec.config import RunSpec
 
     def make(**overrides):
         raw = {

@@ -48,7 +48,7 @@ def _agent_state(modules) -> list[torch.Tensor]:
 
 def update_values(name: str, temperature: dict, steps: int = 6) -> list:
     """``steps`` float32 updates of one seed's tiny agent on seeded batches, noise from its own generator."""
-    from qed_ray.config import TemperatureSpec
+    from qed_ray.spec.config import TemperatureSpec
     from qed_ray.rl.agents import make_agent
 
     agent = make_agent(spec_of(name), TemperatureSpec(**temperature), OBS, ACT, torch.device("cpu"), 0)
@@ -64,7 +64,7 @@ def update_values(name: str, temperature: dict, steps: int = 6) -> list:
 
 def trainer_values(temperature: dict) -> list:
     """A tiny SAC-LN run on cartpole-balance through the trainer (env, replay, evaluation): a pack of one seed."""
-    from qed_ray.config import RunSpec
+    from qed_ray.spec.config import RunSpec
     from qed_ray.rl.trainer import build_trainer
 
     spec = RunSpec.model_validate({

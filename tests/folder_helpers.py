@@ -14,9 +14,9 @@ from qed_ray.rl.agents import make_agent
 from qed_ray.records.checkpoint import new_manifest, save_checkpoint
 from qed_ray.records.digests import inventory, record
 from qed_ray.rl.run_folder import write_done
-from qed_ray.config import RunSpec
+from qed_ray.spec.config import RunSpec
 from qed_ray.records.layout import SweepDir, TrialId
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.spec.sweep import FinalEvalSpec
 
 SWEEP_ID = "0123456789ab"
 # The final evaluation the hand-built sweep "ran" with (its parent run's params; the re-analysis tests' settings).
@@ -83,7 +83,7 @@ def finished_trial(layout: SweepDir, name: str) -> None:
 def new_sweep(layout: SweepDir, finished: list[str], running: dict[str, int]) -> None:
     """``sweep.json``, finished trials, running trials (``name: env steps reached``) and an MLflow store in which
     every finished trial recorded its checksums."""
-    from qed_ray.service.tracking import Tracker, default_tracking_uri
+    from qed_ray.service.mlflow.tracking import Tracker, default_tracking_uri
 
     layout.root.mkdir(parents=True, exist_ok=True)
     layout.state_file.write_text(json.dumps({"sweep_id": SWEEP_ID, "fingerprint": "x", "created": 0.0}))
@@ -102,7 +102,7 @@ def new_sweep(layout: SweepDir, finished: list[str], running: dict[str, int]) ->
 def sign_trial(layout: SweepDir, name: str) -> None:
     """What the trial's worker records at its end: the signed digest of its files, in its MLflow run."""
     from qed_ray.service.results_key import load_key
-    from qed_ray.service.tracking import Tracker, default_tracking_uri, digest_tags
+    from qed_ray.service.mlflow.tracking import Tracker, default_tracking_uri, digest_tags
 
     key = load_key(create=True).secret
     tracker = Tracker(default_tracking_uri(layout.root), "exp", SWEEP_ID, str(layout.mlartifacts))

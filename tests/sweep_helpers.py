@@ -178,7 +178,7 @@ def rest_runs(url: str, experiment: str, filter_string: str = "") -> list[RestRu
 def sweep_runs(sweep_dir: Path, experiment: str, uri: str | None = None):
     """All MLflow runs of the sweep in ``sweep_dir`` (its SQLite store, or the tracking server at ``uri``), via the
     project's tracker."""
-    from qed_ray.service.tracking import Tracker
+    from qed_ray.service.mlflow.tracking import Tracker
 
     layout = SweepDir(sweep_dir)
     state = json.loads(layout.state_file.read_text())

@@ -19,7 +19,7 @@ import numpy as np
 
 from qed_ray.analysis import bootstrap, metrics, profiles
 from qed_ray.analysis.results import Comparison, GroupKey, GroupResult
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.spec.sweep import FinalEvalSpec
 
 STATS = ("V", "action_distance", "score_var")
 Unpaired = Callable[[str, GroupResult], "np.ndarray | None"]  # (statistic, group) -> (R,) replicates or None

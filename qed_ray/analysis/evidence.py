@@ -20,8 +20,8 @@ from qed_ray.analysis import bootstrap, comparisons, metrics
 from qed_ray.analysis.results import Comparison, EndpointResult, GroupResult, TaskGuard, Verdict
 from qed_ray.analysis.verdict import (EXPLORATORY, combine, decision_level, departures, endpoint_rules, guard_outcome,
                                       interval_outcome, is_qed, judge_variant, look_levels)
-from qed_ray.claim import MIN_SEEDS, ClaimBlock, Endpoints
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.spec.claim import MIN_SEEDS, ClaimBlock, Endpoints
+from qed_ray.spec.sweep import FinalEvalSpec
 
 
 def learning_floor(random_score, margin: float):

@@ -20,7 +20,7 @@ from qed_ray.analysis.checksums import Verifier
 from qed_ray.analysis.group_cache import GroupJob
 from qed_ray.analysis.results import FailedTrial, GroupKey, GroupResult, SweepResults
 from qed_ray.records.layout import SweepDir
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.spec.sweep import FinalEvalSpec
 
 Evaluate = Callable[[GroupJob], GroupResult]  # a prepared group's evaluation (group_cache.evaluate, wherever it runs)
 

@@ -37,7 +37,7 @@ from qed_ray.records.codec import RecordError, dump, read_record, write_record
 from qed_ray.records.layout import SweepDir, TrialId
 from qed_ray.records.checkpoint import SNAPSHOT_FORMATS, CheckpointError, read_manifest
 from qed_ray.records.digests import sign
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.spec.sweep import FinalEvalSpec
 
 # Bump whenever evaluate_group gives other numbers for the same policies and settings (3: where QED sat; 4: the
 # random policy's score, the verdict's learning floor).

@@ -27,7 +27,7 @@ from qed_ray.rl.env_pool import EnvPool
 from qed_ray.rl.evaluate import EvalPolicy, Rollouts, eval_policy, eval_seeds, rollout_in_chunks
 from qed_ray.records.layout import SweepDir, TrialId
 from qed_ray.analysis.results import GroupResult, TrialRecord
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.spec.sweep import FinalEvalSpec
 
 if TYPE_CHECKING:  # torch comes with the agents: loaded where policies are, not for --status's trial records
     from qed_ray.rl.agents import PackedAgent
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     gather's ``final_eval.proxy_window`` first evaluations) and the final cross-seed Q1 dispersion per task with the
     R^2 of the line through them, and redraws the scatter plot.
     """
-    from qed_ray import cli_help
+    from qed_ray.spec import cli_help
     import sys
     from pathlib import Path
 

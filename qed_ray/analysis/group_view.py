@@ -21,7 +21,7 @@ from qed_ray.analysis import bootstrap, comparisons
 from qed_ray.analysis.report import with_ci
 from qed_ray.analysis.results import Comparison, GroupKey, GroupResult
 from qed_ray.analysis.tables import baseline_of
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.spec.sweep import FinalEvalSpec
 
 # (metric name, Comparison field): te / variant for the spreads, variant / te for the IQM (> 1 favours the variant).
 RATIOS = (("te_V_ratio", "V_ratio_median"), ("te_action_distance_ratio", "action_distance_ratio_median"),

@@ -23,7 +23,7 @@ import numpy as np
 
 from qed_ray.analysis import bootstrap
 from qed_ray.analysis.results import GroupResult, PerformanceProfile
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.spec.sweep import FinalEvalSpec
 
 TAUS = tuple(np.round(np.linspace(0.0, 1.0, 101), 2).tolist())  # thresholds on the normalised score (return / 1000)
 

@@ -15,10 +15,10 @@ import math
 from typing import Sequence
 
 from qed_ray.analysis import metrics, verdict
-from qed_ray.config import HOT_RATIO
+from qed_ray.spec.config import HOT_RATIO
 from qed_ray.analysis.results import Aggregate, Comparison, GroupResult, SweepResults
-from qed_ray.console import fit
-from qed_ray.naming import parse_variant
+from qed_ray.spec.console import fit
+from qed_ray.spec.naming import parse_variant
 from qed_ray.records.layout import SweepDir
 from qed_ray.records.digests import unverified_reasons
 
@@ -215,7 +215,7 @@ def unverified_line(groups: Sequence[GroupResult], layout: SweepDir | None = Non
 def summary(results: SweepResults, layout: SweepDir | None = None, columns: int | None = None) -> str:
     """What the sweep's summary and ``python -m qed_ray.gather`` print: the table, the unverified seeds (with their
     reasons, given the sweep folder whose seeds were checked: :func:`unverified_line`), the comparisons, the
-    verdict; with ``columns``, no line wider than that (:func:`format_table`, :func:`qed_ray.console.fit`)."""
+    verdict; with ``columns``, no line wider than that (:func:`format_table`, :func:`qed_ray.spec.console.fit`)."""
     parts = [format_table(results, columns)]
     unverified = unverified_line(results.groups, layout)
     if unverified:

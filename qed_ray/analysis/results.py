@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 from qed_ray.records.codec import JsonRecord, Num, RecordError, load_json, parse
 from qed_ray.records.run import EvalRecord
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.spec.sweep import FinalEvalSpec
 
 MOST_STATES = 0.5  # a group sat at QED's cap (or hot) when its late share of such states is above this
 

@@ -1,4 +1,4 @@
-"""The result of a k search (:mod:`qed_ray.search_spec`): per task and agent, every searched point's IQM and
+"""The result of a k search (:mod:`qed_ray.spec.search`): per task and agent, every searched point's IQM and
 within-pack V, its paired ratios to te with intervals (:func:`qed_ray.analysis.comparisons.compare` on that task),
 the Pareto front of (IQM up, V down), and the k the pre-stated rule chooses, as a table, a figure and a spec
 fragment for a confirmatory sweep. A search is exploratory: nothing here is a verdict.
@@ -17,10 +17,10 @@ import yaml
 
 from qed_ray.analysis import comparisons, metrics
 from qed_ray.analysis.results import GroupKey, GroupResult, Row
-from qed_ray.claim import MIN_SEEDS
+from qed_ray.spec.claim import MIN_SEEDS
 from qed_ray.records.atomic import atomic_file, write_text
 from qed_ray.records.codec import Num
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.spec.sweep import FinalEvalSpec
 
 NAN = math.nan
 EXPLORATORY = ("exploratory search: the front and the chosen k suggest what a confirmatory sweep should test; "

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from qed_ray.analysis.results import EndpointResult, Verdict
 from qed_ray.analysis.verdict import EXPLORATORY, FAIL, NOT_ENOUGH, PASS, combine
-from qed_ray.claim import AdaptiveSpec
+from qed_ray.spec.claim import AdaptiveSpec
 from qed_ray.records.codec import JsonRecord, Num
 
 GROW = "grow"

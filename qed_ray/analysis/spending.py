@@ -1,4 +1,4 @@
-"""Group-sequential pass boundaries: how an adaptive sweep (``adaptive:``, :mod:`qed_ray.claim`) spends the verdict's
+"""Group-sequential pass boundaries: how an adaptive sweep (``adaptive:``, :mod:`qed_ray.spec.claim`) spends the verdict's
 false-pass rate across its registered looks (docs/claim.md, "Seeds by looks").
 
 A look's statistic is treated as Z_k = S_k / sqrt(t_k), with S a Brownian motion on the information fraction

@@ -27,10 +27,10 @@ import numpy as np
 
 from qed_ray.analysis import bootstrap, comparisons, evidence, metrics, profiles
 from qed_ray.analysis.comparisons import group_value as _value
-from qed_ray.naming import parse_variant
+from qed_ray.spec.naming import parse_variant
 from qed_ray.analysis.results import (Aggregate, BudgetIqm, Comparison, CriticProxy, FailedTrial, GroupKey, GroupResult,
                              GroupStats, SweepResults)
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.spec.sweep import FinalEvalSpec
 
 NAN = math.nan
 MAX_BUDGETS = 20  # budgets per variant in iqm_by_budget (a 2M-step run evaluates 100 times)
@@ -238,7 +238,7 @@ def sweep_results(sweep: str, final_eval: FinalEvalSpec, groups: Sequence[GroupR
     the first evaluation policy of ``final_eval.policies``, and under each other one in ``other_policies`` (from
     the groups' own ``other_policies``). ``claim``: the sweep's pre-registration record from ``sweep.json`` (None:
     the verdict applies the default thresholds, :mod:`qed_ray.analysis.verdict`). ``judge`` False: no verdict at
-    all (a k search is exploratory by construction, :mod:`qed_ray.search_spec`)."""
+    all (a k search is exploratory by construction, :mod:`qed_ray.spec.search`)."""
     first, *others = final_eval.policies
     return dataclasses.replace(
         _tables(sweep, final_eval, groups, failed, n_trials, first, claim, judge),

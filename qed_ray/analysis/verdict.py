@@ -29,12 +29,12 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from qed_ray.claim import MIN_SEEDS, AdaptiveSpec, ClaimBlock, Endpoints, registered_design
+from qed_ray.spec.claim import MIN_SEEDS, AdaptiveSpec, ClaimBlock, Endpoints, registered_design
 from qed_ray.analysis.results import Comparison, EndpointResult, TaskGuard, Verdict, VariantVerdict
-from qed_ray.naming import parse_variant
+from qed_ray.spec.naming import parse_variant
 
 if TYPE_CHECKING:
-    from qed_ray.spec import FinalEvalSpec
+    from qed_ray.spec.sweep import FinalEvalSpec
 
 PASS, FAIL, NOT_ENOUGH = "pass", "fail", "not enough data"
 NOT_ENOUGH_SEEDS, EXPLORATORY = "not enough seeds", "exploratory"
@@ -102,7 +102,7 @@ def is_qed(label: str) -> bool:
 def departures(c: Comparison, block: ClaimBlock | None, final_eval: FinalEvalSpec,
                why_none: str = "no pre-registration named (spec field claim)") -> list[str]:
     """What in this comparison differs from the registered design (empty: it is the design); ``block`` None (the
-    sweep names no claim file, ``why_none``) measures it against :func:`qed_ray.claim.registered_design`."""
+    sweep names no claim file, ``why_none``) measures it against :func:`qed_ray.spec.claim.registered_design`."""
     out = [] if block else [why_none]
     block = block or registered_design()
     if (c.agent, c.baseline) != (block.agent, block.baseline) or c.variant not in block.variants:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from qed_ray import cli_help
+from qed_ray.spec import cli_help
 
 
 def _require_positive(name: str, value: float) -> None:

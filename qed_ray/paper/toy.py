@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from qed_ray import cli_help
+from qed_ray.spec import cli_help
 from qed_ray.paper.toy_config import ToyConfig, toy_reward  # noqa: F401 - part of the toy's interface
 from qed_ray.paper.toy_learner import ToyLearner
 

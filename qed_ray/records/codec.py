@@ -23,7 +23,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, TypeAdapter, Valida
 
 from qed_ray.records.atomic import write_text
 from qed_ray.records.file_reads import read_bytes
-from qed_ray.hints import short_repr
+from qed_ray.spec.hints import short_repr
 
 T = TypeVar("T")
 # Tags pydantic puts in an error's location for the member of a union it tried; not field names.

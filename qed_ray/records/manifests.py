@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from qed_ray.records.codec import Num, Record, RecordError
-from qed_ray.config import MAX_SEED, RunSpec
+from qed_ray.spec.config import MAX_SEED, RunSpec
 from qed_ray.records.layout import PACK_FORMAT
 from qed_ray.records.run import STATUSES, EvalRecord, Timings
 

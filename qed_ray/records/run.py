@@ -20,7 +20,7 @@ from typing import Annotated, Literal, Union
 
 from pydantic import AfterValidator, ConfigDict, Field
 
-from qed_ray.config import RunSpec
+from qed_ray.spec.config import RunSpec
 from qed_ray.records.codec import Num, Record, RecordError, parse, read_record, write_record
 from qed_ray.records.layout import SweepDir
 

@@ -1,11 +1,11 @@
-"""``search.json``: a k search's suggested points, in the order they were suggested (:mod:`qed_ray.search_spec`;
+"""``search.json``: a k search's suggested points, in the order they were suggested (:mod:`qed_ray.spec.search`;
 the driver is :mod:`qed_ray.service.search`). A point is finished when its trials are; the file only grows."""
 
 from __future__ import annotations
 
 from qed_ray.records.codec import Record, RecordError, read_record, write_record
 from qed_ray.records.layout import SweepDir
-from qed_ray.search_spec import SearchPoint, studies
+from qed_ray.spec.search import SearchPoint, studies
 
 
 class SearchRecord(Record):

@@ -19,11 +19,11 @@ from typing import Any, Literal
 
 from pydantic import Field, model_serializer, model_validator
 
-from qed_ray import claim as claim_file
+from qed_ray.spec import claim as claim_file
 from qed_ray.records.codec import Num, Record, RecordError, read_record, write_record
 from qed_ray.records.layout import PackId, SweepDir, TrialId, parse_trial_dirname
 from qed_ray.records.digests import sign
-from qed_ray.spec import SpecError
+from qed_ray.spec.sweep import SpecError
 
 STATE_FORMAT = 3  # 3: QED trials record temperature.target_alpha, whose default became floor
 # The sweep id goes into MLflow search filters and run tags: letters, digits and -_. only (uuid hex today).
@@ -41,7 +41,7 @@ class StateDamaged(SpecError, RecordError):
 
 
 class ClaimRecord(Record):
-    """The pre-registration frozen at the sweep's first start (:mod:`qed_ray.claim`): the file, the SHA-256 of its
+    """The pre-registration frozen at the sweep's first start (:mod:`qed_ray.spec.claim`): the file, the SHA-256 of its
     claim block, the block, and the HMAC of the sweep id, the file and the SHA-256 under the user's results key
     (written by every driver start; None in a record an older release wrote, until the next start signs it)."""
 
@@ -53,7 +53,7 @@ class ClaimRecord(Record):
 
 class SweepState(Record):
     """``sweep.json``: the sweep's stable id and name, the identity of every trial it holds
-    (:func:`qed_ray.naming.identity`), its pack size, packing (``pack_by``, written only when it is not the default
+    (:func:`qed_ray.spec.naming.identity`), its pack size, packing (``pack_by``, written only when it is not the default
     ``variant``, so older sweeps' files read and write as before) and packs (:mod:`qed_ray.service.packing`), its
     claim record and the spec of its latest start as JSON (``--status --dir`` reads the sweep by it; None in a file
     an older release wrote). A file of format 1 (before per-trial identities) has no ``trials``, only the grid's

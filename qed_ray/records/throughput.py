@@ -16,7 +16,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field, ValidationError
 
 from qed_ray.records.codec import Record, load_json
-from qed_ray.config import Precision
+from qed_ray.spec.config import Precision
 
 SCHEMA = 1
 MODES = ("graph", "compile", "off")

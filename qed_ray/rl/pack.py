@@ -1,6 +1,6 @@
 """What a pack is: S >= 1 runs of one (task, agent, variant) that differ only in seed, trained together (a single
 run is a pack of one); or, a pack by shape, runs of one task, agent, temperature kind and network shape that also
-differ in the temperature's member scalars (:data:`~qed_ray.config.TemperatureSpec.MEMBER_FIELDS`: QED's k, ...).
+differ in the temperature's member scalars (:data:`~qed_ray.spec.config.TemperatureSpec.MEMBER_FIELDS`: QED's k, ...).
 
 The pack's name and validation, its counters (:class:`Progress`) and what it keeps per seed (:class:`SeedRun`,
 with its evaluation history), and the layout of a pack checkpoint: ``pack.json`` (the pack, its shared counters and
@@ -19,7 +19,7 @@ import numpy as np
 from pydantic import ConfigDict
 
 from qed_ray.records.codec import read_record
-from qed_ray.config import RunSpec, TrainSpec
+from qed_ray.spec.config import RunSpec, TrainSpec
 from qed_ray.records.layout import PACK_FILE, PackId
 from qed_ray.records.manifests import CheckpointError, Manifest, PackRecord
 from qed_ray.records.run import EvalRecord, Timings

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from qed_ray.config import Precision
+from qed_ray.spec.config import Precision
 from qed_ray.rl.networks import require_fp32_matmul
 
 CHOICES: tuple[str, ...] = get_args(Precision)  # train.precision: "auto", then the precisions

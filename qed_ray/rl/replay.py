@@ -26,7 +26,7 @@ import torch
 
 from qed_ray.records.atomic import TMP_MARK, atomic_file
 from qed_ray.records.checkpoint import CheckpointError
-from qed_ray.replay_memory import FLOAT_BYTES, replay_bytes, replay_capacity, row_width  # noqa: F401 - the API
+from qed_ray.spec.replay_memory import FLOAT_BYTES, replay_bytes, replay_capacity, row_width  # noqa: F401 - the API
 
 FIELDS = ("obs", "action", "reward", "next_obs", "terminated")
 CHUNK_RE = re.compile(r"chunk_(\d{10})_(\d{10})\.npz$")
@@ -56,7 +56,7 @@ def keeps_transition(train, seed: int, decision: int, truncated: bool) -> bool:
     in that MAD-TD's actor step still reads its start state, one row in 500).
 
     Args:
-        train: the run's :class:`~qed_ray.config.TrainSpec`.
+        train: the run's :class:`~qed_ray.spec.config.TrainSpec`.
         seed: the run seed.
         decision: the transition's decision index within the run.
         truncated: whether the episode ended at its time limit with this transition.

@@ -24,16 +24,16 @@ from pydantic import ValidationError
 
 from qed_ray.records.atomic import fsync_file, write_text
 from qed_ray.records.codec import RecordError, dump, load_json, parse, read_lines, read_record, write_record
-from qed_ray import cli_help
-from qed_ray.config import RunSpec, TrainSpec
-from qed_ray.field_hints import format_validation_error
-from qed_ray.flags import Flag, add_run_flags, settings_from_args
+from qed_ray.spec import cli_help
+from qed_ray.spec.config import RunSpec, TrainSpec
+from qed_ray.spec.field_hints import format_validation_error
+from qed_ray.spec.flags import Flag, add_run_flags, settings_from_args
 from qed_ray.records.layout import PackId, SweepDir, trial_dirname
-from qed_ray.naming import EXECUTION_SETTINGS, identity, identity_changes, show_setting
+from qed_ray.spec.naming import EXECUTION_SETTINGS, identity, identity_changes, show_setting
 from qed_ray.rl.pack import check_pack, pack_name
 from qed_ray.records.run import RUN_FORMAT, Metrics, RunFile, RunSummary, read_done
-from qed_ray.spec import SpecError, load_yaml
-from qed_ray.replay_memory import replay_needs, replay_problems
+from qed_ray.spec.sweep import SpecError, load_yaml
+from qed_ray.spec.replay_memory import replay_needs, replay_problems
 
 if TYPE_CHECKING:  # torch comes with the trainer: imported by a run, not by --help or a refused flag
     from qed_ray.rl.run_folder import FolderReporter
@@ -98,7 +98,7 @@ EXAMPLES = (
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[Flag]]:
-    """Command-line flags: one per RunSpec setting, help and defaults read from the models (:mod:`qed_ray.flags`)."""
+    """Command-line flags: one per RunSpec setting, help and defaults read from the models (:mod:`qed_ray.spec.flags`)."""
     p = cli_help.parser("qed-ray run", __doc__, EXAMPLES)
     p.add_argument("--config", type=Path, help="YAML file with RunSpec settings (flags given override it)")
     p.add_argument("--out", type=Path, required=True, help="run folder (laid out as a sweep folder)")
@@ -174,7 +174,7 @@ def specs_from_args(args: argparse.Namespace, flags: list[Flag]) -> list[RunSpec
 
 
 def check_resources(specs: list[RunSpec]) -> None:
-    """Refuses, before anything is written, a pack whose replay passes its cap (:mod:`qed_ray.replay_memory`) or a
+    """Refuses, before anything is written, a pack whose replay passes its cap (:mod:`qed_ray.spec.replay_memory`) or a
     ``--device`` this process does not have (raises SpecError)."""
     problems = replay_problems(replay_needs([(specs[0].task, specs[0].train)], len(specs)), pack_field="--seeds")
     if problems:

@@ -22,7 +22,7 @@ from typing import Callable
 
 from qed_ray.records.atomic import TMP_MARK, publish_dir, staging_dir
 from qed_ray.records.codec import Record, read_record, write_record
-from qed_ray.config import TrainSpec
+from qed_ray.spec.config import TrainSpec
 from qed_ray.records.layout import PACK_FILE, PackId, SweepDir
 from qed_ray.records.checkpoint import MANIFEST_FILE, CheckpointError, CheckpointVersionError
 from qed_ray.records.digests import Signer, differences, file_sha256, inventory, snapshot_files

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from qed_ray.config import HOT_RATIO, TemperatureSpec
+from qed_ray.spec.config import HOT_RATIO, TemperatureSpec
 
 PolicyFn = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # states [B, D] -> (mu, log_std) [B, A]
 # (states [B, D], actions [B * repeats, A], repeats) -> (q1, q2) [B * repeats]

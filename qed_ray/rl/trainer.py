@@ -27,7 +27,7 @@ import torch
 
 from qed_ray.rl.agents.packed import PackedAgent
 from qed_ray.rl.agents import make_packed_agent
-from qed_ray.config import RunSpec
+from qed_ray.spec.config import RunSpec
 from qed_ray.rl.env_pool import EnvPool
 from qed_ray.rl.evaluate import eval_seeds, rollout_lockstep
 from qed_ray.records.manifests import PackRecord

@@ -20,7 +20,7 @@ from pathlib import Path
 from qed_ray.records.layout import SweepDir
 from qed_ray.service.packing import Pack
 from qed_ray.service.sweep_state import STORAGE_PATH_ENV, STORAGE_ROOT_ENV
-from qed_ray.spec import SweepSpec
+from qed_ray.spec.sweep import SweepSpec
 
 # The local recipe, as the README gives it (tests/service/test_job_submit.py runs the README's copy): the head must run
 # the venv's `python`, Ray's token auth must be on for the head and its clients, Ray's temp folder must lie in a private

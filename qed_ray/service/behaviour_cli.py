@@ -10,17 +10,17 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from qed_ray import cli_help
+from qed_ray.spec import cli_help
 from qed_ray.analysis.behaviour import COLORMAP, RenderError, configure_rendering, frame_steps, run, select_snapshots
 from qed_ray.records.layout import SweepDir
 from qed_ray.records.checkpoint import CheckpointError
 from qed_ray.records.sweep import sweep_id as read_sweep_id
-from qed_ray.service.tracking_uri import default_tracking_uri, given_uri
+from qed_ray.service.mlflow.tracking_uri import default_tracking_uri, given_uri
 
 
 def log_to_mlflow(paths: Sequence[Path], sweep_dir: Path, uri: str | None, experiment: str) -> str:
     """Uploads ``paths`` under ``behaviour/`` of the sweep's MLflow parent run; returns the run id."""
-    from qed_ray.service.tracking import ROLE_TAG, Tracker, artifact_location  # MLflow: for the upload alone
+    from qed_ray.service.mlflow.tracking import ROLE_TAG, Tracker, artifact_location  # MLflow: for the upload alone
 
     sweep_id = read_sweep_id(SweepDir(sweep_dir))  # SpecError (a ValueError) names a missing or damaged sweep.json
     uri = uri or default_tracking_uri(sweep_dir)

@@ -11,7 +11,7 @@ from pathlib import Path
 import ray
 
 from qed_ray.service.sweep_state import sqlite_on_many_machines
-from qed_ray.spec import SpecError, SweepSpec
+from qed_ray.spec.sweep import SpecError, SweepSpec
 
 
 def check_cluster(spec: SweepSpec, sweep_dir: Path, uri: str) -> None:

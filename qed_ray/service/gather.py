@@ -7,7 +7,7 @@ it starts). What a trial's ending means is read from the folder (``DONE.json``, 
 calls complete because the sweep was stopped is neither. As soon as every seed of a (task, agent, variant) group
 has finished or failed, the group is evaluated as a Ray task with its own resources (:func:`group_task_resources`),
 in parallel with training, and cached (:mod:`qed_ray.analysis.group_cache`); then the tables and figures are rewritten and
-logged to the sweep's MLflow parent run with the summary as its description (:mod:`qed_ray.service.mirror`;
+logged to the sweep's MLflow parent run with the summary as its description (:mod:`qed_ray.service.mlflow.mirror`;
 best-effort: the files in ``gather/`` are the record). A restarted driver
 finds every unchanged group in the cache and evaluates nothing again. Every seed is checked against the digest its
 worker signed in MLflow before its group is evaluated or taken from the cache, and every cache entry against its own
@@ -36,10 +36,10 @@ from qed_ray.analysis.checksums import Verifier
 from qed_ray.analysis.gather_engine import GatherEngine
 from qed_ray.records.layout import SweepDir
 from qed_ray.analysis.results import FailedTrial, GroupKey, GroupResult, SweepResults
-from qed_ray.spec import FinalEvalSpec, SweepSpec
+from qed_ray.spec.sweep import FinalEvalSpec, SweepSpec
 from qed_ray.analysis.group_view import GroupView, baseline_in, group_view
-from qed_ray.service.mirror import log_files, log_groups, log_rows
-from qed_ray.service.tracking import Tracker
+from qed_ray.service.mlflow.mirror import log_files, log_groups, log_rows
+from qed_ray.service.mlflow.tracking import Tracker
 from qed_ray.records.run import diverged_reason
 from qed_ray.service.packing import TuneTrial
 
@@ -76,7 +76,7 @@ class GatherPlan:
     parent_run_id: str | None
     group_resources: dict
     max_in_flight: int
-    claim: dict | None = None  # sweep.json's pre-registration record (qed_ray.claim), for the verdict
+    claim: dict | None = None  # sweep.json's pre-registration record (qed_ray.spec.claim), for the verdict
     results_key: bytes = field(default=b"", repr=False)  # the user's results key (qed_ray.service.results_key)
     judge: bool = True  # False: no verdict (a k search is exploratory)
 

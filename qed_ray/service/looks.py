@@ -1,6 +1,6 @@
 """An adaptive sweep (``adaptive:`` in its spec) run look by look through the ordinary growth path.
 
-Each look is one start of the sweep over :meth:`SweepSpec.at_look <qed_ray.spec.SweepSpec.at_look>`: the first
+Each look is one start of the sweep over :meth:`SweepSpec.at_look <qed_ray.spec.sweep.SweepSpec.at_look>`: the first
 ``n`` seeds of every group, ``n`` that look's seeds for te and the variants still growing, the seeds it was
 decided at for a frozen variant (te's count for a variant the verdict does not judge, such as a control). The
 start plans, trains only what that look adds (the trials already done are not trained again), gathers, and writes
@@ -20,7 +20,7 @@ from qed_ray.analysis.results import Verdict
 from qed_ray.analysis.verdict import EXPLORATORY
 from qed_ray.records.codec import Record, RecordError, read_record, write_record
 from qed_ray.records.layout import SweepDir
-from qed_ray.spec import SpecError, SweepSpec
+from qed_ray.spec.sweep import SpecError, SweepSpec
 
 Start = Callable[[SweepSpec], int]  # one start of the sweep over a look's spec; its exit code
 
@@ -77,7 +77,7 @@ def _log_look(uri: str, layout: SweepDir, look: Look) -> None:
     import json
 
     from qed_ray.records.sweep import sweep_id
-    from qed_ray.service.tracking import metric_key, open_sweep
+    from qed_ray.service.mlflow.tracking import metric_key, open_sweep
 
     found = open_sweep(uri, sweep_id(layout))
     if found is None:
@@ -109,7 +109,7 @@ def price_lines(spec: SweepSpec, packs: list, machine, tables) -> list[str]:
     maximum (every look)."""
     from pathlib import Path
 
-    from qed_ray.service.dry_plan import price
+    from qed_ray.service.plan.dry_plan import price
 
     a, gpu = spec.adaptive, spec.resources.gpu
     got = price(spec, packs, machine, tables)

@@ -23,10 +23,10 @@ from typing import Any, Mapping, Sequence
 from pydantic import Field, model_validator
 
 from qed_ray.records.codec import Record, dump, parse
-from qed_ray.config import RunSpec
+from qed_ray.spec.config import RunSpec
 from qed_ray.records.layout import PackId, SweepDir, member_dirs
 from qed_ray.rl.pack import shared_settings
-from qed_ray.spec import SweepSpec, Trial
+from qed_ray.spec.sweep import SweepSpec, Trial
 
 
 @dataclass(frozen=True)

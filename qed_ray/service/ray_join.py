@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from qed_ray.spec import SpecError
+from qed_ray.spec.sweep import SpecError
 
 TIMEOUT_ENV = "QED_RAY_CONNECT_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 30.0

@@ -5,8 +5,8 @@ Nothing is retrained and no Ray cluster is started: each group's evaluation is t
 ``--workers``); then its tables and figures are written to ``gather/reanalysis-<settings>/``, named for the settings
 it changed: ``gather/`` itself keeps the sweep's own (new evaluations only join ``gather/cache/``); policies and
 trial folders stay as they are (a moved or copied folder's own store is relinked to its artifacts,
-:mod:`qed_ray.service.relink`). In MLflow the re-analysis is a child run of the sweep's parent run named for its
-settings, with its tables, figures, summary and verdict (:func:`qed_ray.service.mirror.log_reanalysis`); the parent
+:mod:`qed_ray.service.mlflow.relink`). In MLflow the re-analysis is a child run of the sweep's parent run named for its
+settings, with its tables, figures, summary and verdict (:func:`qed_ray.service.mlflow.mirror.log_reanalysis`); the parent
 keeps the outputs of the sweep's own settings. Every seed is checked against the digest its trial signed in MLflow, and every cache entry against its own
 signature, as during the sweep, with the user's results key (:mod:`qed_ray.service.results_key`); seeds without a
 recorded digest are used and reported unverified. The frozen pre-registration is checked alike: its block
@@ -32,21 +32,21 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from qed_ray import cli_help, console
+from qed_ray.spec import cli_help, console
 from qed_ray.analysis import group_cache, report
 from qed_ray.analysis.checksums import Verifier
 from qed_ray.analysis.gather_engine import GatherEngine
 from qed_ray.analysis.outputs import policy_dir
 from qed_ray.analysis.results import FailedTrial, GroupResult, SweepResults, read_results
-from qed_ray.field_hints import format_validation_error
-from qed_ray.labels import settings_label
+from qed_ray.spec.field_hints import format_validation_error
+from qed_ray.spec.labels import settings_label
 from qed_ray.records.layout import SweepDir
 from qed_ray.service.lock import LockHeld, SweepLock
 from qed_ray.service.results_key import ResultsKey, ResultsKeyError, key_path, load_key
 from qed_ray.service.status import driver, sweep_folders_in
 from qed_ray.records.sweep import read_state, sweep_id, verified_claim
-from qed_ray.service.tracking_uri import given_uri
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.service.mlflow.tracking_uri import given_uri
+from qed_ray.spec.sweep import FinalEvalSpec
 
 # Settings of the final evaluation a re-analysis may change (keep_every decided which snapshots exist: fixed).
 FLAGS = ("policies", "episodes", "action_rollouts", "action_steps", "curve_episodes", "bootstrap_reps",
@@ -143,9 +143,9 @@ def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, verifier: Verifier | 
 def _log_to_mlflow(layout: SweepDir, uri: str | None, results: SweepResults, refused: list[str], folder: Path) -> str:
     """The re-analysis as a child run of the sweep's parent run (best-effort: ``gather/`` is the record); returns
     the line to print."""
-    from qed_ray.service.mirror import log_reanalysis
-    from qed_ray.service.relink import follow_move
-    from qed_ray.service.tracking import default_tracking_uri
+    from qed_ray.service.mlflow.mirror import log_reanalysis
+    from qed_ray.service.mlflow.relink import follow_move
+    from qed_ray.service.mlflow.tracking import default_tracking_uri
 
     if uri is None:
         if not layout.mlflow_db.exists():
@@ -160,8 +160,8 @@ def _log_to_mlflow(layout: SweepDir, uri: str | None, results: SweepResults, ref
 
 
 def _verifier(layout: SweepDir, uri: str | None, key: bytes) -> Verifier:
-    from qed_ray.service.relink import follow_move
-    from qed_ray.service.tracking import default_tracking_uri, sweep_digests
+    from qed_ray.service.mlflow.relink import follow_move
+    from qed_ray.service.mlflow.tracking import default_tracking_uri, sweep_digests
 
     if uri is None:
         if not layout.mlflow_db.exists():

@@ -21,7 +21,7 @@ from pathlib import Path
 from qed_ray.records.file_reads import LIMITS, open_regular
 from qed_ray.records.digests import key_id
 from qed_ray.service.sweep_state import SYSTEM_FOLDERS
-from qed_ray.spec import SpecError
+from qed_ray.spec.sweep import SpecError
 
 KEY_FILE_ENV = "QED_RESULTS_KEY_FILE"
 _HEX_KEY = re.compile(r"[0-9a-f]{64}")

@@ -1,10 +1,10 @@
-"""A sweep with a ``search:`` block (:mod:`qed_ray.search_spec`): Optuna's multi-objective sampler, through Ray
+"""A sweep with a ``search:`` block (:mod:`qed_ray.spec.search`): Optuna's multi-objective sampler, through Ray
 Tune's searcher interface (``OptunaSearch.suggest`` / ``on_trial_complete``), suggests QED's k (and alpha_max) per
 task and agent entry, and each suggested point is trained as one more variant of the same sweep.
 
 The search runs in rounds. A round asks each (entry, task) whose points are all finished for up to
 ``search.per_round`` new points (within ``search.trials``), records them in ``search.json``, grows the spec by
-them (:func:`qed_ray.search_spec.grown`) and runs the grown sweep as any start does (``run_sweep``: the same
+them (:func:`qed_ray.spec.search.grown`) and runs the grown sweep as any start does (``run_sweep``: the same
 folder checks, lock, packs, resume, gather and MLflow runs). Points are rounded to three significant digits, so
 a point names its trials. Each point's objectives are its own pack's IQM and within-pack V from the gather
 step. A restarted search reads ``search.json``: finished points stay finished, unfinished ones resume, and the
@@ -22,11 +22,11 @@ import signal
 
 from qed_ray.analysis.results import read_results
 from qed_ray.analysis.search_front import EXPLORATORY, SearchedPoint, front_rows, table_lines, write
-from qed_ray.config import AGENT_SPECS, TemperatureSpec, TrainSpec
+from qed_ray.spec.config import AGENT_SPECS, TemperatureSpec, TrainSpec
 from qed_ray.records.layout import SweepDir
 from qed_ray.records.search import SearchRecord, read_search, write_search
-from qed_ray.search_spec import SearchPoint, grown, rounded, studies
-from qed_ray.spec import SpecError, SweepSpec
+from qed_ray.spec.search import SearchPoint, grown, rounded, studies
+from qed_ray.spec.sweep import SpecError, SweepSpec
 
 UNGATHERED = "ungathered"
 RETRIES = 50  # suggestions asked for before a study whose sampler keeps repeating known points stops
@@ -175,7 +175,7 @@ def write_front(spec: SweepSpec, layout: SweepDir, record: SearchRecord, uri: st
 
 def _log(uri: str, layout: SweepDir) -> None:
     from qed_ray.records.sweep import sweep_id
-    from qed_ray.service.tracking import open_sweep
+    from qed_ray.service.mlflow.tracking import open_sweep
 
     try:
         found = open_sweep(uri, sweep_id(layout))

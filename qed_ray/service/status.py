@@ -43,8 +43,8 @@ from qed_ray.service.lock import STALE_AFTER_S, LockDamaged, read_lock, stale_re
 from qed_ray.service.packing import Pack, form_packs, pack_of, seed_checkpoint
 from qed_ray.service.results_key import ResultsKeyError, key_path, load_key
 from qed_ray.records.sweep import StateDamaged, read_state
-from qed_ray.field_hints import format_validation_error
-from qed_ray.spec import SpecError, SweepSpec
+from qed_ray.spec.field_hints import format_validation_error
+from qed_ray.spec.sweep import SpecError, SweepSpec
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # terminal colour codes (Ray colours its task header)
 RAY_TASK_HEADER = re.compile(r"^ray::\S+ \(pid=")  # "ray::ImplicitFunc.train() (pid=1, ip=...)": where, not why

@@ -43,25 +43,25 @@ from pathlib import Path
 import ray
 from ray import tune
 
-from qed_ray import console
+from qed_ray.spec import console
 from qed_ray.service import announce, gather
 from qed_ray.analysis import report
 from qed_ray.service.cluster import check_cluster
-from qed_ray.service.dry_run import tune_order
+from qed_ray.service.plan.dry_run import tune_order
 from qed_ray.records.layout import SweepDir
 from qed_ray.service.lock import SweepLock
 from qed_ray.service.results_key import ResultsKey
 from qed_ray.service.reanalysis import refuse_unverified
 from qed_ray.analysis.results import FailedTrial, SweepResults
-from qed_ray.spec import SweepSpec
+from qed_ray.spec.sweep import SweepSpec
 from qed_ray.service.status import error_summary
 from qed_ray.records.codec import RecordError
 from qed_ray.records.file_reads import cut, read_tail
 from qed_ray.service.packing import Pack, TuneTrial
 from qed_ray.records.sweep import SweepState
 from qed_ray.service.sweep_state import git_sha, outcome, prune_finished, sync_runs
-from qed_ray.service.mlflow_view import ui_command
-from qed_ray.service.tracking import Tracker, artifact_location
+from qed_ray.service.mlflow.mlflow_view import ui_command
+from qed_ray.service.mlflow.tracking import Tracker, artifact_location
 from qed_ray.service.trial import TrialContext, train_trial
 
 EXIT_LOST = 3  # the driver lost the sweep's lock (module notes)
@@ -189,7 +189,7 @@ def build_tuner(spec: SweepSpec, context: TrialContext, packs: list[Pack], start
 
     The context is bound with ``tune.with_parameters``; trials resume from their own checkpoints in the sweep
     folder, so nothing of an earlier Tuner is needed (or read). Each Tune trial asks for
-    :meth:`SweepSpec.trial_resources <qed_ray.spec.SweepSpec.trial_resources>`. A worker whose trial ends takes
+    :meth:`SweepSpec.trial_resources <qed_ray.spec.sweep.SweepSpec.trial_resources>`. A worker whose trial ends takes
     the next pending one (``reuse_actors``: no new process, imports and Ray actor set-up per trial);
     :func:`~qed_ray.service.trial.train_trial` builds everything it uses from its config and context, and the
     process-wide settings a trial makes (torch threads, matrix-product precision) are made again by the next trial's
@@ -284,7 +284,7 @@ def run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, exp
     interrupt.install()
     quiet_never_started()
     check_cluster(spec, layout.root, uri)
-    packs = tune_order(spec, packs)  # longest first on GPUs (qed_ray.service.bill), once the cluster can take them
+    packs = tune_order(spec, packs)  # longest first on GPUs (qed_ray.service.plan.bill), once the cluster can take them
     tracker = Tracker(uri, experiment, state.sweep_id, artifact_location=artifact_location(uri, layout))
     tracker.mark_training_experiment()  # also on an experiment a resumed sweep created with an older version
     parent = tracker.parent_run(spec.name, spec.model_dump(mode="json", exclude={"agents"}),

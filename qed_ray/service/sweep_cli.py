@@ -13,13 +13,13 @@ import os
 import sys
 from pathlib import Path
 
-from qed_ray import cli_help, console
+from qed_ray.spec import cli_help, console
 from qed_ray.records.codec import RecordError
-from qed_ray.hints import close_match
+from qed_ray.spec.hints import close_match
 from qed_ray.service import announce
 from qed_ray.service.lock import LockHeld
 from qed_ray.service.ray_join import EXIT_NO_RAY, JoinFailed
-from qed_ray.spec import SpecError, SweepSpec, load_spec
+from qed_ray.spec.sweep import SpecError, SweepSpec, load_spec
 
 REPOSITORY = Path(__file__).resolve().parents[2]  # where sweeps/ and the README's relative paths are
 EXAMPLES = ("qed-ray sweep sweeps/smoke.yaml --dry-run   # the plan and its cost; runs nothing",
@@ -58,16 +58,16 @@ def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_part
     from qed_ray.service.results_key import load_key
     from qed_ray.records.sweep import sign_claim, write_state
     from qed_ray.service.sweep_state import check_folder, move_aside, plan, resolve_paths
-    from qed_ray.service.tracking_uri import unreachable, uri_field
+    from qed_ray.service.mlflow.tracking_uri import unreachable, uri_field
 
     say = lambda line: print(line, flush=True)  # noqa: E731
     layout, uri, experiment = resolve_paths(spec)
     state = check_folder(layout, spec, fresh, force)
-    from qed_ray.service.machines import check_machine
+    from qed_ray.service.plan.machines import check_machine
 
     check_machine(spec)  # a pack this machine cannot place (an embedded cluster): refused before any folder exists
     if spec.pack.seeds == "auto":  # sized by the plan's memory model (torch): only for such a spec, before Ray
-        from qed_ray.service.dry_run import sized_spec
+        from qed_ray.service.plan.dry_run import sized_spec
 
         spec = sized_spec(spec, state.pack_seeds if state is not None and not fresh else None)
     # Refused before anything is written (or moved aside), and checked again under the lock.
@@ -186,7 +186,7 @@ def _status(spec: SweepSpec | None, folder: Path | None) -> str:
     layout = SweepDir(folder.absolute()) if folder else resolve_paths(spec)[0]
     if spec.search is not None:  # a k search's points so far are trials of its sweep
         from qed_ray.records.search import read_search
-        from qed_ray.search_spec import grown
+        from qed_ray.spec.search import grown
 
         spec = grown(spec, read_search(layout, spec).points)
     return console.fit(status.report(spec, layout, "given by --dir" if folder else announce.storage_source(spec),
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: {line}", file=sys.stderr, flush=True)
         check_options(spec is None, args)
         if spec is not None and spec.search is not None and not args.status:
-            from qed_ray.search_spec import optuna_problem
+            from qed_ray.spec.search import optuna_problem
 
             if optuna_problem():  # at once, before any folder, tracking server or Ray is touched
                 raise SpecError(optuna_problem())
@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             print(_status(spec, args.dir))
             return 0
         if args.dry_run:
-            from qed_ray.service.dry_run import dry_run
+            from qed_ray.service.plan.dry_run import dry_run
 
             return dry_run(spec, listing=args.list, workers=args.workers, fresh=args.fresh, force=args.force,
                            card=args.card, price_per_hour=args.price_per_hour)

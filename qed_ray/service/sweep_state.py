@@ -9,15 +9,15 @@ Every refusal here happens before anything is created on disk or a cluster is jo
   writes into, or with ``--fresh`` moves, a folder it did not create.
 
 ``sweep.json`` (written atomically) records the sweep's id, its name and the identity of every trial it holds
-(:func:`qed_ray.naming.identity`: task, agent, seed and each non-default setting). A later start compares the
+(:func:`qed_ray.spec.naming.identity`: task, agent, seed and each non-default setting). A later start compares the
 spec's trials with it: new trials (more seeds, tasks, temperature values, agents, any grid value) are added;
 a trial whose settings changed, a trial whose name changed (a setting became or stopped being a grid axis) and a
 trial the spec no longer has are refused, each problem naming its field (a trial that never started holds nothing
 and may still change or go). It also records the pack size and every pack's members (:mod:`qed_ray.service.packing`): a
 changed pack size is refused once anything started, naming ``pack.seeds``. With a ``claim`` file it records the
-pre-registration's block and its hash (:mod:`qed_ray.claim`): a changed block is refused, naming the file and each
+pre-registration's block and its hash (:mod:`qed_ray.spec.claim`): a changed block is refused, naming the file and each
 changed field.
-:func:`qed_ray.service.dry_run.dry_run` shows the same refusals and what a run would do with each trial.
+:func:`qed_ray.service.plan.dry_run.dry_run` shows the same refusals and what a run would do with each trial.
 
 Before and after training, :func:`outcome` reads how every trial stands from the folder (``DONE.json``,
 ``DIVERGED.json``) and :func:`sync_runs` brings the MLflow runs in line with it. The signed digest of a finished
@@ -39,21 +39,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qed_ray import claim
+from qed_ray.spec import claim
 from qed_ray.analysis.results import FailedTrial
 from qed_ray.records.codec import RecordError
 from qed_ray.records.layout import PackId, SweepDir, TrialId
-from qed_ray.naming import identity, identity_changes, parse_variant, show_setting
+from qed_ray.spec.naming import identity, identity_changes, parse_variant, show_setting
 from qed_ray.records.digests import unverified_reason
 from qed_ray.records.run import diverged_reason, read_history
 from qed_ray.service.packing import Pack, form_packs, pack_of, pack_records, pack_started, pack_state
 from qed_ray.records.sweep import STATE_FORMAT, StateDamaged, SweepState, older_release, read_state
-from qed_ray.service.tags import DIGEST_TAG, UNVERIFIED_TAG
-from qed_ray.service.tracking_uri import URI_ENV, check_uri, default_tracking_uri
-from qed_ray.spec import SpecError, SweepSpec
+from qed_ray.service.mlflow.tags import DIGEST_TAG, UNVERIFIED_TAG
+from qed_ray.service.mlflow.tracking_uri import URI_ENV, check_uri, default_tracking_uri
+from qed_ray.spec.sweep import SpecError, SweepSpec
 
 if TYPE_CHECKING:  # MLflow is imported by a start that syncs runs, not by --status or --dry-run
-    from qed_ray.service.tracking import Tracker
+    from qed_ray.service.mlflow.tracking import Tracker
 STORAGE_ROOT_ENV = "QED_STORAGE_ROOT"  # resolves a relative storage_path (required for one under `ray job submit`)
 STORAGE_PATH_ENV = "QED_STORAGE_PATH"  # overrides the spec's storage_path
 # What `ray job submit` needs to bring the storage root into the job: the shell's $PWD, expanded when submitted.
@@ -140,7 +140,7 @@ def _refuse_system_folder(path: Path, raw: str, fld: str) -> None:
 
 def resolve_paths(spec: SweepSpec) -> tuple[SweepDir, str, str]:
     """The sweep folder, tracking URI and experiment (env vars override the spec's storage and URI); raises
-    SpecError for a URI with credentials or one this service cannot use (:mod:`qed_ray.service.tracking_uri`),
+    SpecError for a URI with credentials or one this service cannot use (:mod:`qed_ray.service.mlflow.tracking_uri`),
     also for the spec's when the environment overrides it (the spec is stored with the sweep)."""
     for uri, fld in ((spec.tracking.uri, "tracking.uri"), (os.environ.get(URI_ENV), URI_ENV)):
         if uri:
@@ -235,7 +235,7 @@ def plan(state: SweepState | None, spec: SweepSpec, layout: SweepDir | None = No
     packs, pack_problems = _plan_packs(state, spec, bool(recorded), layout)
     old_claim = state.claim.model_dump() if state.claim is not None else None
     claim_record, claim_problems = claim.check(old_claim, spec.claim, bool(recorded))
-    # The pre-registration is frozen at the first start (qed_ray.claim); None when the spec names no claim file.
+    # The pre-registration is frozen at the first start (qed_ray.spec.claim); None when the spec names no claim file.
     state = SweepState.model_validate({
         "sweep_id": state.sweep_id, "created": state.created, "format": STATE_FORMAT, "name": spec.name,
         "fingerprint": spec.fingerprint(), "trials": {**recorded, **{n: current[n] for n in new}},
@@ -388,7 +388,7 @@ def sync_runs(tracker: Tracker, parent_run_id: str, layout: SweepDir, spec: Swee
     Best-effort: if MLflow fails, the next call (the end of this start, or the next start) tries again. A seed run
     carries its pack's tags. Returns the trials whose ``history.json`` or ``DONE.json`` is damaged, each with the
     file and the problem: their runs end without what those files hold, the other trials' runs are synced."""
-    from qed_ray.service.tracking import TrialRun, pack_tags
+    from qed_ray.service.mlflow.tracking import TrialRun, pack_tags
 
     try:
         runs = tracker.trial_runs()

@@ -14,7 +14,7 @@ no Tune state.
 Failures: a seed whose loss, Q value or observation turns non-finite stops alone (its ``DIVERGED.json``, its run
 FAILED with the reason; final, since a deterministic continuation would diverge again); the pack goes on with the
 others. Any other exception propagates, and Tune retries the pack from its newest checkpoint (``max_retries``);
-MLflow problems never fail a trial (:class:`~qed_ray.service.tracking.TrialRun`). At its end a seed records in its MLflow
+MLflow problems never fail a trial (:class:`~qed_ray.service.mlflow.tracking.TrialRun`). At its end a seed records in its MLflow
 run the digest of every file the gather step reads of it that its worker wrote (the files the final checkpoint's
 signed ``files.json`` lists: :mod:`qed_ray.rl.run_folder`), signed with the user's results key (which the driver hands
 over in the context, never through the folder), then writes its ``DONE.json``: the gather step checks the files
@@ -37,13 +37,13 @@ from pydantic import Field
 from ray import tune
 
 from qed_ray.records.digests import Signer, record
-from qed_ray.config import Frozen
+from qed_ray.spec.config import Frozen
 from qed_ray.records.layout import SweepDir
 from qed_ray.rl.replay import prune_chunks
 from qed_ray.rl.run_folder import FolderReporter
 from qed_ray.service.lock import LockLost, check_holder
 from qed_ray.service.packing import TuneTrial
-from qed_ray.service.tracking import (DIGEST_TAG, UNVERIFIED_TAG, TrialRun, digest_tags, limit_http_retries,
+from qed_ray.service.mlflow.tracking import (DIGEST_TAG, UNVERIFIED_TAG, TrialRun, digest_tags, limit_http_retries,
                                       pack_tags)
 from qed_ray.rl.trainer import build_trainer
 

@@ -13,11 +13,11 @@ from qed_ray.analysis import report
 from qed_ray.analysis.group_eval import _interval_values, interval_diagnostics
 from qed_ray.analysis.results import TrialRecord
 from qed_ray.analysis.tables import group_rows, sweep_results
-from qed_ray.config import HOT_RATIO, TemperatureSpec
+from qed_ray.spec.config import HOT_RATIO, TemperatureSpec
 from qed_ray.records.layout import SweepDir
 from qed_ray.rl.temperature import alpha_stat_names, alpha_stats, make_temperature, temperature_state
 from qed_ray.analysis.outputs import write_results
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.spec.sweep import FinalEvalSpec
 
 FINAL_EVAL = FinalEvalSpec(episodes=2, action_rollouts=2, action_steps=30, curve_episodes=1, bootstrap_reps=200,
                            confidence=0.95, seed=0)
@@ -102,10 +102,10 @@ def test_at_the_cap_is_at_cap_not_hot():
 
 
 def test_each_group_run_is_tagged_with_its_regime_and_a_group_without_one_reads_no_estimate():
-    """The group runs' tags (qed_ray.service.tags.group_tags on each group's view): the rule at 100, 9 and 1.5 x
+    """The group runs' tags (qed_ray.service.mlflow.tags.group_tags on each group's view): the rule at 100, 9 and 1.5 x
     alpha_TE (cap 0.2 = 20 x alpha_TE) puts QED at its cap, hot and ok; te has no estimate, and says so."""
     from qed_ray.analysis.group_view import group_view
-    from qed_ray.service.tags import group_tags
+    from qed_ray.service.mlflow.tags import group_tags
 
     groups = [qed_group("capped", 100.0, 0.0), qed_group("hot", 9.0, 0.0), qed_group("ok", 1.5, 0.0),
               te_group("ok", 0.0)]

@@ -15,12 +15,12 @@ from qed_ray.rl.agents import load_policies
 from qed_ray.analysis.group_eval import (GroupEnvs, RandomPolicy, action_rollouts, evaluate_group, random_score,
                                          trial_record)
 from qed_ray.records.checkpoint import new_manifest, save_checkpoint
-from qed_ray.config import RunSpec
+from qed_ray.spec.config import RunSpec
 from qed_ray.rl.evaluate import eval_seeds
 from qed_ray.records.layout import SweepDir
 from qed_ray.analysis.results import GroupResult, SweepResults, TrialRecord
 from qed_ray.records.run import EvalRecord
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.spec.sweep import FinalEvalSpec
 
 FINAL_EVAL = FinalEvalSpec(episodes=2, action_rollouts=2, action_steps=30, curve_episodes=1, bootstrap_reps=200,
                            confidence=0.95, seed=0)

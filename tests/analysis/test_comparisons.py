@@ -10,7 +10,7 @@ from folder_helpers import group_result
 from scipy.stats import trim_mean
 
 from qed_ray.analysis import bootstrap, metrics
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.spec.sweep import FinalEvalSpec
 from qed_ray.analysis.tables import aggregate, compare_all
 
 FE = FinalEvalSpec(bootstrap_reps=300, confidence=0.9, seed=3)

@@ -9,9 +9,9 @@ from folder_helpers import group_result
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from qed_ray.analysis import plots
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.spec.sweep import FinalEvalSpec
 from qed_ray.analysis.tables import sweep_results
-from qed_ray.tasks import TASKS
+from qed_ray.spec.tasks import TASKS
 from qed_ray.analysis.behaviour import compose_figure
 
 FE = FinalEvalSpec(episodes=2, action_rollouts=2, action_steps=30, curve_episodes=1, bootstrap_reps=200)

@@ -17,7 +17,7 @@ from qed_ray.analysis import bootstrap
 from qed_ray.rl.agents import make_agent
 from qed_ray.analysis.group_eval import evaluate_group
 from qed_ray.records.checkpoint import new_manifest, save_checkpoint
-from qed_ray.config import RunSpec, SacLnSpec, TemperatureSpec
+from qed_ray.spec.config import RunSpec, SacLnSpec, TemperatureSpec
 from qed_ray.rl.agents import make_packed_agent
 from qed_ray.rl.env_pool import EnvPool
 from qed_ray.rl.evaluate import eval_policy, eval_seeds, rollout_lockstep
@@ -25,7 +25,7 @@ from qed_ray.analysis.group_cache import ANALYSIS_VERSION, EVAL_FIELDS, cache_ke
 from qed_ray.records.layout import SweepDir
 from qed_ray.analysis.outputs import policy_dir, write_results
 from qed_ray.analysis.results import GroupKey, SweepResults, TrialRecord
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.spec.sweep import FinalEvalSpec
 from qed_ray.analysis.tables import sweep_results
 
 TASK = "cartpole-balance"

@@ -9,7 +9,7 @@ from folder_helpers import group_result
 from qed_ray.analysis import bootstrap, profiles
 from qed_ray.analysis.comparisons import compare
 from qed_ray.analysis.tables import sweep_results
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.spec.sweep import FinalEvalSpec
 
 rly = pytest.importorskip("rliable.library")
 rly_metrics = pytest.importorskip("rliable.metrics")

@@ -11,7 +11,7 @@ from folder_helpers import group_result
 from qed_ray.analysis import report
 from qed_ray.analysis.results import FailedTrial
 from qed_ray.analysis.tables import sweep_results
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.spec.sweep import FinalEvalSpec
 
 FE = FinalEvalSpec(episodes=2, action_rollouts=2, action_steps=30, curve_episodes=1, bootstrap_reps=200,
                    confidence=0.9, seed=0)

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from scipy import stats
 from test_verdict import FE, SCORES, _flat, _groups, _record
 
-from qed_ray import claim
+from qed_ray.spec import claim
 from qed_ray.analysis.evidence import judge
 from qed_ray.analysis.sequential import GROW, TE_UNLEARNED, next_look
 from qed_ray.analysis.spending import boundaries, nominal_levels, spent

@@ -15,7 +15,7 @@ from qed_ray.analysis import bootstrap, metrics
 from qed_ray.records.layout import SweepDir
 from qed_ray.analysis.outputs import write_results
 from qed_ray.analysis.results import Aggregate, CriticProxy, FailedTrial, GroupResult, SweepResults
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.spec.sweep import FinalEvalSpec
 from qed_ray.analysis.tables import (aggregate, baseline_of, critic_proxy, group_stats, iqm_by_budget,
                                     sweep_results)
 

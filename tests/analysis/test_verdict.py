@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from folder_helpers import group_result
 
-from qed_ray import claim
+from qed_ray.spec import claim
 from qed_ray.analysis import bootstrap
 from qed_ray.analysis.tables import compare_all, sweep_results
 from qed_ray.analysis.evidence import judge
 from qed_ray.analysis.results import Verdict
 from qed_ray.analysis.verdict import (EXPLORATORY, FAIL, NOT_ENOUGH, NOT_ENOUGH_SEEDS, PASS, combine, decision_level,
                                       format_verdict, guard_outcome, interval_outcome)
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.spec.sweep import FinalEvalSpec
 
 FE = FinalEvalSpec(bootstrap_reps=400, seed=1)
 TASKS = ("cheetah-run", "walker-walk", "hopper-hop")

@@ -61,7 +61,7 @@ def save_policy(layout: SweepDir, spec, step: int, init_seed: int, dims: tuple[i
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> Path:
     """``tiny-sweep/``: 2 variants x 3 seeds of tiny SAC-LN policies on cheetah-run, each with an older decoy."""
-    from qed_ray.config import RunSpec
+    from qed_ray.spec.config import RunSpec
     from qed_ray.rl.envs import make_env
 
     root = tmp_path_factory.mktemp("vis") / "tiny-sweep"
@@ -281,7 +281,7 @@ def test_frames_are_real_headless_renders(behaviour):
 
 
 def test_outputs_are_logged_to_the_sweeps_parent_run(sweep, tmp_path):
-    from qed_ray.service.tracking import Tracker, default_tracking_uri
+    from qed_ray.service.mlflow.tracking import Tracker, default_tracking_uri
 
     tracker = Tracker(default_tracking_uri(sweep), sweep.name, "0123456789ab",
                       artifact_location=str(SweepDir(sweep).mlartifacts))

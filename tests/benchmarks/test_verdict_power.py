@@ -10,7 +10,7 @@ import pytest
 from scipy import stats
 
 from qed_ray.analysis.verdict import PASS
-from qed_ray.claim import Endpoints
+from qed_ray.spec.claim import Endpoints
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,7 +50,7 @@ def test_degenerate_scenarios_never_pass(power):
 def test_the_adaptive_design_never_passes_a_degenerate_scenario_and_counts_its_seeds(power):
     """Seeds by looks (10, then 15): the degenerate scenarios never pass at any look; neither arm learned ends
     growth at the first look (te below its floor), using 10 seeds of each of te and the two variants."""
-    from qed_ray.claim import AdaptiveSpec
+    from qed_ray.spec.claim import AdaptiveSpec
 
     adaptive, endpoints = AdaptiveSpec(start=10, step=5, max_seeds=15), Endpoints()
     power.SEEDS = 15

@@ -621,7 +621,7 @@ def test_image_references_must_be_documented_exact_tags(documented, image, messa
     assert len(problems) == len(messages)
 
 
-# ---- the dmc18 packs on the shipped clusters' workers (cluster/prices.yaml, qed_ray.service.machines) -----------
+# ---- the dmc18 packs on the shipped clusters' workers (cluster/prices.yaml, qed_ray.service.plan.machines) -----------
 
 
 def _worker_types(cfg: dict) -> list[dict]:
@@ -630,10 +630,10 @@ def _worker_types(cfg: dict) -> list[dict]:
 
 @pytest.mark.parametrize("provider", ["aws", "gcp", "kuberay"])
 def test_the_dmc18_packs_fit_the_worker_nodes_cpus_gpu_share_and_memory_at_their_auto_size(provider):
-    from qed_ray.service.dry_plan import fit_problem, size_packs
-    from qed_ray.service.machines import clusters, load_prices
+    from qed_ray.service.plan.dry_plan import fit_problem, size_packs
+    from qed_ray.service.plan.machines import clusters, load_prices
     from qed_ray.service.packing import form_packs
-    from qed_ray.spec import load_spec
+    from qed_ray.spec.sweep import load_spec
 
     spec = load_spec(ROOT / "sweeps" / "dmc18.yaml")
     need, per_gpu = spec.sized(30).trial_resources(), round(1 / spec.resources.gpu)
@@ -643,7 +643,7 @@ def test_the_dmc18_packs_fit_the_worker_nodes_cpus_gpu_share_and_memory_at_their
         (node,) = _worker_types(launcher(provider))
         assert (model.cpus, model.gpus) == (node["CPU"], node["GPU"]) and model.node in str(launcher(provider))
     assert need["cpu"] * per_gpu * model.gpus <= model.cpus, "every pack on a node gets its CPUs"
-    # The largest pack that fits with its headroom (qed_ray.service.dry_plan): gcp's 59.6 GiB and KubeRay's 40 GiB
+    # The largest pack that fits with its headroom (qed_ray.service.plan.dry_plan): gcp's 59.6 GiB and KubeRay's 40 GiB
     # (56 Gi less the 16 Gi /dev/shm) cannot hold two MAD-SAC QED packs of 30 on quadruped (19 GiB of replay each on
     # the host), so their packs are smaller there; every pack at that size fits.
     size, packs, how = size_packs(spec, form_packs(spec, size=10**6), model, False)
@@ -652,7 +652,7 @@ def test_the_dmc18_packs_fit_the_worker_nodes_cpus_gpu_share_and_memory_at_their
 
 
 def test_the_kuberay_worker_fits_the_dmc18_packs():
-    from qed_ray.spec import load_spec
+    from qed_ray.spec.sweep import load_spec
 
     spec = load_spec(ROOT / "sweeps" / "dmc18.yaml")
     need, per_gpu = spec.trial_resources(), round(1 / spec.resources.gpu)

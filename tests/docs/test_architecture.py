@@ -25,7 +25,7 @@ BELOW = {"spec": set(), "records": {"spec"}, "rl": {"spec", "records"}, "paper":
          "cli": {"spec", "records", "rl", "paper", "analysis", "service"}}
 WINGS = ("records", "rl", "paper", "analysis", "service")
 RAY = {"service", "cli"}
-MLFLOW_MODULES = {"qed_ray.service.tracking", "qed_ray.service.relink"}
+MLFLOW_MODULES = {"qed_ray.service.mlflow.tracking", "qed_ray.service.mlflow.relink"}
 WARN_LINES = 600
 
 
@@ -149,7 +149,7 @@ def test_every_wing_holds_modules_and_records_holds_every_file_format():
 
 
 # A module of each wing that a planted import can name.
-TARGET = {"spec": "qed_ray.config", "records": "qed_ray.records.codec", "rl": "qed_ray.rl.trainer",
+TARGET = {"spec": "qed_ray.spec.config", "records": "qed_ray.records.codec", "rl": "qed_ray.rl.trainer",
           "paper": "qed_ray.paper.toy", "analysis": "qed_ray.analysis.results", "service": "qed_ray.service.sweep",
           "cli": "qed_ray.sweep"}
 FOLDER = {"spec": "", "cli": "", **{w: w for w in WINGS}}

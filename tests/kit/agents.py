@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from qed_ray.config import MadSpec, TemperatureSpec, agent_spec
+from qed_ray.spec.config import MadSpec, TemperatureSpec, agent_spec
 
 OBS, ACT, B = 5, 2, 16  # observation and action sizes of the synthetic batches, and their batch size
 QED = {"kind": "qed", "k": 0.2, "n_actions": 4, "alpha_max": 0.5, "init_alpha": 0.02}  # QED with N = 4 samples

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from qed_ray.spec import SweepSpec
+from qed_ray.spec.sweep import SweepSpec
 
 TRAIN = {"env_steps": 2000, "eval_every": 1000, "warmup_decisions": 100}
 SWEEP = {"name": "s", "tasks": ["cartpole-balance"], "seeds": 2,

@@ -15,7 +15,7 @@ import torch
 
 from qed_ray.rl.hlgauss import cross_entropy
 from qed_ray.rl.networks import tanh_log_det_jacobian
-from qed_ray.config import HOT_RATIO
+from qed_ray.spec.config import HOT_RATIO
 from qed_ray.rl.temperature import QEDTemperature, TargetEntropyTemperature, expectile
 
 LATENT_TARGET_SMOOTHING = 1e-4

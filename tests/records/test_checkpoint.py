@@ -13,7 +13,7 @@ import torch
 from qed_ray.rl.agents import make_agent
 from qed_ray.records.checkpoint import (FORMAT_VERSION, CheckpointError, CheckpointVersionError, load_checkpoint,
                                         new_manifest, save_checkpoint)
-from qed_ray.config import RunSpec
+from qed_ray.spec.config import RunSpec
 from qed_ray.rl.replay import Replay, list_chunks, prune_chunks
 from oracles.single_seed import single_update
 

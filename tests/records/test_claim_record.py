@@ -1,4 +1,4 @@
-"""The frozen pre-registration is bound to its hash and signed (qed_ray/claim.py, qed_ray/records/sweep.py):
+"""The frozen pre-registration is bound to its hash and signed (qed_ray/spec/claim.py, qed_ray/records/sweep.py):
 one threshold edited in sweep.json's stored claim block is refused naming the field by a driver start and by the
 re-analysis; a block and hash edited together fail the record's signature; the verdict is
 judged by the claim file's block, or by the signed stored block where the file is not at hand."""
@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 from kit import sweep_spec
 
-from qed_ray import claim
+from qed_ray.spec import claim
 from qed_ray.records.codec import dump
 from qed_ray.service.reanalysis import main as gather_main
 from qed_ray.service.results_key import load_key
 from qed_ray.records.sweep import ClaimRecord, SweepState, read_state, sign_claim, verified_claim, write_state
 from qed_ray.service.sweep_state import plan
-from qed_ray.spec import SpecError
+from qed_ray.spec.sweep import SpecError
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "claim.md"
 FIELD = "endpoints.iqm_kept.lower_at_least"

@@ -22,7 +22,7 @@ from folder_helpers import group_result
 from qed_ray.analysis import group_cache
 from qed_ray.analysis.results import SweepResults, read_results
 from qed_ray.records.codec import RecordError, dump, read_lines, read_record, write_record
-from qed_ray.config import RunSpec
+from qed_ray.spec.config import RunSpec
 from qed_ray.records.layout import PACK_FILE, PackId, SweepDir, seed_dir, trial_dirname
 from qed_ray.records.checkpoint import SNAPSHOT_FORMATS, read_manifest
 from qed_ray.rl.pack import read_pack
@@ -33,7 +33,7 @@ from qed_ray.records.sweep import LockInfo
 from qed_ray.service.lock import LockDamaged, read_lock
 from qed_ray.records.sweep import read_state, write_state
 from qed_ray.service.sweep_state import plan
-from qed_ray.spec import FinalEvalSpec, SweepSpec
+from qed_ray.spec.sweep import FinalEvalSpec, SweepSpec
 
 TRAIN = {"env_steps": 1000, "eval_every": 1000, "eval_episodes": 1, "warmup_decisions": 50, "frame_skip": 10,
          "nan_check_every": 10}

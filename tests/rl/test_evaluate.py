@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from qed_ray.rl.agents import make_packed_agent
-from qed_ray.config import SacLnSpec, TemperatureSpec
+from qed_ray.spec.config import SacLnSpec, TemperatureSpec
 from qed_ray.rl.env_pool import EnvPool
 from qed_ray.rl.envs import make_env
 from qed_ray.rl.evaluate import (EVAL_SEED_BASE, SamplingPolicy, episode_noise, eval_policy, eval_seeds,

@@ -13,7 +13,7 @@ from oracles.single_seed import single_update
 
 from qed_ray.rl.agents.base import params_of
 from qed_ray.rl.agents.mad_sac import MODEL_METRIC_KEYS, MadSAC, split_sizes
-from qed_ray.config import MadSpec, TemperatureSpec
+from qed_ray.spec.config import MadSpec, TemperatureSpec
 from qed_ray.rl.hlgauss import HLGauss, cross_entropy
 from qed_ray.rl.world_model import Dynamics, HLGaussCritic, SimNorm
 

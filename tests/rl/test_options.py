@@ -14,7 +14,7 @@ from oracles.single_seed import assert_pack_holds_singles, single_update
 from qed_ray.rl.agents import make_agent
 from qed_ray.rl.agents.base import params_of
 from qed_ray.rl.agents import make_packed_agent
-from qed_ray.config import HLGaussSpec, MadSpec, RunSpec, SacLnSpec, TemperatureSpec
+from qed_ray.spec.config import HLGaussSpec, MadSpec, RunSpec, SacLnSpec, TemperatureSpec
 from qed_ray.rl.hlgauss import cross_entropy
 from qed_ray.rl.networks import squashed_sample
 from qed_ray.rl.replay import holdout_draw, keeps_transition
@@ -164,7 +164,7 @@ def test_packed_update_with_an_option_follows_two_single_seed_runs(name, tempera
 
 # ---- MAD-TD's held-out share and time-limit masking -------------------------------------------------------
 def test_held_out_share_and_time_limit_masking_decide_what_enters_the_replay():
-    from qed_ray.config import TrainSpec
+    from qed_ray.spec.config import TrainSpec
 
     off = TrainSpec()
     assert all(keeps_transition(off, 0, d, truncated=d % 7 == 0) for d in range(200))
@@ -196,7 +196,7 @@ def test_the_trainer_leaves_held_out_and_time_limit_transitions_out_of_each_seed
 
 # ---- the shipped ablation spec ------------------------------------------------------------------------------
 def test_ablations_spec_crosses_m1_m2_and_m3_with_both_evaluation_policies(capsys):
-    from qed_ray.spec import load_spec
+    from qed_ray.spec.sweep import load_spec
     from qed_ray.service.sweep_cli import main
 
     root = Path(__file__).parents[2] / "sweeps"

@@ -13,7 +13,7 @@ import torch
 from kit import ACT, B, OBS, TEMPERATURES, spec_of
 
 from qed_ray.rl.agents import make_packed_agent
-from qed_ray.config import TrainSpec
+from qed_ray.spec.config import TrainSpec
 from qed_ray.rl.update import (PackUpdater, compile_pays, inductor_cache_dir, make_capturable, resolve_mode,
                               use_inductor_cache)
 from qed_ray.rl.replay import Replay

@@ -15,7 +15,7 @@ from oracles.single_seed import assert_pack_holds_singles, single_update
 from qed_ray.rl.agents import make_agent
 from qed_ray.rl.agents.packed import PackedAgent
 from qed_ray.rl.agents import make_packed_agent
-from qed_ray.config import TemperatureSpec
+from qed_ray.spec.config import TemperatureSpec
 from qed_ray.rl.networks import per_seed_clip_
 from qed_ray.rl.replay import FIELDS, Replay, list_chunks, read_chunks, replay_bytes
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from qed_ray.rl.agents import make_agent
-from qed_ray.config import agent_spec
+from qed_ray.spec.config import agent_spec
 from qed_ray.rl.evaluate import eval_seeds
 from qed_ray.rl.trainer import build_trainer
 from kit import TINY_MAD

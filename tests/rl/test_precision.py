@@ -14,9 +14,9 @@ from qed_ray.rl.agents import make_agent
 from qed_ray.rl.agents.base import params_of
 from kit import TEMPERATURES
 
-from qed_ray.config import RunSpec, TrainSpec, agent_spec
-from qed_ray.field_hints import format_validation_error
-from qed_ray.naming import identity, parse_variant
+from qed_ray.spec.config import RunSpec, TrainSpec, agent_spec
+from qed_ray.spec.field_hints import format_validation_error
+from qed_ray.spec.naming import identity, parse_variant
 from qed_ray.rl.precision import (CUDA_DEFAULT, apply_matmul_precision, resolve_precision, round_tf32, split_linear,
                                split_tf32, tf32_linear)
 from benchmarks.precision_gate import GateSettings, run_gate
@@ -194,7 +194,7 @@ def test_train_precision_is_validated_and_is_part_of_a_runs_identity():
 
 
 def test_ablations_cross_fp32_and_tf32_and_each_precision_is_its_own_group():
-    from qed_ray.spec import load_spec  # PyYAML: not on the GPU machine that runs the torch_only tests
+    from qed_ray.spec.sweep import load_spec  # PyYAML: not on the GPU machine that runs the torch_only tests
 
     trials = load_spec(ROOT / "sweeps" / "ablations.yaml").trials()  # its cells: test_options.py
     groups = {t.name.rsplit("/", 1)[0] for t in trials}

@@ -11,8 +11,8 @@ import torch
 
 from qed_ray.rl.agents import make_agent
 from qed_ray.rl.agents.base import params_of
-from qed_ray.config import AgentBase, MadSpec, SacLnSpec, TemperatureSpec
-from qed_ray.config import agent_spec as make_agent_spec
+from qed_ray.spec.config import AgentBase, MadSpec, SacLnSpec, TemperatureSpec
+from qed_ray.spec.config import agent_spec as make_agent_spec
 from qed_ray.rl.update_metrics import MetricAccumulator, MetricLayout
 from kit import ACT, B, OBS, QED, TEMPERATURES, batch_of, spec_of
 from oracles.reference_update import OldMadSAC, OldSACLN
@@ -292,14 +292,14 @@ def test_training_core_imports_and_updates_with_dm_control_ray_and_mlflow_blocke
         sys.meta_path.insert(0, Block())
         for m in ("qed_ray.rl.agents", "qed_ray.rl.agents.base", "qed_ray.rl.agents.sac_ln", "qed_ray.rl.agents.mad_sac",
                   "qed_ray.rl.temperature", "qed_ray.rl.networks", "qed_ray.rl.hlgauss", "qed_ray.rl.world_model",
-                  "qed_ray.rl.replay", "qed_ray.rl.update_metrics", "qed_ray.records.checkpoint", "qed_ray.config",
+                  "qed_ray.rl.replay", "qed_ray.rl.update_metrics", "qed_ray.records.checkpoint", "qed_ray.spec.config",
                   "qed_ray.rl.trainer", "qed_ray.rl.agents.learner", "qed_ray.rl.agents.packed", "qed_ray.rl.pack",
                   "qed_ray.rl.pack_checkpoint", "qed_ray.rl.update", "qed_ray.records.writer", "qed_ray.rl.env_pool",
                   "qed_ray.rl.evaluate", "qed_ray.rl.run_folder", "qed_ray.rl.precision", "qed_ray.records.digests"):
             importlib.import_module(m)
         import numpy as np, torch
         from qed_ray.rl.agents import make_agent
-        from qed_ray.config import MadSpec, TemperatureSpec, agent_spec
+        from qed_ray.spec.config import MadSpec, TemperatureSpec, agent_spec
         from qed_ray.rl.agents import make_packed_agent
         from qed_ray.rl.replay import Replay
         replay = Replay(64, 3, 1, [np.random.default_rng(0)], torch.device("cpu"))

@@ -20,7 +20,7 @@ from kit import TINY_MAD
 
 from qed_ray.rl.agents import load_policy, make_agent
 from qed_ray.records.checkpoint import CheckpointError, load_checkpoint
-from qed_ray.config import RunSpec
+from qed_ray.spec.config import RunSpec
 from qed_ray.records.layout import PACK_FILE, PackId, SweepDir, seed_dir, trial_dirname
 from qed_ray.rl.replay import list_chunks, prune_chunks
 from qed_ray.rl.run_folder import restore_latest
@@ -275,7 +275,7 @@ def test_heartbeat_and_eta_before_the_first_evaluation(tmp_path):
 
 
 def test_remaining_time_counts_warmup_training_and_evaluation():
-    from qed_ray.config import TrainSpec
+    from qed_ray.spec.config import TrainSpec
     from qed_ray.rl.pack import remaining_s
 
     t = TrainSpec(env_steps=20_000, eval_every=4000, eval_episodes=2, warmup_decisions=1000)  # 10,000 decisions

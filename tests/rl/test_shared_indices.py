@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from qed_ray.config import RunSpec, TrainSpec
-from qed_ray.naming import identity, parse_variant
+from qed_ray.spec.config import RunSpec, TrainSpec
+from qed_ray.spec.naming import identity, parse_variant
 from qed_ray.rl.pack import sampler_seeds
 from qed_ray.rl.run import main as run_cli
 from qed_ray.rl.trainer import build_trainer
 from qed_ray.service.sweep_state import plan
-from qed_ray.spec import SweepSpec
+from qed_ray.spec.sweep import SweepSpec
 
 QED = {"kind": "qed", "k": 0.2}
 SWEEP = {"name": "s", "tasks": ["cartpole-balance"], "seeds": 3, "pack": {"seeds": 3},

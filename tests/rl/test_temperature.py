@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from qed_ray.config import TemperatureSpec
+from qed_ray.spec.config import TemperatureSpec
 from qed_ray.rl.temperature import (QEDTemperature, TargetEntropyTemperature, expectile, make_temperature,
                                  qed_disagreement, temperature_state)
 

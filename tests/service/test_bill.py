@@ -1,4 +1,4 @@
-"""The plan of a sweep (qed_ray.service.bill, dry_plan, dry_run): rates looked up in the measured tables and each
+"""The plan of a sweep (qed_ray.service.plan.bill, dry_plan, dry_run): rates looked up in the measured tables and each
 step that is not a measured cell named, a pack's wall time, the schedule's tail, the plan on this machine (its
 cores injected), on every shipped cluster with its price, pack sizes that fit, "not runnable as shipped", and the
 resources refused before anything is written."""
@@ -10,15 +10,15 @@ import pytest
 import yaml
 
 from kit import flat, widest
-from qed_ray.config import RunSpec
-from qed_ray.replay_memory import GIB
-from qed_ray.service.bill import (ENV_COSTS_PATH, NODE_START_S, PACK_START_S, Rate, env_costs, pack_rate,
+from qed_ray.spec.config import RunSpec
+from qed_ray.spec.replay_memory import GIB
+from qed_ray.service.plan.bill import (ENV_COSTS_PATH, NODE_START_S, PACK_START_S, Rate, env_costs, pack_rate,
                                   pack_seconds, schedule)
-from qed_ray.service.dry_plan import Tables, fit_problem, machine_lines, order_packs, per_node
-from qed_ray.service.machines import Machine, clusters, load_prices, this_machine
+from qed_ray.service.plan.dry_plan import Tables, fit_problem, machine_lines, order_packs, per_node
+from qed_ray.service.plan.machines import Machine, clusters, load_prices, this_machine
 from qed_ray.service.packing import form_packs
 from qed_ray.records.throughput import CPU_PATH, load_table, load_throughput, parse_throughput
-from qed_ray.spec import SpecError, SweepSpec, load_spec
+from qed_ray.spec.sweep import SpecError, SweepSpec, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 H100 = "NVIDIA H100 80GB HBM3"
@@ -90,7 +90,7 @@ def test_the_schedule_holds_each_node_until_its_last_pack_ends():
 @pytest.mark.parametrize("cores", [2, 8])
 def test_the_smoke_plan_on_a_machine_of_n_cores_is_priced_from_the_stored_cpu_rates(cores, tmp_path, monkeypatch,
                                                                                      capsys):
-    from qed_ray.service.dry_run import dry_run
+    from qed_ray.service.plan.dry_run import dry_run
 
     monkeypatch.setenv("QED_STORAGE_PATH", str(tmp_path / "results"))
     spec, here = load_spec(SMOKE), this_machine(cpus=cores, host_bytes=16 * GIB, gpus=0)
@@ -195,7 +195,7 @@ def test_a_gpu_on_this_cpu_machine_is_refused_by_the_dry_run_and_by_a_start_befo
     path.write_text(yaml.safe_dump(raw))
     monkeypatch.setenv("QED_STORAGE_PATH", str(tmp_path / "results"))
     monkeypatch.setenv("RAY_ADDRESS", "local")
-    monkeypatch.setattr("qed_ray.service.machines.this_machine", lambda: this_machine(cpus=2, gpus=0))
+    monkeypatch.setattr("qed_ray.service.plan.machines.this_machine", lambda: this_machine(cpus=2, gpus=0))
     message = ("error: resources.gpu: a pack asks for 1 GPU and this machine has none; set resources.gpu: 0 to train "
                "on CPUs, or run on a GPU cluster\n")
     assert main([str(path), "--dry-run"]) == 2
@@ -232,7 +232,7 @@ def test_every_shipped_gpu_spec_is_runnable_and_priced_on_each_shipped_cluster(n
 
 
 def test_auto_packs_resolve_to_the_registered_size_this_machine_or_the_named_cluster(monkeypatch):
-    from qed_ray.service.dry_run import sized_spec
+    from qed_ray.service.plan.dry_run import sized_spec
 
     spec = load_spec(DMC18)
     assert sized_spec(spec, 20).pack.seeds == 20  # a started sweep keeps its registered size

@@ -1,4 +1,4 @@
-"""The pre-registration (qed_ray/claim.py, docs/claim.md, sweeps/claim.yaml): the block holds the design and the
+"""The pre-registration (qed_ray/spec/claim.py, docs/claim.md, sweeps/claim.yaml): the block holds the design and the
 thresholds the verdict applies, its hash is frozen in sweep.json at the first start and a changed block is refused
 naming the file and the field, the claim sweep's dry run passes; entries of a spec may run on a subset of tasks."""
 
@@ -12,10 +12,10 @@ from kit import flat, sweep_file, sweep_spec
 from pydantic import ValidationError
 
 
-from qed_ray import claim
-from qed_ray.service.dry_run import dry_run
+from qed_ray.spec import claim
+from qed_ray.service.plan.dry_run import dry_run
 from qed_ray.records.layout import SweepDir
-from qed_ray.spec import SweepSpec, load_spec
+from qed_ray.spec.sweep import SweepSpec, load_spec
 from qed_ray.service.sweep_cli import main
 from qed_ray.records.codec import dump
 from qed_ray.records.sweep import SweepState, write_state

@@ -12,12 +12,12 @@ from types import SimpleNamespace
 import pytest
 from kit import TRAIN, sweep_spec
 
-from qed_ray.config import TrainSpec
+from qed_ray.spec.config import TrainSpec
 from qed_ray.records.layout import PackId, SweepDir, seed_dir
 from qed_ray.rl.run import RunStopped, parse_args, spec_from_args
 from qed_ray.service.announce import resumed_env_steps, start_line
 from qed_ray.service.packing import TuneTrial, form_packs
-from qed_ray.spec import SpecError
+from qed_ray.spec.sweep import SpecError
 from sweep_helpers import ROOT
 
 TINY = ["--task", "cartpole-balance", "--env-steps", "40000", "--eval-every", "1000", "--eval-episodes", "1",

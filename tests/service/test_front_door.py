@@ -16,7 +16,7 @@ from kit import counts, flat, sweep_file, sweep_spec, widest
 from qed_ray.records.layout import SweepDir
 from qed_ray.service.announce import LOCAL_HEAD, LOCAL_STATUS, first_lines, status_command
 from qed_ray.service.sweep_state import RUNTIME_ENV_JSON, storage_root
-from qed_ray.spec import SpecError
+from qed_ray.spec.sweep import SpecError
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKUP = re.compile(r"``|:(func|mod|class|meth|attr|data|exc|obj|ref):`")
@@ -30,7 +30,7 @@ def _mains():
     from qed_ray.rl.run import main as train
     from qed_ray.service.behaviour_cli import main as visualize
     from qed_ray.service.reanalysis import main as gather
-    from qed_ray.service.relink import main as relink
+    from qed_ray.service.mlflow.relink import main as relink
     from qed_ray.service.sweep_cli import main as sweep
     return {"sweep": sweep, "run": train, "gather": gather, "visualize": visualize, "relink": relink,
             "theory": theory, "toy": toy, "envs": envs, "analysis": analysis}

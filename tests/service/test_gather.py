@@ -13,8 +13,8 @@ from qed_ray.records.digests import Recorded, digest, file_sha256, inventory
 from qed_ray.rl.run_folder import write_done
 from qed_ray.service.gather import group_task_resources
 from qed_ray.analysis.results import GroupKey
-from qed_ray.spec import FinalEvalSpec
-from qed_ray.service.tracking import metric_key
+from qed_ray.spec.sweep import FinalEvalSpec
+from qed_ray.service.mlflow.tracking import metric_key
 
 NODE = lambda cpu, gpu=0: {"Resources": {"CPU": cpu, "GPU": gpu}}  # noqa: E731
 
@@ -89,7 +89,7 @@ def _verifier(layout) -> Verifier:
     from folder_helpers import SWEEP_ID
 
     from qed_ray.service.results_key import load_key
-    from qed_ray.service.tracking import default_tracking_uri, sweep_digests
+    from qed_ray.service.mlflow.tracking import default_tracking_uri, sweep_digests
 
     return Verifier(SWEEP_ID, load_key().secret, sweep_digests(default_tracking_uri(layout.root), SWEEP_ID))
 

@@ -10,11 +10,11 @@ from qed_ray.records.codec import RecordError, write_record
 from qed_ray.records.layout import SweepDir
 from qed_ray.service import looks
 from qed_ray.records.throughput import CPU_PATH, load_table
-from qed_ray.service.dry_plan import Tables
-from qed_ray.service.machines import this_machine
+from qed_ray.service.plan.dry_plan import Tables
+from qed_ray.service.plan.machines import this_machine
 from qed_ray.service.packing import form_packs
 from kit import sweep_spec
-from qed_ray.spec import SpecError, SweepSpec
+from qed_ray.spec.sweep import SpecError, SweepSpec
 
 # kit's sweep with te and two QED variants, 15 seeds judged at looks of 10 and 15, packs of 5.
 LOOKED = {"seeds": 15, "adaptive": {"start": 10, "step": 5, "max_seeds": 15}, "pack": {"seeds": 5},

@@ -1,4 +1,4 @@
-"""The gather outputs in MLflow (qed_ray/service/mirror.py) on a real SQLite store, as the sweep's gather actor
+"""The gather outputs in MLflow (qed_ray/service/mlflow/mirror.py) on a real SQLite store, as the sweep's gather actor
 writes them to the parent run while groups land: the summary as the run's description and in full as
 ``gather/summary.md``, the verdict as a tag, each group's row and each comparison as metrics; and the name a
 re-analysis run gets from the settings it changed."""
@@ -10,10 +10,10 @@ from folder_helpers import group_result
 
 from qed_ray.analysis import report
 from qed_ray.analysis.tables import sweep_results
-from qed_ray.service.mirror import SUMMARY_FILE, SWEEP_FOOTER, log_rows, note, runs_link, settings_label
-from qed_ray.service.tags import NOTE_TAG
-from qed_ray.service.tracking import Tracker
-from qed_ray.spec import FinalEvalSpec
+from qed_ray.service.mlflow.mirror import SUMMARY_FILE, SWEEP_FOOTER, log_rows, note, runs_link, settings_label
+from qed_ray.service.mlflow.tags import NOTE_TAG
+from qed_ray.service.mlflow.tracking import Tracker
+from qed_ray.spec.sweep import FinalEvalSpec
 
 FE = FinalEvalSpec(episodes=2, action_rollouts=2, action_steps=30, curve_episodes=1, bootstrap_reps=200,
                    confidence=0.9, seed=0)

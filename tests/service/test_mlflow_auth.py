@@ -136,7 +136,7 @@ def test_writes_and_reads_without_valid_credentials_are_refused(server):
 def test_tracker_logs_through_the_server_with_env_credentials(server, monkeypatch, tmp_path):
     from mlflow.exceptions import MlflowException
 
-    from qed_ray.service.tracking import Tracker
+    from qed_ray.service.mlflow.tracking import Tracker
 
     for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
         monkeypatch.delenv(key, raising=False)
@@ -266,8 +266,8 @@ def test_password_rotation_as_documented(server, monkeypatch):
 def test_a_sweep_start_finds_the_server_and_refuses_its_password_in_a_uri(server):
     """The start's probe: the health endpoint needs no login, so a basic-auth server counts as there; a URI that
     carries the clients' password is refused with it masked (the login belongs in the environment)."""
-    from qed_ray.service.tracking_uri import check_uri, unreachable
-    from qed_ray.spec import SpecError
+    from qed_ray.service.mlflow.tracking_uri import check_uri, unreachable
+    from qed_ray.spec.sweep import SpecError
 
     assert unreachable(server.url) is None
     host = server.url.split("://", 1)[1]

@@ -187,7 +187,7 @@ def test_sweep_survives_losing_a_worker_node(tmp_path, monkeypatch):
     from ray._private.ray_constants import PROCESS_TYPE_RAYLET as RAYLET
     from ray.cluster_utils import Cluster
 
-    from qed_ray.spec import load_spec
+    from qed_ray.spec.sweep import load_spec
 
     spec_path = tiny_spec(tmp_path, "lose_node", seeds=2, train=TRAIN, max_retries=2)  # one trial per worker node
     names = {trial_dirname(r.name): r.name for r in load_spec(spec_path).runs()}

@@ -25,7 +25,7 @@ from qed_ray.rl.trainer import build_trainer
 from qed_ray.service.reanalysis import main as gather_main
 from qed_ray.service.results_key import KEY_FILE_ENV
 from qed_ray.service.sweep_state import check_folder, plan
-from qed_ray.spec import load_spec
+from qed_ray.spec.sweep import load_spec
 
 DATA = Path(__file__).parents[1] / "data"
 FOLDER, SPEC, KEY = DATA / "sweep_672dd2c", DATA / "sweep_672dd2c.yaml", DATA / "sweep_672dd2c.key"

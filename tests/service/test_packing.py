@@ -10,17 +10,17 @@ import pytest
 from kit import TRAIN, counts, flat, sweep_spec
 from pydantic import ValidationError
 
-from qed_ray.field_hints import format_validation_error
-from qed_ray.service.dry_run import dry_run
-from qed_ray.service.machines import Machine
+from qed_ray.spec.field_hints import format_validation_error
+from qed_ray.service.plan.dry_run import dry_run
+from qed_ray.service.plan.machines import Machine
 from qed_ray.records.layout import PackId, SweepDir, member_dirs, parse_trial_dirname, trial_dirname
 from qed_ray.service.packing import TuneTrial, form_packs, pack_records
-from qed_ray.spec import SweepSpec
+from qed_ray.spec.sweep import SweepSpec
 from qed_ray.records.codec import dump
 from qed_ray.records.run import HistoryEntry
 from qed_ray.records.sweep import SweepState, read_state, write_state
 from qed_ray.service.sweep_state import plan
-from qed_ray.service.tracking import PACK_SIZE_TAG, PACK_TAG, Tracker, TrialRun, pack_tags
+from qed_ray.service.mlflow.tracking import PACK_SIZE_TAG, PACK_TAG, Tracker, TrialRun, pack_tags
 
 PACKING = {"name": "p", "tasks": ["cartpole-balance", "walker-walk"], "seeds": 5}  # over kit's sweep
 

@@ -18,7 +18,7 @@ from qed_ray.records.checkpoint import read_manifest, save_checkpoint
 from qed_ray.service.lock import SweepLock
 from qed_ray.service.reanalysis import main as gather_main
 from qed_ray.service.reanalysis import main, quiet_model_deprecations
-from qed_ray.service.tracking import Tracker, default_tracking_uri, open_sweep
+from qed_ray.service.mlflow.tracking import Tracker, default_tracking_uri, open_sweep
 
 SMALL = ["--episodes", "1", "--action-rollouts", "1", "--action-steps", "10", "--curve-episodes", "1",
          "--bootstrap-reps", "100"]
@@ -243,7 +243,7 @@ def test_a_finished_seed_whose_manifest_no_longer_parses_refuses_its_group(sweep
 def test_a_seed_whose_digest_never_reached_mlflow_is_reported_unverified(sweep_copy, capsys):
     from mlflow.tracking import MlflowClient
 
-    from qed_ray.service.tracking import DIGEST_TAG, default_tracking_uri
+    from qed_ray.service.mlflow.tracking import DIGEST_TAG, default_tracking_uri
 
     layout = sweep_copy
     client = MlflowClient(default_tracking_uri(layout.root))

@@ -16,9 +16,9 @@ from folder_helpers import SWEEP_ID
 from mlflow.tracking import MlflowClient
 from sweep_helpers import ROOT, MlflowServer, cli_env
 
-from qed_ray.service import relink
+from qed_ray.service.mlflow import relink
 from qed_ray.records.layout import SweepDir
-from qed_ray.service.tracking import ROLE_TAG, Tracker, artifact_location, default_tracking_uri
+from qed_ray.service.mlflow.tracking import ROLE_TAG, Tracker, artifact_location, default_tracking_uri
 
 FIGURE = "gather/figures"
 

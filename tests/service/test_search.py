@@ -16,8 +16,8 @@ from kit import counts, flat, sweep_file
 from qed_ray.analysis.search_front import SearchedPoint, choose, fragment, front_rows, pareto, table_lines, write
 from qed_ray.records.layout import SweepDir
 from qed_ray.records.search import SearchRecord
-from qed_ray.search_spec import SearchPoint, grown, rounded
-from qed_ray.spec import FinalEvalSpec, SpecError, SweepSpec, load_spec
+from qed_ray.spec.search import SearchPoint, grown, rounded
+from qed_ray.spec.sweep import FinalEvalSpec, SpecError, SweepSpec, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 FE = FinalEvalSpec(bootstrap_reps=300, seed=2)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from qed_ray.records.codec import dump, read_record
-from qed_ray.config import RunSpec, TemperatureSpec
+from qed_ray.spec.config import RunSpec, TemperatureSpec
 from qed_ray.records.layout import PackId, SweepDir, trial_dirname
 from qed_ray.rl.agents import make_packed_agent
 from qed_ray.records.manifests import Manifest
@@ -16,7 +16,7 @@ from qed_ray.rl.run import run
 from qed_ray.service.packing import form_packs
 from qed_ray.records.sweep import read_state, write_state
 from qed_ray.service.sweep_state import plan
-from qed_ray.spec import load_spec
+from qed_ray.spec.sweep import load_spec
 from kit import ACT, B, OBS, QED, spec_of, sweep_spec
 
 SEEDS = (3, 7)

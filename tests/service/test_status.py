@@ -13,7 +13,7 @@ import pytest
 from folder_helpers import BUDGET, TEMPLATE_SWEEP, finished_trial, seed_checkpoint
 from kit import counts, sweep_file, sweep_spec
 
-from qed_ray.console import PIPE_WIDTH, fit
+from qed_ray.spec.console import PIPE_WIDTH, fit
 from qed_ray.records.layout import PackId, SweepDir, seed_dir
 from qed_ray.service.lock import SweepLock
 from qed_ray.service.packing import Pack, form_packs

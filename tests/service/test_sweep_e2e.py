@@ -17,7 +17,7 @@ import yaml
 from qed_ray.analysis.results import Aggregate, BudgetIqm
 from qed_ray.records.layout import DOCUMENTED, PackId, SweepDir
 from qed_ray.records.digests import digest, inventory
-from qed_ray.service.tracking import PACK_SIZE_TAG, PACK_TAG, default_tracking_uri
+from qed_ray.service.mlflow.tracking import PACK_SIZE_TAG, PACK_TAG, default_tracking_uri
 from kit import GROUP_COLUMNS, cmdline, counts, flat, widest
 from ray_cluster import processes_naming
 from sweep_helpers import (ROOT, TINY_TRAIN, MlflowServer, cli_env, done_markers, rest_experiment, rest_runs,

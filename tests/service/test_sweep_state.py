@@ -20,7 +20,7 @@ from qed_ray.analysis.results import FailedTrial
 from qed_ray.records.run import read_history
 from qed_ray.records.sweep import SweepState, read_state, write_state
 from qed_ray.service.sweep_state import check_folder, move_aside, outcome, plan, sync_runs
-from qed_ray.service.tracking import DIGEST_TAG, UNVERIFIED_TAG, Tracker, digest_tags
+from qed_ray.service.mlflow.tracking import DIGEST_TAG, UNVERIFIED_TAG, Tracker, digest_tags
 
 SEED0 = "cartpole-balance/sac_ln/te/0"
 

@@ -9,7 +9,7 @@ import pytest
 from qed_ray.records.digests import Recorded
 from qed_ray.records.run import HistoryEntry
 from qed_ray.records.layout import SweepDir
-from qed_ray.service.tracking import Tracker, TrialRun, artifact_location, digest_tags, limit_http_retries, sweep_digests
+from qed_ray.service.mlflow.tracking import Tracker, TrialRun, artifact_location, digest_tags, limit_http_retries, sweep_digests
 
 
 def _history(*steps):
@@ -114,7 +114,7 @@ def test_searches_read_every_page_of_runs(store):
 
 
 def test_a_summary_longer_than_mlflows_tag_limit_is_cut_at_a_line_saying_where_the_rest_is():
-    from qed_ray.service.mirror import note
+    from qed_ray.service.mlflow.mirror import note
 
     text = "\n".join(f"| row {i} | {'x' * 40} |" for i in range(200))
     assert note(text[:4000]) == text[:4000]

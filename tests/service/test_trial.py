@@ -10,11 +10,11 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from qed_ray.config import RunSpec, TrainSpec
+from qed_ray.spec.config import RunSpec, TrainSpec
 from qed_ray.records.layout import PackId, SweepDir
 from qed_ray.rl.run_folder import snapshot_modules
 from qed_ray.records.digests import Recorded, digest, inventory, key_id, signed
-from qed_ray.service.tracking import (DIGEST_TAG, GROUP_TAG, KEY_ID_TAG, MAC_TAG, PACK_SIZE_TAG, PACK_TAG, REASON_TAG,
+from qed_ray.service.mlflow.tracking import (DIGEST_TAG, GROUP_TAG, KEY_ID_TAG, MAC_TAG, PACK_SIZE_TAG, PACK_TAG, REASON_TAG,
                                       Tracker, run_name)
 from qed_ray.rl.trainer import InjectedCrash
 from qed_ray.service.trial import TrialContext, train_trial
@@ -154,7 +154,7 @@ def test_an_end_cut_off_is_finished_at_the_next_start_and_planted_files_are_neve
     from qed_ray.analysis.checksums import TamperedSnapshotError, Verifier, verify
     from qed_ray.records.checkpoint import CheckpointError
     from qed_ray.records.digests import unverified_reason
-    from qed_ray.service.tracking import UNVERIFIED_TAG, TrialRun
+    from qed_ray.service.mlflow.tracking import UNVERIFIED_TAG, TrialRun
 
     context, tracker = _context(tmp_path, "s")
     context = context.model_copy(update={"results_key": KEY.hex()})

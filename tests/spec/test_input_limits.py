@@ -15,11 +15,11 @@ import pytest
 import torch
 import yaml
 
-from qed_ray.replay_memory import MAX_PACK_REPLAY_BYTES, MAX_TRIAL_REPLAY_BYTES, replay_needs
+from qed_ray.spec.replay_memory import MAX_PACK_REPLAY_BYTES, MAX_TRIAL_REPLAY_BYTES, replay_needs
 from qed_ray.rl.replay import Replay
-from qed_ray.service.tracking_uri import check_uri, masked, unreachable
-from qed_ray.spec import SpecError, SweepSpec
-from qed_ray.tasks import TASK_DIMS, TASKS
+from qed_ray.service.mlflow.tracking_uri import check_uri, masked, unreachable
+from qed_ray.spec.sweep import SpecError, SweepSpec
+from qed_ray.spec.tasks import TASK_DIMS, TASKS
 from kit import flat, free_port
 
 ROOT = Path(__file__).parents[2]
@@ -275,7 +275,7 @@ def test_a_sweep_refuses_a_cuda_device_its_trials_cannot_have(cli, changes, says
 def test_device_cuda_on_a_torch_without_cuda_is_one_line(tmp_path, capsys):
     from qed_ray.rl.run import main
     from qed_ray.rl.trainer import DeviceError, build_trainer
-    from qed_ray.config import RunSpec
+    from qed_ray.spec.config import RunSpec
 
     out = tmp_path / "run"
     assert main(["--task", "cartpole-balance", "--env-steps", "2000", "--eval-every", "1000", "--warmup-decisions",

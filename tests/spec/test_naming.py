@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from qed_ray.config import AGENT_SPECS, RunSpec, TemperatureSpec
-from qed_ray.flags import run_flags
-from qed_ray.naming import format_value, identity, parse_value, parse_variant, temperature_label, variant_label
-from qed_ray.spec import load_spec
+from qed_ray.spec.config import AGENT_SPECS, RunSpec, TemperatureSpec
+from qed_ray.spec.flags import run_flags
+from qed_ray.spec.naming import format_value, identity, parse_value, parse_variant, temperature_label, variant_label
+from qed_ray.spec.sweep import load_spec
 from qed_ray.rl.run import main as train_main
 from kit import TINY_MAD, TRAIN, sweep_spec
 

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from qed_ray.records.layout import trial_dirname
-from qed_ray.spec import SpecError, load_spec
+from qed_ray.spec.sweep import SpecError, load_spec
 from qed_ray.service.sweep_cli import main
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from qed_ray import hints, spec as spec_module
-from qed_ray.grid import MAX_GRID_VALUES, MAX_PROBLEMS, expand_grid
-from qed_ray.spec import MAX_TRIALS, SpecError, load_spec
+from qed_ray.spec import hints, sweep as spec_module
+from qed_ray.spec.grid import MAX_GRID_VALUES, MAX_PROBLEMS, expand_grid
+from qed_ray.spec.sweep import MAX_TRIALS, SpecError, load_spec
 from qed_ray.service.sweep_cli import main
-from qed_ray.yaml_input import MAX_BYTES, MAX_DEPTH, MAX_NODES, YamlInputError, parse
+from qed_ray.spec.yaml_input import MAX_BYTES, MAX_DEPTH, MAX_NODES, YamlInputError, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC_HEAD = "name: t\ntasks: [cartpole-balance]\nseeds: 2\n"
@@ -58,7 +58,7 @@ def test_alias_bombs_are_refused_by_the_node_budget_under_a_memory_limit(tmp_pat
         paths[name].write_text(text)
     # Each bomb is loaded in a process that cannot take more than 256 MiB of address space: expanding any of them
     # would take gigabytes. The process prints the exit code and the error line the CLI gives for a SpecError.
-    probe = ("import sys\nfrom qed_ray.spec import SpecError, load_spec\n"
+    probe = ("import sys\nfrom qed_ray.spec.sweep import SpecError, load_spec\n"
              "for path in sys.argv[1:]:\n"
              "    try:\n        load_spec(path)\n        print(0, 'loaded')\n"
              "    except SpecError as e:\n        print(2, 'error: ' + str(e).replace(chr(10), ' // '))\n")

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from qed_ray.config import AgentSpec, TemperatureSpec
+from qed_ray.spec.config import AgentSpec, TemperatureSpec
 from qed_ray.records.layout import MANIFEST_FILE
 from qed_ray.rl.agents.base import Agent, SACBase
 from qed_ray.rl.agents.mad_sac import MadSAC
@@ -44,7 +44,7 @@ def make_packed_agent(agent: AgentSpec, temperature: TemperatureSpec | Sequence[
     """The pack of ``seeds``, each member initialised exactly as its single-seed agent (:func:`make_agent`).
 
     ``temperature``: one rule for every member, or one per member (in ``seeds``' order) that differ only in
-    :data:`~qed_ray.config.TemperatureSpec.MEMBER_FIELDS` (a pack by shape: QED's three k values, say).
+    :data:`~qed_ray.spec.config.TemperatureSpec.MEMBER_FIELDS` (a pack by shape: QED's three k values, say).
     """
     rules = [temperature] * len(seeds) if isinstance(temperature, TemperatureSpec) else list(temperature)
     if len(rules) != len(seeds):

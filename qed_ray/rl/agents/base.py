@@ -20,7 +20,7 @@ from torch import nn
 from torch.func import functional_call
 
 from qed_ray.rl.agents.learner import Learner, Params
-from qed_ray.config import AgentSpec, TemperatureSpec
+from qed_ray.spec.config import AgentSpec, TemperatureSpec
 from qed_ray.rl.networks import freeze, make_adam, require_fp32_matmul, squashed_sample
 from qed_ray.rl.precision import qed_products
 from qed_ray.rl.temperature import alpha_stats, make_temperature, qed_disagreement, temperature_state

@@ -9,7 +9,7 @@ own global norm (:func:`~qed_ray.rl.networks.per_seed_clip_`) and runs one eleme
 tensors. No operation mixes seeds, so a NaN in one seed stays in its slice.
 
 A pack's members are its seeds; they may also differ in the temperature's scalars
-(:data:`~qed_ray.config.TemperatureSpec.MEMBER_FIELDS`: QED's k and alpha_max, a fixed alpha, the initial alpha_TE),
+(:data:`~qed_ray.spec.config.TemperatureSpec.MEMBER_FIELDS`: QED's k and alpha_max, a fixed alpha, the initial alpha_TE),
 each member's value being its own slice of the stacked temperature state (:attr:`PackedAgent.settings` for the
 values that are not checkpointed). Everything else (agent settings, the rest of the temperature) is one for all.
 

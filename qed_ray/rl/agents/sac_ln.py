@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from qed_ray.rl.agents.base import Learner, Params, SACBase, SACFunctions, seeded_init
-from qed_ray.config import AgentSpec, TemperatureSpec
+from qed_ray.spec.config import AgentSpec, TemperatureSpec
 from qed_ray.rl.hlgauss import HLGauss, cross_entropy
 from qed_ray.rl.networks import TanhGaussianActor, TwinCritic, squashed_sample
 from qed_ray.rl.temperature import alpha_stat_names, alpha_stats

@@ -4,7 +4,7 @@ the tables and figures as artifacts. The sweep's gather actor writes them to the
 (:mod:`qed_ray.service.gather`); a re-analysis (``python -m qed_ray.gather``) writes its own to a child run of that
 parent named for its settings (:func:`log_reanalysis`), so the parent keeps the numbers of the sweep's own
 settings and each re-analysis's numbers sit beside them, never in place of them. Every MLflow call goes through
-:mod:`qed_ray.service.tracking`.
+:mod:`qed_ray.service.mlflow.tracking`.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from typing import Sequence
 
 from qed_ray.analysis import report
 from qed_ray.analysis.results import GroupResult, SweepResults
-from qed_ray.labels import settings_label  # noqa: F401 - API (re-exported)
+from qed_ray.spec.labels import settings_label  # noqa: F401 - API (re-exported)
 from qed_ray.records.layout import SweepDir
 from qed_ray.analysis.group_view import GroupView, group_view
-from qed_ray.service.tags import BASELINE_TAG, GROUP_TAG, NOTE_TAG, VERDICT_TAG, group_tags
-from qed_ray.service.mlflow_view import runs_page
-from qed_ray.service.tracking import Tracker, metric_key, open_sweep
+from qed_ray.service.mlflow.tags import BASELINE_TAG, GROUP_TAG, NOTE_TAG, VERDICT_TAG, group_tags
+from qed_ray.service.mlflow.mlflow_view import runs_page
+from qed_ray.service.mlflow.tracking import Tracker, metric_key, open_sweep
 
 GROUP_METRICS = ("V", "action_distance", "q1_dispersion", "early_q_gap", "alpha_frac_floor_late", "alpha_frac_cap_late",
                  "log_std_at_min", "alpha_frac_hot_late", "alpha_ratio_late", "entropy_late")
@@ -76,7 +76,7 @@ def runs_link(experiment_id: str, sweep_id: str) -> str:
 
 def log_groups(tracker: Tracker, parent_id: str, views: Sequence[GroupView], adopt: bool = False) -> None:
     """Logs each group's view (:mod:`qed_ray.analysis.group_view`) to its group run under ``parent_id`` (found or
-    created, named task first; its parts and ``alpha_regime`` as :func:`~qed_ray.service.tags.group_tags`), its te
+    created, named task first; its parts and ``alpha_regime`` as :func:`~qed_ray.service.mlflow.tags.group_tags`), its te
     variant as ``qed.baseline`` once that has landed, and ends it FINISHED. ``adopt``: the seed runs of each group
     move under its run (the sweep's own groups; a re-analysis's group runs hold its numbers only)."""
     seeds: dict[str, list] = {}

@@ -13,11 +13,11 @@ from typing import Any, Callable
 
 from pydantic import ValidationError
 
-from qed_ray.field_hints import format_validation_error
-from qed_ray.hints import short_text
+from qed_ray.spec.field_hints import format_validation_error
+from qed_ray.spec.hints import short_text
 
 # Values validated over all combinations of one grid mapping (combinations x values in one). An agent's settings
-# are ~40 values, so this admits the 100,000 combinations of qed_ray.spec.MAX_TRIALS for any real mapping, and
+# are ~40 values, so this admits the 100,000 combinations of qed_ray.spec.sweep.MAX_TRIALS for any real mapping, and
 # refuses a mapping padded with junk before it is validated once per combination.
 MAX_GRID_VALUES = 5_000_000
 MAX_PROBLEMS = 20  # distinct problems listed per grid mapping; past that, fixing those comes first

@@ -7,7 +7,7 @@ declares its own defaults in its own spec class (SAC-LN: the standard DMC SAC si
 MAD-SAC: MAD-TD's 512 with batch 512); the sweeps that reproduce the paper set both sizes explicitly.
 
 Every message raised here starts with the field it is about, relative to the model that raises it, so that the
-caller's prefix (``train.``, ``agents.0.overrides.``) makes the full path (see :func:`qed_ray.field_hints.format_validation_error`).
+caller's prefix (``train.``, ``agents.0.overrides.``) makes the full path (see :func:`qed_ray.spec.field_hints.format_validation_error`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, field_validator, \
     model_validator
 
-from qed_ray.hints import short_repr
-from qed_ray.labels import temperature_label
-from qed_ray.tasks import check_task
+from qed_ray.spec.hints import short_repr
+from qed_ray.spec.labels import temperature_label
+from qed_ray.spec.tasks import check_task
 
 CONTROL_STEPS_PER_EPISODE = 1000  # dm_control's default time limit
 MAX_SEED = 2**32 - 1  # numpy's and dm_control's seed range
@@ -34,7 +34,7 @@ class Frozen(BaseModel):
 HOT_RATIO = 5.0  # QED runs "hot" at a state where its alpha is at least this many times alpha_TE (its floor)
 K_MAX = 1000.0  # the largest k accepted: far past where QED does anything (a larger value is a typo)
 K_PAPER = (0.1, 0.4)  # the k the paper found stable (Sec. 6, "Ablating k")
-K_USUAL = (0.05, 1.0)  # outside this a spec is warned about (qed_ray.spec.SweepSpec.warnings)
+K_USUAL = (0.05, 1.0)  # outside this a spec is warned about (qed_ray.spec.sweep.SweepSpec.warnings)
 
 
 class TemperatureSpec(Frozen):
@@ -369,7 +369,7 @@ class RunSpec(Frozen):
     @property
     def variant(self) -> str:
         """Variant label of this run on its own: its temperature (a sweep also names its grid axes, see
-        :func:`qed_ray.naming.variant_label`)."""
+        :func:`qed_ray.spec.naming.variant_label`)."""
         return self.temperature.label
 
     @property

@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from qed_ray.config import AGENT_SPECS, K_PAPER, K_USUAL, AgentBase, Frozen
-from qed_ray.hints import close_match, did_you_mean, short_repr, short_text
+from qed_ray.spec.config import AGENT_SPECS, K_PAPER, K_USUAL, AgentBase, Frozen
+from qed_ray.spec.hints import close_match, did_you_mean, short_repr, short_text
 
 _AGENT = "agent"  # a field holding any of the agents (RunSpec.agent): the next location part is the agent's name
 
@@ -187,7 +187,7 @@ def k_in_words(line: str, raw: Any) -> str:
 
 
 def k_warning(agent: str, k: float) -> str | None:
-    """The warning for a valid QED k outside :data:`~qed_ray.config.K_USUAL` (None inside): QED's alpha(s) =
+    """The warning for a valid QED k outside :data:`~qed_ray.spec.config.K_USUAL` (None inside): QED's alpha(s) =
     Delta / (k x action_dim) (paper Sec. 5.1) then sits at its floor alpha_TE (large k) or its cap alpha_max (small
     k)."""
     if k > K_USUAL[1]:

@@ -16,8 +16,8 @@ from typing import Any, Literal, Sequence
 
 from pydantic import Field, model_validator
 
-from qed_ray.config import K_MAX, Frozen
-from qed_ray.grid import grid_size
+from qed_ray.spec.config import K_MAX, Frozen
+from qed_ray.spec.grid import grid_size
 
 EXTRA = "search"  # pyproject's optional dependencies that install Optuna
 

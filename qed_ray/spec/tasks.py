@@ -5,7 +5,7 @@ Config validation reads it without loading dm_control; :mod:`qed_ray.rl.envs` bu
 
 from __future__ import annotations
 
-from qed_ray.hints import near, short_repr
+from qed_ray.spec.hints import near, short_repr
 
 # The 18 tasks of the paper (App. B, Table "18 dm_control tasks"), as ``domain-task``.
 TASKS: tuple[str, ...] = (

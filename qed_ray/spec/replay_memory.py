@@ -2,7 +2,7 @@
 
 A seed's replay holds ``capacity`` transitions (``train.replay_capacity``, or every decision of the run), each a
 row of ``2 O + A + 2`` float32 (:mod:`qed_ray.rl.replay`); a pack holds one such ring per seed in one tensor. The
-sizes come from :data:`qed_ray.tasks.TASK_DIMS`, so a spec is checked without building an env. A run over
+sizes come from :data:`qed_ray.spec.tasks.TASK_DIMS`, so a spec is checked without building an env. A run over
 :data:`MAX_TRIAL_REPLAY_BYTES` per seed, or a pack over :data:`MAX_PACK_REPLAY_BYTES`, is refused with its estimate
 (``env_steps`` up to 1e10 passes every field's own bound, and its replay would need terabytes); the sweep spec, its
 ``--dry-run`` and the run CLI all ask here.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from qed_ray.tasks import TASK_DIMS
+from qed_ray.spec.tasks import TASK_DIMS
 
 FLOAT_BYTES = 4
 GIB = 2**30
@@ -38,7 +38,7 @@ def replay_capacity(train) -> int:
     """Transitions a seed's replay holds: ``train.replay_capacity``, else every decision of the run (no eviction).
 
     Args:
-        train: a :class:`~qed_ray.config.TrainSpec`.
+        train: a :class:`~qed_ray.spec.config.TrainSpec`.
     """
     return train.replay_capacity or train.decisions
 

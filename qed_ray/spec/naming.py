@@ -16,8 +16,8 @@ from typing import Any, Iterable
 
 from pydantic import BaseModel
 
-from qed_ray.config import AGENT_SPECS, RunSpec, TemperatureSpec, TrainSpec
-from qed_ray.labels import (KIND_RE, PRIMARY, SEP, differences, format_value,  # noqa: F401 - the vocabulary's API
+from qed_ray.spec.config import AGENT_SPECS, RunSpec, TemperatureSpec, TrainSpec
+from qed_ray.spec.labels import (KIND_RE, PRIMARY, SEP, differences, format_value,  # noqa: F401 - the vocabulary's API
                             parse_value, temperature_label)
 
 # Settings a run's identity records even at their default, because their default changed: an identity written

@@ -14,10 +14,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from qed_ray.cli_help import plain
-from qed_ray.config import AGENT_SPECS, RunSpec, TemperatureSpec, TrainSpec
-from qed_ray.naming import format_value
-from qed_ray.tasks import TASKS
+from qed_ray.spec.cli_help import plain
+from qed_ray.spec.config import AGENT_SPECS, RunSpec, TemperatureSpec, TrainSpec
+from qed_ray.spec.naming import format_value
+from qed_ray.spec.tasks import TASKS
 
 # Flag names that are not simply the setting's name (which is ambiguous or unhelpful on its own).
 RENAMES = {("agent", "name"): "agent", ("temperature", "kind"): "temperature", ("temperature", "lr"): "alpha_lr",

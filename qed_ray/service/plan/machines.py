@@ -13,8 +13,8 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError
 
 from qed_ray.records.codec import Record
-from qed_ray.replay_memory import GIB
-from qed_ray.spec import SpecError, SweepSpec
+from qed_ray.spec.replay_memory import GIB
+from qed_ray.spec.sweep import SpecError, SweepSpec
 
 CLUSTER_DIR = Path(__file__).parents[2] / "cluster"
 CARD_ANNOTATION = "qed-ray.io/card"

@@ -1,4 +1,4 @@
-"""Memory of a pack from counted bytes: its host and GPU bytes (the plan's fit, :mod:`qed_ray.service.dry_plan`).
+"""Memory of a pack from counted bytes: its host and GPU bytes (the plan's fit, :mod:`qed_ray.service.plan.dry_plan`).
 
 Per member, on its device: its **state** (every tensor of the agent the spec builds, Adam's two moments per
 trainable parameter), counted; its update's **working set**, ``GRAD_FACTOR x`` trainable bytes (gradients, the fused
@@ -17,10 +17,10 @@ import functools
 from dataclasses import dataclass
 from typing import Sequence
 
-from qed_ray.config import RunSpec
-from qed_ray.replay_memory import GIB, replay_bytes, replay_capacity
+from qed_ray.spec.config import RunSpec
+from qed_ray.spec.replay_memory import GIB, replay_bytes, replay_capacity
 from qed_ray.rl.replay import GPU_REPLAY_SHARE
-from qed_ray.tasks import TASK_DIMS
+from qed_ray.spec.tasks import TASK_DIMS
 
 GRAD_FACTOR = 2.3
 ROW_FACTORS = {"sac_ln": (1.44, 0.49), "mad_sac": (2.4, 0.0)}  # (a, q) of the module notes
@@ -58,7 +58,7 @@ def counted(run: RunSpec) -> Counted:
 def _counted(agent_json: str, n_actions: int, obs: int, act: int) -> Counted:
     import torch
 
-    from qed_ray.config import AgentSpec, TemperatureSpec
+    from qed_ray.spec.config import AgentSpec, TemperatureSpec
     from qed_ray.records.codec import adapter
     from qed_ray.rl.agents import make_packed_agent
 

@@ -1,8 +1,8 @@
 """``python -m qed_ray.sweep SPEC --dry-run [--list] [--workers N] [--card C] [--price-per-hour P]``: what a run
 would do (per trial from the folder on disk: ``new``, ``start``, ``resume from env step N``, ``done``,
-``diverged``) and cost on this machine and every shipped cluster (:mod:`qed_ray.service.dry_plan`); starts
+``diverged``) and cost on this machine and every shipped cluster (:mod:`qed_ray.service.plan.dry_plan`); starts
 nothing. What a start from here would refuse is refused the same way (exit 2) after the plan, a pack this machine
-cannot place included where a start would run on it (:func:`~qed_ray.service.machines.check_machine`); an
+cannot place included where a start would run on it (:func:`~qed_ray.service.plan.machines.check_machine`); an
 unreachable tracking server is warned of.
 """
 
@@ -13,24 +13,24 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from qed_ray import console
+from qed_ray.spec import console
 from qed_ray.records.layout import SweepDir
-from qed_ray.replay_memory import replay_line
-from qed_ray.service.dry_plan import Tables, order_packs, plan_lines, size_packs
-from qed_ray.service.machines import Machine, check_machine, clusters, embedded, load_prices, placement_problem, \
+from qed_ray.spec.replay_memory import replay_line
+from qed_ray.service.plan.dry_plan import Tables, order_packs, plan_lines, size_packs
+from qed_ray.service.plan.machines import Machine, check_machine, clusters, embedded, load_prices, placement_problem, \
     this_machine
 from qed_ray.service.packing import Pack, form_packs
 from qed_ray.service.sweep_state import check_folder, plan, resolve_paths
 from qed_ray.records.throughput import CPU_PATH, DEFAULT_PATH, load_table, load_throughput
-from qed_ray.service.tracking_uri import unreachable, uri_field
-from qed_ray.spec import SpecError, SweepSpec, Trial
+from qed_ray.service.mlflow.tracking_uri import unreachable, uri_field
+from qed_ray.spec.sweep import SpecError, SweepSpec, Trial
 
 
 CLUSTER_ENV = "QED_CLUSTER"  # the shipped cluster a joined driver sizes auto packs for (default: all of them)
 
 
 def tune_order(spec: SweepSpec, packs: list[Pack]) -> list[Pack]:
-    """The packs in the order the driver hands them to Tune (:func:`~qed_ray.service.dry_plan.order_packs`)."""
+    """The packs in the order the driver hands them to Tune (:func:`~qed_ray.service.plan.dry_plan.order_packs`)."""
     return order_packs(spec, packs, load_throughput())
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Sequence
 
 from qed_ray.records.codec import load_json
-from qed_ray.config import RunSpec
+from qed_ray.spec.config import RunSpec
 from qed_ray.rl.precision import CUDA_DEFAULT
-from qed_ray.service.machines import Machine
+from qed_ray.service.plan.machines import Machine
 from qed_ray.service.packing import Pack
 from qed_ray.records.throughput import Throughput
 

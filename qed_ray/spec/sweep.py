@@ -18,16 +18,16 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
-from qed_ray import yaml_input
-from qed_ray.claim import AdaptiveSpec
-from qed_ray.config import AGENT_SPECS, MAX_SEED, AgentBase, Frozen, RunSpec, TemperatureSpec, TrainSpec
-from qed_ray.field_hints import format_validation_error, k_in_words, k_warning
-from qed_ray.grid import expand_grid, grid_size, validate_grid
-from qed_ray.hints import duplicates, near, short_repr, short_text
-from qed_ray.naming import identity, variant_label
-from qed_ray.replay_memory import ReplayNeed, replay_needs, replay_problems
-from qed_ray.search_spec import SearchSpec, search_problems
-from qed_ray.tasks import TASK_SETS, TASKS
+from qed_ray.spec import yaml_input
+from qed_ray.spec.claim import AdaptiveSpec
+from qed_ray.spec.config import AGENT_SPECS, MAX_SEED, AgentBase, Frozen, RunSpec, TemperatureSpec, TrainSpec
+from qed_ray.spec.field_hints import format_validation_error, k_in_words, k_warning
+from qed_ray.spec.grid import expand_grid, grid_size, validate_grid
+from qed_ray.spec.hints import duplicates, near, short_repr, short_text
+from qed_ray.spec.naming import identity, variant_label
+from qed_ray.spec.replay_memory import ReplayNeed, replay_needs, replay_problems
+from qed_ray.spec.search import SearchSpec, search_problems
+from qed_ray.spec.tasks import TASK_SETS, TASKS
 
 MAX_SEEDS = 10_000  # per sweep; far above the paper's 10, far below what exhausts memory while expanding
 MAX_TRIALS = 100_000  # a grid past this is a typo (it would take longer to schedule than to notice)
@@ -248,10 +248,10 @@ class SweepSpec(Frozen):
     tracking: TrackingSpec = TrackingSpec()
     claim: str | None = Field(None, min_length=1, description="the pre-registration this sweep tests (a Markdown "
                               "file with one ```yaml claim block, relative to the current folder, e.g. "
-                              "docs/claim.md); frozen in sweep.json at the first start (qed_ray.claim)")
+                              "docs/claim.md); frozen in sweep.json at the first start (qed_ray.spec.claim)")
     adaptive: AdaptiveSpec | None = Field(None, description="seeds by looks (docs/claim.md); seeds: the maximum's")
     search: SearchSpec | None = Field(None, description="search QED's k (and alpha_max) per task and agent with "
-                                      "Optuna, te the reference (qed_ray.search_spec; the 'search' extra)")
+                                      "Optuna, te the reference (qed_ray.spec.search; the 'search' extra)")
 
     @field_validator("tasks", mode="before")
     @classmethod
@@ -359,10 +359,10 @@ class SweepSpec(Frozen):
         return self
 
     def replay_needs(self) -> list[ReplayNeed]:
-        """The replay sizes of the grid per seed and per pack, largest first (:mod:`qed_ray.replay_memory`)."""
+        """The replay sizes of the grid per seed and per pack, largest first (:mod:`qed_ray.spec.replay_memory`)."""
         tasks = dict.fromkeys(t for entry in self.agents for t in entry.tasks or self.tasks)
         # A pack by shape holds several variants' seeds: up to pack.seeds members.
-        # auto: sized by the plan to fit its machine, within the pack cap (qed_ray.service.dry_plan)
+        # auto: sized by the plan to fit its machine, within the pack cap (qed_ray.service.plan.dry_plan)
         size = 1 if self.pack.seeds == "auto" else self.pack.seeds
         members = size if self.pack.by == "shape" else min(size, len(self.seeds))
         return replay_needs([(task, train) for task in tasks for train in self.train_specs()], members)
@@ -435,7 +435,7 @@ class SweepSpec(Frozen):
         return {"cpu": self.resources.cpu + self.pack.env_workers, "gpu": self.resources.gpu}
 
     def warnings(self) -> list[str]:
-        """What a valid spec may not mean: each agent's QED k outside the usual range (:func:`~qed_ray.field_hints.k_warning`)."""
+        """What a valid spec may not mean: each agent's QED k outside the usual range (:func:`~qed_ray.spec.field_hints.k_warning`)."""
         ks = [(entry.name, k) for entry in self.agents
               for k in dict.fromkeys(t.k for t in entry.temperature_specs() if t.kind == "qed")]
         return [w for w in (k_warning(agent, k) for agent, k in ks) if w]
@@ -460,7 +460,7 @@ def _varying_settings(runs: list[RunSpec]) -> dict[str, set[str]]:
 
 
 def load_yaml(path: str | Path) -> Any:
-    """Parses a YAML file strictly and within its size, node and depth budgets (:mod:`qed_ray.yaml_input`);
+    """Parses a YAML file strictly and within its size, node and depth budgets (:mod:`qed_ray.spec.yaml_input`);
     raises SpecError with one line for an unreadable, oversized, non-UTF-8 or invalid file."""
     try:
         return yaml_input.load(path)

@@ -28,11 +28,11 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
 from qed_ray.records.layout import SweepDir
 from qed_ray.records.digests import Recorded
 from qed_ray.records.run import HistoryEntry
-from qed_ray.service.mlflow_view import SHARED_VIEW_TAG, group_view_state, view_key
-from qed_ray.service.relink import follow_move, own_store
-from qed_ray.service.tracking_uri import default_tracking_uri  # noqa: F401 - API (defined MLflow-free)
+from qed_ray.service.mlflow.mlflow_view import SHARED_VIEW_TAG, group_view_state, view_key
+from qed_ray.service.mlflow.relink import follow_move, own_store
+from qed_ray.service.mlflow.tracking_uri import default_tracking_uri  # noqa: F401 - API (defined MLflow-free)
 
-from qed_ray.service.tags import (DIGEST_TAG, GROUP_TAG, KEY_ID_TAG, MAC_TAG, NODES_TAG,  # noqa: F401 - API
+from qed_ray.service.mlflow.tags import (DIGEST_TAG, GROUP_TAG, KEY_ID_TAG, MAC_TAG, NODES_TAG,  # noqa: F401 - API
                                   PACK_SIZE_TAG, PACK_TAG, REANALYSIS_TAG, REASON_TAG, ROLE_TAG, SWEEP_TAG, TRIAL_TAG,
                                   UNVERIFIED_TAG, run_name, trial_tags)
 # MLflow 3's UI opens an experiment on its GenAI overview ("Traces") unless this tag says it holds training runs;
@@ -41,7 +41,7 @@ EXPERIMENT_KIND_TAG, TRAINING_KIND = "mlflow.experimentKind", "custom_model_deve
 STEP_KEY = "eval/return_mean"  # logged at every evaluation: its last step is how far a run's metrics got
 MAX_PARAM_LEN = 6000
 # Runs per search call. MLflow answers at most max_results runs per call (50,000 at most) while a sweep may hold
-# 100,000 trials (qed_ray.spec.MAX_TRIALS): every search of a sweep's runs follows the page tokens to the end.
+# 100,000 trials (qed_ray.spec.sweep.MAX_TRIALS): every search of a sweep's runs follows the page tokens to the end.
 SEARCH_PAGE = 10_000
 LOCAL_SCHEMES = ("sqlite:", "file:")
 _BAD_KEY_CHARS = re.compile(r"[^\w.\- :]")  # MLflow metric names: alphanumerics, _ - . space : and /
@@ -90,7 +90,7 @@ class Tracker:
         sweep_id: the sweep's stable identity.
         artifact_location: absolute artifact root for a new experiment; for an existing one in the sweep folder's
             own store that points into another folder's root (the folder was moved or copied), the store is
-            relinked to it first (:mod:`qed_ray.service.relink`).
+            relinked to it first (:mod:`qed_ray.service.mlflow.relink`).
         page_size: runs per search call (:data:`SEARCH_PAGE`; searches read every page).
     """
 
@@ -115,7 +115,7 @@ class Tracker:
     def share_group_view(self, parent_id: str) -> None:
         """Stores the sweep's group view (:func:`group_view_state`) on the experiment as an MLflow 3 shared view: the
         tag ``mlflow.sharedViewState.<key>``, which the UI applies when its address carries ``viewStateShareKey``
-        (:func:`~qed_ray.service.mlflow_view.runs_page`), in any browser (a view kept in one browser's storage reaches no other)."""
+        (:func:`~qed_ray.service.mlflow.mlflow_view.runs_page`), in any browser (a view kept in one browser's storage reaches no other)."""
         self.client.set_experiment_tag(self.experiment_id, f"{SHARED_VIEW_TAG}{view_key(self.sweep_id)}",
                                        json.dumps(group_view_state(parent_id)))
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from qed_ray import cli_help
+from qed_ray.spec import cli_help
 from qed_ray.records.layout import SweepDir
 from qed_ray.records.sweep import sweep_id as read_sweep_id
-from qed_ray.service.tags import SWEEP_TAG
+from qed_ray.service.mlflow.tags import SWEEP_TAG
 
 SQLITE_PREFIX = "sqlite:///"
 

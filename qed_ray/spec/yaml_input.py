@@ -18,7 +18,7 @@ import yaml
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 from yaml.reader import Reader
 
-from qed_ray.hints import short_repr
+from qed_ray.spec.hints import short_repr
 
 MAX_BYTES = 1 << 20  # a spec is a few kilobytes (the paper's dmc18.yaml: 2 KB)
 MAX_NODES = 100_000  # values once aliases are expanded; a 10,000-seed list and every setting fit many times over

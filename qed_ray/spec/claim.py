@@ -24,9 +24,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from qed_ray.config import AGENT_SPECS, Frozen
-from qed_ray.field_hints import format_validation_error
-from qed_ray.tasks import TASKS
+from qed_ray.spec.config import AGENT_SPECS, Frozen
+from qed_ray.spec.field_hints import format_validation_error
+from qed_ray.spec.tasks import TASKS
 
 MIN_SEEDS = 3  # fewer seeds give no interval: with 2, every resample of distinct seeds is the same pair
 

@@ -1,5 +1,5 @@
 """How a setting's value is written in a name and read back, and the temperature's label: the bottom of the
-vocabulary, below the config models (which name their temperature with it) and :mod:`qed_ray.naming`."""
+vocabulary, below the config models (which name their temperature with it) and :mod:`qed_ray.spec.naming`."""
 
 from __future__ import annotations
 

@@ -27,9 +27,9 @@ import urllib.request
 from pathlib import Path
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
-from qed_ray.hints import near, short_text
+from qed_ray.spec.hints import near, short_text
 from qed_ray.records.layout import SweepDir
-from qed_ray.spec import SpecError
+from qed_ray.spec.sweep import SpecError
 
 URI_ENV = "MLFLOW_TRACKING_URI"
 SERVERS = ("http", "https")

@@ -1,5 +1,5 @@
-"""The tags that give the sweep's MLflow runs their identity (read by :mod:`qed_ray.service.tracking` and, in the
-store's own tables, by :mod:`qed_ray.service.relink`), and the ones the MLflow UI groups and shows them by."""
+"""The tags that give the sweep's MLflow runs their identity (read by :mod:`qed_ray.service.mlflow.tracking` and, in the
+store's own tables, by :mod:`qed_ray.service.mlflow.relink`), and the ones the MLflow UI groups and shows them by."""
 
 from qed_ray.records.layout import TrialId
 

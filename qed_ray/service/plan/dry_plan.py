@@ -8,14 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from qed_ray.replay_memory import MAX_PACK_REPLAY_BYTES, show_bytes as gib
-from qed_ray.service.bill import NODE_START_S, Rate, longest_first, pack_rate, pack_seconds, schedule
-from qed_ray.service.machines import Machine, PriceTable, per_node, placement_problem
-from qed_ray.service.memory import HOST_USABLE, pack_memory
+from qed_ray.spec.replay_memory import MAX_PACK_REPLAY_BYTES, show_bytes as gib
+from qed_ray.service.plan.bill import NODE_START_S, Rate, longest_first, pack_rate, pack_seconds, schedule
+from qed_ray.service.plan.machines import Machine, PriceTable, per_node, placement_problem
+from qed_ray.service.plan.memory import HOST_USABLE, pack_memory
 from qed_ray.service.packing import Pack, form_packs, split
 from qed_ray.records.throughput import Throughput
-from qed_ray.spec import SweepSpec
-from qed_ray.tasks import TASK_DIMS
+from qed_ray.spec.sweep import SweepSpec
+from qed_ray.spec.tasks import TASK_DIMS
 
 LEGEND = ("legend: packs of S (auto): the largest pack that fits a node and keeps every node busy; with the tail: "
           "node-hours, each node held until its last pack ends; spot: that price, plus the work an interruption "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from qed_ray.service.tags import ALPHA_REGIME_TAG, ROLE_TAG
+from qed_ray.service.mlflow.tags import ALPHA_REGIME_TAG, ROLE_TAG
 
 PARENT_TAG = "mlflow.parentRunId"  # MLflow's own: the run a run is nested under
 SORT_BY_NAME = "tags.%60mlflow.runName%60"  # the UI's sort key of the Run Name column, URL-encoded
@@ -19,7 +19,7 @@ def view_key(sweep_id: str) -> str:
 
 def group_view_state(parent_id: str) -> dict:
     """The runs list the sweep shares on its experiment: the group runs under ``parent_id``, sorted by name (named
-    task first, :func:`~qed_ray.service.tags.group_run_name`: te and QED of a task side by side), with V, IQM and the
+    task first, :func:`~qed_ray.service.mlflow.tags.group_run_name`: te and QED of a task side by side), with V, IQM and the
     ratios to te as the first columns, then the tag ``alpha_regime`` (where QED's alpha sat: a ratio to te taken at
     its cap compares te with an almost fixed alpha), the interval ends, the share at the cap and the seeds. Keys as
     the MLflow 3.17 UI's search facets and UI state (its columns keep this order, tags among metrics)."""
