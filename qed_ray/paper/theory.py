@@ -1,19 +1,7 @@
 """Numerical checks of the paper's tabular theory (Sec. 4, App. A).
 
-Two results are checked on finite action sets with plain numpy:
-
-* Theorem 4.1 (pairwise KL control): two Boltzmann policies built from
-  action-value vectors ``q1``, ``q2`` at the shared temperature
-  ``alpha = max(alpha_min, ||q1 - q2||_inf / kappa)`` (Eq. 3) are within
-  ``2 kappa`` in directed KL, hence also in symmetric KL (App. A, "Symmetric KL").
-* Theorem 4.2 (convergence): coupled soft value iteration with that shared,
-  state-dependent temperature stays within the stated distance of the
-  unregularised ``Q*`` and the two runs' disagreement contracts as
-  ``gamma^t Delta_0``.
-
-Run ``qed-ray theory`` to print the worst observed ratio to each bound
-and save plots.
-"""
+Theorem 4.1 (pairwise KL control) on random finite action sets and Theorem 4.2 (convergence) by coupled soft value
+iteration on random MDPs; ``qed-ray theory`` prints the worst observed ratio to each bound and saves plots."""
 
 from __future__ import annotations
 
@@ -27,7 +15,6 @@ from qed_ray.spec import cli_help
 
 
 def _require_positive(name: str, value: float) -> None:
-    """Raises ValueError unless ``value`` is a finite number > 0."""
     arr = np.asarray(value, dtype=float)
     if not np.all(np.isfinite(arr)) or not np.all(arr > 0):
         shown = value if arr.ndim == 0 else f"an array with min {float(np.nanmin(arr))}"
@@ -35,16 +22,8 @@ def _require_positive(name: str, value: float) -> None:
 
 
 def log_boltzmann(q: np.ndarray, alpha: np.ndarray) -> np.ndarray:
-    """Log-probabilities of the Boltzmann policy ``pi(a) ∝ exp(q(a) / alpha)``.
-
-    Args:
-        q: action values, shape ``[..., A]``.
-        alpha: temperatures, shape ``[...]`` (one per action-value vector), > 0.
-
-    Returns:
-        Log-probabilities, shape ``[..., A]``; computed with a max shift so that
-        ``q / alpha`` of any magnitude stays finite.
-    """
+    """Log-probabilities of ``pi(a) ∝ exp(q(a) / alpha)``: ``q [..., A]``, ``alpha [...]`` > 0 -> ``[..., A]``,
+    max-shifted so that ``q / alpha`` of any magnitude stays finite."""
     _require_positive("alpha", alpha)
     z = q / np.asarray(alpha)[..., None]
     z = z - z.max(axis=-1, keepdims=True)
@@ -52,17 +31,8 @@ def log_boltzmann(q: np.ndarray, alpha: np.ndarray) -> np.ndarray:
 
 
 def soft_value(q: np.ndarray, alpha: np.ndarray) -> np.ndarray:
-    """Soft state value ``alpha * log sum_a exp(q(a) / alpha)`` (Thm. 2's backup).
-
-    Args:
-        q: action values, shape ``[..., A]``.
-        alpha: temperatures, shape ``[...]``, > 0.
-
-    Returns:
-        Soft values, shape ``[...]``. Uses ``m + alpha * log sum exp((q - m)/alpha)``
-        with ``m = max_a q`` so it never overflows and tends to ``max_a q`` as
-        ``alpha -> 0``.
-    """
+    """Soft value ``alpha log sum_a exp(q(a) / alpha)`` (Thm. 2's backup): ``q [..., A]``, ``alpha [...]`` > 0 ->
+    ``[...]``; shifted by ``m = max_a q``, so it never overflows and tends to ``m`` as ``alpha -> 0``."""
     _require_positive("alpha", alpha)
     alpha = np.asarray(alpha)
     m = q.max(axis=-1)
@@ -70,54 +40,29 @@ def soft_value(q: np.ndarray, alpha: np.ndarray) -> np.ndarray:
 
 
 def kl_categorical(log_p: np.ndarray, log_q: np.ndarray) -> np.ndarray:
-    """Directed KL divergence ``KL(p || q)`` between categorical distributions.
-
-    Args:
-        log_p: log-probabilities of p, shape ``[..., A]``.
-        log_q: log-probabilities of q, shape ``[..., A]``.
-
-    Returns:
-        KL per distribution pair, shape ``[...]``; clipped at 0 to remove
-        round-off below zero.
-    """
+    """``KL(p || q)`` of categoricals from ``log_p, log_q [..., A]`` -> ``[...]``, clipped at 0 (round-off)."""
     return np.maximum((np.exp(log_p) * (log_p - log_q)).sum(axis=-1), 0.0)
 
 
 def disagreement_temperature(q1: np.ndarray, q2: np.ndarray, kappa: np.ndarray,
                              alpha_min: np.ndarray) -> np.ndarray:
-    """Shared temperature ``max(alpha_min, ||q1 - q2||_inf / kappa)`` (Eq. 3).
-
-    Args:
-        q1: first action-value vectors, shape ``[..., A]``.
-        q2: second action-value vectors, shape ``[..., A]``.
-        kappa: KL budget parameter, scalar or shape ``[...]``, > 0.
-        alpha_min: temperature floor, scalar or shape ``[...]``, > 0.
-
-    Returns:
-        Temperatures, shape ``[...]``.
-    """
+    """Shared temperature ``max(alpha_min, ||q1 - q2||_inf / kappa)`` (Eq. 3): ``q1, q2 [..., A]``, ``kappa``,
+    ``alpha_min`` > 0 scalars or ``[...]`` -> ``[...]``."""
     _require_positive("kappa", kappa)
     _require_positive("alpha_min", alpha_min)
     return np.maximum(alpha_min, np.abs(q1 - q2).max(axis=-1) / kappa)
 
 
 def _loguniform(rng: np.random.Generator, low: float, high: float, size: int) -> np.ndarray:
-    """Samples log-uniformly in ``[low, high]``, shape ``[size]``."""
     return np.exp(rng.uniform(np.log(low), np.log(high), size))
 
 
 def _theorem1_group(rng: np.random.Generator, n: int, n_actions: int,
                     temperature_scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Draws ``n`` random cases with ``n_actions`` actions and returns their KLs.
+    """``(kl_directed, kl_symmetric, kappa)``, each ``[n]``, of ``n`` random cases with ``n_actions`` actions.
 
-    Q scales, disagreement scales, kappa and alpha_min are log-uniform over
-    several decades so both regimes of Eq. 3 (floor active / disagreement
-    active) occur. Half the cases use a sign pattern ``q2 = q1 ± delta``, which
-    is where the bound is nearly tight for large kappa.
-
-    Returns:
-        ``(kl_directed [n], kl_symmetric [n], kappa [n])``.
-    """
+    Scales, kappa and alpha_min are log-uniform over decades so that both regimes of Eq. 3 (floor or disagreement
+    active) occur; half the cases use ``q2 = q1 ± delta``, where the bound is nearly tight for large kappa."""
     scale = _loguniform(rng, 1e-2, 1e2, n)[:, None]
     q1 = scale * rng.standard_normal((n, n_actions))
     delta = _loguniform(rng, 1e-3, 1e2, n)[:, None]
@@ -134,22 +79,12 @@ def _theorem1_group(rng: np.random.Generator, n: int, n_actions: int,
 
 def theorem1_check(n_cases: int, rng: np.random.Generator, temperature_scale: float = 1.0,
                    max_actions: int = 64) -> dict[str, np.ndarray | float]:
-    """Checks Theorem 4.1 (``KL <= 2 kappa``) on random Q-vector pairs.
+    """Checks Theorem 4.1 (``KL <= 2 kappa``) on ``n_cases`` random Q-vector pairs, ``|A|`` uniform in ``[2,
+    max_actions]``.
 
-    Args:
-        n_cases: number of random cases, >= 1.
-        rng: numpy generator (the only randomness source).
-        temperature_scale: factor multiplying the prescribed temperature of
-            Eq. 3; values < 1 use a *smaller* temperature than the theorem
-            allows, so violations become possible.
-        max_actions: largest action-set size; each case draws ``|A|`` uniformly
-            in ``[2, max_actions]``.
-
-    Returns:
-        Dict with ``kl_directed``, ``kl_symmetric``, ``bound`` (``2 kappa``) and
-        ``n_actions``, each shape ``[n_cases]``, and floats
-        ``worst_directed`` / ``worst_symmetric`` = max of KL / (2 kappa).
-    """
+    ``temperature_scale`` < 1 uses a *smaller* temperature than Eq. 3 allows, so violations become possible (the
+    control). Returns ``kl_directed``, ``kl_symmetric``, ``bound`` (``2 kappa``) and ``n_actions``, each ``[n_cases]``,
+    and the floats ``worst_directed`` / ``worst_symmetric`` = max of KL / (2 kappa)."""
     if int(n_cases) != n_cases or n_cases < 1:
         raise ValueError(f"n_cases must be an integer >= 1, got {n_cases!r}")
     _require_positive("temperature_scale", temperature_scale)
@@ -178,17 +113,8 @@ class FiniteMDP:
 
 
 def random_mdp(n_states: int, n_actions: int, gamma: float, rng: np.random.Generator) -> FiniteMDP:
-    """Draws a random MDP: Dirichlet(1) transitions, rewards uniform in [0, 1].
-
-    Args:
-        n_states: number of states S >= 1.
-        n_actions: number of actions A >= 2 (``log|A| > 0``).
-        gamma: discount in (0, 1).
-        rng: numpy generator.
-
-    Returns:
-        The MDP with ``transitions [S, A, S]`` and ``rewards [S, A]``.
-    """
+    """A random MDP (S >= 1 states, A >= 2 actions, gamma in (0, 1)): Dirichlet(1) transitions, rewards uniform in [0,
+    1]."""
     if n_states < 1:
         raise ValueError(f"n_states must be >= 1, got {n_states!r}")
     if n_actions < 2:
@@ -205,16 +131,7 @@ def bellman_backup(mdp: FiniteMDP, next_values: np.ndarray) -> np.ndarray:
 
 
 def optimal_q(mdp: FiniteMDP, tol: float = 1e-13, max_iters: int = 100_000) -> np.ndarray:
-    """Q* of the unregularised MDP by value iteration (hard max backup).
-
-    Args:
-        mdp: the MDP.
-        tol: stop when successive iterates differ by less than this in sup norm.
-        max_iters: hard cap on iterations.
-
-    Returns:
-        ``Q* [S, A]``.
-    """
+    """``Q* [S, A]`` of the unregularised MDP by value iteration (hard max), to ``tol`` in sup norm."""
     q = np.zeros_like(mdp.rewards)
     for _ in range(max_iters):
         q_next = bellman_backup(mdp, q.max(axis=1))
@@ -226,22 +143,11 @@ def optimal_q(mdp: FiniteMDP, tol: float = 1e-13, max_iters: int = 100_000) -> n
 
 def coupled_soft_iteration(mdp: FiniteMDP, q1: np.ndarray, q2: np.ndarray, kappa: float,
                            alpha_min: float, n_iters: int) -> tuple[np.ndarray, np.ndarray]:
-    """Coupled soft value iteration ``Q_{t+1}^(i) = T_{alpha_t} Q_t^(i)`` (Thm. 2).
+    """Coupled soft value iteration ``Q_{t+1}^(i) = T_{alpha_t} Q_t^(i)`` (Thm. 2) from ``q1, q2 [S, A]`` for
+    ``n_iters`` = T backups -> ``(iterates [T + 1, 2, S, A], alphas [T, S])``.
 
-    Both runs share ``alpha_t(s) = max(alpha_min, ||Q_t^1(s,.) - Q_t^2(s,.)||_inf / kappa)``,
-    evaluated at the next state ``s'`` inside the backup.
-
-    Args:
-        mdp: the MDP.
-        q1: initial Q of run 1, shape ``[S, A]``.
-        q2: initial Q of run 2, shape ``[S, A]``.
-        kappa: KL budget parameter > 0.
-        alpha_min: temperature floor > 0.
-        n_iters: number of backups T >= 0.
-
-    Returns:
-        ``(iterates [T + 1, 2, S, A], alphas [T, S])``.
-    """
+    Both runs share ``alpha_t(s) = max(alpha_min, ||Q_t^1(s,.) - Q_t^2(s,.)||_inf / kappa)``, evaluated at the next
+    state ``s'`` inside the backup."""
     iterates = np.empty((n_iters + 1, 2) + q1.shape)
     alphas = np.empty((n_iters, q1.shape[0]))
     iterates[0, 0], iterates[0, 1] = q1, q2
@@ -255,17 +161,8 @@ def coupled_soft_iteration(mdp: FiniteMDP, q1: np.ndarray, q2: np.ndarray, kappa
 
 def theorem2_bound(err0: np.ndarray, delta0: float, gamma: float, alpha_min: float,
                    kappa: float, n_actions: int, n_iters: int) -> np.ndarray:
-    """Right-hand side of Theorem 4.2 for ``t = 0..T``.
-
-    Args:
-        err0: ``||Q_0^(i) - Q*||_inf`` per run, shape ``[R]``.
-        delta0: initial disagreement ``||Q_0^1 - Q_0^2||_inf``.
-        gamma: discount; alpha_min, kappa: temperature parameters; n_actions: ``|A|``.
-        n_iters: T.
-
-    Returns:
-        Bounds, shape ``[T + 1, R]``.
-    """
+    """Right-hand side of Theorem 4.2 for ``t = 0..T``: ``err0 [R]`` (``||Q_0^(i) - Q*||_inf`` per run), ``delta0 =
+    ||Q_0^1 - Q_0^2||_inf`` -> ``[T + 1, R]``."""
     t = np.arange(n_iters + 1, dtype=float)[:, None]
     log_a = np.log(n_actions)
     floor_bias = gamma * alpha_min * log_a * (1 - gamma**t) / (1 - gamma)
@@ -291,24 +188,12 @@ def _theorem2_case(rng: np.random.Generator, n_iters: int) -> dict[str, np.ndarr
 
 
 def theorem2_check(n_mdps: int, rng: np.random.Generator, n_iters: int = 150) -> dict[str, object]:
-    """Checks Theorem 4.2 and the disagreement contraction on random MDPs.
+    """Checks Theorem 4.2 and the disagreement contraction on ``n_mdps`` random MDPs (S in [2, 12], |A| in [2, 8], gamma
+    in [0.5, 0.97], log-uniform kappa and alpha_min, two Gaussian initialisations).
 
-    Each case draws S in [2, 12], |A| in [2, 8], gamma in [0.5, 0.97], kappa and
-    alpha_min log-uniform, and two Gaussian initialisations of random scale.
-    At ``t = 0`` both bounds hold with equality by construction, so the worst
-    ratios are taken over ``t >= 1`` (the informative part).
-
-    Args:
-        n_mdps: number of random MDPs, >= 1.
-        rng: numpy generator.
-        n_iters: soft value-iteration steps per MDP, >= 1.
-
-    Returns:
-        Dict with ``worst_bound`` (max over MDPs, runs and t >= 1 of error / bound),
-        ``worst_contraction`` (max of ``||Q_t^1 - Q_t^2|| / (gamma^t Delta_0)``) and
-        ``cases`` (list of per-MDP dicts of curves: ``err [T+1, 2]``,
-        ``bound [T+1, 2]``, ``disagreement [T+1]``, ``contraction [T+1]``).
-    """
+    At ``t = 0`` both bounds hold with equality by construction, so the worst ratios are over ``t >= 1``. Returns
+    ``worst_bound`` (error / bound), ``worst_contraction`` (``||Q_t^1 - Q_t^2|| / (gamma^t Delta_0)``) and ``cases``
+    (per MDP: ``err [T+1, 2]``, ``bound [T+1, 2]``, ``disagreement [T+1]``, ``contraction [T+1]``)."""
     if int(n_mdps) != n_mdps or n_mdps < 1:
         raise ValueError(f"n_mdps must be an integer >= 1, got {n_mdps!r}")
     if int(n_iters) != n_iters or n_iters < 1:
@@ -366,14 +251,7 @@ def _plot_theorem2(cases: list[dict], path: str, n_show: int = 4) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    """CLI: run both theorem checks, print worst ratios, save plots.
-
-    Args:
-        argv: command-line arguments (``None`` reads ``sys.argv``).
-
-    Returns:
-        The printed worst ratios keyed by name.
-    """
+    """CLI: run both theorem checks, print worst ratios, save plots; returns the printed ratios by name."""
     parser = cli_help.parser("qed-ray theory", __doc__, (
         "qed-ray theory                        # both theorems, plots in theory_out/",
         "qed-ray theory --cases 1000 --mdps 10 --out /tmp/theory   # a quick check"))

@@ -1,26 +1,7 @@
 """Off-policy toy of Sec. 5.2 / Fig. 2: high entropy amplifies extrapolation error.
 
-Paper setup: one state, actions in (-5, 5), reward a bimodal Gaussian density
-(modes -2 and 2, variance 0.5), horizon H = 2, gamma = 0.9; the buffer holds only
-actions from (-3, 0) and no data is ever added; SAC at fixed alpha in {0.1, 0.15}.
-Choices the paper leaves open (the grid in ``benchmarks/toy_grid.py`` varies them;
-``docs/toy.md`` reports where the paper's effect appears):
-
-* Mixture weights 0.5 / 0.5, so ``r`` is a probability density (peak ~0.28), times
-  ``reward_scale`` (1 by default).
-* ``horizon_mode``: how the two steps reach the critic. ``step_terminal``: the critic
-  takes ``(a, one_hot(t))``, step-0 targets bootstrap from the step-1 soft value
-  ``min_j Qtarg_j(a', 1) - alpha log pi(a')`` (``a' ~ pi``) and step 1 is terminal.
-  ``state_terminal``: the critic sees the action only (one state), step 1 is terminal.
-  ``state_bootstrap``: the action only, and the time limit is not a terminal, so every
-  target bootstraps from the same state (as SAC codes for dm_control do).
-* "Standard SAC-style" critics: two ``depth`` x ``hidden`` ReLU MLPs (2 x 64) **without**
-  LayerNorm (``layer_norm=True`` adds it), Polyak targets (0.005), Adam 3e-4.
-* Policy ``a = 5 tanh(u)``, ``u ~ N(mu, sigma^2)``, state-independent: with one state a
-  policy network reduces to its output, so (mu, log sigma) are the parameters (init
-  ``init_mean``, ``init_log_std``). Sharing it over both steps is exact: with the step
-  input ``Q(a, 0) - Q(a, 1)`` does not depend on ``a``, and without it there is one Q.
-"""
+The setup, the choices the paper leaves open (:class:`~qed_ray.paper.toy_config.ToyConfig`'s fields) and the results:
+docs/toy.md."""
 
 from __future__ import annotations
 
@@ -39,21 +20,11 @@ from qed_ray.paper.toy_learner import ToyLearner
 
 
 def maxent_objective(mu: np.ndarray, sigma: np.ndarray, alpha: float, cfg: ToyConfig | None = None) -> np.ndarray:
-    """Per-step soft objective ``E_pi[r(a)] + alpha H(pi)`` of the tanh-Gaussian ``(mu, sigma)``, true reward.
+    """Per-step soft objective ``J = E_pi[r(a)] + alpha H(pi)`` of the tanh-Gaussian ``(mu, sigma)`` under the true
+    reward; ``mu``, ``sigma`` (> 0) broadcast, ``J`` has their shape.
 
-    What a policy would maximise with a perfect critic: the toy has one state and the same reward at both
-    steps, so the soft value of a fixed policy is ``(1 + gamma) J`` and its maximiser is the maximiser of
-    ``J``. 96-point Gauss-Hermite quadrature over ``u``.
-
-    Args:
-        mu: pre-tanh means, any shape.
-        sigma: pre-tanh stds (> 0), broadcastable with ``mu``.
-        alpha: temperature >= 0.
-        cfg: toy config.
-
-    Returns:
-        ``J``, the broadcast shape of ``mu`` and ``sigma``.
-    """
+    What a policy would maximise with a perfect critic: one state and the same reward at both steps make a fixed
+    policy's soft value ``(1 + gamma) J``. 96-point Gauss-Hermite quadrature over ``u``."""
     cfg = cfg or ToyConfig()
     z, w = np.polynomial.hermite_e.hermegauss(96)
     mu, sigma = np.broadcast_arrays(np.asarray(mu, dtype=float), np.asarray(sigma, dtype=float))
@@ -74,19 +45,8 @@ class ToyBuffer:
 
 
 def make_buffer(n: int, rng: np.random.Generator, cfg: ToyConfig | None = None) -> ToyBuffer:
-    """Pre-fills the buffer with ``n`` transitions whose actions are uniform on ``buffer_support``.
-
-    Transitions come from consecutive episodes, so ``steps = arange(n) % horizon``.
-    The arrays are made read-only: the toy never adds or changes data.
-
-    Args:
-        n: number of transitions >= 1.
-        rng: numpy generator.
-        cfg: toy config.
-
-    Returns:
-        The buffer, each array shape ``[n]``.
-    """
+    """``n`` transitions with actions uniform on ``buffer_support``, each array ``[n]`` and read-only (the toy never
+    adds data); consecutive episodes, so ``steps = arange(n) % horizon``."""
     if int(n) != n or n < 1:
         raise ValueError(f"n must be an integer >= 1, got {n!r}")
     cfg = cfg or ToyConfig()
@@ -140,24 +100,13 @@ def _check_run_args(alphas: list[float], seeds: list[int], steps: int) -> None:
 
 def run_toys(cfg: ToyConfig, alphas: list[float], seeds: list[int], steps: int,
              buffers: list[ToyBuffer] | None = None) -> list[dict[str, np.ndarray]]:
-    """Trains ``len(seeds)`` independent SAC runs at fixed temperatures, batched, and records snapshots.
+    """Trains ``len(seeds)`` independent SAC runs at fixed temperatures ``alphas[r]``, batched, snapshotting at step 0,
+    every ``cfg.snapshot_every`` updates and at the end.
 
-    Run r uses ``alphas[r]`` and ``seeds[r]``; the seed fixes its buffer (when not given), network
-    initialisation and sampling, so a run's result does not depend on the other runs in the call.
-    Snapshots are taken at step 0, every ``cfg.snapshot_every`` updates, and at the end.
-
-    Args:
-        cfg: toy config, shared by all runs.
-        alphas: fixed temperature > 0 per run.
-        seeds: seed per run (same length as ``alphas``).
-        steps: number of gradient updates >= 0.
-        buffers: optional pre-made buffers, one per run, all the same size (never modified).
-
-    Returns:
-        Per run: ``snapshot_steps [K]``, ``grid [G]``, ``q [K, 2, H, G]`` (both critics, every step t),
-        ``density [K, G]``, ``policy_mean``/``mass_support``/``mass_left_mode``/``mass_right`` ``[K]``,
-        ``critic_loss``/``actor_loss`` ``[steps]``.
-    """
+    The seed fixes a run's buffer (when ``buffers`` is None), initialisation and sampling, so its result does not depend
+    on the other runs. Per run: ``snapshot_steps [K]``, ``grid [G]``, ``q [K, 2, H, G]`` (both critics, every step t),
+    ``density [K, G]``, ``policy_mean``/``mass_support``/``mass_left_mode``/``mass_right`` ``[K]``,
+    ``critic_loss``/``actor_loss`` ``[steps]``."""
     _check_run_args(alphas, seeds, steps)
     data = _stacked_buffers(cfg, seeds, buffers)
     grid, lrn = action_grid(cfg), ToyLearner(cfg, seeds)
@@ -181,20 +130,9 @@ def run_toy(cfg: ToyConfig, alpha: float, seed: int, steps: int,
 
 
 def summarize(result: dict[str, np.ndarray], cfg: ToyConfig, index: int = -1) -> dict[str, float]:
-    """Summary of one run at snapshot ``index`` (the last by default).
-
-    ``q_max_inside``/``q_max_outside`` are maxima of ``min_j Q_j(a, t=0)`` over grid
-    actions inside / outside ``buffer_support``.
-
-    Args:
-        result: one run of ``run_toys``.
-        cfg: its config.
-        index: snapshot index into ``result["snapshot_steps"]``.
-
-    Returns:
-        Dict of floats: ``step``, ``final_policy_mean``, ``mass_support``, ``mass_left_mode``,
-        ``mass_right``, ``q_max_inside``, ``q_max_outside``.
-    """
+    """Floats of one run at snapshot ``index``: ``step``, ``final_policy_mean``, the three masses, and
+    ``q_max_inside``/``q_max_outside``, the maxima of ``min_j Q_j(a, t=0)`` over grid actions inside / outside
+    ``buffer_support``."""
     inside = (result["grid"] > cfg.buffer_support[0]) & (result["grid"] < cfg.buffer_support[1])
     q0 = result["q"][index, :, 0].min(axis=0)
     masses = {k: float(result[k][index]) for k in ("mass_support", "mass_left_mode", "mass_right")}
@@ -221,7 +159,6 @@ def leaves_support(summary: dict[str, float], cfg: ToyConfig, margin: float = 0.
 
 
 def _print_table(rows: list[dict]) -> None:
-    """Prints one line per (alpha, seed) and a per-alpha mean line."""
     keys = ("final_policy_mean", "mass_support", "mass_left_mode", "mass_right", "q_max_inside", "q_max_outside")
     heads = ("mean_a", "m(-3,0)", "m(-3,-1)", "m(0,5)", "maxQin", "maxQout")
     print(f"{'alpha':>6} {'seed':>5}" + "".join(f" {h:>8}" for h in heads) + "   left")
@@ -234,14 +171,8 @@ def _print_table(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    """CLI: run the toy for each (alpha, seed) in one batch, print a table, save PNGs and JSON.
-
-    Args:
-        argv: command-line arguments (``None`` reads ``sys.argv``).
-
-    Returns:
-        One summary dict per (alpha, seed), as written to ``toy_summary.json``.
-    """
+    """CLI: run the toy for each (alpha, seed) in one batch, print a table, save PNGs and ``toy_summary.json``; returns
+    its rows."""
     from qed_ray.paper.toy_plots import plot_panels  # matplotlib only when drawing
 
     parser = cli_help.parser("qed-ray toy", __doc__, (

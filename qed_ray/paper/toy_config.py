@@ -40,7 +40,6 @@ class ToyConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_ranges(self) -> "ToyConfig":
-        """Rejects inconsistent intervals and mixture weights."""
         if not self.action_low < self.action_high:
             raise ValueError(f"action_low must be < action_high, got {self.action_low} and {self.action_high}")
         lo, hi = self.buffer_support
@@ -53,7 +52,6 @@ class ToyConfig(BaseModel):
 
     @property
     def center(self) -> float:
-        """Midpoint of the action interval."""
         return 0.5 * (self.action_low + self.action_high)
 
     @property
@@ -63,15 +61,7 @@ class ToyConfig(BaseModel):
 
 
 def toy_reward(a: np.ndarray, cfg: ToyConfig | None = None) -> np.ndarray:
-    """Bimodal reward ``r(a) = reward_scale * sum_k w_k N(a; m_k, variance)`` (Sec. 5.2).
-
-    Args:
-        a: actions, any shape.
-        cfg: toy config (defaults: weights 0.5/0.5, modes -2/2, variance 0.5, scale 1).
-
-    Returns:
-        Rewards, same shape as ``a``.
-    """
+    """Bimodal reward ``r(a) = reward_scale * sum_k w_k N(a; m_k, variance)`` (Sec. 5.2), ``a``'s shape."""
     cfg = cfg or ToyConfig()
     a = np.asarray(a, dtype=float)
     norm = cfg.reward_scale / math.sqrt(2 * math.pi * cfg.variance)

@@ -1,11 +1,9 @@
 """The off-policy toy's learner (paper Sec. 5.2): critics, policy and SAC update, batched over runs.
 
-Every tensor carries a leading run axis ``R``: one call trains ``R`` independent runs (e.g. 5 seeds x 2
-temperatures) in one set of batched matrix products. Runs never interact: each has its own parameters, its
-own ``torch.Generator`` (network initialisation, then all sampling) and its own replay data; Adam is
-elementwise, so one optimiser over the stacked parameters equals ``R`` separate optimisers. Batching only
-amortises Python overhead (10 runs: 2-4x less CPU per run at width 64 on one thread; nothing at width 256).
-"""
+Every tensor carries a leading run axis ``R``: one call trains ``R`` independent runs in one set of batched matrix
+products. Runs never interact: each has its own parameters, its own ``torch.Generator`` (initialisation, then all
+sampling) and its own replay data; Adam is elementwise, so one optimiser over the stacked parameters equals ``R``
+separate optimisers."""
 
 from __future__ import annotations
 
@@ -27,16 +25,12 @@ def _uniform(shape: tuple[int, ...], bound: float, gens: list[torch.Generator]) 
 
 
 class ToyCritics(torch.nn.Module):
-    """Twin MLP critics ``Q_j(a[, t])`` for ``R`` runs: ``depth`` hidden ReLU layers, optional LayerNorm.
+    """Twin MLP critics ``Q_j(a[, t])`` for ``R`` runs, initialised as ``torch.nn.Linear`` is, run r from ``gens[r]``.
 
-    The input is ``(a - c) / h`` (the action scaled to (-1, 1)), followed by ``one_hot(t)`` when
-    ``cfg.horizon_mode == "step_terminal"`` (the critic knows the time step); otherwise the action alone
-    (the paper's MDP has a single state). Weights are initialised as ``torch.nn.Linear`` does
-    (U(-1/sqrt(fan_in), 1/sqrt(fan_in))), run r from ``gens[r]``.
-    """
+    The input is the action scaled to (-1, 1), followed by ``one_hot(t)`` in ``step_terminal`` mode (the critic knows
+    the time step); otherwise the action alone (the paper's MDP has a single state)."""
 
     def __init__(self, cfg: ToyConfig, gens: list[torch.Generator]) -> None:
-        """Builds ``2 R`` critics; ``gens`` has one generator per run."""
         super().__init__()
         self.cfg, self.n_runs = cfg, len(gens)
         sizes = [self.in_dim(cfg)] + [cfg.hidden] * cfg.depth + [1]
@@ -48,7 +42,6 @@ class ToyCritics(torch.nn.Module):
 
     @staticmethod
     def in_dim(cfg: ToyConfig) -> int:
-        """Input width: 1 (action) plus ``horizon`` when the critic sees the time step."""
         return 1 + (cfg.horizon if cfg.horizon_mode == "step_terminal" else 0)
 
     def features(self, actions: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
@@ -59,15 +52,8 @@ class ToyCritics(torch.nn.Module):
         return torch.cat([x, F.one_hot(steps, self.cfg.horizon).to(actions.dtype)], dim=-1)
 
     def forward(self, actions: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-        """Q-values of both critics of every run.
-
-        Args:
-            actions: shape ``[R, B]``, in the action interval.
-            steps: time indices, shape ``[R, B]`` (int64, in ``[0, horizon)``).
-
-        Returns:
-            Shape ``[R, 2, B]``.
-        """
+        """Q-values ``[R, 2, B]`` of both critics of every run from ``actions [R, B]`` and ``steps [R, B]`` (int64, in
+        ``[0, horizon)``)."""
         x = self.features(actions, steps)
         n_runs, batch = actions.shape
         h = x[:, None].expand(n_runs, 2, batch, x.shape[-1]).reshape(2 * n_runs, batch, x.shape[-1])
@@ -82,13 +68,10 @@ class ToyCritics(torch.nn.Module):
 class ToyActor(torch.nn.Module):
     """State-independent tanh-Gaussians for ``R`` runs: ``a = c + h tanh(u)``, ``u ~ N(mu_r, sigma_r^2)``.
 
-    With a single state a policy network reduces to its output, so ``(mu, log sigma)`` per run are the
-    parameters, started at ``(cfg.init_mean, cfg.init_log_std)``. ``log sigma`` is bounded smoothly to
-    ``LOG_STD_BOUNDS`` through a tanh, as the project's actor does.
-    """
+    With a single state a policy network reduces to its output, so ``(mu, log sigma)`` per run are the parameters; ``log
+    sigma`` is bounded smoothly to ``LOG_STD_BOUNDS`` through a tanh, as the project's actor does."""
 
     def __init__(self, cfg: ToyConfig, n_runs: int) -> None:
-        """Starts every run at the config's initial mean and log-std."""
         super().__init__()
         self.cfg = cfg
         lo, hi = LOG_STD_BOUNDS
@@ -102,11 +85,8 @@ class ToyActor(torch.nn.Module):
         return lo + 0.5 * (hi - lo) * (torch.tanh(self.raw_log_std) + 1)
 
     def sample(self, n: int, gens: list[torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reparameterised actions and their log-densities, run r's noise from ``gens[r]``.
-
-        Returns:
-            ``(actions [R, n], log_prob [R, n])``, with the tanh change of variables and the scale ``h``.
-        """
+        """Reparameterised ``(actions [R, n], log_prob [R, n])`` (tanh change of variables and scale ``h``), run r's
+        noise from ``gens[r]``."""
         eps = torch.stack([torch.randn(n, generator=g) for g in gens])
         log_std = self.log_std()[:, None]
         u = self.mu[:, None] + log_std.exp() * eps
@@ -145,23 +125,11 @@ class ToyActor(torch.nn.Module):
 
 def td_targets(rewards: torch.Tensor, steps: torch.Tensor, next_q: torch.Tensor, next_log_prob: torch.Tensor,
                alpha: torch.Tensor | float, cfg: ToyConfig) -> torch.Tensor:
-    """Soft TD targets of the toy (the SAC target, paper Sec. 2).
+    """Soft TD targets ``y = r + gamma * m * (next_q - alpha * next_log_prob)`` (SAC, paper Sec. 2), all ``[R, B]`` (or
+    ``[B]``), ``alpha`` a float or ``[R, 1]``.
 
-    ``y = r + gamma * m * (next_q - alpha * next_log_prob)`` with the bootstrap mask ``m``:
-    ``m = 1[t < H - 1]`` in the ``*_terminal`` modes (the last step ends the episode) and ``m = 1`` in
-    ``state_bootstrap`` (the time limit is not a terminal, as SAC codes for dm_control treat it).
-
-    Args:
-        rewards: shape ``[R, B]`` (or ``[B]``).
-        steps: time index t of each transition, same shape.
-        next_q: ``min_j Qtarg_j`` at the next step's action ``a' ~ pi``, same shape (ignored where m = 0).
-        next_log_prob: ``log pi(a')``, same shape.
-        alpha: fixed temperature, a float or shape ``[R, 1]``.
-        cfg: toy config (horizon, gamma, horizon_mode).
-
-    Returns:
-        Targets, the shape of ``rewards``.
-    """
+    The bootstrap mask ``m`` is ``1[t < H - 1]`` in the ``*_terminal`` modes (the last step ends the episode) and 1 in
+    ``state_bootstrap`` (the time limit is not a terminal, as SAC codes for dm_control treat it)."""
     if cfg.horizon_mode == "state_bootstrap":
         bootstrap = torch.ones_like(rewards)
     else:
@@ -171,19 +139,8 @@ def td_targets(rewards: torch.Tensor, steps: torch.Tensor, next_q: torch.Tensor,
 
 def soft_td_targets(batch: tuple[torch.Tensor, ...], target: torch.nn.Module, actor: ToyActor,
                     alpha: torch.Tensor, gens: list[torch.Generator]) -> torch.Tensor:
-    """Soft TD targets for a replay batch, next actions drawn from the current policy.
-
-    Args:
-        batch: ``(actions, rewards, steps)``, each shape ``[R, B]``.
-        target: target critics, ``(actions [R, B], steps [R, B]) -> [R, 2, B]``; queried at
-            ``(a', t + 1)`` (t + 1 clamped to the last step; the clamped value is never used).
-        actor: current policy (sampled, not updated).
-        alpha: temperatures, shape ``[R, 1]``.
-        gens: one generator per run, for ``a'``.
-
-    Returns:
-        ``td_targets`` of the batch, shape ``[R, B]``, without gradient.
-    """
+    """:func:`td_targets` of a batch ``(actions, rewards, steps)``, each ``[R, B]``, without gradient: ``a' ~ actor``,
+    ``target`` queried at ``(a', t + 1)`` (clamped to the last step, whose value is never used)."""
     _, rewards, steps = batch
     with torch.no_grad():
         next_a, next_logp = actor.sample(rewards.shape[1], gens)
@@ -193,14 +150,10 @@ def soft_td_targets(batch: tuple[torch.Tensor, ...], target: torch.nn.Module, ac
 
 
 class ToyLearner:
-    """Critics, target critics, policy, optimisers and generators of ``R`` runs.
-
-    Run r's generator is seeded with ``seeds[r]``; it initialises the critics, then drives all of the run's
-    sampling (replay indices, actions), so a run's trajectory does not depend on the other runs.
-    """
+    """Critics, target critics, policy, optimisers and generators of ``R`` runs; ``seeds[r]`` seeds run r's generator,
+    which initialises its critics and then drives all its sampling."""
 
     def __init__(self, cfg: ToyConfig, seeds: list[int]) -> None:
-        """Builds the networks of ``len(seeds)`` runs and their Adam optimisers."""
         self.cfg = cfg
         self.gens = [torch.Generator().manual_seed(int(s)) for s in seeds]
         self.critic = ToyCritics(cfg, self.gens)
@@ -210,18 +163,11 @@ class ToyLearner:
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr)
 
     def update(self, batch: tuple[torch.Tensor, ...], alpha: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-        """One SAC step for every run: critic regression, actor step at fixed alpha, Polyak averaging.
+        """One SAC step for every run at fixed ``alpha [R, 1]`` on ``batch`` (each ``[R, B]``): critic regression, actor
+        step, Polyak averaging; returns ``(critic_loss [R], actor_loss [R])``.
 
-        Each run's loss is a mean over its batch; the losses are summed over runs, so every run's gradient
-        is its own.
-
-        Args:
-            batch: ``(actions, rewards, steps)``, each ``[R, B]``.
-            alpha: temperatures ``[R, 1]``.
-
-        Returns:
-            Per-run ``(critic_loss [R], actor_loss [R])``.
-        """
+        Each run's loss is a mean over its batch and the losses are summed over runs, so every run's gradient is its
+        own."""
         actions, _, steps = batch
         y = soft_td_targets(batch, self.target, self.actor, alpha, self.gens)
         critic_loss = ((self.critic(actions, steps) - y[:, None]) ** 2).mean(dim=2).sum(dim=1)

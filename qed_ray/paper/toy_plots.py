@@ -11,23 +11,14 @@ from qed_ray.paper.toy_config import ToyConfig, toy_reward
 
 def plot_panels(runs: dict[float, list[dict[str, np.ndarray]]], cfg: ToyConfig, out_dir: str,
                 n_cols: int = 6, seeds: list[int] | None = None, dpi: int = 110) -> list[str]:
-    """Draws Fig. 2 (a) Q landscapes and (b) policy densities; rows = alpha, cols = snapshots.
+    """Draws Fig. 2 (a) Q landscapes and (b) policy densities into ``out_dir``; rows = alpha, columns = ``n_cols``
+    evenly spaced snapshots; returns the two PNG paths.
 
-    Args:
-        runs: ``{alpha: [run_toys result per seed]}`` (same snapshot steps in all).
-        cfg: toy config.
-        out_dir: folder for ``fig2a_q_landscapes.png`` and ``fig2b_policy_densities.png``.
-        n_cols: number of evenly spaced snapshots shown.
-        seeds: the seed of each run in a row, for the legend (default: their index).
-        dpi: resolution of the PNGs.
-
-    Returns:
-        The two PNG paths.
-    """
+    ``runs``: ``{alpha: [run_toys result per seed]}`` (the same snapshot steps in all); ``seeds`` label the lines
+    (default: their index)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
 
     first = next(iter(runs.values()))[0]
     cols = np.unique(np.linspace(0, len(first["snapshot_steps"]) - 1, n_cols).round().astype(int))
