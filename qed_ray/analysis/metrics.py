@@ -25,7 +25,7 @@ _RETURN_TOLERANCE = 1e-3  # float32 reward sums may overshoot 1000 by rounding
 
 
 def _as_float_array(name: str, x, ndim: int | None = None, min_ndim: int = 0) -> np.ndarray:
-    """Converts `x` to a finite real array, raising ValueError that names `name` otherwise."""
+    """``x`` as a finite real array, or ValueError naming ``name``."""
     arr = np.asarray(x)
     if arr.dtype.kind not in "fiu":
         raise ValueError(f"{name}: expected a real numeric array, got dtype {arr.dtype}")
@@ -42,7 +42,6 @@ def _as_float_array(name: str, x, ndim: int | None = None, min_ndim: int = 0) ->
 
 
 def _check_same_shape(name: str, arr: np.ndarray, ref_name: str, ref: np.ndarray) -> None:
-    """Raises ValueError unless `arr` has exactly the shape of `ref`."""
     if arr.shape != ref.shape:
         raise ValueError(f"{name}: expected shape {ref.shape} matching {ref_name}, got {arr.shape}")
 
@@ -57,11 +56,10 @@ def _check_positive(name: str, sigma: np.ndarray) -> None:
 def _sym_kl_terms(mu_p, sigma_p, mu_q, sigma_q) -> np.ndarray:
     """Per-dimension symmetric KL of floored float64 inputs (no validation, broadcasting).
 
-    0.5 * (KL(p||q) + KL(q||p)) per dimension: the log(s_q/s_p) terms cancel, leaving
-    0.25 * [v_p/v_q + v_q/v_p - 2 + d^2 (1/v_p + 1/v_q)] with v = s^2. Writing the ratio part as
-    (v_p - v_q)^2 / (v_p v_q) makes every term a square times a positive number, so the result
-    is >= 0 in floating point, exactly 0 for identical inputs and exactly symmetric in p, q.
-    """
+    0.5 * (KL(p||q) + KL(q||p)) per dimension: the log(s_q/s_p) terms cancel, leaving 0.25 * [v_p/v_q + v_q/v_p - 2 +
+    d^2 (1/v_p + 1/v_q)] with v = s^2. Writing the ratio part as (v_p - v_q)^2 / (v_p v_q) makes every term a square
+    times a positive number, so the result is >= 0 in floating point, exactly 0 for identical inputs and exactly
+    symmetric in p, q."""
     var_p, var_q = sigma_p * sigma_p, sigma_q * sigma_q
     spread = (var_p - var_q) ** 2 / (var_p * var_q)
     mean_gap = (mu_p - mu_q) ** 2 * (1.0 / var_p + 1.0 / var_q)
@@ -69,24 +67,13 @@ def _sym_kl_terms(mu_p, sigma_p, mu_q, sigma_q) -> np.ndarray:
 
 
 def symmetric_kl(mu_p, sigma_p, mu_q, sigma_q) -> np.ndarray:
-    """Symmetric KL between diagonal Gaussians in pre-tanh space, per state (App. E).
-
-    Computes 0.5 * (KL(p||q) + KL(q||p)) with
-    KL(p||q) = sum_j [log(s_q/s_p) + (s_p^2 + (m_p - m_q)^2) / (2 s_q^2) - 1/2].
+    """Symmetric KL 0.5 * (KL(p||q) + KL(q||p)) between diagonal Gaussians in pre-tanh space, per state (App. E).
 
     Args:
-        mu_p: means of p, array of shape (..., A).
-        sigma_p: standard deviations of p, shape (..., A), all > 0; floored at SIGMA_FLOOR.
-        mu_q: means of q, shape (..., A).
-        sigma_q: standard deviations of q, shape (..., A), all > 0; floored at SIGMA_FLOOR.
+        mu_p, sigma_p, mu_q, sigma_q: (..., A); sigmas > 0, floored at SIGMA_FLOOR.
 
     Returns:
-        float64 array of shape (...,): the divergence at each state, >= 0, exactly 0 where the
-        two distributions are identical.
-
-    Raises:
-        ValueError: on shape mismatch, fewer than 1 dimension, non-finite values or sigma <= 0.
-    """
+        float64 (...): >= 0, exactly 0 where the two distributions are identical."""
     mu_p = _as_float_array("mu_p", mu_p, min_ndim=1)
     arrays = {"sigma_p": sigma_p, "mu_q": mu_q, "sigma_q": sigma_q}
     checked = {}
@@ -113,24 +100,16 @@ def _check_policy_stack(mus, sigmas) -> tuple[np.ndarray, np.ndarray]:
 
 
 def pairwise_policy_divergence(mus, sigmas, *, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> np.ndarray:
-    """Matrix of mean symmetric KL between every pair of policies on a pooled state set (App. E).
+    """Mean symmetric KL between every pair of policies on a pooled state set (App. E).
 
-    D(i, j) = mean over the S pooled states of symmetric_kl(policy i, policy j). Work is done in
-    chunks of states, looping over i only, so no (I, I, S, A) array is ever built: temporaries
-    hold at most about `chunk_elements` float64 values.
+    D(i, j) = mean over the S states of symmetric_kl(policy i, policy j), computed in chunks of states so that no (I, I,
+    S, A) array is built: temporaries hold at most about ``chunk_elements`` float64 values.
 
     Args:
-        mus: pre-tanh means, array of shape (I, S, A); every policy on the SAME states.
-        sigmas: pre-tanh standard deviations, shape (I, S, A), all > 0.
-        chunk_elements: memory budget per temporary (float64 elements), >= 1.
+        mus, sigmas: (I, S, A) pre-tanh means and stds (> 0), every policy on the SAME states.
 
     Returns:
-        float64 array of shape (I, I): symmetric, exactly 0 on the diagonal, >= 0 elsewhere.
-
-    Raises:
-        ValueError: on wrong ndim, shape mismatch, empty axes, non-finite values, sigma <= 0 or
-            a non-positive `chunk_elements`.
-    """
+        float64 (I, I): symmetric, exactly 0 on the diagonal, >= 0 elsewhere."""
     mus, sigmas = _check_policy_stack(mus, sigmas)
     if not isinstance(chunk_elements, (int, np.integer)) or chunk_elements < 1:
         raise ValueError(f"chunk_elements: expected a positive integer, got {chunk_elements!r}")
@@ -149,17 +128,13 @@ def pairwise_policy_divergence(mus, sigmas, *, chunk_elements: int = DEFAULT_CHU
 
 
 def variability_from_matrix(divergence) -> float:
-    """Inter-run variability V from a precomputed divergence matrix (App. E, Def. 1).
+    """Inter-run variability V from a divergence matrix (App. E, Def. 1).
 
     Args:
-        divergence: array of shape (I, I), I >= 2, finite and >= 0 (only i != j entries used).
+        divergence: (I, I), I >= 2, finite, >= 0 off the diagonal (the diagonal is not used).
 
     Returns:
-        V = mean of divergence[i, j] over the I * (I - 1) ordered pairs with i != j.
-
-    Raises:
-        ValueError: if not square, I < 2, non-finite or negative entries.
-    """
+        V = mean of divergence[i, j] over the I * (I - 1) ordered pairs i != j."""
     mat = _as_float_array("divergence", divergence, ndim=2)
     if mat.shape[0] != mat.shape[1] or mat.shape[0] < 2:
         raise ValueError(f"divergence: expected a square (I, I) matrix with I >= 2, got shape {mat.shape}")
@@ -171,20 +146,13 @@ def variability_from_matrix(divergence) -> float:
 
 
 def inter_run_variability(mus, sigmas, *, chunk_elements: int = DEFAULT_CHUNK_ELEMENTS) -> float:
-    """Inter-run variability V of one method on one task (App. E; docs/definitions.md, Inter-run variability V).
+    """Inter-run variability V of one method on one task (App. E; docs/definitions.md).
 
     Args:
-        mus: pre-tanh means of the I seeds' policies on the pooled states, shape (I, S, A), I >= 2.
-        sigmas: matching standard deviations, shape (I, S, A), all > 0.
-        chunk_elements: memory budget forwarded to `pairwise_policy_divergence`.
+        mus, sigmas: (I, S, A), I >= 2: the seeds' pre-tanh means and stds (> 0) on the pooled states.
 
     Returns:
-        V = mean over ordered pairs i != j of D(i, j) (equal to the mean over unordered pairs,
-        since D is symmetric).
-
-    Raises:
-        ValueError: if I < 2, or on any input error of `pairwise_policy_divergence`.
-    """
+        V = mean over ordered pairs i != j of D(i, j) (:func:`pairwise_policy_divergence`)."""
     n_pol = np.shape(mus)[0] if np.ndim(mus) >= 1 else 0
     if n_pol < 2:
         raise ValueError(f"mus: need at least 2 policies (I >= 2) for variability, got shape {np.shape(mus)}")
@@ -192,32 +160,23 @@ def inter_run_variability(mus, sigmas, *, chunk_elements: int = DEFAULT_CHUNK_EL
 
 
 def share_at_lower_bound(sigmas, log_std_min: float, margin: float = 0.1) -> float:
-    """Share of pre-tanh standard deviations whose log lies within ``margin`` of the actor's lower bound.
+    """Share of entries of ``sigmas`` (..., A), > 0, with log sigma < ``log_std_min`` + ``margin``, in [0, 1].
 
     The symmetric KL scales as 1/sigma^2, so V is set by the bound wherever policies sit at it (docs/definitions.md,
-    Actor). Args: sigmas: (..., A) standard deviations, > 0 (e.g. (I, S, A) of the I seeds on the pooled states).
-    Returns: the fraction of entries with log sigma < log_std_min + margin, in [0, 1].
-    """
+    Actor)."""
     s = _as_float_array("sigmas", sigmas, min_ndim=1)
     _check_positive("sigmas", s)
     return float(np.mean(np.log(s.astype(np.float64)) < log_std_min + margin))
 
 
 def pool_states(per_policy_states: Sequence[np.ndarray]) -> np.ndarray:
-    """Pools the states visited by every seed's evaluation rollouts into one set (App. E).
+    """Pools the states of every seed's evaluation rollouts into one set (App. E).
 
     Args:
-        per_policy_states: one array per seed of shape (..., obs_dim), e.g. (episodes, steps,
-            obs_dim) or (N_i, obs_dim); all seeds share obs_dim.
+        per_policy_states: one (..., obs_dim) array per seed, e.g. (episodes, steps, obs_dim).
 
     Returns:
-        Array of shape (sum_i N_i, obs_dim), seed 0's states first, in input order, where N_i
-        is the product of seed i's leading dimensions.
-
-    Raises:
-        ValueError: if the sequence is empty, an entry has fewer than 2 dimensions, obs_dim
-            differs between seeds, or values are non-finite.
-    """
+        (sum_i N_i, obs_dim), seed 0's states first, N_i the product of seed i's leading dimensions."""
     if len(per_policy_states) == 0:
         raise ValueError("per_policy_states: expected at least one array of states, got an empty sequence")
     flat = []
@@ -233,7 +192,6 @@ def pool_states(per_policy_states: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def check_scores(scores) -> np.ndarray:
-    """Validates a non-empty (runs, tasks) score matrix."""
     mat = _as_float_array("scores", scores, ndim=2)
     if mat.size == 0:
         raise ValueError(f"scores: expected a non-empty (runs, tasks) matrix, got shape {mat.shape}")
@@ -254,19 +212,14 @@ def trimmed_mean_last_axis(values: np.ndarray) -> np.ndarray:
 
 
 def iqm(scores) -> float:
-    """Interquartile mean: the 25% trimmed mean of all runs x tasks scores pooled (Sec. 6.1).
-
-    Equals scipy.stats.trim_mean(scores, 0.25, axis=None) and rliable's aggregate_iqm.
+    """Interquartile mean of all runs x tasks scores pooled (Sec. 6.1): scipy's trim_mean(scores, 0.25, axis=None),
+    rliable's aggregate_iqm.
 
     Args:
-        scores: array of shape (runs, tasks), e.g. normalised final scores.
+        scores: (runs, tasks), e.g. normalised final scores.
 
     Returns:
-        Mean of the middle entries after dropping int(0.25 * runs * tasks) from each end.
-
-    Raises:
-        ValueError: if not a non-empty 2-D finite matrix.
-    """
+        Mean of the entries left after dropping int(0.25 * runs * tasks) from each end."""
     return float(trimmed_mean_last_axis(check_scores(scores).ravel()))
 
 
@@ -279,18 +232,17 @@ RATIO_SUMMARIES = ("median", "geomean", "means")
 
 
 def ratio_summaries(base, this) -> dict[str, np.ndarray]:
-    """The ratio base / this of a per-task statistic (te over QED: V, action distance, return variance), summarised
-    over tasks three ways: the median and the geometric mean of the per-task ratios (one task cannot swing them) and
-    the ratio of the task means (dominated by the tasks with the largest values).
+    """The ratio base / this of a per-task statistic (te over QED: V, action distance, return variance) summarised over
+    tasks: the median and the geometric mean of the per-task ratios (one task cannot swing them) and the ratio of the
+    task means (dominated by the tasks with the largest values).
 
     Args:
-        base: (..., K) the baseline's statistic on K tasks; this: (..., K) the variant's on the same tasks, in the
-            same order (a leading axis holds bootstrap replicates).
+        base, this: (..., K) the baseline's and the variant's statistic on the same K tasks (a leading axis holds
+            bootstrap replicates).
 
     Returns:
-        ``{"median", "geomean", "means"}``, each float64 of shape (...); NaN where a task's ratio is undefined (a
-        statistic <= 0 or not finite on either side).
-    """
+        ``{"median", "geomean", "means"}``, each float64 (...); NaN where a task's ratio is undefined (a statistic <= 0
+        or not finite on either side)."""
     b, t = np.asarray(base, dtype=np.float64), np.asarray(this, dtype=np.float64)
     if b.shape != t.shape or b.ndim < 1 or b.shape[-1] < 1:
         raise ValueError(f"this: expected the shape of base (..., K) with K >= 1, got {t.shape} and {b.shape}")
@@ -304,15 +256,11 @@ def per_step_pairwise_distance(x) -> np.ndarray:
     """Mean over unordered policy pairs of the L2 distance at each step (Sec. 6.2, Fig. 1).
 
     Args:
-        x: array of shape (P, T, L, D): P >= 2 policies, T trajectories from shared initial
-            states, L steps, D dims (actions, or state vectors for the per-step state spread).
+        x: (P, T, L, D), P >= 2 policies, T trajectories from shared initial states, L steps, D dims (actions, or state
+            vectors for the per-step state spread).
 
     Returns:
-        float64 array of shape (T, L): mean over i < j of ||x[i, t, l] - x[j, t, l]||_2.
-
-    Raises:
-        ValueError: on wrong ndim, P < 2 or non-finite values.
-    """
+        float64 (T, L): mean over i < j of ||x[i, t, l] - x[j, t, l]||_2."""
     arr = _as_float_array("x", x, ndim=4)
     n_pol = arr.shape[0]
     if n_pol < 2:
@@ -329,13 +277,10 @@ def cumulative_action_distance(actions) -> float:
     """Cumulative pairwise action distance over a rollout (Sec. 6.2).
 
     Args:
-        actions: array of shape (P, T, L, D): deterministic actions of P >= 2 policies on T
-            shared-start trajectories of L steps.
+        actions: (P, T, L, D), deterministic actions of P >= 2 policies on T shared-start trajectories of L steps.
 
     Returns:
-        Per-step pairwise L2 distance summed over the L steps, averaged over unordered pairs
-        and over trajectories.
-    """
+        The per-step pairwise L2 distance summed over the L steps, averaged over unordered pairs and trajectories."""
     return float(per_step_pairwise_distance(actions).sum(axis=1).mean())
 
 
@@ -343,13 +288,12 @@ def pairwise_action_distance(actions) -> np.ndarray:
     """Cumulative action distance of every pair of policies (Sec. 6.2), the matrix behind its bootstrap CI.
 
     Args:
-        actions: array of shape (P, T, L, D), P >= 2, as in `cumulative_action_distance`.
+        actions: (P, T, L, D), P >= 2, as in :func:`cumulative_action_distance`.
 
     Returns:
-        float64 (P, P), symmetric, 0 on the diagonal: entry (i, j) is the L2 distance between the actions of
-        policies i and j summed over the L steps, averaged over the T trajectories. The mean of its off-diagonal
-        entries equals `cumulative_action_distance(actions)`.
-    """
+        float64 (P, P), symmetric, 0 on the diagonal: (i, j) is the L2 distance between the actions of i and j summed
+        over the L steps, averaged over the T trajectories; its off-diagonal mean is
+        ``cumulative_action_distance(actions)``."""
     arr = _as_float_array("actions", actions, ndim=4).astype(np.float64)
     n_pol = arr.shape[0]
     if n_pol < 2:
@@ -362,17 +306,8 @@ def pairwise_action_distance(actions) -> np.ndarray:
 
 
 def normalized_score(returns) -> np.ndarray:
-    """DMC return divided by 1000, so scores lie in [0, 1] (docs/definitions.md, Normalised score).
-
-    Args:
-        returns: array of any shape of episode returns in [0, 1000].
-
-    Returns:
-        float64 array of the same shape.
-
-    Raises:
-        ValueError: on non-finite values or returns outside [0, 1000].
-    """
+    """DMC return / 1000, so scores lie in [0, 1] (docs/definitions.md, Normalised score): returns of any shape, in [0,
+    1000] -> float64 of the same shape."""
     arr = _as_float_array("returns", returns).astype(np.float64)
     outside = int(np.count_nonzero((arr < -_RETURN_TOLERANCE) | (arr > DMC_MAX_RETURN + _RETURN_TOLERANCE)))
     if outside:
@@ -381,7 +316,6 @@ def normalized_score(returns) -> np.ndarray:
 
 
 def _check_xy(x, y) -> tuple[np.ndarray, np.ndarray]:
-    """Validates paired 1-D samples for a line fit."""
     xs = _as_float_array("x", x, ndim=1).astype(np.float64)
     ys = _as_float_array("y", y, ndim=1).astype(np.float64)
     _check_same_shape("y", ys, "x", xs)
@@ -393,15 +327,8 @@ def _check_xy(x, y) -> tuple[np.ndarray, np.ndarray]:
 
 
 def linear_fit(x, y) -> tuple[float, float]:
-    """Least-squares line y ~ intercept + slope * x (critic-proxy check, App. D).
-
-    Args:
-        x: array of shape (N,), N >= 2, not constant.
-        y: array of shape (N,).
-
-    Returns:
-        (slope, intercept).
-    """
+    """``(slope, intercept)`` of the least-squares line y ~ intercept + slope * x (critic-proxy check, App. D); x, y:
+    (N,), N >= 2, x not constant."""
     xs, ys = _check_xy(x, y)
     dx = xs - xs.mean()
     slope = float(np.dot(dx, ys - ys.mean()) / np.dot(dx, dx))
@@ -409,20 +336,8 @@ def linear_fit(x, y) -> tuple[float, float]:
 
 
 def r_squared(x, y) -> float:
-    """Coefficient of determination of the least-squares line y ~ a + b x (App. D).
-
-    Equals the squared Pearson correlation: S_xy^2 / (S_xx * S_yy).
-
-    Args:
-        x: array of shape (N,), N >= 2, not constant.
-        y: array of shape (N,), not constant.
-
-    Returns:
-        R^2 in [0, 1].
-
-    Raises:
-        ValueError: on shape mismatch, N < 2, non-finite values, or constant x or y.
-    """
+    """R^2 in [0, 1] of the least-squares line y ~ a + b x (App. D), the squared Pearson correlation S_xy^2 / (S_xx *
+    S_yy); x, y: (N,), N >= 2, neither constant."""
     xs, ys = _check_xy(x, y)
     if np.ptp(ys) == 0:
         raise ValueError(f"y: all values equal ({ys[0]}); R^2 is undefined (0/0)")
