@@ -1,18 +1,9 @@
 """Bootstrap intervals over seeds for the cross-seed statistics (pure numpy), as rliable does for returns.
 
-The IQM's interval (paper Sec. 6, :func:`qed_ray.analysis.stratified_bootstrap_ci`) resamples runs within each
-task. The same idea gives intervals for the behaviour statistics: V (App. E) and the action distance (Sec. 6.2)
-are means over *pairs of seeds* of a pairwise matrix, so a resample draws seeds with replacement and takes the
-pair mean over the draws. Two draws of the same seed are not a pair of independent runs (their divergence is 0
-by construction), so such pairs are left out: with draw counts ``c`` the replicate is
-``sum_{i != j} c_i c_j M[i, j] / sum_{i != j} c_i c_j``, and a resample that drew a single seed (no pair at all)
-is drawn again, i.e. the bootstrap is conditional on at least two distinct seeds.
-
-Across tasks the bootstrap is stratified (tasks fixed, seeds resampled within each task, independently), and
-tasks may have different seed counts: each task keeps its own count in every resample.
-
-Letters: I seeds of a group, R bootstrap replicates, K tasks, N runs pooled over tasks.
-"""
+Pair statistics (V, the action distance) leave self-pairs out and condition on two distinct seeds; tasks are stratified;
+te and QED draw the same seeds where they share them: docs/definitions.md, "Intervals over seeds for V and the action
+distance" and "Paired intervals". Letters: I seeds of a group, R bootstrap replicates, K tasks, N runs pooled over
+tasks."""
 
 from __future__ import annotations
 
@@ -32,11 +23,8 @@ def rng_for(seed: int, *keys: str) -> np.random.Generator:
 
 
 def seed_counts(n_seeds: int, reps: int, rng: np.random.Generator, min_distinct: int = 1) -> np.ndarray:
-    """Draw counts of ``reps`` resamples of ``n_seeds`` seeds with replacement, shape (R, I).
-
-    Rows with fewer than ``min_distinct`` distinct seeds are drawn again (``min_distinct=2`` for pair statistics).
-    Row ``r`` says how often each seed was drawn; every row sums to I.
-    """
+    """(R, I) draw counts of ``reps`` resamples of ``n_seeds`` seeds with replacement, every row summing to I; rows with
+    fewer than ``min_distinct`` distinct seeds are drawn again (2 for pair statistics)."""
     if n_seeds < 1 or reps < 1:
         raise ValueError(f"n_seeds, reps: expected >= 1, got {n_seeds}, {reps}")
     if n_seeds < min_distinct:
@@ -55,12 +43,11 @@ def pair_mean(matrix, counts=None) -> np.ndarray | float:
 
     Args:
         matrix: (I, I) pairwise values (symmetric, e.g. D of App. E); the diagonal is never used.
-        counts: (R, I) draw counts from :func:`seed_counts` (min_distinct=2), or None for the plain mean.
+        counts: (R, I) draw counts from :func:`seed_counts` (min_distinct=2), or None.
 
     Returns:
-        float (counts None): mean over i != j, i.e. V for the matrix D; else (R,) replicates
-        ``sum_{i != j} c_i c_j M[i, j] / sum_{i != j} c_i c_j``.
-    """
+        float (counts None): the mean over i != j (V for the matrix D); else (R,) replicates
+        ``sum_{i != j} c_i c_j M[i, j] / sum_{i != j} c_i c_j``."""
     m = np.asarray(matrix, dtype=np.float64)
     if m.ndim != 2 or m.shape[0] != m.shape[1] or m.shape[0] < 2:
         raise ValueError(f"matrix: expected a square (I, I) matrix with I >= 2, got shape {m.shape}")
@@ -74,7 +61,7 @@ def pair_mean(matrix, counts=None) -> np.ndarray | float:
 
 
 def pair_mean_replicates(matrix, reps: int, rng: np.random.Generator) -> np.ndarray:
-    """(R,) bootstrap replicates of :func:`pair_mean` over seeds (self-pairs left out, see the module notes)."""
+    """(R,) bootstrap replicates of :func:`pair_mean` over seeds, self-pairs left out."""
     n = np.shape(matrix)[0]
     return pair_mean(matrix, seed_counts(n, reps, rng, min_distinct=2))
 
@@ -115,21 +102,25 @@ def pair_mean_interval(matrix, reps: int, confidence: float, rng: np.random.Gene
     return (pair_mean(matrix), *percentile_interval(pair_mean_replicates(matrix, reps, rng), confidence))
 
 
+def _columns(per_task: Sequence[np.ndarray]) -> list[np.ndarray]:
+    cols = [np.asarray(t, dtype=np.float64).ravel() for t in per_task]
+    if not cols or any(c.size == 0 for c in cols):
+        raise ValueError("per_task: expected at least one task, each with at least one score")
+    return cols
+
+
 def iqm_interval(per_task: Sequence[np.ndarray], reps: int, confidence: float, seed: int) -> dict[str, float]:
     """IQM of the runs pooled over tasks with its stratified-bootstrap interval; tasks may differ in seed count.
 
     Args:
         per_task: K arrays, task k holding its n_k >= 1 normalised scores (one per seed).
-        reps, confidence, seed: as :func:`qed_ray.analysis.interval_estimate`.
+        reps, confidence, seed: as :func:`interval_estimate`.
 
     Returns:
-        ``{"point", "lower", "upper", "width"}``. With equal counts this is exactly
-        :func:`qed_ray.analysis.interval_estimate` on the (seeds, tasks) matrix (rliable's estimate); with unequal
-        counts each resample redraws task k's n_k scores from its own n_k, and the IQM pools all N = sum n_k.
-    """
-    cols = [np.asarray(t, dtype=np.float64).ravel() for t in per_task]
-    if not cols or any(c.size == 0 for c in cols):
-        raise ValueError("per_task: expected at least one task, each with at least one score")
+        ``{"point", "lower", "upper", "width"}``. With equal counts exactly :func:`interval_estimate` on the (seeds,
+        tasks) matrix (rliable's estimate); else each resample redraws task k's n_k scores from its own n_k, and the
+        IQM pools all N = sum n_k."""
+    cols = _columns(per_task)
     if len({c.size for c in cols}) == 1:
         return interval_estimate(np.stack(cols, axis=1), metrics.iqm, reps, confidence, seed)
     rng = np.random.default_rng(seed)
@@ -141,19 +132,9 @@ def iqm_interval(per_task: Sequence[np.ndarray], reps: int, confidence: float, s
 
 
 def mean_interval(per_task: Sequence[np.ndarray], reps: int, confidence: float, seed: int) -> dict[str, float]:
-    """Mean of the runs pooled over tasks with its stratified-bootstrap interval (the "mean return" the paper
-    plots in Sec. 6.3): each resample redraws task k's n_k scores from its own n_k, as :func:`iqm_interval` does.
-
-    Args:
-        per_task: K arrays, task k holding its n_k >= 1 normalised scores (one per seed).
-        reps, confidence, seed: as :func:`iqm_interval`.
-
-    Returns:
-        ``{"point", "lower", "upper", "width"}``; with a single score per task and task the interval is a point.
-    """
-    cols = [np.asarray(t, dtype=np.float64).ravel() for t in per_task]
-    if not cols or any(c.size == 0 for c in cols):
-        raise ValueError("per_task: expected at least one task, each with at least one score")
+    """Mean of the runs pooled over tasks with its stratified-bootstrap interval (the "mean return" of Sec. 6.3);
+    ``per_task``, the arguments and the result as :func:`iqm_interval`."""
+    cols = _columns(per_task)
     rng = np.random.default_rng(seed)
     total = np.zeros(reps)
     for c in cols:  # sums per task, so memory stays (R,) whatever the seed count
@@ -170,12 +151,9 @@ def stratified_mean_replicates(per_task_replicates: Sequence[np.ndarray]) -> np.
     return np.mean(np.stack([np.asarray(r, dtype=np.float64) for r in per_task_replicates]), axis=0)
 
 
-# ---- paired resampling of two variants' seeds (te vs QED) ------------------------------------------------------
-# Runs of two variants with the same seed number share their initial weights, training-env seed and evaluation
-# seeds (tests/rl/test_pairing.py), so a resample that draws seed i draws it for both: the te/QED ratio's interval
-# then reflects the variation of the difference, not of each variant apart. Per task one (R, I) array of draw
-# counts serves every statistic (V, action distance, return variance, the scores behind the IQM); tasks are
-# resampled independently (stratified). Letters as above; K tasks compared.
+# ---- paired resampling of two variants' seeds (te vs QED; docs/definitions.md, "Paired intervals") -----------
+# Runs with the same seed number share their initial weights and seeds, so a resample that draws seed i draws it for
+# both and the ratio's interval reflects the variation of the difference; one (R, I) draw-count array per task.
 
 
 def joint_counts(n_seeds: int, reps: int, rng: np.random.Generator) -> np.ndarray:
@@ -185,10 +163,8 @@ def joint_counts(n_seeds: int, reps: int, rng: np.random.Generator) -> np.ndarra
 
 
 def resample(values, counts) -> np.ndarray:
-    """(R, I) the values each resample drew: row r holds value i ``counts[r, i]`` times (ascending i).
-
-    Args: values: (I,) one value per seed; counts: (R, I) draw counts, every row summing to I.
-    """
+    """(R, I) the values each resample drew: row r holds ``values[i]`` (I,) ``counts[r, i]`` times (ascending i);
+    ``counts`` (R, I) rows sum to I."""
     v, c = np.asarray(values, dtype=np.float64), np.asarray(counts)
     if c.ndim != 2 or c.shape[1] != v.shape[0] or (c.sum(axis=1) != v.shape[0]).any():
         raise ValueError(f"counts: expected (R, {v.shape[0]}) rows summing to {v.shape[0]}, got shape {c.shape}")
@@ -205,31 +181,21 @@ def count_variance(values, counts) -> np.ndarray:
 
 
 def ratio_intervals(base, this, confidence: float) -> dict[str, tuple[float, float]]:
-    """Percentile intervals of :func:`qed_ray.analysis.metrics.ratio_summaries` over replicates.
-
-    Args:
-        base, this: (R, K) replicates of a per-task statistic of the baseline and the variant (row r of both from
-            the same resample where the seeds are paired).
-
-    Returns:
-        ``{"median": (lower, upper), "geomean": ..., "means": ...}`` (replicates with an undefined ratio dropped).
-    """
+    """Percentile intervals of :func:`qed_ray.analysis.metrics.ratio_summaries` over replicates: ``base``, ``this`` (R,
+    K) -> ``{"median": (lower, upper), "geomean": ..., "means": ...}`` (undefined ratios dropped)."""
     reps = metrics.ratio_summaries(base, this)
     return {name: percentile_interval(reps[name], confidence) for name in metrics.RATIO_SUMMARIES}
 
 
 def iqm_ratio_replicates(base: Sequence[np.ndarray], this: Sequence[np.ndarray]) -> np.ndarray:
-    """(R,) replicates of IQM(this) / IQM(base), the IQM pooling the runs of every task.
-
-    Args: base, this: K arrays each, task k's (R, I_k) resampled normalised scores (:func:`resample`).
-    """
+    """(R,) replicates of IQM(this) / IQM(base) pooling every task's runs; ``base``, ``this``: K arrays each, task k's
+    (R, I_k) resampled scores (:func:`resample`)."""
     with np.errstate(divide="ignore", invalid="ignore"):
         return metrics.iqm_rows(np.concatenate(this, axis=1)) / metrics.iqm_rows(np.concatenate(base, axis=1))
 
 
 # ---- the IQM's stratified bootstrap (rliable's estimate) ---------------------------------------------------
 def _check_bootstrap_args(reps: int, confidence: float, seed: int) -> None:
-    """Validates the bootstrap settings."""
     if not isinstance(reps, (int, np.integer)) or reps < 1:
         raise ValueError(f"reps: expected a positive integer, got {reps!r}")
     if not 0.0 < float(confidence) < 1.0:
@@ -239,7 +205,6 @@ def _check_bootstrap_args(reps: int, confidence: float, seed: int) -> None:
 
 
 def _bootstrap_samples(mat: np.ndarray, reps: int, seed: int) -> np.ndarray:
-    """(reps, runs, tasks) resamples: runs drawn with replacement independently per task column."""
     n_runs, n_tasks = mat.shape
     rows = np.random.default_rng(seed).integers(0, n_runs, size=(reps, n_runs, n_tasks))
     return mat[rows, np.arange(n_tasks)]
@@ -255,19 +220,13 @@ def stratified_bootstrap_ci(
     """Percentile confidence interval by stratified bootstrap over runs (Sec. 6.1, rliable).
 
     Args:
-        scores: array of shape (runs, tasks).
-        statistic: maps a (runs, tasks) matrix to a scalar; `metrics.iqm` runs vectorised over reps.
-        reps: number of bootstrap replications, >= 1.
-        confidence: coverage of the interval, in (0, 1).
-        seed: seed of np.random.default_rng; the same seed gives the same interval.
+        scores: (runs, tasks).
+        statistic: (runs, tasks) -> scalar; ``metrics.iqm`` runs vectorised over the replicates.
+        seed: of np.random.default_rng: the same seed gives the same interval.
 
     Returns:
-        (lower, upper): the (1 - confidence)/2 and (1 + confidence)/2 percentiles (linear
-        interpolation, as arch/rliable) of the statistic over the resampled matrices.
-
-    Raises:
-        ValueError: on invalid scores, reps, confidence or seed.
-    """
+        (lower, upper): the (1 -/+ confidence)/2 percentiles (linear interpolation, as arch/rliable) of the statistic
+        over the resampled matrices."""
     mat = metrics.check_scores(scores)
     _check_bootstrap_args(reps, confidence, seed)
     samples = _bootstrap_samples(mat, int(reps), int(seed))
@@ -281,18 +240,7 @@ def stratified_bootstrap_ci(
 
 
 def ci_width(lower: float, upper: float) -> float:
-    """Width of a confidence interval, upper - lower (Fig. 3b).
-
-    Args:
-        lower: lower bound, e.g. from `stratified_bootstrap_ci`.
-        upper: upper bound, >= lower.
-
-    Returns:
-        upper - lower as a float.
-
-    Raises:
-        ValueError: if a bound is non-finite or upper < lower.
-    """
+    """upper - lower of finite bounds with upper >= lower (Fig. 3b), else ValueError."""
     if not (np.isfinite(lower) and np.isfinite(upper)) or upper < lower:
         raise ValueError(f"upper: expected finite bounds with upper >= lower, got lower={lower}, upper={upper}")
     return float(upper - lower)
@@ -305,17 +253,8 @@ def interval_estimate(
     confidence: float = 0.95,
     seed: int = 0,
 ) -> dict[str, float]:
-    """Point estimate and stratified-bootstrap CI of `statistic` on a (runs, tasks) matrix.
-
-    Args:
-        scores, statistic, reps, confidence, seed: as in `stratified_bootstrap_ci`.
-
-    Returns:
-        dict with float entries "point" (statistic on `scores`), "lower", "upper" and "width".
-
-    Raises:
-        ValueError: as `stratified_bootstrap_ci`.
-    """
+    """``{"point", "lower", "upper", "width"}`` of ``statistic`` on a (runs, tasks) matrix and its
+    :func:`stratified_bootstrap_ci`."""
     lower, upper = stratified_bootstrap_ci(scores, statistic, reps, confidence, seed)
     point = float(statistic(metrics.check_scores(scores)))
     return {"point": point, "lower": lower, "upper": upper, "width": ci_width(lower, upper)}
