@@ -1,16 +1,6 @@
 """The gather step's check of a trial's files against the digest its worker signed when the trial finished.
 
-A snapshot's ``manifest.json`` holds the SHA-256 of its ``state.pt``, but both sit in the same folder: that catches
-corruption, not someone who rewrites both. So at its end the worker that trained a trial records, in the trial's
-MLflow run, one digest of every file the gather step reads of it (each snapshot's ``state.pt`` and
-``manifest.json``, and ``history.json``: :func:`qed_ray.records.digests.inventory`), signed with the user's results key,
-which lies outside the sweep folder (:func:`qed_ray.records.digests.record`). Before a group is evaluated, or taken from
-the cache, :func:`verify` checks the signature and hashes the files again; any difference refuses the group and names
-the file (with the list the trial left in ``DONE.json``, believed only when it hashes to the signed digest). Nobody
-copies a digest from the folder into MLflow: a trial whose record never reached MLflow (an outage at its end) is
-*unverified*, reported as such and counted (:mod:`qed_ray.analysis.group_cache`). Who this holds against, locally and
-on a cluster: docs/design.md, "Trusting results".
-"""
+What is signed, by whom, and who this holds against: docs/design.md, "Trusting results"."""
 
 from __future__ import annotations
 
@@ -38,9 +28,8 @@ def verify(layout: SweepDir, name: str, verifier: Verifier) -> None:
     """Checks trial ``name``'s record (its key and signature) and every file the gather step reads of it.
 
     Raises:
-        TamperedSnapshotError: the record was signed with another key or not signed by this one, or a file was
-            changed, added or removed since (naming it), or ``DONE.json``'s file list was edited (naming it).
-    """
+        TamperedSnapshotError: the record was signed with another key or not by this one, a file was changed, added or
+            removed since, or ``DONE.json``'s file list was edited (naming the file)."""
     recorded, folder = verifier.recorded[name], layout.policies(name)
     if recorded.key_id != key_id(verifier.key):
         raise TamperedSnapshotError(

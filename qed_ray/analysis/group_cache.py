@@ -1,22 +1,9 @@
 """One group's way from finished trials to a (cached) evaluation; Ray-free, shared by the live gather actor, the
 re-analysis command and ``--status``.
 
-A group's evaluation depends on its seeds' final policies, the final-evaluation settings that change rollouts
-or per-group numbers, and on the analysis code. The cache key is the SHA-256 of exactly those:
-:data:`ANALYSIS_VERSION`, the group, each seed's final ``state.pt`` SHA-256 as its final manifest states it, the
-:data:`EVAL_FIELDS` of ``final_eval`` and, where they differ from their defaults, its :data:`OPTIONAL_EVAL_FIELDS`
-(the evaluation policies and the critic-proxy window: keys written before they existed stay valid). The bootstrap
-settings only change the tables, which are recomputed from cached groups. A restarted driver finds every unchanged
-group under ``gather/cache/<key>.json`` and evaluates nothing again; a retrained seed, another
-``final_eval.episodes`` or another evaluation policy is another key.
-
-Nothing is taken on trust from the folder: every seed's files are checked against what its trial signed
-(:func:`check`, :mod:`qed_ray.analysis.checksums`) before its group is evaluated *and* before a cached entry is
-used, and an entry carries an HMAC under the user's results key over its own content (:func:`store`), so an edited
-entry is refused naming its file (:class:`TamperedCacheError`). A seed whose trial never recorded its digest (an
-MLflow outage at its end) is used but *unverified*: listed in its group's ``unverified_seeds``, in the tables and on
-``--status``; an entry computed while a seed was unverified is never used once that seed can be checked.
-"""
+The cache key (docs/results.md, "Cache") and the checks of every seed and entry before use (docs/design.md, "Trusting
+results"): a seed whose trial never recorded its digest is used but *unverified*, and an entry computed while a seed was
+unverified is never used once that seed can be checked."""
 
 from __future__ import annotations
 
@@ -43,7 +30,7 @@ from qed_ray.spec.sweep import FinalEvalSpec
 # random policy's score, the verdict's learning floor).
 ANALYSIS_VERSION = 4
 EVAL_FIELDS = ("episodes", "action_rollouts", "action_steps", "curve_episodes")
-OPTIONAL_EVAL_FIELDS = ("policies", "proxy_window")
+OPTIONAL_EVAL_FIELDS = ("policies", "proxy_window")  # keyed only off their defaults: older keys stay valid
 
 
 def cache_key(group: GroupKey, policies: dict[int, str], final_eval: FinalEvalSpec) -> str:
@@ -61,8 +48,8 @@ class TamperedCacheError(RuntimeError):
 
 
 class CacheEntry(BaseModel):
-    """``gather/cache/<key>.json``: one group's evaluation under its key and the analysis version that made it, and
-    ``mac``, the HMAC of the rest under the user's results key (None: written before entries were signed)."""
+    """``gather/cache/<key>.json``: one group's evaluation under its key and analysis version; ``mac``, the HMAC of the
+    rest under the user's results key (None: written before entries were signed)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -80,13 +67,11 @@ def _entry_signature(signing_key: bytes, entry: CacheEntry) -> str:
 def read_entry(layout: SweepDir, key: str, group: GroupKey | None = None,
                signing_key: bytes | None = None) -> GroupResult | None:
     """The cached evaluation under ``key`` (None: none cached or, with a ``signing_key``, one written before entries
-    were signed). ``signing_key`` None: the entry's signature is not checked (``--status`` without a results key
-    says so).
+    were signed); ``signing_key`` None: the signature is not checked (``--status`` without a results key).
 
     Raises:
         RecordError: a damaged entry, or one of another key, analysis version or group (naming the file and field).
-        TamperedCacheError: the entry's signature does not match its content (naming the file).
-    """
+        TamperedCacheError: the entry's signature does not match its content (naming the file)."""
     path = layout.cached_group(key)
     if not os.path.lexists(path):
         return None
@@ -108,13 +93,8 @@ def read_entry(layout: SweepDir, key: str, group: GroupKey | None = None,
 
 def load(layout: SweepDir, key: str, signing_key: bytes | None, group: GroupKey | None = None,
          log: Callable[[str], Any] = print) -> GroupResult | None:
-    """The cached evaluation of ``group`` under ``key`` (:func:`read_entry`), or None (none, one written before
-    entries were signed, or a damaged or foreign entry: ``log`` names it, and the group is evaluated again and the
-    entry rewritten).
-
-    Raises:
-        TamperedCacheError: the entry's signature does not match its content (naming the file).
-    """
+    """:func:`read_entry`, or None where the entry is damaged or foreign (``log`` names it; the group is evaluated again
+    and the entry rewritten). Raises TamperedCacheError as :func:`read_entry`."""
     try:
         return read_entry(layout, key, group, signing_key)
     except RecordError as e:
@@ -124,9 +104,8 @@ def load(layout: SweepDir, key: str, signing_key: bytes | None, group: GroupKey 
 
 def store(layout: SweepDir, key: str, result: GroupResult, signing_key: bytes,
           log: Callable[[str], Any] = print) -> None:
-    """Writes the evaluation under ``key`` with its signature (atomically and durably: a reader never sees half a
-    file). A place that cannot take it (a folder or a dangling link where the entry belongs) is named in ``log``
-    and left as it is: the result is used all the same and the group is evaluated again next time."""
+    """Writes the evaluation under ``key`` with its signature, atomically and durably. A place that cannot take it (a
+    folder or a dangling link) is named in ``log`` and left: the result is used all the same."""
     path = layout.cached_group(key)
     entry = CacheEntry(key=key, analysis_version=ANALYSIS_VERSION, group=result)
     try:
@@ -148,9 +127,9 @@ def plan_groups(names: list[str]) -> dict[GroupKey, list[str]]:
 
 @dataclass(frozen=True)
 class GroupJob:
-    """A group ready to evaluate: the finished seeds' records, the cache key, the seeds left out with their reasons,
-    and how they are checked. ``verifier`` None: nothing is checked (re-analysis ``--no-verify``, ``--status``), so
-    every seed is unverified; ``signing_key`` None: the cache is neither read nor written."""
+    """A group ready to evaluate: the finished seeds' records, the cache key, the seeds left out with their reasons, and
+    how they are checked. ``verifier`` None: nothing is checked (re-analysis ``--no-verify``, ``--status``), so every
+    seed is unverified; ``signing_key`` None: the cache is neither read nor written."""
 
     group: GroupKey
     records: list[TrialRecord]
@@ -162,16 +141,16 @@ class GroupJob:
 
     @property
     def unverified_seeds(self) -> list[int]:
-        """The seeds whose trials left no record in MLflow to check them against (all of them when unchecked)."""
+        """The seeds whose trials left no record in MLflow (all of them when unchecked)."""
         recorded = self.verifier.recorded if self.verifier is not None else {}
         return sorted(r.seed for r in self.records if r.name not in recorded)
 
 
 def prepare(layout: SweepDir, group: GroupKey, finished: list[str], verifier: Verifier | None,
             final_eval: FinalEvalSpec, signing_key: bytes | None = None) -> GroupJob:
-    """Reads the finished trials' records from their snapshots; a trial without a usable final snapshot is left
-    out with the reason (the file that differs from its signed digest, when that is why). ``signing_key`` defaults
-    to the verifier's key."""
+    """Reads the finished trials' records from their snapshots; a trial without a usable final snapshot is left out with
+    the reason (the file that differs from its signed digest, when that is why). ``signing_key`` defaults to the
+    verifier's."""
     records, finals, excluded = [], {}, []
     for name in sorted(finished):
         try:
@@ -211,13 +190,8 @@ def _check_readable(job: GroupJob) -> None:
 
 
 def check(job: GroupJob) -> None:
-    """Checks that every finished seed could be read and every seed whose trial recorded its digest
-    (:func:`qed_ray.analysis.checksums.verify`).
-
-    Raises:
-        UnreadableSeedError: a finished seed was left out (its reason). TamperedSnapshotError: naming the file (or
-            the record) that differs.
-    """
+    """Checks that every finished seed could be read (else UnreadableSeedError) and every seed whose trial recorded its
+    digest (:func:`~qed_ray.analysis.checksums.verify`, TamperedSnapshotError naming the file)."""
     _check_readable(job)
     if job.verifier is not None:
         for record in job.records:
@@ -226,14 +200,9 @@ def check(job: GroupJob) -> None:
 
 
 def cached(job: GroupJob, log: Callable[[str], Any] = print) -> GroupResult | None:
-    """The group's cached evaluation once its seeds pass :func:`check`, carrying this job's unverified seeds; None
-    when there is none, it was computed while a seed that can be checked now was unverified, or it is damaged
-    (``log`` names it: :func:`load`).
-
-    Raises:
-        UnreadableSeedError: a finished seed cannot be read. TamperedSnapshotError, TamperedCacheError: a seed's
-            file, or the entry, differs (naming the file).
-    """
+    """The group's cached evaluation once its seeds pass :func:`check`, carrying this job's unverified seeds; None when
+    there is none, it was computed while a seed that can be checked now was unverified, or it is damaged
+    (:func:`load`). Raises as :func:`check` and TamperedCacheError."""
     _check_readable(job)
     if job.signing_key is None or not job.records:
         return None
@@ -245,10 +214,6 @@ def cached(job: GroupJob, log: Callable[[str], Any] = print) -> GroupResult | No
 
 
 def evaluate(job: GroupJob, final_eval: FinalEvalSpec, device: str = "cpu") -> GroupResult:
-    """Checks every seed (:func:`check`), then evaluates the group; the result lists the unverified seeds.
-
-    Raises:
-        TamperedSnapshotError: a file differs from what its trial recorded (the message names the file).
-    """
+    """Evaluates the group after :func:`check` (which raises naming the file); the result lists the unverified seeds."""
     check(job)
     return dataclasses.replace(evaluate_group(job.records, final_eval, device), unverified_seeds=job.unverified_seeds)

@@ -1,19 +1,10 @@
-"""The field's standard figures of final returns (Agarwal et al., "Deep RL at the Edge of the Statistical
-Precipice", the rliable package), in pure numpy: performance profiles with stratified-bootstrap bands, and the
-probability of improvement of one variant over another.
+"""The field's standard figures of final returns (Agarwal et al., "Deep RL at the Edge of the Statistical Precipice",
+the rliable package), in pure numpy: performance profiles with stratified-bootstrap bands, and the probability of
+improvement of one variant over another.
 
-- Performance profile (rliable's *score distribution*): at each threshold tau, the share of runs, pooled over
-  tasks, whose normalised score is above tau. Its band resamples each task's runs with replacement (stratified,
-  as the IQM's interval) and takes the percentile interval at every tau. With equal seed counts this is
-  ``rliable.library.create_performance_profile`` (``use_score_distribution=True``, percentile method); with
-  unequal counts each task keeps its own count, as :func:`qed_ray.analysis.bootstrap.iqm_interval` does.
-- Probability of improvement P(X > Y): per task, the share of (run of X, run of Y) pairs where X scores higher,
-  ties counting one half (the Mann-Whitney U over n m, rliable's ``probability_of_improvement``), then the mean
-  over tasks. Its interval comes from the resamples of the variant's comparison with its baseline
-  (:mod:`qed_ray.analysis.comparisons`): paired over seeds where both share them, as the IQM ratio's.
-
-Letters: R replicates, T thresholds, K tasks, n and m runs of a task.
-"""
+Definitions: docs/definitions.md, "Performance profiles and the probability of improvement"; with equal seed counts the
+profile is ``rliable.library.create_performance_profile`` (``use_score_distribution=True``, percentile method). Letters:
+R replicates, T thresholds, K tasks, n and m runs of a task."""
 
 from __future__ import annotations
 
@@ -29,14 +20,8 @@ TAUS = tuple(np.round(np.linspace(0.0, 1.0, 101), 2).tolist())  # thresholds on 
 
 
 def probability_of_improvement(x, y) -> np.ndarray:
-    """P(X > Y) + P(X = Y) / 2 between the runs of one task, along the last axis.
-
-    Args:
-        x: (..., n) scores of X; y: (..., m) scores of Y (the leading axes broadcast, e.g. R resamples).
-
-    Returns:
-        (...) shares in [0, 1]; 0.5 when the two samples are equal.
-    """
+    """P(X > Y) + P(X = Y) / 2 between the runs of one task (rliable's), along the last axis: ``x`` (..., n), ``y``
+    (..., m), leading axes broadcast -> (...) in [0, 1]."""
     a, b = np.asarray(x, dtype=np.float64)[..., :, None], np.asarray(y, dtype=np.float64)[..., None, :]
     return (a > b).mean(axis=(-2, -1)) + 0.5 * (a == b).mean(axis=(-2, -1))
 

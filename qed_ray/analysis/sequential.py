@@ -1,22 +1,7 @@
-"""Seeds by looks: what an adaptive sweep does after each registered look (docs/claim.md, "Seeds by looks").
+"""Seeds by looks: what an adaptive sweep does after each registered look (the rules: docs/claim.md, "Seeds by looks").
 
-At look k every judged QED variant still growing has the verdict's rules applied at that look's level
-(:func:`qed_ray.analysis.verdict.look_levels`, the registered spending combined with Bonferroni over k). Then:
-
-- a variant that passes is decided and frozen: it trains no more seeds;
-- a variant that fails stops too; the fail stop is non-binding: the pass boundaries were computed without it, so
-  stopping there can only lower the false-pass rate;
-- te's mean score below its learning floor on a task (a random policy's score plus the registered margin) ends
-  growth as "not enough data": more seeds of an arm that did not learn cannot make it learn;
-- growth also ends once the claim is decided (a variant passed, or every judged variant failed) and at the last
-  look, where a variant still undecided is "not enough data";
-- otherwise te and every undecided variant grow by ``step`` seeds on every task, the same seeds for both arms
-  (the first ``n`` of the spec's seed list), and te grows only while some variant does.
-
-A variant off the registered design (exploratory) is never decided, so an exploratory sweep grows to its maximum.
-Every look's :class:`Look` (intervals, levels, decisions, the next seeds) is recorded, so the decision can be
-audited and a restart resumes at the next look. Pure: no files, no Ray, no MLflow.
-"""
+Every look's :class:`Look` (intervals, levels, decisions, the next seeds) is recorded, so the decision can be audited
+and a restart resumes at the next look. Pure: no files, no Ray, no MLflow."""
 
 from __future__ import annotations
 

@@ -1,19 +1,12 @@
-"""Group-sequential pass boundaries: how an adaptive sweep (``adaptive:``, :mod:`qed_ray.spec.claim`) spends the verdict's
-false-pass rate across its registered looks (docs/claim.md, "Seeds by looks").
+"""Group-sequential pass boundaries: how an adaptive sweep (``adaptive:``, :mod:`qed_ray.spec.claim`) spends the
+verdict's false-pass rate across its registered looks (docs/claim.md, "Seeds by looks").
 
-A look's statistic is treated as Z_k = S_k / sqrt(t_k), with S a Brownian motion on the information fraction
-t_k = n_k / n_max (n_k the seeds at look k: the paired bootstrap's unit is the seed). Under the null the upper
-boundaries c_1..c_K solve, one look after the other,
-
-    P(Z_1 < c_1, ..., Z_{k-1} < c_{k-1}, Z_k >= c_k) = A(t_k) - A(t_{k-1})
-
-for the Lan-DeMets spending function A (``obrien_fleming``: A(t) = 2 - 2 Phi(z_{1-alpha/2} / sqrt(t));
-``pocock``: A(t) = alpha ln(1 + (e - 1) t)). The probabilities are integrated numerically over S's density on the
-continuation region (Armitage, McPherson and Rowe's recursion; Jennison and Turnbull 2000, ch. 19) with Simpson's
-rule on a fine grid, and each c_k is found by root finding: exact to about 1e-9, which the tests hold against
-published boundaries and an independent multivariate-normal integration. No lower (fail) boundary enters the
-recursion: fail stops are non-binding, so ignoring them can only lower the false-pass rate.
-"""
+Z_k = S_k / sqrt(t_k), S a Brownian motion on the information fraction t_k = n_k / n_max (the paired bootstrap's unit is
+the seed). Under the null the upper boundaries c_1..c_K solve, one look after the other, P(Z_1 < c_1, ..., Z_{k-1} <
+c_{k-1}, Z_k >= c_k) = A(t_k) - A(t_{k-1}) for the Lan-DeMets spending function A, the probabilities integrated over S's
+density on the continuation region (Armitage, McPherson and Rowe's recursion; Jennison and Turnbull 2000, ch. 19) with
+Simpson's rule, each c_k root-found: exact to about 1e-9. Fail stops are non-binding, so no lower boundary enters the
+recursion."""
 
 from __future__ import annotations
 
