@@ -1,19 +1,6 @@
-"""Behaviour figure of a finished sweep (paper Fig. 1, Sec. 6.2 'Visual similarity'): ``qed-ray visualize``
-(its command and MLflow upload: :mod:`qed_ray.service.behaviour_cli`).
-
-Every seed's final policy of one (task, agent, variant) acts deterministically (tanh(mu)) for ``--steps`` decisions
-from one shared initial state (Sec. 6.2: "We initialize environments at a fixed state"). Each frame's border shows
-that step's state spread, the mean pairwise L2 distance between the seeds' MuJoCo state vectors (Fig. 1 caption),
-blue (low) to red (high) on one scale for all variants of a call, so colours compare across variants.
-Outputs (default ``<sweep_dir>/gather/behaviour/``), per variant ``behaviour_<task>_<agent>_<variant>.png``
-(rows = seeds, columns = time), ``.gif`` (every step, seeds side by side) and ``.npz`` (states [P, L, D],
-spread [L], colors [L, 4], frame_steps [F]), plus ``behaviour_<task>_<agent>.json`` (spread per step per variant).
-
-Rendering is headless: an explicit ``MUJOCO_GL`` is respected; unset, EGL is used when a probe context works (Mesa
-llvmpipe needs no GPU), else OSMesa (needs the package libosmesa6).
-dm_control fixes the backend at its first import, so the command picks it (:func:`configure_rendering`) before that
-import.
-"""
+"""Behaviour figure of a finished sweep (paper Fig. 1, Sec. 6.2 'Visual similarity'): ``qed-ray visualize`` (its command
+and MLflow upload: :mod:`qed_ray.service.behaviour_cli`; its outputs and rendering: docs/results.md, "Behaviour
+figure")."""
 
 from __future__ import annotations
 
@@ -53,11 +40,8 @@ def _probe_backend(backend: str) -> bool:
 
 
 def choose_gl_backend(environ: Mapping[str, str], probe: Callable[[str], bool] = _probe_backend) -> str:
-    """``MUJOCO_GL`` from ``environ``, else the first of :data:`GL_HEADLESS` that ``probe`` accepts.
-
-    Raises:
-        RenderError: ``MUJOCO_GL`` turns rendering off, or no headless backend works.
-    """
+    """``MUJOCO_GL`` from ``environ``, else the first of :data:`GL_HEADLESS` that ``probe`` accepts; RenderError if
+    ``MUJOCO_GL`` turns rendering off or no headless backend works."""
     requested = environ.get("MUJOCO_GL", "").strip().lower()
     if requested in GL_DISABLED:
         raise RenderError(f"MUJOCO_GL={requested!r} turns rendering off; unset it or set MUJOCO_GL to one of "
@@ -73,10 +57,7 @@ def choose_gl_backend(environ: Mapping[str, str], probe: Callable[[str], bool] =
 
 def configure_rendering(environ: MutableMapping[str, str]) -> str:
     """Exports the chosen backend (``MUJOCO_GL``, ``PYOPENGL_PLATFORM``) before dm_control's first import; returns it.
-
-    Raises:
-        RenderError: as :func:`choose_gl_backend`, or dm_control was already imported here with rendering off.
-    """
+    RenderError as :func:`choose_gl_backend`, or if dm_control was already imported with rendering off."""
     loaded = sys.modules.get("dm_control._render")
     if loaded is not None:
         if loaded.BACKEND is None or loaded.BACKEND in GL_DISABLED:
@@ -99,10 +80,7 @@ def _require(arg: str, value: str, allowed: Sequence[str]) -> None:
 def select_snapshots(sweep_dir: Path, task: str, agent: str,
                      variants: Sequence[str] | None) -> dict[str, list[tuple[int, Path]]]:
     """``{variant: [(seed, final snapshot dir), ...]}``, seeds ascending; ``variants=None``: all, ``te`` first.
-
-    Raises:
-        ValueError: a task, agent or variant the sweep lacks (the message lists what it has), or < 2 seeds.
-    """
+    ValueError on a task, agent or variant the sweep lacks (listing what it has) or fewer than 2 seeds."""
     layout = SweepDir(sweep_dir)
     trials = layout.trials()
     _require("--task", task, sorted({t.task for t in trials}))
@@ -216,15 +194,11 @@ def with_border(frames, color) -> np.ndarray:
 
 def compose_figure(frames, steps: Sequence[int], colors, vmin: float, vmax: float, seeds: Sequence[int],
                    title: str):
-    """Fig. 1 panel: rows = seeds, columns = time, frames bordered in their step's colour, colour bar.
+    """Fig. 1 panel: rows = seeds, columns = time, frames bordered in their step's colour, colour bar; a matplotlib
+    ``Figure`` (no pyplot state).
 
     Args:
-        frames: uint8 [P, F, H, W, 3]; steps: [F] column steps; colors: [F, 4] RGBA; seeds: [P] row labels.
-        vmin, vmax: the colour bar's range.
-
-    Returns:
-        a matplotlib ``Figure`` (no pyplot state; save with ``fig.savefig``).
-    """
+        frames: uint8 [P, F, H, W, 3]; steps: [F] column steps; colors: [F, 4] RGBA; seeds: [P] row labels."""
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
     from matplotlib.figure import Figure

@@ -1,11 +1,5 @@
-"""Figures of a sweep (matplotlib, Agg) from the gather step's typed results; each is written as PNG and SVG.
-
-Fig. 3a (IQM vs V), Fig. 3b (CI widths of the IQM), Fig. 4 (action distance), Fig. 5 (Sec. 6.3: mean return vs
-V, the IQM beside it), App. F (V over env steps, learning curves, IQM over env steps), App. D (critic proxy), and
-rliable's performance profiles and probability of improvement. Every
-figure says in its title what it plots, names its axes in words, prints the value of every point or bar, and
-carries a caption with the tasks x seeds and the evaluation policy behind it.
-"""
+"""Figures of a sweep (matplotlib, Agg) from the gather step's typed results, each written as PNG and SVG; what each
+plots and the paper figure it stands for: docs/results.md, "Figures"."""
 
 from __future__ import annotations
 
@@ -38,15 +32,10 @@ def _label(row) -> str:
     return f"{row.agent} {row.variant}"
 
 
-def _wrap(text: str, width: int) -> str:
-    return textwrap.fill(text, width)
-
-
 def _name_axes(ax, x: str, y: str, title: str) -> None:
-    """Axis names and title in words, wrapped to fit the figure."""
-    ax.set_xlabel(_wrap(x, 80), fontsize=9)
-    ax.set_ylabel(_wrap(y, 45), fontsize=9)
-    ax.set_title(_wrap(title, 70), fontsize=10)
+    ax.set_xlabel(textwrap.fill(x, 80), fontsize=9)
+    ax.set_ylabel(textwrap.fill(y, 45), fontsize=9)
+    ax.set_title(textwrap.fill(title, 70), fontsize=10)
 
 
 def _g(v: float) -> str:
@@ -54,18 +43,15 @@ def _g(v: float) -> str:
 
 
 def caption(results: SweepResults) -> str:
-    """``"2 tasks x 3 seeds (12 runs; 1 trial left out). Final evaluation: 4 episodes per seed, deterministic
-    tanh(mu) actions; intervals: ..."``"""
+    """The figure's footnote: ``"2 tasks x 3 seeds (12 runs; 1 trial left out). Final evaluation: 4 episodes per seed,
+    deterministic tanh(mu) actions; intervals: ..."``"""
     groups = results.groups
-    per_task: dict[str, int] = {}
-    for g in groups:
-        per_task[g.task] = max(per_task.get(g.task, 0), len(g.seeds))
     counts = sorted({len(g.seeds) for g in groups})
     seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
     left_out = sum(1 for f in results.failed_trials if f.group is not None)
     runs = sum(len(g.seeds) for g in groups)
     fe, policy = results.final_eval, POLICY_TEXT.get(results.policy, results.policy)
-    return (f"{len(per_task)} tasks x {seeds} seeds ({runs} runs; {left_out} trial{'s' * (left_out != 1)} left "
+    return (f"{len({g.task for g in groups})} tasks x {seeds} seeds ({runs} runs; {left_out} trial{'s' * (left_out != 1)} left "
             f"out). Final evaluation: {fe.episodes} episodes per seed, {policy}; intervals: "
             f"{100 * fe.confidence:g}% bootstrap over seeds, {fe.bootstrap_reps} resamples.")
 
@@ -94,9 +80,8 @@ def _wrap_to(text, width: float, renderer) -> None:
 
 
 def _finish(fig, footnote: str, title: str = "") -> Figure:
-    """Puts the title (top, centred) and the footnote (bottom left) on the figure, each wrapped to the figure's
-    width, and lays the panels out in the space between them, so neither is clipped nor covers a panel at any
-    panel count; returns the figure."""
+    """Puts the title (top, centred) and the footnote (bottom left) on the figure, each wrapped to its width, and lays
+    the panels out between them, so neither is clipped nor covers a panel at any panel count."""
     fig.set_dpi(PNG_DPI)  # measured as the PNG draws it: a text's width in points changes with the dpi (hinting)
     renderer = fig.canvas.get_renderer()
     width, height = fig.bbox.width, fig.bbox.height
@@ -155,8 +140,8 @@ def pareto(results: SweepResults) -> Figure:
 
 
 def mean_return_vs_kl(results: SweepResults) -> Figure:
-    """Sec. 6.3's figure (fixed alpha vs QED): the MEAN normalised return against mean V, as the paper draws it,
-    and the IQM against mean V beside it; every point with its CIs."""
+    """Sec. 6.3's figure (fixed alpha vs QED): the MEAN normalised return against mean V, as the paper draws it, and the
+    IQM beside it."""
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.2), sharex=True)
     for ax, stat, name, what in ((axes[0], "mean_score", "mean", "Mean"), (axes[1], "iqm", "IQM", "IQM")):
         _return_vs_v(ax, results.aggregates, stat, name)
@@ -270,8 +255,8 @@ def iqm_over_steps(results: SweepResults) -> Figure:
 
 
 def critic_proxy(proxy: Sequence[CriticProxy], text: str = "", window: int = 15) -> Figure:
-    """Early within-run |Q1 - Q2| (over the first ``window`` evaluations) against final cross-seed Q1 dispersion,
-    one point per task, R^2 per variant."""
+    """Early within-run |Q1 - Q2| (first ``window`` evaluations) against final cross-seed Q1 dispersion, one point per
+    task, R^2 per variant (App. D)."""
     fig, ax = plt.subplots(figsize=(8, 5.2))
     for row in proxy:
         if not row.early_q_gap:
@@ -291,8 +276,8 @@ def critic_proxy(proxy: Sequence[CriticProxy], text: str = "", window: int = 15)
 
 
 def performance_profiles(results: SweepResults) -> Figure:
-    """rliable's performance profile per agent-variant: the share of runs scoring above each threshold, with its
-    stratified-bootstrap band (:mod:`qed_ray.analysis.profiles`)."""
+    """rliable's performance profile per agent-variant with its stratified-bootstrap band
+    (:mod:`qed_ray.analysis.profiles`)."""
     fig, ax = plt.subplots(figsize=(8, 5))
     for p in results.performance_profiles:
         line, = ax.plot(p.taus, p.fraction, label=f"{_label(p)} ({p.n_runs} runs)",
@@ -333,8 +318,8 @@ def probability_of_improvement(results: SweepResults) -> Figure:
 
 
 def search_front(rows: Sequence, title: str, footnote: str) -> Figure:
-    """A k search's front (:class:`qed_ray.analysis.search_front.FrontRow` rows): one panel per task and agent, IQM
-    against V (log x) for every point, labelled with its k, the Pareto front joined, the chosen point ringed."""
+    """A k search's front (:class:`~qed_ray.analysis.search_front.FrontRow` rows), one panel per task and agent: IQM
+    against V (log x) per point labelled with its k, the Pareto front joined, the chosen point ringed."""
     studies = list(dict.fromkeys((r.task, r.agent) for r in rows)) or [("", "")]
     fig, axes = plt.subplots(1, len(studies), figsize=(max(MIN_WIDTH, 4.2 * len(studies)), 4.2), squeeze=False)
     for ax, study in zip(axes[0], studies):
