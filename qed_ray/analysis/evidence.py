@@ -1,11 +1,7 @@
-"""The claim's verdict measured and judged (:func:`judge`, by the rules of :mod:`qed_ray.analysis.verdict`): per
-task the learning floor and the guard's intervals, and the two endpoints over the tasks the guards admit, all at
-the verdict's decision level and from the same paired draws as the comparisons
-(:func:`qed_ray.analysis.comparisons.task_draws`; the streams are keyed by task, agent and seeds, so the replicates
-are those of ``comparisons.csv``).
-
-Letters: R bootstrap replicates, I seeds of a group.
-"""
+"""The claim's verdict measured and judged (:func:`judge`, by the rules of :mod:`qed_ray.analysis.verdict`): per task
+the learning floor and the guard's intervals, and the two endpoints over the tasks the guards admit, at the verdict's
+decision level and from the comparisons' paired draws (:func:`qed_ray.analysis.comparisons.task_draws`, so the
+replicates are those of ``comparisons.csv``). Letters: R bootstrap replicates, I seeds of a group."""
 
 from __future__ import annotations
 
@@ -30,10 +26,6 @@ def learning_floor(random_score, margin: float):
     return r + margin * (1.0 - r)
 
 
-def _mean_ends(reps: np.ndarray, level: float) -> tuple[float, float]:
-    return bootstrap.percentile_interval(reps, level)
-
-
 def _reason(variant: str, outcome: str, floor: float, random: float, b: tuple, t: tuple, ratio: tuple,
             margin: float) -> str:
     if math.isnan(floor):
@@ -52,17 +44,10 @@ def _reason(variant: str, outcome: str, floor: float, random: float, b: tuple, t
 
 def measure(c: Comparison, base: Sequence[GroupResult], this: Sequence[GroupResult], fe: FinalEvalSpec, level: float,
             endpoints: Endpoints, unpaired=None) -> tuple[list[TaskGuard], list[EndpointResult]]:
-    """The guards of every task of comparison ``c`` and its two endpoints, with intervals at ``level``.
-
-    Args:
-        c: the comparison (names and rules).
-        base, this: te's and the variant's groups on ``c``'s tasks.
-        fe: the bootstrap settings.
-        level: two-sided level of every interval (Bonferroni-adjusted,
-            :func:`~qed_ray.analysis.verdict.decision_level`).
-        endpoints: the thresholds.
-        unpaired: replicates from a group's own draws for tasks whose seeds differ (None: drawn here).
-    """
+    """The guards of every task of comparison ``c`` and its two endpoints, every interval at the two-sided ``level``
+    (Bonferroni-adjusted, :func:`~qed_ray.analysis.verdict.decision_level`), from te's groups ``base`` and the
+    variant's ``this``; ``unpaired``: replicates from a group's own draws for tasks whose seeds differ (None: drawn
+    here)."""
     by_task = {g.task: g for g in this}
     pairs = [(b, by_task[b.task]) for b in sorted(base, key=lambda g: g.task) if b.task in by_task]
     draws = comparisons.task_draws(pairs, fe, unpaired or comparisons.Replicates(fe).get)
@@ -73,8 +58,8 @@ def measure(c: Comparison, base: Sequence[GroupResult], this: Sequence[GroupResu
         mb, mt = db["scores"].mean(axis=1), dt["scores"].mean(axis=1)
         bm, tm = float(np.mean(b.scores)), float(np.mean(t.scores))
         with np.errstate(divide="ignore", invalid="ignore"):
-            ratio = (tm / bm if bm > 0 else math.nan, *_mean_ends(mt / mb, level))
-        be, te_ = (bm, *_mean_ends(mb, level)), (tm, *_mean_ends(mt, level))
+            ratio = (tm / bm if bm > 0 else math.nan, *bootstrap.percentile_interval(mt / mb, level))
+        be, te_ = (bm, *bootstrap.percentile_interval(mb, level)), (tm, *bootstrap.percentile_interval(mt, level))
         outcome = guard_outcome(floor, be[1], te_[2], ratio[2], gr.mean_kept)
         guards.append(TaskGuard(b.task, outcome, _reason(c.variant, outcome, floor, random, be, te_, ratio,
                                                          gr.mean_kept), random, floor, bm, be[1], tm, te_[2],
@@ -125,8 +110,8 @@ def _block(claim: dict | None) -> tuple[ClaimBlock | None, list[str]]:
 
 
 def _look(block: ClaimBlock | None, c: Comparison, scope: list[str], level: float) -> tuple[int | None, float]:
-    """The registered look a judged comparison's seeds make it and that look's level (an adaptive design: m is the
-    registered k, so a variant frozen at an earlier look keeps its share); a fixed design: (None, ``level``)."""
+    """The registered look a judged comparison's seeds make it and that look's level (adaptive: m is the registered k,
+    so a variant frozen at an earlier look keeps its share); a fixed design: (None, ``level``)."""
     if block is None or block.adaptive is None or scope:
         return None, level
     look = block.adaptive.looks().index(c.n_seeds) + 1
@@ -138,13 +123,9 @@ def judge(comparisons: Sequence[Comparison], groups: Sequence[GroupResult], fina
     """The verdict over every QED variant with a te baseline (None if there is none).
 
     Args:
-        comparisons: the sweep's comparisons (:func:`qed_ray.analysis.comparisons.compare`).
-        groups: the sweep's groups (scores, V, random-policy scores, where QED sat).
-        final_eval: the bootstrap settings.
         claim: ``sweep.json``'s claim record (``{"file", "sha256", "block"}``), or None.
-        unpaired: the (R,) replicates of a statistic from a group's own draws, for tasks whose seeds differ
-            between the two variants (:func:`qed_ray.analysis.comparisons.compare`); None draws them here.
-    """
+        unpaired: the (R,) replicates of a statistic from a group's own draws, for tasks whose seeds differ between the
+            two variants (:func:`qed_ray.analysis.comparisons.compare`); None draws them here."""
     block, problems = _block(claim)
     endpoints = block.endpoints if block else Endpoints()
     rows = [c for c in comparisons if c.baseline and is_qed(c.variant)]
@@ -169,7 +150,8 @@ def judge(comparisons: Sequence[Comparison], groups: Sequence[GroupResult], fina
     correction = f"{endpoints.correction} over {len(judged) or len(rows)} variant(s): intervals at {100 * level:.4g}%"
     if block is not None and block.adaptive is not None:
         a = block.adaptive
-        correction = (f"{endpoints.correction} over the {len(block.variants)} registered variant(s), spent by {a.spending} "
-                      f"over the looks at {', '.join(map(str, a.looks()))} seeds (docs/claim.md, seeds by looks)")
+        correction = (f"{endpoints.correction} over the {len(block.variants)} registered variant(s), spent by "
+                      f"{a.spending} over the looks at {', '.join(map(str, a.looks()))} seeds (docs/claim.md, seeds "
+                      f"by looks)")
     return Verdict(claim["file"] if claim else None, claim["sha256"] if claim else None, outcome, over, variants,
                    correction)

@@ -1,14 +1,13 @@
-"""The result of a k search (:mod:`qed_ray.spec.search`): per task and agent, every searched point's IQM and
-within-pack V, its paired ratios to te with intervals (:func:`qed_ray.analysis.comparisons.compare` on that task),
-the Pareto front of (IQM up, V down), and the k the pre-stated rule chooses, as a table, a figure and a spec
-fragment for a confirmatory sweep. A search is exploratory: nothing here is a verdict.
-"""
+"""The result of a k search (:mod:`qed_ray.spec.search`): per task and agent, every searched point's IQM and within-pack
+V, its paired ratios to te with intervals, the Pareto front of (IQM up, V down), and the k the pre-stated rule
+chooses, as a table, a figure and a spec fragment for a confirmatory sweep. A search is exploratory: nothing here is
+a verdict."""
 
 from __future__ import annotations
 
 import csv
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -29,8 +28,8 @@ EXPLORATORY = ("exploratory search: the front and the chosen k suggest what a co
 
 @dataclass(frozen=True)
 class SearchedPoint:
-    """What the front needs of one suggested point: its group (``task``, ``agent``, ``variant``), its settings,
-    and its agent entry (``name``, ``overrides``, ``train``) for the spec fragment."""
+    """What the front needs of one suggested point: its group, its settings, and its agent entry (``name``,
+    ``overrides``, ``train``) for the spec fragment."""
 
     task: str
     agent: str
@@ -43,9 +42,9 @@ class SearchedPoint:
 @dataclass(frozen=True)
 class FrontRow(Row):
     """One searched point (``front.csv``): IQM and within-pack V of its seeds, te/point V ratio and point/te IQM ratio
-    with their percentile intervals (``pairing`` says whether over shared seeds), whether it is on its task's Pareto
-    front, whether its IQM guard holds (interval's lower end >= the guard; False when undefined), and whether the
-    rule chose it."""
+    with percentile intervals (``pairing``: over shared seeds or not), whether it is on its task's Pareto front,
+    whether its IQM guard holds (the interval's lower end >= the guard; False when undefined), and whether the rule
+    chose it."""
 
     task: str
     agent: str
@@ -68,8 +67,8 @@ class FrontRow(Row):
 
 
 def pareto(points: Sequence[tuple[float, float]]) -> list[bool]:
-    """Per (iqm, V) point, whether no other point has IQM >= and V <= with one of them strict (higher IQM and
-    lower V are better); a point with a NaN is never on the front."""
+    """Per (iqm, V) point, whether no other point has IQM >= and V <= with one of them strict; a point with a NaN is
+    never on the front."""
     ok = [math.isfinite(i) and math.isfinite(v) for i, v in points]
     out = []
     for a, (i, v) in enumerate(points):
@@ -86,8 +85,8 @@ def choose(rows: Sequence[FrontRow]) -> FrontRow | None:
 
 def front_rows(groups: Sequence[GroupResult], points: Sequence[SearchedPoint], final_eval: FinalEvalSpec,
                iqm_guard: float, baseline: str = "te") -> list[FrontRow]:
-    """Every gathered point, by task and agent in k order; a point whose group or te group is not gathered is
-    left out (it has no numbers yet)."""
+    """Every gathered point, by task and agent in k order; a point whose group or te group is not gathered is left out
+    (it has no numbers yet)."""
     by_key = {g.key: g for g in groups}
     reps = comparisons.Replicates(final_eval)
     out: list[FrontRow] = []
@@ -112,12 +111,8 @@ def front_rows(groups: Sequence[GroupResult], points: Sequence[SearchedPoint], f
                                  c.V_ratio_means, *v_ci, c.iqm_ratio, *iqm_ci, c.pairing, False, guard, False))
         front = pareto([(r.iqm, r.V) for r in rows])
         best = choose(rows)
-        out += [_with(r, on_front=f, chosen=r is best) for r, f in zip(rows, front)]
+        out += [replace(r, on_front=f, chosen=r is best) for r, f in zip(rows, front)]
     return out
-
-
-def _with(row: FrontRow, **changes) -> FrontRow:
-    return FrontRow(**{**asdict(row), **changes})
 
 
 def _ci(point: float, lo: float, hi: float, n_seeds: int) -> str:
@@ -125,7 +120,15 @@ def _ci(point: float, lo: float, hi: float, n_seeds: int) -> str:
         return "no estimate"
     if n_seeds < MIN_SEEDS:
         return f"{point:.3g} [not enough seeds: {n_seeds}, an interval needs {MIN_SEEDS}]"
-    return f"{point:.3g} [{lo:.3g}, {hi:.3g}]" if math.isfinite(lo) and math.isfinite(hi) else f"{point:.3g} [no interval]"
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return f"{point:.3g} [no interval]"
+    return f"{point:.3g} [{lo:.3g}, {hi:.3g}]"
+
+
+def _guard(r: FrontRow) -> str:
+    if r.guard_holds:
+        return "holds"
+    return "not judged" if not math.isfinite(r.iqm_ratio_ci_lower) else "fails"
 
 
 def table_lines(rows: Sequence[FrontRow], confidence: float) -> list[str]:
@@ -138,14 +141,14 @@ def table_lines(rows: Sequence[FrontRow], confidence: float) -> list[str]:
         cells = [r.task, r.agent, r.variant, f"{r.k:g}", f"{r.iqm:.3g}", f"{r.V:.3g}" if math.isfinite(r.V) else
                  "no estimate", _ci(r.V_ratio, r.V_ratio_ci_lower, r.V_ratio_ci_upper, r.n_seeds),
                  _ci(r.iqm_ratio, r.iqm_ratio_ci_lower, r.iqm_ratio_ci_upper, r.n_seeds), r.pairing,
-                 "yes" if r.on_front else "", "holds" if r.guard_holds else "not judged" if not math.isfinite(r.iqm_ratio_ci_lower) else "fails", "**chosen**" if r.chosen else ""]
+                 "yes" if r.on_front else "", _guard(r), "**chosen**" if r.chosen else ""]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
 def fragment(rows: Sequence[FrontRow], points: Sequence[SearchedPoint], sweep: str, rule: str) -> str:
-    """The chosen k as a spec fragment to paste into a confirmatory sweep's ``agents:`` (te and the chosen QED per
-    task and agent); a task and agent without a chosen point is named in a comment."""
+    """The chosen k as a spec fragment for a confirmatory sweep's ``agents:`` (te and the chosen QED per task and
+    agent); a task and agent without a chosen point is named in a comment."""
     entry = {(p.task, p.agent, p.variant): p.entry for p in points}
     agents, none = [], []
     for study in dict.fromkeys((r.task, r.agent) for r in rows):
@@ -167,8 +170,8 @@ def fragment(rows: Sequence[FrontRow], points: Sequence[SearchedPoint], sweep: s
 
 def write(rows: Sequence[FrontRow], points: Sequence[SearchedPoint], out: Path, sweep: str, rule: str,
           confidence: float) -> list[Path]:
-    """``front.csv``, ``front.md`` (the table with intervals), ``fragment.yaml`` and ``front.png`` (with an SVG)
-    in ``out``, each replaced atomically; returns their paths."""
+    """``front.csv``, ``front.md`` (the table with intervals), ``fragment.yaml`` and ``front.png`` (with an SVG) in
+    ``out``, each replaced atomically; returns their paths."""
     from qed_ray.analysis import plots
 
     out.mkdir(parents=True, exist_ok=True)
