@@ -204,19 +204,8 @@ def _check_bootstrap_args(reps: int, confidence: float, seed: int) -> None:
         raise ValueError(f"seed: expected a non-negative integer, got {seed!r}")
 
 
-def _bootstrap_samples(mat: np.ndarray, reps: int, seed: int) -> np.ndarray:
-    n_runs, n_tasks = mat.shape
-    rows = np.random.default_rng(seed).integers(0, n_runs, size=(reps, n_runs, n_tasks))
-    return mat[rows, np.arange(n_tasks)]
-
-
-def stratified_bootstrap_ci(
-    scores,
-    statistic: Callable[[np.ndarray], float] = metrics.iqm,
-    reps: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
-) -> tuple[float, float]:
+def stratified_bootstrap_ci(scores, statistic: Callable[[np.ndarray], float] = metrics.iqm, reps: int = 2000,
+                            confidence: float = 0.95, seed: int = 0) -> tuple[float, float]:
     """Percentile confidence interval by stratified bootstrap over runs (Sec. 6.1, rliable).
 
     Args:
@@ -229,7 +218,9 @@ def stratified_bootstrap_ci(
         over the resampled matrices."""
     mat = metrics.check_scores(scores)
     _check_bootstrap_args(reps, confidence, seed)
-    samples = _bootstrap_samples(mat, int(reps), int(seed))
+    n_runs, n_tasks = mat.shape  # runs drawn with replacement within each task's column (stratified)
+    samples = mat[np.random.default_rng(int(seed)).integers(0, n_runs, size=(int(reps), n_runs, n_tasks)),
+                  np.arange(n_tasks)]
     if statistic is metrics.iqm:
         stats = metrics.trimmed_mean_last_axis(samples.reshape(reps, -1))
     else:
@@ -246,13 +237,8 @@ def ci_width(lower: float, upper: float) -> float:
     return float(upper - lower)
 
 
-def interval_estimate(
-    scores,
-    statistic: Callable[[np.ndarray], float] = metrics.iqm,
-    reps: int = 2000,
-    confidence: float = 0.95,
-    seed: int = 0,
-) -> dict[str, float]:
+def interval_estimate(scores, statistic: Callable[[np.ndarray], float] = metrics.iqm, reps: int = 2000,
+                      confidence: float = 0.95, seed: int = 0) -> dict[str, float]:
     """``{"point", "lower", "upper", "width"}`` of ``statistic`` on a (runs, tasks) matrix and its
     :func:`stratified_bootstrap_ci`."""
     lower, upper = stratified_bootstrap_ci(scores, statistic, reps, confidence, seed)

@@ -193,6 +193,19 @@ def _grid(groups: Sequence[GroupResult]):
     return fig, {t: axes.flat[i] for i, t in enumerate(tasks)}
 
 
+def _name_tasks(axes: dict, ylabel: str, log: bool = False) -> None:
+    """Each task's panel over env steps: title, axis names and, where it has lines, a legend (and a log y axis)."""
+    for task, ax in axes.items():
+        ax.set_title(task, fontsize=9)
+        ax.set_xlabel("env steps", fontsize=9)
+        ax.set_ylabel(ylabel, fontsize=9)
+        if ax.lines and log:
+            ax.set_yscale("log")
+            _readable_log(ax.yaxis)
+        if ax.lines:
+            ax.legend(fontsize=6)
+
+
 def v_over_steps(results: SweepResults) -> Figure:
     """V at the kept policy snapshots over env steps, per task and agent-variant (log y, last value printed)."""
     fig, axes = _grid(results.groups)
@@ -201,14 +214,7 @@ def v_over_steps(results: SweepResults) -> Figure:
         if len(pts):
             line, = axes[g.task].plot(pts[:, 0], pts[:, 1], marker=".", label=_label(g))
             _label_points(axes[g.task], pts[:, 0], pts[:, 1], line.get_color())
-    for task, ax in axes.items():
-        ax.set_title(task, fontsize=9)
-        ax.set_xlabel("env steps", fontsize=9)
-        ax.set_ylabel("V (log scale)", fontsize=9)
-        if ax.lines:
-            ax.set_yscale("log")
-            _readable_log(ax.yaxis)
-            ax.legend(fontsize=6)
+    _name_tasks(axes, "V (log scale)", log=True)
     return _finish(fig, caption(results), f"Behaviour divergence across seeds over training, per task. {V_AXIS}")
 
 
@@ -226,12 +232,7 @@ def learning_curves(results: SweepResults) -> Figure:
         line, = ax.plot(steps, ys.mean(0), label=f"{_label(g)} ({len(curves)} seeds)")
         ax.fill_between(steps, ys.min(0), ys.max(0), color=line.get_color(), alpha=0.2)
         _label_points(ax, steps, ys.mean(0), line.get_color())
-    for task, ax in axes.items():
-        ax.set_title(task, fontsize=9)
-        ax.set_xlabel("env steps", fontsize=9)
-        ax.set_ylabel("evaluation return (0-1000)", fontsize=9)
-        if ax.lines:
-            ax.legend(fontsize=6)
+    _name_tasks(axes, "evaluation return (0-1000)")
     return _finish(fig, caption(results), "Evaluation return over training: line = mean over seeds, shaded band = "
                    "min to max over seeds")
 

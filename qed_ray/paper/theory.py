@@ -212,10 +212,10 @@ def theorem2_check(n_mdps: int, rng: np.random.Generator, n_iters: int = 150) ->
 
 def _plot_theorem1(res: dict, control: dict, path: str) -> None:
     """Scatter of directed/symmetric KL (and the too-cold control) against ``2 kappa`` (log-log)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(5.5, 4.5))
+    from matplotlib.figure import Figure  # no pyplot state: the figure is a file, never a window
+
+    fig = Figure(figsize=(5.5, 4.5))
+    ax = fig.subplots()
     floor = 1e-12  # zero KLs cannot be drawn on a log axis
     ax.scatter(res["bound"], np.maximum(res["kl_directed"], floor), s=3, alpha=0.3, label="KL(pi1 || pi2)")
     ax.scatter(res["bound"], np.maximum(res["kl_symmetric"], floor), s=3, alpha=0.3, label="symmetric KL")
@@ -227,16 +227,15 @@ def _plot_theorem1(res: dict, control: dict, path: str) -> None:
     ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def _plot_theorem2(cases: list[dict], path: str, n_show: int = 4) -> None:
     """Error and bound curves over t (log y) for the first ``n_show`` MDPs."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
     n_show = min(n_show, len(cases))
-    fig, axes = plt.subplots(1, n_show, figsize=(3.6 * n_show, 3.4), squeeze=False)
+    fig = Figure(figsize=(3.6 * n_show, 3.4))
+    axes = fig.subplots(1, n_show, squeeze=False)
     for ax, c in zip(axes[0], cases[:n_show]):
         ax.plot(c["err"][:, 0], label="||Q_t^1 - Q*||")
         ax.plot(c["bound"][:, 0], "--", label="Thm 2 bound")
@@ -247,7 +246,6 @@ def _plot_theorem2(cases: list[dict], path: str, n_show: int = 4) -> None:
     axes[0, 0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

@@ -16,9 +16,7 @@ def plot_panels(runs: dict[float, list[dict[str, np.ndarray]]], cfg: ToyConfig, 
 
     ``runs``: ``{alpha: [run_toys result per seed]}`` (the same snapshot steps in all); ``seeds`` label the lines
     (default: their index)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot state: the figures are files, never windows
 
     first = next(iter(runs.values()))[0]
     cols = np.unique(np.linspace(0, len(first["snapshot_steps"]) - 1, n_cols).round().astype(int))
@@ -26,8 +24,8 @@ def plot_panels(runs: dict[float, list[dict[str, np.ndarray]]], cfg: ToyConfig, 
     panels = (("fig2a_q_landscapes.png", lambda r, k: r["q"][k, :, 0].min(axis=0), "min_j Q_j(a, t=0)"),
               ("fig2b_policy_densities.png", lambda r, k: r["density"][k], "policy density"))
     for name, value, ylabel in panels:
-        fig, axes = plt.subplots(len(runs), len(cols), figsize=(2.6 * len(cols), 2.3 * len(runs)),
-                                 squeeze=False, sharex=True, sharey="row")
+        fig = Figure(figsize=(2.6 * len(cols), 2.3 * len(runs)))
+        axes = fig.subplots(len(runs), len(cols), squeeze=False, sharex=True, sharey="row")
         for row, (alpha, results) in enumerate(runs.items()):
             for col, k in enumerate(cols):
                 ax = axes[row, col]
@@ -41,5 +39,4 @@ def plot_panels(runs: dict[float, list[dict[str, np.ndarray]]], cfg: ToyConfig, 
         fig.tight_layout()
         paths.append(os.path.join(out_dir, name))
         fig.savefig(paths[-1], dpi=dpi)
-        plt.close(fig)
     return paths
