@@ -194,11 +194,8 @@ def with_border(frames, color) -> np.ndarray:
 
 def compose_figure(frames, steps: Sequence[int], colors, vmin: float, vmax: float, seeds: Sequence[int],
                    title: str):
-    """Fig. 1 panel: rows = seeds, columns = time, frames bordered in their step's colour, colour bar; a matplotlib
-    ``Figure`` (no pyplot state).
-
-    Args:
-        frames: uint8 [P, F, H, W, 3]; steps: [F] column steps; colors: [F, 4] RGBA; seeds: [P] row labels."""
+    """Fig. 1 panel (a matplotlib ``Figure``, no pyplot state) from frames uint8 [P, F, H, W, 3]: rows = ``seeds`` [P],
+    columns = ``steps`` [F], each frame bordered in its ``colors`` [F, 4] RGBA, and a colour bar."""
     from matplotlib.cm import ScalarMappable
     from matplotlib.colors import Normalize
     from matplotlib.figure import Figure

@@ -39,15 +39,9 @@ def seed_counts(n_seeds: int, reps: int, rng: np.random.Generator, min_distinct:
 
 
 def pair_mean(matrix, counts=None) -> np.ndarray | float:
-    """Mean of a pairwise matrix over ordered pairs of distinct seeds, optionally weighted by draw counts.
-
-    Args:
-        matrix: (I, I) pairwise values (symmetric, e.g. D of App. E); the diagonal is never used.
-        counts: (R, I) draw counts from :func:`seed_counts` (min_distinct=2), or None.
-
-    Returns:
-        float (counts None): the mean over i != j (V for the matrix D); else (R,) replicates
-        ``sum_{i != j} c_i c_j M[i, j] / sum_{i != j} c_i c_j``."""
+    """Mean of a pairwise (I, I) ``matrix`` (symmetric, e.g. D of App. E; the diagonal never used) over ordered pairs of
+    distinct seeds: a float, or with (R, I) draw ``counts`` (:func:`seed_counts`, min_distinct=2) the (R,) replicates
+    ``sum_{i != j} c_i c_j M[i, j] / sum_{i != j} c_i c_j``."""
     m = np.asarray(matrix, dtype=np.float64)
     if m.ndim != 2 or m.shape[0] != m.shape[1] or m.shape[0] < 2:
         raise ValueError(f"matrix: expected a square (I, I) matrix with I >= 2, got shape {m.shape}")
@@ -181,8 +175,8 @@ def count_variance(values, counts) -> np.ndarray:
 
 
 def ratio_intervals(base, this, confidence: float) -> dict[str, tuple[float, float]]:
-    """Percentile intervals of :func:`qed_ray.analysis.metrics.ratio_summaries` over replicates: ``base``, ``this`` (R,
-    K) -> ``{"median": (lower, upper), "geomean": ..., "means": ...}`` (undefined ratios dropped)."""
+    """Percentile intervals of :func:`qed_ray.analysis.metrics.ratio_summaries` over (R, K) replicates ``base`` and
+    ``this``: ``{"median": (lower, upper), "geomean": ..., "means": ...}`` (undefined ratios dropped)."""
     reps = metrics.ratio_summaries(base, this)
     return {name: percentile_interval(reps[name], confidence) for name in metrics.RATIO_SUMMARIES}
 
@@ -239,8 +233,7 @@ def ci_width(lower: float, upper: float) -> float:
 
 def interval_estimate(scores, statistic: Callable[[np.ndarray], float] = metrics.iqm, reps: int = 2000,
                       confidence: float = 0.95, seed: int = 0) -> dict[str, float]:
-    """``{"point", "lower", "upper", "width"}`` of ``statistic`` on a (runs, tasks) matrix and its
-    :func:`stratified_bootstrap_ci`."""
+    """Point, lower, upper and width of ``statistic`` on (runs, tasks) ``scores`` (:func:`stratified_bootstrap_ci`)."""
     lower, upper = stratified_bootstrap_ci(scores, statistic, reps, confidence, seed)
     point = float(statistic(metrics.check_scores(scores)))
     return {"point": point, "lower": lower, "upper": upper, "width": ci_width(lower, upper)}

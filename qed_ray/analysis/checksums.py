@@ -25,11 +25,8 @@ class Verifier:
 
 
 def verify(layout: SweepDir, name: str, verifier: Verifier) -> None:
-    """Checks trial ``name``'s record (its key and signature) and every file the gather step reads of it.
-
-    Raises:
-        TamperedSnapshotError: the record was signed with another key or not by this one, a file was changed, added or
-            removed since, or ``DONE.json``'s file list was edited (naming the file)."""
+    """Checks trial ``name``'s record (its key and signature) and every file the gather step reads of it; raises
+    TamperedSnapshotError naming the file (or the record, or ``DONE.json``'s edited list) that differs."""
     recorded, folder = verifier.recorded[name], layout.policies(name)
     if recorded.key_id != key_id(verifier.key):
         raise TamperedSnapshotError(

@@ -51,8 +51,8 @@ def caption(results: SweepResults) -> str:
     left_out = sum(1 for f in results.failed_trials if f.group is not None)
     runs = sum(len(g.seeds) for g in groups)
     fe, policy = results.final_eval, POLICY_TEXT.get(results.policy, results.policy)
-    return (f"{len({g.task for g in groups})} tasks x {seeds} seeds ({runs} runs; {left_out} trial{'s' * (left_out != 1)} left "
-            f"out). Final evaluation: {fe.episodes} episodes per seed, {policy}; intervals: "
+    return (f"{len({g.task for g in groups})} tasks x {seeds} seeds ({runs} runs; {left_out} "
+            f"trial{'s' * (left_out != 1)} left out). Final evaluation: {fe.episodes} episodes per seed, {policy}; intervals: "
             f"{100 * fe.confidence:g}% bootstrap over seeds, {fe.bootstrap_reps} resamples.")
 
 
@@ -140,8 +140,7 @@ def pareto(results: SweepResults) -> Figure:
 
 
 def mean_return_vs_kl(results: SweepResults) -> Figure:
-    """Sec. 6.3's figure (fixed alpha vs QED): the MEAN normalised return against mean V, as the paper draws it, and the
-    IQM beside it."""
+    """Sec. 6.3's figure: the MEAN normalised return against mean V, as the paper draws it, the IQM beside it."""
     fig, axes = plt.subplots(1, 2, figsize=(13, 5.2), sharex=True)
     for ax, stat, name, what in ((axes[0], "mean_score", "mean", "Mean"), (axes[1], "iqm", "IQM", "IQM")):
         _return_vs_v(ax, results.aggregates, stat, name)
@@ -277,8 +276,7 @@ def critic_proxy(proxy: Sequence[CriticProxy], text: str = "", window: int = 15)
 
 
 def performance_profiles(results: SweepResults) -> Figure:
-    """rliable's performance profile per agent-variant with its stratified-bootstrap band
-    (:mod:`qed_ray.analysis.profiles`)."""
+    """rliable's performance profile per agent-variant with its band (:mod:`qed_ray.analysis.profiles`)."""
     fig, ax = plt.subplots(figsize=(8, 5))
     for p in results.performance_profiles:
         line, = ax.plot(p.taus, p.fraction, label=f"{_label(p)} ({p.n_runs} runs)",

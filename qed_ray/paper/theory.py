@@ -113,8 +113,7 @@ class FiniteMDP:
 
 
 def random_mdp(n_states: int, n_actions: int, gamma: float, rng: np.random.Generator) -> FiniteMDP:
-    """A random MDP (S >= 1 states, A >= 2 actions, gamma in (0, 1)): Dirichlet(1) transitions, rewards uniform in [0,
-    1]."""
+    """A random MDP: Dirichlet(1) transitions, rewards uniform in [0, 1]; S >= 1, A >= 2, 0 < gamma < 1."""
     if n_states < 1:
         raise ValueError(f"n_states must be >= 1, got {n_states!r}")
     if n_actions < 2:
@@ -161,8 +160,8 @@ def coupled_soft_iteration(mdp: FiniteMDP, q1: np.ndarray, q2: np.ndarray, kappa
 
 def theorem2_bound(err0: np.ndarray, delta0: float, gamma: float, alpha_min: float,
                    kappa: float, n_actions: int, n_iters: int) -> np.ndarray:
-    """Right-hand side of Theorem 4.2 for ``t = 0..T``: ``err0 [R]`` (``||Q_0^(i) - Q*||_inf`` per run), ``delta0 =
-    ||Q_0^1 - Q_0^2||_inf`` -> ``[T + 1, R]``."""
+    """Right-hand side of Theorem 4.2 for ``t = 0..T`` from ``err0 = ||Q_0^(i) - Q*||_inf`` per run ``[R]`` and ``delta0
+    = ||Q_0^1 - Q_0^2||_inf``: ``[T + 1, R]``."""
     t = np.arange(n_iters + 1, dtype=float)[:, None]
     log_a = np.log(n_actions)
     floor_bias = gamma * alpha_min * log_a * (1 - gamma**t) / (1 - gamma)

@@ -171,8 +171,7 @@ def _print_table(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    """CLI: run the toy for each (alpha, seed) in one batch, print a table, save PNGs and ``toy_summary.json``; returns
-    its rows."""
+    """CLI: the toy per (alpha, seed) in one batch; prints a table, saves PNGs and ``toy_summary.json`` (its rows)."""
     from qed_ray.paper.toy_plots import plot_panels  # matplotlib only when drawing
 
     parser = cli_help.parser("qed-ray toy", __doc__, (

@@ -52,8 +52,7 @@ class ToyCritics(torch.nn.Module):
         return torch.cat([x, F.one_hot(steps, self.cfg.horizon).to(actions.dtype)], dim=-1)
 
     def forward(self, actions: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-        """Q-values ``[R, 2, B]`` of both critics of every run from ``actions [R, B]`` and ``steps [R, B]`` (int64, in
-        ``[0, horizon)``)."""
+        """Q-values ``[R, 2, B]`` of both critics from ``actions [R, B]``, int64 ``steps [R, B]`` < horizon."""
         x = self.features(actions, steps)
         n_runs, batch = actions.shape
         h = x[:, None].expand(n_runs, 2, batch, x.shape[-1]).reshape(2 * n_runs, batch, x.shape[-1])
