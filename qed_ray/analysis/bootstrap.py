@@ -104,16 +104,11 @@ def _columns(per_task: Sequence[np.ndarray]) -> list[np.ndarray]:
 
 
 def iqm_interval(per_task: Sequence[np.ndarray], reps: int, confidence: float, seed: int) -> dict[str, float]:
-    """IQM of the runs pooled over tasks with its stratified-bootstrap interval; tasks may differ in seed count.
+    """IQM of the runs pooled over tasks with its stratified-bootstrap interval, ``{"point", "lower", "upper",
+    "width"}``; ``per_task``: K arrays, task k's n_k >= 1 normalised scores (one per seed).
 
-    Args:
-        per_task: K arrays, task k holding its n_k >= 1 normalised scores (one per seed).
-        reps, confidence, seed: as :func:`interval_estimate`.
-
-    Returns:
-        ``{"point", "lower", "upper", "width"}``. With equal counts exactly :func:`interval_estimate` on the (seeds,
-        tasks) matrix (rliable's estimate); else each resample redraws task k's n_k scores from its own n_k, and the
-        IQM pools all N = sum n_k."""
+    With equal counts this is exactly :func:`interval_estimate` on the (seeds, tasks) matrix (rliable's estimate); else
+    each resample redraws task k's n_k scores from its own n_k, and the IQM pools all N = sum n_k."""
     cols = _columns(per_task)
     if len({c.size for c in cols}) == 1:
         return interval_estimate(np.stack(cols, axis=1), metrics.iqm, reps, confidence, seed)
@@ -205,11 +200,10 @@ def stratified_bootstrap_ci(scores, statistic: Callable[[np.ndarray], float] = m
     Args:
         scores: (runs, tasks).
         statistic: (runs, tasks) -> scalar; ``metrics.iqm`` runs vectorised over the replicates.
-        seed: of np.random.default_rng: the same seed gives the same interval.
 
     Returns:
         (lower, upper): the (1 -/+ confidence)/2 percentiles (linear interpolation, as arch/rliable) of the statistic
-        over the resampled matrices."""
+        over the resampled matrices; the same ``seed`` gives the same interval."""
     mat = metrics.check_scores(scores)
     _check_bootstrap_args(reps, confidence, seed)
     n_runs, n_tasks = mat.shape  # runs drawn with replacement within each task's column (stratified)

@@ -120,12 +120,8 @@ def _look(block: ClaimBlock | None, c: Comparison, scope: list[str], level: floa
 
 def judge(comparisons: Sequence[Comparison], groups: Sequence[GroupResult], final_eval: FinalEvalSpec,
           claim: dict | None = None, unpaired=None) -> Verdict | None:
-    """The verdict over every QED variant with a te baseline (None if there is none).
-
-    Args:
-        claim: ``sweep.json``'s claim record (``{"file", "sha256", "block"}``), or None.
-        unpaired: the (R,) replicates of a statistic from a group's own draws, for tasks whose seeds differ between the
-            two variants (:func:`qed_ray.analysis.comparisons.compare`); None draws them here."""
+    """The verdict over every QED variant with a te baseline (None if there is none); ``claim``: ``sweep.json``'s claim
+    record (``{"file", "sha256", "block"}``) or None; ``unpaired``: as :func:`measure`."""
     block, problems = _block(claim)
     endpoints = block.endpoints if block else Endpoints()
     rows = [c for c in comparisons if c.baseline and is_qed(c.variant)]

@@ -67,11 +67,9 @@ def _entry_signature(signing_key: bytes, entry: CacheEntry) -> str:
 def read_entry(layout: SweepDir, key: str, group: GroupKey | None = None,
                signing_key: bytes | None = None) -> GroupResult | None:
     """The cached evaluation under ``key`` (None: none cached or, with a ``signing_key``, one written before entries
-    were signed); ``signing_key`` None: the signature is not checked (``--status`` without a results key).
-
-    Raises:
-        RecordError: a damaged entry, or one of another key, analysis version or group (naming the file and field).
-        TamperedCacheError: the entry's signature does not match its content (naming the file)."""
+    were signed; ``signing_key`` None: the signature is not checked, as by ``--status`` without a results key).
+    Raises RecordError on a damaged entry or one of another key, analysis version or group, TamperedCacheError on a
+    signature that does not match (each naming the file)."""
     path = layout.cached_group(key)
     if not os.path.lexists(path):
         return None
