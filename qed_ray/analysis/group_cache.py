@@ -1,9 +1,6 @@
 """One group's way from finished trials to a (cached) evaluation; Ray-free, shared by the live gather actor, the
-re-analysis command and ``--status``.
-
-The cache key (docs/results.md, "Cache") and the checks of every seed and entry before use (docs/design.md, "Trusting
-results"): a seed whose trial never recorded its digest is used but *unverified*, and an entry computed while a seed was
-unverified is never used once that seed can be checked."""
+re-analysis command and ``--status``. The cache key: docs/results.md, "Cache"; the checks of every seed and entry
+before use, and unverified seeds: docs/design.md, "Trusting results"."""
 
 from __future__ import annotations
 

@@ -2,9 +2,8 @@
 the rliable package), in pure numpy: performance profiles with stratified-bootstrap bands, and the probability of
 improvement of one variant over another.
 
-Definitions: docs/definitions.md, "Performance profiles and the probability of improvement"; with equal seed counts the
-profile is ``rliable.library.create_performance_profile`` (``use_score_distribution=True``, percentile method). Letters:
-R replicates, T thresholds, K tasks, n and m runs of a task."""
+Definitions: docs/definitions.md, "Performance profiles and the probability of improvement". Letters: R replicates, T
+thresholds, K tasks, n and m runs of a task."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Numerical checks of the paper's tabular theory (Sec. 4, App. A).
 
-Theorem 4.1 (pairwise KL control) on random finite action sets and Theorem 4.2 (convergence) by coupled soft value
-iteration on random MDPs; ``qed-ray theory`` prints the worst observed ratio to each bound and saves plots."""
+What ``qed-ray theory`` checks and prints: docs/definitions.md, "Relation to the theory"."""
 
 from __future__ import annotations
 

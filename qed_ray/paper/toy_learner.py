@@ -1,9 +1,5 @@
-"""The off-policy toy's learner (paper Sec. 5.2): critics, policy and SAC update, batched over runs.
-
-Every tensor carries a leading run axis ``R``: one call trains ``R`` independent runs in one set of batched matrix
-products. Runs never interact: each has its own parameters, its own ``torch.Generator`` (initialisation, then all
-sampling) and its own replay data; Adam is elementwise, so one optimiser over the stacked parameters equals ``R``
-separate optimisers."""
+"""The off-policy toy's learner (paper Sec. 5.2): critics, policy and SAC update, batched over independent runs (a
+leading run axis ``R`` on every tensor; why a run's result does not depend on its batch: docs/toy.md)."""
 
 from __future__ import annotations
 
