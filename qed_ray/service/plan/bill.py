@@ -25,7 +25,7 @@ from qed_ray.service.plan.machines import Machine
 from qed_ray.service.packing import Pack
 from qed_ray.records.throughput import Throughput
 
-ENV_COSTS_PATH = Path(__file__).parents[2] / "benchmarks" / "env_costs.json"
+ENV_COSTS_PATH = Path(__file__).parents[3] / "benchmarks" / "env_costs.json"
 NODE_START_S = 600.0  # a worker node's start: the autoscaler's launch, the image, Ray (an estimate)
 PACK_START_S = 20.0  # a Tune trial's start and end: a Ray worker's imports, the trainer's build, checkpoints
 

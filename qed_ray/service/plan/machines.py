@@ -16,7 +16,7 @@ from qed_ray.records.codec import Record
 from qed_ray.spec.replay_memory import GIB
 from qed_ray.spec.sweep import SpecError, SweepSpec
 
-CLUSTER_DIR = Path(__file__).parents[2] / "cluster"
+CLUSTER_DIR = Path(__file__).parents[3] / "cluster"
 CARD_ANNOTATION = "qed-ray.io/card"
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus"  # one folder per GPU the NVIDIA driver sees
 
