@@ -1,4 +1,4 @@
-"""Benchmark: the plan's memory formula (``qed_ray/service/plan/memory.py``) against measured peaks.
+"""Benchmark: the plan's memory formula (``qed_ray/service/plan/dry_plan.py``) against measured peaks.
 
 On the CPU: the peak bytes of every tensor a pack creates (agent, replay at capacity, three updates), counted by a
 dispatch mode (:class:`AllocationPeak`, the CPU's counterpart of ``torch.cuda.max_memory_allocated``), beside the
@@ -21,7 +21,7 @@ from qed_ray.spec.config import RunSpec
 from qed_ray.rl.agents import make_packed_agent
 from qed_ray.rl.replay import Replay
 from qed_ray.rl.update import PackUpdater
-from qed_ray.service.plan.memory import pack_memory
+from qed_ray.service.plan.dry_plan import pack_memory
 from qed_ray.records.throughput import load_throughput
 from qed_ray.spec.tasks import TASK_DIMS
 

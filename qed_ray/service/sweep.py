@@ -47,7 +47,7 @@ from qed_ray.spec import console
 from qed_ray.service import announce, gather
 from qed_ray.analysis import report
 from qed_ray.service.cluster import check_cluster
-from qed_ray.service.plan.dry_run import tune_order
+from qed_ray.service.plan.dry_plan import order_packs
 from qed_ray.records.layout import SweepDir
 from qed_ray.service.lock import SweepLock
 from qed_ray.service.results_key import ResultsKey
@@ -59,6 +59,7 @@ from qed_ray.records.codec import RecordError
 from qed_ray.records.file_reads import cut, read_tail
 from qed_ray.service.packing import Pack, TuneTrial
 from qed_ray.records.sweep import SweepState
+from qed_ray.records.throughput import load_throughput
 from qed_ray.service.sweep_state import git_sha, outcome, prune_finished, sync_runs
 from qed_ray.service.mlflow.mlflow_view import ui_command
 from qed_ray.service.mlflow.tracking import Tracker, artifact_location
@@ -284,7 +285,7 @@ def run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, exp
     interrupt.install()
     quiet_never_started()
     check_cluster(spec, layout.root, uri)
-    packs = tune_order(spec, packs)  # longest first on GPUs (qed_ray.service.plan.bill), once the cluster can take them
+    packs = order_packs(spec, packs, load_throughput())  # longest first on GPUs, once the cluster can take them
     tracker = Tracker(uri, experiment, state.sweep_id, artifact_location=artifact_location(uri, layout))
     tracker.mark_training_experiment()  # also on an experiment a resumed sweep created with an older version
     parent = tracker.parent_run(spec.name, spec.model_dump(mode="json", exclude={"agents"}),

@@ -34,3 +34,11 @@ def fit(text: str, columns: int) -> str:
         out += textwrap.wrap(line, columns, initial_indent="", subsequent_indent=indent + "  ",
                              break_on_hyphens=False, break_long_words=False, drop_whitespace=True) or [line]
     return "\n".join(out)
+
+
+def show_bytes(n: float) -> str:
+    """``1.5 GiB``, ``728.0 MiB``, ``3.3 TiB``."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n / 2**10:,.1f} KiB"

@@ -1,18 +1,11 @@
-"""Replay memory before anything is built: bytes per trial and per pack, from the task's sizes, and the caps.
-
-A seed's replay holds ``capacity`` transitions (``train.replay_capacity``, or every decision of the run), each a
-row of ``2 O + A + 2`` float32 (:mod:`qed_ray.rl.replay`); a pack holds one such ring per seed in one tensor. The
-sizes come from :data:`qed_ray.spec.tasks.TASK_DIMS`, so a spec is checked without building an env. A run over
-:data:`MAX_TRIAL_REPLAY_BYTES` per seed, or a pack over :data:`MAX_PACK_REPLAY_BYTES`, is refused with its estimate
-(``env_steps`` up to 1e10 passes every field's own bound, and its replay would need terabytes); the sweep spec, its
-``--dry-run`` and the run CLI all ask here.
-"""
+"""Replay memory before anything is built: bytes per trial and per pack, from the task's sizes, and the caps."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Iterable
 
+from qed_ray.spec.console import show_bytes
 from qed_ray.spec.tasks import TASK_DIMS
 
 FLOAT_BYTES = 4
@@ -35,20 +28,8 @@ def replay_bytes(seeds: int, capacity: int, obs_dim: int, action_dim: int) -> in
 
 
 def replay_capacity(train) -> int:
-    """Transitions a seed's replay holds: ``train.replay_capacity``, else every decision of the run (no eviction).
-
-    Args:
-        train: a :class:`~qed_ray.spec.config.TrainSpec`.
-    """
+    """Transitions a seed's replay holds (``train``: a TrainSpec): its ``replay_capacity``, else every decision."""
     return train.replay_capacity or train.decisions
-
-
-def show_bytes(n: float) -> str:
-    """``1.5 GiB``, ``728.0 MiB``, ``3.3 TiB``."""
-    for unit, size in (("TiB", 2**40), ("GiB", GIB), ("MiB", 2**20)):
-        if n >= size:
-            return f"{n / size:,.1f} {unit}"
-    return f"{n / 2**10:,.1f} KiB"
 
 
 @dataclass(frozen=True)
@@ -62,16 +43,13 @@ class ReplayNeed:
 
     @property
     def per_trial(self) -> int:
-        """Bytes of one seed's replay."""
         return self.capacity * self.width * FLOAT_BYTES
 
     @property
     def per_pack(self) -> int:
-        """Bytes of the largest pack's replay."""
         return self.seeds * self.per_trial
 
     def describe(self) -> str:
-        """``quadruped-run: 1,000,000 transitions x 170 floats``."""
         return f"{self.task}: {self.capacity:,} transitions x {self.width} floats"
 
 
@@ -87,18 +65,18 @@ def replay_problems(needs: list[ReplayNeed], pack_field: str = "pack.seeds") -> 
     naming ``train.env_steps`` or ``pack_field`` (the run CLI's ``--seeds``); empty when every replay fits."""
     if not needs:
         return []
-    top, out = needs[0], []
-    fix = "lower train.env_steps, or set train.replay_capacity to at most {} transitions per seed"
+    top = needs[0]
+    fix = "lower train.env_steps, or set train.replay_capacity to at most {:,} transitions per seed"
     if top.per_trial > MAX_TRIAL_REPLAY_BYTES:
         fits = MAX_TRIAL_REPLAY_BYTES // (top.width * FLOAT_BYTES)
-        out.append(f"train.env_steps: a trial's replay would hold {show_bytes(top.per_trial)} ({top.describe()}), "
-                   f"over the {show_bytes(MAX_TRIAL_REPLAY_BYTES)} a trial may hold; {fix.format(f'{fits:,}')}")
-    elif top.per_pack > MAX_PACK_REPLAY_BYTES:
+        return [f"train.env_steps: a trial's replay would hold {show_bytes(top.per_trial)} ({top.describe()}), "
+                f"over the {show_bytes(MAX_TRIAL_REPLAY_BYTES)} a trial may hold; {fix.format(fits)}"]
+    if top.per_pack > MAX_PACK_REPLAY_BYTES:
         fits = MAX_PACK_REPLAY_BYTES // (top.seeds * top.width * FLOAT_BYTES)
-        out.append(f"{pack_field}: a pack's replay would hold {show_bytes(top.per_pack)} ({top.seeds} seeds x "
-                   f"{top.describe()}), over the {show_bytes(MAX_PACK_REPLAY_BYTES)} a pack may hold; pack fewer "
-                   f"seeds, or {fix.format(f'{fits:,}')}")
-    return out
+        return [f"{pack_field}: a pack's replay would hold {show_bytes(top.per_pack)} ({top.seeds} seeds x "
+                f"{top.describe()}), over the {show_bytes(MAX_PACK_REPLAY_BYTES)} a pack may hold; pack fewer "
+                f"seeds, or {fix.format(fits)}"]
+    return []
 
 
 def replay_line(needs: list[ReplayNeed]) -> str:

@@ -1,4 +1,4 @@
-"""The plan of a sweep (qed_ray.service.plan.bill, dry_plan, dry_run): rates looked up in the measured tables and each
+"""The plan of a sweep (qed_ray.service.plan.dry_plan, dry_run): rates looked up in the measured tables and each
 step that is not a measured cell named, a pack's wall time, the schedule's tail, the plan on this machine (its
 cores injected), on every shipped cluster with its price, pack sizes that fit, "not runnable as shipped", and the
 resources refused before anything is written."""
@@ -12,9 +12,9 @@ import yaml
 from kit import flat, widest
 from qed_ray.spec.config import RunSpec
 from qed_ray.spec.replay_memory import GIB
-from qed_ray.service.plan.bill import (ENV_COSTS_PATH, NODE_START_S, PACK_START_S, Rate, env_costs, pack_rate,
-                                  pack_seconds, schedule)
-from qed_ray.service.plan.dry_plan import Tables, fit_problem, machine_lines, order_packs, per_node
+from qed_ray.service.plan.dry_plan import (ENV_COSTS_PATH, NODE_START_S, PACK_START_S, Rate, Tables, env_costs,
+                                           fit_problem, machine_lines, order_packs, pack_rate, pack_seconds, per_node,
+                                           schedule)
 from qed_ray.service.plan.machines import Machine, clusters, load_prices, this_machine
 from qed_ray.service.packing import form_packs
 from qed_ray.records.throughput import CPU_PATH, load_table, load_throughput, parse_throughput

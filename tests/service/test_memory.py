@@ -1,4 +1,4 @@
-"""The memory of a pack from counted bytes (qed_ray.service.plan.memory): the counted state against the built agent's
+"""The memory of a pack from counted bytes (qed_ray.service.plan.dry_plan): the counted state against the built agent's
 tensors, the working set's formula by hand, where the replay lives, and the task sizes. The formula against
 measured peaks is benchmarks/bench_memory.py's (within 20%)."""
 
@@ -12,7 +12,7 @@ from qed_ray.spec.config import RunSpec
 from qed_ray.rl.agents import make_packed_agent
 from qed_ray.rl.replay import GPU_REPLAY_SHARE, Replay, replay_bytes
 from qed_ray.rl.update import PackUpdater
-from qed_ray.service.plan.memory import GIB, GPU_FIT, GRAD_FACTOR, ROW_FACTORS, counted, pack_memory
+from qed_ray.service.plan.dry_plan import GIB, GPU_FIT, GRAD_FACTOR, ROW_FACTORS, counted, pack_memory
 from qed_ray.spec.tasks import TASK_DIMS, TASKS
 
 ROOT = Path(__file__).resolve().parents[2]

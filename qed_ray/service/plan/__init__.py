@@ -1,1 +1,1 @@
-"""The service's plan room: the machines a sweep can name, what a pack needs of them, and the bill the dry run prints."""
+"""The service's plan room: the machines a sweep can run on, what a pack needs of them, and what the dry run prints."""

@@ -1,6 +1,5 @@
 """The machines a plan is made for: this one (its CPUs, memory and GPUs) and every shipped cluster of ``cluster/``
-with its worker, node count and price (``cluster/prices.yaml``, read and validated here; KubeRay's worker from
-its RayCluster: CPU and memory limits less its ``/dev/shm``, the card from the ``qed-ray.io/card`` annotation)."""
+with its workers and prices (``cluster/prices.yaml``, read and validated here)."""
 
 from __future__ import annotations
 
@@ -10,9 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import Field
 
-from qed_ray.records.codec import Record
+from qed_ray.records.codec import Record, parse
+from qed_ray.service.ray_join import target
 from qed_ray.spec.replay_memory import GIB
 from qed_ray.spec.sweep import SpecError, SweepSpec
 
@@ -21,11 +21,7 @@ CARD_ANNOTATION = "qed-ray.io/card"
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus"  # one folder per GPU the NVIDIA driver sees
 
 
-class _Model(Record):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
-
-
-class NodePrice(_Model):
+class NodePrice(Record):
     card: str
     gpu_gib: float = Field(gt=0)
     host_gib: float = Field(gt=0)
@@ -35,14 +31,14 @@ class NodePrice(_Model):
     spot: float = Field(gt=0)
 
 
-class ClusterPrice(_Model):
+class ClusterPrice(Record):
     config: str
     worker: str | None
     fixed_per_hour: float = Field(ge=0)
     fixed: str
 
 
-class PriceTable(_Model):
+class PriceTable(Record):
     """``cluster/prices.yaml``: the date and sources of its prices, cards' FP32 peaks, node types, clusters."""
 
     date: str
@@ -54,8 +50,7 @@ class PriceTable(_Model):
 
 @dataclass(frozen=True)
 class Machine:
-    """Where packs run: ``nodes`` worker nodes of ``node`` (``card`` None: CPUs only), what a node offers packs
-    (``host_bytes``: its RAM, or a pod's memory limit less its /dev/shm), and what a node-hour costs."""
+    """``nodes`` worker nodes of ``node`` (``card`` None: CPUs only): what one offers packs and costs an hour."""
 
     name: str
     node: str
@@ -72,7 +67,7 @@ class Machine:
 
 
 def this_machine(cpus: int | None = None, host_bytes: int | None = None, gpus: int | None = None) -> Machine:
-    """This machine (``os.cpu_count()``, its RAM, torch's CUDA devices; each injectable)."""
+    """This machine (``os.cpu_count()``, its RAM, its CUDA devices; each injectable)."""
     card, gpu_bytes = None, 0
     if gpus is None:  # the driver's count, read without importing torch; their card and memory from torch
         gpus = len(os.listdir(NVIDIA_GPUS)) if os.path.isdir(NVIDIA_GPUS) else 0
@@ -102,53 +97,35 @@ def placement_problem(spec: SweepSpec, m: Machine) -> str | None:
     return None
 
 
-def embedded() -> bool:
-    """Whether a start from here would run on this machine (an embedded Ray cluster, not a joined one)."""
-    from qed_ray.service.ray_join import target
-
-    return target().address is None
-
-
 def check_machine(spec: SweepSpec, here: Machine | None = None) -> None:
-    """Refuses (SpecError naming the field, with the fix) a pack this machine cannot place, where a start runs."""
-    problem = placement_problem(spec, here or this_machine()) if embedded() else None
-    if problem:
+    """Refuses (SpecError naming the field, with the fix) a pack this machine cannot place, where a start runs on it."""
+    if target().address is None and (problem := placement_problem(spec, here or this_machine())):
         raise SpecError(problem)
 
 
 def load_prices(folder: Path = CLUSTER_DIR) -> PriceTable | None:
-    """``prices.yaml`` of ``folder``; None where the package ships without ``cluster/``.
-
-    Raises:
-        SpecError: a malformed table, naming the file and the field.
-    """
+    """``prices.yaml`` of ``folder`` (None: no ``cluster/``); a malformed table raises SpecError naming the field."""
     path = folder / "prices.yaml"
-    if not path.is_file():
-        return None
-    try:
-        return PriceTable.model_validate(yaml.safe_load(path.read_text()))
-    except ValidationError as e:
-        err = e.errors()[0]
-        raise SpecError(f"{path}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    return parse(PriceTable, yaml.safe_load(path.read_text()), path, SpecError) if path.is_file() else None
 
 
 def clusters(prices: PriceTable, folder: Path = CLUSTER_DIR, card: str | None = None) -> list[Machine]:
-    """Every cluster of ``prices`` as a :class:`Machine` (KubeRay's card: ``card``, else its annotation)."""
+    """Every cluster of ``prices`` (KubeRay's card: ``card``, else its annotation)."""
     out = []
     for name, c in prices.clusters.items():
-        cfg = list(yaml.safe_load_all((folder.parent / c.config).read_text()))
+        docs = list(yaml.safe_load_all((folder.parent / c.config).read_text()))
         if c.worker is None:
-            out.append(_kuberay(name, c, cfg, prices, card))
+            out.append(_kuberay(name, c, docs, prices, card))
             continue
         n = prices.nodes[c.worker]
         out.append(Machine(name, c.worker, n.card, int(n.gpu_gib * GIB), int(n.host_gib * GIB), n.cpus, n.gpus,
-                           int(cfg[0]["max_workers"]), n.on_demand, n.spot, c.fixed_per_hour, c.fixed))
+                           int(docs[0]["max_workers"]), n.on_demand, n.spot, c.fixed_per_hour, c.fixed))
     return out
 
 
 def _kuberay(name: str, c: ClusterPrice, docs: list, prices: PriceTable, card: str | None) -> Machine:
-    ray_cluster = next(d for d in docs if d and d.get("kind") == "RayCluster")
-    group = ray_cluster["spec"]["workerGroupSpecs"][0]
+    """A pod of its RayCluster's worker group (its limits less its /dev/shm), priced as the node type with its card."""
+    group = next(d for d in docs if d and d.get("kind") == "RayCluster")["spec"]["workerGroupSpecs"][0]
     pod = group["template"]
     limits = pod["spec"]["containers"][0]["resources"]["limits"]
     shm = sum(_bytes(v["emptyDir"].get("sizeLimit", "0")) for v in pod["spec"].get("volumes", [])
@@ -160,8 +137,7 @@ def _kuberay(name: str, c: ClusterPrice, docs: list, prices: PriceTable, card: s
     like = next((n for n in prices.nodes.values() if n.card == card), None)
     return Machine(name, f"a {limits['cpu']}-CPU pod", card, int((like.gpu_gib if like else 80) * GIB),
                    _bytes(limits["memory"]) - shm, int(float(limits["cpu"])), int(limits["nvidia.com/gpu"]),
-                   int(group["maxReplicas"]), like and like.on_demand, like and like.spot, c.fixed_per_hour,
-                   c.fixed)
+                   int(group["maxReplicas"]), like and like.on_demand, like and like.spot, c.fixed_per_hour, c.fixed)
 
 
 def _bytes(quantity: str) -> int:
