@@ -73,6 +73,7 @@ def test_a_packs_wall_time_and_the_order_packs_go_to_tune():
                   "precision": "fp32"}})
     packs = form_packs(spec)
     costs = env_costs(ENV_COSTS_PATH)
+    assert ENV_COSTS_PATH == ROOT / "benchmarks" / "env_costs.json" and costs["quadruped-run"] > 0  # the measured file
     for p in packs:  # PACK_START_S + decisions x max(S Q / r_Q, S / r_1 + S c (1 + e) / W); e = 2 x 500 / 5,000
         want = PACK_START_S + 10_000 * max(10 / 1000, 10 / 1000 + 10 * costs[p.id.task] * 1.2 / 3)
         assert pack_seconds(p, Rate(1000, 1000, frozenset()), 1, 3) == pytest.approx(want)
@@ -119,6 +120,8 @@ def test_dmc18s_plan_gives_each_shipped_cluster_a_pack_size_that_fits_a_wall_clo
 
     monkeypatch.setenv("QED_STORAGE_PATH", str(tmp_path / "results"))
     monkeypatch.setenv("RAY_ADDRESS", "local")  # a start from here would run on this CPU machine: refused after
+    for where in ("machines", "dry_run"):  # a CPU machine, whatever this one has
+        monkeypatch.setattr(f"qed_ray.service.plan.{where}.this_machine", lambda: this_machine(cpus=2, gpus=0))
     assert main([str(DMC18), "--dry-run"]) == 2
     out, err = capsys.readouterr()
     assert err == ("error: resources.gpu: a pack asks for 0.5 GPU and this machine has none; set resources.gpu: 0 to "
@@ -195,7 +198,8 @@ def test_a_gpu_on_this_cpu_machine_is_refused_by_the_dry_run_and_by_a_start_befo
     path.write_text(yaml.safe_dump(raw))
     monkeypatch.setenv("QED_STORAGE_PATH", str(tmp_path / "results"))
     monkeypatch.setenv("RAY_ADDRESS", "local")
-    monkeypatch.setattr("qed_ray.service.plan.machines.this_machine", lambda: this_machine(cpus=2, gpus=0))
+    for where in ("machines", "dry_run"):  # a CPU machine, whatever this one has
+        monkeypatch.setattr(f"qed_ray.service.plan.{where}.this_machine", lambda: this_machine(cpus=2, gpus=0))
     message = ("error: resources.gpu: a pack asks for 1 GPU and this machine has none; set resources.gpu: 0 to train "
                "on CPUs, or run on a GPU cluster\n")
     assert main([str(path), "--dry-run"]) == 2
