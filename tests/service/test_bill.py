@@ -142,7 +142,9 @@ def test_dmc18s_plan_gives_each_shipped_cluster_a_pack_size_that_fits_a_wall_clo
         assert re.search(r"\$[\d,]+ on demand, \$[\d,]+ spot", block), m.name
         assert "spot: an interruption loses up to " in block and "not runnable" not in block.split(" rates: ")[0]
     assert [m.name for m in clusters(prices)] == ["aws", "gcp", "kuberay"]
-    assert "prices: cluster/prices.yaml, as of 2025-01, source: AWS EC2 On-Demand Pricing page" in text
+    assert ("prices: list prices as of 2025-01 from cluster/prices.yaml (AWS EC2 On-Demand Pricing page" in text
+            and "us-central1), not checked since: check them before you rely on them; --price-per-hour overrides "
+                "them" in text)
     assert "legend: packs of S (auto): the largest pack that fits a node and keeps every node busy; with the tail" \
         in text
 

@@ -345,7 +345,7 @@ def plan_lines(spec: SweepSpec, machines: Sequence[Machine], tables: Tables, rec
     if t is not None:
         out.append(f"rates: {t.card} ({t.device}{f', {t.cpus} CPUs' if t.cpus else ''}), measured {t.date[:10]}; "
                    f"env stepping from benchmarks/env_costs.json")
-    if tables.prices is not None:
-        out.append(f"prices: cluster/prices.yaml, as of {tables.prices.date}, source: "
-                   + "; ".join(tables.prices.sources.values()) + " (--price-per-hour overrides)")
+    if (p := tables.prices) is not None:  # written down once, never fetched: the reader checks them
+        out.append(f"prices: list prices as of {p.date} from cluster/prices.yaml ({'; '.join(p.sources.values())}), "
+                   f"not checked since: check them before you rely on them; --price-per-hour overrides them")
     return out + [LEGEND]
