@@ -284,8 +284,9 @@ def order_packs(spec: SweepSpec, packs: Sequence[Pack], table: Throughput | None
         return list(packs)
     priced = price(spec, packs, Machine("measured", "measured", table.card, 80 * 2**30, 2**40, 1024, 1, 1),
                    Tables(table, None, None))
-    return list(packs) if isinstance(priced, str) else [p for _, p in sorted(zip(priced[0], packs),
-                                                                              key=lambda sp: -sp[0])]
+    if isinstance(priced, str):
+        return list(packs)
+    return [p for _, p in sorted(zip(priced[0], packs), key=lambda sp: -sp[0])]  # ties in their given order
 
 
 def machine_lines(spec: SweepSpec, whole: Sequence[Pack], m: Machine, tables: Tables, fixed: bool,

@@ -63,9 +63,9 @@ def dry_run(spec: SweepSpec, throughput_path: str | Path = DEFAULT_PATH, listing
              f"sweep")
     trials, n, size = spec.trials(), len(p.packs), run_spec.pack.seeds
     auto = " (pack.seeds auto: sized per machine below)" if spec.pack.seeds == "auto" else ""
-    show(f"sweep {spec.name}: {len(trials)} trials in {n} pack{'s' if n > 1 else ''} (Tune trial"
-         f"{'s' if n > 1 else ''}) of up to {size} seed{'s' if size > 1 else ''}{auto} -> {layout.root}  (MLflow "
-         f"{uri}, experiment {exp})")
+    s = "s" if n > 1 else ""
+    show(f"sweep {spec.name}: {len(trials)} trials in {n} pack{s} (Tune trial{s}) of up to {size} seed"
+         f"{'s' if size > 1 else ''}{auto} -> {layout.root}  (MLflow {uri}, experiment {exp})")
     if p.state.claim is not None:
         show(f"pre-registration: {p.state.claim.file} (claim block sha256 {p.state.claim.sha256[:12]}; frozen in "
              f"sweep.json at the first start, a changed block is refused)")
@@ -105,8 +105,7 @@ def dry_run(spec: SweepSpec, throughput_path: str | Path = DEFAULT_PATH, listing
 def _what_next(layout: SweepDir, trial: Trial, new: list[str], pack: Pack) -> str:
     if trial.name in new:
         return "new"
-    state = layout.trial_state(trial.name)
-    if state != "pending":
+    if (state := layout.trial_state(trial.name)) != "pending":
         return state
     steps = layout.pack_checkpoint_steps(pack.id)
     return f"resume from env step {max(steps):,}" if steps else "start"
