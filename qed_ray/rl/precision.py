@@ -1,37 +1,10 @@
 """The matrix-product precision of a run (``train.precision``) and of QED's critic passes.
 
-Three precisions (paper Sec. 5.1 reads |Q1 - Q2| near the alpha_TE floor, so rounding in the critics feeds alpha):
-
-- ``fp32``: IEEE FP32 products everywhere (FP32 units; no tensor cores). What the project has always run.
-- ``3xtf32``: QED's no-grad critic passes split each FP32 operand x into a TF32 part hi = tf32(x) and the
-  remainder lo = tf32(x - hi) and sum three tensor-core products, lo*hi + hi*lo + hi*hi (the dropped lo*lo term
-  is ~2^-22 relative): FP32-equivalent accuracy at TF32 throughput. Every other pass (TD loss, actor, backward)
-  stays FP32.
-- ``tf32``: TF32 for every FP32 product of the process (a 10-bit mantissa, ~2^-11 relative per operand): what
-  JAX computes by default on A100/H100, so likely the numerics of the paper's runs. Opt-in, for ablations.
-
-TF32 rounding (:func:`round_tf32`) is round-to-nearest with ties away from zero (``rna``): the only FP32-to-TF32
-conversion instruction of sm_80 (PTX ``cvt.rna.tf32.f32``), and unbiased, as a model of what the tensor cores do
-with FP32 operands (which NVIDIA does not document for cuBLAS); ``rne`` (ties to even, sm_90's ``cvt.rn``) and
-``rz`` (truncation) are there to compare. Ties need the low 13 bits to be exactly 0x1000, so ``rna`` and ``rne``
-differ on 1 operand in 8192. In 3xTF32 the rounding of hi does not matter (lo = x - hi keeps what hi drops;
-CUTLASS truncates hi), only that of lo, ~2^-11 of lo.
-
-On CUDA the products run on the tensor cores: :func:`qed_products` enables TF32 matmuls (``allow_tf32``) around each
-product and restores the flag after it. PyTorch reads the flag at each matmul call, so a CUDA graph captured with
-the scope should record TF32 kernels for exactly these products, and ``vmap`` (a pack's batched matmuls) read it the
-same way: expected, not yet seen on a GPU (``benchmarks/gpu_check.sh`` checks both: the gate in a graph, and a
-3xtf32 pack's graph against its eager update). ``torch.compile`` is not known to keep such a per-call switch
-(inductor chooses a product's precision when it compiles), so ``3xtf32`` refuses ``train.compile: compile``
-(:func:`resolve_precision`). On any other device the same function emulates the tensor cores exactly: operands
-rounded by :func:`round_tf32`, products of TF32 values (exact in FP32), FP32 accumulation; this is what the numerics
-gate (``benchmarks/precision_gate.py``) measures on a CPU. CPU *runs* ignore ``train.precision``: there is no TF32
-hardware to gain from, so a run there is FP32 and says so (:func:`resolve_precision`).
-
-A fused kernel (one Triton program per seed and state tile: both heads' layers, |Q1 - Q2|, the expectile and the
-clamp, with ``tl.dot(..., input_precision="tf32x3")``) would replace :meth:`SACFunctions.qed_q_pair
-<qed_ray.rl.agents.base.SACFunctions.qed_q_pair>` and the expectile behind it; it is not written (no GPU and no Triton
-where this was built), and the split products here are the path until it is.
+``fp32``: IEEE FP32 everywhere. ``3xtf32``: QED's no-grad critic passes as three TF32 tensor-core products per layer
+(FP32 accuracy; every other pass stays FP32). ``tf32``: TF32 for every FP32 product (opt-in, for ablations). On a
+CPU the tensor cores are emulated exactly; CPU *runs* are FP32 (:func:`resolve_precision`). Paper Sec. 5.1 reads
+|Q1 - Q2| near the alpha_TE floor, so rounding in the critics feeds alpha: benchmarks/README.md, "The precision
+gate", holds the numerics, the rounding model, the CUDA-graph and compile caveats and the unwritten fused kernel.
 """
 
 from __future__ import annotations
@@ -98,9 +71,8 @@ def split_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
                  emulate: bool | None = None) -> torch.Tensor:
     """``F.linear`` as 3xTF32: lo(x) hi(W) + hi(x) lo(W) + hi(x) hi(W) (+ bias), the small products first.
 
-    Forward-only: the operand split has no gradient, so this refuses inputs that need one. On CUDA (unless
-    ``emulate``) hi is exact TF32 and lo is left in FP32 for the tensor cores' own conversion (an error of ~2^-11
-    of lo, ~2^-22 of x, whatever rounding cuBLAS applies); elsewhere lo is rounded by :func:`round_tf32`.
+    Forward-only (the split has no gradient). On CUDA (unless ``emulate``) lo stays FP32 for the tensor cores' own
+    conversion (an error of ~2^-11 of lo, ~2^-22 of x); elsewhere lo is rounded by :func:`round_tf32`.
     """
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias)):
         raise RuntimeError("split_linear: 3xTF32 products are forward-only (QED's no-grad critic passes); "
@@ -147,12 +119,8 @@ class _LinearProducts(TorchFunctionMode):
 
 
 def qed_products(precision: str, emulate: bool | None = None) -> contextlib.AbstractContextManager:
-    """Scope in which the linear layers of a critic pass run at ``precision``.
-
-    ``fp32``: nothing changes (the process-wide setting: FP32, or TF32 in a ``tf32`` run). ``3xtf32``:
-    :func:`split_linear`. ``tf32``: :func:`tf32_linear`. Tensor cores on CUDA, the exact emulation elsewhere (or
-    wherever ``emulate`` is True). Only linear layers change: LayerNorm, activations and HL-Gauss read-outs do not.
-    """
+    """Scope in which the linear layers of a critic pass run at ``precision`` (LayerNorm, activations and HL-Gauss
+    read-outs do not change): tensor cores on CUDA, the exact emulation elsewhere or wherever ``emulate``."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
     if precision == "fp32":
@@ -161,20 +129,8 @@ def qed_products(precision: str, emulate: bool | None = None) -> contextlib.Abst
 
 
 def resolve_precision(precision: str, device: torch.device | str, update_mode: str = "off") -> tuple[str, str]:
-    """The precision a run trains at and why, from ``train.precision``, its device and its update mode.
-
-    Args:
-        precision: ``train.precision`` (:data:`CHOICES`).
-        device: the run's device.
-        update_mode: the pack update's resolved mode (``off``, ``compile``, ``graph``; the single-seed path is
-            ``off``).
-
-    Returns:
-        ``(precision, reason)``: one of :data:`PRECISIONS` and a phrase for the run's log.
-
-    Raises:
-        ValueError: an unknown precision, or ``3xtf32`` with a compiled update on CUDA.
-    """
+    """``(precision, reason)``: what a run trains at, from ``train.precision``, its device and its resolved update
+    mode; raises ValueError for an unknown precision, or ``3xtf32`` with a compiled update on CUDA."""
     if precision not in CHOICES:
         raise ValueError(f"train.precision: {precision!r} is not one of {', '.join(CHOICES)}")
     device = torch.device(device)
@@ -194,9 +150,8 @@ def resolve_precision(precision: str, device: torch.device | str, update_mode: s
 
 
 def set_run_precision(fn, precision: str, device: torch.device | str, update_mode: str = "off") -> tuple[str, str]:
-    """Resolves a run's ``train.precision`` (:func:`resolve_precision`), sets the process-wide matmul precision
-    (:func:`apply_matmul_precision`) and QED's critic products on the agent's functions ``fn``
-    (:class:`~qed_ray.rl.agents.base.SACFunctions`); returns ``(precision, reason)`` for the run's log."""
+    """Resolves ``train.precision``, sets the process-wide matmul precision and QED's critic products on the
+    agent's functions ``fn``; returns ``(precision, reason)`` for the run's log."""
     precision, why = resolve_precision(precision, device, update_mode)
     apply_matmul_precision(precision)
     fn.qed_precision = precision
@@ -204,8 +159,7 @@ def set_run_precision(fn, precision: str, device: torch.device | str, update_mod
 
 
 def apply_matmul_precision(precision: str) -> None:
-    """Sets the process-wide FP32 matmul precision of a run at ``precision`` (:data:`PRECISIONS`): TF32 everywhere
-    for ``tf32``; IEEE FP32 otherwise (``3xtf32`` scopes its tensor-core products itself, :func:`qed_products`)."""
+    """TF32 everywhere for ``tf32``; IEEE FP32 otherwise (``3xtf32`` scopes its products itself)."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision: {precision!r} is not one of {', '.join(PRECISIONS)}")
     if precision != "tf32":

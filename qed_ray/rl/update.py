@@ -1,32 +1,5 @@
-"""A pack's update as one replayable unit: eager, ``torch.compile``d, or one CUDA graph per update.
-
-:class:`PackUpdater` runs one update of every seed of a :class:`~qed_ray.rl.agents.packed.PackedAgent` from the two
-inputs that change between updates, the batch indices [S, B] and the noise block [S, R, A], and folds the metric
-vector into the trainer's :class:`~qed_ray.rl.update_metrics.MetricAccumulator` on the device. The update itself
-(gather of the batch from the pack's replay, losses, backward, per-seed clip, Adam, Polyak, metric sums) touches
-only tensors that stay where they are, and it never reads a value back to the host, which is what lets
-``graph`` mode capture it once and replay it:
-
-- ``off``: the eager update (the reference every other mode must equal).
-- ``compile``: the same function through ``torch.compile`` (inductor; the backward and the optimiser steps are
-  compiled in pieces around the graph breaks at ``backward()``). Any device; compiles on the first call.
-- ``graph``: CUDA only. The first :data:`WARMUP` calls run eagerly on a side stream (they are real updates: the
-  optimiser moments and the allocator settle), the next is captured with ``torch.cuda.graph`` into static input
-  buffers and replayed, and every later call copies its indices and noise into those buffers and replays the
-  graph: one launch per update instead of hundreds. The graph captures the *eager* update, not a compiled one:
-  inductor takes about a minute per agent variant on CPU for tiny networks, and a sweep builds one pack per
-  (task, agent, temperature), so the compile would cost more than it saves at the paper's sizes.
-- ``auto``: ``graph`` on CUDA; elsewhere ``compile`` when the run is long enough for the compile to pay back
-  (:func:`compile_pays`: the run's total updates against a compile cost and a per-update saving measured on a
-  2-core CPU), else ``off``. The choice is a function of the run's spec alone, so a resumed run makes it again;
-  the trainer says it in its start line and records it in each seed's summary (``update_mode``).
-
-MAD-SAC with ``agent.mad.model_every`` > 1 takes a host-side branch (model step or not) per update; a single
-graph cannot hold both, so ``graph`` falls back to ``off`` there and says so (:func:`resolve_mode`). Stopped
-seeds are held outside the graph after each update (:meth:`PackedAgent.hold_frozen`), so freezing a seed never
-invalidates a capture. The replay must live on the agent's device for the gather to be captured; when it lives in
-host memory the gathered batch is copied into static batch buffers instead.
-"""
+"""A pack's update as one replayable unit: eager, ``torch.compile``d, or one CUDA graph per update (the modes and
+why they look as they do: docs/design.md, "The packed update")."""
 
 from __future__ import annotations
 
@@ -64,11 +37,8 @@ def temperature_passes(agent: PackedAgent) -> str:
 
 
 def compile_pays(agent: PackedAgent, total_updates: int) -> tuple[bool, str]:
-    """Whether compiling a CPU pack's update repays its cost within the run's ``total_updates``, and why.
-
-    The estimate is :data:`CPU_COMPILE`'s measured cost against its saving per update scaled by the pack's
-    width^2 x batch x seeds; it reads no clock, so the same run always chooses the same way.
-    """
+    """Whether compiling a CPU pack's update repays its cost within ``total_updates``, and why: :data:`CPU_COMPILE`
+    scaled by width^2 x batch x seeds, no clock read, so the same run always chooses the same way."""
     cost_s, saved_ms = CPU_COMPILE[(agent.name, temperature_passes(agent))]
     spec = agent.spec
     saved_ms *= spec.hidden ** 2 * spec.batch_size * agent.n / CPU_COMPILE_WORK
@@ -80,15 +50,8 @@ def compile_pays(agent: PackedAgent, total_updates: int) -> tuple[bool, str]:
 
 def resolve_mode(mode: str, device: torch.device, agent: PackedAgent,
                  total_updates: int | None = None) -> tuple[str, str]:
-    """The mode a pack's update runs in and why, from ``train.compile``, the device and (``auto`` on a CPU) the
-    run's total updates (None: unknown, so eager).
-
-    Returns:
-        ``(mode, reason)``: mode one of ``off``, ``compile``, ``graph``; reason a short phrase for the log.
-
-    Raises:
-        ValueError: an unknown mode, or ``graph`` asked for on a device that is not CUDA.
-    """
+    """``(mode, reason)``: ``off``, ``compile`` or ``graph`` and a phrase for the log, from ``train.compile``, the
+    device and (``auto`` on a CPU) the run's total updates (None: unknown, so eager)."""
     device = torch.device(device)
     if mode not in MODES:
         raise ValueError(f"train.compile: {mode!r} is not one of {', '.join(MODES)}")
@@ -121,15 +84,8 @@ def model_every(agent: PackedAgent) -> int:
 
 
 class PackUpdater:
-    """One packed update per call, in the given mode, with the metric sums kept on the device.
-
-    Args:
-        agent: the pack.
-        replay: its replay (batches are gathered from it by index).
-        acc: the trainer's accumulator of [S, K] metric vectors (None: metrics are only returned).
-        mode: ``off``, ``compile`` or ``graph`` (see :func:`resolve_mode`).
-        batch_size: B (fixed: the static buffers have this shape).
-    """
+    """One packed update per call, in a resolved mode, the metric sums kept on the device in ``acc`` (None: metrics
+    only returned); ``batch_size`` is fixed, the static buffers have its shape."""
 
     def __init__(self, agent: PackedAgent, replay: Replay, acc: MetricAccumulator | None, mode: str,
                  batch_size: int):
@@ -161,12 +117,8 @@ class PackUpdater:
         self.metrics: torch.Tensor | None = None
 
     def __call__(self, idx: np.ndarray, noise: torch.Tensor) -> torch.Tensor:
-        """One update of every seed from batch indices ``idx`` [S, B] (:meth:`~qed_ray.rl.replay.Replay.indices`) and the
-        noise block ``noise`` [S, R, A] (:meth:`PackedAgent.noise`); folds the metrics into ``acc``.
-
-        Returns:
-            the [S, K] metric vector (in ``graph`` mode a static buffer the next call overwrites).
-        """
+        """One update of every seed from batch indices [S, B] and noise [S, R, A]; returns the [S, K] metrics (in
+        ``graph`` mode a static buffer the next call overwrites)."""
         self._load(idx, noise)
         if self.mode != "graph":
             self.metrics = self._step()
@@ -179,7 +131,7 @@ class PackUpdater:
         self.calls += 1
         if self.acc is not None:
             self.acc.counted()
-        self.agent.hold_frozen()
+        self.agent.hold_frozen()  # outside the graph: freezing a seed never invalidates a capture
         return self.metrics
 
     def eager(self, batch: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:

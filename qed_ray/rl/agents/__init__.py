@@ -1,9 +1,4 @@
-"""Agents: SAC-LN and MAD-SAC behind one interface (:class:`qed_ray.rl.agents.base.Agent`).
-
-:data:`AGENTS` maps each agent name to its class; :func:`make_agent` builds one from its spec,
-:func:`load_policy` rebuilds one from a checkpoint or policy snapshot, and :func:`load_policies` the seeds of one
-configuration as a pack (:class:`~qed_ray.rl.agents.packed.PackedAgent`), which is what acts and is evaluated.
-"""
+"""Agents: SAC-LN and MAD-SAC behind one interface; the registry, and loading them back from snapshots."""
 
 from __future__ import annotations
 
@@ -41,11 +36,8 @@ def make_agent(agent: AgentSpec, temperature: TemperatureSpec, obs_dim: int, act
 
 def make_packed_agent(agent: AgentSpec, temperature: TemperatureSpec | Sequence[TemperatureSpec], obs_dim: int,
                       action_dim: int, device: torch.device, seeds: Sequence[int]) -> PackedAgent:
-    """The pack of ``seeds``, each member initialised exactly as its single-seed agent (:func:`make_agent`).
-
-    ``temperature``: one rule for every member, or one per member (in ``seeds``' order) that differ only in
-    :data:`~qed_ray.spec.config.TemperatureSpec.MEMBER_FIELDS` (a pack by shape: QED's three k values, say).
-    """
+    """The pack of ``seeds``, each member initialised exactly as its single-seed agent; ``temperature``: one rule for
+    all, or one per member differing only in ``TemperatureSpec.MEMBER_FIELDS`` (a pack by shape)."""
     rules = [temperature] * len(seeds) if isinstance(temperature, TemperatureSpec) else list(temperature)
     if len(rules) != len(seeds):
         raise ValueError(f"temperature: {len(rules)} rules for a pack of {len(seeds)} members")
@@ -53,18 +45,9 @@ def make_packed_agent(agent: AgentSpec, temperature: TemperatureSpec | Sequence[
 
 
 def load_policy(directory: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[Agent, Manifest]:
-    """Builds the agent a checkpoint or policy snapshot describes and loads its modules.
-
-    Intermediate snapshots carry only the agent's ``acting_modules``; the others keep their seeded
-    initialisation. Snapshots of checkpoint format 1 load too (their module weights are upgraded).
-
-    Returns:
-        ``(agent, manifest)``; the manifest's ``run`` holds today's settings (a format-1 one upgraded).
-
-    Raises:
-        CheckpointError: unreadable, corrupt or outdated files. ValueError: a snapshot without the modules
-        needed to act.
-    """
+    """``(agent, manifest)`` a checkpoint or policy snapshot describes, its modules loaded (an intermediate
+    snapshot's other modules keep their seeded initialisation; format 1 upgraded). Raises CheckpointError for bad
+    files, ValueError for a snapshot without the modules needed to act."""
     state, manifest = load_checkpoint(directory, map_location=device, formats=POLICY_FORMATS)
     (spec,) = manifest.require(Path(directory) / MANIFEST_FILE, "run")
     if manifest.format_version == 1:
@@ -83,14 +66,7 @@ def load_policy(directory: str | os.PathLike, device: str | torch.device = "cpu"
 
 def load_policies(directories: Sequence[str | os.PathLike], device: str | torch.device = "cpu"
                   ) -> tuple[PackedAgent, list[Manifest]]:
-    """The policies of several snapshots of one configuration (the seeds of a group, in this order) as one pack,
-    which acts, gives its distributions and Q values for all of them in one call each (:func:`load_policy`).
-
-    Returns:
-        ``(pack, manifests)``.
-
-    Raises:
-        CheckpointError, ValueError: as :func:`load_policy`; ValueError for snapshots of different configurations.
-    """
+    """``(pack, manifests)`` of several snapshots of one configuration (a group's seeds, in this order): one call
+    each acts, gives distributions or Q values for all; raises as :func:`load_policy`, or for mixed configurations."""
     loaded = [load_policy(d, device) for d in directories]
     return PackedAgent([agent for agent, _ in loaded]), [m for _, m in loaded]

@@ -1,12 +1,9 @@
-"""The agent interface and the SAC chassis both agents share (paper Sec. 2, Sec. 5.2).
+"""The agent interface and the SAC chassis both agents share (paper Sec. 2, Sec. 5.2; docs/design.md, "The agent
+interface").
 
-:class:`Agent` declares one seed's agent. :class:`SACBase` writes the parts SAC-LN and MAD-SAC have in common
-once: acting as pure functions through an ``encode_with`` hook (identity for SAC-LN, the SimNorm encoder for
-MAD-SAC), the actor and temperature steps, noise drawing and state handling.
 :class:`SACFunctions` holds the pure functions both updates are built from: every network is called through
-``torch.func.functional_call`` with parameters passed in, and every random number comes in as noise drawn
-outside, so a loss is a function of (parameters, target parameters, temperature state, batch, noise) only and
-can be vmapped over a leading seed axis of stacked parameters.
+``functional_call`` with parameters passed in and every random number comes in as noise, so a loss is a function
+of (parameters, target parameters, temperature state, batch, noise) only and can be vmapped over stacked seeds.
 """
 
 from __future__ import annotations
@@ -27,12 +24,10 @@ from qed_ray.rl.temperature import alpha_stats, make_temperature, qed_disagreeme
 from qed_ray.rl.update_metrics import MetricLayout
 
 
-
 @runtime_checkable
 class Agent(Protocol):
-    """One seed's agent: its modules, optimisers and state layout, and the definition of one seed's update. A pack
-    of seeds (:class:`~qed_ray.rl.agents.packed.PackedAgent`, S >= 1) stacks such agents and is what trains, acts and
-    is evaluated."""
+    """One seed's agent: its modules, optimisers and state layout, and the definition of one seed's update (a
+    :class:`~qed_ray.rl.agents.packed.PackedAgent` stacks such agents and is what trains, acts and is evaluated)."""
 
     name: str
     acting_modules: tuple[str, ...]  # the modules a policy snapshot must hold to act and to be compared
@@ -40,24 +35,20 @@ class Agent(Protocol):
     generator: torch.Generator
     metric_layout: MetricLayout  # names of the columns of the metric vector learn() returns
 
-    def modules(self) -> dict[str, nn.Module]:
-        """Every module whose parameters or buffers define the agent."""
+    def modules(self) -> dict[str, nn.Module]: ...
 
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """Every optimiser."""
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]: ...
 
     def state_dict(self) -> dict:
         """Tensors only."""
 
-    def load_state_dict(self, state: dict) -> None:
-        """Inverse of state_dict."""
+    def load_state_dict(self, state: dict) -> None: ...
 
-    def report_warnings(self, metrics: dict[str, float]) -> list[str]:
-        """Warning lines for an interval's mean metrics."""
+    def report_warnings(self, metrics: dict[str, float]) -> list[str]: ...
 
 
 def draw_noise(generator: torch.Generator, rows: int, action_dim: int, dtype: torch.dtype) -> torch.Tensor:
-    """Standard-normal noise [rows, A] from ``generator`` on its device: the one way an agent draws noise."""
+    """Standard-normal noise [rows, A] from ``generator``: the one way an agent draws noise."""
     return torch.randn((rows, action_dim), generator=generator, device=generator.device, dtype=dtype)
 
 
@@ -70,33 +61,23 @@ def seeded_init(seed: int):
 
 
 def params_of(module: nn.Module) -> Params:
-    """The module's live parameters by name (gradients reach them)."""
     return dict(module.named_parameters())
 
 
 def call(module: nn.Module, params: Params, *args, **kwargs):
-    """``module(*args, **kwargs)`` computed with ``params`` in place of its parameters (``functional_call``).
-
-    The agents' modules share no weights, so the per-call search for tied weights is skipped.
-    """
+    """``module(*args, **kwargs)`` with ``params`` in place of its parameters; the agents' modules share no weights,
+    so the per-call search for tied weights is skipped."""
     return functional_call(module, params, args, kwargs, tie_weights=False)
 
 
 def detached(params: Params) -> Params:
-    """Views of ``params`` without gradient: a loss through them leaves no gradient on the module."""
+    """Views of ``params`` without gradient: a loss through them leaves none on the module."""
     return {k: v.detach() for k, v in params.items()}
 
 
 class SACFunctions:
-    """Pure functions of a SAC agent's actor, critic pair and temperature rule.
-
-    The modules given here serve only as structure: each call takes the parameters to use explicitly.
-
-    Args:
-        actor: a :class:`qed_ray.rl.networks.TanhGaussianActor`.
-        critic: a twin critic whose ``forward(states, actions, repeats)`` returns what :meth:`q_pair` reads.
-        temperature: a rule of :mod:`qed_ray.rl.temperature`.
-    """
+    """Pure functions of a SAC agent's actor, twin critic and temperature rule; the modules serve only as structure,
+    each call takes its parameters explicitly."""
 
     def __init__(self, actor: nn.Module, critic: nn.Module, temperature: nn.Module):
         self.actor, self.critic, self.temperature = actor, critic, temperature
@@ -119,8 +100,8 @@ class SACFunctions:
 
     def qed_q_pair(self, critic_p: Params, states: torch.Tensor, actions: torch.Tensor, repeats: int = 1
                    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`q_pair` for QED's no-grad passes, its linear layers at ``qed_precision``
-        (:func:`qed_ray.rl.precision.qed_products`); the TD loss and the actor's critic pass call :meth:`q_pair`."""
+        """:meth:`q_pair` for QED's no-grad passes, its linear layers at ``qed_precision``; the TD loss and the
+        actor's critic pass call :meth:`q_pair`."""
         with qed_products(self.qed_precision):
             return self.q_pair(critic_p, states, actions, repeats)
 
@@ -148,14 +129,9 @@ class SACFunctions:
 
     def actor_loss(self, actor_p: Params, critic_p: Params, tstate: Params, states: torch.Tensor,
                    eps: torch.Tensor, eps_qed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """SAC's actor loss (alpha(s) log pi(a|s) - min_j Q_j(s, a)).mean() with a ~ pi(.|s) (paper Eq. 1).
-
-        The critic enters with detached parameters, so gradients reach only the actor; alpha(s) is read from
-        the same critic pair.
-
-        Returns:
-            ``(loss 0-d, log_prob [B], alpha [B])``.
-        """
+        """SAC's actor loss (alpha(s) log pi(a|s) - min_j Q_j(s, a)).mean(), a ~ pi(.|s) (paper Eq. 1):
+        ``(loss 0-d, log_prob [B], alpha [B])``. The critic enters detached, so gradients reach only the actor;
+        alpha(s) is read from the same critic pair."""
         mu, log_std = self.policy(actor_p, states)
         a, logp = squashed_sample(mu, log_std, eps)
         q1, q2 = self.q_pair(detached(critic_p), states, a)
@@ -166,11 +142,10 @@ class SACFunctions:
 class SACBase:
     """Actor, twin critic (+ Polyak target), temperature, their optimisers and the agent's own generator.
 
-    Subclasses build their networks under :func:`seeded_init`, then call :meth:`_init_sac` and set ``fn`` (their
-    :class:`SACFunctions`, with ``noise_sizes(batch_size)``) and ``metric_layout``; they implement
-    ``learn(learner, batch, noise_parts)``, their update rule against a :class:`Learner` (a pack,
-    :class:`~qed_ray.rl.agents.packed.PackedAgent`), and may override ``encode``/``encode_with``, ``extra_modules``,
-    ``extra_optimizers``, ``extra_state``/``load_extra_state`` and ``report_warnings``.
+    Subclasses build their networks under :func:`seeded_init`, call :meth:`_init_sac`, set ``fn`` (their
+    :class:`SACFunctions`) and ``metric_layout``, and implement ``learn(learner, batch, noise_parts)`` against a
+    :class:`Learner`; the hooks below (``encode_with``, ``extra_*``, ``learner_state``, ``report_warnings``) default
+    to SAC-LN's.
     """
 
     name: ClassVar[str]
@@ -195,45 +170,37 @@ class SACBase:
 
     # ---- acting and noise, as pure functions of the parameters ----------------------------------------
     def noise(self, rows: int) -> torch.Tensor:
-        """Standard-normal noise [rows, A] from the agent's generator, in the parameters' dtype."""
         return draw_noise(self.generator, rows, self.action_dim, next(self.actor.parameters()).dtype)
 
     def noise_rows(self, batch_size: int) -> int:
-        """Rows of one update's noise block for ``batch_size`` (the sum of ``fn.noise_sizes``)."""
         return sum(self.fn.noise_sizes(batch_size))
 
     def encode_with(self, params: dict[str, Params], obs: torch.Tensor) -> torch.Tensor:
         """:meth:`encode` computed with ``params`` (a pure function, mapped over the seeds of a pack)."""
         return obs
 
+    # The *_with functions read observations [B, O] (and actions, noise [B, A]); vmapped over a pack's seeds.
     def sample_with(self, params: dict[str, Params], obs: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-        """Policy sample [B, A] at observations [B, O] with noise ``eps`` [B, A], computed with ``params``."""
         return self.fn.sample(params["actor"], self.encode_with(params, obs), eps)[0]
 
     def policy_with(self, params: dict[str, Params], obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pre-tanh ``(mu, log_std)`` [B, A] at observations [B, O], computed with ``params``."""
         return self.fn.policy(params["actor"], self.encode_with(params, obs))
 
     def mode_with(self, params: dict[str, Params], obs: torch.Tensor) -> torch.Tensor:
-        """Deterministic action tanh(mu) [B, A] at observations [B, O], computed with ``params``."""
         return torch.tanh(self.policy_with(params, obs)[0])
 
     def q_with(self, params: dict[str, Params], obs: torch.Tensor, action: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Online ``(Q1, Q2)`` [B] at (obs [B, O], action [B, A]), computed with ``params``."""
         return self.fn.q_pair(params["critic"], self.encode_with(params, obs), action)
 
     # ---- learning steps shared by both agents, against a Learner ---------------------------------------
     def actor_step(self, x: Learner, actor_p: Params, critic_p: Params, tstate: Params, states: torch.Tensor,
                    eps: torch.Tensor, eps_qed: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """One clipped Adam step on the actor loss (:meth:`SACFunctions.actor_loss`) at ``states``.
+        """One clipped Adam step on the actor loss: ``(loss, pre-clip grad norm, log_prob [B], temperature stats)``.
 
-        Returns:
-            ``(loss, pre-clip grad norm, log_prob [B] detached, temperature statistics)`` (each with a leading seed
-            axis in a pack): alpha_TE and :func:`~qed_ray.rl.temperature.alpha_stats` of the loss's alpha [B], read
-            here, before :meth:`temperature_step` moves alpha_TE in place, so they describe the alpha_TE the loss
-            used and the floor share compares alpha with the floor it was clipped at (after the step, a falling
-            alpha_TE would put no state "at the floor").
+        The stats (alpha_TE and :func:`~qed_ray.rl.temperature.alpha_stats` of the loss's alpha) are read before
+        :meth:`temperature_step` moves alpha_TE in place, so the floor share compares alpha with the floor it was
+        clipped at (after the step, a falling alpha_TE would put no state "at the floor").
         """
         loss, logp, alpha = x.per_seed(self.fn.actor_loss)(actor_p, critic_p, tstate, states, eps, eps_qed)
         stats = x.per_seed(self._alpha_stats)(alpha, tstate)
@@ -249,8 +216,7 @@ class SACBase:
 
     def step_metrics(self, critic_norm: torch.Tensor, actor_loss: torch.Tensor, actor_norm: torch.Tensor,
                      logp: torch.Tensor, alpha_loss: torch.Tensor, temperature_stats: torch.Tensor) -> torch.Tensor:
-        """The metric columns after the critic's: :data:`STEP_METRICS` of the agents, whose last (``alpha/te``)
-        leads :meth:`actor_step`'s temperature statistics ([..., 5 + 1 + alpha stats])."""
+        """The agents' ``STEP_METRICS`` columns, whose last (``alpha/te``) leads the temperature stats."""
         steps = [critic_norm, actor_loss, actor_norm, -logp.mean(-1), alpha_loss]
         return torch.cat([torch.stack(steps, -1), temperature_stats], -1)
 
@@ -258,24 +224,20 @@ class SACBase:
         return torch.stack([self.temperature.floor(tstate), *alpha_stats(alpha, self.temperature, tstate)])
 
     def report_warnings(self, metrics: dict[str, float]) -> list[str]:
-        """Warning lines for an evaluation interval's mean metrics (none by default)."""
         return []
 
     # ---- state -----------------------------------------------------------------------------------
     def extra_modules(self) -> dict[str, nn.Module]:
-        """Modules beyond the SAC chassis (MAD-SAC: encoder and latent model)."""
         return {}
 
     def extra_optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """Optimisers beyond the SAC chassis."""
         return {}
 
     def extra_state(self) -> dict:
-        """Tensors beyond modules, optimisers and the generator: :meth:`learner_state` of this agent."""
+        """Tensors beyond modules, optimisers and the generator."""
         return self.learner_state(self.updates, self.memo)
 
     def load_extra_state(self, state: dict) -> None:
-        """Inverse of :meth:`extra_state`."""
         self.updates, memo = self.read_learner_state(state)
         self.memo = {k: v.to(self.device) for k, v in memo.items()}
 
@@ -284,7 +246,6 @@ class SACBase:
         return {}
 
     def read_learner_state(self, state: dict) -> tuple[int, dict[str, torch.Tensor]]:
-        """Inverse of :meth:`learner_state`: ``(updates, memo)``."""
         return 0, {}
 
     def modules(self) -> dict[str, nn.Module]:
@@ -293,14 +254,13 @@ class SACBase:
                 "critic_target": self.critic_target, "temperature": self.temperature}
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """Every optimiser."""
         opts = {**self.extra_optimizers(), "actor_opt": self.actor_opt, "critic_opt": self.critic_opt}
         if self.alpha_opt is not None:
             opts["alpha_opt"] = self.alpha_opt
         return opts
 
     def params(self) -> dict[str, Params]:
-        """Live trainable parameters per module name, and the temperature state (what the losses take)."""
+        """Live trainable parameters per module name, and the temperature state: what the losses take."""
         out = {k: params_of(m) for k, m in self.modules().items() if k not in ("critic_target", "temperature")}
         out["temperature"] = temperature_state(self.temperature)
         return out
@@ -314,7 +274,7 @@ class SACBase:
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        """Inverse of :meth:`state_dict`; raises KeyError naming a missing part."""
+        """Raises KeyError naming a missing part."""
         for k, m in self.modules().items():
             m.load_state_dict(state[k])
         for k, o in self.optimizers().items():

@@ -1,18 +1,11 @@
-"""MAD-SAC: MaxEnt MAD-TD without MPC (paper Sec. 5.2, App. B).
+"""MAD-SAC: MaxEnt MAD-TD without MPC (paper Sec. 5.2, App. B; docs/mad_sac.md).
 
 A SimNorm encoder, a one-step latent model (dynamics + reward) and two HL-Gauss critic heads. Each critic batch
 mixes real transitions with one-step model transitions from the same real start states under policy actions
 (``proportion_real`` real rows first; MAD-TD's ``critic_updates.py``). The actor is SAC-LN's tanh-Gaussian on the
-detached latent, and the temperatures are the same rules as SAC-LN's; acting, the actor and temperature steps
-and state handling are :class:`qed_ray.rl.agents.base.SACBase`'s.
-
-The losses are pure functions (:class:`MadFunctions`) of (parameters, target parameters, temperature state,
-batch, noise). One noise block per update, of a fixed size (:meth:`MadFunctions.noise_sizes`), holds in order:
-the model step's soft target (a', QED(z')), the critic batch's model actions, its soft target (a', QED(z')),
-and the actor step (a, QED(z)). The model-step rows are drawn even when ``model_every`` skips the model step, so
-the block's shape never changes. The only Python branch is the ``model_every`` check on an integer counter; the
-settings that change the block (``temperature.target_alpha: floor`` drops the QED(z') rows,
-``agent.mad.actor_rows: all`` sizes the actor rows to the whole batch) are fixed per configuration.
+detached latent; acting, the actor and temperature steps and state handling are :class:`SACBase`'s. The noise
+block's layout is :meth:`MadFunctions.noise_sizes` (docs/design.md, "The agent interface"); the only Python branch
+is the ``model_every`` check on an integer counter.
 """
 
 from __future__ import annotations
@@ -38,15 +31,8 @@ STEP_METRICS = ("grad/critic_norm", "loss/actor", "grad/actor_norm", "policy/ent
 
 
 def split_sizes(batch_size: int, proportion_real: float) -> tuple[int, int]:
-    """Rows ``(n_real, n_model)`` of a critic batch: n_real = int(B * proportion_real) (MAD-TD's batch mixing).
-
-    Args:
-        batch_size: B, the rows sampled from replay.
-        proportion_real: share of real rows in (0, 1].
-
-    Returns:
-        ``(n_real, B - n_real)``: 256/256 for B=512 at 0.5, 486/26 at 0.95.
-    """
+    """Rows ``(n_real, B - n_real)`` of a critic batch, n_real = int(B * proportion_real) (MAD-TD's batch mixing):
+    256/256 for B=512 at 0.5, 486/26 at 0.95."""
     if not 0.0 < proportion_real <= 1.0:
         raise ValueError(f"agent.mad.proportion_real: {proportion_real} is outside (0, 1]")
     n_real = int(batch_size * proportion_real)
@@ -68,7 +54,7 @@ class MadFunctions(SACFunctions):
         """Rows of the noise block's parts for batch size b, in draw order (N = QED samples per state, N' the same
         at z' for the target, 0 with ``target_alpha: floor``): model step a' (B), QED(z') (B N'); critic batch
         model actions (n_model), a' (B), QED(z') (B N'); actor a (n_actor), QED(z) (n_actor N), where n_actor is
-        :meth:`actor_rows`."""
+        :meth:`actor_rows`. The model-step rows are drawn even when ``model_every`` skips it: one shape always."""
         _, n_model = split_sizes(b, self.mad.proportion_real)
         n, n_target, n_actor = self.n_qed, self.n_qed_target, self.actor_rows(b)
         return b, b * n_target, n_model, b, b * n_target, n_actor, n_actor * n
@@ -80,7 +66,7 @@ class MadFunctions(SACFunctions):
 
     def q_pair(self, critic_p: Params, states: torch.Tensor, actions: torch.Tensor, repeats: int = 1
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Expected values ``(E[Q1], E[Q2])`` [B * repeats] of the HL-Gauss heads."""
+        """``(E[Q1], E[Q2])`` [B * repeats] of the HL-Gauss heads."""
         l1, l2 = self.logits(critic_p, states, actions, repeats)
         return self.hl.decode(l1), self.hl.decode(l2)
 
@@ -90,14 +76,11 @@ class MadFunctions(SACFunctions):
         return super().q_pair(critic_p, z, a, repeats)
 
     def encode(self, encoder_p: Params, obs: torch.Tensor) -> torch.Tensor:
-        """Latent simplices [B, L] of observations [B, O]."""
         return call(self.encoder, encoder_p, obs)
 
     def critic_ce(self, l1: torch.Tensor, l2: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """HL-Gauss loss of both heads (logits [B, bins]) against scalar targets y [B]: head1 + head2, 0-d.
-
-        Mean over bins and batch per head, heads summed: MAD-TD's reduction (``rl_targets.py``).
-        """
+        """HL-Gauss loss of both heads (logits [B, bins]) against targets y [B], 0-d: mean over bins and batch per
+        head, heads summed (MAD-TD's reduction, ``rl_targets.py``)."""
         probs = self.hl.encode(y.detach())
         return cross_entropy(l1, probs).mean() + cross_entropy(l2, probs).mean()
 
@@ -105,14 +88,9 @@ class MadFunctions(SACFunctions):
     def soft_target(self, actor_p: Params, target_p: Params, tstate: Params, z_next: torch.Tensor,
                     reward: torch.Tensor, discount: torch.Tensor, eps: torch.Tensor, eps_qed: torch.Tensor,
                     dist: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """MaxEnt TD target y = r + discount (min_j E[Qtarg_j](z', a') - alpha(z') log pi(a'|z')), a' ~ pi.
-
-        alpha(z') comes from the target critic, which produces the target value (or is alpha_TE, see
-        :meth:`SACFunctions.target_alpha`). ``dist``: the policy's (mu, log_std) at z' if already computed.
-
-        Returns:
-            ``(y [B], alpha(z') [B])``.
-        """
+        """``(y [B], alpha(z') [B])``: y = r + discount (min_j E[Qtarg_j](z', a') - alpha(z') log pi(a'|z')),
+        a' ~ pi, alpha(z') from the target critic, which produces the target value (or alpha_TE, see
+        :meth:`SACFunctions.target_alpha`). ``dist``: the policy's (mu, log_std) at z' if already computed."""
         dist = self.policy(actor_p, z_next) if dist is None else dist
         a, logp = squashed_sample(*dist, eps)
         tq1, tq2 = self.q_pair(target_p, z_next, a)
@@ -121,16 +99,14 @@ class MadFunctions(SACFunctions):
 
     def model_losses(self, params: dict[str, Params], target_p: Params, batch: dict[str, torch.Tensor],
                      eps: torch.Tensor, eps_qed: torch.Tensor) -> torch.Tensor:
-        """The four encoder/model losses on real data (MAD-TD's ``compute_model_loss``, made MaxEnt) [4].
+        """The four encoder/model losses [4] on real data (MAD-TD's ``compute_model_loss``, made MaxEnt), in
+        :data:`MODEL_LOSSES` order: reward MSE, latent self-prediction CE (mean over latent dims), value-aware CE
+        through the predicted latent, critic CE through the encoder.
 
-        Gradients reach only encoder, dynamics and reward head: the target critic's parameters are frozen, the
-        online critic enters with detached parameters, and a* = tanh(mu(z')) and the soft targets are computed
-        without grad. The "target encoder" is the online encoder under no_grad: MAD-TD re-syncs it after every
-        model step (tau 0), and the encoder changes only in model steps, so the two are always equal.
-
-        Returns:
-            [4] losses in :data:`MODEL_LOSSES` order: reward MSE, latent self-prediction CE (mean over latent
-            dims), value-aware CE through the predicted latent, critic CE through the encoder.
+        Gradients reach only encoder, dynamics and reward head: the target critic is frozen, the online critic
+        enters detached, a* = tanh(mu(z')) and the soft targets are computed without grad. The "target encoder" is
+        the online encoder under no_grad: MAD-TD re-syncs it after every model step (tau 0), and the encoder
+        changes only in model steps, so the two are always equal.
         """
         obs, act, rew = batch["obs"], batch["action"], batch["reward"]
         b = obs.shape[0]
@@ -156,15 +132,12 @@ class MadFunctions(SACFunctions):
     @torch.no_grad()
     def critic_batch(self, params: dict[str, Params], target_p: Params, batch: dict[str, torch.Tensor],
                      eps_model: torch.Tensor, eps: torch.Tensor, eps_qed: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The mixed critic batch (MAD-TD's ``update_critic``); no gradient anywhere.
+        """The mixed critic batch (MAD-TD's ``update_critic``), no gradient: z [B, L], a [B, A], y [B], is_model [B],
+        next_alpha [B] and reward_mse 0-d (the reward head on the real rows, a model-quality diagnostic).
 
         Rows [0, n_real) are replay transitions with z' = enc(s'). Rows [n_real, B) keep only the real start
         state s: a_m ~ pi(.|enc(s)) (noise ``eps_model``), and (z'_m, r_m) come from the latent model. Model
         rows inherit the real row's ``terminated`` flag (always 0 on dm_control).
-
-        Returns:
-            z [B, L] (enc(s)), a [B, A], y [B] soft targets, is_model [B] bool, next_alpha [B] alpha(z'),
-            reward_mse 0-d (reward head on the real rows, a model-quality diagnostic).
         """
         obs, act, rew = batch["obs"], batch["action"], batch["reward"]
         b = obs.shape[0]
@@ -187,13 +160,9 @@ class MadFunctions(SACFunctions):
     def critic_loss(self, params: dict[str, Params], target_p: Params, batch: dict[str, torch.Tensor],
                     eps_model: torch.Tensor, eps: torch.Tensor, eps_qed: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """HL-Gauss critic loss on the mixed batch; gradient reaches only ``params["critic"]``.
-
-        Returns:
-            ``(loss 0-d, metrics, z_actor [n_actor, L])``: metrics are :data:`CRITIC_METRICS` then the
-            alpha/target statistics; z_actor are the latents of the first :meth:`actor_rows` rows (the actor
-            step's states: the real rows, or all rows).
-        """
+        """HL-Gauss critic loss on the mixed batch, gradient into ``params["critic"]`` only: ``(loss 0-d, metrics,
+        z_actor)``, metrics :data:`CRITIC_METRICS` then the alpha/target statistics, z_actor [n_actor, L] the actor
+        step's latents (:meth:`actor_rows`)."""
         cb = self.critic_batch(params, target_p, batch, eps_model, eps, eps_qed)
         l1, l2 = self.logits(params["critic"], cb["z"], cb["a"])
         loss = self.critic_ce(l1, l2, cb["y"])
@@ -213,16 +182,8 @@ class MadFunctions(SACFunctions):
 
 
 class MadSAC(SACBase):
-    """Encoder, latent model, HL-Gauss twin critic (+ target), actor, temperature and their optimisers.
-
-    Args:
-        spec: agent hyper-parameters (MAD-specific ones under ``spec.mad``).
-        temperature: temperature rule.
-        obs_dim: observation size (from the env).
-        action_dim: action size (from the env).
-        device: where modules live.
-        seed: seeds initialisation and the agent's own sampling generator.
-    """
+    """Encoder, latent model, HL-Gauss twin critic (+ target), actor, temperature and their optimisers; ``seed``
+    seeds initialisation and the agent's own sampling generator."""
 
     name = "mad_sac"
     acting_modules = ("encoder", "actor")  # what an intermediate policy snapshot needs
@@ -264,16 +225,12 @@ class MadSAC(SACBase):
 
     # ---- learning ----------------------------------------------------------------------------------
     def encode_with(self, params: dict[str, Params], obs: torch.Tensor) -> torch.Tensor:
-        """The SimNorm latent computed with ``params["encoder"]``."""
         return self.fn.encode(params["encoder"], obs)
 
     def model_step(self, x: Learner, params: dict[str, Params], target_p: Params, batch: dict[str, torch.Tensor],
                    eps: torch.Tensor, eps_qed: torch.Tensor) -> torch.Tensor:
-        """One Adam step on encoder (lr encoder_lr) and dynamics + reward (lr model_lr), each clipped at 20.
-
-        Returns:
-            [6] detached metrics (:data:`MODEL_METRIC_KEYS`): the four losses and both pre-clip gradient norms.
-        """
+        """One clipped Adam step on encoder (encoder_lr) and dynamics + reward (model_lr): [6] metrics
+        (:data:`MODEL_METRIC_KEYS`), the four losses and both pre-clip gradient norms."""
         losses = x.per_seed(self.fn.model_losses)(params, target_p, batch, eps, eps_qed)
         clip = self.spec.grad_clip
         enc_norm, model_norm = x.step(losses, ("encoder_opt", clip), ("model_opt", clip))
@@ -282,17 +239,7 @@ class MadSAC(SACBase):
     def learn(self, x: Learner, batch: dict[str, torch.Tensor], noise: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """(0) model step every ``model_every``-th call, (1) mixed critic step, (2) actor + temperature on the real
         rows (or all rows, ``agent.mad.actor_rows``), (3) Polyak on the target critic (the order of MAD-TD's update
-        step), on the learner's parameters (this agent's, or a pack's).
-
-        Args:
-            x: the :class:`~qed_ray.rl.agents.base.Learner` whose parameters move.
-            batch: replay batch: obs [B, O], action [B, A], reward [B], next_obs [B, O], terminated [B] (a leading
-                seed axis in a pack).
-            noise: the update's block split by :meth:`MadFunctions.noise_sizes`.
-
-        Returns:
-            the metric vector (:attr:`metric_layout`); model metrics are the last model step's when it is skipped.
-        """
+        step); the metric vector (:attr:`metric_layout`), the model columns the last model step's when skipped."""
         e_mt, e_mq, e_model, e_t, e_tq, e_a, e_aq = noise
         p, target_p = x.params(), x.target_params()
         if x.updates % self.mad.model_every == 0:
@@ -312,11 +259,8 @@ class MadSAC(SACBase):
                           x.memo["model_metrics"].to(critic_metrics.dtype)], -1)
 
     def report_warnings(self, metrics: dict[str, float]) -> list[str]:
-        """Warning lines for an evaluation interval's mean metrics (the trainer logs them).
-
-        Warns when the share of TD targets clipped by the HL-Gauss support exceeds
-        ``agent.mad.clip_warn_fraction`` (large alpha or action dims push soft values out of the support).
-        """
+        """A warning when the share of TD targets clipped by the HL-Gauss support exceeds
+        ``agent.mad.clip_warn_fraction`` (large alpha or action dims push soft values out of the support)."""
         frac = metrics.get("mad/target_clip_frac")
         if frac is None or not frac > self.mad.clip_warn_fraction:
             return []
@@ -326,11 +270,9 @@ class MadSAC(SACBase):
 
     # ---- state -----------------------------------------------------------------------------------
     def extra_modules(self) -> dict[str, torch.nn.Module]:
-        """Encoder and latent model."""
         return {"encoder": self.encoder, "dynamics": self.dynamics, "reward": self.reward}
 
     def extra_optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """Encoder and model optimisers."""
         return {"encoder_opt": self.encoder_opt, "model_opt": self.model_opt}
 
     def learner_state(self, updates: int, memo: dict[str, torch.Tensor]) -> dict:
@@ -339,5 +281,4 @@ class MadSAC(SACBase):
                 "model_metrics": memo["model_metrics"].detach().clone()}
 
     def read_learner_state(self, state: dict) -> tuple[int, dict[str, torch.Tensor]]:
-        """Inverse of :meth:`learner_state`."""
         return int(state["updates"]), {"model_metrics": state["model_metrics"]}

@@ -1,26 +1,5 @@
-"""A pack: the S members of one (task, agent, temperature kind, network shape) trained as one batched computation.
-
-:class:`PackedAgent` stacks the parameters, buffers, optimiser moments and update memo of S single-seed agents
-along a leading seed axis ([S, ...]) and is the :class:`~qed_ray.rl.agents.base.Learner` of the agent's own update
-rule (``learn``): every loss is the single-seed loss function mapped over the seeds with
-``torch.func.vmap(randomness="error")`` (a random draw inside would fail loudly), the gradient step takes the
-backward of the **sum** of the per-seed losses (each seed's gradient is exactly its own), clips each seed by its
-own global norm (:func:`~qed_ray.rl.networks.per_seed_clip_`) and runs one element-wise Adam over the stacked
-tensors. No operation mixes seeds, so a NaN in one seed stays in its slice.
-
-A pack's members are its seeds; they may also differ in the temperature's scalars
-(:data:`~qed_ray.spec.config.TemperatureSpec.MEMBER_FIELDS`: QED's k and alpha_max, a fixed alpha, the initial alpha_TE),
-each member's value being its own slice of the stacked temperature state (:attr:`PackedAgent.settings` for the
-values that are not checkpointed). Everything else (agent settings, the rest of the temperature) is one for all.
-
-Randomness stays per seed: seed s keeps the ``torch.Generator`` its single-seed agent was built with, and every
-update and action draws exactly the block a single-seed run of that seed draws (zeros for a stopped seed, whose
-generator is left alone). Batch indices and noise come in as inputs, so the update has static shapes.
-
-Per seed, outward, nothing changes: :meth:`PackedAgent.seed_state_dict` is exactly the single-seed agent's
-``state_dict`` layout (loadable by ``SACBase.load_state_dict``), and :meth:`PackedAgent.load_seed_state_dicts`
-stacks such states back.
-"""
+"""A pack: the S members of one (task, agent, temperature kind, network shape) trained as one batched computation
+(docs/design.md, "The packed update")."""
 
 from __future__ import annotations
 
@@ -50,8 +29,7 @@ def slice_optimizer_state(state: dict, i: int) -> dict:
 
 
 def stack_optimizer_states(states: Sequence[dict]) -> dict:
-    """Inverse of :func:`slice_optimizer_state` over the S seeds; raises ValueError if the seeds took different
-    numbers of steps (a pack's seeds always step together)."""
+    """Inverse of :func:`slice_optimizer_state` over the S seeds (who must have taken the same steps)."""
     first = states[0]
     if any(set(s["state"]) != set(first["state"]) for s in states):
         raise ValueError("optimiser state: some seeds have taken steps that others have not; a pack's seeds step "
@@ -98,14 +76,8 @@ def _one_seed(fn: Callable) -> Callable:
 class PackedAgent:
     """S seeds of one agent: stacked tensors, one vmapped update, per-seed noise and state.
 
-    Args:
-        agents: S freshly built (or restored) single-seed agents of one spec, temperature (its member scalars
-            aside), dims and device, in pack order. The first serves as the template whose modules give the
-            functions their structure.
-
-    Raises:
-        ValueError: agents that differ in type, spec, device or a shared temperature setting (named), or shared
-            buffers that differ between seeds.
+    ``agents``: S single-seed agents of one spec, temperature (its member scalars aside), dims and device, in pack
+    order; the first is the template whose modules give the functions their structure.
     """
 
     def __init__(self, agents: Sequence[SACBase]):
@@ -144,19 +116,17 @@ class PackedAgent:
 
     # ---- the Learner interface -------------------------------------------------------------------------
     def params(self) -> dict[str, Params]:
-        """Stacked trainable parameters [S, ...] per module name, and the stacked temperature state."""
         out = {m: {n: self.state[m][n] for n in names} for m, names in self.param_names.items()
                if m not in (TARGET, TEMPERATURE)}
         out[TEMPERATURE] = {**self.state[TEMPERATURE], **self.settings}
         return out
 
     def target_params(self) -> Params:
-        """The stacked target critic parameters."""
         return {n: self.state[TARGET][n] for n in self.param_names[TARGET]}
 
     def per_seed(self, fn: Callable) -> Callable:
-        """``fn`` mapped over the leading seed axis; a random draw inside raises. After :meth:`compile_losses`,
-        the mapped function is compiled once per ``fn`` (``torch.compile``) and reused."""
+        """``fn`` mapped over the leading seed axis (a random draw inside raises); compiled once per ``fn`` after
+        :meth:`compile_losses`."""
         if self._compiled is None:
             return _one_seed(fn) if self.n == 1 else torch.func.vmap(fn, randomness="error")
         if fn not in self._compiled:
@@ -175,7 +145,6 @@ class PackedAgent:
             torch._dynamo.config.recompile_limit = limit
 
     def step(self, loss: torch.Tensor, *groups: tuple[str, float | None]) -> list[torch.Tensor]:
-        """Backward of the sum of the per-seed losses, per-seed clipping, one Adam step per group; [S] norms."""
         for name, _ in groups:
             self.opts[name].zero_grad(set_to_none=True)
         loss.sum().backward()
@@ -186,42 +155,30 @@ class PackedAgent:
         return norms
 
     def polyak(self, rate: float) -> None:
-        """target <- (1 - rate) target + rate online, element-wise over the stacked tensors."""
         names = self.param_names[TARGET]
         polyak_lerp_([self.state[TARGET][n] for n in names], [self.state["critic"][n] for n in names], rate)
 
     # ---- learning and acting ---------------------------------------------------------------------------
     def noise(self, batch_size: int, active: np.ndarray) -> torch.Tensor:
-        """[S, R, A] update noise: seed s's block from its own generator, exactly as its single-seed run draws
-        it; zeros (and no draw) for a stopped seed."""
-        rows = self.template.noise_rows(batch_size)
-        return self._per_seed_noise(rows, active)
+        """[S, R, A] update noise, seed s's block from its own generator; zeros (and no draw) for a stopped seed."""
+        return self._per_seed_noise(self.template.noise_rows(batch_size), active)
 
     def update(self, batch: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
-        """One update of every seed.
-
-        Args:
-            batch: obs [S, B, O], action [S, B, A], reward [S, B], next_obs [S, B, O], terminated [S, B].
-            noise: [S, R, A] from :meth:`noise` (or any standard-normal block of that shape).
-
-        Returns:
-            [S, K] metric vectors (``metric_layout``); a stopped seed's row is meaningless.
-        """
+        """One update of every seed from obs [S, B, O], action [S, B, A], reward, terminated [S, B], next_obs and
+        noise [S, R, A]; [S, K] metrics (a stopped seed's row is meaningless)."""
         metrics = self.learn(batch, noise)
-        self._hold_frozen()
+        self.hold_frozen()
         return metrics
 
     def learn(self, batch: dict[str, torch.Tensor], noise: torch.Tensor) -> torch.Tensor:
-        """:meth:`update` without holding stopped seeds: only device work on tensors that stay put (parameters,
-        moments, target and memo are updated in place; no host sync), so a CUDA graph can capture it
-        (:mod:`qed_ray.rl.update`). The caller holds stopped seeds afterwards (:meth:`hold_frozen`)."""
+        """:meth:`update` without holding stopped seeds: only in-place device work, no host sync, so a CUDA graph
+        can capture it; the caller holds stopped seeds afterwards (:meth:`hold_frozen`)."""
         parts = noise.split(self.template.fn.noise_sizes(batch["obs"].shape[1]), dim=1)
         return self.template.learn(self, batch, parts)
 
     @torch.no_grad()
     def act(self, obs: np.ndarray, active: np.ndarray) -> np.ndarray:
-        """Policy samples [S, A] for observations [S, O]: one forward for all seeds, noise [1, A] per active seed
-        from its generator (the draw its single-seed ``act`` makes)."""
+        """Policy samples [S, A] for observations [S, O]; noise [1, A] per active seed from its generator."""
         eps = self._per_seed_noise(1, active)
         x = torch.as_tensor(obs, dtype=torch.float32, device=self.device).unsqueeze(1)
         return self.per_seed(self.template.sample_with)(self._acting_params(), x, eps)[:, 0].cpu().numpy()
@@ -253,7 +210,6 @@ class PackedAgent:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The parameters' dtype (the noise's)."""
         return self.state["actor"][self.param_names["actor"][0]].dtype
 
     def _per_seed_noise(self, rows: int, active: np.ndarray) -> torch.Tensor:
@@ -264,9 +220,8 @@ class PackedAgent:
 
     # ---- stopping a seed -------------------------------------------------------------------------------
     def freeze(self, i: int) -> None:
-        """Stops seed ``i``: its parameters, target and memo keep their present values from now on (its
-        gradients and moments may go on being computed, but nothing of it moves and nothing of it reaches
-        another seed)."""
+        """Stops seed ``i``: its parameters, target and memo keep their values from now on (its gradients and
+        moments may go on being computed, but nothing of it moves or reaches another seed)."""
         if i not in self._frozen:
             self._frozen[i] = [t[i].detach().clone() for t in self._stacked()]
 
@@ -283,19 +238,16 @@ class PackedAgent:
                 out.update({f"{name}.{i}.{k}": v for k, v in opt.state[p].items() if k != "step"})
         return out
 
+    @torch.no_grad()
     def hold_frozen(self) -> None:
         """Puts every stopped seed's tensors back to their values at :meth:`freeze` (after :meth:`learn`)."""
-        self._hold_frozen()
-
-    @torch.no_grad()
-    def _hold_frozen(self) -> None:
         for i, values in self._frozen.items():
             for t, v in zip(self._stacked(), values):
                 t[i] = v
 
     # ---- per-seed state in the single-seed layout --------------------------------------------------------
     def seed_state_dict(self, i: int) -> dict:
-        """Seed ``i``'s state exactly as its single-seed agent's ``state_dict`` lays it out, as CPU copies."""
+        """Seed ``i``'s state in its single-seed agent's ``state_dict`` layout, as CPU copies."""
         state = {m: {k: host(v[i]) for k, v in sd.items()} for m, sd in self.state.items()}
         state.update({name: slice_optimizer_state(opt.state_dict(), i) for name, opt in self.opts.items()})
         state["generator"] = self.generators[i].get_state()
@@ -312,12 +264,7 @@ class PackedAgent:
 
     @torch.no_grad()
     def load_seed_state_dicts(self, states: Sequence[dict | None]) -> None:
-        """Loads S single-seed states (``state_dict`` layout) into the pack; None keeps that seed as it is.
-
-        Raises:
-            ValueError: states whose update counters or optimiser step counts differ (the seeds of a pack
-            always step together), or a wrong number of states.
-        """
+        """Loads S single-seed states (``state_dict`` layout) into the pack; None keeps that seed as it is."""
         if len(states) != self.n:
             raise ValueError(f"states: {len(states)} given for a pack of {self.n} seeds")
         given = [(i, s) for i, s in enumerate(states) if s is not None]

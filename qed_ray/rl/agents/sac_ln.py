@@ -1,11 +1,5 @@
 """SAC-LN: soft actor-critic with LayerNorm twin critics (paper Sec. 5.2, App. B).
 
-The update is built from pure functions (:class:`SACLNFunctions`) of (parameters, target parameters, temperature
-state, batch, noise). One noise block per update, ``[B * (2 + N' + N), A]`` from the agent's own generator, is
-split as next action | QED(s') | action | QED(s) (N = QED's samples per state, 0 for te and fixed; N' = N, or 0
-with ``temperature.target_alpha: floor``). No host syncs: the metrics come back as one vector
-(:attr:`SACLN.metric_layout`) that the trainer reads at report time.
-
 The critic heads are scalar with a squared TD error (``agent.critic: mse``, the default) or HL-Gauss histograms
 trained by cross-entropy (``hlgauss``: the MAD-TD code's model-free configuration, with MAD-SAC's zero prior);
 QED and the TD target read the heads' expected values either way.
@@ -37,7 +31,8 @@ class SACLNFunctions(SACFunctions):
         self.hl: HLGauss | None = getattr(critic, "hl", None)  # HL-Gauss heads (agent.critic: hlgauss) or None
 
     def noise_sizes(self, b: int) -> tuple[int, int, int, int]:
-        """Rows of the noise block's parts for batch size b: next action, QED(s'), action, QED(s)."""
+        """Rows of the noise block's parts for batch size b: next action, QED(s'), action, QED(s) (N' = N, or 0 with
+        ``temperature.target_alpha: floor``)."""
         return b, b * self.n_qed_target, b, b * self.n_qed
 
     def q_pair(self, critic_p: Params, states: torch.Tensor, actions: torch.Tensor, repeats: int = 1
@@ -50,11 +45,9 @@ class SACLNFunctions(SACFunctions):
 
     def td_loss(self, critic_p: Params, obs: torch.Tensor, act: torch.Tensor, target: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The critic loss against ``target`` [B] and the heads' values ``(loss 0-d, Q1 [B], Q2 [B])``.
-
-        Scalar heads: 0.5 * sum_j mean (Q_j(s, a) - y)^2. HL-Gauss heads: the cross-entropy of each head against
-        the histogram of y, mean over bins and batch, heads summed (MAD-TD's reduction, as MAD-SAC's critic).
-        """
+        """``(loss 0-d, Q1 [B], Q2 [B])`` against ``target`` [B]. Scalar heads: 0.5 * sum_j mean (Q_j(s, a) - y)^2;
+        HL-Gauss heads: each head's cross-entropy against the histogram of y, mean over bins and batch, heads summed
+        (MAD-TD's reduction, as MAD-SAC's critic)."""
         if self.hl is None:
             q1, q2 = self.q_pair(critic_p, obs, act)
             return 0.5 * ((q1 - target).pow(2).mean() + (q2 - target).pow(2).mean()), q1, q2
@@ -65,21 +58,11 @@ class SACLNFunctions(SACFunctions):
 
     def critic_loss(self, params: dict[str, Params], target_p: Params, batch: dict[str, torch.Tensor],
                     eps_next: torch.Tensor, eps_qed_next: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Twin-critic TD loss 0.5 * sum_j mean (Q_j(s, a) - y)^2 against the soft target
-        y = r + gamma (1 - d) (min_j Qtarg_j(s', a') - alpha(s') log pi(a'|s')), a' ~ pi(.|s') (paper Eq. 1).
-
+        """Twin-critic TD loss (:meth:`td_loss`) against the soft target
+        y = r + gamma (1 - d) (min_j Qtarg_j(s', a') - alpha(s') log pi(a'|s')), a' ~ pi(.|s') (paper Eq. 1);
         alpha(s') is read from the target critics, which produce the target value (or is alpha_TE, see
-        :meth:`SACFunctions.target_alpha`). With HL-Gauss heads the loss is their cross-entropy (:meth:`td_loss`).
-
-        Args:
-            params: ``actor``, ``critic``, ``temperature`` parameters (only the critic gets gradient).
-            target_p: target critic parameters.
-            batch: obs [B, O], action [B, A], reward [B], next_obs [B, O], terminated [B].
-            eps_next: [B, A] noise of a'. eps_qed_next: [B * N, A] noise of QED's samples at s'.
-
-        Returns:
-            ``(loss 0-d, metrics)``: :data:`CRITIC_METRICS`, :data:`HL_METRICS` (HL-Gauss heads only), then the
-            alpha/target statistics.
+        :meth:`SACFunctions.target_alpha`). Only the critic gets gradient. ``(loss 0-d, metrics)``:
+        :data:`CRITIC_METRICS`, :data:`HL_METRICS` (HL-Gauss heads only), then the alpha/target statistics.
         """
         obs, act, rew, nxt = batch["obs"], batch["action"], batch["reward"], batch["next_obs"]
         actor_p, tstate = params["actor"], params["temperature"]
@@ -109,16 +92,8 @@ def make_critic(spec: AgentSpec, obs_dim: int, action_dim: int) -> torch.nn.Modu
 
 
 class SACLN(SACBase):
-    """Actor, twin critics, target critics, temperature and their optimisers.
-
-    Args:
-        spec: agent hyper-parameters.
-        temperature: temperature rule.
-        obs_dim: observation size (from the env).
-        action_dim: action size (from the env).
-        device: where modules live.
-        seed: seeds initialisation and the agent's own sampling generator.
-    """
+    """Actor, twin critics, target critics, temperature and their optimisers; ``seed`` seeds initialisation and the
+    agent's own sampling generator."""
 
     name = "sac_ln"
     acting_modules = ("actor",)  # what an intermediate policy snapshot needs (acting and the KL metric)
@@ -138,16 +113,8 @@ class SACLN(SACBase):
                                            *STEP_METRICS, *alpha_stat_names(self.temperature, "alpha/actor")))
 
     def learn(self, x: Learner, batch: dict[str, torch.Tensor], noise: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """One critic, actor, temperature and Polyak step on the learner's parameters (this agent's, or a pack's).
-
-        Args:
-            x: the :class:`~qed_ray.rl.agents.base.Learner` whose parameters move.
-            batch: replay batch (see :meth:`SACLNFunctions.critic_loss`; a leading seed axis in a pack).
-            noise: the update's noise block split by :meth:`SACLNFunctions.noise_sizes`.
-
-        Returns:
-            the metric vector [K] ([S, K] in a pack), detached, columns named by :attr:`metric_layout`.
-        """
+        """One critic, actor, temperature and Polyak step on the learner's parameters; the metric vector [K] ([S, K]
+        in a pack), columns named by :attr:`metric_layout`."""
         eps_next, eps_qed_next, eps_a, eps_qed = noise
         p = x.params()
         critic_loss, critic_metrics = x.per_seed(self.fn.critic_loss)(p, x.target_params(), batch, eps_next,
