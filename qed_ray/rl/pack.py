@@ -1,11 +1,6 @@
 """What a pack is: S >= 1 runs of one (task, agent, variant) that differ only in seed, trained together (a single
 run is a pack of one); or, a pack by shape, runs of one task, agent, temperature kind and network shape that also
 differ in the temperature's member scalars (:data:`~qed_ray.spec.config.TemperatureSpec.MEMBER_FIELDS`: QED's k, ...).
-
-The pack's name and validation, its counters (:class:`Progress`) and what it keeps per seed (:class:`SeedRun`,
-with its evaluation history), and the layout of a pack checkpoint: ``pack.json`` (the pack, its shared counters and
-each seed's status, :class:`~qed_ray.records.manifests.PackRecord`; written last, so its presence marks a complete
-checkpoint) and one ``seed_<seed>/`` folder per seed (its tensors, manifest and random streams).
 """
 
 from __future__ import annotations
@@ -27,13 +22,10 @@ from qed_ray.records.run import EvalRecord, Timings
 
 def remaining_s(train: TrainSpec, decisions: int, evals_done: int, warmup_s_per_decision: float | None,
                 train_s_per_decision: float | None, eval_s_per_eval: float | None) -> float | None:
-    """Seconds left to finish a run: its warm-up, training and evaluation decisions at their measured costs.
-
-    Warm-up decisions (no updates) are much cheaper than training ones and every evaluation rolls out
-    ``eval_episodes`` whole episodes, so one overall rate would be wrong in both directions. Before the first
-    evaluation its cost is estimated as that many episodes at the warm-up cost per decision (stepping the physics
-    dominates both). None while a needed cost is still unmeasured.
-    """
+    """Seconds left to finish a run: its warm-up, training and evaluation decisions at their measured costs (one
+    overall rate would be wrong both ways: warm-up decisions have no updates, an evaluation is whole episodes).
+    Before the first evaluation its cost is that many episodes at the warm-up cost per decision (stepping the physics
+    dominates both); None while a needed cost is still unmeasured."""
     warm_left = max(0, train.warmup_decisions - decisions)
     train_left = train.decisions - max(decisions, train.warmup_decisions)
     evals_left = train.decisions // train.eval_every_decisions - evals_done
@@ -46,29 +38,27 @@ def remaining_s(train: TrainSpec, decisions: int, evals_done: int, warmup_s_per_
 
 
 class Progress(Timings):
-    """The pack's live counters and timings (:class:`~qed_ray.records.run.Timings`, which the trainer adds to); with
-    each seed's :class:`SeedRun` what makes a resumed pack continue exactly. Written into ``pack.json``."""
+    """The pack's live counters and timings, written into ``pack.json``; with each seed's :class:`SeedRun` what makes
+    a resumed pack continue exactly."""
 
     model_config = ConfigDict(frozen=False)
 
     @classmethod
     def start(cls) -> "Progress":
-        """A fresh pack's: nothing done yet."""
         return cls(decisions=0, updates=0, wall_s=0.0)
 
     def fields(self) -> dict:
-        """The counters as ``pack.json`` (:class:`~qed_ray.records.manifests.PackRecord`) holds them."""
+        """The counters as ``pack.json`` holds them."""
         return self.model_dump()
 
     @classmethod
     def of(cls, pack: PackRecord) -> "Progress":
-        """The counters a pack checkpoint's ``pack.json`` holds."""
         return cls(**pack.model_dump(include=set(Timings.model_fields)))
 
 
 def pack_name(specs: Sequence[RunSpec]) -> str:
-    """``task/agent/variant/pack0-9`` (consecutive seeds) or ``task/agent/variant/pack0+3+7``
-    (:class:`~qed_ray.records.layout.PackId`; a sweep names its packs from its trial names, whose variants hold its axes)."""
+    """``task/agent/variant/pack0-9`` (consecutive seeds) or ``task/agent/variant/pack0+3+7`` (a sweep names its
+    packs from its trial names, whose variants hold its axes)."""
     return PackId.of([s.name for s in specs]).name
 
 
@@ -108,9 +98,8 @@ def check_pack(specs: Sequence[RunSpec]) -> None:
 
 
 def sampler_seeds(specs: Sequence[RunSpec]) -> list[int]:
-    """Per run of a pack, in pack order, the seed its replay sampler is derived from: its own seed, or, with
-    ``train.shared_indices``, the first seed (in pack order) of its variant -- the runs whose settings other than
-    the seed are equal.
+    """Per run of a pack, the seed its replay sampler is derived from: its own, or, with ``train.shared_indices``, the
+    first seed (in pack order) of its variant (the runs whose settings other than the seed are equal).
 
     The samplers of one variant's seeds then start in one state and draw the same ring positions at every update
     (their rings always hold equally many transitions: dm_control episodes end only at the time limit, every
@@ -129,11 +118,8 @@ def sampler_seeds(specs: Sequence[RunSpec]) -> list[int]:
 
 
 def read_pack(directory: Path, seeds: Sequence[int]) -> PackRecord:
-    """Reads a pack checkpoint's pack.json and checks it is the pack of ``seeds`` (in this order).
-
-    Raises:
-        CheckpointError: missing, corrupt, another format (naming the field), other seeds or another pack size.
-    """
+    """A pack checkpoint's pack.json, checked to be the pack of ``seeds`` (in this order); CheckpointError names
+    the field otherwise."""
     path = Path(directory) / PACK_FILE
     pack = read_record(path, PackRecord, CheckpointError)
     for key, value in {"seeds": list(seeds), "pack_size": len(seeds)}.items():
@@ -145,10 +131,8 @@ def read_pack(directory: Path, seeds: Sequence[int]) -> PackRecord:
 
 @dataclass
 class PackState:
-    """The trainer's resumable state besides the agent's tensors, the replay and the envs' streams: the pack's name,
-    its seed runs, shared counters, which seeds still train and the env steps it resumed from (None: a fresh start).
-    :class:`~qed_ray.rl.trainer.Trainer` owns it; :class:`~qed_ray.rl.pack_checkpoint.PackCheckpoints` writes and
-    restores it."""
+    """The trainer's resumable state besides the agent's tensors, the replay and the envs' streams (``resumed_from``
+    None: a fresh start); the trainer owns it, :class:`~qed_ray.rl.pack_checkpoint.PackCheckpoints` writes it."""
 
     name: str
     runs: list[SeedRun]

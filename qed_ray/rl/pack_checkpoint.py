@@ -1,13 +1,6 @@
-"""A pack's checkpoints and policy snapshots: what :class:`~qed_ray.rl.trainer.Trainer` writes and restores.
-
-A checkpoint folder holds ``pack.json`` (the pack, its shared counters and each seed's status; written last, so
-its presence marks a complete checkpoint) and one ``seed_<seed>/`` folder per seed (per member, named for its
-trial, in a pack of several variants: :func:`~qed_ray.records.layout.member_dirs`): that seed's tensors
-(``state.pt``), its ``manifest.json`` (identity, run settings, episodes, evaluation history, random-stream states,
-replay size) and, when the replay is kept inside the checkpoint, its replay chunks. A policy snapshot is one
-seed's acting modules (or all of them) with a manifest that carries the evaluation history. Everything is copied
-on the training thread and written by the trainer's background writer.
-"""
+"""A pack's checkpoints and policy snapshots: what :class:`~qed_ray.rl.trainer.Trainer` writes and restores (the
+layout: docs/design.md, "Packs" and "Resume"). Everything is copied on the training thread and written by the
+background writer; a policy snapshot is one seed's acting modules (or all) with the evaluation history."""
 
 from __future__ import annotations
 
@@ -31,15 +24,7 @@ if TYPE_CHECKING:
 
 class PackCheckpoints:
     """Saves and restores one pack: its :class:`~qed_ray.rl.pack.PackState` with the agent's tensors, the replay
-    and the envs' random streams.
-
-    Args:
-        state: the pack's resumable state (its runs, counters, active seeds).
-        agent, replay, pool: the pack's agent, replay and envs.
-        writer: the background writer of checkpoint files.
-        replay_dirs: per seed, where its replay chunks persist (None: inside each checkpoint).
-        wall_s: the pack's wall time so far, over every start.
-    """
+    (``replay_dirs``: per seed, where its chunks persist; None: inside each checkpoint) and the envs' streams."""
 
     def __init__(self, state: PackState, agent: PackedAgent, replay: Replay, pool: EnvPool, writer: BackgroundWriter,
                  replay_dirs: Sequence[Path] | None, wall_s: Callable[[], float]):
@@ -47,7 +32,6 @@ class PackCheckpoints:
         self.replay_dirs, self.wall_s = replay_dirs, wall_s
 
     def member_dir(self, i: int) -> str:
-        """Member ``i``'s folder inside a pack checkpoint."""
         return member_dirs([r.name for r in self.state.runs], [r.spec.seed for r in self.state.runs])[i]
 
     def identity(self, i: int) -> dict:
@@ -108,16 +92,12 @@ class PackCheckpoints:
             pack=st.name, pack_size=st.n, pack_index=i)
 
     def restore(self, directory: Path) -> PackRecord:
-        """Loads a pack checkpoint written by :meth:`save` (same seeds, same pack size) into the state; returns its
-        pack.json.
+        """Loads a pack checkpoint of the same seeds and pack size into the state; returns its pack.json, or raises
+        CheckpointError naming the file and field.
 
         A seed the checkpoint records as finished (the final checkpoint, which a kill between the seeds'
         ``DONE.json`` writes leaves behind) is restored without its replay: it trains no more, and a later start may
         have pruned its chunks.
-
-        Raises:
-            CheckpointError: a missing or corrupt file (naming it and the field), another pack, or a seed checkpoint
-                that does not match.
         """
         st, directory = self.state, Path(directory)
         pack = read_pack(directory, [r.spec.seed for r in st.runs])

@@ -1,13 +1,6 @@
 """The run CLI: one seed, or several seeds of one configuration trained together as a pack.
 
-``qed-ray run --task cartpole-balance --temperature qed --k 0.2 --seed 0 --env-steps 20000 --out DIR``
-(or ``--seeds 0 1 2``, with ``--env-workers W``) trains into DIR, laid out as a sweep folder: per seed its policy
-snapshots, ``history.json`` and ``DONE.json`` in ``policies/<trial>/``, its replay in ``replay/<trial>/``,
-``<trial>/metrics.jsonl`` (one line per evaluation) and ``<trial>/summary.json``; the pack's checkpoints in
-``checkpoints/<pack>/<env_steps>/`` (the newest two) and the validated runs in ``run.json``. Running the same
-command again resumes from the newest checkpoint (the same settings, or a larger ``--env-steps``; anything else is
-refused naming the setting); a finished run is reported, never re-trained. The CLI writes only into a new or empty
-folder or one of its own run folders, and deletes nothing it did not write.
+The folder it writes, resume and what it refuses: docs/running.md and docs/results.md ("Single-run folder").
 """
 
 from __future__ import annotations
@@ -59,7 +52,6 @@ class RunLog:
         self.out, self.names, self.total = out, names, total_env_steps
 
     def metrics_file(self, name: str) -> Path:
-        """``<trial>/metrics.jsonl``."""
         return self.out / trial_dirname(name) / METRICS_FILE
 
     def __call__(self, metrics: dict[int, dict]) -> None:
@@ -98,7 +90,7 @@ EXAMPLES = (
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[Flag]]:
-    """Command-line flags: one per RunSpec setting, help and defaults read from the models (:mod:`qed_ray.spec.flags`)."""
+    """Command-line flags: one per RunSpec setting, help and defaults read from the models."""
     p = cli_help.parser("qed-ray run", __doc__, EXAMPLES)
     p.add_argument("--config", type=Path, help="YAML file with RunSpec settings (flags given override it)")
     p.add_argument("--out", type=Path, required=True, help="run folder (laid out as a sweep folder)")
@@ -236,12 +228,8 @@ def check_resume(prior: RunFile, specs: list[RunSpec], out: Path) -> None:
 
 def run(specs: list[RunSpec], out: Path, env_workers: int = 0) -> list[RunSummary]:
     """Trains the pack ``specs`` in ``out`` (resuming from its newest checkpoint) and writes each seed's
-    ``summary.json``; returns the summaries.
-
-    Raises:
-        SpecError: ``out`` is not ours to write, or holds a run with other settings.
-        RecordError: a damaged file of the run folder (naming it); CheckpointError: no checkpoint can be used.
-    """
+    ``summary.json``; returns the summaries. Raises SpecError for an ``out`` not ours or of other settings,
+    RecordError (CheckpointError among them) for a damaged file of the run folder."""
     out = out.resolve()
     prior = check_out_dir(out)
     if prior is not None:
@@ -298,7 +286,6 @@ class RunStopped(Exception):
         self.reached, self.train, self.checkpoint = reached, train, checkpoint
 
     def line(self) -> str:
-        """The one line the CLI prints."""
         head = f"stopped (Ctrl-C) at env step {self.reached:,} of {self.train.env_steps:,}"
         if self.checkpoint:
             return f"{head}; run the same command to resume from its checkpoint at env step {self.checkpoint:,}"

@@ -1,16 +1,6 @@
 """A pack's record in a run folder laid out as a sweep folder (:class:`~qed_ray.records.layout.SweepDir`): what both the
-single-run CLI and a sweep trial write at each evaluation, and how a pack resumes from it (no Ray, no MLflow).
-
-At each evaluation, queued on the trainer's writer thread in this order: each seed's policy snapshot
-(``policies/<trial>/<env_steps>/``), each seed's history (``policies/<trial>/history.json``) and the pack checkpoint
-(``checkpoints/<pack>/<env_steps>/``, the newest two kept) with its ``files.json``: the SHA-256 of every file the
-gather step reads that the worker wrote of each seed so far (:mod:`qed_ray.records.digests`), signed in a sweep. A seed
-that diverged gets its ``DIVERGED.json``. After the trainer returns, a finished seed's end is recorded (in a sweep,
-its digest signed in MLflow: :mod:`qed_ray.service.trial`), then its ``DONE.json`` with that file list: an end cut
-off before (Ctrl-C, a killed worker) leaves the seed unfinished, and the next start finishes it from its final
-checkpoint, signing only the files its ``files.json`` lists. A seed with a ``DONE.json`` is never finished again.
-A started, retried or resumed pack restores its newest intact checkpoint (an older one if the newest is damaged).
-"""
+single-run CLI and a sweep trial write at each evaluation, and how a pack resumes from it (no Ray, no MLflow;
+docs/design.md, "Data flow" and "Resume" item 9)."""
 
 from __future__ import annotations
 
@@ -35,12 +25,9 @@ KEEP_CHECKPOINTS = 2  # the newest two: a damaged newest one still leaves one to
 
 def snapshot_modules(env_steps: int, train: TrainSpec, keep_every: int, acting: tuple[str, ...],
                      every: tuple[str, ...]) -> tuple[str, ...] | None:
-    """Modules of the policy snapshot kept at the evaluation at ``env_steps``; None: this evaluation keeps none.
-
-    Every ``keep_every``-th evaluation keeps the ``acting`` modules, enough to act and to compare seeds (V over
-    training, paper App. E); the final one keeps ``every`` module, since the critic-proxy analysis reads the final
-    critics (paper App. D).
-    """
+    """Modules of the policy snapshot kept at the evaluation at ``env_steps`` (None: none): every ``keep_every``-th
+    the ``acting`` ones, enough to act and to compare seeds (V over training, paper App. E); the final one
+    ``every`` module, since the critic-proxy analysis reads the final critics (paper App. D)."""
     if env_steps >= train.env_steps:
         return every
     if (env_steps // train.eval_every) % keep_every == 0:
@@ -61,15 +48,10 @@ def restore_latest(trainer: Trainer, layout: SweepDir, pack: PackId, log: Callab
                    start_over: bool = True) -> int | None:
     """Restores the pack's newest intact checkpoint; returns its env step, or None if it has none.
 
-    A checkpoint that cannot be used (corrupt ``state.pt``, a damaged or missing replay chunk) is reported and the
-    next older one is tried; each restore overwrites everything a failed one may have loaded. When every checkpoint
-    was written by an older qed_ray (another format version: its random streams differ, so it cannot continue the
-    same run) the pack starts over, saying so; with ``start_over`` False (the run CLI: its user decides) the first
-    such checkpoint is refused instead.
-
-    Raises:
-        CheckpointError: every checkpoint is damaged (naming each file). CheckpointVersionError: a checkpoint of
-            another format, with ``start_over`` False.
+    A checkpoint that cannot be used is reported and the next older one tried (each restore overwrites what a
+    failed one loaded); none intact raises CheckpointError naming each. When every one is of an older format (its
+    random streams differ, so it cannot continue the same run) the pack starts over, saying so; with ``start_over``
+    False (the run CLI: its user decides) the first such one raises CheckpointVersionError instead.
     """
     problems, outdated = [], 0
     for step, folder in sorted(layout.pack_checkpoint_steps(pack).items(), reverse=True):
@@ -129,18 +111,9 @@ Finisher = Callable[[int, "dict[str, str] | None", "list[str]"], "str | None"]
 
 
 class FolderReporter:
-    """Records a pack's evaluations in its run folder (module docstring), then calls ``after(metrics)``.
-
-    Args:
-        layout: the run folder.
-        pack: the pack.
-        trainer: its trainer (its runs say which seeds diverged, and why; its writer writes the files).
-        keep_every: keep a policy snapshot every n-th evaluation (and the last).
-        histories: per seed, the evaluations already recorded (up to the checkpoint this attempt resumed from).
-        after: called with ``{pack index: metrics}`` once the evaluation is queued (a sweep reports to Tune and
-            MLflow there; the CLI prints).
-        signer: signs each checkpoint's ``files.json`` (a sweep's results key); None: unsigned (the run CLI).
-    """
+    """Records a pack's evaluations in its run folder (docs/design.md, "Data flow"), then calls ``after(metrics)``
+    (a sweep reports to Tune and MLflow there; the CLI prints). ``histories``: per seed, the evaluations already
+    recorded; ``signer`` signs each checkpoint's ``files.json`` (None: unsigned, the run CLI)."""
 
     def __init__(self, layout: SweepDir, pack: PackId, trainer: Trainer, keep_every: int,
                  histories: list[list[HistoryEntry]],
@@ -238,14 +211,9 @@ class FolderReporter:
         return done
 
     def resume(self, log: Callable[[str], None], start_over: bool = True) -> int | None:
-        """Clears a crash's staging folders, restores the newest intact checkpoint and keeps each seed's history up
-        to it, and the files its worker wrote (from the checkpoint's ``files.json``); returns its env step (None: a
-        fresh start). ``start_over``: as :func:`restore_latest`'s.
-
-        Raises:
-            CheckpointError: no checkpoint can be used, or its ``files.json`` is damaged or not signed by this
-                sweep's key (naming it). RecordError: a damaged ``history.json`` (naming it).
-        """
+        """Clears a crash's staging folders, restores the newest intact checkpoint (:func:`restore_latest`) and keeps
+        each seed's history up to it and the files its worker wrote (its ``files.json``, refused when damaged or not
+        signed by this sweep's key); returns its env step (None: a fresh start)."""
         prune_steps(self.layout.pack_checkpoint_steps(self.pack), self.layout.pack_checkpoints(self.pack))
         resumed = restore_latest(self.trainer, self.layout, self.pack, log, start_over)
         self.histories = [[h for h in read_history(self.layout, n) if resumed is not None and h.env_steps <= resumed]
@@ -276,7 +244,6 @@ class FolderReporter:
 
 
 def _step_of(path: str) -> int:
-    """The env step of a snapshot file's path under a policies folder (``0000001000/state.pt``); -1 for
-    ``history.json``."""
+    """The env step of ``0000001000/state.pt`` under a policies folder; -1 for ``history.json``."""
     head = path.split("/", 1)[0]
     return int(head) if head.isdigit() else -1

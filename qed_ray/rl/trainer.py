@@ -1,18 +1,6 @@
 """The training loop: the S >= 1 seeds of one (task, agent, variant) in one process, in lock-step (a single run is a
-pack of one; a pack by shape also holds several values of the temperature's member scalars, QED's k say).
-
-Per decision: one batched act for the S observations, the S envs stepped (here or on env workers), one row per
-seed into the replay, one packed update (:class:`~qed_ray.rl.agents.packed.PackedAgent` through
-:class:`~qed_ray.rl.update.PackUpdater`: eager, compiled, or one CUDA graph). Every evaluation rolls out all
-seeds x episodes in lock-step with one policy call per step (:func:`~qed_ray.rl.evaluate.rollout_lockstep`), and
-checkpoints are hashed and written by a background thread (:class:`~qed_ray.records.writer.BackgroundWriter`).
-
-Each seed has its run spec, random streams, metrics, evaluations and checkpoint folder. A non-finite loss, Q value
-or observation stops that seed only: its status becomes "diverged" with the reason, its env is no longer stepped,
-its replay and metric rows are ignored, its parameters are frozen, and its last checkpoint stays the last one
-written before it diverged. The other seeds go on; the run ends when every seed has finished or stopped.
-Everything is injected; :func:`build_trainer` is the one place a run's objects are built.
-"""
+pack of one; a pack by shape also holds several values of the temperature's member scalars, QED's k say; docs/design.md,
+"The training loop")."""
 
 from __future__ import annotations
 
@@ -86,19 +74,11 @@ def resolve_device(name: str) -> torch.device:
 
 
 class Trainer:
-    """Runs the S runs of a pack to their budget.
+    """Runs the S runs of a pack (one :class:`SeedRun` each, in pack order) to their budget.
 
-    Args:
-        runs: one :class:`SeedRun` per seed, in pack order.
-        pool: S training envs (indices 0..S-1) then S x E evaluation envs.
-        agent, replay: the pack's agent and replay.
-        reporter: metrics/checkpoint sink.
-        writer: the background writer of checkpoint files.
-        replay_dirs: per seed, where its replay chunks persist (None: inside each checkpoint).
-        log: progress-line printer.
-        name: the pack's name (default :func:`~qed_ray.rl.pack.pack_name` of the runs; a sweep's names its axes).
-        heartbeat: called at the start and every ``heartbeat_s`` seconds between evaluations with
-            ``{env_steps, total_env_steps, warmup, eta_s, wall_s}`` (None: no heartbeat).
+    ``pool`` holds S training envs (indices 0..S-1), then S x E evaluation envs; ``replay_dirs``: per seed, where its
+    replay chunks persist (None: inside each checkpoint); ``heartbeat`` is called at the start and every
+    ``heartbeat_s`` seconds between evaluations with ``{env_steps, total_env_steps, warmup, eta_s, wall_s}``.
     """
 
     def __init__(self, runs: list[SeedRun], pool: EnvPool, agent: PackedAgent, replay: Replay, reporter: Reporter,
@@ -340,8 +320,8 @@ class Trainer:
         return RunSummary(
             name=run.name, task=s.task, agent=s.agent.name, variant=s.variant, seed=s.seed,
             status=self.state.status(run), env_steps=decisions * t.frame_skip, decisions=decisions, updates=updates,
-            pack_size=self.n, precision=self.precision, update_mode=self.update_mode, wall_s=p.wall_s, warmup_s=p.warmup_s, train_s=p.train_s,
-            eval_s=p.eval_s, updates_per_s=p.updates / p.train_s if p.train_s else math.nan,
+            pack_size=self.n, precision=self.precision, update_mode=self.update_mode, wall_s=p.wall_s,
+            warmup_s=p.warmup_s, train_s=p.train_s, eval_s=p.eval_s, updates_per_s=p.updates / p.train_s if p.train_s else math.nan,
             final_eval_return_mean=run.evals[-1].return_mean if run.evals else math.nan,
             final_eval_return_std=last.get("eval/return_std", math.nan),
             alpha_mean_over_training=float(np.mean(alphas)) if alphas else math.nan,
@@ -365,23 +345,10 @@ def build_trainer(specs: Sequence[RunSpec], reporter: Reporter, replay_dirs: Seq
                   names: Sequence[str] | None = None, env_workers: int = 0, log: Callable[[str], None] = print,
                   writer: BackgroundWriter | None = None, pack: str | None = None,
                   heartbeat: Callable[[dict], None] | None = None, heartbeat_s: float = 30.0) -> Trainer:
-    """Builds the envs, the pack's agent, replay, per-seed random streams and the writer for ``specs`` (runs that
-    differ only in seed, or also in the temperature's member scalars: :func:`~qed_ray.rl.pack.check_pack`; one run
-    is a pack of one) and injects them into a :class:`Trainer`. Seed s's streams are derived from s alone, so a
-    member trains alike whatever pack it is in (except its replay sampler with ``train.shared_indices``: its
-    variant's first seed's, :func:`~qed_ray.rl.pack.sampler_seeds`).
-
-    Args:
-        specs: the runs, in pack order.
-        reporter: metrics/checkpoint sink.
-        replay_dirs: per seed, its replay folder (None: replay inside each checkpoint).
-        names: per seed, its trial name (default: ``spec.name``).
-        env_workers: env worker processes (0: step the envs in this process).
-        log: progress-line printer.
-        writer: the background writer (default: a new one; :meth:`Trainer.close` flushes it).
-        pack: the pack's name (default: :func:`~qed_ray.rl.pack.pack_name` of ``specs``).
-        heartbeat, heartbeat_s: see :class:`Trainer`.
-    """
+    """Builds the envs, the pack's agent, replay, per-seed random streams and the writer for ``specs`` (in pack
+    order, checked by :func:`~qed_ray.rl.pack.check_pack`) and injects them into a :class:`Trainer`. Seed s's
+    streams are derived from s alone, so a member trains alike whatever pack it is in (except its replay sampler
+    with ``train.shared_indices``: :func:`~qed_ray.rl.pack.sampler_seeds`)."""
     check_pack(specs)
     spec, t = specs[0], specs[0].train
     torch.set_num_threads(t.threads)
