@@ -1,11 +1,5 @@
-"""The envs of a pack, stepped together: in the pack's own process (``workers=0``) or on W worker processes.
-
-A pack steps S training envs per decision and S x E evaluation envs per evaluation step. dm_control runs on the
-CPU (~0.1-0.2 ms per control step), so for cheap configurations S serial env steps can cost more than the packed
-update; workers step their share of the envs in parallel. Actions, observations, rewards and episode flags
-travel through shared memory; a call sends one short message (the env indices) to each worker and waits for one
-reply, so a decision costs one message per worker each way. Env i lives on worker i mod W. Results are the same
-bits whatever W is: the same envs get the same float32 actions.
+"""The envs of a pack, stepped together: in the pack's own process (``workers=0``) or on W worker processes, through
+shared memory, the same bits whatever W is (docs/design.md, "The training loop").
 """
 
 from __future__ import annotations
@@ -105,15 +99,8 @@ def _worker(conn, task: str, frame_skip: int, owned: list[tuple[int, int]], raw:
 
 
 class EnvPool:
-    """N envs of one task (env i seeded ``seeds[i]``), stepped together.
-
-    Args:
-        task: dm_control task.
-        seeds: one env seed per env (``task_kwargs={"random": seed}``, as :func:`~qed_ray.rl.envs.make_env`).
-        frame_skip: control steps per decision.
-        workers: 0 steps every env in this process; W > 0 spreads them over W worker processes (spawned, so no
-            torch state is forked).
-    """
+    """N envs of one task (env i seeded ``seeds[i]``), stepped together: in this process (``workers`` 0) or spread
+    over W worker processes (spawned, so no torch state is forked)."""
 
     def __init__(self, task: str, seeds: Sequence[int], frame_skip: int, workers: int = 0):
         if workers < 0:
@@ -190,7 +177,6 @@ class EnvPool:
         return self._call_one(i, "random_state")
 
     def set_random_state(self, i: int, state: dict) -> None:
-        """Restores :meth:`random_state`."""
         self._call_one(i, "set_random_state", state)
 
     def close(self) -> None:

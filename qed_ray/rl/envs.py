@@ -28,13 +28,8 @@ class Step:
 
 
 class DMCEnv:
-    """A dm_control task with frame skip, flat float32 observations and actions in [-1, 1].
-
-    Args:
-        task: ``domain-task`` name from :data:`TASKS`.
-        seed: seeds the task's RandomState through ``task_kwargs={"random": seed}``.
-        frame_skip: control steps per decision (paper: 2).
-    """
+    """A dm_control task (``domain-task`` from :data:`TASKS`) with frame skip (paper: 2), flat float32 observations
+    and actions in [-1, 1]; ``seed`` seeds the task's RandomState (``task_kwargs={"random": seed}``)."""
 
     def __init__(self, task: str, seed: int, frame_skip: int = 2):
         from dm_control import suite  # imported lazily: loading MuJoCo is slow and not needed for config checks

@@ -1,11 +1,5 @@
 """Evaluation rollouts (paper Sec. 6.1-6.2, App. E): one engine, P policies x E episodes in lock-step on a pool's
-envs, one batched policy call per step (:func:`rollout_lockstep`).
-
-Policies act with tanh(mu) (the ``mean`` evaluation policy, used for every evaluation during training), or, for
-the final evaluation's ``sample`` policy, draw a ~ pi(.|s) with noise from a stream fixed by the episode's env seed
-(:class:`SamplingPolicy`), so every seed's policy meets the same noise. Every episode starts from the initial state
-a fresh env of its seed draws, so several policies rolled out with the same seeds start from identical initial
-states and can be compared step by step.
+envs, one batched policy call per step (:func:`rollout_lockstep`), from the same initial states for every policy.
 """
 
 from __future__ import annotations
@@ -38,23 +32,18 @@ def episode_noise(seed: int) -> np.random.Generator:
 class SamplingPolicy:
     """Acts with policy samples a = tanh(mu(s) + sigma(s) eps): for episode e, eps [A] per decision comes from
     :func:`episode_noise` of its env seed, the same for every policy, so policies rolled out from the same eval
-    seeds see the same noise step by step and a rollout is reproducible.
-
-    Args:
-        distribution: pre-tanh (mu, sigma) [P, E, A] of observations [P, E, O] (a pack's ``distribution``).
-    """
+    seeds see the same noise step by step and a rollout is reproducible. ``distribution``: observations
+    [P, E, O] -> pre-tanh (mu, sigma) [P, E, A] (a pack's)."""
 
     def __init__(self, distribution: DistributionFn):
         self.distribution = distribution
         self.rngs: list[np.random.Generator] | None = None
 
     def start_episodes(self, seeds: Sequence[int]) -> None:
-        """Restarts the noise at the streams of the episodes with env seeds ``seeds`` (:func:`rollout_lockstep`
-        calls it before their first step)."""
+        """Restarts the noise at the streams of the episodes with env seeds ``seeds``, before their first step."""
         self.rngs = [episode_noise(s) for s in seeds]
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
-        """Actions [P, E, A] (float32) for observations [P, E, O]."""
         if self.rngs is None:
             raise RuntimeError("SamplingPolicy: start_episodes(seeds) was not called before the first action")
         mu, sigma = self.distribution(obs)
@@ -63,9 +52,7 @@ class SamplingPolicy:
 
 
 def eval_policy(pack, kind: EvalPolicy) -> PolicyFn:
-    """The evaluation policy ``kind`` of a pack of policies (:class:`~qed_ray.rl.agents.packed.PackedAgent`):
-    ``mean``, tanh(mu) (``pack.act_deterministic``), or ``sample`` (:class:`SamplingPolicy` over
-    ``pack.distribution``)."""
+    """The evaluation policy ``kind`` of a pack: ``mean``, tanh(mu), or ``sample`` (:class:`SamplingPolicy`)."""
     if kind == "mean":
         return pack.act_deterministic
     if kind == "sample":
@@ -75,21 +62,12 @@ def eval_policy(pack, kind: EvalPolicy) -> PolicyFn:
 
 @dataclass
 class Rollouts:
-    """Evaluation episodes of P policies x E episodes, L decisions each (obs, actions and physics states only when
-    recorded).
+    """Evaluation episodes of P policies x E episodes, L decisions each (all but the returns only when recorded)."""
 
-    Attributes:
-        returns: [P, E] episode returns (sums of rewards over the rolled-out decisions); NaN rows for inactive
-            policies.
-        obs: [P, E, L, O] observations at which the policies acted.
-        actions: [P, E, L, A] actions taken.
-        physics_states: [P, E, L, Q] MuJoCo state vectors (qpos, qvel, act) before each action.
-    """
-
-    returns: np.ndarray
-    obs: np.ndarray | None = None
-    actions: np.ndarray | None = None
-    physics_states: np.ndarray | None = None
+    returns: np.ndarray  # [P, E] sums of rewards over the rolled-out decisions; NaN rows for inactive policies
+    obs: np.ndarray | None = None  # [P, E, L, O] where the policies acted
+    actions: np.ndarray | None = None  # [P, E, L, A]
+    physics_states: np.ndarray | None = None  # [P, E, L, Q] MuJoCo state vectors (qpos, qvel, act) before each action
 
     def pooled_obs(self, p: int) -> np.ndarray:
         """[E * L, O] every observation policy ``p`` visited."""
@@ -99,25 +77,15 @@ class Rollouts:
 def rollout_lockstep(policy: PolicyFn, pool: EnvPool, env_index: np.ndarray, seeds: Sequence[int],
                      active: np.ndarray | None = None, max_decisions: int | None = None, record: bool = False,
                      record_physics: bool = False) -> Rollouts:
-    """Episodes of P policies x E seeds, all in lock-step on a pool's envs, one policy call per step.
+    """Episodes of P policies x E seeds, all in lock-step on the pool's envs ``env_index`` [P, E], one policy call
+    per step; returns [P, E] in the order of ``seeds``.
 
     Env ``env_index[p, e]`` is reseeded to ``seeds[e]`` and reset, which draws exactly the initial state a freshly
     built env of that seed draws (:meth:`DMCEnv.reseed`), so every policy's episode e starts from the same state.
-
-    Args:
-        policy: observations [P, E, O] -> actions [P, E, A] (row p is policy p's; rows of inactive policies and of
-            finished episodes hold stale observations and their actions are ignored). A policy with a
-            ``start_episodes(seeds)`` method (:class:`SamplingPolicy`) is told the episodes' env seeds first.
-        pool: the envs.
-        env_index: [P, E] pool indices of the envs to use.
-        seeds: the E episodes' env seeds (:func:`eval_seeds`).
-        active: [P] policies to roll out (default: all).
-        max_decisions: stop every episode after this many decisions (default: the full episode).
-        record: also keep the observations and actions (all episodes must then have equal length).
-        record_physics: also keep the physics state vectors (implies ``record``).
-
-    Returns:
-        :class:`Rollouts` (returns [P, E], in the order of ``seeds``).
+    ``policy``: observations [P, E, O] -> actions [P, E, A] (rows of inactive policies and finished episodes hold
+    stale observations, their actions ignored); one with ``start_episodes(seeds)`` is told the env seeds first.
+    ``active`` [P]: the policies rolled out (default all); ``record`` keeps observations and actions,
+    ``record_physics`` the physics states too.
     """
     n_pol, n_ep = env_index.shape
     active = np.ones(n_pol, bool) if active is None else np.asarray(active, bool)
@@ -154,11 +122,8 @@ def rollout_lockstep(policy: PolicyFn, pool: EnvPool, env_index: np.ndarray, see
 def rollout_in_chunks(policy: PolicyFn, pool: EnvPool, env_index: np.ndarray, seeds: Sequence[int],
                       max_decisions: int | None = None, record_physics: bool = False) -> Rollouts:
     """:func:`rollout_lockstep` of P policies over any number of episodes, recorded: the pool's E columns
-    (``env_index`` [P, E]) run them E at a time, so a pool of bounded size serves every rollout of an evaluation.
-
-    Returns:
-        :class:`Rollouts` with returns [P, len(seeds)] and the observations and actions (and physics states).
-    """
+    (``env_index`` [P, E]) run them E at a time, so a pool of bounded size serves every rollout of an evaluation;
+    returns [P, len(seeds)]."""
     width = env_index.shape[1]
     parts = [rollout_lockstep(policy, pool, env_index[:, :len(chunk)], chunk, max_decisions=max_decisions,
                               record=True, record_physics=record_physics)

@@ -20,20 +20,12 @@ ZERO_PRIOR_SCALE = 17.0
 
 def cross_entropy(logits: torch.Tensor, target_probs: torch.Tensor,
                   reduction: Literal["mean", "sum"] = "mean") -> torch.Tensor:
-    """Cross-entropy -sum_i p_i log softmax(logits)_i, reduced over the bin axis.
+    """Cross-entropy -sum_i p_i log softmax(logits)_i over the bin axis: logits, target_probs [..., bins] -> [...].
 
     ``mean`` divides by the number of bins, as MAD-TD's ``binned_bellman_crossentropy_loss`` does: the loss is then
     about 1/num_bins of the textbook value. Adam is invariant to that scale, but the global-norm gradient clip
     (20, paper App. B) and the relative weights inside the encoder objective are not, so ``mean`` is kept to
     match the MAD-TD code the paper ran; ``sum`` is the textbook cross-entropy.
-
-    Args:
-        logits: [..., bins] unnormalised log-probabilities.
-        target_probs: [..., bins] target histogram (rows sum to 1).
-        reduction: ``mean`` (MAD) or ``sum`` over bins.
-
-    Returns:
-        [...] per-row cross-entropy.
     """
     per_bin = -(target_probs * F.log_softmax(logits, dim=-1))
     if reduction == "mean":
@@ -44,14 +36,8 @@ def cross_entropy(logits: torch.Tensor, target_probs: torch.Tensor,
 
 
 class HLGauss(nn.Module):
-    """Histogram-loss Gaussian encoder/decoder over a fixed support.
-
-    Args:
-        vmin: lowest bin centre (MAD: -300).
-        vmax: highest bin centre (MAD: 300).
-        num_bins: number of bins (MAD: 151, width 4.0).
-        sigma_ratio: Gaussian sigma as a multiple of the bin width (MAD: 0.75).
-    """
+    """Histogram-loss Gaussian encoder/decoder over bin centres vmin..vmax (MAD: -300..300, 151 bins of width 4.0;
+    sigma 0.75 bin widths)."""
 
     def __init__(self, vmin: float, vmax: float, num_bins: int, sigma_ratio: float = 0.75):
         super().__init__()
@@ -72,17 +58,9 @@ class HLGauss(nn.Module):
         self.register_buffer("edges", edges.float())
 
     def encode(self, y: torch.Tensor) -> torch.Tensor:
-        """Target histogram of scalars: Gaussian mass per bin by erf differences, renormalised to sum 1.
-
-        Targets outside the support are clipped to [vmin, vmax] first (MAD does this silently; MadSAC logs
-        :meth:`clip_fraction`).
-
-        Args:
-            y: [...] scalar targets.
-
-        Returns:
-            [..., bins] probabilities.
-        """
+        """Target histogram [..., bins] of scalars y [...]: Gaussian mass per bin by erf differences, renormalised
+        to sum 1. Targets outside the support are clipped to [vmin, vmax] first (MAD does this silently; MadSAC
+        logs :meth:`clip_fraction`)."""
         y = y.clamp(self.vmin, self.vmax).unsqueeze(-1)
         cdf = torch.erf((self.edges - y) / (math.sqrt(2.0) * self.sigma))  # [..., bins + 1]
         mass = cdf[..., 1:] - cdf[..., :-1]
@@ -90,36 +68,16 @@ class HLGauss(nn.Module):
         return mass / (cdf[..., -1:] - cdf[..., :1])
 
     def decode(self, logits: torch.Tensor) -> torch.Tensor:
-        """Expected value softmax(logits) . centres.
-
-        Args:
-            logits: [..., bins].
-
-        Returns:
-            [...] expected values.
-        """
+        """Expected value softmax(logits) . centres: [..., bins] -> [...]."""
         return F.softmax(logits, dim=-1) @ self.centres
 
     def loss(self, logits: torch.Tensor, y: torch.Tensor,
              reduction: Literal["mean", "sum"] = "mean") -> torch.Tensor:
-        """Cross-entropy of ``logits`` against the encoded scalar targets (see :func:`cross_entropy`).
-
-        Args:
-            logits: [B, bins].
-            y: [B] scalar targets (no gradient is taken through them).
-            reduction: over bins: ``mean`` (MAD, default) or ``sum``.
-
-        Returns:
-            [B] per-row loss.
-        """
+        """[B] cross-entropy of ``logits`` [B, bins] against the encoded targets y [B] (no gradient through y)."""
         return cross_entropy(logits, self.encode(y.detach()), reduction)
 
     def clip_fraction(self, y: torch.Tensor) -> torch.Tensor:
-        """Share of targets outside [vmin, vmax] (0-d tensor, no host sync).
-
-        Args:
-            y: [B] scalar targets.
-        """
+        """Share of targets y [B] outside [vmin, vmax] (0-d tensor, no host sync)."""
         return ((y < self.vmin) | (y > self.vmax)).float().mean()
 
     def zero_prior(self, scale: float = ZERO_PRIOR_SCALE) -> torch.Tensor:

@@ -14,8 +14,6 @@ from torch import nn
 
 LOG2 = math.log(2.0)
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
-
-
 MISH_EXP_MAX = 20.0  # beyond it n / (n + 2) rounds to 1 in float32 and float64 alike: Mish(x) = x there
 
 
@@ -132,14 +130,8 @@ def tanh_log_det_jacobian(u: torch.Tensor) -> torch.Tensor:
 
 
 def squashed_sample(mu: torch.Tensor, log_std: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reparameterised tanh-Gaussian sample from pre-tanh ``mu``, ``log_std`` and standard-normal ``eps``.
-
-    Args:
-        mu, log_std, eps: [B, A] (eps drawn by the caller from the agent's own generator).
-
-    Returns:
-        ``(action [B, A] = tanh(mu + sigma eps), log_prob [B])`` with the tanh change of variables.
-    """
+    """Reparameterised tanh-Gaussian sample from pre-tanh ``mu``, ``log_std`` and standard-normal ``eps`` [B, A]:
+    ``(action [B, A] = tanh(mu + sigma eps), log_prob [B])`` with the tanh change of variables."""
     u = mu + log_std.exp() * eps
     # log N(u; mu, sigma) with (u - mu)/sigma = eps exactly, avoiding a division.
     gauss = -0.5 * eps.pow(2) - log_std - HALF_LOG_2PI
@@ -148,11 +140,8 @@ def squashed_sample(mu: torch.Tensor, log_std: torch.Tensor, eps: torch.Tensor) 
 
 
 class TanhGaussianActor(nn.Module):
-    """pi(a|s): pre-tanh u ~ N(mu(s), diag sigma(s)^2), a = tanh(u) (paper Sec. 2, App. B).
-
-    The log-std is bounded smoothly to [log_std_min, log_std_max] with a tanh rescale, so gradients never
-    vanish at a hard clip.
-    """
+    """pi(a|s): pre-tanh u ~ N(mu(s), diag sigma(s)^2), a = tanh(u) (paper Sec. 2, App. B); the log-std is bounded
+    smoothly to [log_std_min, log_std_max] with a tanh rescale, so gradients never vanish at a hard clip."""
 
     def __init__(self, in_dim: int, action_dim: int, hidden: int, depth: int, act: str,
                  log_std_min: float, log_std_max: float):
@@ -163,25 +152,18 @@ class TanhGaussianActor(nn.Module):
         self.log_std_max = log_std_max
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns pre-tanh ``(mu, log_std)``, each [B, action_dim]."""
+        """Pre-tanh ``(mu, log_std)`` [B, A]."""
         mu, raw = self.net(x).chunk(2, dim=-1)
         log_std = self.log_std_min + 0.5 * (self.log_std_max - self.log_std_min) * (torch.tanh(raw) + 1.0)
         return mu, log_std
 
-    def distribution(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Pre-tanh ``(mu, sigma)`` [B, A]: what the cross-seed KL metric compares (paper App. E)."""
-        mu, log_std = self(x)
-        return mu, log_std.exp()
-
     def sample(self, x: torch.Tensor, eps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Reparameterised sample with noise ``eps`` [B, A]: ``(action [B, A], log_prob [B])``."""
-        mu, log_std = self(x)
-        return squashed_sample(mu, log_std, eps)
+        """``(action [B, A], log_prob [B])`` with noise ``eps`` [B, A]."""
+        return squashed_sample(*self(x), eps)
 
     def mode(self, x: torch.Tensor) -> torch.Tensor:
-        """Deterministic evaluation action tanh(mu), [B, A]."""
-        mu, _ = self(x)
-        return torch.tanh(mu)
+        """The deterministic action tanh(mu) [B, A]."""
+        return torch.tanh(self(x)[0])
 
 
 class TwinCritic(nn.Module):
@@ -193,7 +175,7 @@ class TwinCritic(nn.Module):
         self.q2 = mlp(in_dim + action_dim, hidden, depth, 1, layer_norm, act)
 
     def forward(self, x: torch.Tensor, a: torch.Tensor, repeats: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns ``(q1, q2)``, each [B * repeats]; see :func:`mlp_state_action` for ``repeats``."""
+        """``(q1, q2)`` [B * repeats] (:func:`mlp_state_action`)."""
         return (mlp_state_action(self.q1, x, a, repeats).squeeze(-1),
                 mlp_state_action(self.q2, x, a, repeats).squeeze(-1))
 
@@ -231,14 +213,8 @@ def per_seed_clip_(grads: list[torch.Tensor | None], max_norm: float) -> torch.T
 
     ``torch.nn.utils.clip_grad_norm_`` over stacked [S, ...] tensors would compute one norm across the seeds and
     couple them; here seed s is scaled by min(1, max_norm / (norm_s + 1e-6)) exactly as ``clip_grad_norm_``
-    scales a single seed's gradients (paper App. B: 20).
-
-    Args:
-        grads: gradients [S, ...] of one optimiser's stacked parameters (None entries are skipped).
-        max_norm: the clip.
-
-    Returns:
-        [S] pre-clip global gradient norms.
+    scales a single seed's gradients (paper App. B: 20). ``grads``: [S, ...] of one optimiser's stacked parameters
+    (None skipped); returns the [S] pre-clip global norms.
     """
     present = [g for g in grads if g is not None]
     norms = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in present]),

@@ -1,15 +1,5 @@
 """Replay: one uniform ring per seed of a pack, held together in one tensor [S, capacity, D], and append-only
-persistence.
-
-A row is one transition laid out as ``obs | action | reward | next_obs | terminated`` (D = 2 O + A + 2, float32),
-so a decision writes the S seeds' rows with one copy and an update gathers [S, B, D] with one kernel (on the GPU
-when the storage fits there). Seed s samples with its own generator (``rng.integers(0, len_s, B)``; with
-``train.shared_indices`` the generators of one variant's seeds start in one state, so they draw the same
-positions, :func:`~qed_ray.rl.pack.sampler_seeds`). What enters the buffer is decided by :func:`keeps_transition`
-(MAD-TD's held-out share and time-limit masking, both off by default). Persistence writes, per seed, only the
-transitions added since the previous save, as numbered ``.npz`` chunks, so a checkpoint never rewrites the whole
-buffer. A chunk holds ``n * (2 * obs_dim + action_dim + 2) * 4`` bytes (float32); a 1M-decision run on cheetah-run
-(17/6) stores about 168 MB per seed, on quadruped (78/12) about 680 MB.
+persistence (docs/design.md, "Replay").
 """
 
 from __future__ import annotations
@@ -35,11 +25,8 @@ HOLDOUT_KEY = 0x5EED_0D0E_4E1D_0005  # keeps the hold-out draw apart from every 
 
 
 def holdout_draw(seed: int, decision: int) -> float:
-    """A uniform number in [0, 1) fixed by (run seed, decision index): splitmix64 of both, no generator state.
-
-    Stateless, so a resumed run and every seed of a pack hold out exactly the transitions a single uninterrupted
-    run holds out, without a random stream to checkpoint.
-    """
+    """A uniform number in [0, 1) fixed by (run seed, decision index): splitmix64 of both. Stateless, so a resumed
+    run and every seed of a pack hold out exactly what one uninterrupted run does, with no stream to checkpoint."""
     z = (HOLDOUT_KEY ^ (seed << 32) ^ decision) & _MASK64
     for shift, mult in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
         z = ((z ^ (z >> shift)) * mult) & _MASK64
@@ -52,14 +39,8 @@ def keeps_transition(train, seed: int, decision: int, truncated: bool) -> bool:
     Two MAD-TD details, off by default (then every transition is kept): ``train.holdout_fraction`` of the
     transitions is held out and never trained on (MAD-TD sends 5% to an evaluation buffer; nothing here reads
     them, so they are dropped), and with ``train.mask_time_limits`` the transition that ends an episode at its
-    time limit is dropped, so no loss ever sees it (MAD-TD stores it with loss weight 0; dropping it differs only
-    in that MAD-TD's actor step still reads its start state, one row in 500).
-
-    Args:
-        train: the run's :class:`~qed_ray.spec.config.TrainSpec`.
-        seed: the run seed.
-        decision: the transition's decision index within the run.
-        truncated: whether the episode ended at its time limit with this transition.
+    time limit (``truncated``) is dropped, so no loss ever sees it (MAD-TD stores it with loss weight 0; dropping
+    it differs only in that MAD-TD's actor step still reads its start state, one row in 500).
     """
     if train.mask_time_limits and truncated:
         return False
@@ -82,17 +63,8 @@ def replay_device(device: torch.device, nbytes: int) -> torch.device:
 
 
 class Replay:
-    """S uniform replay rings, one per seed of a pack (S = 1 for a single run), each with its own sampling
-    generator.
-
-    Args:
-        capacity: transitions kept per seed.
-        obs_dim, action_dim: sizes.
-        rngs: one sampling generator per seed (what :func:`~qed_ray.rl.trainer.build_trainer` derives from the seed,
-            or from its variant's first seed with ``train.shared_indices``).
-        device: where batches go (the agent's device).
-        storage_device: where the rows live (default: ``device``).
-    """
+    """S uniform replay rings of ``capacity`` transitions, one per seed of a pack, each with its own sampling
+    generator; batches go to ``device``, the rows live on ``storage_device`` (default: ``device``)."""
 
     def __init__(self, capacity: int, obs_dim: int, action_dim: int, rngs: Sequence[np.random.Generator],
                  device: torch.device, storage_device: torch.device | None = None):
@@ -107,7 +79,6 @@ class Replay:
         self.added = np.zeros(self.n, dtype=np.int64)  # per seed: transitions ever added
 
     def sizes(self) -> np.ndarray:
-        """[S] transitions held per seed."""
         return np.minimum(self.added, self.capacity)
 
     def add(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray, next_obs: np.ndarray,
@@ -146,7 +117,6 @@ class Replay:
         return out
 
     def sample(self, batch_size: int, active: np.ndarray) -> dict[str, torch.Tensor]:
-        """:meth:`gather` at :meth:`indices`."""
         return self.gather(self.indices(batch_size, active))
 
     # ---- per seed: persistence and generator state ------------------------------------------------------------
@@ -174,11 +144,10 @@ class Replay:
         self.added[s] = added
 
     def rng_state(self, s: int) -> dict:
-        """Seed ``s``'s sampler state (JSON-serialisable)."""
+        """Seed ``s``'s sampler state (JSON)."""
         return self.rngs[s].bit_generator.state
 
     def set_rng_state(self, s: int, state: dict) -> None:
-        """Restores :meth:`rng_state`."""
         self.rngs[s].bit_generator.state = state
 
 
@@ -219,14 +188,8 @@ class ChunkWrite:
 
 def plan_chunk(directory: str | os.PathLike, added: int, capacity: int,
                rows: Callable[[np.ndarray], dict[str, np.ndarray]]) -> ChunkWrite:
-    """The chunk that brings ``directory`` up to ``added`` transitions, its rows copied now by ``rows(ring idx)``.
-
-    Args:
-        directory: the buffer's chunk folder.
-        added: transitions ever added to the buffer.
-        capacity: its ring size (older transitions are gone from the ring and are not written).
-        rows: copies of the fields (:data:`FIELDS`) at the given ring positions.
-    """
+    """The chunk that brings ``directory`` up to ``added`` transitions ever added, its rows copied now by
+    ``rows(ring idx)`` (those older than ``capacity`` are gone from the ring and are not written)."""
     directory = Path(directory)
     saved, stale = 0, []
     for start, end, path in list_chunks(directory):
@@ -243,11 +206,7 @@ def plan_chunk(directory: str | os.PathLike, added: int, capacity: int,
 def read_chunks(directory: str | os.PathLike, added: int, capacity: int
                 ) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
     """``(ring idx, fields)`` of the chunks covering transitions [0, added), in order, each read when reached.
-
-    Raises:
-        CheckpointError: the chunks do not reach ``added`` (checked before anything is read, naming the folder
-            and the coverage), or a chunk is damaged (when it is reached, naming the file).
-    """
+    CheckpointError: chunks short of ``added`` (before anything is read), or a damaged one (when reached)."""
     chunks = [(s, e, p) for s, e, p in list_chunks(Path(directory)) if e <= added]
     covered = max((e for _, e, _ in chunks), default=0)
     if covered != added:
@@ -270,10 +229,8 @@ def _read_chunk(path: Path, rows: int) -> dict[str, np.ndarray]:
 
 
 def prune_chunks(directory: str | os.PathLike) -> int:
-    """Deletes a finished run's replay chunks (and leftover temporary files), then the folder if that empties it.
-
-    Only files this module writes are removed; anything else in the folder stays. Returns the bytes freed.
-    """
+    """Deletes a finished run's replay chunks and leftover temporary files (nothing else), then the folder if that
+    empties it; returns the bytes freed."""
     directory = Path(directory)
     if not directory.is_dir():
         return 0

@@ -2,15 +2,10 @@
 
 A rule is a small module that owns its state (``log_alpha`` or a constant), but every method takes that state
 explicitly as a dict (``state = temperature_state(rule)``), so the same code serves a single agent (the live
-parameters) and a stack of seeds (stacked parameters under ``torch.func.vmap``):
-
-- ``floor(state)``: the scalar alpha_TE (or the constant);
-- ``alpha(state, batch, disagreement)``: [B] temperatures; only QED reads ``disagreement`` (its ``n_actions`` > 0);
-- ``loss(state, log_prob)``: the loss of the rule's trainable part;
-- ``n_target_actions``: QED's samples per next state for the TD target's alpha(s'); 0 when the target uses
-  the floor (every rule but QED, and QED with ``target_alpha: floor``).
-
-:func:`qed_disagreement` computes QED's Delta(s) from a policy and a critic pair, both passed as functions.
+parameters) and a stack of seeds (stacked parameters under ``torch.func.vmap``): ``floor(state)`` is the scalar
+alpha_TE (or the constant), ``alpha(state, batch, disagreement)`` the [B] temperatures (only QED, ``n_actions`` > 0,
+reads ``disagreement``), ``loss(state, log_prob)`` the loss of the rule's trainable part, and ``n_target_actions``
+QED's samples per next state for the TD target's alpha(s') (0: the target uses the floor).
 """
 
 from __future__ import annotations
@@ -38,12 +33,7 @@ def expectile(x: torch.Tensor, tau: float) -> torch.Tensor:
     put both a hair outside; so the candidate nearest to its bracket is taken (distance 0 for the exact one),
     clamped into it. No iteration, no data-dependent control flow (compile- and vmap-friendly).
 
-    Args:
-        x: [..., N] samples.
-        tau: level in (0, 1); 0.5 gives the mean.
-
-    Returns:
-        [...] expectiles, each within [min x, max x].
+    Shapes: x [..., N] -> [...], each within [min x, max x]; tau in (0, 1), 0.5 gives the mean.
     """
     xs, _ = torch.sort(x, dim=-1)
     n = xs.shape[-1]
@@ -101,15 +91,12 @@ class FixedTemperature(nn.Module):
         self.register_buffer("value", torch.tensor(float(alpha)))
 
     def floor(self, state: State) -> torch.Tensor:
-        """The scalar alpha."""
         return state["value"]
 
     def alpha(self, state: State, batch: int, disagreement: torch.Tensor | None = None) -> torch.Tensor:
-        """[B] constant."""
         return self.floor(state).expand(batch)
 
     def loss(self, state: State, log_prob: torch.Tensor) -> torch.Tensor:
-        """Nothing to learn: 0."""
         return torch.zeros_like(log_prob).sum()
 
 
@@ -124,11 +111,10 @@ class TargetEntropyTemperature(nn.Module):
         self.target_entropy = -float(action_dim)
 
     def floor(self, state: State) -> torch.Tensor:
-        """alpha_TE, detached scalar."""
+        """alpha_TE, detached."""
         return state["log_alpha"].detach().exp()
 
     def alpha(self, state: State, batch: int, disagreement: torch.Tensor | None = None) -> torch.Tensor:
-        """[B] copies of alpha_TE."""
         return self.floor(state).expand(batch)
 
     def loss(self, state: State, log_prob: torch.Tensor) -> torch.Tensor:
@@ -165,7 +151,6 @@ class QEDTemperature(TargetEntropyTemperature):
 
 
 def make_temperature(spec: TemperatureSpec, action_dim: int) -> nn.Module:
-    """Builds the rule named by ``spec.kind``."""
     if spec.kind == "fixed":
         return FixedTemperature(spec.alpha)
     if spec.kind == "te":

@@ -19,13 +19,9 @@ MEAN, MAX, MIN = 0, 1, 2
 
 @dataclass(frozen=True)
 class MetricLayout:
-    """Names of the columns of an update's metric vector, in order.
+    """Names of the columns of an update's metric vector, in order."""
 
-    Attributes:
-        names: K unique metric names, e.g. ``loss/critic``, ``alpha/actor_max``.
-    """
-
-    names: tuple[str, ...]
+    names: tuple[str, ...]  # K unique names, e.g. loss/critic, alpha/actor_max
 
     def __post_init__(self):
         if len(set(self.names)) != len(self.names):
@@ -52,15 +48,8 @@ class MetricLayout:
 
 
 class MetricAccumulator:
-    """Interval statistics of metric vectors [K] (or [S, K], one row per seed of a pack) on ``device``: running
-    sums, maxima and minima.
-
-    Args:
-        layout: the column names.
-        device: where the buffer lives (the agent's device).
-        dtype: buffer dtype.
-        seeds: None for one run's vectors [K]; S for a pack's [S, K] (read with the ``*_per_seed`` methods).
-    """
+    """Interval statistics of metric vectors [K] (``seeds`` None) or [S, K] (a pack's, read with the ``*_per_seed``
+    methods) on ``device``: running sums, maxima and minima."""
 
     def __init__(self, layout: MetricLayout, device: torch.device, dtype: torch.dtype = torch.float32,
                  seeds: int | None = None):
@@ -91,37 +80,30 @@ class MetricAccumulator:
 
     def non_finite(self, prefixes: tuple[str, ...]) -> list[str]:
         """Names starting with one of ``prefixes`` whose interval value is NaN/inf (one host sync); [] if empty."""
+        return self._non_finite(self.total.unsqueeze(0), prefixes)[0]
+
+    def non_finite_per_seed(self, prefixes: tuple[str, ...]) -> list[list[str]]:
+        return self._non_finite(self.total, prefixes)
+
+    def _non_finite(self, rows: torch.Tensor, prefixes: tuple[str, ...]) -> list[list[str]]:
         if not self.count:
-            return []
+            return [[] for _ in range(rows.shape[0])]
         cols = [i for i, n in enumerate(self.layout.names) if n.startswith(prefixes)]
-        flags = torch.isfinite(self.total[cols]).cpu().numpy()
-        return [self.layout.names[c] for c, ok in zip(cols, flags) if not ok]
+        flags = torch.isfinite(rows[:, cols]).cpu().numpy()
+        return [[self.layout.names[c] for c, ok in zip(cols, row) if not ok] for row in flags]
 
     def means(self) -> dict[str, float]:
         """Interval means (maxima, minima for ``_max``/``_min`` columns) as floats, then resets; {} if empty."""
-        if not self.count:
-            return {}
-        vals = self.total.double().cpu().numpy()  # the one read per interval
-        kinds = np.asarray(self.layout.kinds)
-        vals = np.where(kinds == MEAN, vals / self.count, vals)
-        self.reset()
-        return {k: float(v) for k, v in zip(self.layout.names, vals)}
-
-    def non_finite_per_seed(self, prefixes: tuple[str, ...]) -> list[list[str]]:
-        """:meth:`non_finite` of each seed's row of a pack's accumulator (one host sync)."""
-        if not self.count:
-            return [[] for _ in range(self.total.shape[0])]
-        cols = [i for i, n in enumerate(self.layout.names) if n.startswith(prefixes)]
-        flags = torch.isfinite(self.total[:, cols]).cpu().numpy()
-        return [[self.layout.names[c] for c, ok in zip(cols, row) if not ok] for row in flags]
+        return self._means(self.total.unsqueeze(0))[0]
 
     def means_per_seed(self) -> list[dict[str, float]]:
-        """:meth:`means` of each seed's row of a pack's accumulator, then resets; [{}, ...] if empty."""
+        return self._means(self.total)
+
+    def _means(self, rows: torch.Tensor) -> list[dict[str, float]]:
         if not self.count:
-            return [{} for _ in range(self.total.shape[0])]
-        vals = self.total.double().cpu().numpy()
-        kinds = np.asarray(self.layout.kinds)
-        vals = np.where(kinds == MEAN, vals / self.count, vals)
+            return [{} for _ in range(rows.shape[0])]
+        vals = rows.double().cpu().numpy()  # the one read per interval
+        vals = np.where(np.asarray(self.layout.kinds) == MEAN, vals / self.count, vals)
         self.reset()
         return [{k: float(v) for k, v in zip(self.layout.names, row)} for row in vals]
 

@@ -1,8 +1,6 @@
 """MAD-SAC's latent world model and binned critic (paper Sec. 5.2; MAD-TD's networks in TD-MPC2's layout).
 
-Modules only: encoder obs -> SimNorm latent, one-step latent dynamics, scalar reward head, and the twin
-HL-Gauss critic heads over (latent, action). "Block" below means Linear -> LayerNorm -> activation, the
-building block of :func:`qed_ray.rl.networks.mlp`.
+"Block" below means Linear -> LayerNorm -> activation, the building block of :func:`qed_ray.rl.networks.mlp`.
 """
 
 from __future__ import annotations
@@ -16,14 +14,9 @@ from qed_ray.rl.networks import mlp, mlp_state_action
 
 
 class SimNorm(nn.Module):
-    """Simplicial normalisation: softmax over consecutive groups of ``group`` features (TD-MPC2, MAD).
-
-    The latent becomes ``dim / group`` probability simplices, which bounds it and makes the self-prediction
-    loss a per-group cross-entropy (MAD-TD's self-prediction term).
-
-    Args:
-        group: features per simplex (MAD: 8).
-    """
+    """Simplicial normalisation: softmax over consecutive groups of ``group`` features (TD-MPC2, MAD: 8). The latent
+    becomes ``dim / group`` probability simplices, which bounds it and makes the self-prediction loss a per-group
+    cross-entropy (MAD-TD's self-prediction term)."""
 
     def __init__(self, group: int = 8):
         super().__init__()
@@ -69,11 +62,8 @@ class Dynamics(nn.Module):
         self.simnorm = SimNorm(group)
 
     def forward(self, z: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Predicted next latent from z [B, L] and a [B, A].
-
-        Returns:
-            ``(probs, log_probs)``, each [B, L]: SimNorm simplices and their per-group log-softmax.
-        """
+        """Predicted next latent ``(probs, log_probs)`` [B, L] (simplices and their per-group log-softmax) from
+        z [B, L] and a [B, A]."""
         h = self.norm(self.net(torch.cat([z, a], dim=-1)))
         return self.simnorm(h), self.simnorm.log_prob(h)
 
@@ -95,15 +85,7 @@ class HLGaussCritic(nn.Module):
 
     A fixed zero prior (17 x HL-Gauss(0), a buffer, never trained) is added to both heads' logits so the
     expected value starts near 0: without it, near-uniform logits give E[Q] a random spread over the whole
-    support at initialisation.
-
-    Args:
-        latent_dim: input latent size.
-        action_dim: action size.
-        hidden: width of the hidden blocks.
-        depth: hidden blocks per head.
-        act: activation name.
-        hl: the support, also used to encode targets (held as a submodule: its buffers follow ``.to(device)``).
+    support at initialisation. ``hl``, the support, is a submodule so its buffers follow ``.to(device)``.
     """
 
     def __init__(self, latent_dim: int, action_dim: int, hidden: int, depth: int, act: str, hl: HLGauss):
@@ -114,11 +96,8 @@ class HLGaussCritic(nn.Module):
         self.register_buffer("prior", self.hl.zero_prior(ZERO_PRIOR_SCALE))
 
     def forward(self, z: torch.Tensor, a: torch.Tensor, repeats: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-        """Both heads' logits ``(l1, l2)``, each [B * repeats, num_bins], prior included.
-
-        ``repeats`` > 1 pairs each latent with that many consecutive actions and computes the first layer's
-        latent term once per latent (:func:`qed_ray.rl.networks.mlp_state_action`).
-        """
+        """Both heads' logits ``(l1, l2)`` [B * repeats, num_bins], prior included (``repeats``:
+        :func:`~qed_ray.rl.networks.mlp_state_action`)."""
         return (mlp_state_action(self.q1, z, a, repeats) + self.prior,
                 mlp_state_action(self.q2, z, a, repeats) + self.prior)
 
