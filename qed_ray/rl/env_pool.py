@@ -8,7 +8,7 @@ import multiprocessing as mp
 import signal
 import traceback
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -152,24 +152,11 @@ class EnvPool:
 
     def reseed(self, idx: Sequence[int], seeds: Sequence[int]) -> None:
         """Reseeds envs ``idx`` (:meth:`DMCEnv.reseed`): their next reset draws a fresh env's initial state."""
-        pairs = list(zip(idx, seeds))
-        if self.workers == 0:
-            _serve(self._local, self._sh, "reseed", (pairs,))
-            return
-        for w in range(self.workers):
-            self._conns[w].send(("reseed", [p for p in pairs if p[0] % self.workers == w]))
-        for w in range(self.workers):
-            self._reply(w)
+        self._run("reseed", list(zip(idx, seeds)), env=lambda pair: pair[0])
 
     def physics_states(self, idx: Sequence[int]) -> np.ndarray:
         """[len(idx), Q] MuJoCo state vectors (qpos, qvel, act) of envs ``idx`` (state-spread figures)."""
-        idx = list(idx)
-        if self.workers == 0:
-            return np.stack(_serve(self._local, self._sh, "physics", (idx,)))
-        by_worker = {w: [i for i in idx if i % self.workers == w] for w in range(self.workers)}
-        for w, mine in by_worker.items():
-            self._conns[w].send(("physics", mine))
-        states = {i: s for w, mine in by_worker.items() for i, s in zip(mine, self._reply(w))}
+        states = {i: s for mine, got in self._run("physics", list(idx)) for i, s in zip(mine, got)}
         return np.stack([states[i] for i in idx])
 
     def random_state(self, i: int) -> dict:
@@ -202,18 +189,15 @@ class EnvPool:
         self.close()
 
     # ---- plumbing ----------------------------------------------------------------------------------------
-    def _run(self, command: str, idx: list[int]) -> None:
+    def _run(self, command: str, items: list, env: Callable = lambda i: i) -> list[tuple[list, object]]:
+        """``command`` on each worker's share of ``items`` (env i lives on worker i mod W): ``(share, reply)`` pairs."""
         if self.workers == 0:
-            _serve(self._local, self._sh, command, (idx,))
-            return
-        busy = []
-        for w in range(self.workers):
-            mine = [i for i in idx if i % self.workers == w]
-            if mine:
-                self._conns[w].send((command, mine))
-                busy.append(w)
+            return [(items, _serve(self._local, self._sh, command, (items,)))]
+        shares = [[x for x in items if env(x) % self.workers == w] for w in range(self.workers)]
+        busy = [w for w, share in enumerate(shares) if share]
         for w in busy:
-            self._reply(w)
+            self._conns[w].send((command, shares[w]))
+        return [(shares[w], self._reply(w)) for w in busy]
 
     def _call_one(self, i: int, command: str, *args):
         if self.workers == 0:

@@ -47,10 +47,6 @@ class Progress(Timings):
     def start(cls) -> "Progress":
         return cls(decisions=0, updates=0, wall_s=0.0)
 
-    def fields(self) -> dict:
-        """The counters as ``pack.json`` holds them."""
-        return self.model_dump()
-
     @classmethod
     def of(cls, pack: PackRecord) -> "Progress":
         return cls(**pack.model_dump(include=set(Timings.model_fields)))

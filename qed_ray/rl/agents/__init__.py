@@ -20,7 +20,6 @@ from qed_ray.records.manifests import Manifest
 AGENTS: dict[str, type[SACBase]] = {SACLN.name: SACLN, MadSAC.name: MadSAC}
 # A snapshot's weights do not depend on the random streams that changed in format 2, so format 1 ones (qed_ray 0.1)
 # still load, their few renamed parameters upgraded: QED's log alpha_TE was a submodule's parameter then.
-POLICY_FORMATS = SNAPSHOT_FORMATS
 FORMAT1_RENAMES = {"temperature": {"te.log_alpha": "log_alpha"}}
 
 
@@ -48,7 +47,7 @@ def load_policy(directory: str | os.PathLike, device: str | torch.device = "cpu"
     """``(agent, manifest)`` a checkpoint or policy snapshot describes, its modules loaded (an intermediate
     snapshot's other modules keep their seeded initialisation; format 1 upgraded). Raises CheckpointError for bad
     files, ValueError for a snapshot without the modules needed to act."""
-    state, manifest = load_checkpoint(directory, map_location=device, formats=POLICY_FORMATS)
+    state, manifest = load_checkpoint(directory, map_location=device, formats=SNAPSHOT_FORMATS)
     (spec,) = manifest.require(Path(directory) / MANIFEST_FILE, "run")
     if manifest.format_version == 1:
         state = {m: {FORMAT1_RENAMES[m].get(n, n): v for n, v in s.items()} if m in FORMAT1_RENAMES else s
