@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from qed_ray.spec import cli_help
-from qed_ray.spec.tasks import TASK_SETS, TASKS, check_task  # noqa: F401 - re-exported: the registry lives beside config
+from qed_ray.spec.tasks import TASK_SETS, TASKS, check_task  # noqa: F401 - re-exported (the registry lives in spec/)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ MISH_EXP_MAX = 20.0  # beyond it n / (n + 2) rounds to 1 in float32 and float64 
 
 
 def _mish_parts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(e, n)``: e = exp(x) with the exponent clamped at :data:`MISH_EXP_MAX` (so n never overflows), n = e (e + 2)."""
+    """``(e, n)``: e = exp(x), its exponent clamped at :data:`MISH_EXP_MAX` (so n never overflows), n = e (e + 2)."""
     e = torch.exp(x.clamp(max=MISH_EXP_MAX))
     return e, e * (e + 2.0)
 

@@ -66,7 +66,8 @@ class PackCheckpoints:
                 seeds.append((sub, *run.saved))
         pack = PackRecord(format=PACK_FORMAT, pack=st.name, names=[r.name for r in st.runs],
                           seeds=[r.spec.seed for r in st.runs], pack_size=st.n, env_steps=st.env_steps,
-                          **{**st.progress.model_dump(), "wall_s": self.wall_s()}, status=[st.status(r) for r in st.runs],
+                          **{**st.progress.model_dump(), "wall_s": self.wall_s()},
+                          status=[st.status(r) for r in st.runs],
                           reasons=[r.reason for r in st.runs],
                           stopped_at=[list(r.stopped_at) if r.stopped_at else None for r in st.runs])
 

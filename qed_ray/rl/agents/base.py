@@ -20,8 +20,11 @@ from qed_ray.rl.agents.learner import Learner, Params
 from qed_ray.spec.config import AgentSpec, TemperatureSpec
 from qed_ray.rl.networks import freeze, make_adam, require_fp32_matmul, squashed_sample
 from qed_ray.rl.precision import qed_products
-from qed_ray.rl.temperature import alpha_stats, make_temperature, qed_disagreement, temperature_state
+from qed_ray.rl.temperature import alpha_stat_names, alpha_stats, make_temperature, qed_disagreement, temperature_state
 from qed_ray.rl.update_metrics import MetricLayout
+
+# The metric columns after the critic's, both agents: step_metrics, then the actor's alpha statistics.
+STEP_METRICS = ("grad/critic_norm", "loss/actor", "grad/actor_norm", "policy/entropy", "loss/alpha", "alpha/te")
 
 
 @runtime_checkable
@@ -216,9 +219,16 @@ class SACBase:
 
     def step_metrics(self, critic_norm: torch.Tensor, actor_loss: torch.Tensor, actor_norm: torch.Tensor,
                      logp: torch.Tensor, alpha_loss: torch.Tensor, temperature_stats: torch.Tensor) -> torch.Tensor:
-        """The agents' ``STEP_METRICS`` columns, whose last (``alpha/te``) leads the temperature stats."""
+        """The :data:`STEP_METRICS` columns, whose last (``alpha/te``) leads the temperature stats."""
         steps = [critic_norm, actor_loss, actor_norm, -logp.mean(-1), alpha_loss]
         return torch.cat([torch.stack(steps, -1), temperature_stats], -1)
+
+    def layout(self, critic: tuple[str, ...], after: tuple[str, ...] = ()) -> MetricLayout:
+        """The metric columns in ``learn``'s order: ``critic``'s (then the TD target's alpha statistics),
+        :data:`STEP_METRICS` (then the actor's), then ``after``."""
+        t = self.temperature
+        return MetricLayout((*critic, *alpha_stat_names(t, "alpha/target"), *STEP_METRICS,
+                             *alpha_stat_names(t, "alpha/actor"), *after))
 
     def _alpha_stats(self, alpha: torch.Tensor, tstate: Params) -> torch.Tensor:
         return torch.stack([self.temperature.floor(tstate), *alpha_stats(alpha, self.temperature, tstate)])

@@ -16,8 +16,7 @@ from qed_ray.rl.agents.base import Learner, Params, SACBase, SACFunctions, call,
 from qed_ray.spec.config import AgentSpec, TemperatureSpec
 from qed_ray.rl.hlgauss import HLGauss, cross_entropy
 from qed_ray.rl.networks import TanhGaussianActor, make_adam, squashed_sample
-from qed_ray.rl.temperature import alpha_stat_names, alpha_stats
-from qed_ray.rl.update_metrics import MetricLayout
+from qed_ray.rl.temperature import alpha_stats
 from qed_ray.rl.world_model import Dynamics, Encoder, HLGaussCritic, RewardHead
 
 # Self-prediction targets are smoothed towards uniform so log(0) never meets a 0 target weight's gradient
@@ -27,7 +26,6 @@ MODEL_LOSSES = ("loss/model_reward", "loss/model_latent_ce", "loss/model_value_a
 MODEL_METRIC_KEYS = (*MODEL_LOSSES, "grad/encoder_norm", "grad/model_norm")
 CRITIC_METRICS = ("loss/critic", "q/mean", "q/mean_real", "q/mean_model", "q/abs_diff_mean", "q/abs_diff_max",
                   "q/target_mean", "q/target_std", "mad/target_clip_frac", "mad/model_reward_mse")
-STEP_METRICS = ("grad/critic_norm", "loss/actor", "grad/actor_norm", "policy/entropy", "loss/alpha", "alpha/te")
 
 
 def split_sizes(batch_size: int, proportion_real: float) -> tuple[int, int]:
@@ -209,9 +207,7 @@ class MadSAC(SACBase):
         self.model_opt = make_adam(self._model_params(), m.model_lr, dev)
         self.fn = MadFunctions(self.encoder, self.dynamics, self.reward, self.actor, self.critic, self.temperature,
                                spec)
-        self.metric_layout = MetricLayout((*CRITIC_METRICS, *alpha_stat_names(self.temperature, "alpha/target"),
-                                           *STEP_METRICS, *alpha_stat_names(self.temperature, "alpha/actor"),
-                                           *MODEL_METRIC_KEYS))
+        self.metric_layout = self.layout(CRITIC_METRICS, MODEL_METRIC_KEYS)
         # update() calls so far (self.updates, SACBase) drive model_every and are checkpointed as a tensor; the
         # last model step's metrics stand in for the model columns of an update that skips it.
         self.memo["model_metrics"] = torch.zeros(len(MODEL_METRIC_KEYS), device=dev)

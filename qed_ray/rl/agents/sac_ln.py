@@ -13,13 +13,11 @@ from qed_ray.rl.agents.base import Learner, Params, SACBase, SACFunctions, seede
 from qed_ray.spec.config import AgentSpec, TemperatureSpec
 from qed_ray.rl.hlgauss import HLGauss, cross_entropy
 from qed_ray.rl.networks import TanhGaussianActor, TwinCritic, squashed_sample
-from qed_ray.rl.temperature import alpha_stat_names, alpha_stats
-from qed_ray.rl.update_metrics import MetricLayout
+from qed_ray.rl.temperature import alpha_stats
 from qed_ray.rl.world_model import HLGaussCritic
 
 CRITIC_METRICS = ("loss/critic", "q/mean", "q/abs_diff_mean", "q/abs_diff_max", "q/target_mean")
 HL_METRICS = ("q/target_clip_frac",)  # HL-Gauss heads only: share of TD targets outside the support
-STEP_METRICS = ("grad/critic_norm", "loss/actor", "grad/actor_norm", "policy/entropy", "loss/alpha", "alpha/te")
 
 
 class SACLNFunctions(SACFunctions):
@@ -108,9 +106,7 @@ class SACLN(SACBase):
         self._init_sac(actor, critic, temperature, seed)
         self.fn = SACLNFunctions(self.actor, self.critic, self.temperature, spec.gamma)
         hl_metrics = HL_METRICS if self.fn.hl is not None else ()
-        self.metric_layout = MetricLayout((*CRITIC_METRICS, *hl_metrics,
-                                           *alpha_stat_names(self.temperature, "alpha/target"),
-                                           *STEP_METRICS, *alpha_stat_names(self.temperature, "alpha/actor")))
+        self.metric_layout = self.layout((*CRITIC_METRICS, *hl_metrics))
 
     def learn(self, x: Learner, batch: dict[str, torch.Tensor], noise: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """One critic, actor, temperature and Polyak step on the learner's parameters; the metric vector [K] ([S, K]
