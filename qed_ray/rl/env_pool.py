@@ -1,6 +1,5 @@
 """The envs of a pack, stepped together: in the pack's own process (``workers=0``) or on W worker processes, through
-shared memory, the same bits whatever W is (docs/design.md, "The training loop").
-"""
+shared memory, the same bits whatever W is (docs/design.md, "The training loop")."""
 
 from __future__ import annotations
 

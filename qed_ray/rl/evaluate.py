@@ -1,6 +1,5 @@
 """Evaluation rollouts (paper Sec. 6.1-6.2, App. E): one engine, P policies x E episodes in lock-step on a pool's
-envs, one batched policy call per step (:func:`rollout_lockstep`), from the same initial states for every policy.
-"""
+envs, one batched policy call per step (:func:`rollout_lockstep`), from the same initial states for every policy."""
 
 from __future__ import annotations
 

@@ -43,8 +43,7 @@ class _CompiledMish(torch.autograd.Function):
     that inductor fuses, with their bias and LayerNorm neighbours, into loops with one exponential; it cannot fuse
     the opaque ``aten::mish``, which was ~40% of a CPU update. (Autograd through the formula would difference two
     nearly equal terms of size 1/n and lose ~1e-5 of the gradient near x = 20, hence the explicit backward.)
-    ``generate_vmap_rule``: the packs compile their vmapped per-seed functions.
-    """
+    ``generate_vmap_rule``: the packs compile their vmapped per-seed functions."""
 
     generate_vmap_rule = True
 
@@ -69,8 +68,7 @@ def mish(x: torch.Tensor) -> torch.Tensor:
     over memory cost 1.04x to 1.5x per update, and an autograd.Function under ``vmap`` (packs) 1.26x even around
     ``aten::mish`` (interleaved A/B in one process), so eager keeps PyTorch's kernel. Above the exponent clamp the
     ratio is 1 and the result is x, as float32 Mish gives; for very negative x, e underflows and the result goes to
-    -0, within float32 of the true value (|Mish(x)| < |x| e^x). No data-dependent branch (``vmap``, CUDA graphs).
-    """
+    -0, within float32 of the true value (|Mish(x)| < |x| e^x). No data-dependent branch (``vmap``, CUDA graphs)."""
     return _CompiledMish.apply(x) if torch.compiler.is_compiling() else F.mish(x)
 
 

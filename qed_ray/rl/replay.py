@@ -1,6 +1,5 @@
 """Replay: one uniform ring per seed of a pack, held together in one tensor [S, capacity, D], and append-only
-persistence (docs/design.md, "Replay").
-"""
+persistence (docs/design.md, "Replay")."""
 
 from __future__ import annotations
 

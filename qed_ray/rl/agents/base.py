@@ -23,7 +23,7 @@ from qed_ray.rl.precision import qed_products
 from qed_ray.rl.temperature import alpha_stat_names, alpha_stats, make_temperature, qed_disagreement, temperature_state
 from qed_ray.rl.update_metrics import MetricLayout
 
-# The metric columns after the critic's, both agents: step_metrics, then the actor's alpha statistics.
+# The metric columns after the critic's, both agents (sac_steps), then the actor's alpha statistics.
 STEP_METRICS = ("grad/critic_norm", "loss/actor", "grad/actor_norm", "policy/entropy", "loss/alpha", "alpha/te")
 
 
@@ -197,31 +197,27 @@ class SACBase:
         return self.fn.q_pair(params["critic"], self.encode_with(params, obs), action)
 
     # ---- learning steps shared by both agents, against a Learner ---------------------------------------
-    def actor_step(self, x: Learner, actor_p: Params, critic_p: Params, tstate: Params, states: torch.Tensor,
-                   eps: torch.Tensor, eps_qed: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """One clipped Adam step on the actor loss: ``(loss, pre-clip grad norm, log_prob [B], temperature stats)``.
+    def sac_steps(self, x: Learner, critic_loss: torch.Tensor, p: dict[str, Params], critic_p: Params,
+                  states: torch.Tensor, eps: torch.Tensor, eps_qed: torch.Tensor) -> torch.Tensor:
+        """The critic's clipped Adam step, the actor's (its loss against ``critic_p`` at ``states``), the rule's own
+        (alpha_TE, paper Eq. 1) and Polyak: the :data:`STEP_METRICS` columns, then the actor's alpha statistics.
 
-        The stats (alpha_TE and :func:`~qed_ray.rl.temperature.alpha_stats` of the loss's alpha) are read before
-        :meth:`temperature_step` moves alpha_TE in place, so the floor share compares alpha with the floor it was
+        The statistics (alpha_TE and :func:`~qed_ray.rl.temperature.alpha_stats` of the actor loss's alpha) are read
+        before the temperature step moves alpha_TE in place, so the floor share compares alpha with the floor it was
         clipped at (after the step, a falling alpha_TE would put no state "at the floor").
         """
-        loss, logp, alpha = x.per_seed(self.fn.actor_loss)(actor_p, critic_p, tstate, states, eps, eps_qed)
+        (critic_norm,) = x.step(critic_loss, ("critic_opt", self.spec.grad_clip))
+        tstate = p["temperature"]
+        actor_loss, logp, alpha = x.per_seed(self.fn.actor_loss)(p["actor"], critic_p, tstate, states, eps, eps_qed)
         stats = x.per_seed(self._alpha_stats)(alpha, tstate)
-        (norm,) = x.step(loss, ("actor_opt", self.spec.grad_clip))
-        return loss.detach(), norm, logp.detach(), stats
-
-    def temperature_step(self, x: Learner, tstate: Params, logp: torch.Tensor) -> torch.Tensor:
-        """One Adam step on the rule's own loss (alpha_TE, paper Eq. 1); returns the loss (0 for fixed)."""
-        loss = x.per_seed(self.temperature.loss)(tstate, logp)
+        (actor_norm,) = x.step(actor_loss, ("actor_opt", self.spec.grad_clip))
+        logp = logp.detach()
+        alpha_loss = x.per_seed(self.temperature.loss)(tstate, logp)
         if self.alpha_opt is not None:
-            x.step(loss, ("alpha_opt", None))
-        return loss.detach()
-
-    def step_metrics(self, critic_norm: torch.Tensor, actor_loss: torch.Tensor, actor_norm: torch.Tensor,
-                     logp: torch.Tensor, alpha_loss: torch.Tensor, temperature_stats: torch.Tensor) -> torch.Tensor:
-        """The :data:`STEP_METRICS` columns, whose last (``alpha/te``) leads the temperature stats."""
-        steps = [critic_norm, actor_loss, actor_norm, -logp.mean(-1), alpha_loss]
-        return torch.cat([torch.stack(steps, -1), temperature_stats], -1)
+            x.step(alpha_loss, ("alpha_opt", None))
+        x.polyak(self.spec.polyak)
+        steps = [critic_norm, actor_loss.detach(), actor_norm, -logp.mean(-1), alpha_loss.detach()]
+        return torch.cat([torch.stack(steps, -1), stats], -1)
 
     def layout(self, critic: tuple[str, ...], after: tuple[str, ...] = ()) -> MetricLayout:
         """The metric columns in ``learn``'s order: ``critic``'s (then the TD target's alpha statistics),

@@ -243,16 +243,10 @@ class MadSAC(SACBase):
         x.updates += 1
         critic_loss, critic_metrics, z_actor = x.per_seed(self.fn.critic_loss)(p, target_p, batch, e_model, e_t,
                                                                                e_tq)
-        (critic_norm,) = x.step(critic_loss, ("critic_opt", self.spec.grad_clip))
         # The actor maximises the critic named by agent.mad.actor_critic (online by default, as in SAC-LN).
         q_p = p["critic"] if self.mad.actor_critic == "online" else target_p
-        actor_loss, actor_norm, logp, actor_alpha = self.actor_step(x, p["actor"], q_p, p["temperature"], z_actor,
-                                                                    e_a, e_aq)
-        alpha_loss = self.temperature_step(x, p["temperature"], logp)
-        x.polyak(self.spec.polyak)
-        return torch.cat([critic_metrics, self.step_metrics(critic_norm, actor_loss, actor_norm, logp, alpha_loss,
-                                                            actor_alpha),
-                          x.memo["model_metrics"].to(critic_metrics.dtype)], -1)
+        steps = self.sac_steps(x, critic_loss, p, q_p, z_actor, e_a, e_aq)
+        return torch.cat([critic_metrics, steps, x.memo["model_metrics"].to(critic_metrics.dtype)], -1)
 
     def report_warnings(self, metrics: dict[str, float]) -> list[str]:
         """A warning when the share of TD targets clipped by the HL-Gauss support exceeds

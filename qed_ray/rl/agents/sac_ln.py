@@ -60,8 +60,7 @@ class SACLNFunctions(SACFunctions):
         y = r + gamma (1 - d) (min_j Qtarg_j(s', a') - alpha(s') log pi(a'|s')), a' ~ pi(.|s') (paper Eq. 1);
         alpha(s') is read from the target critics, which produce the target value (or is alpha_TE, see
         :meth:`SACFunctions.target_alpha`). Only the critic gets gradient. ``(loss 0-d, metrics)``:
-        :data:`CRITIC_METRICS`, :data:`HL_METRICS` (HL-Gauss heads only), then the alpha/target statistics.
-        """
+        :data:`CRITIC_METRICS`, :data:`HL_METRICS` (HL-Gauss heads only), then the alpha/target statistics."""
         obs, act, rew, nxt = batch["obs"], batch["action"], batch["reward"], batch["next_obs"]
         actor_p, tstate = params["actor"], params["temperature"]
         with torch.no_grad():
@@ -115,11 +114,6 @@ class SACLN(SACBase):
         p = x.params()
         critic_loss, critic_metrics = x.per_seed(self.fn.critic_loss)(p, x.target_params(), batch, eps_next,
                                                                       eps_qed_next)
-        (critic_norm,) = x.step(critic_loss, ("critic_opt", self.spec.grad_clip))
         # The actor reads the critics just updated (as in SAC), through detached parameters.
-        actor_loss, actor_norm, logp, actor_alpha = self.actor_step(x, p["actor"], p["critic"], p["temperature"],
-                                                                    batch["obs"], eps_a, eps_qed)
-        alpha_loss = self.temperature_step(x, p["temperature"], logp)
-        x.polyak(self.spec.polyak)
-        return torch.cat([critic_metrics, self.step_metrics(critic_norm, actor_loss, actor_norm, logp, alpha_loss,
-                                                            actor_alpha)], -1)
+        steps = self.sac_steps(x, critic_loss, p, p["critic"], batch["obs"], eps_a, eps_qed)
+        return torch.cat([critic_metrics, steps], -1)
