@@ -24,16 +24,13 @@ State = dict[str, torch.Tensor]
 
 
 def expectile(x: torch.Tensor, tau: float) -> torch.Tensor:
-    """Exact tau-expectile along the last axis: the m minimising sum_i |tau - 1[x_i < m]| (x_i - m)^2.
+    """Exact tau-expectile along the last axis (docs/definitions.md, "Expectile"): x [..., N] -> [...].
 
-    The minimiser solves m = sum_i w_i x_i / sum_i w_i with w_i = tau above m and 1 - tau below. With the
-    samples sorted, each split position j (j samples below m) gives a closed-form candidate; exactly the
-    candidate lying inside its own bracket [x_(j-1), x_(j)] is the expectile (the objective is strictly convex).
-    When the expectile is itself a sample, it is the candidate of both brackets that meet there, and rounding may
-    put both a hair outside; so the candidate nearest to its bracket is taken (distance 0 for the exact one),
-    clamped into it. No iteration, no data-dependent control flow (compile- and vmap-friendly).
-
-    Shapes: x [..., N] -> [...], each within [min x, max x]; tau in (0, 1), 0.5 gives the mean.
+    With the samples sorted, each split position j (j samples below m) gives a closed-form candidate; exactly the
+    one inside its own bracket [x_(j-1), x_(j)] is the expectile (the objective is strictly convex). When the
+    expectile is itself a sample, it is the candidate of both brackets that meet there, and rounding may put both a
+    hair outside; so the candidate nearest to its bracket is taken (distance 0 for the exact one), clamped into it.
+    No iteration, no data-dependent control flow (compile- and vmap-friendly).
     """
     xs, _ = torch.sort(x, dim=-1)
     n = xs.shape[-1]
@@ -123,14 +120,9 @@ class TargetEntropyTemperature(nn.Module):
 
 
 class QEDTemperature(TargetEntropyTemperature):
-    """Q-value Expectile Disagreement (paper Sec. 5.1).
-
-    alpha(s) = clip(expectile_tau(|Q1(s,a_i) - Q2(s,a_i)|, a_i ~ pi(.|s)) / (k * action_dim), alpha_TE, alpha_max).
-    alpha_TE keeps training as in SAC and is the floor; if alpha_TE ever exceeds alpha_max the floor wins,
-    so QED never runs colder than plain target-entropy SAC ("QED reduces to SAC with regular entropy tuning").
-    The paper does not say which alpha enters the TD target: ``spec.target_alpha`` 'qed' measures alpha(s') (the
-    agents read it from the target critics), 'floor' puts alpha_TE there and skips QED at s' altogether.
-    """
+    """Q-value Expectile Disagreement (paper Sec. 5.1; docs/definitions.md, "Clip and floor" and "Where alpha(s) is
+    used"): alpha(s) = clip(expectile_tau(|Q1(s,a_i) - Q2(s,a_i)|, a_i ~ pi(.|s)) / (k * action_dim), alpha_TE,
+    alpha_max), the floor applied last, so QED never runs colder than plain target-entropy SAC."""
 
     def __init__(self, action_dim: int, spec: TemperatureSpec):
         super().__init__(action_dim, spec.init_alpha)
