@@ -80,9 +80,7 @@ FILES_FILE = "files.json"  # in a pack checkpoint: the files its worker wrote of
 
 class CheckpointFiles(Record):
     """A pack checkpoint's ``files.json``: per seed, the files (path under its policies folder: SHA-256) its worker
-    wrote up to this checkpoint, the final ones among them in the final checkpoint, and, in a sweep, their HMAC
-    under the results key (:class:`~qed_ray.records.digests.Signer`). A later start that finishes the seed signs these
-    and nothing else: a file planted in the folder is never signed (the gather step refuses it, naming it)."""
+    wrote up to this checkpoint and, in a sweep, their HMAC under the results key (design.md, "Trusting results")."""
 
     files: dict[str, dict[str, str]]
     macs: dict[str, str] | None = None
@@ -193,10 +191,9 @@ class FolderReporter:
         return out
 
     def finish(self, finisher: Finisher = lambda i, files, differences: None) -> list[str]:
-        """After the trainer returned: the end of each finished seed without a ``DONE.json`` (finished now, or its
-        end was cut off before it was recorded: a Ctrl-C, a killed worker): ``finisher`` signs what its worker
-        wrote (never a file only found on disk: each is named), then its ``DONE.json`` is written. A seed that has
-        its ``DONE.json`` is never finished again. Returns the seeds finished here."""
+        """After the trainer returned, each finished seed without a ``DONE.json`` (docs/design.md, "Resume" item 9):
+        ``finisher`` signs what its worker wrote (a file only found on disk is named, never signed), then its
+        ``DONE.json`` is written. Returns the seeds finished here."""
         done = []
         for i, run in enumerate(self.trainer.runs):
             if run.status != "finished" or os.path.lexists(self.layout.done_marker(run.name)):

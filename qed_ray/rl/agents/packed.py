@@ -29,7 +29,7 @@ def slice_optimizer_state(state: dict, i: int) -> dict:
 
 
 def stack_optimizer_states(states: Sequence[dict]) -> dict:
-    """Inverse of :func:`slice_optimizer_state` over the S seeds (who must have taken the same steps)."""
+    """Inverse of :func:`slice_optimizer_state` over the S seeds (all must have taken the same steps)."""
     first = states[0]
     if any(set(s["state"]) != set(first["state"]) for s in states):
         raise ValueError("optimiser state: some seeds have taken steps that others have not; a pack's seeds step "
