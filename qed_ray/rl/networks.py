@@ -178,14 +178,10 @@ class TwinCritic(nn.Module):
                 mlp_state_action(self.q2, x, a, repeats).squeeze(-1))
 
 
-def polyak_update(target: nn.Module, online: nn.Module, rate: float) -> None:
-    """target <- (1 - rate) * target + rate * online, in place (one fused foreach call)."""
-    polyak_lerp_(list(target.parameters()), list(online.parameters()), rate)
-
-
 @torch.no_grad()
 def polyak_lerp_(target: list[torch.Tensor], online: list[torch.Tensor], rate: float) -> None:
-    """:func:`polyak_update` over tensor lists (element-wise, so stacked seeds stay independent)."""
+    """target <- (1 - rate) * target + rate * online, in place, one fused foreach call (element-wise, so stacked
+    seeds stay independent)."""
     torch._foreach_lerp_(target, online, rate)
 
 

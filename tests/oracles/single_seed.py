@@ -11,7 +11,7 @@ import torch
 
 from qed_ray.rl.agents.base import SACBase, params_of
 from qed_ray.rl.agents.learner import Params
-from qed_ray.rl.networks import polyak_update
+from qed_ray.rl.networks import polyak_lerp_
 
 
 class SingleSeed:
@@ -54,7 +54,7 @@ class SingleSeed:
         return norms
 
     def polyak(self, rate: float) -> None:
-        polyak_update(self.agent.critic_target, self.agent.critic, rate)
+        polyak_lerp_(list(self.agent.critic_target.parameters()), list(self.agent.critic.parameters()), rate)
 
 
 def single_update(agent: SACBase, batch: dict[str, torch.Tensor], noise: torch.Tensor | None = None) -> torch.Tensor:

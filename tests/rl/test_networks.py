@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from qed_ray.rl.networks import (Mish, TanhGaussianActor, TwinCritic, activation, make_adam, mish, mish_exp_form,
-                                 mish_exp_form_backward, polyak_update, tanh_log_det_jacobian)
+                                 mish_exp_form_backward, polyak_lerp_, tanh_log_det_jacobian)
 
 
 def test_stable_tanh_correction_matches_naive_formula():
@@ -63,7 +63,7 @@ def test_log_std_is_bounded_and_mode_is_tanh_mu():
 def test_polyak_moves_targets_by_the_rate():
     online, target = TwinCritic(3, 2, 8, 2, "mish"), TwinCritic(3, 2, 8, 2, "mish")
     before = [p.detach().clone() for p in target.parameters()]
-    polyak_update(target, online, 0.01)
+    polyak_lerp_(list(target.parameters()), list(online.parameters()), 0.01)
     for b, t, o in zip(before, target.parameters(), online.parameters()):
         torch.testing.assert_close(t, 0.99 * b + 0.01 * o)
 
