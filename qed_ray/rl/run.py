@@ -302,7 +302,7 @@ def _stop_once(signum, frame) -> None:
 
 def _resume(folder: FolderReporter, log: RunLog) -> None:
     """Restores the newest intact checkpoint (if any) and trims the seeds' ``metrics.jsonl`` to it."""
-    # Checkpoints of an older format are refused, never replaced: the message says how to start over (L6).
+    # Checkpoints of an older format are refused, never replaced: the message says how to start over.
     resumed = folder.resume(lambda line: print(line, file=sys.stderr, flush=True), start_over=False)
     for name in log.names:
         log.trim(name, resumed or 0)

@@ -359,13 +359,10 @@ def build_trainer(specs: Sequence[RunSpec], reporter: Reporter, replay_dirs: Seq
     pool = EnvPool(spec.task, env_seeds, t.frame_skip, env_workers)
     agent = make_packed_agent(spec.agent, [s.temperature for s in specs], pool.obs_dim, pool.action_dim, device, seeds)
     capacity = replay_capacity(t)
-    # Per seed: independent streams for the buffer sampler and warm-up actions, derived from the run seed.
-    streams = [_streams(seed) for seed in seeds]
     nbytes = replay_bytes(len(seeds), capacity, pool.obs_dim, pool.action_dim)
-    # The sampler: from its variant's first seed instead with train.shared_indices (rl.pack.sampler_seeds).
     replay = Replay(capacity, pool.obs_dim, pool.action_dim, [_streams(s)[0] for s in sampler_seeds(specs)], device,
                     replay_device(device, nbytes))
-    runs = [SeedRun(s, n, w) for s, n, (_, w) in zip(specs, names or [s.name for s in specs], streams)]
+    runs = [SeedRun(s, n, _streams(s.seed)[1]) for s, n in zip(specs, names or [s.name for s in specs])]
     log(f"pack {pack or pack_name(specs)}: {len(seeds)} seed{'s' if len(seeds) > 1 else ''} on {device}, replay "
         f"{nbytes / 2**20:.1f} MiB on {replay.storage.device}, {env_workers} env workers")
     return Trainer(runs, pool, agent, replay, reporter, writer or BackgroundWriter(), replay_dirs, log, pack,
