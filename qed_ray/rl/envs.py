@@ -1,10 +1,4 @@
-"""The dm_control wrapper every agent sees (paper Sec. 6.1, App. B; docs/definitions.md).
-
-One decision repeats the action for ``frame_skip`` control steps and sums their rewards; an episode is 1000
-control steps (500 decisions at frame skip 2); the time limit is a truncation, never a termination.
-Observations are the suite's observation dict flattened in a fixed (sorted) key order, as float32.
-Actions in [-1, 1] are mapped linearly to the action spec's bounds.
-"""
+"""The dm_control wrapper every agent sees (paper Sec. 6.1, App. B; docs/definitions.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""HL-Gauss distributional regression for MAD-SAC's binned critics (paper Sec. 5.2; MAD-TD's ``hl_gauss``).
-
-A scalar target y becomes the mass a Gaussian N(y, sigma^2) puts on each bin, and the critic is trained by
-cross-entropy against that histogram; the scalar read-out is E[value] = softmax(logits) . centres. Bins are
-``num_bins`` centres on ``linspace(vmin, vmax)``; sigma = ``sigma_ratio`` x bin width (MAD: 0.75 x 4.0 = 3.0).
-"""
+"""HL-Gauss distributional regression for MAD-SAC's binned critics (paper Sec. 5.2; MAD-TD's ``hl_gauss``; the
+encoding and read-out: docs/mad_sac.md, "HL-Gauss critics")."""
 
 from __future__ import annotations
 

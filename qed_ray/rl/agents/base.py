@@ -1,10 +1,5 @@
-"""The agent interface and the SAC chassis both agents share (paper Sec. 2, Sec. 5.2; docs/design.md, "The agent
-interface").
-
-:class:`SACFunctions` holds the pure functions both updates are built from: every network is called through
-``functional_call`` with parameters passed in and every random number comes in as noise, so a loss is a function
-of (parameters, target parameters, temperature state, batch, noise) only and can be vmapped over stacked seeds.
-"""
+"""The agent interface and the SAC chassis both agents share, :class:`SACBase`, with the pure functions their
+updates are built from, :class:`SACFunctions` (paper Sec. 2, Sec. 5.2; docs/design.md, "The agent interface")."""
 
 from __future__ import annotations
 

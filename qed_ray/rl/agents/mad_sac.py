@@ -1,12 +1,5 @@
-"""MAD-SAC: MaxEnt MAD-TD without MPC (paper Sec. 5.2, App. B; docs/mad_sac.md).
-
-A SimNorm encoder, a one-step latent model (dynamics + reward) and two HL-Gauss critic heads. Each critic batch
-mixes real transitions with one-step model transitions from the same real start states under policy actions
-(``proportion_real`` real rows first; MAD-TD's ``critic_updates.py``). The actor is SAC-LN's tanh-Gaussian on the
-detached latent; acting, the actor and temperature steps and state handling are :class:`SACBase`'s. The noise
-block's layout is :meth:`MadFunctions.noise_sizes` (docs/design.md, "The agent interface"); the only Python branch
-is the ``model_every`` check on an integer counter.
-"""
+"""MAD-SAC: MaxEnt MAD-TD without MPC (paper Sec. 5.2, App. B): a SimNorm encoder, a one-step latent model and
+HL-Gauss critics over critic batches that mix real and model transitions (docs/mad_sac.md)."""
 
 from __future__ import annotations
 

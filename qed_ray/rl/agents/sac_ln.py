@@ -1,9 +1,5 @@
-"""SAC-LN: soft actor-critic with LayerNorm twin critics (paper Sec. 5.2, App. B).
-
-The critic heads are scalar with a squared TD error (``agent.critic: mse``, the default) or HL-Gauss histograms
-trained by cross-entropy (``hlgauss``: the MAD-TD code's model-free configuration, with MAD-SAC's zero prior);
-QED and the TD target read the heads' expected values either way.
-"""
+"""SAC-LN: soft actor-critic with LayerNorm twin critics (paper Sec. 5.2, App. B), their heads scalar or HL-Gauss
+(``agent.critic``, docs/definitions.md); QED and the TD target read the heads' expected values either way."""
 
 from __future__ import annotations
 
