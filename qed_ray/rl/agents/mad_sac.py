@@ -90,15 +90,9 @@ class MadFunctions(SACFunctions):
 
     def model_losses(self, params: dict[str, Params], target_p: Params, batch: dict[str, torch.Tensor],
                      eps: torch.Tensor, eps_qed: torch.Tensor) -> torch.Tensor:
-        """The four encoder/model losses [4] on real data (MAD-TD's ``compute_model_loss``, made MaxEnt), in
-        :data:`MODEL_LOSSES` order: reward MSE, latent self-prediction CE (mean over latent dims), value-aware CE
-        through the predicted latent, critic CE through the encoder.
-
-        Gradients reach only encoder, dynamics and reward head: the target critic is frozen, the online critic
-        enters detached, a* = tanh(mu(z')) and the soft targets are computed without grad. The "target encoder" is
-        the online encoder under no_grad: MAD-TD re-syncs it after every model step (tau 0), and the encoder
-        changes only in model steps, so the two are always equal.
-        """
+        """The four encoder/model losses [4] on real data, in :data:`MODEL_LOSSES` order (MAD-TD's
+        ``compute_model_loss``, made MaxEnt; what each trains, and why the "target encoder" is the online one under
+        no_grad: docs/mad_sac.md, "The four encoder/model losses")."""
         obs, act, rew = batch["obs"], batch["action"], batch["reward"]
         b = obs.shape[0]
         z = self.encode(params["encoder"], obs)
@@ -123,13 +117,9 @@ class MadFunctions(SACFunctions):
     @torch.no_grad()
     def critic_batch(self, params: dict[str, Params], target_p: Params, batch: dict[str, torch.Tensor],
                      eps_model: torch.Tensor, eps: torch.Tensor, eps_qed: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The mixed critic batch (MAD-TD's ``update_critic``), no gradient: z [B, L], a [B, A], y [B], is_model [B],
-        next_alpha [B] and reward_mse 0-d (the reward head on the real rows, a model-quality diagnostic).
-
-        Rows [0, n_real) are replay transitions with z' = enc(s'). Rows [n_real, B) keep only the real start
-        state s: a_m ~ pi(.|enc(s)) (noise ``eps_model``), and (z'_m, r_m) come from the latent model. Model
-        rows inherit the real row's ``terminated`` flag (always 0 on dm_control).
-        """
+        """The mixed critic batch (MAD-TD's ``update_critic``; docs/mad_sac.md, "Mixed real/model critic batches"),
+        no gradient: z [B, L], a [B, A], y [B], is_model [B], next_alpha [B] and reward_mse 0-d (the reward head on
+        the real rows, a model-quality diagnostic); the model rows' actions are drawn with ``eps_model``."""
         obs, act, rew = batch["obs"], batch["action"], batch["reward"]
         b = obs.shape[0]
         n_real, _ = split_sizes(b, self.mad.proportion_real)
