@@ -29,10 +29,9 @@ def episode_noise(seed: int) -> np.random.Generator:
 
 
 class SamplingPolicy:
-    """Acts with policy samples a = tanh(mu(s) + sigma(s) eps): for episode e, eps [A] per decision comes from
-    :func:`episode_noise` of its env seed, the same for every policy, so policies rolled out from the same eval
-    seeds see the same noise step by step and a rollout is reproducible. ``distribution``: observations
-    [P, E, O] -> pre-tanh (mu, sigma) [P, E, A] (a pack's)."""
+    """Acts with policy samples a = tanh(mu(s) + sigma(s) eps), eps [A] per decision from :func:`episode_noise` of
+    the episode's env seed: the same for every policy (docs/definitions.md, "evaluation policy"). ``distribution``:
+    observations [P, E, O] -> pre-tanh (mu, sigma) [P, E, A] (a pack's)."""
 
     def __init__(self, distribution: DistributionFn):
         self.distribution = distribution

@@ -93,13 +93,9 @@ class PackCheckpoints:
             pack=st.name, pack_size=st.n, pack_index=i)
 
     def restore(self, directory: Path) -> PackRecord:
-        """Loads a pack checkpoint of the same seeds and pack size into the state; returns its pack.json, or raises
-        CheckpointError naming the file and field.
-
-        A seed the checkpoint records as finished (the final checkpoint, which a kill between the seeds'
-        ``DONE.json`` writes leaves behind) is restored without its replay: it trains no more, and a later start may
-        have pruned its chunks.
-        """
+        """Loads a pack checkpoint of the same seeds and pack size into the state (a seed it records as finished
+        without its replay: docs/design.md, "Packs"); returns its pack.json, or raises CheckpointError naming the
+        file and field."""
         st, directory = self.state, Path(directory)
         pack = read_pack(directory, [r.spec.seed for r in st.runs])
         states, manifests = [], []

@@ -33,14 +33,11 @@ def holdout_draw(seed: int, decision: int) -> float:
 
 
 def keeps_transition(train, seed: int, decision: int, truncated: bool) -> bool:
-    """Whether the transition of ``decision`` (0-based) of the run of ``seed`` enters its replay buffer.
-
-    Two MAD-TD details, off by default (then every transition is kept): ``train.holdout_fraction`` of the
-    transitions is held out and never trained on (MAD-TD sends 5% to an evaluation buffer; nothing here reads
-    them, so they are dropped), and with ``train.mask_time_limits`` the transition that ends an episode at its
-    time limit (``truncated``) is dropped, so no loss ever sees it (MAD-TD stores it with loss weight 0; dropping
-    it differs only in that MAD-TD's actor step still reads its start state, one row in 500).
-    """
+    """Whether the transition of ``decision`` (0-based) of the run of ``seed`` enters its replay buffer: always,
+    unless ``train.holdout_fraction`` holds it out or, with ``train.mask_time_limits``, it ends an episode at its
+    time limit (``truncated``), two MAD-TD details (docs/mad_sac.md, "Departures from the MAD-TD code"). MAD-TD
+    stores the latter with loss weight 0; dropping it differs only in that its actor step still reads the start
+    state, one row in 500."""
     if train.mask_time_limits and truncated:
         return False
     return not (train.holdout_fraction and holdout_draw(seed, decision) < train.holdout_fraction)
