@@ -1,22 +1,6 @@
-"""The gather step: a sweep's cross-seed metrics while it runs, and its re-analysis command.
-
-While a driver start runs, one named actor per sweep (:class:`Gatherer`) hears of every trial as it finishes or
-fails (:class:`GatherFeed`, a Tune callback added to every Tuner of this start, so the actor outlives a Tuner that
-is restarted after Ray killed a worker; the driver also hands it the trials the folder shows done or diverged when
-it starts). What a trial's ending means is read from the folder (``DONE.json``, ``DIVERGED.json``): a trial Tune
-calls complete because the sweep was stopped is neither. As soon as every seed of a (task, agent, variant) group
-has finished or failed, the group is evaluated as a Ray task with its own resources (:func:`group_task_resources`),
-in parallel with training, and cached (:mod:`qed_ray.analysis.group_cache`); then the tables and figures are rewritten and
-logged to the sweep's MLflow parent run with the summary as its description (:mod:`qed_ray.service.mlflow.mirror`;
-best-effort: the files in ``gather/`` are the record). A restarted driver
-finds every unchanged group in the cache and evaluates nothing again. Every seed is checked against the digest its
-worker signed in MLflow before its group is evaluated or taken from the cache, and every cache entry against its own
-signature (:mod:`qed_ray.analysis.group_cache`); a seed without a recorded digest is used but reported unverified. A
-group gathered while MLflow did not answer is gathered again at the end.
-
-``python -m qed_ray.gather SWEEP_DIR [--episodes N --bootstrap-reps N ...]`` recomputes the gather outputs from
-the saved policies with other final-evaluation settings, in this process: no Ray, no retraining.
-"""
+"""The live gather step: one named actor per driver start drives the gather engine as a sweep's trials end, each
+group evaluated as a Ray task beside training (docs/design.md: data flow, the gather row). A group gathered while
+MLflow did not answer is gathered again at the end."""
 
 from __future__ import annotations
 
@@ -44,16 +28,16 @@ from qed_ray.records.run import diverged_reason
 from qed_ray.service.packing import TuneTrial
 
 NAMESPACE = "qed_ray"
+
+
 def actor_name(sweep_name: str, sweep_id: str) -> str:
-    """The per-sweep actor name."""
     return f"qed-gather-{sweep_name}-{sweep_id}"
 
 
 @dataclass(frozen=True)
 class GatherReport:
-    """What a driver start's gather step did: the final results, the groups it evaluated and those it took from
-    the cache, and per group the seconds from its last trial's end to its row in MLflow (groups whose last trial
-    ended while this driver ran)."""
+    """What a driver start's gather step did; ``delays_s``: per group the seconds from its last trial's end to its
+    row in MLflow (groups whose last trial ended while this driver ran)."""
 
     results: SweepResults
     evaluated: list[str]
@@ -83,14 +67,9 @@ class GatherPlan:
 
 def group_task_resources(nodes: list[dict], trial_cpu: float, trial_gpu: float, n_trials: int,
                          max_concurrent: int | None) -> tuple[dict, int]:
-    """Ray resources of one group evaluation and how many may run at once, without starving training.
-
-    Where the cluster has CPUs that trials can never use (a GPU node's spare cores, a head with CPUs), group tasks
-    take 1 CPU each, at most as many at once as there are such spare CPUs, so Ray's accounting keeps them off the
-    trials' share. Where trials can fill every CPU (a 2-core laptop running 2 one-CPU trials), a 1-CPU task would
-    wait for the last trial, so it asks for no CPU and runs one at a time on a single thread: one extra busy core
-    while a group is evaluated, and results while the sweep still runs.
-    """
+    """Ray resources of one group evaluation and how many may run at once, without starving training: 1 CPU each
+    where the cluster has CPUs trials can never use (as many at once as there are), else no CPU and one at a time on
+    a single thread (a 1-CPU task would wait for the last trial)."""
     fits = 0
     for node in nodes:
         res = node.get("Resources", {})
@@ -118,10 +97,8 @@ def _cause(e: BaseException) -> str:
 
 @ray.remote(num_cpus=0)
 class Gatherer:
-    """Gathers one sweep's groups as their trials finish, through the gather engine
-    (:class:`~qed_ray.analysis.gather_engine.GatherEngine`); see the module notes. Async: groups are gathered on
-    ``max_in_flight`` threads at once, each evaluation a Ray task; file and MLflow work runs on one thread, in
-    order."""
+    """Gathers one sweep's groups as their trials finish: ``max_in_flight`` groups at once, each evaluation a Ray
+    task; file and MLflow work runs on one thread, in order."""
 
     def __init__(self, plan: GatherPlan):
         self.plan, self.layout = plan, SweepDir(plan.sweep_dir)
@@ -146,9 +123,8 @@ class Gatherer:
         self.lines: list[str] = []  # one per group as it lands (and once more when its te lands): the console's
 
     async def trial_finished(self, name: str, live: bool = True) -> None:
-        """A trial ended; the folder says how (idempotent). ``DONE.json``: it finished; ``DIVERGED.json``: it failed
-        for good; neither (stopped with the sweep): nothing, a later start resumes it. ``live``: it ended now, not
-        before this start."""
+        """A trial ended; the folder says how (idempotent): neither done nor diverged (stopped with the sweep) is
+        nothing. ``live``: it ended now, not before this start."""
         if name not in self.group_of or name in self.finished:
             return
         state = self.layout.trial_state(name)
@@ -162,7 +138,6 @@ class Gatherer:
             self._start_if_complete(self.group_of[name])
 
     async def trial_failed(self, name: str, error: str, live: bool = True) -> None:
-        """A trial failed for good (no retries left, or diverged); it is left out of its group."""
         if name in self.group_of and name not in self.finished:
             self.failed[name] = error
             if live:
@@ -195,7 +170,6 @@ class Gatherer:
             self.refresher = asyncio.get_running_loop().create_task(self._refresh_loop())
 
     def _evaluate(self, job: group_cache.GroupJob) -> GroupResult:
-        """A group's evaluation as a Ray task with its own resources, waited for on the gathering thread."""
         return ray.get(_evaluate_group_task.options(**self.plan.group_resources).remote(job, self.plan.final_eval))
 
     def _tracker(self) -> Tracker:
@@ -230,8 +204,7 @@ class Gatherer:
         return results
 
     def _views(self, results: SweepResults) -> list[GroupView]:
-        """The views of the groups that landed since the last refresh, and of those whose te baseline did; each
-        with its console line."""
+        """The views of the groups that landed since the last refresh, and of those whose te baseline did."""
         out, fe = [], self.plan.final_eval
         for g in results.groups:
             had = self.viewed.get(g.key)
@@ -245,11 +218,10 @@ class Gatherer:
         return out
 
     async def new_lines(self, after: int) -> list[str]:
-        """The console lines past the first ``after`` (the driver prints them as groups land)."""
         return self.lines[after:]
 
     def _mirror(self, log, *args) -> bool:
-        """One logging call to the parent run, best-effort (one warning per outage); False if it failed."""
+        """One best-effort logging call to the parent run (one warning per outage); False if it failed."""
         if self.plan.parent_run_id is None:
             return False
         try:
@@ -264,7 +236,6 @@ class Gatherer:
         return True
 
     def _again(self, key: GroupKey) -> None:
-        """Forgets a gathered group's outcome and gathers it again."""
         self.retry.discard(key)
         self.engine.forget(key, [n for n in self.plan.groups[key] if n in self.finished])
         self.logged_at.pop(key, None)
@@ -272,8 +243,7 @@ class Gatherer:
         self._start_if_complete(key)
 
     async def finish(self, failed: list[FailedTrial]) -> GatherReport:
-        """The sweep ended: the given failures are final, unfinished trials are left out, every group is gathered;
-        returns what the gather step did."""
+        """The sweep ended: the given failures are final, unfinished trials are left out, every group is gathered."""
         for f in failed:  # the driver's reasons are the final ones (the callback only knew that Tune gave up)
             if f.name in self.group_of and f.name not in self.finished:
                 self.failed[f.name] = f.error
@@ -323,7 +293,7 @@ class GatherFeed(tune.Callback):
             self.asked = None
 
     def print_lines(self, lines: list[str]) -> None:
-        """Prints the gather actor's new console lines, one per group whatever its width (one line to grep)."""
+        """One line per group whatever its width (one line to grep)."""
         for line in lines:
             print(line, flush=True)
         self.printed += len(lines)
@@ -346,10 +316,8 @@ class GatherFeed(tune.Callback):
 
 def launch(spec: SweepSpec, layout: SweepDir, sweep_id: str, uri: str, experiment: str, parent_run_id: str,
            results_key: bytes, n_tune_trials: int | None = None, claim: dict | None = None):
-    """Starts the sweep's gather actor for this driver start, handing it the trials the folder shows ended.
-    ``results_key``: the user's key (checks the trials' signed digests, signs the cache); ``n_tune_trials``: how
-    many Tune trials train them (packs; default one per trial); ``claim``: the sweep's pre-registration record
-    (``sweep.json``), for the verdict."""
+    """Starts the sweep's gather actor for this driver start, handing it the trials the folder shows ended;
+    ``n_tune_trials``: the packs that train them (default one per trial)."""
     names = [t.name for t in spec.trials()]
     need = spec.trial_resources()
     resources, in_flight = group_task_resources(
@@ -361,7 +329,7 @@ def launch(spec: SweepSpec, layout: SweepDir, sweep_id: str, uri: str, experimen
 
 
 def start(plan: GatherPlan, done: list[str]):
-    """Starts the sweep's gather actor and hands it the trials already done or diverged (groups start at once)."""
+    """Starts the gather actor and hands it the trials already done or diverged (their groups start at once)."""
     # On the driver's node: it lives and dies with the driver, never with a worker node the autoscaler removes.
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     actor = Gatherer.options(name=actor_name(plan.sweep, plan.sweep_id), namespace=NAMESPACE,
@@ -371,7 +339,7 @@ def start(plan: GatherPlan, done: list[str]):
 
 
 def finish(actor, failed: list[FailedTrial]) -> GatherReport:
-    """Waits for every group, writes the final outputs, stops the actor; see :meth:`Gatherer.finish`."""
+    """Waits for every group, writes the final outputs, stops the actor."""
     try:
         return ray.get(actor.finish.remote(failed))
     finally:
@@ -379,6 +347,6 @@ def finish(actor, failed: list[FailedTrial]) -> GatherReport:
 
 
 def stop(actor) -> None:
-    """Stops the actor without a final gather (the sweep was interrupted): the groups it gathered stay cached and
-    their rows and figures stay in ``gather/`` and MLflow; evaluations in flight are dropped (redone next start)."""
+    """Stops the actor without a final gather: gathered groups stay cached, evaluations in flight are redone at the
+    next start."""
     ray.kill(actor)

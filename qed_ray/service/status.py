@@ -1,21 +1,5 @@
-"""``python -m qed_ray.sweep SPEC --status``: a sweep's progress and partial results, read from its folder alone.
-
-Starts nothing (no Ray, no MLflow) and reads what the sweep folder records (:class:`~qed_ray.records.layout.SweepDir`):
-``sweep.lock`` whether a driver runs the sweep now (and which); ``DONE.json`` that a trial finished and
-``DIVERGED.json`` that it failed for good; its seed's part of its pack's newest checkpoint
-(``checkpoints/<pack>/``, else its newest policy snapshot) how far it got and how long it has run; an ``error.txt``
-in its pack's Tune folder of the latest start that ran it, newer than that checkpoint, that Tune gave up on it in
-that start (the next start retries it); the group cache (``gather/cache/``) the partial table for the spec's
-final-evaluation settings, each entry checked against its signature with the user's results key when there is one
-(:mod:`qed_ray.service.results_key`; an edited entry is named and left out), with the seeds the gather step used
-unverified counted. The report lists every pack with the state of each of its seed runs. Every file is validated
-where it is read: a damaged one stops the report with one line naming the file and the field (a damaged cache entry
-only leaves its group out of the partial table, with a line saying so).
-
-The folder is the spec's (``storage_path``, ``QED_STORAGE_PATH``, ``QED_STORAGE_ROOT`` of this shell) or the one
-``--dir`` names, which finds a sweep from any shell (a ``ray job submit`` sweep's variables are its job's). "Not
-started" names the folder and how it was found; a folder of another sweep, or of no sweep, is refused saying so.
-"""
+"""``qed-ray sweep SPEC --status``: a sweep's progress and partial results, read from its folder alone, starting
+nothing (docs/running.md, ``--status``)."""
 
 from __future__ import annotations
 
@@ -65,11 +49,7 @@ class TrialState:
 
 def driver(layout: SweepDir, now: float | None = None) -> str | None:
     """Who runs the sweep now, from its lock (``pid 12 on host h (started ..., last heartbeat 3 s ago)``); None
-    when no driver holds a live lock (none, or its holder is gone: the next start takes it over).
-
-    Raises:
-        LockDamaged: a folder or a dangling symbolic link in place of ``sweep.lock``.
-    """
+    when no driver holds a live lock. Raises LockDamaged for a folder or a dangling link in place of ``sweep.lock``."""
     try:
         info, damage = read_lock(layout.lock_file), None
         mtime = layout.lock_file.stat().st_mtime
@@ -110,10 +90,8 @@ def _progress(layout: SweepDir, name: str, pack: Pack) -> tuple[int, float, floa
 
 
 def error_summary(error_txt: str) -> str:
-    """One line of a Tune ``error.txt``, cut to :data:`~qed_ray.records.file_reads.ERROR_LINE` characters: a traceback's last
-    line (``InjectedCrash: ...``), else the first line after the ``Failure # n`` header that is not Ray's task
-    header (a worker killed by Ray: ``1 worker(s) were killed due to ... low on memory ...``). Terminal colour codes
-    are dropped."""
+    """One line of a Tune ``error.txt``: a traceback's last line, else the first line after the ``Failure # n``
+    header that is not Ray's task header (a worker killed by Ray: ``1 worker(s) were killed due to ...``)."""
     lines = [ln.strip() for ln in ANSI.sub("", error_txt).splitlines()
              if ln.strip() and not ln.startswith("Failure # ")]
     if not lines:
@@ -124,8 +102,7 @@ def error_summary(error_txt: str) -> str:
 
 
 def _last_error(layout: SweepDir, pack: Pack, newer_than: float) -> str | None:
-    """The last line of the ``error.txt`` Tune wrote for the pack in the latest start that ran it, if it is newer
-    than ``newer_than`` (a later checkpoint means the pack was retried and ran on)."""
+    """The pack's ``error.txt`` of the latest start that ran it, unless a later checkpoint shows it ran on."""
     dirs = layout.pack_dirs(pack.id)
     error = dirs[-1] / "error.txt" if dirs else None
     if error is None or not error.exists() or error.stat().st_mtime <= newer_than:
@@ -137,8 +114,7 @@ def _last_error(layout: SweepDir, pack: Pack, newer_than: float) -> str | None:
 
 
 def trial_state(layout: SweepDir, name: str, budget: int, pack: Pack, live: bool = False) -> TrialState:
-    """Reads one trial's state from its markers, its pack's newest checkpoint and Tune's error file; ``live``: a
-    driver runs the sweep now (a started, unfinished trial is "running", else "stopped")."""
+    """``live``: a driver runs the sweep now (a started, unfinished trial is "running", else "stopped")."""
     steps, wall, newest = _progress(layout, name, pack)
     state = layout.trial_state(name)
     if state == "done":
@@ -159,8 +135,7 @@ def _non_empty(folder: Path) -> bool:
 
 def projected_wall_s(states: list[TrialState], shares: list[float] | None = None) -> float:
     """Wall seconds the whole sweep will have cost: done trials as they took, the others scaled to their budget at
-    their own pace so far, trials without a pace at the median pace of the others (NaN if none has one).
-    ``shares``: per trial, its share of its pack's wall time (1 / pack size; default 1)."""
+    their own pace so far, or the median pace (NaN if none has one). ``shares``: per trial, 1 / its pack's size."""
     paces = [s.wall_s / s.env_steps for s in states if s.env_steps > 0 and math.isfinite(s.wall_s)]
     if not paces:
         return math.nan
@@ -174,10 +149,8 @@ def projected_wall_s(states: list[TrialState], shares: list[float] | None = None
 
 def partial_results(spec: SweepSpec, layout: SweepDir, states: list[TrialState], signing_key: bytes | None = None,
                     notes: list[str] | None = None) -> tuple[SweepResults, int, list[str]]:
-    """The tables of every group whose trials are all done or failed and whose evaluation is cached for the spec's
-    final-evaluation settings (each entry checked with ``signing_key``; None: unchecked); also returns the number
-    of groups and why entries were refused (edited since). A damaged cache entry leaves its group out, with a line
-    in ``notes``."""
+    """The tables of every ended group cached for the spec's ``final_eval`` (checked with ``signing_key``; None:
+    unchecked), the number of groups and why entries were refused; a damaged entry adds a line to ``notes``."""
     by_name = {s.name: s for s in states}
     groups = group_cache.plan_groups(list(by_name))
     found, failed = [], [FailedTrial(s.name, s.error) for s in states if s.state == "failed"]
@@ -201,7 +174,7 @@ def partial_results(spec: SweepSpec, layout: SweepDir, states: list[TrialState],
 
 
 def _status_key(layout: SweepDir) -> tuple[bytes | None, str]:
-    """The results key if there is a usable one (never created here), and a note when the cache goes unchecked."""
+    """The results key if there is a usable one (never created here), else a note that the cache goes unchecked."""
     try:
         return load_key(sweep_dir=layout.root).secret, ""
     except ResultsKeyError as e:
@@ -210,10 +183,7 @@ def _status_key(layout: SweepDir) -> tuple[bytes | None, str]:
 
 
 def report(spec: SweepSpec, layout: SweepDir, source: str = "", columns: int | None = None) -> str:
-    """The ``--status`` text: trial counts, env steps, compute spent and projected, the partial table (split to fit
-    ``columns``, :func:`~qed_ray.analysis.report.format_table`), the re-analyses. ``source`` says how the folder was
-    found (``--dir``, or the setting and variables read); a folder that is not this sweep's raises SpecError saying
-    whose it is (:func:`check_owner`)."""
+    """The ``--status`` text; ``source`` says how the folder was found."""
     trials = spec.trials()
     found = f"; the folder is {source}" if source else ""
     check_owner(spec, layout, found)
@@ -272,9 +242,15 @@ def sweep_folders_in(folder: Path) -> list[Path]:
         return []
 
 
+def _inside_hint(folder: Path) -> str:
+    inside = sweep_folders_in(folder)
+    if not inside:
+        return ""
+    return f"; it holds the sweep folder(s) {', '.join(d.name for d in inside)}: give --dir {inside[0]}"
+
+
 def check_owner(spec: SweepSpec, layout: SweepDir, found: str = "") -> None:
-    """Refuses (SpecError) a folder that holds another sweep (its ``sweep.json`` names it) or files but no
-    ``sweep.json`` (not a sweep folder); ``found`` says how the folder was found."""
+    """Refuses (SpecError) a folder that holds another sweep, or files but no ``sweep.json``."""
     root = layout.root
     if os.path.lexists(layout.state_file):
         try:
@@ -285,22 +261,16 @@ def check_owner(spec: SweepSpec, layout: SweepDir, found: str = "") -> None:
             raise SpecError(f"{root} holds the sweep {owner!r}, not {spec.name!r}{found}; give the folder of "
                             f"{spec.name!r} with --dir, or the spec of {owner!r}")
     elif root.is_dir() and [p for p in root.iterdir() if p.name != layout.lock_file.name]:
-        inside = sweep_folders_in(root)
-        hint = f"; it holds the sweep folder(s) {', '.join(d.name for d in inside)}: give --dir {inside[0]}" \
-            if inside else ""
-        raise SpecError(f"{root} is not a sweep folder (files but no {layout.state_file.name}{found}){hint}")
+        raise SpecError(f"{root} is not a sweep folder (files but no {layout.state_file.name}{found})"
+                        f"{_inside_hint(root)}")
 
 
 def recorded_spec(layout: SweepDir) -> SweepSpec:
-    """The spec of the sweep in ``layout`` as its ``sweep.json`` records it (``--status --dir`` without a spec),
-    validated as a spec file is; raises SpecError naming a folder without one, a damaged ``sweep.json`` and each
-    invalid field of the recorded spec."""
+    """The spec ``sweep.json`` records (``--status --dir`` without a spec), validated as a spec file is (SpecError)."""
     state = read_state(layout)
     if state is None:
-        inside = sweep_folders_in(layout.root)
-        hint = f"; it holds the sweep folder(s) {', '.join(d.name for d in inside)}: give --dir {inside[0]}" \
-            if inside else ""
-        raise SpecError(f"--dir: {layout.root} is not a sweep folder (no {layout.state_file.name}){hint}")
+        raise SpecError(f"--dir: {layout.root} is not a sweep folder (no {layout.state_file.name})"
+                        f"{_inside_hint(layout.root)}")
     if state.spec is None:
         raise SpecError(f"{layout.state_file}: records no spec (an older qed_ray wrote it; the next start records "
                         f"it); give the spec: {sys.executable} -m qed_ray.sweep SPEC --status --dir {layout.root}")
@@ -311,8 +281,7 @@ def recorded_spec(layout: SweepDir) -> SweepSpec:
 
 
 def sweep_packs(spec: SweepSpec, layout: SweepDir) -> list[Pack]:
-    """The sweep's packs as its ``sweep.json`` records them (and, for its trials in none, as a start forms them);
-    raises SpecError naming a damaged ``sweep.json``."""
+    """The sweep's packs as its ``sweep.json`` records them (and, for its trials in none, as a start forms them)."""
     state = read_state(layout)  # pack.seeds auto: the size the sweep registered (packs of one before it started)
     size = state.pack_seeds if state is not None else 1
     return form_packs(spec, state.packs if state is not None else {}, size if spec.pack.seeds == "auto" else None)

@@ -1,34 +1,5 @@
-"""The sweep service: ``python -m qed_ray.sweep SPEC`` runs, resumes or grows a sweep (here, or as a Ray job).
-
-Joins the Ray cluster it finds (``RAY_ADDRESS`` / a running ``ray start``; said first, and bounded in time:
-:mod:`qed_ray.service.ray_join`) or starts an embedded one, runs every
-trial of the spec as a Ray Tune trial, gathers each group of finished policies while the sweep runs (a named
-actor, :mod:`qed_ray.service.gather`) for the cross-seed metrics, and logs everything to MLflow (one parent run per sweep,
-one child run per trial). ``--status`` prints a sweep's progress from its folder (:mod:`qed_ray.service.status`).
-
-The sweep folder is the source of truth, not Tune's saved state: each start checks the folder and the spec
-(:mod:`qed_ray.service.sweep_state`), takes the sweep's lock (:mod:`qed_ray.service.lock`), and builds a *fresh* Tuner over the
-trials that are neither done nor diverged, each resuming from its own newest checkpoint in the folder. So running
-the same command again resumes, a grown spec (more seeds, tasks, variants) trains only the new trials, and the
-context (tracking URI, folder, parent run) always comes from this start. Nothing is unpickled from the folder.
-The gather actor lives for the whole start, across the fresh Tuners started after Ray killed a worker; it is
-handed the trials already done at the start, and the others as they end.
-
-The Tune trials are packs (:mod:`qed_ray.service.packing`): each trains the seed runs of one (task, agent, variant) together
-(``pack.seeds`` of them; one by default), and a pack is scheduled while any of its seed runs is pending; everything
-else (outcomes, MLflow runs, the gather step) stays per seed run.
-
-This module is the driver; what runs inside a trial's Ray worker is :mod:`qed_ray.service.trial`, and every path in the
-sweep folder comes from :class:`qed_ray.records.layout.SweepDir`.
-
-Exit codes: 0 every trial finished and gathering succeeded; 1 a trial failed, or gathering failed or left a
-finished trial out (a file that does not match the digest its trial signed, say), or used seeds unverified (without
-``--allow-unverified``), or the Ray cluster to join did not answer (nothing was written to the sweep folder then);
-2 a bad spec, a refused folder,
-a tracking server that does not answer or another driver running this sweep; 3 this driver lost the sweep's lock
-(:mod:`qed_ray.service.lock`) and stopped its trials as Ctrl-C does; 130 stopped by Ctrl-C (SIGINT) and 143 by
-SIGTERM (``ray job stop``): the trials stopped cleanly, their runs are KILLED, and the same command resumes them.
-"""
+"""The sweep driver: every trial of a spec as a Ray Tune trial over a fresh Tuner per start, a gather actor for the
+cross-seed metrics, everything mirrored to MLflow (docs/design.md: the data flow, resume, packs, exit codes)."""
 
 from __future__ import annotations
 
@@ -65,30 +36,27 @@ from qed_ray.service.mlflow.mlflow_view import ui_command
 from qed_ray.service.mlflow.tracking import Tracker, artifact_location
 from qed_ray.service.trial import TrialContext, train_trial
 
-EXIT_LOST = 3  # the driver lost the sweep's lock (module notes)
+EXIT_LOST = 3  # the driver lost the sweep's lock
 
 
 def trial_name(trial) -> str:
-    """A Tune trial's name: its pack's ``task/agent/variant/pack0-2``."""
     return TuneTrial.of(trial.config).name
 
 
 def tune_dirname(trial) -> str:
-    """A Tune trial's folder name in ``tune/<start>/`` (:mod:`qed_ray.records.layout`)."""
     return TuneTrial.of(trial.config).id.dirname
 
 
 class Interrupt(tune.Stopper):
-    """Ctrl-C (SIGINT) or ``ray job stop`` (SIGTERM): stop every trial cleanly (Tune's stopper); a second signal
-    exits at once. Tune's own SIGINT handler is disabled (``TUNE_DISABLE_SIGINT_HANDLER``) so both signals take
-    this one path. A lost lock (``lost``, set by :class:`~qed_ray.service.lock.SweepLock`) stops the trials alike."""
+    """Ctrl-C (SIGINT), ``ray job stop`` (SIGTERM) or a lost lock (``lost``): stop every trial cleanly; a second
+    signal exits at once. Tune's own SIGINT handler is disabled (``TUNE_DISABLE_SIGINT_HANDLER``)."""
 
     def __init__(self, lost: threading.Event | None = None):
         self.signum: int | None = None
         self.lost = lost or threading.Event()
 
     def install(self) -> None:
-        """Handles SIGINT and SIGTERM from now on (after ``ray.init``, which sets its own SIGTERM handler)."""
+        """After ``ray.init``, which sets its own SIGTERM handler."""
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._handle)
 
@@ -144,11 +112,10 @@ class Progress(tune.Callback):
 
     @property
     def stopped(self) -> bool:
-        """Whether the sweep is being interrupted or lost its lock (Tune then reports the stopped trials as done)."""
+        """Tune then reports the stopped trials as done."""
         return self.interrupt is not None and self.interrupt.stop_all()
 
     def line(self, trials: list) -> str:
-        """One status line."""
         counts: dict[str, int] = {}
         for t in trials:
             counts[t.status] = counts.get(t.status, 0) + 1
@@ -165,9 +132,8 @@ class Progress(tune.Callback):
 
 
 class NeverStarted(logging.Filter):
-    """Drops Tune's "Failed to fetch metrics for N trial(s)" when each of them failed for want of a result file: the
-    trials a Ctrl-C stopped before they reported (the driver reads every trial's outcome from the sweep folder, never
-    from Tune's metrics). Any other failure to fetch still shows."""
+    """Drops Tune's "Failed to fetch metrics for N trial(s)" when each of them failed for want of a result file (the
+    trials a Ctrl-C stopped before they reported: outcomes come from the sweep folder, never from Tune's metrics)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
@@ -177,7 +143,6 @@ class NeverStarted(logging.Filter):
 
 
 def quiet_never_started() -> None:
-    """Installs :class:`NeverStarted` on Tune's result-analysis logger (idempotent)."""
     logger = logging.getLogger("ray.tune.analysis.experiment_analysis")
     if not any(isinstance(f, NeverStarted) for f in logger.filters):
         logger.addFilter(NeverStarted())
@@ -185,17 +150,9 @@ def quiet_never_started() -> None:
 
 def build_tuner(spec: SweepSpec, context: TrialContext, packs: list[Pack], start: str,
                 callbacks: list, stopper: tune.Stopper) -> tune.Tuner:
-    """A fresh Tuner over ``packs`` (one Tune trial each); Tune's folder for this start is ``tune/<start>/`` (logs
-    only).
-
-    The context is bound with ``tune.with_parameters``; trials resume from their own checkpoints in the sweep
-    folder, so nothing of an earlier Tuner is needed (or read). Each Tune trial asks for
-    :meth:`SweepSpec.trial_resources <qed_ray.spec.sweep.SweepSpec.trial_resources>`. A worker whose trial ends takes
-    the next pending one (``reuse_actors``: no new process, imports and Ray actor set-up per trial);
-    :func:`~qed_ray.service.trial.train_trial` builds everything it uses from its config and context, and the
-    process-wide settings a trial makes (torch threads, matrix-product precision) are made again by the next trial's
-    trainer, so a reused worker trains as a fresh one does.
-    """
+    """A fresh Tuner over ``packs`` (one Tune trial each) in ``tune/<start>/`` (logs only). With ``reuse_actors`` a
+    reused worker trains as a fresh one does: a trial builds everything from its config and context, and its
+    trainer makes the process-wide settings (torch threads, matrix-product precision) again."""
     trainable = tune.with_resources(tune.with_parameters(train_trial, context=context), spec.trial_resources())
     space = {"pack": tune.grid_search([TuneTrial.from_pack(p).param() for p in packs])}
     return tune.Tuner(
@@ -209,15 +166,12 @@ def build_tuner(spec: SweepSpec, context: TrialContext, packs: list[Pack], start
 
 def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, callbacks: list,
                   packs: list[Pack]) -> dict[str, str]:
-    """Trains the packs with a seed run that is not done (nor diverged) until each is, or Tune gave up on it;
-    returns ``{trial: error}`` of the seed runs of the latter that were still pending. ``callbacks`` join every
-    Tuner of this start (the gather feed).
+    """Trains the packs with a pending seed run until none is, or Tune gave up on it; returns ``{trial: error}`` of
+    the latter's pending seed runs.
 
-    A trial worker killed from outside (Ray's memory monitor) surfaces in Tune 2.60 as an error its actor manager
-    does not handle ("Caught unexpected exception"), which ends ``fit()``. The packs are then started again in a
-    fresh Tuner, each from its newest checkpoint, as often as that makes progress: after ``max_retries`` such
-    restarts in a row without a new checkpoint anywhere, the remaining packs are left unfinished. Any other failure
-    of ``fit()`` (a full disk, say) ends this start: its pending packs are reported failed with the reason.
+    A worker killed from outside (Ray's memory monitor) ends ``fit()`` in Tune 2.60 ("Caught unexpected
+    exception"): the packs start again in a fresh Tuner from their checkpoints, until ``max_retries`` restarts in a
+    row make no new checkpoint. Any other failure of ``fit()`` (a full disk) ends this start, its packs failed.
     """
     layout, stamp = context.layout, time.strftime("%Y%m%d-%H%M%S")
     failed: dict[str, str] = {}
@@ -254,16 +208,13 @@ def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, 
 
 
 def _progress_mark(layout: SweepDir, packs: list[Pack]) -> int:
-    """Env steps checkpointed over all packs (grows whenever any of them saves or finishes)."""
     return sum(max(layout.pack_checkpoint_steps(p.id), default=0) for p in packs)
 
 
 def print_summary(results: SweepResults | None, gathered: gather.GatherReport | None, failed: list[FailedTrial],
                   uri: str, experiment_id: str | None = None, layout: SweepDir | None = None,
                   sweep_id: str | None = None) -> None:
-    """The closing table (counts, IQM, V and its baseline ratio with CIs), the comparisons with te and the claim's
-    verdict (with the reason each unverified seed's ``DONE.json`` gives, from ``layout``), what the gather step did
-    while the sweep ran, and every trial left out with its reason."""
+    """The closing summary and verdict, what the gather step did while the sweep ran, and every trial left out."""
     if results is not None:
         print("\n" + report.summary(results, layout, console.width()))
     if gathered is not None:
@@ -327,9 +278,8 @@ def run_locked(spec: SweepSpec, spec_path: Path, layout: SweepDir, uri: str, exp
 def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[FailedTrial], unfinished: list[str],
             signum: int | None, uri: str, layout: SweepDir, allow_unverified: bool = False,
             feed: gather.GatherFeed | None = None) -> int:
-    """The final gather (every group; the unfinished trials left out), the parent run's end, the summary; returns
-    the exit code. A gather actor that died meanwhile (killed with its node's memory, say) is started again: the
-    groups it gathered are in the cache."""
+    """The final gather, the parent run's end, the summary; returns the exit code. A gather actor that died
+    meanwhile (killed with its node's memory) is started again: the groups it gathered are in the cache."""
     why = ("stopped before it finished; the same command resumes it" if signum is not None else
            "unfinished (its worker kept being killed); run the sweep again to resume it")
     failures = failures + [FailedTrial(n, why) for n in unfinished]
@@ -365,7 +315,6 @@ def _finish(tracker: Tracker, parent: str, gatherer, launch, failures: list[Fail
 
 
 def _best_effort(call, *args, **kwargs) -> None:
-    """The sweep's closing MLflow calls: a tracking server that is down costs a warning, not the exit code."""
     try:
         call(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - the results are in the sweep folder either way

@@ -1,13 +1,5 @@
-"""Everything MLflow (the only module that imports it): sweep parent runs, trial child runs, artifacts.
-
-Run identity is deterministic: a sweep's parent run carries the tag ``qed.sweep_id`` and a trial's run the tags
-``qed.sweep_id`` + ``qed.trial``; re-opening a sweep or retrying/restoring a trial finds and continues the same run
-instead of creating a duplicate (a run id kept in Tune's state would be lost with it). Runs are driven through an
-explicit ``MlflowClient`` and run ids, never through MLflow's process-global active run.
-
-MLflow mirrors the sweep folder, it is not the record: a trial's metrics are written to its history file first and
-:class:`TrialRun` copies every evaluation not yet in MLflow, so an outage of the tracking server costs a warning,
-never a trial, and each evaluation is logged exactly once when the server is back.
+"""MLflow runs of a sweep (parent, group, trial and re-analysis runs) and their artifacts, found by their tags and
+driven through an explicit ``MlflowClient`` (never MLflow's process-global active run): docs/design.md, resume item 7.
 """
 
 from __future__ import annotations
@@ -82,17 +74,9 @@ def flatten(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 class Tracker:
-    """MLflow access for one sweep.
-
-    Args:
-        uri: tracking URI (``sqlite:////abs/mlflow.db`` or ``http://host:5000``).
-        experiment: experiment name (created on first use with ``artifact_location``).
-        sweep_id: the sweep's stable identity.
-        artifact_location: absolute artifact root for a new experiment; for an existing one in the sweep folder's
-            own store that points into another folder's root (the folder was moved or copied), the store is
-            relinked to it first (:mod:`qed_ray.service.mlflow.relink`).
-        page_size: runs per search call (:data:`SEARCH_PAGE`; searches read every page).
-    """
+    """MLflow access for one sweep. ``artifact_location`` is a new experiment's artifact root; an existing experiment
+    of the sweep folder's own store whose root lies in another folder (the folder was moved or copied) is relinked
+    first (:mod:`qed_ray.service.mlflow.relink`)."""
 
     def __init__(self, uri: str, experiment: str, sweep_id: str, artifact_location: str | None = None,
                  page_size: int = SEARCH_PAGE):
@@ -113,9 +97,8 @@ class Tracker:
         self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, TRAINING_KIND)
 
     def share_group_view(self, parent_id: str) -> None:
-        """Stores the sweep's group view (:func:`group_view_state`) on the experiment as an MLflow 3 shared view: the
-        tag ``mlflow.sharedViewState.<key>``, which the UI applies when its address carries ``viewStateShareKey``
-        (:func:`~qed_ray.service.mlflow.mlflow_view.runs_page`), in any browser (a view kept in one browser's storage reaches no other)."""
+        """Stores the sweep's group view on the experiment as an MLflow 3 shared view, which the UI applies in any
+        browser when its address carries ``viewStateShareKey`` (:func:`.mlflow_view.runs_page`)."""
         self.client.set_experiment_tag(self.experiment_id, f"{SHARED_VIEW_TAG}{view_key(self.sweep_id)}",
                                        json.dumps(group_view_state(parent_id)))
 
@@ -150,31 +133,28 @@ class Tracker:
 
     def trial_run(self, parent_id: str, trial: str, params: Mapping[str, Any],
                   tags: Mapping[str, Any] | None = None) -> str:
-        """Finds (and reopens) or creates the child run of ``trial``, so a retried, resumed or restarted trial
-        continues its own run; its :func:`trial_tags` and ``tags`` (a pack's, :func:`pack_tags`) are set on it
-        either way (a run an older version created gets them when it is reopened)."""
+        """Finds (and reopens) or creates the child run of ``trial``; its :func:`trial_tags` and ``tags`` (a pack's)
+        are set on it either way (a run an older version created gets them when it is reopened)."""
         tags = {**trial_tags(trial), **{k: str(v) for k, v in (tags or {}).items()}}
         return self._child(parent_id, f"tags.`{TRIAL_TAG}` = '{trial}'",
                            {TRIAL_TAG: trial, ROLE_TAG: "trial", **tags}, params)
 
     def reanalysis_run(self, parent_id: str, settings: str, params: Mapping[str, Any]) -> str:
-        """Finds (and reopens) or creates the child run of a re-analysis with ``settings`` (its name after
-        ``reanalysis``), so re-running the same settings updates one run rather than adding another."""
+        """Finds (and reopens) or creates the child run of a re-analysis with ``settings``: one run per settings."""
         return self._child(parent_id, f"tags.`{ROLE_TAG}` = 'reanalysis' and tags.`{REANALYSIS_TAG}` = '{settings}'",
                            {ROLE_TAG: "reanalysis", REANALYSIS_TAG: settings,
                             MLFLOW_RUN_NAME: f"reanalysis {settings}"}, params)
 
     def group_run(self, parent_id: str, tags: Mapping[str, str]) -> str:
         """Finds (and reopens) or creates the run of one (task, agent, variant) group under ``parent_id`` (the
-        sweep's run, or a re-analysis's: one group run each); ``tags``: its :func:`group_tags`."""
+        sweep's run, or a re-analysis's)."""
         return self._child(parent_id, f"tags.`{ROLE_TAG}` = 'group' and tags.`{GROUP_TAG}` = '{tags[GROUP_TAG]}' and "
                                       f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{parent_id}'",
                            {ROLE_TAG: "group", **tags}, {})
 
     def adopt(self, parent_id: str, runs: Sequence) -> None:
-        """Makes ``parent_id`` the parent of each of ``runs`` (found runs: a group's seed runs) not already under it:
-        MLflow nests runs by the ``mlflow.parentRunId`` tag alone, so a seed run created under the sweep's run
-        moves under its group's run once the group lands."""
+        """Makes ``parent_id`` the parent of each of ``runs`` (a group's seed runs): MLflow nests runs by the
+        ``mlflow.parentRunId`` tag alone."""
         for run in runs:
             if run.data.tags.get(MLFLOW_PARENT_RUN_ID) != parent_id:
                 self.client.set_tag(run.info.run_id, MLFLOW_PARENT_RUN_ID, parent_id)
@@ -204,12 +184,9 @@ class Tracker:
             self.client.log_batch(run_id, metrics=batch[i:i + 1000])
 
     def log_history(self, run_id: str, entries: Sequence[HistoryEntry], after_step: int) -> int:
-        """Logs the history entries (step = their env steps) past ``after_step``, oldest first, in batches of whole
-        evaluations; returns the last step now logged.
-
-        Each point keeps the time it was recorded, so logging an entry again (after a call whose answer was lost)
-        adds nothing: MLflow drops a metric identical in key, step, time and value.
-        """
+        """Logs the history entries past ``after_step`` in batches of whole evaluations; returns the last step now
+        logged. Each point keeps the time it was recorded, so logging it again adds nothing (MLflow drops a metric
+        identical in key, step, time and value)."""
         todo = sorted((e for e in entries if e.env_steps > after_step), key=lambda e: e.env_steps)
         batch: list[Metric] = []
         for entry in todo:
@@ -228,11 +205,9 @@ class Tracker:
         return max((m.step for m in history), default=-1)
 
     def tags(self, run_id: str) -> dict[str, str]:
-        """The run's tags."""
         return dict(self.client.get_run(run_id).data.tags)
 
     def set_tags(self, run_id: str, tags: Mapping[str, Any]) -> None:
-        """Sets string tags."""
         for k, v in tags.items():
             self.client.set_tag(run_id, k, str(v))
 
@@ -245,26 +220,21 @@ class Tracker:
 
     # ---- artifacts -------------------------------------------------------------------------------
     def log_artifact(self, run_id: str, path: str | os.PathLike, artifact_path: str | None = None) -> None:
-        """Uploads a file."""
         self.client.log_artifact(run_id, str(path), artifact_path)
 
     def log_artifacts(self, run_id: str, directory: str | os.PathLike, artifact_path: str | None = None) -> None:
-        """Uploads a folder's files."""
         self.client.log_artifacts(run_id, str(directory), artifact_path)
 
     def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
-        """Uploads ``text`` as the artifact ``artifact_file`` (a path inside the run's artifacts)."""
         self.client.log_text(run_id, text, artifact_file)
 
     def log_figure(self, run_id: str, figure, name: str) -> None:
-        """Logs a matplotlib figure as an image artifact."""
         self.client.log_figure(run_id, figure, name)
 
     def recorded_digests(self) -> dict[str, Recorded]:
         """``{trial name: Recorded}`` of this sweep's trial runs whose workers recorded their digest."""
         return _digests(self.runs())
 
-    # ---- queries (tests, summaries) --------------------------------------------------------------
     def runs(self) -> list:
         """Every run of this sweep (parent and children)."""
         return search_all_runs(self.client, [self.experiment_id], f"tags.`{SWEEP_TAG}` = '{self.sweep_id}'",
@@ -292,7 +262,7 @@ def _follow_move(uri: str, artifact_location: Path, sweep_id: str) -> None:
 
 
 def pack_tags(pack: str, size: int) -> dict[str, str]:
-    """The run tags of a seed run trained in a pack: the pack's name (``task/agent/variant/pack0-2``) and size."""
+    """The run tags of a seed run trained in a pack: the pack's name and size."""
     return {PACK_TAG: pack, PACK_SIZE_TAG: str(size)}
 
 
@@ -340,22 +310,12 @@ def open_sweep(uri: str, sweep_id: str) -> tuple[Tracker, Any] | None:
 
 
 class TrialRun:
-    """A trial's child run, kept in step with the trial's history on disk; every call is best-effort.
+    """A trial's child run, kept in step with the trial's history on disk; nothing here raises.
 
-    Nothing here raises: a call that fails (server down, database locked, network gone) prints one warning per
-    outage and returns False, and the next :meth:`sync` catches up on every evaluation not yet logged (the history
-    is the buffer, ``last_step`` where MLflow got to). The run is found or created on the first call that reaches
-    the server, reopened (RUNNING, an old failure reason dropped) and, with ``node_id``, tagged with where this
-    attempt runs.
-
-    Args:
-        uri, experiment, sweep_id: the sweep's tracking store (from this driver start, never from saved state).
-        parent_run_id: the sweep's parent run.
-        trial: the trial name.
-        params: the trial's run settings (logged when the run is created).
-        node_id: this attempt's Ray node, appended to the ``qed.node_ids`` tag.
-        log: where warnings go (the trial's log).
-        run_tags: tags the run always carries (a pack's seed run: :func:`pack_tags`).
+    A call that fails (server down, database locked, network gone) prints one warning per outage and returns False,
+    and the next :meth:`sync` catches up on every evaluation not yet logged (the history is the buffer). The run is
+    found or created on the first call that reaches the server and, with ``node_id``, tagged with where this attempt
+    runs (appended to ``qed.node_ids``).
     """
 
     def __init__(self, uri: str, experiment: str, sweep_id: str, parent_run_id: str, trial: str,
