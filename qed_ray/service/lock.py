@@ -1,25 +1,6 @@
-"""One driver per sweep: an exclusive lock file in the sweep folder, kept fresh by a heartbeat.
-
-Two drivers on one sweep (a job resubmitted after Ctrl-C only stopped its log tail, a second terminal) would run
-every trial twice in the same folders and delete each other's replay chunks. The driver therefore creates
-``sweep.lock`` with ``O_CREAT | O_EXCL`` (atomic on local filesystems and on NFSv3+), holding its host, pid,
-start time and a heartbeat that a daemon thread rewrites (atomically) every 30 s. A second driver finds the file
-and is refused, naming the holder. A lock is *stale*, and is taken over, when its host is this host and its pid
-is gone (or is another process now), or, for a lock of another host, when neither its heartbeat nor the file's
-modification time is younger than two minutes (a driver on another machine that died with it; the file's time is
-set by the file server, so a clock that runs ahead on one host alone does not make a live lock look old). A live
-pid on this host is never stale, however old its heartbeat (a driver stopped with Ctrl-Z still holds its sweep).
-The file holds a :class:`LockInfo` record; one that holds no valid record (a pid or time out of range, a wrong
-type, truncated) is named with its problem and counts as held until it is two minutes old; a folder or a dangling
-symbolic link in its place is never taken over (:class:`LockDamaged`).
-
-A driver can still lose its lock: a driver on another host presumed it dead (its machine slept, its NFS write
-stalled for two minutes). The heartbeat then finds another holder's token and sets :attr:`SweepLock.lost`; the
-driver stops its trials as Ctrl-C does and exits non-zero (``qed_ray.service.sweep``), and each of its trials,
-which reads the lock before every write (:func:`check_holder`), stops at its next evaluation without writing. A
-driver whose heartbeat cannot be written for half the takeover limit sets :attr:`SweepLock.lost` too, before
-anyone could take its sweep over.
-"""
+"""One driver per sweep: an exclusive lock file in the sweep folder, kept fresh by a heartbeat (docs/design.md, the
+lock row). Two drivers on one sweep (a job resubmitted after Ctrl-C only stopped its log tail, a second terminal)
+would run every trial twice in the same folders and delete each other's replay chunks."""
 
 from __future__ import annotations
 
@@ -60,11 +41,7 @@ class LockDamaged(LockHeld):
 
 def read_lock(path: Path) -> LockInfo | None:
     """The lock file's content; None if it is missing or empty (a holder between its ``O_EXCL`` create and its
-    first write).
-
-    Raises:
-        LockDamaged: it holds no valid lock record, or is a folder or a dangling symbolic link (naming the problem).
-    """
+    first write); LockDamaged naming the problem otherwise."""
     try:
         st = path.lstat()
     except FileNotFoundError:
@@ -86,7 +63,6 @@ def _damaged(path: Path, problem: str) -> None:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this host."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -106,11 +82,8 @@ def pid_reused(pid: int, started: float) -> bool:
 
 
 def stale_reason(info: LockInfo | None, mtime: float, now: float, host: str, stale_after_s: float) -> str | None:
-    """Why a lock may be taken over, or None while its holder may still be running.
-
-    A file that is not a complete record (a holder between ``O_EXCL`` create and its first write) counts as held
-    until its modification time is older than ``stale_after_s``. On this host only the pid decides.
-    """
+    """Why a lock may be taken over, or None while its holder may still be running; on this host only the pid
+    decides."""
     if info is None:
         return f"an unreadable lock file, untouched for {now - mtime:.0f} s" if now - mtime > stale_after_s else None
     if info.host == host:
@@ -128,8 +101,8 @@ def stale_reason(info: LockInfo | None, mtime: float, now: float, host: str, sta
 
 
 def _holder(path: Path) -> LockInfo | None:
-    """The lock's holder, None where the file is missing, empty or damaged (no other driver's record: a damaged file
-    is named when a driver tries to take it over)."""
+    """The lock's holder, None where the file is missing, empty or damaged (named when a driver tries to take it
+    over)."""
     try:
         return read_lock(path)
     except LockDamaged:
@@ -147,14 +120,7 @@ def check_holder(path: Path, token: str | None) -> None:
 
 
 class SweepLock:
-    """The exclusive lock of one sweep folder, held from :meth:`acquire` to :meth:`release` (or a ``with`` block).
-
-    Args:
-        path: the lock file (``SweepDir.lock_file``).
-        heartbeat_s: seconds between heartbeats.
-        stale_after_s: a heartbeat older than this makes the lock stale.
-        log: where takeovers and a lost lock are reported.
-    """
+    """The exclusive lock of one sweep folder, held from :meth:`acquire` to :meth:`release` (or a ``with`` block)."""
 
     def __init__(self, path: str | os.PathLike, heartbeat_s: float = HEARTBEAT_S,
                  stale_after_s: float = STALE_AFTER_S, log: Callable[[str], None] = print):
@@ -187,13 +153,12 @@ class SweepLock:
         raise LockHeld(f"{self.path}: could not be created (other drivers keep taking it)")
 
     def refuse_if_held(self) -> None:
-        """Raises LockHeld, as :meth:`acquire` would, while a live driver holds the lock; writes nothing (a start
-        checks it before it joins Ray, and creates nothing in the sweep folder before that succeeds)."""
+        """Raises LockHeld, as :meth:`acquire` would, while a live driver holds the lock; writes nothing (checked
+        before joining Ray)."""
         if os.path.lexists(self.path):
             self._stale_lock()
 
     def release(self) -> None:
-        """Stops the heartbeat and removes the file if it is still ours."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -204,7 +169,6 @@ class SweepLock:
             self.log(f"WARNING: could not remove {self.path}: {e}")
         self.info = None
 
-    # ---- internals ---------------------------------------------------------------------------------------
     def _create(self) -> bool:
         try:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -217,8 +181,8 @@ class SweepLock:
         return True
 
     def _stale_lock(self) -> tuple[bytes, str] | None:
-        """The bytes of the lock file when it is stale (to take over) and why it is; None when it is gone. Raises LockHeld while
-        a live driver holds it, or a folder or dangling link stands in its place. Reads only."""
+        """The bytes of the lock file when it is stale (to take over) and why it is; None when it is gone. Raises
+        LockHeld while a live driver holds it, or a folder or dangling link stands in its place. Reads only."""
         try:
             holder, damage = read_lock(self.path), None
         except LockDamaged as e:
@@ -278,14 +242,13 @@ class SweepLock:
 
     def beat(self) -> bool:
         """One heartbeat: rewrites the file with the current time. False, with :attr:`lost` set and :attr:`why`
-        saying why, if another driver has taken the lock over meanwhile (it presumed this one dead: no heartbeat
-        for ``stale_after_s``), or if no heartbeat could be written for half of ``stale_after_s``."""
+        saying why, if another driver has taken the lock over meanwhile, or if no heartbeat could be written for half
+        of ``stale_after_s``."""
         if self.lost.is_set() or self.info is None:
             return False
         current = _holder(self.path)  # None: missing, empty or damaged
-        if current is not None and current.token != self.info.token:
-            return self._lose(f"{self.path} now belongs to another driver, {current.describe(time.time())}, which "
-                              f"presumed this one dead")
+        if self._taken_by(current):
+            return False
         if current is None and not os.path.lexists(self.path):
             return self._lose(f"{self.path} was removed, so another driver may start this sweep")
         self.info = self.info.model_copy(update={"heartbeat": time.time()})
@@ -299,10 +262,14 @@ class SweepLock:
             self.log(f"WARNING: could not refresh {self.path}: {e}")
             return True
         self._written = time.time()
-        after = _holder(self.path)  # a takeover that landed while this one wrote: the other driver holds it now
-        if after is not None and after.token != self.info.token:
-            return self._lose(f"{self.path} now belongs to another driver, {after.describe(time.time())}, which "
-                              f"presumed this one dead")
+        # A takeover that landed while this one wrote: the other driver holds it now.
+        return not self._taken_by(_holder(self.path))
+
+    def _taken_by(self, holder: LockInfo | None) -> bool:
+        if holder is None or holder.token == self.info.token:
+            return False
+        self._lose(f"{self.path} now belongs to another driver, {holder.describe(time.time())}, which presumed this "
+                   f"one dead")
         return True
 
     def _lose(self, why: str) -> bool:

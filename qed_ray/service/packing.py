@@ -1,17 +1,5 @@
-"""Which seed runs of a sweep train together: its packs, and their membership, fixed once formed.
-
-A sweep's Tune trials are packs: the seed runs of one (task, agent, variant) -- trials whose names differ only in
-the seed -- in seed order, in chunks of ``pack.seeds`` S (the last chunk of a group may be smaller; S = 1, the
-default, gives packs of one). With ``pack.by: shape`` a group is every run of one task, agent, temperature kind and
-network shape (:func:`qed_ray.rl.pack.shared_settings`: its variants differ only in the temperature's member
-scalars, QED's k say), variant after variant in grid order, each in seed order. Each seed run keeps its trial name,
-folders, MLflow run and identity; the pack is only how they are scheduled and trained (:mod:`qed_ray.rl.trainer`).
-
-A pack's checkpoint holds its seeds together, so its membership never changes once it exists: ``sweep.json``
-records every pack (``{"packs": {pack name: [trial names]}}``, :func:`qed_ray.service.sweep_state.plan`), and a later start
-keeps each recorded pack as it is and forms new packs only of the trials in none (a sweep grown from 10 to 20 seeds
-gets packs of seeds 10-19; its old packs are never re-formed).
-"""
+"""Which seed runs of a sweep train together: its packs, and their membership, fixed once formed (docs/design.md,
+"Packs")."""
 
 from __future__ import annotations
 
@@ -38,17 +26,15 @@ class Pack:
 
     @property
     def name(self) -> str:
-        """``task/agent/variant/pack0-2``."""
         return self.id.name
 
     @property
     def names(self) -> list[str]:
-        """Its seed runs' trial names, in pack order."""
         return [t.name for t in self.trials]
 
     @property
     def env_steps(self) -> int:
-        """Env steps of its seed runs together."""
+        """Of its seed runs together."""
         return sum(t.run.train.env_steps for t in self.trials)
 
 
@@ -60,9 +46,8 @@ class SeedTrial(Record):
 
 
 class TuneTrial(Record):
-    """A Tune trial's config ``{"pack": {"name", "trials": [{"name", "run"}, ...]}}`` (the param space the driver
-    builds, :meth:`param`): the pack's name and its seed runs. Parsed once where a config is read (:meth:`of`): at
-    the top of the trainable, and by the driver's callbacks."""
+    """A Tune trial's config ``{"pack": {"name", "trials": [{"name", "run"}, ...]}}``: the pack's name and its seed
+    runs, parsed once where a config is read (:meth:`of`)."""
 
     name: str
     trials: list[SeedTrial] = Field(min_length=1)
@@ -75,12 +60,10 @@ class TuneTrial(Record):
 
     @property
     def names(self) -> list[str]:
-        """Its seed runs' trial names, in pack order."""
         return [t.name for t in self.trials]
 
     @property
     def id(self) -> PackId:
-        """The pack."""
         return PackId.of(self.names)
 
     @classmethod
@@ -90,11 +73,9 @@ class TuneTrial(Record):
 
     @classmethod
     def from_pack(cls, pack: "Pack") -> "TuneTrial":
-        """The Tune trial of a pack."""
         return cls(name=pack.name, trials=[SeedTrial(name=t.name, run=t.run) for t in pack.trials])
 
     def param(self) -> dict:
-        """The config Tune's param space holds (JSON)."""
         return dump(self)
 
 
@@ -113,12 +94,9 @@ def pack_group(trial: Trial, by: str) -> str:
 
 def form_packs(spec: SweepSpec, recorded: Mapping[str, Sequence[str]] | None = None,
                size: int | None = None) -> list[Pack]:
-    """The spec's packs: the ``recorded`` ones (``{pack name: trial names}``, kept as they are), then the trials in
-    none of them, per group (:func:`pack_group` of ``spec.pack.by``) variant by variant in grid order and each in
-    seed order, in chunks of ``size`` (default ``spec.pack.seeds``). Packs come in the grid order of their first (task, agent,
-    variant), then by first seed. Trials of a recorded pack that the spec no longer has are left out (a started
-    sweep refuses dropping trials before this matters, :func:`qed_ray.service.sweep_state.plan`).
-    """
+    """The spec's packs: the ``recorded`` ones (``{pack name: trial names}``, kept as they are, less the trials the
+    spec no longer has), then the trials in none, per :func:`pack_group` variant by variant in grid order and each in
+    seed order, in chunks of ``size`` (default ``spec.pack.seeds``); ordered by their first trial."""
     trials = spec.trials()
     by_name, order = {t.name: t for t in trials}, {}
     for t in trials:
@@ -151,12 +129,10 @@ def _pack(members: Sequence[Trial]) -> Pack:
 
 
 def pack_records(packs: Sequence[Pack]) -> dict[str, list[str]]:
-    """``{pack name: trial names}``: what ``sweep.json`` records of the packs."""
     return {p.name: p.names for p in packs}
 
 
 def pack_of(packs: Sequence[Pack]) -> dict[str, Pack]:
-    """``{trial name: its pack}``."""
     return {n: p for p in packs for n in p.names}
 
 
@@ -173,8 +149,7 @@ def pack_started(layout: SweepDir, pack_id: PackId) -> bool:
 
 
 def seed_checkpoint(layout: SweepDir, pack_id: PackId, name: str) -> Path | None:
-    """The newest complete pack checkpoint's folder of seed run ``name`` (``seed_<seed>/``, its single-seed
-    checkpoint; :func:`~qed_ray.records.layout.member_dirs`), or None before the pack's first checkpoint."""
+    """Seed run ``name``'s folder (``seed_<seed>/``) in the newest complete pack checkpoint, or None before one."""
     steps = layout.pack_checkpoint_steps(pack_id)
     if not steps:
         return None

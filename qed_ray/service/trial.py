@@ -1,30 +1,6 @@
-"""The worker side of a sweep trial: what runs inside a Ray Tune worker.
-
-The driver (``sweep.py``) hands every trial a frozen :class:`TrialContext` through ``tune.with_parameters`` (given
-again by the driver on every start, never read back from saved state) and the trial's own config
-``{"pack": {"name", "trials": [{"name", "run"}, ...]}}`` through Tune's param space
-(:class:`~qed_ray.service.packing.TuneTrial`): one Tune trial trains one pack of seed runs (S >= 1; a single seed
-is a pack of one). :func:`train_trial` validates it once, at its top, builds the pack with
-:func:`~qed_ray.rl.trainer.build_trainer` and records each evaluation in the sweep folder
-(:class:`~qed_ray.rl.run_folder.FolderReporter`: snapshots, checkpoint, history, ``DONE.json``), then reports to Tune
-and mirrors each seed's history to its MLflow run (tagged ``qed.pack`` and ``qed.pack_size``). A started, retried or
-resumed pack restores its newest intact checkpoint from that folder, so a fresh Tuner at every driver start needs
-no Tune state.
-
-Failures: a seed whose loss, Q value or observation turns non-finite stops alone (its ``DIVERGED.json``, its run
-FAILED with the reason; final, since a deterministic continuation would diverge again); the pack goes on with the
-others. Any other exception propagates, and Tune retries the pack from its newest checkpoint (``max_retries``);
-MLflow problems never fail a trial (:class:`~qed_ray.service.mlflow.tracking.TrialRun`). At its end a seed records in its MLflow
-run the digest of every file the gather step reads of it that its worker wrote (the files the final checkpoint's
-signed ``files.json`` lists: :mod:`qed_ray.rl.run_folder`), signed with the user's results key (which the driver hands
-over in the context, never through the folder), then writes its ``DONE.json``: the gather step checks the files
-against the digest (:mod:`qed_ray.analysis.checksums`). An end cut off before (Ctrl-C, a killed worker) is finished
-by the next start; a seed whose run already holds a digest is never signed again. If MLflow stays down until the
-worker gives up, ``DONE.json`` records that as why the seed is unverified.
-
-The sweep's lock fences the trial: before each evaluation writes anything, the trial reads ``sweep.lock``; once it
-names another driver (this trial's driver was presumed dead and taken over), the trial stops at once, writing and
-logging nothing more, and ends as a stopped trial does (its seeds stay unfinished for the new driver).
+"""The worker side of a sweep trial: one Tune trial trains one pack of seed runs, records it in the sweep folder and
+mirrors it to MLflow (docs/design.md: the trial row, "Trusting results", resume item 9). A diverged seed is final
+(a deterministic continuation would diverge again); the results key comes in the context, never through the folder.
 """
 
 from __future__ import annotations
@@ -44,7 +20,7 @@ from qed_ray.rl.run_folder import FolderReporter
 from qed_ray.service.lock import LockLost, check_holder
 from qed_ray.service.packing import TuneTrial
 from qed_ray.service.mlflow.tracking import (DIGEST_TAG, UNVERIFIED_TAG, TrialRun, digest_tags, limit_http_retries,
-                                      pack_tags)
+                                             pack_tags)
 from qed_ray.rl.trainer import build_trainer
 
 
@@ -69,17 +45,11 @@ class TrialContext(Frozen):
 
     @property
     def layout(self) -> SweepDir:
-        """The sweep folder."""
         return SweepDir(self.sweep_dir)
 
 
 def train_trial(config: dict, context: TrialContext) -> None:
-    """Tune function trainable; the Ray boundary is crossed once, here (config -> the seeds' RunSpecs).
-
-    Args:
-        config: this Tune trial's config, ``{"pack": {"name": pack name, "trials": [{"name", "run"}, ...]}}``.
-        context: the sweep's context (bound by the driver with ``tune.with_parameters``).
-    """
+    """Tune function trainable; the Ray boundary is crossed once, here (config -> the seeds' RunSpecs)."""
     tune_trial = TuneTrial.of(config)
     names, specs = tune_trial.names, [t.run for t in tune_trial.trials]
     pack, layout = tune_trial.id, context.layout
@@ -129,7 +99,8 @@ def train_trial(config: dict, context: TrialContext) -> None:
             run.finish(folder.histories[i], tags=tags, timeout_s=timeout_s)
             return None
         if written is None:
-            why = "its final checkpoint, written by a qed_ray from before signed checkpoints, records none of its files"
+            why = ("its final checkpoint, written by a qed_ray from before signed checkpoints, records none of its "
+                   "files")
         elif key is None:
             why = "trained without a results key"
         else:  # the worker signs only the files it wrote (qed_ray.records.digests); nobody else signs them

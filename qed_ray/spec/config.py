@@ -1,14 +1,6 @@
-"""Run configuration: frozen pydantic models validated once at load time.
-
-Derived values (observation/action dims, episode length in decisions) are never stored here; they are computed
-from the environment and passed to constructors. Defaults follow the paper (App. B) and the MAD-TD code it ran,
-except where the paper overrides them: gradient clip 20, ``proportion_real`` 0.5, no actor LayerNorm. Each agent
-declares its own defaults in its own spec class (SAC-LN: the standard DMC SAC size, 256 x 256 with batch 256;
-MAD-SAC: MAD-TD's 512 with batch 512); the sweeps that reproduce the paper set both sizes explicitly.
-
-Every message raised here starts with the field it is about, relative to the model that raises it, so that the
-caller's prefix (``train.``, ``agents.0.overrides.``) makes the full path (see :func:`qed_ray.spec.field_hints.format_validation_error`).
-"""
+"""Run configuration: frozen pydantic models validated once at load time (docs/spec.md; defaults: paper App. B and
+the MAD-TD code it ran). Every message starts with the field it is about, relative to the model that raises it, so
+that the caller's prefix (``train.``, ``agents.0.overrides.``) makes the full path."""
 
 from __future__ import annotations
 
@@ -89,7 +81,7 @@ class TemperatureSpec(Frozen):
 
     @property
     def label(self) -> str:
-        """Short variant name used in trial names and tables, e.g. ``te``, ``fixed0.1``, ``qed0.2+alpha_max=0.3``."""
+        """E.g. ``te``, ``fixed0.1``, ``qed0.2+alpha_max=0.3``."""
         return temperature_label(self)
 
     def shared(self) -> dict[str, Any]:
@@ -98,11 +90,8 @@ class TemperatureSpec(Frozen):
 
 
 class HLGaussSpec(Frozen):
-    """The support of HL-Gauss critic heads (MAD-TD's binned critic): bins, range and smoothing.
-
-    MAD-SAC's :class:`MadSpec` extends it (its settings stay at ``agent.mad.vmin`` and so on); SAC-LN reads it
-    under ``agent.hl`` when ``agent.critic`` is ``hlgauss``.
-    """
+    """The support of HL-Gauss critic heads (MAD-TD's binned critic): SAC-LN's ``agent.hl``, extended by MAD-SAC's
+    :class:`MadSpec` (``agent.mad.vmin`` and so on)."""
 
     vmin: float = Field(-300.0, ge=-1e6, le=1e6, description="lowest HL-Gauss bin centre")
     vmax: float = Field(300.0, ge=-1e6, le=1e6, description="highest HL-Gauss bin centre")
@@ -166,7 +155,6 @@ class AgentBase(Frozen):
 
     @property
     def critic_layers(self) -> int:
-        """Hidden layers per critic head: ``critic_depth``, else ``depth``."""
         return self.critic_depth or self.depth
 
 
@@ -232,7 +220,6 @@ class NanInjection(Frozen):
         return self
 
     def hits(self, seed: int, env_step: int) -> bool:
-        """Whether the run of ``seed`` gets the NaN at ``env_step``."""
         return self.env_step == env_step and self.seed in (None, seed)
 
 
@@ -326,10 +313,8 @@ class TrainSpec(Frozen):
         return self
 
     def budget_problem(self) -> str | None:
-        """Why this budget would train nothing (warm-up covers every decision), or None.
-
-        The sweep and the CLI refuse such a run; programmatic specs (tests, tools) may still build one.
-        """
+        """Why this budget would train nothing (warm-up covers every decision), or None; the sweep and the CLI refuse
+        such a run, programmatic specs (tests, tools) may still build one."""
         if self.warmup_decisions < self.decisions:
             return None
         return (f"warmup_decisions: {self.warmup_decisions} uniform-random decisions use up the whole budget of "
@@ -338,12 +323,10 @@ class TrainSpec(Frozen):
 
     @property
     def decisions(self) -> int:
-        """Total agent decisions of the run."""
         return self.env_steps // self.frame_skip
 
     @property
     def eval_every_decisions(self) -> int:
-        """Decisions between evaluations."""
         return self.eval_every // self.frame_skip
 
     @property
@@ -368,11 +351,9 @@ class RunSpec(Frozen):
 
     @property
     def variant(self) -> str:
-        """Variant label of this run on its own: its temperature (a sweep also names its grid axes, see
-        :func:`qed_ray.spec.naming.variant_label`)."""
+        """Variant label of this run on its own: its temperature (a sweep also names its grid axes)."""
         return self.temperature.label
 
     @property
     def name(self) -> str:
-        """Deterministic run name ``task/agent/variant/seed``."""
         return f"{self.task}/{self.agent.name}/{self.variant}/{self.seed}"

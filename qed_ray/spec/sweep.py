@@ -46,7 +46,6 @@ class Trial:
 
     @property
     def variant(self) -> str:
-        """The variant part of the name."""
         return self.name.split("/")[2]
 
 
@@ -100,15 +99,13 @@ class AgentEntry(Frozen):
         return v
 
     def agent_specs(self) -> list[AgentBase]:
-        """One validated agent spec per combination of the overrides' axes."""
         return [AGENT_SPECS[self.name].model_validate(c) for c in expand_grid(self.overrides)]
 
     def temperature_specs(self) -> list[TemperatureSpec]:
-        """Every temperature variant, entries in order, each entry's axes expanded."""
         return [TemperatureSpec.model_validate(c) for entry in self.temperatures for c in expand_grid(entry)]
 
     def size(self) -> int:
-        """Agent combinations x temperature variants (without expanding)."""
+        """Without expanding the grid."""
         return grid_size(self.overrides) * sum(grid_size(t) for t in self.temperatures)
 
 
@@ -178,12 +175,8 @@ MAX_PACK = 1000  # seeds per pack; the paper trains 10
 
 class PackSpec(Frozen):
     """How many seed runs one Tune trial trains together (paper App. C trains all 10 seeds of a run on one GPU at
-    once), which runs may share a pack, and on how many env worker processes their envs step.
-
-    ``seeds: 1`` (the default) gives packs of one: one Tune trial per seed run. ``by: variant`` (the default) packs
-    the seeds of one (task, agent, variant); ``by: shape`` packs the runs of one task, agent, temperature kind and
-    network shape, whose variants differ only in a temperature scalar (QED's three k values as one pack of 30).
-    """
+    once), which runs may share a pack (``by: shape``: QED's three k values as one pack of 30), and on how many env
+    worker processes their envs step."""
 
     seeds: int | Literal["auto"] = Field(1, description="seed runs per pack (Tune trial); 1: packs of one; auto: "
                                          "the largest that fits the machine and keeps every node busy")
@@ -208,8 +201,8 @@ class PackSpec(Frozen):
         if isinstance(data, dict):
             unknown = [k for k in data if k not in cls.model_fields]  # keys of any type
             if unknown:
-                raise ValueError(f"{short_text(str(unknown[0]))}: not a pack field; pack takes seeds (1 to {MAX_PACK} or auto), "
-                                 f"env_workers (0 to pack.seeds) and by (variant or shape)")
+                raise ValueError(f"{short_text(str(unknown[0]))}: not a pack field; pack takes seeds (1 to "
+                                 f"{MAX_PACK} or auto), env_workers (0 to pack.seeds) and by (variant or shape)")
         return data
 
     @model_validator(mode="after")
@@ -308,7 +301,6 @@ class SweepSpec(Frozen):
         return self
 
     def entry_train(self, entry: AgentEntry) -> dict[str, Any]:
-        """An entry's train settings: the sweep's, then the entry's own over them."""
         return {**self.train, **entry.train}
 
     @model_validator(mode="after")
@@ -359,7 +351,7 @@ class SweepSpec(Frozen):
         return self
 
     def replay_needs(self) -> list[ReplayNeed]:
-        """The replay sizes of the grid per seed and per pack, largest first (:mod:`qed_ray.spec.replay_memory`)."""
+        """The replay sizes of the grid per seed and per pack, largest first."""
         tasks = dict.fromkeys(t for entry in self.agents for t in entry.tasks or self.tasks)
         # A pack by shape holds several variants' seeds: up to pack.seeds members.
         # auto: sized by the plan to fit its machine, within the pack cap (qed_ray.service.plan.dry_plan)
@@ -384,7 +376,6 @@ class SweepSpec(Frozen):
 
     @functools.cached_property
     def _trains(self) -> list[list[TrainSpec]]:
-        """Per agent entry, its TrainSpecs."""
         return [[TrainSpec.model_validate(c) for c in expand_grid(self.entry_train(e))] for e in self.agents]
 
     @functools.cached_property
@@ -404,9 +395,7 @@ class SweepSpec(Frozen):
                 if entry.tasks is None or task in entry.tasks for seed in self.seeds]
 
     def trials(self) -> list[Trial]:
-        """The expanded grid, ordered task, agent, agent settings, variant, train settings, seed (deterministic).
-
-        Variants name the temperature plus every agent/train setting that varies among one agent's trials (a spec
+        """The expanded grid, ordered task, agent, agent settings, variant, train settings, seed (a spec
         :meth:`at_look`: that look's only)."""
         if self._look is None:
             return list(self._trials)
@@ -421,7 +410,6 @@ class SweepSpec(Frozen):
         return copy
 
     def runs(self) -> list[RunSpec]:
-        """The runs of :meth:`trials`, in the same order."""
         return [t.run for t in self.trials()]
 
     def sized(self, seeds: int) -> "SweepSpec":
@@ -430,12 +418,11 @@ class SweepSpec(Frozen):
         return self.model_copy(update={"pack": pack})
 
     def trial_resources(self) -> dict[str, float]:
-        """Ray resources of one Tune trial (a pack, or an unpacked seed run): ``resources.cpu`` for the trainer's
-        process plus one CPU per env worker (``pack.env_workers``), and ``resources.gpu``."""
+        """Ray resources of one Tune trial: ``resources.cpu`` plus one CPU per env worker, and ``resources.gpu``."""
         return {"cpu": self.resources.cpu + self.pack.env_workers, "gpu": self.resources.gpu}
 
     def warnings(self) -> list[str]:
-        """What a valid spec may not mean: each agent's QED k outside the usual range (:func:`~qed_ray.spec.field_hints.k_warning`)."""
+        """What a valid spec may not mean: each agent's QED k outside the usual range."""
         ks = [(entry.name, k) for entry in self.agents
               for k in dict.fromkeys(t.k for t in entry.temperature_specs() if t.kind == "qed")]
         return [w for w in (k_warning(agent, k) for agent, k in ks) if w]
@@ -460,8 +447,7 @@ def _varying_settings(runs: list[RunSpec]) -> dict[str, set[str]]:
 
 
 def load_yaml(path: str | Path) -> Any:
-    """Parses a YAML file strictly and within its size, node and depth budgets (:mod:`qed_ray.spec.yaml_input`);
-    raises SpecError with one line for an unreadable, oversized, non-UTF-8 or invalid file."""
+    """Parses a YAML file strictly and within its budgets; raises SpecError with one line."""
     try:
         return yaml_input.load(path)
     except yaml_input.YamlInputError as e:
