@@ -1,23 +1,7 @@
 """Re-analysis of a sweep from its saved policies with other final-evaluation settings (``python -m qed_ray.gather``).
 
-Nothing is retrained and no Ray cluster is started: each group's evaluation is taken from the cache
-(:mod:`qed_ray.analysis.group_cache`) when its key matches, else computed in this process (or in a local process pool,
-``--workers``); then its tables and figures are written to ``gather/reanalysis-<settings>/``, named for the settings
-it changed: ``gather/`` itself keeps the sweep's own (new evaluations only join ``gather/cache/``); policies and
-trial folders stay as they are (a moved or copied folder's own store is relinked to its artifacts,
-:mod:`qed_ray.service.mlflow.relink`). In MLflow the re-analysis is a child run of the sweep's parent run named for its
-settings, with its tables, figures, summary and verdict (:func:`qed_ray.service.mlflow.mirror.log_reanalysis`); the parent
-keeps the outputs of the sweep's own settings. Every seed is checked against the digest its trial signed in MLflow, and every cache entry against its own
-signature, as during the sweep, with the user's results key (:mod:`qed_ray.service.results_key`); seeds without a
-recorded digest are used and reported unverified. The frozen pre-registration is checked alike: its block
-against its hash, its record against its signature, and against the claim file where that is at hand. A driver
-running the sweep (a live ``sweep.lock``) refuses the re-analysis, which holds the lock itself while it rewrites
-``gather/``.
-
-It never makes things worse: a folder a live driver holds, or whose ``gather/`` holds a symbolic link out of the
-folder, is refused before anything is read; a re-analysis that would leave every trial out (a wrong
-``--tracking-uri``, say) keeps the previous outputs and exits 1; every file read is validated and a damaged one is
-named (exit 2).
+No retraining and no Ray, and never worse than before: a refused folder is refused before anything is read, and a
+re-analysis that would leave every trial out keeps the previous outputs (docs/running.md, docs/results.md).
 """
 
 from __future__ import annotations
@@ -54,9 +38,8 @@ FLAGS = ("policies", "episodes", "action_rollouts", "action_steps", "curve_episo
 
 
 def reanalysis_dir(layout: SweepDir, final_eval: FinalEvalSpec, sweep_settings: FinalEvalSpec | None) -> Path:
-    """``gather/reanalysis-<settings>/`` for ``final_eval``: named for the settings that differ from the sweep's own
-    (``gather/results.json``'s, else the defaults), ``+`` between them (``reanalysis-episodes=20+seed=3``);
-    ``reanalysis-sweep-settings`` when none do."""
+    """``gather/reanalysis-<settings>/``: named for the settings that differ from the sweep's own, ``+`` between
+    them (``reanalysis-episodes=20+seed=3``); ``reanalysis-sweep-settings`` when none do."""
     base = (sweep_settings or FinalEvalSpec()).model_dump(mode="json")
     label = settings_label(final_eval.model_dump(mode="json"), {f"final_eval.{k}": str(v) for k, v in base.items()},
                            FLAGS)
@@ -69,8 +52,7 @@ def previous_results(layout: SweepDir) -> SweepResults | None:
 
 
 def final_eval_with(base: FinalEvalSpec | None, overrides: dict) -> FinalEvalSpec:
-    """The base settings (default: the defaults) with the overrides; raises ValueError naming the flag of any bad
-    value."""
+    """The base settings with the overrides; raises ValueError naming the flag of any bad value."""
     try:
         return FinalEvalSpec.model_validate({**(base.model_dump() if base else {}), **overrides})
     except ValidationError as e:
@@ -105,18 +87,10 @@ def _evaluate_in_worker(job: group_cache.GroupJob, final_eval: FinalEvalSpec) ->
 
 def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, verifier: Verifier | None, workers: int = 1, log=print,
               signing_key: bytes | None = None, claim: dict | None = None) -> tuple[SweepResults, list[str]]:
-    """Computes every output ``gather/`` holds, into :func:`reanalysis_dir` (``gather/`` keeps the sweep's own; only
-    new groups enter ``gather/cache/``), for ``final_eval`` (the verdict by ``claim``, the pre-registration
-    :func:`~qed_ray.records.sweep.verified_claim` checked, if any), through the gather engine
-    (:class:`~qed_ray.analysis.gather_engine.GatherEngine`, ``workers`` groups at a time in local processes);
-    returns the results and the refused groups. ``verifier`` None (``--no-verify``): nothing is checked, every seed
-    is unverified; ``signing_key`` (default the verifier's) signs and checks the cache, which is left alone without
-    one. When every trial is left out (no group has a result) nothing is written: that folder's previous outputs
-    stay.
-
-    Raises:
-        RecordError / SpecError: a damaged ``results.json`` or ``sweep.json`` (naming it and the field).
-    """
+    """Computes every output ``gather/`` holds into :func:`reanalysis_dir`, ``workers`` groups at a time in local
+    processes; returns the results and the refused groups. ``verifier`` None (``--no-verify``): every seed is
+    unverified; ``signing_key`` signs and checks the cache, left alone without one. Nothing is written when every
+    trial is left out."""
     trials = [t.name for t in layout.trials()]
     old = previous_results(layout)
     finished = [n for n in trials if layout.done_marker(n).exists()]
@@ -125,7 +99,8 @@ def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, verifier: Verifier | 
     engine.exclude(FailedTrial(n, "did not finish (no DONE.json)") for n in trials if n not in finished)
     groups = [(key, [n for n in names if n in finished]) for key, names in group_cache.plan_groups(trials).items()]
     if workers > 1:
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool, ThreadPoolExecutor(workers) as each:
+        spawn = get_context("spawn")
+        with ProcessPoolExecutor(workers, mp_context=spawn) as pool, ThreadPoolExecutor(workers) as each:
             def evaluate(job: group_cache.GroupJob) -> GroupResult:
                 return pool.submit(_evaluate_in_worker, job, final_eval).result()
             list(each.map(lambda g: engine.group(*g, verifier, evaluate), groups))
@@ -141,8 +116,7 @@ def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, verifier: Verifier | 
 
 
 def _log_to_mlflow(layout: SweepDir, uri: str | None, results: SweepResults, refused: list[str], folder: Path) -> str:
-    """The re-analysis as a child run of the sweep's parent run (best-effort: ``gather/`` is the record); returns
-    the line to print."""
+    """The re-analysis as a child run of the sweep's parent run (best-effort); returns the line to print."""
     from qed_ray.service.mlflow.mirror import log_reanalysis
     from qed_ray.service.mlflow.relink import follow_move
     from qed_ray.service.mlflow.tracking import default_tracking_uri
@@ -194,9 +168,8 @@ def _key(layout: SweepDir, no_verify: bool) -> ResultsKey | None:
 
 
 def check_folder(layout: SweepDir) -> None:
-    """Refuses a folder a live driver holds (it rewrites ``gather/`` itself), a folder where an output file belongs
-    and a ``gather/`` that holds a symbolic link leading out of the sweep folder (what is written there would land
-    elsewhere); raises ValueError (LockHeld for a folder or dangling link in place of ``sweep.lock``)."""
+    """Refuses (ValueError) a folder a live driver holds, a folder where an output file belongs and a ``gather/``
+    holding a symbolic link out of the sweep folder (LockHeld for a folder or dangling link as ``sweep.lock``)."""
     holder = driver(layout)
     if holder is not None:
         raise ValueError(f"sweep_dir: a driver runs this sweep now ({holder}, {layout.lock_file}); re-analyse after "
@@ -214,12 +187,10 @@ def check_folder(layout: SweepDir) -> None:
 
 
 def _name_list(text: str) -> list[str]:
-    """``mean,sample`` -> ``["mean", "sample"]`` (the model checks the names)."""
     return [part.strip() for part in text.split(",")]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """Command-line flags: the sweep folder, the final-evaluation settings to change, verification."""
     p = cli_help.parser("qed-ray gather", __doc__, (
         "qed-ray gather results/smoke --episodes 20   # more final-evaluation episodes; no retraining",
         "qed-ray gather results/smoke --policies mean,sample --workers 2   # also sampled actions"))
@@ -242,8 +213,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def refuse_unverified(results: SweepResults | None, allowed: bool) -> bool:
-    """Whether the exit code must say that seeds were used unverified (their trials recorded no digest: see the
-    UNVERIFIED line), printing the line that says so and how to accept them; False when ``allowed``."""
+    """Whether the exit code must say that seeds were used unverified, printing the line that says so."""
     n = sum(len(g.unverified_seeds) for g in results.groups) if results is not None else 0
     if n and not allowed:
         print(f"error: {n} seed{'s were' if n > 1 else ' was'} used unverified (the UNVERIFIED line above): exit 1; "
@@ -258,15 +228,16 @@ def _error(e: Exception) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; exit code 0 done, 1 a group was refused (a snapshot failed its check) or seeds were used
-    unverified (unless ``--allow-unverified`` or ``--no-verify``), 2 bad input."""
+    """Exit code 0 done, 1 a group was refused or seeds were used unverified (unless ``--allow-unverified`` or
+    ``--no-verify``), 2 bad input."""
     args = parse_args(argv)
     layout = SweepDir(args.sweep_dir.resolve())
     try:
         if not os.path.lexists(layout.state_file):
             inside = sweep_folders_in(layout.root)  # given the storage root, say
-            raise ValueError(f"sweep_dir: {layout.root} is not a sweep folder (no {layout.state_file.name})" + (
-                f"; it holds the sweep folder(s) {', '.join(d.name for d in inside)}: give {inside[0]}" if inside else ""))
+            hint = f"; it holds the sweep folder(s) {', '.join(d.name for d in inside)}: give {inside[0]}" \
+                if inside else ""
+            raise ValueError(f"sweep_dir: {layout.root} is not a sweep folder (no {layout.state_file.name}){hint}")
         sweep_id(layout)  # a damaged sweep.json: refused naming it
         check_folder(layout)
         if args.workers < 1:

@@ -1,10 +1,7 @@
 """The sweep service: ``python -m qed_ray.sweep SPEC`` runs, resumes or grows a sweep (here, or as a Ray job).
 
-The command line of :mod:`qed_ray.service.sweep` (the driver; exit codes in its notes). It answers at once: its
-module-level imports are the spec's (pydantic) and the standard library's, and each subcommand imports what it needs
-after the arguments are read: ``--help``, a bad flag or a spec error import none of torch, Ray or MLflow;
-``--status`` reads the folder without torch or Ray (:mod:`qed_ray.service.status`); ``--dry-run`` imports MLflow and
-torch; a run refuses what it refuses with the light modules, joins Ray, and only then imports the driver. ``--status --dir DIR`` needs no spec: ``sweep.json`` records the spec of the sweep's latest start.
+Module-level imports are the spec's and the standard library's: each subcommand imports what it needs after the
+arguments are read (docs/design.md, layering rule 2).
 """
 
 from __future__ import annotations
@@ -47,12 +44,9 @@ def check_options(no_spec: bool, args) -> None:
 
 def run_sweep(spec: SweepSpec, spec_path: Path, fresh: bool = False, gather_partial: bool = False,
               force: bool = False, allow_unverified: bool = False) -> int:
-    """Runs (or resumes, or grows) the sweep end to end; returns the exit code. ``fresh`` moves this sweep's folder
-    aside first; with ``force`` also a folder whose ``sweep.json`` cannot be read (so its name cannot be checked).
-
-    Everything refused before training is refused here with the light modules alone: the folder and the spec, the
-    tracking server, a driver holding the lock, a Ray cluster that does not answer (:mod:`qed_ray.service.ray_join`).
-    Nothing is written to the folder before Ray is joined; the driver (Ray Tune, MLflow, torch) is imported after."""
+    """Runs (or resumes, or grows) the sweep end to end; returns the exit code. ``force``: ``fresh`` moves aside a
+    folder whose ``sweep.json`` cannot be read. Everything refused before training is refused with the light modules
+    alone, nothing is written before Ray is joined, and the driver (Ray Tune, MLflow, torch) is imported after."""
     from qed_ray.service.lock import SweepLock
     from qed_ray.service.ray_join import join_ray
     from qed_ray.service.results_key import load_key
@@ -118,8 +112,6 @@ def _refuse(problems: list[str]) -> None:
 
 
 def _load(path: Path) -> SweepSpec:
-    """The spec at ``path``; a path that is no file is refused with the closest spec file in its folder (or in
-    the repository's ``sweeps/``), or with the working-folder hint when it is a repository path given elsewhere."""
     if not path.exists():
         raise SpecError(missing_spec(path))
     return load_spec(path)
@@ -127,7 +119,7 @@ def _load(path: Path) -> SweepSpec:
 
 def missing_spec(path: Path, cwd: Path | None = None) -> str:
     """Why ``path`` (no file) is not a spec, and the spec that was probably meant: the closest name in its folder,
-    which is the repository's (``sweeps/``) when a relative path was given from another folder."""
+    or in the repository's when a relative path was given from another folder."""
     cwd = (cwd or Path.cwd()).resolve()
     elsewhere = not path.is_absolute() and cwd != REPOSITORY and (
         (REPOSITORY / path).is_file() or (not (cwd / path.parent).is_dir() and (REPOSITORY / path.parent).is_dir()))
@@ -147,12 +139,11 @@ def missing_spec(path: Path, cwd: Path | None = None) -> str:
 
 
 def parser():
-    """The command line (``--help`` prints the local ``ray job submit`` recipe after the flags)."""
     p = cli_help.parser("qed-ray sweep", __doc__, EXAMPLES, announce.local_head_help())
     p.add_argument("spec", type=Path, nargs="?", help="sweep YAML (see sweeps/ and docs/spec.md's field table); "
                    "not needed with --status --dir")
     p.add_argument("--dry-run", action="store_true", help="print the plan on this machine and each shipped cluster "
-                                                          "(pack size, memory, hours, wall clock, price); run nothing (refuses what a run would refuse)")
+                   "(pack size, memory, hours, wall clock, price); run nothing (refuses what a run would refuse)")
     p.add_argument("--list", action="store_true", help="with --dry-run: every trial, pack by pack (longest first)")
     p.add_argument("--workers", type=int, metavar="N", help="with --dry-run: the bill on N worker nodes (default: "
                                                             "the shipped cluster configs' max_workers)")
@@ -194,7 +185,6 @@ def _status(spec: SweepSpec | None, folder: Path | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point (exit codes in :mod:`qed_ray.service.sweep`)."""
     args = parser().parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "disable")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # with verbose=0 the legacy reporter prints no tables
