@@ -1,14 +1,7 @@
-"""What the sweep tells its user about where it runs and where it stands.
-
-It covers the local ``ray job submit`` recipe (README and ``--help``), the driver's first lines (where results
-land, and the ``--status --dir`` command that finds them from another shell), the start line of a restarted sweep
-(how many trials resumed, from which env step) and where ``--status`` looked.
-
-A sweep's folder comes from the spec's ``storage_path`` and two variables of the *driver's* environment,
-``QED_STORAGE_PATH`` and ``QED_STORAGE_ROOT``. Under ``ray job submit`` that environment is the job's (set by
-``--runtime-env-json``), not the submitting shell's. So another shell finds the folder by ``--dir``, and the driver
-prints that command first.
-"""
+"""What the sweep tells its user about where it runs and where it stands: the local ``ray job submit`` recipe, the
+driver's first lines, the start line of a restarted sweep and where ``--status`` looked. The folder comes from the
+*driver's* environment (under ``ray job submit``, the job's): another shell finds it by ``--dir``, which the driver
+prints first."""
 
 from __future__ import annotations
 
@@ -43,8 +36,9 @@ def local_head_help() -> str:
     """The recipe for ``--help``: the commands, then where results land and how another shell follows them."""
     return (f"on a local Ray head (ray job submit), from the repository root:\n{_indent(LOCAL_HEAD)}\n"
             f"results land in $PWD/results/<name>; from another shell in the repository root:\n"
-            f"{_indent(LOCAL_STATUS)}\nand: ray stop  # ends the head, and every other Ray process of yours on this machine "
-            f"(Ray has no stop for one head);\n     rm -rf \"$(dirname \"$RAY_TMPDIR\")\"  # then its private temp folder")
+            f"{_indent(LOCAL_STATUS)}\nand: ray stop  # ends the head, and every other Ray process of yours on this "
+            f"machine (Ray has no stop for one head);\n"
+            f"     rm -rf \"$(dirname \"$RAY_TMPDIR\")\"  # then its private temp folder")
 
 
 def _indent(text: str) -> str:
@@ -52,8 +46,8 @@ def _indent(text: str) -> str:
 
 
 def shown(path: Path) -> str:
-    """``path`` as a user types it: relative to the current folder when inside it (under ``ray job submit`` that is
-    the uploaded ``--working-dir``, so ``sweeps/smoke.yaml`` as submitted), else absolute."""
+    """``path`` as a user types it: relative to the current folder (under ``ray job submit``, the uploaded
+    ``--working-dir``) when inside it, else absolute."""
     path = Path(path).absolute()
     try:
         return str(path.relative_to(Path.cwd()))
@@ -62,26 +56,25 @@ def shown(path: Path) -> str:
 
 
 def status_command(spec_path: Path, layout: SweepDir) -> str:
-    """``/abs/.venv/bin/python -m qed_ray.sweep SPEC --status --dir FOLDER``: finds the sweep from any shell, whatever
-    its variables, and runs there without the virtual environment activated (this interpreter, by its path)."""
+    """``/abs/.venv/bin/python -m qed_ray.sweep SPEC --status --dir FOLDER``: runs from any shell, whatever its
+    variables and without the virtual environment activated."""
     return (f"{shlex.quote(sys.executable)} -m qed_ray.sweep {shlex.quote(shown(spec_path))} --status "
             f"--dir {shlex.quote(str(layout.root))}")
 
 
 def first_lines(name: str, spec_path: Path, layout: SweepDir, uri: str) -> list[str]:
-    """The driver's first lines: where results land, and the command another shell follows them with."""
     return [f"sweep {name}: results in {layout.root} (MLflow: {uri})",
             f"  progress from any shell: {status_command(spec_path, layout)}"]
 
 
 def checkpoint_steps(layout: SweepDir, pack: Pack) -> int:
-    """Env steps of the pack's newest complete checkpoint (0: none; each seed run of the pack is that far)."""
+    """Env steps of the pack's newest complete checkpoint (0: none), where each of its seed runs is."""
     return max(layout.pack_checkpoint_steps(pack.id), default=0)
 
 
 def resumed_env_steps(layout: SweepDir, packs: list[Pack]) -> dict[str, int]:
-    """``{pack name: env steps of all its seed runs together}`` at the checkpoints the packs resume from (what a
-    Tune trial reports as ``seed_env_steps``), for packs with a pending seed run and a checkpoint."""
+    """``{pack name: env steps of all its seed runs together}`` (a trial's ``seed_env_steps``) at the checkpoints
+    the packs with a pending seed run resume from."""
     out = {}
     for p in packs:
         steps = checkpoint_steps(layout, p)
@@ -91,8 +84,7 @@ def resumed_env_steps(layout: SweepDir, packs: list[Pack]) -> dict[str, int]:
 
 
 def start_line(spec: SweepSpec, layout: SweepDir, packs: list[Pack], new: list[str]) -> str:
-    """``sweep smoke: 12 trials (2 done, 4 resumed from env step 2,000, 6 new) in 12 packs of up to 1 seed``; also
-    trials that resume, start from scratch or diverged, each only when there are any."""
+    """``sweep smoke: 12 trials (2 done, 4 resumed from env step 2,000, 6 new) in 12 packs of up to 1 seed``."""
     done, resumed, fresh, diverged = 0, [], 0, 0
     for p in packs:
         steps = checkpoint_steps(layout, p)
@@ -118,7 +110,7 @@ def _steps(steps: list[int]) -> str:
 
 
 def storage_source(spec: SweepSpec) -> str:
-    """How ``--status`` found the sweep folder without ``--dir``: the setting and each variable it read."""
+    """How ``--status`` found the sweep folder without ``--dir``."""
     path_env, root_env = os.environ.get(STORAGE_PATH_ENV), os.environ.get(STORAGE_ROOT_ENV)
     raw = path_env or spec.storage_path
     text = f"{STORAGE_PATH_ENV}={path_env}" if path_env else f"storage_path {raw!r} of the spec ({STORAGE_PATH_ENV} " \

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from qed_ray.spec import cli_help
-from qed_ray.analysis.behaviour import COLORMAP, RenderError, configure_rendering, frame_steps, run, select_snapshots
+from qed_ray.analysis.behaviour import (COLORMAP, RenderError, configure_rendering, frame_steps, run,
+                                        select_snapshots)
 from qed_ray.records.layout import SweepDir
 from qed_ray.records.checkpoint import CheckpointError
 from qed_ray.records.sweep import sweep_id as read_sweep_id
@@ -46,7 +47,6 @@ def _int_at_least(low: int) -> Callable[[str], int]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    """The CLI's arguments."""
     p = cli_help.parser("qed-ray visualize", "the behaviour figure of a finished sweep (paper Fig. 1)", (
         "qed-ray visualize results/smoke --task cartpole-balance   # te and QED seeds side by side",
         "qed-ray visualize results/dmc18 --task cheetah-run --variants te qed0.2 --no-mlflow"))
@@ -66,7 +66,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns 0, or 2 with a one-line error on bad input or a missing renderer."""
+    """Returns 0, or 2 with a one-line error on bad input or a missing renderer."""
     args = parse_args(argv)
     t0 = time.perf_counter()
     try:

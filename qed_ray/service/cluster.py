@@ -15,13 +15,9 @@ from qed_ray.spec.sweep import SpecError, SweepSpec
 
 
 def check_cluster(spec: SweepSpec, sweep_dir: Path, uri: str) -> None:
-    """Refusals that save a multi-node sweep from failing late.
-
-    Some node must be able to hold one trial's resources (else Tune would pend forever, ray#19985). On more than
-    one node every node must see the storage folder (a marker written here is looked for by a task pinned to each
-    node). A SQLite MLflow store is refused once the nodes span more than one machine (SQLite's locking is not
-    reliable over NFS, and every node would write to it); on one machine it must still be visible to every node.
-    """
+    """Refusals that save a multi-node sweep from failing late: some node must hold one trial (else Tune would pend
+    forever, ray#19985); every node must see the storage folder and a SQLite store (a marker looked for by a task
+    pinned to each node); SQLite over several machines is refused (its locking is not reliable over NFS)."""
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     need = {"CPU": spec.trial_resources()["cpu"], "GPU": spec.trial_resources()["gpu"]}
     if not any(all(n["Resources"].get(k, 0) >= v for k, v in need.items() if v > 0) for n in nodes):

@@ -1,15 +1,6 @@
-"""An adaptive sweep (``adaptive:`` in its spec) run look by look through the ordinary growth path.
-
-Each look is one start of the sweep over :meth:`SweepSpec.at_look <qed_ray.spec.sweep.SweepSpec.at_look>`: the first
-``n`` seeds of every group, ``n`` that look's seeds for te and the variants still growing, the seeds it was
-decided at for a frozen variant (te's count for a variant the verdict does not judge, such as a control). The
-start plans, trains only what that look adds (the trials already done are not trained again), gathers, and writes
-``gather/verdict.json``, judged at the look's level (:func:`qed_ray.analysis.verdict.look_levels`). The rule of
-:mod:`qed_ray.analysis.sequential` then decides, and the look is appended to ``looks.json`` (read back and
-validated at every start) and logged to the sweep's MLflow run (``look_*`` metrics at step k, a ``qed.look<k>``
-tag per variant, the look's record as an artifact) before the next look starts. A restart reads ``looks.json``:
-it resumes the look after the last recorded one, or, when growth has ended, trains nothing and gathers again.
-"""
+"""An adaptive sweep (``adaptive:`` in its spec) run look by look through the ordinary growth path (docs/claim.md,
+"Growth and records"): each look is one start over :meth:`~qed_ray.spec.sweep.SweepSpec.at_look`, a frozen variant
+at the seeds it was decided at (te's count for a variant the verdict does not judge, such as a control)."""
 
 from __future__ import annotations
 
@@ -57,15 +48,13 @@ def look_spec(spec: SweepSpec, looks: list[Look]) -> tuple[int, SweepSpec]:
 
 
 def read_verdict(layout: SweepDir) -> Verdict:
-    """The verdict the look's gather wrote (none: no QED variant with te, judged as exploratory)."""
+    """None written: no QED variant with te, judged as exploratory."""
     verdict = read_record(layout.verdict_json, Verdict | None)
     return verdict or Verdict(None, None, EXPLORATORY, "no QED variant with a te baseline")
 
 
 def log_look(uri: str, layout: SweepDir, look: Look) -> None:
-    """Mirrors one recorded look to the sweep's MLflow run: ``look_seeds`` and per variant ``look_level.<variant>``
-    at step k, a ``qed.look<k>.<variant>`` tag with its decision, and the record as ``looks/look<k>.json``. A
-    tracking server that fails costs a warning: ``looks.json`` holds the look either way."""
+    """Mirrors one recorded look to the sweep's MLflow run; a failure costs a warning (``looks.json`` has it)."""
     try:
         _log_look(uri, layout, look)
     except Exception as e:  # noqa: BLE001 - MLflow mirrors the folder, which has the record
@@ -103,10 +92,9 @@ class AdaptivePower(Record):
 
 
 def price_lines(spec: SweepSpec, packs: list, machine, tables) -> list[str]:
-    """The dry run's line for an adaptive spec: the hours in packs on ``machine`` (GPU-hours, or CPU-hours on CPUs)
-    at the minimum (every group stops at the first look), expected under the power tool's scenarios
-    (``qed_ray/data/adaptive_power.json``, for the design it simulated; scaled linearly in seed runs) and at the
-    maximum (every look)."""
+    """The dry run's line for an adaptive spec: the hours in packs on ``machine`` at the minimum (every group stops
+    at the first look), expected under the power tool's scenarios (scaled linearly in seed runs) and at the
+    maximum."""
     from pathlib import Path
 
     from qed_ray.service.plan.dry_plan import price
@@ -139,7 +127,6 @@ def _hours(h: float) -> str:
 
 
 def look_lines(look: Look) -> list[str]:
-    """The console lines of one look's decisions."""
     lines = [f"look {look.look} of {len(look.looks)} ({look.baseline_seeds} seeds of te): the claim "
              f"{look.claim}" + (f"; growth ended: {look.ended}" if look.ended else
                                 f"; next look: {', '.join(f'{k} {n}' for k, n in look.next_seeds.items())} seeds")]
@@ -153,8 +140,7 @@ def look_lines(look: Look) -> list[str]:
 def run_looks(spec: SweepSpec, layout: SweepDir, start: Start, log: Callable[[Look], None],
               say: Callable[[str], None]) -> int:
     """Runs the looks from where ``looks.json`` left off until growth ends; returns the exit code of the first
-    start that does not succeed (0 once growth ended). ``start`` runs one start over a look's spec, ``log``
-    mirrors a recorded look to MLflow."""
+    start that does not succeed (0 once growth ended)."""
     looks = read_looks(layout)
     check_design(spec, looks)
     while True:

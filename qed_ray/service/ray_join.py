@@ -1,14 +1,7 @@
-"""Where the driver joins Ray, said before it connects, and a join that gives up in bounded time.
+"""Where the driver joins Ray, said before it connects, and a join that gives up in bounded time (docs/running.md).
 
-``ray.init()`` without an address joins ``RAY_ADDRESS`` when it is set (``local``: start an embedded cluster), else
-the address that the last ``ray start`` on this machine wrote to ``ray_current_cluster`` in Ray's temp folder, else
-starts an embedded cluster. A head that died without ``ray stop`` leaves that file behind, and ``ray.init`` then
-retries the dead address for minutes, printing only Ray's connection warnings. So the driver resolves the address
-itself, by Ray's rule, prints which one it joins and where it came from, asks the address over TCP (nothing
-listening there: it stops at once), passes it to ``ray.init``, and stops the process when joining has not
-succeeded after ``QED_RAY_CONNECT_TIMEOUT_S`` seconds (30 by default), each time with one line naming the address
-and the ways out. Nothing is in the sweep folder before the join succeeds (the
-driver joins before it creates the folder or takes the lock), so a stop there loses nothing. Starting an
+A head that died without ``ray stop`` leaves its address in ``ray_current_cluster``, and ``ray.init`` would retry it
+for minutes; so the driver resolves the address by Ray's rule itself and asks it over TCP first. Starting an
 embedded cluster is not bounded: that is this machine starting processes, not a connect that may never answer.
 """
 
@@ -43,13 +36,11 @@ class Target:
     address_file: str | None = None  # the ray_current_cluster file the address was read from
 
     def line(self) -> str:
-        """The line printed before connecting."""
         if self.address is None:
             return f"Ray: starting an embedded cluster on this machine ({self.source})"
         return f"Ray: joining the cluster at {self.address} ({self.source})"
 
     def give_up(self, timeout_s: float, cause: str = "") -> str:
-        """The one line of a join that failed: the address, its source and the ways out."""
         what = f"failed ({cause})" if cause else f"got no answer within {timeout_s:g} s"
         fix = (f"if no head runs there any more, `ray stop` clears the stale address (it also stops every Ray process "
                f"of yours on this machine; or remove {self.address_file})" if self.address_file else
@@ -59,8 +50,8 @@ class Target:
 
 
 def target(temp_dir: str | None = None, env: dict | None = None) -> Target:
-    """The cluster ``ray.init()`` would join, by Ray's rule (module notes); ``temp_dir``: Ray's temp folder as
-    ``ray.init(_temp_dir=...)`` gets it (None: Ray's default, from ``RAY_TMPDIR`` / ``TMPDIR``)."""
+    """The cluster ``ray.init()`` would join: ``RAY_ADDRESS`` (``local``: an embedded cluster), else the address the
+    last ``ray start`` here left in Ray's temp folder ``temp_dir`` (None: Ray's default), else an embedded cluster."""
     from ray._common.utils import get_ray_address_file  # Ray's own answer to where `ray start` wrote it
 
     env = os.environ if env is None else env
@@ -83,8 +74,7 @@ def target(temp_dir: str | None = None, env: dict | None = None) -> Target:
 
 
 def timeout_s(env: dict | None = None) -> float:
-    """``QED_RAY_CONNECT_TIMEOUT_S`` (default 30); raises SpecError naming the variable for anything but a
-    positive number of seconds."""
+    """``QED_RAY_CONNECT_TIMEOUT_S`` (default 30); SpecError for anything but a positive number of seconds."""
     raw = (os.environ if env is None else env).get(TIMEOUT_ENV, "")
     try:
         value = float(raw) if raw.strip() else DEFAULT_TIMEOUT_S
@@ -114,11 +104,9 @@ def unreachable(address: str, limit: float) -> str | None:
 
 def join(init: Callable[[str], None], temp_dir: str | None = None, log: Callable[[str], None] = print,
          before_exit: Callable[[], None] = lambda: None) -> Target:
-    """Prints where Ray is joined, then calls ``init(address)`` (``"local"``: start an embedded cluster). A join
-    to an address where nothing listens raises :class:`JoinFailed` at once; one that has not succeeded after
-    :func:`timeout_s` prints :meth:`Target.give_up` to stderr, calls ``before_exit`` and ends the process with
-    :data:`EXIT_NO_RAY` (``ray.init`` cannot be interrupted while it retries); one that fails sooner raises
-    :class:`JoinFailed`."""
+    """Prints where Ray is joined, then calls ``init(address)`` (``"local"``: an embedded cluster). Nothing listening
+    or a failure raises :class:`JoinFailed`; no success after :func:`timeout_s` ends the process with
+    :data:`EXIT_NO_RAY` after ``before_exit`` (``ray.init`` cannot be interrupted while it retries)."""
     limit, start = timeout_s(), time.monotonic()
     where = target(temp_dir)
     log(where.line())
@@ -148,8 +136,8 @@ def join(init: Callable[[str], None], temp_dir: str | None = None, log: Callable
 
 
 def join_ray() -> None:
-    """The driver's join (:func:`join`, unless Ray is already initialised): token auth as Ray chose it, without its
-    opt-out advice, and a token file Ray writes kept private (:mod:`qed_ray.service.ray_token`)."""
+    """The driver's join, unless Ray is already initialised: token auth as Ray chose it, without its opt-out
+    advice, and a token file Ray writes kept private."""
     import ray
 
     from qed_ray.service.ray_token import private_ray_token, quiet_opt_out_notice, restrict

@@ -1,11 +1,6 @@
-"""The Ray auth token file of this machine, kept private to its owner.
-
-Ray 2.60 turns token auth on by default for a cluster that ``ray.init()`` starts, and then writes a fresh token to
-``~/.ray/auth_token`` with the process umask (0644 with the usual 022): any local user could read it and run code
-on every Ray port, which listen on all interfaces. ``private_ray_token`` wraps the ``ray.init`` call: it creates
-``~/.ray`` owner-only when missing (so a token Ray writes there is unreachable from the start) and leaves the token
-file mode 0600, before and after. It imports nothing from Ray and never invents, reads or moves a token.
-"""
+"""The Ray auth token file of this machine, kept private to its owner: Ray 2.60 writes the token a ``ray.init()``
+generates with the process umask (0644), so any local user could read it and run code on every Ray port. This
+module imports nothing from Ray and never invents, reads or moves a token."""
 
 from __future__ import annotations
 
@@ -19,11 +14,8 @@ from pathlib import Path
 
 
 def token_path(env: Mapping[str, str] | None = None, home: Path | None = None) -> Path | None:
-    """The token file Ray would use or create, or None when no file is involved.
-
-    None when ``RAY_AUTH_MODE=disabled`` or the token comes from ``RAY_AUTH_TOKEN`` (environment only); the
-    ``RAY_AUTH_TOKEN_PATH`` file when that is set; otherwise ``<home>/.ray/auth_token`` (Ray's default).
-    """
+    """The token file Ray would use or create, or None when no file is involved (auth disabled, or the token in
+    ``RAY_AUTH_TOKEN``)."""
     env = os.environ if env is None else env
     if env.get("RAY_AUTH_MODE", "").lower() == "disabled" or env.get("RAY_AUTH_TOKEN"):
         return None
@@ -33,10 +25,8 @@ def token_path(env: Mapping[str, str] | None = None, home: Path | None = None) -
 
 
 def restrict(path: Path) -> bool:
-    """Drops the group and other permission bits of an existing file; True if it changed anything.
-
-    A file this user may not chmod (someone else's) is left as it is, with a warning naming it.
-    """
+    """Drops the group and other permission bits of an existing file; True if it changed anything (someone else's
+    file is left as it is, with a warning)."""
     mode = stat.S_IMODE(path.stat().st_mode)
     if not mode & 0o077:
         return False
@@ -51,12 +41,8 @@ def restrict(path: Path) -> bool:
 
 @contextmanager
 def private_ray_token(env: Mapping[str, str] | None = None, home: Path | None = None) -> Iterator[Path | None]:
-    """Wrap ``ray.init`` in this: the token file it may create or use ends up mode 0600.
-
-    Creates Ray's default folder ``~/.ray`` mode 0700 if it does not exist (a ``RAY_AUTH_TOKEN_PATH`` folder is the
-    user's and is never created), restricts an existing token file on entry and the file Ray wrote on exit.
-    Yields the token path (None when no file is involved, see ``token_path``).
-    """
+    """Wrap ``ray.init`` in this: the token file it may create or use ends up mode 0600, and Ray's default folder
+    ``~/.ray`` is created mode 0700 if missing (so a token Ray writes there is private from the start)."""
     env = os.environ if env is None else env
     path = token_path(env, home)
     if path is not None and not env.get("RAY_AUTH_TOKEN_PATH"):
@@ -83,8 +69,7 @@ RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 
 def quiet_opt_out_notice() -> None:
     """Silences Ray 2.60's start-up warning "Token authentication is enabled ... Set RAY_AUTH_MODE=disabled to opt
-    out", logged whenever ``ray.init()`` turns token auth on by itself. Auth stays exactly as Ray chose it; every
-    other message of that logger (e.g. that auth is *disabled*) still shows. Idempotent."""
+    out"; auth stays as Ray chose it, and every other message of that logger still shows."""
     logger = logging.getLogger(RAY_AUTH_LOGGER)
     if not any(isinstance(f, _OptOutNotice) for f in logger.filters):
         logger.addFilter(_OptOutNotice())

@@ -1,13 +1,6 @@
 """The user's results key: the secret that signs what a trial records about its files and every cached group, kept
-outside any sweep folder.
-
-Where: ``QED_RESULTS_KEY_FILE`` if set, else ``$XDG_CONFIG_HOME/qed_ray/results.key`` (``~/.config/qed_ray/
-results.key``). The driver creates it on its first start (256 random bits as hex, mode 600, in a folder of mode 700)
-and hands it to its trials and its gather actor in memory (never through the sweep folder or a file Tune writes);
-``python -m qed_ray.gather`` and ``--status`` only read it. A key file that others can read, that is not the user's
-own, that is damaged, or that lies inside the sweep folder is refused naming it. What the key protects, and against
-whom, locally and on a cluster: docs/design.md, "Trusting results".
-"""
+outside any sweep folder (docs/design.md, "Trusting results"). The driver creates it on its first start (256 random
+bits as hex, mode 600, in a folder of mode 700); ``qed-ray gather`` and ``--status`` only read it."""
 
 from __future__ import annotations
 
@@ -40,7 +33,7 @@ class ResultsKey:
 
     @property
     def id(self) -> str:
-        """Its public name (:func:`qed_ray.records.digests.key_id`), recorded beside every signature."""
+        """Its public name, recorded beside every signature."""
         return key_id(self.secret)
 
 
@@ -53,13 +46,8 @@ def key_path() -> Path:
 
 
 def load_key(create: bool = False, sweep_dir: Path | None = None, log=print) -> ResultsKey:
-    """Reads the key (creating it first with ``create``); refuses a key inside ``sweep_dir`` or anywhere under its
-    storage root (the folder holding it).
-
-    Raises:
-        ResultsKeyError: missing (without ``create``), inside the sweep folder or its storage root, open to others,
-            not the user's own, or not 64 hex digits; the message names the file and the way out.
-    """
+    """Reads the key (creating it first with ``create``); ResultsKeyError for one missing, inside ``sweep_dir`` or
+    its storage root, open to others, not the user's own, or not 64 hex digits."""
     path = key_path()
     if sweep_dir is not None and path.resolve().is_relative_to(Path(sweep_dir).resolve()):
         raise ResultsKeyError(f"{KEY_FILE_ENV}: {path} lies inside the sweep folder {sweep_dir}, where whoever can "

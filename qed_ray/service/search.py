@@ -1,18 +1,6 @@
-"""A sweep with a ``search:`` block (:mod:`qed_ray.spec.search`): Optuna's multi-objective sampler, through Ray
-Tune's searcher interface (``OptunaSearch.suggest`` / ``on_trial_complete``), suggests QED's k (and alpha_max) per
-task and agent entry, and each suggested point is trained as one more variant of the same sweep.
-
-The search runs in rounds. A round asks each (entry, task) whose points are all finished for up to
-``search.per_round`` new points (within ``search.trials``), records them in ``search.json``, grows the spec by
-them (:func:`qed_ray.spec.search.grown`) and runs the grown sweep as any start does (``run_sweep``: the same
-folder checks, lock, packs, resume, gather and MLflow runs). Points are rounded to three significant digits, so
-a point names its trials. Each point's objectives are its own pack's IQM and within-pack V from the gather
-step. A restarted search reads ``search.json``: finished points stay finished, unfinished ones resume, and the
-searcher is rebuilt from the finished points' results before it suggests more. After every round the front,
-its table with intervals, the figure and the spec fragment of the pre-stated rule's k are written to
-``gather/search/`` and logged to the parent MLflow run (:mod:`qed_ray.analysis.search_front`). A search is
-exploratory: its gather step judges no verdict.
-"""
+"""A sweep with a ``search:`` block: Optuna's multi-objective sampler, through Ray Tune's ``OptunaSearch``, suggests
+QED's k (and alpha_max) per task and agent entry, and each point trains as one more variant of the same sweep, in
+rounds (docs/running.md, "A k search")."""
 
 from __future__ import annotations
 
@@ -56,9 +44,8 @@ def _finished(layout: SweepDir, names: list[str]) -> bool:
 
 
 def objectives(spec: SweepSpec, layout: SweepDir, points) -> dict[SearchPoint, dict | str | None]:
-    """Per finished point, ``{"iqm", "V"}`` of its pack from ``gather/results.json``; :data:`UNGATHERED` when every
-    seed is done but its group is not gathered yet (a stop during the gather step); None: no result (a diverged
-    seed, no V), which the searcher hears of as a failed trial."""
+    """Per finished point, ``{"iqm", "V"}`` of its pack; :data:`UNGATHERED` when every seed is done but its group
+    is not gathered yet (a stop during the gather step); None: no result, a failed trial to the searcher."""
     from qed_ray.analysis import metrics
     import numpy as np
 
@@ -114,8 +101,8 @@ def _clip(x: float, bounds: tuple[float, float]) -> float:
 def suggest_round(spec: SweepSpec, layout: SweepDir, record: SearchRecord, ungathered_failed: bool = False
                   ) -> tuple[SearchRecord, list[SearchPoint], bool]:
     """Asks every study whose points are all finished and gathered for its next points; returns the record with
-    them (written to ``search.json``), the new points, and whether a study waits for a finished point's gather
-    (with ``ungathered_failed``, such a point counts as failed instead: a start gathered and still found none)."""
+    them (written), the new points, and whether a study waits for a finished point's gather (with
+    ``ungathered_failed`` such a point counts as failed: a start gathered and still found none)."""
     new: list[SearchPoint] = []
     waiting = False
     finished = {p: _finished(layout, point_names(spec, p)) for p in record.points}
@@ -188,23 +175,21 @@ def _log(uri: str, layout: SweepDir) -> None:
 
 
 def _signal_in_round() -> int | None:
-    """The signal the round's stopper (:class:`qed_ray.service.sweep.Interrupt`, still installed) took after its
-    trials had ended (during the round's final gather, which then finishes): None if none."""
+    """The signal the round's stopper (still installed) took during the round's final gather, or None."""
     return getattr(getattr(signal.getsignal(signal.SIGINT), "__self__", None), "signum", None)
 
 
 def _default_signals() -> None:
-    """Between rounds, Ctrl-C and SIGTERM act as before a start (the round's stopper, still installed, would take
-    them for trials that no longer run): Ctrl-C ends the search at once, and the same command resumes it."""
+    """Between rounds, Ctrl-C and SIGTERM act as before a start (the round's stopper would take them for trials
+    that no longer run)."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_search(spec: SweepSpec, spec_path, run_sweep, fresh: bool = False, gather_partial: bool = False,
                force: bool = False, allow_unverified: bool = False) -> int:
-    """Runs (or resumes) the search round by round (module notes), each round a start of the grown spec by
-    ``run_sweep`` (:func:`qed_ray.service.sweep_cli.run_sweep`); returns the exit code of the first round that did
-    not succeed, else 0."""
+    """Runs (or resumes) the search, each round a start of the grown spec by ``run_sweep``; returns the exit code of
+    the first round that did not succeed, else 0."""
     from qed_ray.service.sweep_state import resolve_paths
 
     layout, uri, _ = resolve_paths(spec)
