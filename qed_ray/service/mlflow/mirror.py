@@ -1,11 +1,6 @@
-"""The gather step's outputs in MLflow, a mirror of ``gather/`` (the files are the record): the aggregates,
-comparisons and per-group rows as metrics, the summary as the run's description (markdown, shown on its page),
-the tables and figures as artifacts. The sweep's gather actor writes them to the sweep's parent run as groups land
-(:mod:`qed_ray.service.gather`); a re-analysis (``python -m qed_ray.gather``) writes its own to a child run of that
-parent named for its settings (:func:`log_reanalysis`), so the parent keeps the numbers of the sweep's own
-settings and each re-analysis's numbers sit beside them, never in place of them. Every MLflow call goes through
-:mod:`qed_ray.service.mlflow.tracking`.
-"""
+"""The gather step's outputs in MLflow, a mirror of ``gather/`` (the files are the record): rows and aggregates as
+metrics, the summary as the run's description, tables and figures as artifacts; on the sweep's parent run, or a
+re-analysis's child run named for its settings (docs/results.md, "MLflow")."""
 
 from __future__ import annotations
 
@@ -22,8 +17,8 @@ from qed_ray.service.mlflow.tags import BASELINE_TAG, GROUP_TAG, NOTE_TAG, VERDI
 from qed_ray.service.mlflow.mlflow_view import runs_page
 from qed_ray.service.mlflow.tracking import Tracker, metric_key, open_sweep
 
-GROUP_METRICS = ("V", "action_distance", "q1_dispersion", "early_q_gap", "alpha_frac_floor_late", "alpha_frac_cap_late",
-                 "log_std_at_min", "alpha_frac_hot_late", "alpha_ratio_late", "entropy_late")
+GROUP_METRICS = ("V", "action_distance", "q1_dispersion", "early_q_gap", "alpha_frac_floor_late",
+                 "alpha_frac_cap_late", "log_std_at_min", "alpha_frac_hot_late", "alpha_ratio_late", "entropy_late")
 # Per variant against its te baseline (the verdict reads V_ratio_median and iqm_ratio with their intervals).
 COMPARISON_METRICS = ("V_ratio_median", "V_ratio_median_ci_lower", "V_ratio_median_ci_upper", "V_ratio_geomean",
                       "V_ratio_means", "action_distance_ratio_median", "action_distance_ratio_geomean",
@@ -40,12 +35,11 @@ SWEEP_FOOTER = ("Tables and figures: Artifacts, `gather/` (this summary in full:
 
 def log_rows(tracker: Tracker, run_id: str, results: SweepResults, new_groups: Sequence[GroupResult],
              heading: str | None = None, footer: str = SWEEP_FOOTER) -> None:
-    """Logs the current aggregates and comparisons (step = groups gathered so far), the verdict as the tag
-    ``qed.verdict``, each new group's row (``group/<task>/<agent>.<variant>/<GROUP_METRICS, mean_score>``), its
-    ``alpha_regime`` as the tag ``alpha_regime/<task>/<agent>.<variant>`` (QED groups only) and
-    the summary as the run's description (``heading``: default the sweep's) and ``gather/summary.md``."""
+    """Logs the current aggregates and comparisons (step = groups gathered so far), the verdict tag, each new
+    group's row and ``alpha_regime`` tag, and the summary as the run's description and ``gather/summary.md``."""
     finite = lambda d: {k: v for k, v in d.items() if math.isfinite(v)}  # noqa: E731
-    metrics = {metric_key(f"{a.agent}.{a.variant}", k): v for a in results.aggregates for k, v in a.headline().items()}
+    metrics = {metric_key(f"{a.agent}.{a.variant}", k): v for a in results.aggregates
+               for k, v in a.headline().items()}
     metrics.update({metric_key(f"{c.agent}.{c.variant}", k): getattr(c, k) for c in results.comparisons
                     for k in COMPARISON_METRICS})
     if results.verdict is not None:
@@ -68,17 +62,15 @@ def log_rows(tracker: Tracker, run_id: str, results: SweepResults, new_groups: S
 
 
 def runs_link(experiment_id: str, sweep_id: str) -> str:
-    """The description's first line: a link to the sweep's group view, te and QED of each task side by side (a
-    relative address: the UI routes by it, on whatever host serves it; in the Model-training view, not GenAI's)."""
+    """The description's first line: a relative link (the UI routes by it, whatever host serves it) to the sweep's
+    group view."""
     return (f"[Per task: te and each variant side by side]({runs_page(experiment_id, sweep_id)}) (the group runs, "
             f"sorted by name: V, IQM and the ratios to te with their intervals)")
 
 
 def log_groups(tracker: Tracker, parent_id: str, views: Sequence[GroupView], adopt: bool = False) -> None:
-    """Logs each group's view (:mod:`qed_ray.analysis.group_view`) to its group run under ``parent_id`` (found or
-    created, named task first; its parts and ``alpha_regime`` as :func:`~qed_ray.service.mlflow.tags.group_tags`), its te
-    variant as ``qed.baseline`` once that has landed, and ends it FINISHED. ``adopt``: the seed runs of each group
-    move under its run (the sweep's own groups; a re-analysis's group runs hold its numbers only)."""
+    """Logs each group's view to its group run under ``parent_id``, its te variant as ``qed.baseline`` once that has
+    landed, and ends it FINISHED. ``adopt``: the seed runs of each group move under its run (the sweep's own)."""
     seeds: dict[str, list] = {}
     if adopt and views:
         for run in tracker.trial_runs().values():
@@ -101,8 +93,7 @@ def note(markdown: str, limit: int = NOTE_LIMIT) -> str:
 
 
 def log_files(tracker: Tracker, run_id: str, layout: SweepDir, folder: Path | None = None) -> None:
-    """Uploads the gather tables under ``gather/`` and the figures under ``gather/figures/`` (the cache stays),
-    from ``folder`` (a re-analysis's, laid out as ``gather/``; default ``gather/``)."""
+    """Uploads the tables and figures (not the cache) of ``folder`` (default ``gather/``) under ``gather/``."""
     folder = layout.gather if folder is None else folder
     for path in (layout.results_json, layout.aggregates_csv, layout.groups_csv, layout.budgets_csv,
                  layout.comparisons_csv, layout.verdict_json):
@@ -113,11 +104,8 @@ def log_files(tracker: Tracker, run_id: str, layout: SweepDir, folder: Path | No
 
 def log_reanalysis(uri: str, sweep_id: str, results: SweepResults, layout: SweepDir, fields: Sequence[str],
                    refused: Sequence[str], folder: Path | None = None) -> str:
-    """Logs a re-analysis as a child run of the sweep's parent run in the store at ``uri``: named ``reanalysis
-    <settings>`` (:func:`settings_label` over ``fields``; the same settings again update the same run), its
-    settings as params, the metrics, description, group runs (not adopting the seed runs: they stay under the
-    sweep's group runs) and the files of ``folder`` (its ``gather/reanalysis-<settings>/``) as the sweep logs its
-    own; FAILED naming the ``refused`` groups, if any. Returns the line the command prints. Raises what MLflow raises."""
+    """Logs a re-analysis as a child run ``reanalysis <settings>`` of the sweep's parent run, as the sweep logs its
+    own (its group runs adopt no seed runs), FAILED naming the ``refused`` groups; returns the line to print."""
     found = open_sweep(uri, sweep_id)
     if found is None:
         return f"MLflow: not updated: {uri} holds no parent run of sweep {sweep_id}"

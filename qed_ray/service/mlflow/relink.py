@@ -1,16 +1,8 @@
 """Relinks a moved or copied local sweep folder to its own MLflow artifacts (``qed-ray relink DIR``).
 
-A local sweep keeps its MLflow store (``mlflow.db``) and artifact root (``mlartifacts/``) in the sweep folder, but
-MLflow records artifact locations as absolute paths: it resolves a relative one against the working folder when
-the experiment is created, and its clients and UI (``mlflow ui``/``mlflow server``) open a run's artifacts at the
-run's recorded ``artifact_uri`` as is. After ``mv`` or ``cp -r`` the copy's store therefore still points into the
-original folder: its UI lists no artifacts once the original is gone (the original's while it exists), and new
-artifacts would be written there. Relinking rewrites, in the folder's own store and in one transaction, the
-artifact locations of the sweep's experiments, runs and logged models that point into another folder's
-``mlartifacts/`` (or anywhere else: an edited store could send the re-analysis's artifacts out of the folder) so
-that they point into this folder's; nothing else changes. A sweep start, ``python -m
-qed_ray.gather`` and ``qed-ray visualize`` relink a moved folder themselves; this command is for a
-folder nothing else will open first (e.g. before ``mlflow ui`` on a copy).
+MLflow records artifact locations as absolute paths, so a moved or copied folder's store still points into the
+original (docs/results.md, "A moved or copied folder"); a location anywhere else is relinked too (an edited store
+could send the re-analysis's artifacts out of the folder).
 """
 
 from __future__ import annotations
@@ -42,7 +34,6 @@ class Relinked:
 
 
 def _local_path(location: str) -> Path | None:
-    """The filesystem path of a plain path or ``file:`` URI (None for any other scheme)."""
     parsed = urllib.parse.urlparse(location)
     if parsed.scheme == "file":
         return Path(urllib.parse.unquote(parsed.path))
@@ -50,8 +41,6 @@ def _local_path(location: str) -> Path | None:
 
 
 def _elsewhere(location: str, root: Path) -> bool:
-    """Whether ``location`` is not the folder's own artifact root: another folder's ``mlartifacts`` (a moved or
-    copied folder), or anywhere else at all (a store edited to send artifacts out of the folder, L10)."""
     path = _local_path(location)
     return path is None or os.path.realpath(path) != os.path.realpath(root)
 
@@ -63,16 +52,16 @@ def _moved_from(location: str, root: Path) -> bool:
 
 
 def relink(db: Path, artifact_root: Path, sweep_id: str) -> Relinked:
-    """Points every artifact location of sweep ``sweep_id`` in the SQLite store ``db`` (its experiments: those
-    holding a run tagged ``qed.sweep_id``, with their runs and logged models) that lies in another folder's
-    ``mlartifacts/`` into ``artifact_root`` instead, in one transaction; returns what changed."""
+    """Points every artifact location of sweep ``sweep_id``'s experiments in the SQLite store ``db`` (with their
+    runs and logged models) that lies elsewhere into ``artifact_root``, in one transaction."""
     root = Path(artifact_root).absolute()
     old, n_exp, n_runs = [], 0, 0
     with sqlite3.connect(db, timeout=60) as conn:  # commits on success, rolls back on an error
-        rows = conn.execute("SELECT e.experiment_id, e.artifact_location FROM experiments e WHERE e.experiment_id IN "
-                            "(SELECT r.experiment_id FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
+        rows = conn.execute("SELECT e.experiment_id, e.artifact_location FROM experiments e WHERE e.experiment_id "
+                            "IN (SELECT r.experiment_id FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid "
                             "WHERE t.key = ? AND t.value = ?)", (SWEEP_TAG, sweep_id)).fetchall()
-        models = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'logged_models'").fetchone()
+        models = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'logged_models'"
+                              ).fetchone()
         for exp_id, location in rows:
             if not location or not _elsewhere(location, root):
                 continue
@@ -97,14 +86,13 @@ def _replace_prefix(conn: sqlite3.Connection, table: str, column: str, exp_id, o
 
 
 def own_store(uri: str, layout: SweepDir) -> bool:
-    """Whether ``uri`` is the sweep folder's own SQLite store (``sqlite:///<folder>/mlflow.db``)."""
     return (uri.startswith(SQLITE_PREFIX)
             and os.path.realpath(uri[len(SQLITE_PREFIX):]) == os.path.realpath(layout.mlflow_db))
 
 
 def forget_artifact_repos() -> None:
-    """Drops the artifact repositories this process's MLflow clients cached per run id (with the run's artifact
-    location at the time), so that runs relinked to another folder are read and written there."""
+    """Drops the artifact repositories this process's MLflow clients cached per run id (with the run's old artifact
+    location)."""
     from mlflow.tracking._tracking_service import utils
 
     cache = getattr(utils, "_artifact_repos_cache", None)  # MLflow 3's cache; absent elsewhere: nothing to drop
@@ -114,8 +102,8 @@ def forget_artifact_repos() -> None:
 
 def follow_move(layout: SweepDir, sweep_id: str | None = None,
                 log: Callable[[str], None] = lambda line: print(line, flush=True)) -> Relinked | None:
-    """Relinks the sweep folder's own store (:func:`relink`) if the folder was moved or copied, logging one line
-    when it changed something; None if the folder has no store. ``sweep_id`` defaults to ``sweep.json``'s."""
+    """Relinks the sweep folder's own store if the folder was moved or copied, logging one line when it changed
+    something; None if the folder has no store."""
     if not layout.mlflow_db.exists():
         return None
     sweep_id = sweep_id or read_sweep_id(layout)
@@ -130,7 +118,6 @@ def follow_move(layout: SweepDir, sweep_id: str | None = None,
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; exit code 0 relinked (or nothing to do), 2 bad input."""
     p = cli_help.parser("qed-ray relink", __doc__, (
         "mv results/smoke archive/smoke && qed-ray relink archive/smoke   # after a move",
         "cp -r results/smoke /data/smoke && qed-ray relink /data/smoke    # a copy keeps its own"))

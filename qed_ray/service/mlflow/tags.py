@@ -1,12 +1,10 @@
-"""The tags that give the sweep's MLflow runs their identity (read by :mod:`qed_ray.service.mlflow.tracking` and, in the
-store's own tables, by :mod:`qed_ray.service.mlflow.relink`), and the ones the MLflow UI groups and shows them by."""
+"""The tags that give the sweep's MLflow runs their identity, and the ones the MLflow UI groups and shows them by."""
 
 from qed_ray.records.layout import TrialId
 
 SWEEP_TAG = "qed.sweep_id"
 TRIAL_TAG = "qed.trial"
-ROLE_TAG = "qed.role"  # sweep (the parent), group (a cross-seed group), trial (a seed run), reanalysis (a python -m
-# qed_ray.gather run)
+ROLE_TAG = "qed.role"  # sweep (the parent), group (a cross-seed group), trial (a seed run), reanalysis
 REASON_TAG = "qed.failure_reason"
 NODES_TAG = "qed.node_ids"
 # What a trial's worker records at its end (qed_ray.records.digests): the digest of every file the gather reads of it,
@@ -30,29 +28,26 @@ ALPHA_REGIME_TAG, NO_ESTIMATE = "alpha_regime", "no estimate"
 
 
 def run_name(trial: str) -> str:
-    """A trial run's name in the MLflow UI: ``qed0.2 s0 cheetah-run sac_ln``. The runs list cuts names to its Run
-    Name column (190 px by default: about 14 characters under the parent run, 24 in a group), so what tells sibling
-    runs apart, the variant and the seed, comes first; the task and agent follow (each part is a tag as well)."""
+    """A trial run's name in the MLflow UI: ``qed0.2 s0 cheetah-run sac_ln``. The runs list cuts names to about 14
+    characters, so what tells sibling runs apart, the variant and the seed, comes first."""
     t = TrialId.from_name(trial)
     return f"{t.variant} s{t.seed} {t.task} {t.agent}"
 
 
 def trial_tags(trial: str) -> dict[str, str]:
-    """A trial run's parts as tags (task, agent, variant, seed, and the group ``task/agent/variant`` by which the UI
-    puts te and QED of each task side by side) and its name."""
+    """A trial run's parts as tags (the UI groups and filters by them) and its name."""
     t = TrialId.from_name(trial)
     return {TASK_TAG: t.task, AGENT_TAG: t.agent, VARIANT_TAG: t.variant, SEED_TAG: str(t.seed),
             GROUP_TAG: f"{t.task}/{t.agent}/{t.variant}", RUN_NAME_TAG: run_name(trial)}
 
 
 def group_run_name(task: str, agent: str, variant: str) -> str:
-    """A group run's name: ``cartpole-balance te sac_ln``. Task first, so that the runs list sorted by name puts te
-    and every variant of a task side by side; the variant next, before the agent (a sweep has one agent, mostly)."""
+    """A group run's name: ``cartpole-balance te sac_ln``, task first, so that the runs list sorted by name puts te
+    and every variant of a task side by side."""
     return f"{task} {variant} {agent}"
 
 
 def group_tags(task: str, agent: str, variant: str, alpha_regime: str | None) -> dict[str, str]:
-    """A group run's parts as tags (as a trial run's, without the seed), its name and its ``alpha_regime`` (None:
-    :data:`NO_ESTIMATE`, never left out)."""
+    """A group run's parts as tags, its name and its ``alpha_regime`` (None: :data:`NO_ESTIMATE`, never left out)."""
     return {TASK_TAG: task, AGENT_TAG: agent, VARIANT_TAG: variant, GROUP_TAG: f"{task}/{agent}/{variant}",
             RUN_NAME_TAG: group_run_name(task, agent, variant), ALPHA_REGIME_TAG: alpha_regime or NO_ESTIMATE}

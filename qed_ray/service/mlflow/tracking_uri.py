@@ -1,21 +1,5 @@
 """The tracking URI before MLflow sees it: a scheme this service works with, no credentials in it, a server that
-answers.
-
-:func:`check_uri` refuses, naming its source (``tracking.uri`` or ``MLFLOW_TRACKING_URI``):
-- a scheme other than ``http(s)`` (a tracking server), ``sqlite``/``file`` (a local store, by absolute path: a Ray
-  trial runs in another folder) or a database (``postgresql``, ``mysql``, ``mssql``, with an optional ``+driver``);
-  a typo such as ``htp://`` gets a suggestion;
-- credentials in the URI (``http://user:pass@host``): they would be printed, written into warnings and stored as a
-  parameter of the parent run. A tracking server's login comes from ``MLFLOW_TRACKING_USERNAME`` and
-  ``MLFLOW_TRACKING_PASSWORD``, a database's from its driver's password file (``~/.pgpass``). The same for a
-  password, token or key given as a query parameter (``?password=...``). A refusal shows the URI with its user part
-  and query string masked, never the password.
-
-:func:`unreachable` asks the server with a short timeout (an HTTP request to ``/health``: any answer, even a refusal
-of the login, means it is there; a TCP connection for a database). A start refuses an unreachable server at once
-(instead of failing minutes later in the first MLflow call); ``--dry-run`` only warns, since a cluster-only address
-is normal where a dry run is made.
-"""
+answers (docs/spec.md, ``tracking``)."""
 
 from __future__ import annotations
 
@@ -44,8 +28,8 @@ ALLOWED = ("http(s)://host:port (a tracking server), sqlite:////abs/path/mlflow.
 
 
 def masked(uri: str) -> str:
-    """``uri`` with everything before its last ``@`` after the scheme (the user part) and its query string replaced by
-    ``***``, cut to a line: a password with unescaped ``/`` or ``@`` in it is hidden too."""
+    """``uri`` with everything before its last ``@`` after the scheme (so a password with an unescaped ``/`` or ``@``
+    too) and its query string replaced by ``***``, cut to a line."""
     if "@" in uri:
         head = uri[:uri.index("://") + 3] if "://" in uri else ""
         uri = f"{head}***@{uri.rsplit('@', 1)[1]}"
@@ -55,13 +39,12 @@ def masked(uri: str) -> str:
 
 
 def _user_part(uri: str) -> str | None:
-    """What stands before the last ``@`` after ``scheme://`` (None: nothing)."""
     rest = uri.split("://", 1)[1] if "://" in uri else uri
     return rest.rsplit("@", 1)[0] if "@" in rest else None
 
 
 def uri_field() -> str:
-    """Where the URI in use comes from: ``MLFLOW_TRACKING_URI`` when it is set, else the spec's ``tracking.uri``."""
+    """Where the URI in use comes from."""
     return URI_ENV if os.environ.get(URI_ENV) else "tracking.uri"
 
 
@@ -80,7 +63,7 @@ def check_uri(uri: str, field: str) -> None:
 
 def given_uri(flag: str | None) -> str | None:
     """A CLI's MLflow URI: its ``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else None (the sweep folder's own
-    store); checked like a spec's (:func:`check_uri`, naming where it came from)."""
+    store); checked like a spec's."""
     uri = flag or os.environ.get(URI_ENV) or None
     if uri is not None:
         check_uri(uri, "--tracking-uri" if flag else URI_ENV)
@@ -119,8 +102,8 @@ def _problem(uri: str) -> str | None:
 
 
 def unreachable(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
-    """Why nothing answers at a server or database URI within ``timeout_s`` (None: it answered, or the store is
-    local). Sends no credentials."""
+    """Why nothing answers at a server (``/health``: any HTTP answer will do) or database (TCP) URI within
+    ``timeout_s``; None: it answered, or the store is local. Sends no credentials."""
     scheme, parts = base_scheme(uri), urlsplit(uri)
     if scheme in LOCAL:
         return None
