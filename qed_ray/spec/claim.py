@@ -1,17 +1,5 @@
 """The pre-registration of the paper's central claim: the machine-readable block of ``docs/claim.md``, read,
-validated and hashed, and the record of it a sweep keeps in ``sweep.json``.
-
-A sweep spec names its pre-registration with ``claim: docs/claim.md`` (a path relative to the current folder). At
-the sweep's first start the block is validated and frozen in ``sweep.json`` (``claim``: the file, the SHA-256 of
-the block's canonical JSON and the block itself); every later start (and ``--dry-run``) reads the file again and
-refuses a changed block, naming the file and each changed field, so the thresholds cannot move after the data are
-in. Comments and layout of the block are free to change: only its values are hashed.
-
-The block lives in the first fenced code block whose info string is ``yaml claim``. :class:`Endpoints`' defaults
-are the pre-registered thresholds and :func:`registered_design` the design (a test holds ``docs/claim.md`` to
-both), so a sweep without a claim file is measured against the same design and lists its departures; it is not
-judged (:mod:`qed_ray.analysis.verdict`).
-"""
+validated and hashed, and the record of it a sweep keeps in ``sweep.json`` (docs/claim.md, "The block")."""
 
 from __future__ import annotations
 
@@ -105,11 +93,10 @@ class AdaptiveSpec(Frozen):
         return None
 
     def looks(self) -> list[int]:
-        """The seeds of every look, in order (the last is ``max_seeds``)."""
         return list(range(self.start, self.max_seeds + 1, self.step))
 
     def fractions(self) -> list[float]:
-        """Each look's information fraction: its seeds over the maximum."""
+        """Each look's information fraction."""
         return [n / self.max_seeds for n in self.looks()]
 
 
@@ -188,9 +175,8 @@ def changed_fields(old: dict, new: dict) -> list[str]:
 
 
 def stored_block_edited(recorded: dict, raw: dict | None, claim_file: str | Path | None) -> str | None:
-    """The refusal of a ``sweep.json`` whose frozen block no longer hashes to the sha256 frozen with it (edited in
-    the folder), naming each field that differs from the claim file's block ``raw`` (None: the file cannot be read
-    here); None when the block is intact."""
+    """The refusal of a ``sweep.json`` whose frozen block no longer hashes to the sha256 frozen with it, naming each
+    field that differs from the claim file's block ``raw`` (None: unreadable here); None when the block is intact."""
     stored = block_sha256(recorded["block"])
     if stored == recorded["sha256"]:
         return None
@@ -202,16 +188,8 @@ def stored_block_edited(recorded: dict, raw: dict | None, claim_file: str | Path
 
 
 def check(recorded: dict | None, claim_file: str | None, started: bool) -> tuple[dict | None, list[str]]:
-    """The sweep's claim record and the refusals, from what ``sweep.json`` recorded and the spec's ``claim``.
-
-    Args:
-        recorded: ``sweep.json``'s ``claim`` (None: none recorded).
-        claim_file: the spec's ``claim`` path (None: the spec names none).
-        started: whether any trial of the sweep started (a pre-registration must precede the first start).
-
-    Returns:
-        (the record to keep in ``sweep.json`` or None, the problems, one line each naming its field).
-    """
+    """The claim record to keep in ``sweep.json`` (or None) and the refusals, from what ``sweep.json`` recorded and
+    the spec's ``claim``; ``started``: any trial of the sweep started (a pre-registration must precede it)."""
     if claim_file is None:
         if recorded is None:
             return None, []
@@ -241,8 +219,7 @@ def check(recorded: dict | None, claim_file: str | None, started: bool) -> tuple
 
 
 def registered_design() -> ClaimBlock:
-    """The design ``docs/claim.md`` registers (a test holds the file's block to it): what a sweep that names no
-    claim file is measured against, so that its verdict lists its real departures."""
+    """The design ``docs/claim.md`` registers: what a sweep that names no claim file is measured against."""
     return ClaimBlock(
         claim="docs/claim.md", agent="mad_sac", baseline="te", variants=["qed0.2", "qed0.4"],
         tasks=["cheetah-run", "walker-walk", "hopper-hop", "finger-spin", "reacher-hard", "quadruped-walk"],

@@ -1,10 +1,6 @@
-"""What to say about a key a run model does not have: the agent it belongs to, or the field that was meant.
-
-:func:`format_validation_error` (below) asks here when pydantic reports an unknown key ("Extra inputs are
-not permitted"). The models are walked from the one that was validated (pydantic names it in the error's title)
-along the error's location, so the hint names fields of the right place: ``train.eval_evry`` suggests
-``eval_every``, and ``mad`` on a SAC-LN agent says that it is a MAD-SAC setting.
-"""
+"""Validation errors as one line per problem, and what to say about a key a run model does not have: the models are
+walked from the one validated (the error's title) along the error's location, so ``train.eval_evry`` suggests
+``eval_every`` and ``mad`` on a SAC-LN agent says that it is a MAD-SAC setting."""
 
 from __future__ import annotations
 
@@ -124,13 +120,9 @@ def tag_message(ctx: dict) -> str:
 
 
 def format_validation_error(err: Exception, prefix: str = "") -> str:
-    """One ``field.path: message (got value)`` line per problem, newline-joined, from a pydantic ValidationError.
-
-    A message that starts with a field name (our validators' convention) is taken as relative to the error's
-    location; pydantic's discriminator tags (agent names) are dropped from locations. Quoted input is cut short;
-    an unknown key gets the agent it belongs to or a near field name, a value outside a choice a near choice
-    (the hints above).
-    """
+    """One ``field.path: message (got value)`` line per problem from a pydantic ValidationError. A message that
+    starts with a field name (our validators' convention) is relative to the error's location; agent names
+    (discriminator tags) are dropped from locations."""
     if not isinstance(err, ValidationError):
         return f"{prefix.rstrip('.')}: {err}" if prefix else str(err)
     lines = []
@@ -187,15 +179,14 @@ def k_in_words(line: str, raw: Any) -> str:
 
 
 def k_warning(agent: str, k: float) -> str | None:
-    """The warning for a valid QED k outside :data:`~qed_ray.spec.config.K_USUAL` (None inside): QED's alpha(s) =
-    Delta / (k x action_dim) (paper Sec. 5.1) then sits at its floor alpha_TE (large k) or its cap alpha_max (small
-    k)."""
+    """The warning for a valid QED k outside :data:`~qed_ray.spec.config.K_USUAL` (None inside), where alpha(s) sits
+    at its floor or its cap (paper Sec. 5.1)."""
     if k > K_USUAL[1]:
-        effect = f"{k / K_PAPER[1]:g} times smaller than at k = {K_PAPER[1]:g}, so QED would sit at its floor alpha_TE " \
-                 f"(training like te)"
+        effect = (f"{k / K_PAPER[1]:g} times smaller than at k = {K_PAPER[1]:g}, so QED would sit at its floor "
+                  f"alpha_TE (training like te)")
     elif k < K_USUAL[0]:
-        effect = f"{K_PAPER[0] / k:g} times larger than at k = {K_PAPER[0]:g}, so QED would sit at its cap alpha_max " \
-                 f"(a fixed temperature)"
+        effect = (f"{K_PAPER[0] / k:g} times larger than at k = {K_PAPER[0]:g}, so QED would sit at its cap "
+                  f"alpha_max (a fixed temperature)")
     else:
         return None
     return (f"k: {k:g} (agent {agent}) is outside {K_USUAL[0]:g} to {K_USUAL[1]:g} (the paper uses {K_PAPER[0]:g} to "

@@ -1,9 +1,5 @@
-"""Command-line flags derived from the run models: one flag per setting, its help and default read from the field.
-
-Nothing here restates a default or a description: the pydantic fields are the single source, so the help can
-never drift from what a run does. Agents may declare different defaults for the same setting (SAC-LN is 256 wide,
-MAD-SAC 512); the help lists each.
-"""
+"""Command-line flags derived from the run models: one flag per setting, its help and default read from the field
+(the single source, so the help never drifts from what a run does; per-agent defaults listed each)."""
 
 from __future__ import annotations
 
@@ -41,7 +37,6 @@ class Flag:
 
     @property
     def option(self) -> str:
-        """The flag as typed: ``--batch-size``."""
         return "--" + self.dest.replace("_", "-")
 
 
@@ -72,10 +67,8 @@ def _leaves(cls: type[BaseModel], path: tuple[str, ...]):
 
 
 def _default_text(defaults: dict[str, Any]) -> str:
-    """``default: 8``, ``default: 256 for sac_ln, 512 for mad_sac`` or ``mad_sac only; default: 0.5``.
-
-    ``defaults`` maps the owner (an agent name, or "" for settings every run has) to its default.
-    """
+    """``default: 8``, ``default: 256 for sac_ln, 512 for mad_sac`` or ``mad_sac only; default: 0.5``; ``defaults``
+    maps the owner (an agent name, or "" for settings every run has) to its default."""
     shown = {owner: "none" if v is None else format_value(v) for owner, v in defaults.items()}
     values = list(dict.fromkeys(shown.values()))
     if "" in shown or (len(shown) == len(AGENT_SPECS) and len(values) == 1):
@@ -130,10 +123,8 @@ def add_run_flags(parser: argparse.ArgumentParser) -> list[Flag]:
 
 
 def settings_from_args(args: argparse.Namespace, flags: list[Flag], base: dict | None = None) -> dict:
-    """``base`` (e.g. a --config mapping) with every given flag written at its path (flags win).
-
-    Raises ValueError naming each given flag that the run's agent does not have, and the agent it belongs to.
-    """
+    """``base`` (e.g. a --config mapping) with every given flag written at its path (flags win); ValueError naming
+    each given flag that the run's agent does not have."""
     raw = dict(base or {})
     for f in flags:
         value = getattr(args, f.dest)

@@ -1,9 +1,5 @@
-"""Grid axes of a sweep spec: the list-valued settings of a mapping, their product, and its validation.
-
-Any setting of an agent's ``overrides``, of a ``temperatures`` entry or of ``train`` may be a list: each list is an
-axis, and the combinations are the product of all axes. Validation is bounded before anything is expanded: the
-number of combinations (the caller's cap) and the values validated over all of them (:data:`MAX_GRID_VALUES`).
-"""
+"""Grid axes of a sweep spec: the list-valued settings of a mapping, their product, and its validation, bounded
+before anything is expanded (the caller's cap on combinations, :data:`MAX_GRID_VALUES` on the values validated)."""
 
 from __future__ import annotations
 
@@ -39,16 +35,14 @@ def grid_axes(raw: dict) -> dict[str, list]:
 
 
 def grid_size(raw: dict) -> int:
-    """Number of combinations :func:`expand_grid` yields (computed without expanding)."""
+    """Without expanding."""
     return math.prod(len(v) for v in _axis_paths(raw).values())
 
 
 def expand_grid(raw: dict) -> list[dict]:
-    """The product of the mapping's axes: one concrete nested mapping per combination, in axis order.
-
-    A combination copies only the mappings on the paths to its axes and shares everything else with ``raw``
-    (nothing downstream mutates them), so its cost is that of the settings, not of whatever else ``raw`` holds.
-    """
+    """The product of the mapping's axes: one concrete nested mapping per combination, in axis order. A combination
+    copies only the mappings on the paths to its axes and shares the rest with ``raw`` (nothing downstream mutates
+    them)."""
     axes = _axis_paths(raw)
     out = []
     for combo in itertools.product(*axes.values()):
@@ -88,7 +82,8 @@ def validate_grid(raw: dict, model: Callable[[dict], Any], what: str, max_combin
         raise ValueError(f"{'.'.join(short_text(str(k)) for k in empty[0])}: an empty list gives no trials")
     size = grid_size(raw)
     if size > max_combinations:
-        raise ValueError(f"{short_text(' x '.join(axes), 200)}: {size:,} combinations (at most {max_combinations:,})")
+        raise ValueError(f"{short_text(' x '.join(axes), 200)}: {size:,} combinations (at most "
+                         f"{max_combinations:,})")
     per = _values_per_combination(raw)
     if size * per > MAX_GRID_VALUES:
         raise ValueError(f"{size:,} combinations of {per:,} values each: more than the {MAX_GRID_VALUES:,} values "

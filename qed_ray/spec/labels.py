@@ -63,9 +63,10 @@ def temperature_label(t: BaseModel) -> str:
 
 def settings_label(final_eval: Mapping[str, Any], sweep_params: Mapping[str, str], fields: Sequence[str]) -> str:
     """What a re-analysis changed: ``episodes=8 bootstrap_reps=300`` for each of ``fields`` whose value in
-    ``final_eval`` (JSON form) differs from the sweep's own (its parent run's ``final_eval.*`` params, as MLflow
-    keeps them: ``str`` of the JSON form), or ``sweep settings`` (no quote: the label is matched in a filter)."""
+    ``final_eval`` (JSON form) differs from the sweep's own (``final_eval.*`` params as MLflow keeps them: ``str`` of
+    the JSON form), or ``sweep settings`` (no quote: the label is matched in a filter)."""
     def shown(v):
         return ",".join(map(str, v)) if isinstance(v, list) else format_value(v)
-    changed = [f"{k}={shown(final_eval[k])}" for k in fields if str(final_eval[k]) != sweep_params.get(f"final_eval.{k}")]
+    changed = [f"{k}={shown(final_eval[k])}" for k in fields
+               if str(final_eval[k]) != sweep_params.get(f"final_eval.{k}")]
     return " ".join(changed) or "sweep settings"

@@ -1,12 +1,5 @@
-"""Run identity and names: the one label/parse pair of a variant, and the identity of a run.
-
-A run's *identity* is its task, agent, seed and every setting that differs from its default, so a new option
-with a default never changes an existing sweep's identity. Its *name* is ``task/agent/variant/seed``. The
-variant names the temperature in full -- its kind and main value, then every other temperature setting that
-differs from its default (``qed0.2+alpha_max=0.3``) -- and, inside a sweep, each agent or training setting the
-sweep varies for that agent (a grid axis) where it differs from its default (``te+hidden=512``). Settings a
-whole sweep shares belong to the sweep's identity, not to every trial's name.
-"""
+"""Run identity and names: the one label/parse pair of a variant, and the identity of a run (docs/design.md, "What
+names what"). Settings a whole sweep shares belong to the sweep's identity, not to every trial's name."""
 
 from __future__ import annotations
 
@@ -17,8 +10,8 @@ from typing import Any, Iterable
 from pydantic import BaseModel
 
 from qed_ray.spec.config import AGENT_SPECS, RunSpec, TemperatureSpec, TrainSpec
-from qed_ray.spec.labels import (KIND_RE, PRIMARY, SEP, differences, format_value,  # noqa: F401 - the vocabulary's API
-                            parse_value, temperature_label)
+from qed_ray.spec.labels import (KIND_RE, PRIMARY, SEP, differences, format_value,  # noqa: F401 - API
+                                 parse_value, temperature_label)
 
 # Settings a run's identity records even at their default, because their default changed: an identity written
 # before the change (without them) meant the old default (temperature.target_alpha: qed until sweep.json format 3).
@@ -37,8 +30,8 @@ def identity(run: RunSpec) -> dict[str, Any]:
 
 
 def variant_label(run: RunSpec, axes: Iterable[str] = ()) -> str:
-    """The run's variant: its temperature label, then ``+field=value`` for each grid axis (``agent.hidden``,
-    ``agent.mad.proportion_real``, ``train.env_steps``) whose value differs from its default, in sorted order."""
+    """The run's variant: its temperature label, then ``+field=value`` for each grid axis (``agent.hidden``) whose
+    value differs from its default, in sorted order."""
     label = temperature_label(run.temperature)
     diffs = {f"{s}.{k}": v for s in ("agent", "train") for k, v in differences(getattr(run, s)).items()}
     for path in sorted(set(axes)):
@@ -70,8 +63,8 @@ def _leaf_paths(cls: type[BaseModel], prefix: str = "") -> list[str]:
 
 
 def parse_variant(label: str) -> dict[str, dict[str, Any]]:
-    """Inverse of :func:`variant_label`: ``{"temperature": {...}, "agent": {...}, "train": {...}}`` (nested
-    mappings of the settings the label names; everything else is at its default or shared by the sweep)."""
+    """Inverse of :func:`variant_label`: ``{"temperature": {...}, "agent": {...}, "train": {...}}``, nested mappings
+    of the settings the label names."""
     head, *parts = label.split(SEP)
     m = KIND_RE.fullmatch(head)
     if m is None or (m.group(1) in PRIMARY) != bool(m.group(2)):
@@ -100,10 +93,11 @@ DEFAULT = "<default>"  # shown for a setting an identity leaves out (it is at it
 
 def identity_changes(old: dict[str, Any], new: dict[str, Any],
                      ignore: frozenset[str] = EXECUTION_SETTINGS) -> dict[str, tuple[Any, Any]]:
-    """``{setting: (old value, new value)}`` of two identities (from :func:`identity`), sorted by setting, without
-    the ``ignore``d ones; a side that leaves a setting out has it at its default and shows :data:`DEFAULT`."""
+    """``{setting: (old value, new value)}`` of two identities, sorted, without the ``ignore``d ones; a side that
+    leaves a setting out has it at its default and shows :data:`DEFAULT`."""
     keys = sorted((set(old) | set(new)) - ignore)
-    return {k: (old.get(k, DEFAULT), new.get(k, DEFAULT)) for k in keys if old.get(k, DEFAULT) != new.get(k, DEFAULT)}
+    return {k: (old.get(k, DEFAULT), new.get(k, DEFAULT)) for k in keys
+            if old.get(k, DEFAULT) != new.get(k, DEFAULT)}
 
 
 def show_setting(value: Any) -> str:

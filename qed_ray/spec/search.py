@@ -1,12 +1,6 @@
-"""A sweep's ``search:`` block: Optuna (through Ray Tune's searcher interface) searches QED's k, and optionally
-alpha_max, per task and agent entry, te being the fixed reference (:mod:`qed_ray.service.search` runs it).
-
-Every suggested point is one more QED variant of its entry on its task: the spec grows by it (:func:`grown`) and
-the sweep trains it as it trains any variant, one pack of the sweep's S seeds. The points live in the sweep
-folder's ``search.json`` (:class:`SearchRecord`), so a restarted search keeps them and rebuilds its searcher from
-the finished ones. The rule that picks k is part of the spec, so it is stated before the search and frozen with
-the spec in ``sweep.json``.
-"""
+"""A sweep's ``search:`` block: Optuna searches QED's k, and optionally alpha_max, per task and agent entry, te being
+the fixed reference; every point grows the spec by one QED variant (:func:`grown`). The rule that picks k is part of
+the spec, so it is stated before the search and frozen with the spec in ``sweep.json`` (docs/running.md)."""
 
 from __future__ import annotations
 
@@ -34,7 +28,7 @@ class SearchSpec(Frozen):
                                                                 "V down): 'tpe' (MOTPE) or 'nsga2'")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="the sampler's seed")
     per_round: int = Field(1, ge=1, le=1000, description="points suggested at once per task and agent entry (a "
-                                                          "round trains them together, then the searcher hears of them)")
+                           "round trains them together, then the searcher hears of them)")
     iqm_guard: float = Field(0.9, ge=0, le=10, description="the rule: a point is eligible when its IQM ratio to te "
                              "on its task has its interval's lower end at or above this; the chosen k is the "
                              "eligible point with the largest te/k V ratio")
@@ -55,11 +49,10 @@ class SearchSpec(Frozen):
         return self
 
     def space(self) -> dict[str, tuple[float, float]]:
-        """The searched settings and their (log-scale) ranges."""
         return {"k": self.k, **({"alpha_max": self.alpha_max} if self.alpha_max else {})}
 
     def rule(self) -> str:
-        """The rule that chooses k, in words (printed at the start and with the result)."""
+        """In words (printed at the start and with the result)."""
         return (f"chosen k per task and agent: among the points whose IQM ratio to te has its lower end >= "
                 f"{self.iqm_guard:g}, the one with the largest te/k V ratio (exploratory: confirm it in a sweep)")
 
@@ -74,11 +67,9 @@ class SearchPoint(Frozen):
 
     @property
     def study(self) -> tuple[int, str]:
-        """The (entry, task) this point searches."""
         return self.entry, self.task
 
     def temperature(self) -> dict[str, Any]:
-        """Its temperature setting, as a spec writes it."""
         return {"kind": "qed", "k": self.k, **({"alpha_max": self.alpha_max} if self.alpha_max else {})}
 
 
@@ -89,7 +80,6 @@ def rounded(x: float) -> float:
 
 
 def studies(spec) -> list[tuple[int, str]]:
-    """The (agent entry, task) pairs a search covers: every entry on each of its tasks."""
     return [(i, task) for i, e in enumerate(spec.agents) for task in (e.tasks or spec.tasks)]
 
 
@@ -116,7 +106,7 @@ def search_problems(spec) -> list[str]:
 
 def grown(spec, points: Sequence[SearchPoint]):
     """``spec`` with one more agent entry per searched (entry, task) holding its points' QED variants (the same
-    settings and task, so each point's baseline is the entry's te); ``spec`` itself when there are none."""
+    settings and task, so each point's baseline is the entry's te)."""
     if not points:
         return spec
     raw = spec.model_dump(mode="json")

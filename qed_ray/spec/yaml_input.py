@@ -1,12 +1,6 @@
-"""Strict, bounded YAML reading for sweep specs and run configs: a size, a node and a depth budget on every file.
-
-A YAML alias (``*name``) stands for a copy of the node it names, so a file under a kilobyte can describe billions
-of values ("billion laughs"). The composer here counts nodes as the expanded document has them -- an alias counts
-the whole size of its target -- and refuses a document past the budget while composing, before anything is built
-from it. Aliases within the budget are fine, so merge keys (``<<: *defaults``) work. Nesting depth is counted the
-same way, complex (non-scalar) mapping keys are refused, and the file size is checked before the parser sees a
-byte. Every refusal is one line naming the file, the line and the limit.
-"""
+"""Strict, bounded YAML reading for sweep specs and run configs: a size, a node and a depth budget on every file
+(docs/spec.md). An alias counts the whole size of what it names ("billion laughs": a file under a kilobyte can
+describe billions of values), and a document past the budget is refused while composing."""
 
 from __future__ import annotations
 
@@ -36,12 +30,8 @@ class _Refused(Exception):
 
 class _BoundedLoader(yaml.SafeLoader):
     """SafeLoader with YAML 1.2 floats, duplicate keys and complex keys as errors, and the node and depth budgets.
-
-    ``nodes`` counts every node of the expanded document composed so far: one per scalar, sequence or mapping
-    event, and the expanded size of its target per alias (known, since a target is complete before it can be
-    named; one still being composed is a recursive alias and refused). ``_cost`` holds (expanded size, height) of
-    each anchored node.
-    """
+    An alias's target is complete before it can be named (one still being composed is a recursive alias), so its
+    expanded size and height are known: ``_cost`` holds them per anchored node."""
 
     def __init__(self, stream: str, max_nodes: int, max_depth: int):
         super().__init__(stream)
@@ -50,7 +40,6 @@ class _BoundedLoader(yaml.SafeLoader):
         self._cost: dict[int, tuple[int, int]] = {}
 
     def compose_node(self, parent, index):
-        """Composes one node, counting it (an alias: its target's expanded size and height) against the budgets."""
         event = self.peek_event()
         is_key = isinstance(parent, MappingNode) and index is None
         if isinstance(event, yaml.AliasEvent):
@@ -77,8 +66,8 @@ class _BoundedLoader(yaml.SafeLoader):
         return node
 
     def _check_keys(self, node: MappingNode) -> None:
-        """Refuses a key given twice in one mapping. Checked as composed, before merges are applied: a key that a
-        merge (``<<``) brings in may be given again explicitly, which is what merge keys are for."""
+        """Refuses a key given twice in one mapping, before merges are applied: a key that a merge (``<<``) brings
+        in may be given again explicitly."""
         seen = set()
         for key_node, _ in node.value:
             if key_node.tag == MERGE_TAG:
@@ -137,8 +126,8 @@ def _mapping(loader: yaml.SafeLoader, node: MappingNode) -> dict:
         sources = value_node.value if isinstance(value_node, SequenceNode) else [value_node]
         for source in reversed(sources):
             if not isinstance(source, MappingNode):
-                raise yaml.constructor.ConstructorError(None, None, f"<< merges mappings, but found a {_kind(source)}",
-                                                        source.start_mark)
+                raise yaml.constructor.ConstructorError(None, None, f"<< merges mappings, but found a "
+                                                        f"{_kind(source)}", source.start_mark)
             out.update(loader.construct_object(source, deep=True))  # built once per node: aliases stay shared
     for key_node, value_node in explicit:
         out[loader.construct_object(key_node)] = loader.construct_object(value_node)
@@ -149,10 +138,8 @@ _BoundedLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _
 
 
 def read_text(path: Path, max_bytes: int = MAX_BYTES) -> str:
-    """The file's UTF-8 text; refuses an unreadable, non-UTF-8 or oversized file before any parsing.
-
-    The size is checked on the file's metadata and again while reading (a pipe or a growing file has no size).
-    """
+    """The file's UTF-8 text; refuses an unreadable, non-UTF-8 or oversized file before any parsing (the size again
+    while reading: a pipe or a growing file has none)."""
     try:
         size = path.stat().st_size
         if size > max_bytes:
@@ -178,8 +165,8 @@ def _refuse_unprintable(text: str, source: str | Path) -> None:
     bad = Reader.NON_PRINTABLE.search(text)
     if bad:
         line, column = text.count("\n", 0, bad.start()) + 1, bad.start() - text.rfind("\n", 0, bad.start())
-        raise YamlInputError(f"{source}: line {line}, column {column}: the character U+{ord(bad.group()):04X} is not "
-                             f"allowed in YAML (a NUL or control character: is it the right file?)")
+        raise YamlInputError(f"{source}: line {line}, column {column}: the character U+{ord(bad.group()):04X} is "
+                             f"not allowed in YAML (a NUL or control character: is it the right file?)")
 
 
 def parse(text: str, source: str | Path, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH) -> Any:
@@ -200,7 +187,7 @@ def parse(text: str, source: str | Path, max_nodes: int = MAX_NODES, max_depth: 
             loader.dispose()
 
 
-def load(path: str | Path, max_bytes: int = MAX_BYTES, max_nodes: int = MAX_NODES, max_depth: int = MAX_DEPTH) -> Any:
-    """Reads and parses a YAML file within every budget (:func:`read_text`, :func:`parse`)."""
+def load(path: str | Path, max_bytes: int = MAX_BYTES, max_nodes: int = MAX_NODES,
+         max_depth: int = MAX_DEPTH) -> Any:
     path = Path(path)
     return parse(read_text(path, max_bytes), path, max_nodes, max_depth)
