@@ -25,7 +25,6 @@ COMMANDS = {
 
 
 def usage() -> str:
-    """The top-level help: every command and what it does."""
     width = max(map(len, COMMANDS))
     lines = [f"  {name:<{width}}  {what}" for name, (_, what) in COMMANDS.items()]
     return ("usage: qed-ray COMMAND [ARGS ...]\n\nQED temperatures for SAC as a service: sweeps on Ray Tune, results "

@@ -110,7 +110,6 @@ def _steps(steps: list[int]) -> str:
 
 
 def storage_source(spec: SweepSpec) -> str:
-    """How ``--status`` found the sweep folder without ``--dir``."""
     path_env, root_env = os.environ.get(STORAGE_PATH_ENV), os.environ.get(STORAGE_ROOT_ENV)
     raw = path_env or spec.storage_path
     text = f"{STORAGE_PATH_ENV}={path_env}" if path_env else f"storage_path {raw!r} of the spec ({STORAGE_PATH_ENV} " \

@@ -339,7 +339,6 @@ def start(plan: GatherPlan, done: list[str]):
 
 
 def finish(actor, failed: list[FailedTrial]) -> GatherReport:
-    """Waits for every group, writes the final outputs, stops the actor."""
     try:
         return ray.get(actor.finish.remote(failed))
     finally:

@@ -17,7 +17,6 @@ Start = Callable[[SweepSpec], int]  # one start of the sweep over a look's spec;
 
 
 def read_looks(layout: SweepDir) -> list[Look]:
-    """The looks recorded so far (none before the first look ends); a damaged file is refused naming it."""
     if not layout.looks_file.exists():
         return []
     return read_record(layout.looks_file, list[Look])

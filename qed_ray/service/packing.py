@@ -34,12 +34,10 @@ class Pack:
 
     @property
     def env_steps(self) -> int:
-        """Of its seed runs together."""
         return sum(t.run.train.env_steps for t in self.trials)
 
 
 class SeedTrial(Record):
-    """One seed run of a Tune trial: its trial name and validated settings."""
 
     name: str
     run: RunSpec
@@ -68,7 +66,6 @@ class TuneTrial(Record):
 
     @classmethod
     def of(cls, config: Mapping[str, Any]) -> "TuneTrial":
-        """A Tune trial's config parsed; raises ValueError naming the field."""
         return parse(cls, config.get("pack"), "Tune trial config: pack", ValueError)
 
     @classmethod

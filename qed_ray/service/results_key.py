@@ -33,12 +33,10 @@ class ResultsKey:
 
     @property
     def id(self) -> str:
-        """Its public name, recorded beside every signature."""
         return key_id(self.secret)
 
 
 def key_path() -> Path:
-    """Where the key lives: ``QED_RESULTS_KEY_FILE``, else under ``$XDG_CONFIG_HOME`` (``~/.config``)."""
     if os.environ.get(KEY_FILE_ENV):
         return Path(os.environ[KEY_FILE_ENV]).expanduser().absolute()
     config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")

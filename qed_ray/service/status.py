@@ -235,7 +235,6 @@ def report(spec: SweepSpec, layout: SweepDir, source: str = "", columns: int | N
 
 
 def sweep_folders_in(folder: Path) -> list[Path]:
-    """The sweep folders (holding a ``sweep.json``) directly inside ``folder``, by name."""
     try:
         return sorted(d for d in folder.iterdir() if (d / SweepDir(d).state_file.name).is_file())
     except OSError:

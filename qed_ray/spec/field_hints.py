@@ -136,7 +136,6 @@ def format_validation_error(err: Exception, prefix: str = "") -> str:
 
 
 def _message(title: str, loc: tuple, e: dict) -> tuple[str, str]:
-    """The error's message and a hint to append after the value it quotes."""
     kind, msg = e.get("type", ""), e.get("msg", "").removeprefix("Value error, ")
     if kind not in ("extra_forbidden", "literal_error", "union_tag_invalid"):
         return msg, ""

@@ -27,7 +27,6 @@ TASK_DIMS: dict[str, tuple[int, int]] = {
 
 
 def check_task(task: str) -> str:
-    """Returns ``task`` if it is one of :data:`TASKS`, else raises ValueError listing the valid names."""
     if task not in TASKS:
         raise ValueError(f"unknown task {short_repr(task)}{near(task, TASKS)}; valid tasks: {', '.join(TASKS)}")
     return task

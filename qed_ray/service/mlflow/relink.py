@@ -46,7 +46,6 @@ def _elsewhere(location: str, root: Path) -> bool:
 
 
 def _moved_from(location: str, root: Path) -> bool:
-    """Whether ``location`` is another folder's artifact root of the same name (``.../mlartifacts``)."""
     path = _local_path(location)
     return path is not None and path.name == root.name
 

@@ -35,7 +35,6 @@ def run_name(trial: str) -> str:
 
 
 def trial_tags(trial: str) -> dict[str, str]:
-    """A trial run's parts as tags (the UI groups and filters by them) and its name."""
     t = TrialId.from_name(trial)
     return {TASK_TAG: t.task, AGENT_TAG: t.agent, VARIANT_TAG: t.variant, SEED_TAG: str(t.seed),
             GROUP_TAG: f"{t.task}/{t.agent}/{t.variant}", RUN_NAME_TAG: run_name(trial)}

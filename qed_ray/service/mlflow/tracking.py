@@ -109,14 +109,12 @@ class Tracker:
         return runs[0] if runs else None
 
     def reopen(self, run) -> str:
-        """Sets a found run RUNNING again and drops a failure reason left by an earlier attempt; returns its id."""
         self.client.update_run(run.info.run_id, status="RUNNING")
         if REASON_TAG in run.data.tags:
             self.client.delete_tag(run.info.run_id, REASON_TAG)
         return run.info.run_id
 
     def parent_run(self, name: str, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
-        """Finds or creates the sweep's parent run; returns its id (status set to RUNNING)."""
         run = self._find(f"tags.`{SWEEP_TAG}` = '{self.sweep_id}' and tags.`{ROLE_TAG}` = 'sweep'")
         if run is not None:
             return self.reopen(run)
@@ -126,7 +124,6 @@ class Tracker:
         return run.info.run_id
 
     def trial_runs(self) -> dict[str, Any]:
-        """``{trial name: run}`` of this sweep's child runs (one query)."""
         runs = search_all_runs(self.client, [self.experiment_id], f"tags.`{SWEEP_TAG}` = '{self.sweep_id}' and "
                                                                   f"tags.`{ROLE_TAG}` = 'trial'", self.page_size)
         return {r.data.tags[TRIAL_TAG]: r for r in runs if TRIAL_TAG in r.data.tags}
@@ -200,7 +197,6 @@ class Tracker:
         return todo[-1].env_steps if todo else after_step
 
     def last_step(self, run_id: str, key: str = STEP_KEY) -> int:
-        """Largest step logged for ``key`` in the run (-1 if none)."""
         history = self.client.get_metric_history(run_id, key)
         return max((m.step for m in history), default=-1)
 
@@ -232,30 +228,30 @@ class Tracker:
         self.client.log_figure(run_id, figure, name)
 
     def recorded_digests(self) -> dict[str, Recorded]:
-        """``{trial name: Recorded}`` of this sweep's trial runs whose workers recorded their digest."""
         return _digests(self.runs())
 
     def runs(self) -> list:
-        """Every run of this sweep (parent and children)."""
         return search_all_runs(self.client, [self.experiment_id], f"tags.`{SWEEP_TAG}` = '{self.sweep_id}'",
                                self.page_size)
 
 
-def search_all_runs(client: MlflowClient, experiment_ids: list[str], filter_string: str,
-                    page_size: int = SEARCH_PAGE) -> list:
-    """Every run of the experiments that matches ``filter_string``, page after page (MLflow's order)."""
-    runs, token = [], None
+def _every_page(search: Callable, page_size: int) -> list:
+    found, token = [], None
     while True:
-        page = client.search_runs(experiment_ids, filter_string=filter_string, max_results=page_size,
-                                  page_token=token)
-        runs.extend(page)
+        page = search(max_results=page_size, page_token=token)
+        found.extend(page)
         token = page.token
         if not token:
-            return runs
+            return found
+
+
+def search_all_runs(client: MlflowClient, experiment_ids: list[str], filter_string: str,
+                    page_size: int = SEARCH_PAGE) -> list:
+    return _every_page(lambda **page: client.search_runs(experiment_ids, filter_string=filter_string, **page),
+                       page_size)
 
 
 def _follow_move(uri: str, artifact_location: Path, sweep_id: str) -> None:
-    """Relinks the store if it is the sweep folder's own and ``artifact_location`` is that folder's root."""
     layout = SweepDir(artifact_location.parent)
     if layout.mlartifacts == artifact_location and own_store(uri, layout):
         follow_move(layout, sweep_id)
@@ -281,21 +277,14 @@ def _digests(runs) -> dict[str, Recorded]:
 
 
 def _sweep_runs(uri: str, filter_string: str, page_size: int = SEARCH_PAGE) -> tuple[MlflowClient, list]:
-    """A client of the store at ``uri`` and its runs in any experiment that match ``filter_string``."""
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     client = MlflowClient(tracking_uri=uri)
-    ids, token = [], None
-    while True:  # every experiment: MLflow lists 1,000 a call unless told otherwise
-        page = client.search_experiments(max_results=page_size, page_token=token)
-        ids += [e.experiment_id for e in page]
-        token = page.token
-        if not token:
-            break
+    # Every experiment: MLflow lists 1,000 a call unless told otherwise.
+    ids = [e.experiment_id for e in _every_page(client.search_experiments, page_size)]
     return client, search_all_runs(client, ids, filter_string, page_size) if ids else []
 
 
 def sweep_digests(uri: str, sweep_id: str, page_size: int = SEARCH_PAGE) -> dict[str, Recorded]:
-    """The recorded digests of sweep ``sweep_id``'s trials in any experiment of the store at ``uri``."""
     return _digests(_sweep_runs(uri, f"tags.`{SWEEP_TAG}` = '{sweep_id}'", page_size)[1])
 
 
@@ -364,7 +353,6 @@ class TrialRun:
         return True
 
     def tags(self) -> dict[str, str] | None:
-        """The run's tags; None if MLflow failed."""
         try:
             tracker = self._connect()
             return tracker.tags(self.run_id)

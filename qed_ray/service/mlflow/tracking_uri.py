@@ -44,7 +44,6 @@ def _user_part(uri: str) -> str | None:
 
 
 def uri_field() -> str:
-    """Where the URI in use comes from."""
     return URI_ENV if os.environ.get(URI_ENV) else "tracking.uri"
 
 
