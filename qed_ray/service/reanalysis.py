@@ -87,10 +87,9 @@ def _evaluate_in_worker(job: group_cache.GroupJob, final_eval: FinalEvalSpec) ->
 
 def reanalyze(layout: SweepDir, final_eval: FinalEvalSpec, verifier: Verifier | None, workers: int = 1, log=print,
               signing_key: bytes | None = None, claim: dict | None = None) -> tuple[SweepResults, list[str]]:
-    """Computes every output ``gather/`` holds into :func:`reanalysis_dir`, ``workers`` groups at a time in local
-    processes; returns the results and the refused groups. ``verifier`` None (``--no-verify``): every seed is
-    unverified; ``signing_key`` signs and checks the cache, left alone without one. Nothing is written when every
-    trial is left out."""
+    """Computes every output ``gather/`` holds into :func:`reanalysis_dir` (nothing when every trial is left out);
+    returns the results and the refused groups. ``verifier`` None (``--no-verify``): every seed is unverified;
+    ``signing_key`` None: the cache is left alone."""
     trials = [t.name for t in layout.trials()]
     old = previous_results(layout)
     finished = [n for n in trials if layout.done_marker(n).exists()]

@@ -167,12 +167,8 @@ def build_tuner(spec: SweepSpec, context: TrialContext, packs: list[Pack], start
 def train_pending(spec: SweepSpec, context: TrialContext, interrupt: Interrupt, callbacks: list,
                   packs: list[Pack]) -> dict[str, str]:
     """Trains the packs with a pending seed run until none is, or Tune gave up on it; returns ``{trial: error}`` of
-    the latter's pending seed runs.
-
-    A worker killed from outside (Ray's memory monitor) ends ``fit()`` in Tune 2.60 ("Caught unexpected
-    exception"): the packs start again in a fresh Tuner from their checkpoints, until ``max_retries`` restarts in a
-    row make no new checkpoint. Any other failure of ``fit()`` (a full disk) ends this start, its packs failed.
-    """
+    the latter's pending seed runs. A worker killed from outside (Ray's memory monitor) ends ``fit()`` in Tune 2.60:
+    the packs start again from their checkpoints until ``max_retries`` restarts in a row make no new checkpoint."""
     layout, stamp = context.layout, time.strftime("%Y%m%d-%H%M%S")
     failed: dict[str, str] = {}
     streak, mark = 0, _progress_mark(layout, packs)

@@ -51,11 +51,8 @@ def artifact_location(uri: str, layout: SweepDir) -> str | None:
 
 
 def limit_http_retries(max_retries: int = 2, timeout_s: int = 20) -> None:
-    """Bounds how long one MLflow HTTP call may block this process (unless the user set these variables).
-
-    MLflow's defaults (7 retries with exponential backoff, 120 s timeouts) would stall a trial's training for
-    minutes per call while a tracking server is down; a trial retries at its next evaluation instead.
-    """
+    """Bounds how long one MLflow HTTP call may block this process (unless the user set these variables): MLflow's
+    defaults (7 retries, 120 s timeouts) would stall training for minutes per call while a server is down."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(max_retries))
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(timeout_s))
@@ -299,13 +296,9 @@ def open_sweep(uri: str, sweep_id: str) -> tuple[Tracker, Any] | None:
 
 
 class TrialRun:
-    """A trial's child run, kept in step with the trial's history on disk; nothing here raises.
-
-    A call that fails (server down, database locked, network gone) prints one warning per outage and returns False,
-    and the next :meth:`sync` catches up on every evaluation not yet logged (the history is the buffer). The run is
-    found or created on the first call that reaches the server and, with ``node_id``, tagged with where this attempt
-    runs (appended to ``qed.node_ids``).
-    """
+    """A trial's child run, kept in step with the trial's history on disk (the buffer); nothing here raises: a failed
+    call prints one warning per outage and returns False, and the next :meth:`sync` catches up. The run is found or
+    created on the first call that reaches the server, its ``qed.node_ids`` tag extended by ``node_id``."""
 
     def __init__(self, uri: str, experiment: str, sweep_id: str, parent_run_id: str, trial: str,
                  params: Mapping[str, Any], node_id: str | None = None,
