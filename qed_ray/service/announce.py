@@ -56,8 +56,7 @@ def shown(path: Path) -> str:
 
 
 def status_command(spec_path: Path, layout: SweepDir) -> str:
-    """``/abs/.venv/bin/python -m qed_ray.sweep SPEC --status --dir FOLDER``: runs from any shell, whatever its
-    variables and without the virtual environment activated."""
+    """``/abs/.venv/bin/python -m qed_ray.sweep SPEC --status --dir FOLDER``: runs from any shell as it is."""
     return (f"{shlex.quote(sys.executable)} -m qed_ray.sweep {shlex.quote(shown(spec_path))} --status "
             f"--dir {shlex.quote(str(layout.root))}")
 

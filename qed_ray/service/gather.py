@@ -346,6 +346,5 @@ def finish(actor, failed: list[FailedTrial]) -> GatherReport:
 
 
 def stop(actor) -> None:
-    """Stops the actor without a final gather: gathered groups stay cached, evaluations in flight are redone at the
-    next start."""
+    """Stops the actor without a final gather (gathered groups stay cached; evaluations in flight are redone)."""
     ray.kill(actor)

@@ -40,8 +40,7 @@ class LockDamaged(LockHeld):
 
 
 def read_lock(path: Path) -> LockInfo | None:
-    """The lock file's content; None if it is missing or empty (a holder between its ``O_EXCL`` create and its
-    first write); LockDamaged naming the problem otherwise."""
+    """None if missing or empty (between its ``O_EXCL`` create and first write); LockDamaged naming the problem."""
     try:
         st = path.lstat()
     except FileNotFoundError:
@@ -73,8 +72,7 @@ def pid_alive(pid: int) -> bool:
 
 
 def pid_reused(pid: int, started: float) -> bool:
-    """Whether the live process ``pid`` started after ``started`` (so it is not the lock's driver: the pid was reused
-    after that driver ended, e.g. across a reboot)."""
+    """Whether the live process ``pid`` started after ``started``: the pid was reused (across a reboot, say)."""
     try:
         return psutil.Process(pid).create_time() > started + 1.0
     except (psutil.Error, OSError):
@@ -82,8 +80,7 @@ def pid_reused(pid: int, started: float) -> bool:
 
 
 def stale_reason(info: LockInfo | None, mtime: float, now: float, host: str, stale_after_s: float) -> str | None:
-    """Why a lock may be taken over, or None while its holder may still be running; on this host only the pid
-    decides."""
+    """Why a lock may be taken over, or None while its holder may still run (on this host the pid decides)."""
     if info is None:
         return f"an unreadable lock file, untouched for {now - mtime:.0f} s" if now - mtime > stale_after_s else None
     if info.host == host:
@@ -101,8 +98,7 @@ def stale_reason(info: LockInfo | None, mtime: float, now: float, host: str, sta
 
 
 def _holder(path: Path) -> LockInfo | None:
-    """The lock's holder, None where the file is missing, empty or damaged (named when a driver tries to take it
-    over)."""
+    """None where the file is missing, empty or damaged (named when a driver tries to take it over)."""
     try:
         return read_lock(path)
     except LockDamaged:
@@ -153,8 +149,7 @@ class SweepLock:
         raise LockHeld(f"{self.path}: could not be created (other drivers keep taking it)")
 
     def refuse_if_held(self) -> None:
-        """Raises LockHeld, as :meth:`acquire` would, while a live driver holds the lock; writes nothing (checked
-        before joining Ray)."""
+        """Raises LockHeld, as :meth:`acquire` would, while a live driver holds the lock; writes nothing."""
         if os.path.lexists(self.path):
             self._stale_lock()
 
