@@ -221,9 +221,6 @@ class Tracker:
     def log_text(self, run_id: str, text: str, artifact_file: str) -> None:
         self.client.log_text(run_id, text, artifact_file)
 
-    def log_figure(self, run_id: str, figure, name: str) -> None:
-        self.client.log_figure(run_id, figure, name)
-
     def recorded_digests(self) -> dict[str, Recorded]:
         return _digests(self.runs())
 
