@@ -269,8 +269,7 @@ class Gatherer:
 
 
 class GatherFeed(tune.Callback):
-    """Tells the sweep's gather actor about every trial that ends or fails for good; the actor is looked up by name
-    at each call, so the feed of every Tuner of a driver start reaches the one live actor."""
+    """Tells the gather actor, looked up by name at each call, about every trial that ends or fails for good."""
 
     def __init__(self, name: str, every_s: float = 5.0):
         self.name, self.every_s = name, every_s
@@ -316,8 +315,7 @@ class GatherFeed(tune.Callback):
 
 def launch(spec: SweepSpec, layout: SweepDir, sweep_id: str, uri: str, experiment: str, parent_run_id: str,
            results_key: bytes, n_tune_trials: int | None = None, claim: dict | None = None):
-    """Starts the sweep's gather actor for this driver start, handing it the trials the folder shows ended;
-    ``n_tune_trials``: the packs that train them (default one per trial)."""
+    """Starts this driver start's gather actor, handing it the trials the folder shows ended."""
     names = [t.name for t in spec.trials()]
     need = spec.trial_resources()
     resources, in_flight = group_task_resources(

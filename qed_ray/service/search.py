@@ -180,8 +180,7 @@ def _signal_in_round() -> int | None:
 
 
 def _default_signals() -> None:
-    """Between rounds, Ctrl-C and SIGTERM act as before a start (the round's stopper would take them for trials
-    that no longer run)."""
+    """Between rounds, Ctrl-C and SIGTERM act as before a start (not on a round's trials, which no longer run)."""
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 

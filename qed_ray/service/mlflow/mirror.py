@@ -62,8 +62,7 @@ def log_rows(tracker: Tracker, run_id: str, results: SweepResults, new_groups: S
 
 
 def runs_link(experiment_id: str, sweep_id: str) -> str:
-    """The description's first line: a relative link (the UI routes by it, whatever host serves it) to the sweep's
-    group view."""
+    """The description's first line: a relative link (whatever host serves the UI) to the sweep's group view."""
     return (f"[Per task: te and each variant side by side]({runs_page(experiment_id, sweep_id)}) (the group runs, "
             f"sorted by name: V, IQM and the ratios to te with their intervals)")
 

@@ -90,8 +90,7 @@ def own_store(uri: str, layout: SweepDir) -> bool:
 
 
 def forget_artifact_repos() -> None:
-    """Drops the artifact repositories this process's MLflow clients cached per run id (with the run's old artifact
-    location)."""
+    """Drops the artifact repositories (with their old locations) this process's MLflow clients cached per run."""
     from mlflow.tracking._tracking_service import utils
 
     cache = getattr(utils, "_artifact_repos_cache", None)  # MLflow 3's cache; absent elsewhere: nothing to drop

@@ -140,15 +140,13 @@ class Tracker:
                             MLFLOW_RUN_NAME: f"reanalysis {settings}"}, params)
 
     def group_run(self, parent_id: str, tags: Mapping[str, str]) -> str:
-        """Finds (and reopens) or creates the run of one (task, agent, variant) group under ``parent_id`` (the
-        sweep's run, or a re-analysis's)."""
+        """Finds (and reopens) or creates the run of one group under ``parent_id`` (the sweep's or a re-analysis's)."""
         return self._child(parent_id, f"tags.`{ROLE_TAG}` = 'group' and tags.`{GROUP_TAG}` = '{tags[GROUP_TAG]}' and "
                                       f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{parent_id}'",
                            {ROLE_TAG: "group", **tags}, {})
 
     def adopt(self, parent_id: str, runs: Sequence) -> None:
-        """Makes ``parent_id`` the parent of each of ``runs`` (a group's seed runs): MLflow nests runs by the
-        ``mlflow.parentRunId`` tag alone."""
+        """Makes ``parent_id`` the parent of ``runs``: MLflow nests runs by the ``mlflow.parentRunId`` tag alone."""
         for run in runs:
             if run.data.tags.get(MLFLOW_PARENT_RUN_ID) != parent_id:
                 self.client.set_tag(run.info.run_id, MLFLOW_PARENT_RUN_ID, parent_id)
