@@ -43,8 +43,9 @@ def evals_until(step: int, seed: int) -> list[dict]:
             for i, s in enumerate(range(EVAL_EVERY, step + 1, EVAL_EVERY))]
 
 
-def save_snapshot(layout: SweepDir, name: str, step: int, init_seed: int) -> None:
-    """A policy snapshot at ``step`` as the trainer writes it: weights from ``init_seed``, history, wall time."""
+def save_snapshot(layout: SweepDir, name: str, step: int, init_seed: int, cpu_s: float | None = None) -> None:
+    """A policy snapshot at ``step`` as the trainer writes it: weights from ``init_seed``, history, wall time (and
+    ``cpu_s``; None: as a qed_ray that did not measure it wrote it)."""
     spec = run_spec(name)
     agent = make_agent(spec.agent, spec.temperature, 5, 1, torch.device("cpu"), init_seed)
     seed = TrialId.from_name(name).seed
@@ -52,12 +53,13 @@ def save_snapshot(layout: SweepDir, name: str, step: int, init_seed: int) -> Non
                     new_manifest(task=spec.task, agent=spec.agent.name, variant=spec.variant, seed=seed, obs_dim=5,
                                  action_dim=1, env_steps=step, run=spec, policy_only=True,
                                  modules=sorted(agent.modules()), evals=evals_until(step, seed),
-                                 wall_s=10.0 * step / EVAL_EVERY))
+                                 wall_s=10.0 * step / EVAL_EVERY, cpu_s=cpu_s))
 
 
-def seed_checkpoint(folder, name: str, step: int, wall_s: float, pack_size: int = 1, index: int = 0) -> None:
+def seed_checkpoint(folder, name: str, step: int, wall_s: float, pack_size: int = 1, index: int = 0,
+                    cpu_s: float | None = None) -> None:
     """A seed's part of a pack checkpoint as the trainer writes it (weights of an untrained tiny agent, real random
-    stream states, ``wall_s`` so far), at ``step`` env steps."""
+    stream states, ``wall_s`` and ``cpu_s`` so far), at ``step`` env steps."""
     import numpy as np
 
     spec = run_spec(name)
@@ -67,17 +69,20 @@ def seed_checkpoint(folder, name: str, step: int, wall_s: float, pack_size: int 
     save_checkpoint(folder, agent.state_dict(), new_manifest(
         task=spec.task, agent=spec.agent.name, variant=spec.variant, seed=spec.seed, obs_dim=5, action_dim=1,
         env_steps=step, run=spec, progress={"decisions": step // 2, "updates": 0, "episodes": 0, "wall_s": wall_s,
-                                            "evals": evals_until(step, spec.seed)},
+                                            "cpu_s": cpu_s, "evals": evals_until(step, spec.seed)},
         rng={"warmup": pcg, "replay": pcg, "env": mt}, replay={"added": step // 2, "external": True},
         pack="p", pack_size=pack_size, pack_index=index))
 
 
-def finished_trial(layout: SweepDir, name: str) -> None:
-    """Snapshots at every evaluation and the DONE marker of a trial that finished."""
+def finished_trial(layout: SweepDir, name: str, cpu_s: float | None = None) -> None:
+    """Snapshots at every evaluation and the DONE marker of a trial that finished (having used ``cpu_s``; None: as a
+    qed_ray that did not measure it wrote them)."""
     seed = TrialId.from_name(name).seed
     for step in range(EVAL_EVERY, BUDGET + 1, EVAL_EVERY):
-        save_snapshot(layout, name, step, init_seed=100 * seed + step // EVAL_EVERY)
-    write_done(layout, name, {"env_steps": BUDGET, "perf/wall_s": 20.0}, inventory(layout, name))
+        save_snapshot(layout, name, step, init_seed=100 * seed + step // EVAL_EVERY,
+                      cpu_s=None if cpu_s is None else cpu_s * step / BUDGET)
+    cpu = {} if cpu_s is None else {"perf/cpu_s": cpu_s}
+    write_done(layout, name, {"env_steps": BUDGET, "perf/wall_s": 20.0, **cpu}, inventory(layout, name))
 
 
 def new_sweep(layout: SweepDir, finished: list[str], running: dict[str, int]) -> None:

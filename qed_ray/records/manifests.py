@@ -106,6 +106,7 @@ class Manifest(Record):
     modules: list[str] | None = None
     evals: list[EvalRecord] = Field(default_factory=list)  # a snapshot's evaluation history (format 1: none)
     wall_s: Num = math.nan  # a snapshot's wall time so far (format 1: unknown)
+    cpu_s: float | None = Field(None, ge=0)  # and CPU time so far (Timings.cpu_s; None: not recorded)
     progress: SeedProgress | None = None
     rng: RngStates | None = None
     replay: ReplayInfo | None = None

@@ -106,9 +106,10 @@ class RunFile(Record):
 class Timings(Record):
     """A pack's counters (its seeds act and update in lock-step) and where its time went: ``wall_s`` real time in
     the training loop over every start of the pack, of it ``warmup_s`` in warm-up decisions, ``train_s`` in
-    decisions with updates and ``eval_s`` evaluating and reporting (checkpoints, snapshots, logging). The one
-    declaration of these fields: ``pack.json``, a seed's checkpoint progress, ``summary.json`` and the trainer's
-    live counters extend it (a file written before the three parts existed lacks them: 0)."""
+    decisions with updates and ``eval_s`` evaluating and reporting (checkpoints, snapshots, logging); ``cpu_s`` the
+    CPU time its process and env workers used in that loop. The one declaration of these fields: ``pack.json``, a
+    seed's checkpoint progress, ``summary.json`` and the trainer's live counters extend it (a file written before
+    the three parts existed lacks them: 0; before ``cpu_s`` did, or a pack resumed from such a file: None)."""
 
     decisions: int = Field(ge=0)
     updates: int = Field(ge=0)
@@ -116,6 +117,7 @@ class Timings(Record):
     warmup_s: Num = 0.0
     train_s: Num = 0.0
     eval_s: Num = 0.0
+    cpu_s: float | None = Field(None, ge=0)  # None: not recorded (never 0)
 
 
 class RunSummary(Timings):

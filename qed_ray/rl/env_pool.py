@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import signal
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -63,6 +64,8 @@ def _serve(envs: dict[int, DMCEnv], sh: _Shared, command: str, args: tuple):
         return envs[args[0]].random_state()
     elif command == "set_random_state":
         envs[args[0]].set_random_state(args[1])
+    elif command == "cpu_s":  # a worker's own CPU time (asked of workers only: the pack's process counts its own)
+        return time.process_time()
     else:
         raise ValueError(f"env worker: unknown command {command!r}")
     return None
@@ -164,6 +167,12 @@ class EnvPool:
 
     def set_random_state(self, i: int, state: dict) -> None:
         self._call_one(i, "set_random_state", state)
+
+    def workers_cpu_s(self) -> float:
+        """CPU seconds the env worker processes have used since they started, summed (0.0 without workers)."""
+        for conn in self._conns:
+            conn.send(("cpu_s",))
+        return float(sum(self._reply(w) for w in range(len(self._conns))))
 
     def close(self) -> None:
         """Frees the envs and stops the workers (idempotent)."""

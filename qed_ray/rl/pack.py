@@ -45,7 +45,7 @@ class Progress(Timings):
 
     @classmethod
     def start(cls) -> "Progress":
-        return cls(decisions=0, updates=0, wall_s=0.0)
+        return cls(decisions=0, updates=0, wall_s=0.0, cpu_s=0.0)
 
     @classmethod
     def of(cls, pack: PackRecord) -> "Progress":

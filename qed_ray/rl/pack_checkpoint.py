@@ -27,9 +27,9 @@ class PackCheckpoints:
     (``replay_dirs``: per seed, where its chunks persist; None: inside each checkpoint) and the envs' streams."""
 
     def __init__(self, state: PackState, agent: PackedAgent, replay: Replay, pool: EnvPool, writer: BackgroundWriter,
-                 replay_dirs: Sequence[Path] | None, wall_s: Callable[[], float]):
+                 replay_dirs: Sequence[Path] | None, times: Callable[[], dict]):
         self.state, self.agent, self.replay, self.pool, self.writer = state, agent, replay, pool, writer
-        self.replay_dirs, self.wall_s = replay_dirs, wall_s
+        self.replay_dirs, self.times = replay_dirs, times
 
     def member_dir(self, i: int) -> str:
         return member_dirs([r.name for r in self.state.runs], [r.spec.seed for r in self.state.runs])[i]
@@ -43,19 +43,19 @@ class PackCheckpoints:
     def save(self, directory: Path, modules: Sequence[str] | None = None, index: int | None = None) -> Future:
         """Queues the pack checkpoint (or, with ``modules`` and ``index``, a policy snapshot of seed ``index``) for
         the writer thread; the state is copied before this returns."""
-        st, directory = self.state, Path(directory)
+        st, directory, times = self.state, Path(directory), self.times()
         if modules is not None:
             state = self.agent.module_state_dicts(index, modules)
             run = st.runs[index]
-            # The evaluation history and wall time ride along, so the gather step and --status read a finished or
-            # running trial from its snapshots alone (learning curves, critic-proxy x of App. D, cost so far).
+            # The evaluation history and wall and CPU time ride along, so the gather step and --status read a finished
+            # or running trial from its snapshots alone (learning curves, critic-proxy x of App. D, cost so far).
             manifest = new_manifest(**self.identity(index), env_steps=st.env_steps, run=run.spec, policy_only=True,
-                                    modules=sorted(state), evals=list(run.evals), wall_s=self.wall_s())
+                                    modules=sorted(state), evals=list(run.evals), **times)
             return self.writer.submit(directory, lambda: save_checkpoint(directory, state, manifest))
         seeds, chunks = [], []
         for i, run in enumerate(st.runs):
             if run.status != "diverged":
-                run.saved = (self.agent.seed_state_dict(i), self._manifest(i))
+                run.saved = (self.agent.seed_state_dict(i), self._manifest(i, times))
             if run.saved is not None:
                 sub = directory / self.member_dir(i)
                 loc = self.replay_dirs[i] if self.replay_dirs is not None else sub / "replay"
@@ -66,7 +66,7 @@ class PackCheckpoints:
                 seeds.append((sub, *run.saved))
         pack = PackRecord(format=PACK_FORMAT, pack=st.name, names=[r.name for r in st.runs],
                           seeds=[r.spec.seed for r in st.runs], pack_size=st.n, env_steps=st.env_steps,
-                          **{**st.progress.model_dump(), "wall_s": self.wall_s()},
+                          **{**st.progress.model_dump(), **times},
                           status=[st.status(r) for r in st.runs],
                           reasons=[r.reason for r in st.runs],
                           stopped_at=[list(r.stopped_at) if r.stopped_at else None for r in st.runs])
@@ -80,13 +80,13 @@ class PackCheckpoints:
 
         return self.writer.submit(directory, write)
 
-    def _manifest(self, i: int) -> Manifest:
+    def _manifest(self, i: int, times: dict) -> Manifest:
         """Seed ``i``'s manifest: identity, settings, progress, random streams, replay size, place in the pack."""
         st, run = self.state, self.state.runs[i]
         return new_manifest(
             **self.identity(i), env_steps=st.env_steps, run=run.spec,
             progress={"decisions": st.progress.decisions, "updates": st.progress.updates, "episodes": run.episodes,
-                      "wall_s": self.wall_s(), "evals": list(run.evals)},
+                      **times, "evals": list(run.evals)},
             rng={"warmup": run.warmup_rng.bit_generator.state, "replay": self.replay.rng_state(i),
                  "env": self.pool.random_state(i)},
             replay={"added": int(self.replay.added[i]), "external": self.replay_dirs is not None},

@@ -90,8 +90,9 @@ class Trainer:
         self.heartbeat, self.heartbeat_s = heartbeat, heartbeat_s
         self.t, self.n = runs[0].spec.train, len(runs)
         self.state = PackState(name or pack_name([r.spec for r in runs]), runs, self.t)
-        self.checkpoints = PackCheckpoints(self.state, agent, replay, pool, writer, replay_dirs, self.wall_s)
+        self.checkpoints = PackCheckpoints(self.state, agent, replay, pool, writer, replay_dirs, self.times)
         self._wall_base, self._t_start, self._t_mark = 0.0, None, time.perf_counter()  # _t_start: set in run()
+        self._cpu_base, self._cpu_start = None, (0.0, 0.0)  # cpu_s before run(); (own, workers') CPU at its start
         self.acc = MetricAccumulator(agent.metric_layout, agent.device, seeds=self.n)
         mode, why = resolve_mode(self.t.compile, agent.device, agent,
                                  (self.t.decisions - self.t.warmup_decisions) * agent.spec.utd)
@@ -116,15 +117,18 @@ class Trainer:
     # ---- loop --------------------------------------------------------------------------------------------
     def run(self) -> list[RunSummary]:
         """Trains every seed to the budget (or until it diverges); returns the per-seed summaries. The checkpoint
-        writes are flushed before it returns or raises, and a stopped run still counts its real wall time."""
+        writes are flushed before it returns or raises, and a stopped run still counts its real wall time (its CPU
+        time is then unknown: an env worker's reply may be left unread)."""
+        self._cpu_base, self._cpu_start = self.progress.cpu_s, (time.process_time(), self.pool.workers_cpu_s())
         self._wall_base, self._t_start = self.progress.wall_s, time.perf_counter()
-        self._t_mark = self._t_start
+        self._t_mark, cpu = self._t_start, None
         try:
             self._loop()
             for run in self.runs:
                 run.status = self.state.status(run)
+            cpu = self.cpu_s()
         finally:
-            self.progress.wall_s, self._t_start = self.wall_s(), None
+            self.progress.wall_s, self.progress.cpu_s, self._t_start = self.wall_s(), cpu, None
             self.writer.flush()
         return self.summaries()
 
@@ -229,6 +233,18 @@ class Trainer:
             return self.progress.wall_s
         return self._wall_base + time.perf_counter() - self._t_start
 
+    def cpu_s(self) -> float | None:
+        """CPU time this process and its env workers used inside :meth:`run` so far, over every start (None: a start
+        recorded none, as a pack resumed from a checkpoint written before it was measured)."""
+        if self._t_start is None or self._cpu_base is None:
+            return self.progress.cpu_s
+        own, workers = self._cpu_start
+        return self._cpu_base + time.process_time() - own + self.pool.workers_cpu_s() - workers
+
+    def times(self) -> dict[str, float | None]:
+        """``{"wall_s", "cpu_s"}`` so far (what checkpoints and snapshots record)."""
+        return {"wall_s": self.wall_s(), "cpu_s": self.cpu_s()}
+
     def _flush_phase_time(self) -> None:
         """Books the time since the last mark to warm-up or training, whichever the decisions since were."""
         now = time.perf_counter()
@@ -270,8 +286,9 @@ class Trainer:
         # the checkpoint written here must already hold the count of evaluations it belongs to.
         self.progress.eval_s += eval_s
         eta = self.eta_s() if self.progress.decisions < self.t.decisions else 0.0
+        cpu = self.cpu_s()
         metrics = {int(i): self._metrics(self.runs[i], returns[i], interval[i], env_steps, elapsed,
-                                         interval_updates, eval_s, eta) for i in np.flatnonzero(self.active)}
+                                         interval_updates, eval_s, eta, cpu) for i in np.flatnonzero(self.active)}
         t_report = time.perf_counter()
         self.reporter(metrics, self.checkpoints.save)
         self.progress.eval_s += time.perf_counter() - t_report
@@ -281,7 +298,7 @@ class Trainer:
                      f"alpha={m.get('alpha/actor_mean', float('nan')):.4f} ups={m['perf/updates_per_s']:.1f}")
 
     def _metrics(self, run: SeedRun, returns: np.ndarray, interval: dict, env_steps: int, elapsed: float,
-                 interval_updates: int, eval_s: float, eta: float | None) -> dict[str, float | None]:
+                 interval_updates: int, eval_s: float, eta: float | None, cpu: float | None) -> dict[str, float | None]:
         """One seed's evaluation metrics."""
         mean = float(returns.mean())
         run.evals.append(EvalRecord(env_steps=env_steps, return_mean=mean,
@@ -293,7 +310,7 @@ class Trainer:
             "eval/return_min": float(returns.min()), "eval/return_max": float(returns.max()),
             "perf/updates_per_s": interval_updates / max(elapsed, 1e-9),
             "perf/env_steps_per_s": self.t.eval_every / max(elapsed, 1e-9), "perf/eval_s": eval_s,
-            "perf/wall_s": self.wall_s(), "perf/eta_s": eta,
+            "perf/wall_s": self.wall_s(), "perf/cpu_s": cpu, "perf/eta_s": eta,
         }
         if run.train_returns:
             metrics["train/episode_return"] = float(np.mean(run.train_returns))
@@ -321,7 +338,7 @@ class Trainer:
             name=run.name, task=s.task, agent=s.agent.name, variant=s.variant, seed=s.seed,
             status=self.state.status(run), env_steps=decisions * t.frame_skip, decisions=decisions, updates=updates,
             pack_size=self.n, precision=self.precision, update_mode=self.update_mode, wall_s=p.wall_s,
-            warmup_s=p.warmup_s, train_s=p.train_s, eval_s=p.eval_s,
+            warmup_s=p.warmup_s, train_s=p.train_s, eval_s=p.eval_s, cpu_s=p.cpu_s,
             updates_per_s=p.updates / p.train_s if p.train_s else math.nan,
             final_eval_return_mean=run.evals[-1].return_mean if run.evals else math.nan,
             final_eval_return_std=last.get("eval/return_std", math.nan),

@@ -37,7 +37,8 @@ STATES = ("done", "running", "stopped", "failed", "not started")
 
 @dataclass(frozen=True)
 class TrialState:
-    """One trial as its folder shows it. ``wall_s`` is NaN where no checkpoint or snapshot recorded it."""
+    """One trial as its folder shows it. ``wall_s`` is NaN where no checkpoint or snapshot recorded it, ``cpu_s``
+    (:class:`~qed_ray.records.run.Timings`) None where none did."""
 
     name: str
     state: str  # one of STATES; "running"/"stopped": started, not finished, while a driver runs / none does
@@ -45,6 +46,7 @@ class TrialState:
     budget: int
     wall_s: float
     error: str = ""
+    cpu_s: float | None = None
 
 
 def driver(layout: SweepDir, now: float | None = None) -> str | None:
@@ -67,14 +69,14 @@ def driver(layout: SweepDir, now: float | None = None) -> str | None:
     return f"unknown ({damage})" if damage is not None else "a driver that is starting"
 
 
-def _progress(layout: SweepDir, name: str, pack: Pack) -> tuple[int, float, float]:
-    """``(env steps, wall seconds, mtime)`` of the trial's seed's part of its pack's newest checkpoint or, past it,
-    of its newest policy snapshot."""
-    steps, wall, mtime = 0, math.nan, 0.0
+def _progress(layout: SweepDir, name: str, pack: Pack) -> tuple[int, float, float | None, float]:
+    """``(env steps, wall seconds, CPU seconds, mtime)`` of the trial's seed's part of its pack's newest checkpoint
+    or, past it, of its newest policy snapshot."""
+    steps, wall, cpu, mtime = 0, math.nan, None, 0.0
     seed = seed_checkpoint(layout, pack.id, name)
     checkpoints = {0: seed} if seed is not None and os.path.lexists(seed / MANIFEST_FILE) else {}
-    for found, read_wall in ((checkpoints, lambda m: m.require(folder / MANIFEST_FILE, "progress")[0].wall_s),
-                             (layout.snapshots(name), lambda m: m.wall_s)):
+    for found, times in ((checkpoints, lambda m: m.require(folder / MANIFEST_FILE, "progress")[0]),
+                         (layout.snapshots(name), lambda m: m)):
         if not found or max(found) < steps:
             continue
         folder = found[max(found)]
@@ -84,9 +86,9 @@ def _progress(layout: SweepDir, name: str, pack: Pack) -> tuple[int, float, floa
             continue  # written by a qed_ray that cannot be read here: its progress is unknown
         if m.env_steps < steps:
             continue
-        steps, wall = m.env_steps, float(read_wall(m))
+        steps, wall, cpu = m.env_steps, float(times(m).wall_s), times(m).cpu_s
         mtime = max(mtime, (folder / MANIFEST_FILE).stat().st_mtime)
-    return steps, wall, mtime
+    return steps, wall, cpu, mtime
 
 
 def error_summary(error_txt: str) -> str:
@@ -115,18 +117,21 @@ def _last_error(layout: SweepDir, pack: Pack, newer_than: float) -> str | None:
 
 def trial_state(layout: SweepDir, name: str, budget: int, pack: Pack, live: bool = False) -> TrialState:
     """``live``: a driver runs the sweep now (a started, unfinished trial is "running", else "stopped")."""
-    steps, wall, newest = _progress(layout, name, pack)
+    steps, wall, cpu, newest = _progress(layout, name, pack)
     state = layout.trial_state(name)
     if state == "done":
         metrics = read_done(layout, name).metrics
-        return TrialState(name, "done", budget, budget, float(metrics.get("perf/wall_s", wall)))
+        cpu = metrics.get("perf/cpu_s", cpu)
+        return TrialState(name, "done", budget, budget, float(metrics.get("perf/wall_s", wall)),
+                          cpu_s=cpu if cpu is not None and math.isfinite(cpu) else None)
     if state == "diverged":
-        return TrialState(name, "failed", steps, budget, wall, f"{diverged_reason(layout, name)} (final)")
+        return TrialState(name, "failed", steps, budget, wall, f"{diverged_reason(layout, name)} (final)", cpu)
     error = _last_error(layout, pack, newest)
     if error is not None:
-        return TrialState(name, "failed", steps, budget, wall, f"{error} (the next start retries it)")
+        return TrialState(name, "failed", steps, budget, wall, f"{error} (the next start retries it)", cpu)
     started = steps > 0 or any(_non_empty(d) for d in layout.pack_dirs(pack.id))
-    return TrialState(name, ("running" if live else "stopped") if started else "not started", steps, budget, wall)
+    return TrialState(name, ("running" if live else "stopped") if started else "not started", steps, budget, wall,
+                      cpu_s=cpu)
 
 
 def _non_empty(folder: Path) -> bool:
@@ -145,6 +150,18 @@ def projected_wall_s(states: list[TrialState], shares: list[float] | None = None
         own = s.wall_s / s.env_steps if s.env_steps > 0 and math.isfinite(s.wall_s) else median
         total += share * (s.wall_s if s.state == "done" and math.isfinite(s.wall_s) else own * s.budget)
     return total
+
+
+def cpu_used_line(states: list[TrialState], shares: list[float]) -> str:
+    """The CPU time the started trials' packs measured (their processes and env workers, over every start), each
+    trial counting its ``share`` of its pack's; "no estimate" when one of them recorded none."""
+    started = [(s, w) for s, w in zip(states, shares) if math.isfinite(s.wall_s)]
+    known = [w * s.cpu_s for s, w in started if s.cpu_s is not None]
+    if len(known) < len(started):
+        others = f"; the others used {sum(known) / 3600:.3g}" if known else ""
+        return (f"CPU-hours used: no estimate ({len(started) - len(known)} of {len(started)} started trials' files "
+                f"were written before qed_ray measured it{others})")
+    return f"CPU-hours used: {sum(known) / 3600:.3g} spent (measured CPU time of the packs' processes and env workers)"
 
 
 def partial_results(spec: SweepSpec, layout: SweepDir, states: list[TrialState], signing_key: bytes | None = None,
@@ -209,11 +226,12 @@ def report(spec: SweepSpec, layout: SweepDir, source: str = "", columns: int | N
              f"env steps: {steps:,} of {budget:,} ({100 * steps / max(budget, 1):.0f}%)"]
     projected = projected_wall_s(states, shares)
     for unit, share in (("GPU", res["gpu"]), ("CPU", res["cpu"])):
+        lines += [cpu_used_line(states, shares)] if unit == "CPU" else []
         if share > 0:
             whole = "no estimate yet (no pack has a pace)" if math.isnan(projected) else \
                 f"{projected * share / 3600:.3g} projected"
-            lines.append(f"{unit}-hours: {spent * share / 3600:.3g} spent, {whole} for the whole sweep (pack wall time "
-                         f"x {share:g} {unit} per pack)")
+            lines.append(f"{unit}-hours{' held' if unit == 'CPU' else ''}: {spent * share / 3600:.3g} spent, {whole} "
+                         f"for the whole sweep (pack wall time x {share:g} {unit} per pack)")
     signing_key, unchecked = _status_key(layout)
     notes: list[str] = []
     results, n_groups, refused = partial_results(spec, layout, states, signing_key, notes)

@@ -44,6 +44,19 @@ def test_env_workers_give_the_same_bits_as_stepping_in_process():
     fresh.close()
 
 
+def test_env_workers_report_the_cpu_time_they_used():
+    """The trainer's process_time() does not see its env workers; each reports its own, summed (none: 0.0)."""
+    with EnvPool(TASK, [0, 1], FRAME_SKIP, 0) as pool:
+        assert pool.workers_cpu_s() == 0.0
+    with EnvPool(TASK, [0, 1], FRAME_SKIP, 2) as pool:
+        before = pool.workers_cpu_s()
+        pool.reset([0, 1])
+        for _ in range(50):  # 1,000 control steps of physics per env
+            pool.step([0, 1], np.zeros((2, 1), np.float32))
+        after = pool.workers_cpu_s()
+        assert 0 < before < after, "each worker's own process_time(), from its start (imports, envs) on"
+
+
 def test_a_reseeded_env_starts_exactly_where_a_fresh_one_does():
     reused = make_env(TASK, 5, FRAME_SKIP)
     for seed in eval_seeds(3):

@@ -11,6 +11,7 @@ import json
 import math
 import re
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -50,7 +51,9 @@ def packs(tmp_path_factory):
     out = {"straight": summaries(pack_specs(), root / "straight"),
            "half": summaries(pack_specs(env_steps=1000), root / "half")}
     shutil.copytree(root / "half", root / "resumed")
+    cpu0 = time.process_time()
     out["resumed"] = summaries(pack_specs(), root / "resumed")
+    out["resumed_process_cpu_s"] = time.process_time() - cpu0  # the whole second start: build, resume, train
     out["nan"] = summaries(pack_specs(debug={"nan": {"seed": 1, "env_step": 1500}}), root / "nan", env_workers=1)
     return root, out
 
@@ -85,6 +88,25 @@ def test_a_resumed_pack_continues_bit_exactly(packs):
     assert [json.loads(x)["env_steps"] for x in lines] == [1000, 2000]
     assert sorted(SweepDir(root / "resumed").pack_checkpoint_steps(PackId.of([x.name for x in pack_specs()]))) == \
         [1000, 2000], "the newest two checkpoints are kept"
+
+
+def test_the_cpu_time_a_pack_used_is_measured_and_adds_up_over_its_starts(packs):
+    """cpu_s: the process CPU time the training loop used, at most its wall time with one torch thread and no env
+    workers; a resumed start adds its own to what the checkpoint recorded, within what the process used in it."""
+    root, s = packs
+    half, resumed, straight = s["half"][0]["cpu_s"], s["resumed"][0]["cpu_s"], s["straight"][0]["cpu_s"]
+    for summary in (s["half"][0], s["resumed"][0], s["straight"][0]):
+        assert 0 < summary["cpu_s"] <= summary["wall_s"] * 1.05
+    assert half < resumed <= half + s["resumed_process_cpu_s"]
+    assert s["half"][0]["cpu_s"] == s["half"][1]["cpu_s"], "the pack's, shared by its seeds"
+    pack = json.loads((checkpoint(root, "resumed") / PACK_FILE).read_text())
+    manifest = json.loads((checkpoint(root, "resumed") / seed_dir(0) / "manifest.json").read_text())
+    snapshot = json.loads((SweepDir(root / "straight").snapshots(pack_specs()[0].name)[2000] / "manifest.json")
+                          .read_text())
+    assert half < pack["cpu_s"] <= resumed and half < manifest["progress"]["cpu_s"] <= resumed
+    assert 0 < snapshot["cpu_s"] <= straight
+    done = json.loads(SweepDir(root / "straight").done_marker(pack_specs()[0].name).read_text())
+    assert 0 < done["perf/cpu_s"] <= straight, "the final metrics carry it to DONE.json (--status reads it there)"
 
 
 def test_each_seed_has_the_files_of_a_sweep_trial(packs):

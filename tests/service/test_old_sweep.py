@@ -24,6 +24,7 @@ from qed_ray.rl.run_folder import restore_latest
 from qed_ray.rl.trainer import build_trainer
 from qed_ray.service.reanalysis import main as gather_main
 from qed_ray.service.results_key import KEY_FILE_ENV
+from qed_ray.service.status import report
 from qed_ray.service.sweep_state import check_folder, plan
 from qed_ray.spec.sweep import load_spec
 
@@ -72,6 +73,7 @@ def test_today_plans_nothing_new_and_the_te_pack_resumes_finished(old_sweep):
     summaries = trainer.run()  # nothing left to train: no decision, no update, no evaluation
     trainer.close()
     assert (trainer.state.resumed_from, trainer.progress.decisions, trainer.progress.updates) == (2000, 200, 180)
+    assert trainer.progress.cpu_s is None and {s.cpu_s for s in summaries} == {None}, "not recorded then: unknown"
     assert [s.status for s in summaries] == ["finished", "finished"]
     for name, s in zip(te, summaries):
         history = read_history(old_sweep, name)
@@ -92,6 +94,17 @@ def _resume(layout: SweepDir, names: list[str]):
         trainer.close()
         raise
     return trainer
+
+
+def test_status_of_the_old_folder_has_no_estimate_of_the_cpu_used(old_sweep):
+    """672dd2c measured no CPU time: --status says so, and still counts the hours held (pack wall time x 1 CPU)."""
+    spec = load_spec(SPEC).model_copy(update={"storage_path": str(old_sweep.root.parent)})
+    trials = check_folder(old_sweep, spec).trials
+    walls = [json.loads(old_sweep.done_marker(n).read_text())["perf/wall_s"] for n in trials]
+    lines = report(spec, old_sweep).splitlines()
+    assert "CPU-hours used: no estimate (4 of 4 started trials' files were written before qed_ray measured it)" in lines
+    assert f"CPU-hours held: {sum(walls) / 2 / 3600:.3g} spent, {sum(walls) / 2 / 3600:.3g} projected for the whole " \
+           f"sweep (pack wall time x 1 CPU per pack)" in lines
 
 
 def test_a_reanalysis_today_gives_672dd2cs_numbers_and_columns(old_sweep, capsys):

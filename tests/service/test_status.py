@@ -33,11 +33,11 @@ def _alone(name: str) -> Pack:
     return pack
 
 
-def _checkpoint(layout: SweepDir, name: str, step: int, wall_s: float) -> None:
+def _checkpoint(layout: SweepDir, name: str, step: int, wall_s: float, cpu_s: float | None = None) -> None:
     """The seed's part of its pack of one's checkpoint (all --status reads of it) at ``step``."""
     pack = _alone(name).id
     folder = layout.pack_checkpoint(pack, step) / seed_dir(pack.seeds[0])
-    seed_checkpoint(folder, name, step, wall_s)
+    seed_checkpoint(folder, name, step, wall_s, cpu_s=cpu_s)
     (folder.parent / "pack.json").write_text("{}")
 
 
@@ -105,7 +105,7 @@ def test_status_of_an_unfinished_then_finished_sweep(sweep_copy, capsys):
     assert "env steps: 7,000 of 8,000 (88%)" in text
     # spent: 20 + 20 + 20 + 10 s of trial wall time; projected: 60 s done + 10 s/1000 steps x 2000 = 80 s
     assert f"GPU-hours: {70 * 0.5 / 3600:.3g} spent, {80 * 0.5 / 3600:.3g} projected" in text
-    assert f"CPU-hours: {70 / 3600:.3g} spent, {80 / 3600:.3g} projected" in text
+    assert f"CPU-hours held: {70 / 3600:.3g} spent, {80 / 3600:.3g} projected" in text
     assert "results: 0 of 2 groups gathered" in text and "IQM" not in text
 
     assert reanalyze([str(layout.root), "--episodes", "1", "--action-rollouts", "1", "--action-steps", "10",
@@ -124,6 +124,26 @@ def test_status_of_an_unfinished_then_finished_sweep(sweep_copy, capsys):
     text = report(spec, layout)
     assert counts(text, "trials") == {**STOPPED, "done": 4, "stopped": 0} and "env steps: 8,000 of 8,000" in text
     assert "results: 1 of 2 groups gathered" in text, "qed0.2's cache key changed with its new seed"
+
+
+def test_cpu_hours_used_are_what_the_packs_measured_and_held_their_wall_time(sweep_copy):
+    """Used: the CPU time the packs recorded, summed (no estimate while a started trial's files have none, as a
+    qed_ray before it wrote them); held: pack wall time x CPUs per pack, whatever the CPU did meanwhile."""
+    layout = sweep_copy
+    spec = sweep_spec(SPEC, storage_path=str(layout.root.parent))
+    held = f"CPU-hours held: {70 / 3600:.3g} spent, {80 / 3600:.3g} projected for the whole sweep (pack wall time x 1 "
+    assert "CPU-hours used: no estimate (4 of 4 started trials' files were written before qed_ray measured it)" \
+        in report(spec, layout).splitlines() and held in report(spec, layout)
+    for name, cpu_s in zip(["cartpole-balance/sac_ln/te/0", "cartpole-balance/sac_ln/te/1", f"{QED}/0"], (8, 9, 7.5)):
+        finished_trial(layout, name, cpu_s=cpu_s)  # as today's trainer writes them
+    assert f"CPU-hours used: no estimate (1 of 4 started trials' files were written before qed_ray measured it; " \
+           f"the others used {24.5 / 3600:.3g})" in report(spec, layout).splitlines()
+    _checkpoint(layout, f"{QED}/1", 1500, 15.0, cpu_s=3.25)
+    lines = report(spec, layout).splitlines()
+    assert f"CPU-hours used: {27.75 / 3600:.3g} spent (measured CPU time of the packs' processes and env workers)" in \
+        lines
+    assert lines.index(next(x for x in lines if x.startswith("CPU-hours used"))) + 1 == \
+        lines.index(next(x for x in lines if x.startswith("CPU-hours held"))), "side by side"
 
 
 def _unverified_and_edited_entries(layout, spec):

@@ -134,6 +134,9 @@ def test_a_crashed_pack_resumes_from_its_checkpoint_bit_exactly(tmp_path):
         assert all(torch.equal(a[m][k], b[m][k]) for m in a for k in a[m]), name
         a, b = (json.loads((c.layout.final_snapshot(name) / "manifest.json").read_text()) for c in (straight, crashed))
         assert a["env_steps"] == b["env_steps"] == 2000 and a["evals"] == b["evals"]
+        first, last = (json.loads((crashed.layout.pack_checkpoint(PackId.of(NAMES), step) / "pack.json").read_text())
+                       ["cpu_s"] for step in (1000, 2000))
+        assert 0 < first < b["cpu_s"] <= last, "the CPU time of both starts, its env worker's included"
     runs = {r.data.tags["qed.trial"]: r for r in tracker.runs() if "qed.trial" in r.data.tags}
     for name in NAMES:
         assert runs[name].info.status == "FINISHED" and runs[name].data.tags["qed.resumed_from_env_step"] == "1000"
