@@ -43,7 +43,7 @@ from qed_ray.spec import claim
 from qed_ray.analysis.results import FailedTrial
 from qed_ray.records.codec import RecordError
 from qed_ray.records.layout import PackId, SweepDir, TrialId
-from qed_ray.spec.naming import identity, identity_changes, parse_variant, show_setting
+from qed_ray.spec.naming import SEP, format_value, identity, identity_changes, show_setting
 from qed_ray.records.digests import unverified_reason
 from qed_ray.records.run import diverged_reason, read_history
 from qed_ray.service.packing import Pack, form_packs, pack_of, pack_records, pack_started, pack_state
@@ -288,7 +288,7 @@ def _problems(recorded: dict, current: dict, spec: SweepSpec) -> list[str]:
         lines.append(f"{setting}: this sweep's {len(rows)} trial(s) ran with {', '.join(olds)} (e.g. {rows[0][0]}), "
                      f"the spec now gives {', '.join(news)}; a sweep's trials cannot change: restore the value, or "
                      f"start over with --fresh or another name")
-    lines += _rename_lines(renamed)
+    lines += _rename_lines(renamed, recorded)
     dropped = [n for n, twin in twins.items() if twin is None]
     if dropped:
         fld = _dropped_field(TrialId.from_name(dropped[0]), spec)
@@ -303,10 +303,10 @@ def _renamed(gone: list[str], recorded: dict, current: dict) -> dict[str, str]:
     return {n: by_identity[k] for n in gone if (k := json.dumps(recorded[n], sort_keys=True)) in by_identity}
 
 
-def _rename_lines(renamed: dict[str, str]) -> list[str]:
+def _rename_lines(renamed: dict[str, str], recorded: dict) -> list[str]:
     axes: dict[str, list] = {}
     for old, new in renamed.items():
-        before, after = (_label_settings(TrialId.from_name(n).variant) for n in (old, new))
+        before, after = (_label_settings(TrialId.from_name(n).variant, recorded[old]) for n in (old, new))
         for setting in sorted(before ^ after) or ["agents"]:
             axes.setdefault(setting, []).append((old, new, setting in after))
     return [f"{setting}: {'now' if rows[0][2] else 'no longer'} a grid axis, so {len(rows)} trial(s) of this sweep "
@@ -315,16 +315,11 @@ def _rename_lines(renamed: dict[str, str]) -> list[str]:
             for setting, rows in sorted(axes.items())]
 
 
-def _label_settings(variant: str) -> set[str]:
-    try:
-        parsed = parse_variant(variant)
-    except ValueError:
-        return set()
-    return {f"{section}.{k}" for section in ("agent", "train") for k in _flat(parsed[section])}
-
-
-def _flat(d: dict, prefix: str = "") -> list[str]:
-    return [p for k, v in d.items() for p in (_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else [prefix + k])]
+def _label_settings(variant: str, identity: dict) -> set[str]:
+    """The agent and training settings of ``identity`` that ``variant`` names (``+leaf=value``, as variant_label
+    writes a grid axis)."""
+    return {k for k, v in identity.items() if k.startswith(("agent.", "train."))
+            and f"{SEP}{k.split('.', 1)[1]}={format_value(v)}{SEP}" in variant + SEP}
 
 
 def _closest(old: dict, candidates: list[dict]) -> dict | None:
