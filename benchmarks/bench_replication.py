@@ -163,7 +163,7 @@ def comparison_table(results: dict) -> list[str]:
     lines = []
     for c in results.get("comparisons", []):
         def ci(key: str) -> str:
-            return _ci(*(float("nan") if c[key + x] is None else c[key + x] for x in ("", "_ci_lower", "_ci_upper")))
+            return _ci(*(float("nan") if c[key][x] is None else c[key][x] for x in ("value", "lower", "upper")))
         lines += [f"{c['variant']} against {c['baseline']}: {c['n_tasks']} task(s), {c['n_seeds']} seeds, intervals "
                   f"{c['pairing']}", "",
                   "| ratio [95% CI] | median over tasks | geometric mean over tasks | ratio of task means |",

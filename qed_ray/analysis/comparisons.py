@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from qed_ray.analysis import bootstrap, metrics, profiles
-from qed_ray.analysis.results import Comparison, GroupKey, GroupResult
+from qed_ray.analysis.results import Comparison, GroupKey, GroupResult, Interval
 from qed_ray.spec.sweep import FinalEvalSpec
 
 STATS = ("V", "action_distance", "score_var")
@@ -95,24 +95,19 @@ def task_draws(pairs, fe: FinalEvalSpec, unpaired: Unpaired) -> list[tuple[dict,
     return out
 
 
-def _ratio_fields(stat: str, pairs, draws, confidence: float) -> tuple[dict, int]:
-    """``{<stat>_ratio_<summary>[_ci_lower|_ci_upper]: value}`` over the tasks where both sides define ``stat``."""
+def _ratio_fields(stat: str, pairs, draws, confidence: float) -> tuple[dict[str, Interval], int]:
+    """``{<stat>_ratio_<summary>: Interval}`` over the tasks where both sides define ``stat``, and their count."""
     use = [k for k, ((b, t), (db, dt, _)) in enumerate(zip(pairs, draws))
            if db[stat] is not None and dt[stat] is not None
            and all(math.isfinite(group_value(stat, g)) for g in (b, t))]
-    out = {}
     if not use:
-        for name in metrics.RATIO_SUMMARIES:
-            out.update({f"{stat}_ratio_{name}{s}": math.nan for s in ("", "_ci_lower", "_ci_upper")})
-        return out, 0
+        return {f"{stat}_ratio_{name}": Interval() for name in metrics.RATIO_SUMMARIES}, 0
     point = metrics.ratio_summaries([group_value(stat, pairs[k][0]) for k in use],
                                     [group_value(stat, pairs[k][1]) for k in use])
     ci = bootstrap.ratio_intervals(np.stack([draws[k][0][stat] for k in use], axis=1),
                                    np.stack([draws[k][1][stat] for k in use], axis=1), confidence)
-    for name in metrics.RATIO_SUMMARIES:
-        out.update({f"{stat}_ratio_{name}": float(point[name]), f"{stat}_ratio_{name}_ci_lower": ci[name][0],
-                    f"{stat}_ratio_{name}_ci_upper": ci[name][1]})
-    return out, len(use)
+    return {f"{stat}_ratio_{name}": Interval(float(point[name]), *ci[name]) for name in metrics.RATIO_SUMMARIES}, \
+        len(use)
 
 
 def compare(base: Sequence[GroupResult], this: Sequence[GroupResult], fe: FinalEvalSpec,
@@ -153,6 +148,5 @@ def compare(base: Sequence[GroupResult], this: Sequence[GroupResult], fe: FinalE
         agent=t0.agent, variant=t0.variant, baseline=b0.variant, pairing=pairing, tasks=[b.task for b, _ in pairs],
         n_tasks=len(pairs), n_tasks_V=n_v, n_paired_tasks=n_paired, n_seeds=min(len(g.seeds) for g in groups),
         env_steps=min(g.final_env_steps for g in groups), **fields,
-        iqm_ratio=metrics.iqm(pooled[1]) / base_iqm if base_iqm > 0 else math.nan, iqm_ratio_ci_lower=lo,
-        iqm_ratio_ci_upper=hi, prob_improvement=float(poi), prob_improvement_ci_lower=poi_lo,
-        prob_improvement_ci_upper=poi_hi)
+        iqm_ratio=Interval(metrics.iqm(pooled[1]) / base_iqm if base_iqm > 0 else math.nan, lo, hi),
+        prob_improvement=Interval(float(poi), poi_lo, poi_hi))

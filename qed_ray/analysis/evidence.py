@@ -5,7 +5,6 @@ replicates are those of ``comparisons.csv``). Letters: R bootstrap replicates, I
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Sequence
 
@@ -15,7 +14,7 @@ from pydantic import ValidationError
 from qed_ray.analysis import bootstrap, comparisons, metrics
 from qed_ray.analysis.results import Comparison, EndpointResult, GroupResult, TaskGuard, Verdict
 from qed_ray.analysis.verdict import (EXPLORATORY, combine, decision_level, departures, endpoint_rules, guard_outcome,
-                                      interval_outcome, is_qed, judge_variant, look_levels)
+                                      interval_outcome, judge_variant, look_levels)
 from qed_ray.spec.claim import MIN_SEEDS, ClaimBlock, Endpoints
 from qed_ray.spec.sweep import FinalEvalSpec
 
@@ -124,7 +123,8 @@ def judge(comparisons: Sequence[Comparison], groups: Sequence[GroupResult], fina
     record (``{"file", "sha256", "block"}``) or None; ``unpaired``: as :func:`measure`."""
     block, problems = _block(claim)
     endpoints = block.endpoints if block else Endpoints()
-    rows = [c for c in comparisons if c.baseline and is_qed(c.variant)]
+    qed = {(g.agent, g.variant) for g in groups if g.temperature == "qed"}  # the variants judged, never controls
+    rows = [c for c in comparisons if c.baseline and (c.agent, c.variant) in qed]
     if not rows:
         return None
     scopes = [departures(c, block, final_eval, *problems) for c in rows]
@@ -138,7 +138,7 @@ def judge(comparisons: Sequence[Comparison], groups: Sequence[GroupResult], fina
                    lambda lv, c=c, b=base, t=mine: measure(c, b, t, final_eval, lv, endpoints, unpaired))
         look, lv = _look(block, c, scope, level)
         variant = judge_variant(c, endpoints, sum(g.at_cap for g in mine), scope, lv, how)
-        variants.append(dataclasses.replace(variant, look=look) if look else variant)
+        variants.append(variant.model_copy(update={"look": look}) if look else variant)
     use = [v for v in variants if not v.scope]
     outcome = combine([v.outcome for v in use], any_pass=True) if use else EXPLORATORY
     over = (f"the {len(use)} pre-registered variant(s)" if use else

@@ -4,7 +4,6 @@ before use, and unverified seeds: docs/design.md, "Trusting results"."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import hmac
 import json
@@ -205,10 +204,11 @@ def cached(job: GroupJob, log: Callable[[str], Any] = print) -> GroupResult | No
     entry = load(job.layout, job.key, job.signing_key, job.group, log)
     if entry is None or not set(entry.unverified_seeds) <= set(job.unverified_seeds):
         return None
-    return dataclasses.replace(entry, unverified_seeds=job.unverified_seeds)
+    return entry.model_copy(update={"unverified_seeds": job.unverified_seeds})
 
 
 def evaluate(job: GroupJob, final_eval: FinalEvalSpec, device: str = "cpu") -> GroupResult:
     """Evaluates the group after :func:`check` (which raises naming the file); the result lists the unverified seeds."""
     check(job)
-    return dataclasses.replace(evaluate_group(job.records, final_eval, device), unverified_seeds=job.unverified_seeds)
+    result = evaluate_group(job.records, final_eval, device)
+    return result.model_copy(update={"unverified_seeds": job.unverified_seeds})

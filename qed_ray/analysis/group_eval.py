@@ -11,7 +11,6 @@ used). A trial's record is read from its policy snapshots alone (:func:`trial_re
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import zlib
@@ -218,9 +217,9 @@ def evaluate_group(records: Sequence[TrialRecord], final_eval: FinalEvalSpec, de
         first, *others = final_eval.policies
         rand = random_score(envs, records[0].task, final_eval.episodes)
         result = _evaluate_policy(records, pack, envs, final_eval, device, first)
-        return dataclasses.replace(result, random_score=rand, other_policies={
-            p: dataclasses.replace(_evaluate_policy(records, pack, envs, final_eval, device, p), random_score=rand)
-            for p in others})
+        return result.model_copy(update={"random_score": rand, "other_policies": {
+            p: _evaluate_policy(records, pack, envs, final_eval, device, p).model_copy(update={"random_score": rand})
+            for p in others}})
     finally:
         envs.close()
 

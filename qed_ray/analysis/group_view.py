@@ -89,14 +89,14 @@ def group_view(g: GroupResult, groups: Sequence[GroupResult], final_eval: FinalE
 
 def baseline_in(g: GroupResult, groups: Sequence[GroupResult]) -> str:
     """``g``'s te variant if its group on ``g``'s task is among ``groups`` ("" if not, and for a te group)."""
-    return baseline_of(g.variant, [o.variant for o in groups if (o.task, o.agent) == (g.task, g.agent)])
+    return baseline_of(g, [o.variant for o in groups if (o.task, o.agent) == (g.task, g.agent)])
 
 
 def _ratios(c: Comparison) -> dict[str, tuple[float, float, float]]:
-    return {name: (getattr(c, f), getattr(c, f"{f}_ci_lower"), getattr(c, f"{f}_ci_upper")) for name, f in RATIOS}
+    return {name: getattr(c, f).astuple() for name, f in RATIOS}
 
 
 def variants_of_baseline(g: GroupResult, groups: Sequence[GroupResult]) -> list[GroupResult]:
     """The landed groups of ``g``'s task and agent whose baseline is ``g`` (empty unless ``g`` is a te group)."""
     same = [o for o in groups if (o.task, o.agent) == (g.task, g.agent)]
-    return [o for o in same if o.variant != g.variant and baseline_of(o.variant, [x.variant for x in same]) == g.variant]
+    return [o for o in same if o.variant != g.variant and baseline_of(o, [x.variant for x in same]) == g.variant]

@@ -4,11 +4,10 @@ results, for every evaluation policy (the live gather and the re-analysis write 
 from __future__ import annotations
 
 import csv
-from dataclasses import asdict
 from pathlib import Path
 
 from qed_ray.analysis import tables
-from qed_ray.analysis.results import SweepResults
+from qed_ray.analysis.results import SweepResults, csv_row
 from qed_ray.records.atomic import atomic_file, write_json
 from qed_ray.records.layout import SweepDir
 
@@ -43,10 +42,10 @@ def write_results(results: SweepResults, layout: SweepDir, folder: Path | None =
 def _write_tables(results: SweepResults, folder: Path, layout: SweepDir) -> None:
     """The CSV tables and figures of one evaluation policy in ``folder`` (file names as in ``gather/``)."""
     folder.mkdir(parents=True, exist_ok=True)
-    _write_csv([asdict(a) for a in results.aggregates], folder / layout.aggregates_csv.name)
+    _write_csv([csv_row(a) for a in results.aggregates], folder / layout.aggregates_csv.name)
     _write_csv(tables.group_rows(results.groups, results.group_stats), folder / layout.groups_csv.name)
-    _write_csv([asdict(b) for b in results.iqm_by_budget], folder / layout.budgets_csv.name)
-    _write_csv([c.csv_row() for c in results.comparisons], folder / layout.comparisons_csv.name)
+    _write_csv([csv_row(b) for b in results.iqm_by_budget], folder / layout.budgets_csv.name)
+    _write_csv([csv_row(c) for c in results.comparisons], folder / layout.comparisons_csv.name)
     write_json(folder / layout.verdict_json.name, results.verdict.to_json() if results.verdict else None, indent=1)
     if results.groups:
         from qed_ray.analysis import plots  # matplotlib: for the figures, not for --help or a refused folder

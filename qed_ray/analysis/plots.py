@@ -18,7 +18,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from qed_ray.records.atomic import atomic_file  # noqa: E402
 from qed_ray.analysis.results import Aggregate, BudgetIqm, CriticProxy, GroupResult, SweepResults  # noqa: E402
-from qed_ray.analysis.report import is_baseline  # noqa: E402
+from qed_ray.analysis.report import baselines  # noqa: E402
 
 PNG_DPI = 110
 MIN_WIDTH = 6.4  # inches: a figure of one panel still has room for its title and footnote
@@ -278,9 +278,10 @@ def critic_proxy(proxy: Sequence[CriticProxy], text: str = "", window: int = 15)
 def performance_profiles(results: SweepResults) -> Figure:
     """rliable's performance profile per agent-variant with its band (:mod:`qed_ray.analysis.profiles`)."""
     fig, ax = plt.subplots(figsize=(8, 5))
+    base = baselines(results)
     for p in results.performance_profiles:
         line, = ax.plot(p.taus, p.fraction, label=f"{_label(p)} ({p.n_runs} runs)",
-                        linestyle="--" if is_baseline(p.variant) else "-")
+                        linestyle="--" if (p.agent, p.variant) in base else "-")
         ax.fill_between(p.taus, p.ci_lower, p.ci_upper, color=line.get_color(), alpha=0.2)
         _label_points(ax, p.taus, p.fraction, line.get_color(), most=6)
     pct = f"{100 * results.final_eval.confidence:g}%"
@@ -299,11 +300,11 @@ def probability_of_improvement(results: SweepResults) -> Figure:
     rows = results.comparisons
     fig, ax = plt.subplots(figsize=(8, max(2.6, 0.6 * len(rows) + 1.8)))
     for i, c in enumerate(rows):
-        lo, hi = c.prob_improvement_ci_lower, c.prob_improvement_ci_upper
+        point, lo, hi = c.prob_improvement.astuple()
         if math.isfinite(lo) and math.isfinite(hi):
             ax.plot([lo, hi], [i, i], color="tab:blue", linewidth=6, alpha=0.4, solid_capstyle="butt")
-        ax.plot([c.prob_improvement], [i], "o", color="tab:blue")
-        ax.annotate(f"{_g(c.prob_improvement)} [{_g(lo)}, {_g(hi)}] ({c.pairing})", (c.prob_improvement, i),
+        ax.plot([point], [i], "o", color="tab:blue")
+        ax.annotate(f"{_g(point)} [{_g(lo)}, {_g(hi)}] ({c.pairing})", (point, i),
                     fontsize=7, xytext=(0, 7), textcoords="offset points", ha="center")
     ax.axvline(0.5, color="grey", linestyle=":", linewidth=1)
     ax.set_yticks(range(len(rows)), [f"{c.agent} {c.variant} vs {c.baseline}" for c in rows], fontsize=8)

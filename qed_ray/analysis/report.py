@@ -18,7 +18,6 @@ from qed_ray.analysis import metrics, verdict
 from qed_ray.spec.config import HOT_RATIO
 from qed_ray.analysis.results import Aggregate, Comparison, GroupResult, SweepResults
 from qed_ray.spec.console import fit
-from qed_ray.spec.naming import parse_variant
 from qed_ray.records.layout import SweepDir
 from qed_ray.records.digests import unverified_reasons
 
@@ -41,17 +40,14 @@ def _share(x: float) -> str:
     return f"{100 * x:.0f}%" if math.isfinite(x) else DASH
 
 
-def is_baseline(variant: str) -> bool:
-    """Whether ``variant`` is a target-entropy variant (``te``, ``te+hidden=512``): a baseline of the others."""
-    try:
-        return parse_variant(variant)["temperature"] == {"kind": "te"}
-    except ValueError:
-        return False
+def baselines(results: SweepResults) -> set[tuple[str, str]]:
+    """The (agent, variant) of every te baseline among the results' groups (``te``, ``te+hidden=512``)."""
+    return {(g.agent, g.variant) for g in results.groups if g.is_baseline}
 
 
-def ordered(aggregates: Sequence[Aggregate]) -> list[Aggregate]:
-    """The table's rows: per agent, its te variants first (the baselines), then the others; names sorted within."""
-    return sorted(aggregates, key=lambda a: (a.agent, not is_baseline(a.variant), a.variant))
+def ordered(aggregates: Sequence[Aggregate], base: set[tuple[str, str]]) -> list[Aggregate]:
+    """The table's rows: per agent, its te baselines (``base``) first, then the others; names sorted within."""
+    return sorted(aggregates, key=lambda a: (a.agent, (a.agent, a.variant) not in base, a.variant))
 
 
 def headers(confidence: float) -> list[str]:
@@ -61,11 +57,11 @@ def headers(confidence: float) -> list[str]:
             f"te V / V {ci}", f"IQM / te IQM {ci}", f"action distance {ci}", "alpha at floor / cap", "flags"]
 
 
-def flags(a: Aggregate, c: Comparison | None) -> str:
+def flags(a: Aggregate, c: Comparison | None, is_baseline: bool) -> str:
     """What a reader must know before trusting the row: the baseline, unpaired intervals, ratios over fewer
     tasks, QED at its cap (then te is compared with an almost fixed alpha), too few seeds for V."""
     out = []
-    if is_baseline(a.variant):
+    if is_baseline:
         out.append("baseline")
     elif c is None:
         out.append("no te baseline: no ratios")
@@ -87,19 +83,19 @@ def flags(a: Aggregate, c: Comparison | None) -> str:
 
 def rows(results: SweepResults) -> list[list[str]]:
     """The table's cells, one row per (agent, variant) in :func:`ordered` order."""
-    comps = {(c.agent, c.variant): c for c in results.comparisons}
+    comps, base = {(c.agent, c.variant): c for c in results.comparisons}, baselines(results)
     out = []
-    for a in ordered(results.aggregates):
-        c = comps.get((a.agent, a.variant))
-        v_ratio = with_ci(c.V_ratio_median, c.V_ratio_median_ci_lower, c.V_ratio_median_ci_upper) if c else DASH
-        iqm_ratio = with_ci(c.iqm_ratio, c.iqm_ratio_ci_lower, c.iqm_ratio_ci_upper) if c else DASH
-        at = DASH if is_baseline(a.variant) or not math.isfinite(a.alpha_frac_cap_late) else \
+    for a in ordered(results.aggregates, base):
+        c, is_base = comps.get((a.agent, a.variant)), (a.agent, a.variant) in base
+        v_ratio = with_ci(*c.V_ratio_median.astuple()) if c else DASH
+        iqm_ratio = with_ci(*c.iqm_ratio.astuple()) if c else DASH
+        at = DASH if is_base or not math.isfinite(a.alpha_frac_cap_late) else \
             f"{_share(a.alpha_frac_floor_late)} / {_share(a.alpha_frac_cap_late)}"
         out.append([a.agent, a.variant, str(a.n_tasks), str(a.n_runs), str(a.n_failed),
                     with_ci(a.iqm, a.ci_lower, a.ci_upper), with_ci(a.V_mean, a.V_mean_ci_lower, a.V_mean_ci_upper),
                     v_ratio, iqm_ratio,
                     with_ci(a.action_distance_mean, a.action_distance_ci_lower, a.action_distance_ci_upper), at,
-                    flags(a, c)])
+                    flags(a, c, is_base)])
     return out
 
 
@@ -156,12 +152,10 @@ def format_comparisons(results: SweepResults) -> str:
         lines.append(f"{c.agent} {c.variant} vs {c.baseline} ({c.n_tasks} tasks, {c.n_seeds}+ seeds, intervals "
                      f"{c.pairing}):")
         for stat, name in (("V", "V"), ("action_distance", "action distance"), ("score_var", "return variance")):
-            parts = [with_ci(*(getattr(c, f"{stat}_ratio_{s}{x}") for x in ("", "_ci_lower", "_ci_upper")))
-                     for s in metrics.RATIO_SUMMARIES]
+            parts = [with_ci(*getattr(c, f"{stat}_ratio_{s}").astuple()) for s in metrics.RATIO_SUMMARIES]
             lines.append(f"  {name:16s} {' | '.join(parts)}")
-        lines.append(f"  {'IQM this / te':16s} {with_ci(c.iqm_ratio, c.iqm_ratio_ci_lower, c.iqm_ratio_ci_upper)}")
-        lines.append(f"  {'P(this > te)':16s} "
-                     f"{with_ci(c.prob_improvement, c.prob_improvement_ci_lower, c.prob_improvement_ci_upper)} "
+        lines.append(f"  {'IQM this / te':16s} {with_ci(*c.iqm_ratio.astuple())}")
+        lines.append(f"  {'P(this > te)':16s} {with_ci(*c.prob_improvement.astuple())} "
                      f"(a run of this variant scores above one of te on the same task; 0.5: neither)")
         a = aggs.get((c.agent, c.variant))
         if a is not None and math.isfinite(a.alpha_frac_cap_late):

@@ -1,49 +1,92 @@
-"""The gather step's typed results and their strict-JSON form (``gather/results.json``, the group cache).
+"""The gather step's typed results (``gather/results.json``, the CSV tables, the group cache, ``verdict.json``).
 
-:class:`GroupResult` is what evaluating one (task, agent, variant) group's saved policies gives (expensive: it
-rolls policies out); everything else here is computed from group results in :mod:`qed_ray.analysis.tables` (cheap, pure
-numpy): :class:`GroupStats` (per-group intervals), :class:`Aggregate` (per agent-variant across tasks),
-:class:`BudgetIqm` (IQM at intermediate budgets), :class:`CriticProxy` (App. D). :class:`FailedTrial` is a trial
-left out of the tables, with the reason.
+:class:`GroupResult` is what evaluating one (task, agent, variant) group's saved policies gives (expensive: it rolls
+policies out); the other rows are computed from group results in :mod:`qed_ray.analysis.tables` (cheap, pure numpy).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
-import typing
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from qed_ray.records.codec import JsonRecord, Num, RecordError, load_json, parse
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from qed_ray.records.codec import Num, RecordError, dump, load_json, parse
 from qed_ray.records.run import EvalRecord
+from qed_ray.spec.naming import split_variant
 from qed_ray.spec.sweep import FinalEvalSpec
 
+NAN = math.nan
 MOST_STATES = 0.5  # a group sat at QED's cap (or hot) when its late share of such states is above this
+CI = {"value": "", "lower": "_ci_lower", "upper": "_ci_upper"}  # an Interval's CSV columns: x, x_ci_lower, x_ci_upper
 
 
-def missing_numbers(cls: type, row: Any) -> Any:
-    """A results row (a dataclass ``cls`` as JSON) with each numeric column it lacks as null (NaN): the row was
-    written before that column existed."""
-    if not isinstance(row, dict):
-        return row
-    hints = typing.get_type_hints(cls, include_extras=True)
-    return {**{f.name: None for f in dataclasses.fields(cls) if f.name not in row and hints[f.name] == Num}, **row}
+class Row(BaseModel):
+    """A results record: frozen, unknown keys refused, built like the dataclasses it replaced (fields in order, or
+    by name); numbers from numpy are taken as Python numbers (lax, unlike the folder's :class:`Record`)."""
 
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-class Row(JsonRecord):
-    """A table row: ``to_json`` / ``from_json`` through :mod:`qed_ray.records.codec` (:func:`dataclasses.asdict` is its CSV
-    row); a numeric column a row written before it existed lacks reads as NaN (:func:`missing_numbers`)."""
+    def __init__(self, *args: Any, **fields: Any):
+        super().__init__(**dict(zip(type(self).model_fields, args)), **fields)
+
+    def to_json(self) -> Any:
+        """Strict JSON (NaN as null)."""
+        return dump(self)
 
     @classmethod
     def from_json(cls, data: Any):
-        """Inverse of :meth:`to_json`; raises :class:`~qed_ray.records.codec.RecordError` naming the field."""
-        return parse(cls, missing_numbers(cls, data), cls.__name__)
+        """Inverse of :meth:`to_json`, older shapes read as today's (:func:`older_row`); raises
+        :class:`~qed_ray.records.codec.RecordError` naming the field."""
+        return parse(cls, older_row(cls, data), cls.__name__)
+
+
+def _is_num(info) -> bool:
+    return info.annotation is float and any(isinstance(m, BeforeValidator) for m in info.metadata)
+
+
+def older_row(cls: type[Row], row: Any) -> Any:
+    """A row as written before its last columns existed, read as today's: a numeric column it lacks as NaN, an
+    interval written flat (``x``, ``x_ci_lower``, ``x_ci_upper``) as the :class:`Interval` ``x``."""
+    if not isinstance(row, dict):
+        return row
+    out = dict(row)
+    for name, info in cls.model_fields.items():
+        if info.annotation is Interval and name in out and not isinstance(out[name], dict):
+            out[name] = {part: out.pop(name + suffix, None) for part, suffix in CI.items()}
+        elif name not in out and _is_num(info):
+            out[name] = None
+    return out
+
+
+def csv_row(record: BaseModel) -> dict[str, Any]:
+    """A record's CSV row from its ``model_dump``: every field in order, an :class:`Interval` ``x`` as ``x``,
+    ``x_ci_lower``, ``x_ci_upper``, a list joined by ``;``."""
+    out: dict[str, Any] = {}
+    for name, value in record.model_dump().items():
+        if isinstance(value, dict):
+            out.update({name + CI[part]: v for part, v in value.items()})
+        else:
+            out[name] = ";".join(map(str, value)) if isinstance(value, list) else value
+    return out
+
+
+class Interval(Row):
+    """A point estimate with its percentile interval (NaN: undefined)."""
+
+    value: Num = NAN
+    lower: Num = NAN
+    upper: Num = NAN
+
+    def astuple(self) -> tuple[float, float, float]:
+        return self.value, self.lower, self.upper
 
 
 class GroupKey(NamedTuple):
-    """One cross-seed group: the seeds of a (task, agent, variant)."""
+    """One cross-seed group: the seeds of a (task, agent, variant); it alone keys the group's cache entry and
+    bootstrap streams."""
 
     task: str
     agent: str
@@ -57,7 +100,7 @@ class GroupKey(NamedTuple):
 
 @dataclass(frozen=True)
 class TrialRecord:
-    """What the gather step needs of one finished trial: paths and a small history, never weights."""
+    """What the gather step needs of one finished trial (in memory, never written): paths and a small history."""
 
     name: str
     task: str
@@ -72,37 +115,17 @@ class TrialRecord:
 
     @property
     def group(self) -> GroupKey:
-        """The group this trial is a seed of."""
         return GroupKey(self.task, self.agent, self.variant)
 
 
-@dataclass(frozen=True)
-class GroupResult(JsonRecord):
+class GroupResult(Row):
     """Every evaluated number of one (task, agent, variant); self-contained, so a group is cached alone.
 
-    Shapes (P seeds, ascending; E final-eval episodes): ``returns`` [P][E], ``scores`` [P] (normalised mean
-    return), ``D`` [P][P] pairwise symmetric KL, ``action_distance_pairs`` [P][P] pairwise cumulative action
-    distance, ``v_curve`` [[env_steps, V]] at the snapshots every seed kept, ``learning_curves``
-    {seed: [[env_steps, eval return]]} (training-time evaluations, always tanh(mu)). V, action distance, Q1
-    dispersion and the early |Q1 - Q2| are NaN where undefined (one seed, or no critic history). ``policy`` is the
-    evaluation policy behind returns, V and the action distance (``mean`` or ``sample``);
-    ``other_policies`` holds the same group under each further policy of ``final_eval.policies``.
-
-    Where QED sat (NaN where not logged: other temperature rules, or no ``history.json``): ``alpha_frac_floor`` /
-    ``alpha_frac_cap`` are the shares of actor-update states at alpha_TE and at alpha_max over training (mean over
-    evaluation intervals, then over seeds), ``*_late`` the same over the intervals ending in the last quarter of the
-    budget; ``alpha_frac_hot_late`` the share of late states where alpha was at least
-    :data:`~qed_ray.rl.temperature.HOT_RATIO` times alpha_TE, ``alpha_ratio_late`` the late mean of alpha / alpha_TE
-    (interval means of both); ``log_std_at_min`` is the share of the final policies' log-std entries within 0.1 of
-    ``log_std_min`` on the pooled evaluation states (mean over seeds). ``entropy_late``: the late mean of the
-    policy's entropy estimate -log pi(a|s) on actor-update states (every temperature rule).
-
-    ``random_score``: the mean normalised score of a uniform-random policy over the final evaluation's episodes
-    from the same eval seeds (:func:`qed_ray.analysis.group_eval.random_score`), the base of the verdict's learning
-    floor; every group of a task gets the same value (NaN: gathered before it was measured).
-
-    ``unverified_seeds``: the seeds whose trials never recorded the digest of their files (an MLflow outage at
-    their end), so their files were used without a check (:mod:`qed_ray.analysis.group_cache`).
+    Shapes (P seeds, ascending; E final-eval episodes): ``returns`` [P][E], ``scores`` [P], ``D`` and
+    ``action_distance_pairs`` [P][P], ``v_curve`` [[env_steps, V]], ``learning_curves`` {seed: [[env_steps, eval
+    return]]}; docs/definitions.md defines each number (NaN: undefined or not logged). ``temperature`` (``te``,
+    ``fixed``, ``qed``; "" for a label qed_ray did not write) and ``baseline`` (the variant label of its te baseline:
+    its own for a te group) are read off the variant once, here, and written nowhere.
     """
 
     task: str
@@ -121,22 +144,35 @@ class GroupResult(JsonRecord):
     learning_curves: dict[int, list[list[Num]]]
     action_distance_pairs: list[list[Num]]
     policy: str = "mean"
-    other_policies: dict[str, "GroupResult"] = field(default_factory=dict)
-    alpha_frac_floor: Num = math.nan
-    alpha_frac_cap: Num = math.nan
-    alpha_frac_floor_late: Num = math.nan
-    alpha_frac_cap_late: Num = math.nan
-    log_std_at_min: Num = math.nan
-    unverified_seeds: list[int] = field(default_factory=list)  # used unchecked: no digest recorded (group_cache)
-    alpha_frac_hot_late: Num = math.nan
-    alpha_ratio_late: Num = math.nan
-    entropy_late: Num = math.nan
-    random_score: Num = math.nan  # a uniform-random policy's mean normalised score on the task (the learning floor)
+    other_policies: dict[str, GroupResult] = {}
+    alpha_frac_floor: Num = NAN
+    alpha_frac_cap: Num = NAN
+    alpha_frac_floor_late: Num = NAN
+    alpha_frac_cap_late: Num = NAN
+    log_std_at_min: Num = NAN
+    unverified_seeds: list[int] = []  # used unchecked: no digest recorded (group_cache)
+    alpha_frac_hot_late: Num = NAN
+    alpha_ratio_late: Num = NAN
+    entropy_late: Num = NAN
+    random_score: Num = NAN  # a uniform-random policy's mean normalised score on the task (the learning floor)
+    temperature: str = Field("", exclude=True)
+    baseline: str = Field("", exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_variant(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("variant"), str):
+            data = {**data, **dict(zip(("temperature", "baseline"), split_variant(data["variant"])))}
+        return data
 
     @property
     def key(self) -> GroupKey:
-        """(task, agent, variant)."""
         return GroupKey(self.task, self.agent, self.variant)
+
+    @property
+    def is_baseline(self) -> bool:
+        """A target-entropy group with no other temperature setting: the baseline of its variants."""
+        return self.baseline == self.variant
 
     @property
     def at_cap(self) -> bool:
@@ -145,10 +181,8 @@ class GroupResult(JsonRecord):
 
     @property
     def alpha_regime(self) -> str | None:
-        """Where QED's alpha sat in the last quarter of training: ``at_cap`` (:attr:`at_cap`: te is compared with
-        an almost fixed alpha), ``hot`` (below the cap, but at least HOT_RATIO times alpha_TE on most actor-update
-        states: a far hotter policy than te's), else ``ok``; None: no estimate (te and fixed log no QED shares, or
-        the trials left no ``history.json``)."""
+        """Where QED's alpha sat late in training: ``at_cap``, ``hot`` (below the cap but at least HOT_RATIO times
+        alpha_TE on most states), else ``ok``; None: no estimate (te and fixed log no QED shares)."""
         if self.at_cap:
             return "at_cap"
         if not math.isfinite(self.alpha_frac_hot_late):
@@ -156,24 +190,12 @@ class GroupResult(JsonRecord):
         return "hot" if self.alpha_frac_hot_late > MOST_STATES else "ok"
 
     def to_json(self, with_others: bool = True) -> dict:
-        """The cache and ``results.json`` entry (strict JSON: NaN as null, seeds of ``learning_curves`` as
-        strings); ``with_others`` False leaves ``other_policies`` empty (``results.json`` lists them apart). An
-        entry written before ``policy`` existed reads as the ``mean`` policy's, one written before the
-        where-QED-sat fields existed reads them as NaN."""
-        return super().to_json() if with_others else dataclasses.replace(self, other_policies={}).to_json()
+        """The cache and ``results.json`` entry; ``with_others`` False leaves ``other_policies`` empty."""
+        return dump(self if with_others else self.model_copy(update={"other_policies": {}}))
 
 
-@dataclass(frozen=True)
 class GroupStats(Row):
-    """Per-group numbers that depend on the bootstrap settings (a row of ``groups.csv`` beyond the evaluation).
-
-    ``n_failed`` counts the group's trials left out (see :class:`FailedTrial`). Intervals are percentile
-    intervals of a bootstrap over the group's seeds (:mod:`qed_ray.analysis.bootstrap`); ``score_var`` is the across-seed
-    sample variance (ddof 1) of the normalised scores. ``qed_at_cap``: QED's alpha sat at alpha_max on most
-    actor-update states in the last quarter of training (``alpha_frac_cap_late`` > 0.5), so the group compares te
-    with an almost fixed alpha. ``alpha_regime``: :attr:`GroupResult.alpha_regime`. ``entropy_gap_late``: the
-    group's ``entropy_late`` minus its te baseline's on the same task (NaN: te itself, or no baseline).
-    """
+    """Per-group numbers that depend on the bootstrap settings (``groups.csv`` beyond the evaluation)."""
 
     task: str
     agent: str
@@ -187,23 +209,14 @@ class GroupStats(Row):
     score_var: Num
     qed_at_cap: bool = False
     alpha_regime: str | None = None
-    entropy_gap_late: Num = math.nan
+    entropy_gap_late: Num = NAN
 
 
-
-@dataclass(frozen=True)
 class Aggregate(Row):
-    """One (agent, variant) across tasks: IQM and mean score with their stratified-bootstrap CIs, V, action
-    distance, variance.
+    """One (agent, variant) across tasks (``aggregates.csv``: the first twelve columns are the original ones).
 
-    The first twelve fields are the original ``aggregates.csv`` columns; the rest were added after them. Ratios
-    are ``baseline / this`` over the tasks both have (NaN for the baseline itself or without one), so a ratio of
-    100 means 100 times less divergence (or return variance) than the baseline; they are the ratio of task means
-    of the variant's :class:`Comparison`, whose interval ``ratio_ci`` names (``paired`` over seeds, ``unpaired``,
-    or paired on some tasks). ``alpha_frac_*_late``, ``alpha_ratio_late`` and ``log_std_at_min`` are the groups'
-    means over tasks, ``n_tasks_at_cap`` and ``n_tasks_hot`` count the groups whose ``alpha_regime`` is
-    ``at_cap`` and ``hot``.
-    """
+    Ratios are ``baseline / this`` (the ratio of task means of the variant's :class:`Comparison`; NaN for the
+    baseline itself or without one), ``ratio_ci`` names their interval's pairing."""
 
     agent: str
     variant: str
@@ -233,14 +246,14 @@ class Aggregate(Row):
     score_var_ratio: Num
     score_var_ratio_ci_lower: Num
     score_var_ratio_ci_upper: Num
-    mean_score_ci_lower: Num = math.nan
-    mean_score_ci_upper: Num = math.nan
+    mean_score_ci_lower: Num = NAN
+    mean_score_ci_upper: Num = NAN
     ratio_ci: str = ""
-    alpha_frac_floor_late: Num = math.nan
-    alpha_frac_cap_late: Num = math.nan
-    log_std_at_min: Num = math.nan
+    alpha_frac_floor_late: Num = NAN
+    alpha_frac_cap_late: Num = NAN
+    log_std_at_min: Num = NAN
     n_tasks_at_cap: int = 0
-    alpha_ratio_late: Num = math.nan
+    alpha_ratio_late: Num = NAN
     n_tasks_hot: int = 0
 
     def headline(self) -> dict[str, float]:
@@ -252,21 +265,14 @@ class Aggregate(Row):
             "n_tasks_hot")}
 
 
-
-@dataclass(frozen=True)
 class Comparison(Row):
     """One variant against its target-entropy ``baseline`` over the tasks both have (``comparisons.csv``).
 
-    For V, the action distance and the across-seed return variance: the per-task ratio baseline / variant summarised
-    over tasks three ways (``*_median``, ``*_geomean`` of the per-task ratios, ``*_means`` = ratio of the task
-    means), each with its percentile interval (``_ci_lower``, ``_ci_upper``); ``iqm_ratio`` is IQM(variant) /
-    IQM(baseline) over the same tasks; ``prob_improvement`` the probability that a run of the variant scores above
-    one of the baseline on the same task, mean over tasks (:mod:`qed_ray.analysis.profiles`), from the same
-    resamples as the IQM ratio. ``pairing``: ``paired`` when on every task both groups have the same seeds
-    (resampled jointly, :mod:`qed_ray.analysis.bootstrap`), ``unpaired`` when on none (resampled apart), else ``paired on
-    k of K tasks``. ``n_tasks_V``: tasks where both define V (two seeds or more). ``n_seeds`` and ``env_steps``:
-    the smallest seed count and final budget among the compared groups.
-    """
+    The te / variant ratio of V, the action distance and the across-seed return variance summarised over tasks
+    three ways (``_median``, ``_geomean`` of the per-task ratios, ``_means``: ratio of the task means),
+    ``iqm_ratio`` = IQM(variant) / IQM(te), ``prob_improvement`` = P(variant > te), each an :class:`Interval`.
+    ``pairing``: ``paired``, ``unpaired`` or ``paired on k of K tasks``; ``n_tasks_V``: tasks where both define V;
+    ``n_seeds``, ``env_steps``: the smallest among the compared groups."""
 
     agent: str
     variant: str
@@ -278,46 +284,19 @@ class Comparison(Row):
     n_paired_tasks: int
     n_seeds: int
     env_steps: int
-    V_ratio_median: Num
-    V_ratio_median_ci_lower: Num
-    V_ratio_median_ci_upper: Num
-    V_ratio_geomean: Num
-    V_ratio_geomean_ci_lower: Num
-    V_ratio_geomean_ci_upper: Num
-    V_ratio_means: Num
-    V_ratio_means_ci_lower: Num
-    V_ratio_means_ci_upper: Num
-    action_distance_ratio_median: Num
-    action_distance_ratio_median_ci_lower: Num
-    action_distance_ratio_median_ci_upper: Num
-    action_distance_ratio_geomean: Num
-    action_distance_ratio_geomean_ci_lower: Num
-    action_distance_ratio_geomean_ci_upper: Num
-    action_distance_ratio_means: Num
-    action_distance_ratio_means_ci_lower: Num
-    action_distance_ratio_means_ci_upper: Num
-    score_var_ratio_median: Num
-    score_var_ratio_median_ci_lower: Num
-    score_var_ratio_median_ci_upper: Num
-    score_var_ratio_geomean: Num
-    score_var_ratio_geomean_ci_lower: Num
-    score_var_ratio_geomean_ci_upper: Num
-    score_var_ratio_means: Num
-    score_var_ratio_means_ci_lower: Num
-    score_var_ratio_means_ci_upper: Num
-    iqm_ratio: Num
-    iqm_ratio_ci_lower: Num
-    iqm_ratio_ci_upper: Num
-    prob_improvement: Num = math.nan
-    prob_improvement_ci_lower: Num = math.nan
-    prob_improvement_ci_upper: Num = math.nan
-
-    def csv_row(self) -> dict:
-        """The ``comparisons.csv`` row: the fields, ``tasks`` joined by ``;``."""
-        return {**asdict(self), "tasks": ";".join(self.tasks)}
+    V_ratio_median: Interval
+    V_ratio_geomean: Interval
+    V_ratio_means: Interval
+    action_distance_ratio_median: Interval
+    action_distance_ratio_geomean: Interval
+    action_distance_ratio_means: Interval
+    score_var_ratio_median: Interval
+    score_var_ratio_geomean: Interval
+    score_var_ratio_means: Interval
+    iqm_ratio: Interval
+    prob_improvement: Interval = Interval()
 
 
-@dataclass(frozen=True)
 class BudgetIqm(Row):
     """IQM of the training-time evaluation returns / 1000 at one env-step budget (sample efficiency, App. F)."""
 
@@ -331,11 +310,9 @@ class BudgetIqm(Row):
     ci_upper: Num
 
 
-@dataclass(frozen=True)
 class PerformanceProfile(Row):
-    """One (agent, variant)'s performance profile (rliable's score distribution, :mod:`qed_ray.analysis.profiles`):
-    at each threshold ``taus[t]`` on the normalised score, the share of its ``n_runs`` runs over ``n_tasks`` tasks
-    scoring above it (``fraction``), with the stratified-bootstrap percentile band (``ci_lower``, ``ci_upper``)."""
+    """One (agent, variant)'s performance profile (rliable's score distribution): at each threshold ``taus[t]``,
+    the share of its runs scoring above it (``fraction``) with its stratified-bootstrap band."""
 
     agent: str
     variant: str
@@ -347,7 +324,6 @@ class PerformanceProfile(Row):
     ci_upper: list[Num]
 
 
-@dataclass(frozen=True)
 class CriticProxy(Row):
     """App. D for one (agent, variant): early |Q1 - Q2| vs final cross-seed Q1 dispersion per task, and R^2."""
 
@@ -359,8 +335,7 @@ class CriticProxy(Row):
     r_squared: Num  # NaN with fewer than 3 tasks or no spread
 
 
-@dataclass(frozen=True)
-class FailedTrial(JsonRecord):
+class FailedTrial(Row):
     """A trial left out of the tables (failed for good, diverged, unfinished, or refused by the gather step), or
     ``gather`` itself, with the last line of the error."""
 
@@ -375,8 +350,7 @@ class FailedTrial(JsonRecord):
 
 
 # The verdict's records (qed_ray.analysis.verdict judges and fills them; gather/verdict.json holds a Verdict).
-@dataclass(frozen=True)
-class EndpointResult(JsonRecord):
+class EndpointResult(Row):
     """One endpoint of one variant: its estimate and interval (at the variant's ``level``), rule and outcome."""
 
     name: str
@@ -387,11 +361,9 @@ class EndpointResult(JsonRecord):
     rule: str
 
 
-@dataclass(frozen=True)
-class TaskGuard(JsonRecord):
-    """One task's guard: the learning floor (from a random policy's score), te's and QED's mean scores with the
-    ends that decide, QED's mean over te's with its interval, the outcome and why; ``alpha_regime`` is the QED
-    group's (None: no estimate)."""
+class TaskGuard(Row):
+    """One task's guard: the learning floor, te's and QED's mean scores with the ends that decide, QED's mean over
+    te's with its interval, the outcome and why; ``alpha_regime`` is the QED group's (None: no estimate)."""
 
     task: str
     outcome: str
@@ -408,11 +380,10 @@ class TaskGuard(JsonRecord):
     alpha_regime: str | None = None
 
 
-@dataclass(frozen=True)
-class VariantVerdict(JsonRecord):
-    """One QED variant against its te baseline; ``scope`` lists its departures from the registered design (empty:
-    judged), ``level`` is the two-sided level of its deciding intervals (NaN: none drawn); ``look``: the registered
-    look (1-based) its seeds make it, under an adaptive design (None: a fixed design)."""
+class VariantVerdict(Row):
+    """One QED variant against its te baseline; ``scope``: its departures from the registered design (empty:
+    judged); ``level``: the two-sided level of its deciding intervals (NaN: none drawn); ``look``: the registered
+    look its seeds make it (None: a fixed design)."""
 
     agent: str
     variant: str
@@ -423,31 +394,26 @@ class VariantVerdict(JsonRecord):
     n_tasks_at_cap: int
     scope: list[str]
     endpoints: list[EndpointResult]
-    level: Num = math.nan
-    guards: list[TaskGuard] = field(default_factory=list)
+    level: Num = NAN
+    guards: list[TaskGuard] = []
     look: int | None = None
 
 
-@dataclass(frozen=True)
-class Verdict(JsonRecord):
-    """The claim's verdict: per variant and overall (``claim_file`` None: measured against the registered design
-    with its thresholds)."""
+class Verdict(Row):
+    """The claim's verdict, per variant and overall (``claim_file`` None: by the registered design)."""
 
     claim_file: str | None
     claim_sha256: str | None
     outcome: str
     judged_over: str
-    variants: list[VariantVerdict] = field(default_factory=list)  # as JSON: gather/verdict.json
+    variants: list[VariantVerdict] = []
     correction: str = ""
 
 
-@dataclass(frozen=True)
-class SweepResults(JsonRecord):
-    """Everything the gather step computes for a sweep (``results.json``), under the evaluation policy ``policy``
-    (the first of ``final_eval.policies``); ``other_policies`` holds the same tables under each further one.
-    ``comparisons``: each variant against its te baseline; ``verdict``: the claim's endpoints judged on them
-    (:mod:`qed_ray.analysis.verdict`; None without a te and a QED variant); ``performance_profiles``: one per
-    (agent, variant)."""
+class SweepResults(Row):
+    """Everything the gather step computes for a sweep (``results.json``) under the evaluation policy ``policy``;
+    ``other_policies`` holds the same tables under each further one; ``verdict`` None without a te and a QED
+    variant."""
 
     sweep: str
     final_eval: FinalEvalSpec
@@ -456,22 +422,22 @@ class SweepResults(JsonRecord):
     critic_proxy: list[CriticProxy]
     failed_trials: list[FailedTrial]
     n_trials: int
-    group_stats: list[GroupStats] = field(default_factory=list)
-    iqm_by_budget: list[BudgetIqm] = field(default_factory=list)
+    group_stats: list[GroupStats] = []
+    iqm_by_budget: list[BudgetIqm] = []
     policy: str = "mean"
-    other_policies: dict[str, "SweepResults"] = field(default_factory=dict)
-    comparisons: list[Comparison] = field(default_factory=list)
+    other_policies: dict[str, SweepResults] = {}
+    comparisons: list[Comparison] = []
     verdict: Verdict | None = None
-    performance_profiles: list[PerformanceProfile] = field(default_factory=list)
+    performance_profiles: list[PerformanceProfile] = []
 
     def to_json(self) -> dict:
         """``results.json`` (strict JSON); each group once, under the policy whose tables it is in."""
-        return super(SweepResults, dataclasses.replace(self, groups=[
-            dataclasses.replace(g, other_policies={}) for g in self.groups])).to_json()
+        return dump(self.model_copy(update={"groups": [g.model_copy(update={"other_policies": {}})
+                                                       for g in self.groups]}))
 
     @classmethod
-    def from_json(cls, data: Any) -> "SweepResults":
-        """Inverse of :meth:`to_json` (the rows' numeric columns added since a file was written read as NaN)."""
+    def from_json(cls, data: Any) -> SweepResults:
+        """Inverse of :meth:`to_json` (the rows' older shapes read as today's, :func:`older_row`)."""
         return parse(cls, _older_rows(data), cls.__name__)
 
 
@@ -480,10 +446,9 @@ _ROWS = {"aggregates": Aggregate, "critic_proxy": CriticProxy, "group_stats": Gr
 
 
 def _older_rows(data: Any) -> Any:
-    """``results.json`` with each row's missing numeric columns as null (:func:`missing_numbers`)."""
     if not isinstance(data, dict):
         return data
-    out = {**data, **{k: [missing_numbers(row, r) for r in data[k]] for k, row in _ROWS.items()
+    out = {**data, **{k: [older_row(row, r) for r in data[k]] for k, row in _ROWS.items()
                       if isinstance(data.get(k), list)}}
     if isinstance(data.get("other_policies"), dict):
         out["other_policies"] = {p: _older_rows(r) for p, r in data["other_policies"].items()}

@@ -103,12 +103,13 @@ def front_rows(groups: Sequence[GroupResult], points: Sequence[SearchedPoint], f
             # Fewer than MIN_SEEDS seeds give no interval (every resample of distinct seeds is the same pair):
             # the ends are unknown, so the guard is not judged and the rule cannot choose the point.
             few = c.n_seeds < MIN_SEEDS
-            v_ci = (NAN, NAN) if few else (c.V_ratio_means_ci_lower, c.V_ratio_means_ci_upper)
-            iqm_ci = (NAN, NAN) if few else (c.iqm_ratio_ci_lower, c.iqm_ratio_ci_upper)
+            v_ci = (NAN, NAN) if few else (c.V_ratio_means.lower, c.V_ratio_means.upper)
+            iqm_ci = (NAN, NAN) if few else (c.iqm_ratio.lower, c.iqm_ratio.upper)
             guard = math.isfinite(iqm_ci[0]) and iqm_ci[0] >= iqm_guard
             rows.append(FrontRow(p.task, p.agent, p.variant, p.k, NAN if p.alpha_max is None else p.alpha_max,
                                  c.n_seeds, metrics.iqm(np.asarray(g.scores, dtype=float)[:, None]), g.V,
-                                 c.V_ratio_means, *v_ci, c.iqm_ratio, *iqm_ci, c.pairing, False, guard, False))
+                                 c.V_ratio_means.value, *v_ci, c.iqm_ratio.value, *iqm_ci, c.pairing, False, guard,
+                                 False))
         front = pareto([(r.iqm, r.V) for r in rows])
         best = choose(rows)
         out += [replace(r, on_front=f, chosen=r is best) for r, f in zip(rows, front)]

@@ -17,8 +17,6 @@ Tasks keep all their remaining seeds (no cut to the smallest count).
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 from collections import Counter
 from typing import Sequence
@@ -27,9 +25,8 @@ import numpy as np
 
 from qed_ray.analysis import bootstrap, comparisons, evidence, metrics, profiles
 from qed_ray.analysis.comparisons import group_value as _value
-from qed_ray.spec.naming import parse_variant
 from qed_ray.analysis.results import (Aggregate, BudgetIqm, Comparison, CriticProxy, FailedTrial, GroupKey, GroupResult,
-                             GroupStats, SweepResults)
+                             GroupStats, Interval, SweepResults)
 from qed_ray.spec.sweep import FinalEvalSpec
 
 NAN = math.nan
@@ -63,24 +60,10 @@ def _mean_with_ci(stat: str, gs: Sequence[GroupResult], reps: comparisons.Replic
     return (point, *bootstrap.percentile_interval(rep, reps.fe.confidence))
 
 
-def baseline_of(variant: str, variants: Sequence[str]) -> str:
-    """The target-entropy variant with the same agent and training settings as ``variant`` ("" if none, or if
-    ``variant`` is that baseline itself)."""
-    def settings(label: str):
-        try:
-            parsed = parse_variant(label)
-        except ValueError:
-            return None
-        return parsed["temperature"], json.dumps([parsed["agent"], parsed["train"]], sort_keys=True)
-
-    mine = settings(variant)
-    if mine is None or mine[0] == {"kind": "te"}:
-        return ""
-    for v in variants:
-        other = settings(v)
-        if other is not None and other[0] == {"kind": "te"} and other[1] == mine[1]:
-            return v
-    return ""
+def baseline_of(g: GroupResult, variants: Sequence[str]) -> str:
+    """``g``'s te baseline (:attr:`GroupResult.baseline`) if it is among ``variants`` ("" if not, and for a
+    baseline itself)."""
+    return g.baseline if not g.is_baseline and g.baseline in variants else ""
 
 
 def compare_all(groups: Sequence[GroupResult], final_eval: FinalEvalSpec,
@@ -88,7 +71,7 @@ def compare_all(groups: Sequence[GroupResult], final_eval: FinalEvalSpec,
     """Every (agent, variant) with a target-entropy baseline against it (:func:`qed_ray.analysis.comparisons.compare`)."""
     reps, by_av, out = reps or comparisons.Replicates(final_eval), _by_agent_variant(groups), []
     for (agent, variant), gs in by_av.items():
-        base = baseline_of(variant, [v for a, v in by_av if a == agent])
+        base = baseline_of(gs[0], [v for a, v in by_av if a == agent])
         c = comparisons.compare(by_av[(agent, base)], gs, final_eval, reps.get) if base else None
         out += [c] if c is not None else []
     return out
@@ -124,9 +107,7 @@ def aggregate(groups: Sequence[GroupResult], final_eval: FinalEvalSpec, failed: 
         _, ad_lo, ad_hi = _mean_with_ci("action_distance", gs, reps)
         var, var_lo, var_hi = _mean_with_ci("score_var", gs, reps)
         c = by_variant.get((agent, variant))
-        v_ratio = (c.V_ratio_means, c.V_ratio_means_ci_lower, c.V_ratio_means_ci_upper) if c else (NAN,) * 3
-        var_ratio = ((c.score_var_ratio_means, c.score_var_ratio_means_ci_lower, c.score_var_ratio_means_ci_upper)
-                     if c else (NAN,) * 3)
+        v_ratio, var_ratio = (c.V_ratio_means, c.score_var_ratio_means) if c else (Interval(), Interval())
         failed_here = sum(n for k, n in n_failed.items() if (k.agent, k.variant) == (agent, variant))
         out.append(Aggregate(
             agent=agent, variant=variant, n_tasks=len(gs), n_seeds=min(len(g.scores) for g in gs),
@@ -140,9 +121,9 @@ def aggregate(groups: Sequence[GroupResult], final_eval: FinalEvalSpec, failed: 
             action_distance_ci_lower=ad_lo, action_distance_ci_upper=ad_hi,
             score_var_mean=var, score_var_ci_lower=var_lo, score_var_ci_upper=var_hi,
             baseline=c.baseline if c else "",
-            V_ratio=v_ratio[0], V_ratio_ci_lower=v_ratio[1], V_ratio_ci_upper=v_ratio[2],
-            score_var_ratio=var_ratio[0], score_var_ratio_ci_lower=var_ratio[1],
-            score_var_ratio_ci_upper=var_ratio[2], mean_score_ci_lower=mean["lower"],
+            V_ratio=v_ratio.value, V_ratio_ci_lower=v_ratio.lower, V_ratio_ci_upper=v_ratio.upper,
+            score_var_ratio=var_ratio.value, score_var_ratio_ci_lower=var_ratio.lower,
+            score_var_ratio_ci_upper=var_ratio.upper, mean_score_ci_lower=mean["lower"],
             mean_score_ci_upper=mean["upper"], ratio_ci=c.pairing if c else "", **_where_qed_sat(gs)))
     return out
 
@@ -156,7 +137,7 @@ def _entropy_gaps(groups: Sequence[GroupResult]) -> dict[GroupKey, float]:
         variants.setdefault(g.agent, []).append(g.variant)
     out = {}
     for g in groups:
-        base = by_key.get(GroupKey(g.task, g.agent, baseline_of(g.variant, variants[g.agent])))
+        base = by_key.get(GroupKey(g.task, g.agent, baseline_of(g, variants[g.agent])))
         out[g.key] = g.entropy_late - base.entropy_late if base is not None and base is not g else NAN
     return out
 
@@ -240,10 +221,10 @@ def sweep_results(sweep: str, final_eval: FinalEvalSpec, groups: Sequence[GroupR
     the verdict applies the default thresholds, :mod:`qed_ray.analysis.verdict`). ``judge`` False: no verdict at
     all (a k search is exploratory by construction, :mod:`qed_ray.spec.search`)."""
     first, *others = final_eval.policies
-    return dataclasses.replace(
-        _tables(sweep, final_eval, groups, failed, n_trials, first, claim, judge),
-        other_policies={p: _tables(sweep, final_eval, [g.other_policies[p] for g in groups if p in g.other_policies],
-                                   failed, n_trials, p, claim, judge) for p in others})
+    others = {p: _tables(sweep, final_eval, [g.other_policies[p] for g in groups if p in g.other_policies], failed,
+                         n_trials, p, claim, judge) for p in others}
+    return _tables(sweep, final_eval, groups, failed, n_trials, first, claim, judge).model_copy(
+        update={"other_policies": others})
 
 
 def _tables(sweep: str, final_eval: FinalEvalSpec, groups: Sequence[GroupResult], failed: Sequence[FailedTrial],

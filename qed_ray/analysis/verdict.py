@@ -31,7 +31,6 @@ import numpy as np
 
 from qed_ray.spec.claim import MIN_SEEDS, AdaptiveSpec, ClaimBlock, Endpoints, registered_design
 from qed_ray.analysis.results import Comparison, EndpointResult, TaskGuard, Verdict, VariantVerdict
-from qed_ray.spec.naming import parse_variant
 
 if TYPE_CHECKING:
     from qed_ray.spec.sweep import FinalEvalSpec
@@ -91,14 +90,6 @@ def look_levels(endpoints: Endpoints, adaptive: AdaptiveSpec, n_judged: int) -> 
     return nominal_levels(adaptive.fractions(), alpha, adaptive.spending)
 
 
-def is_qed(label: str) -> bool:
-    """Whether a variant label is a QED variant (the ones judged; controls such as fixed alpha never are)."""
-    try:
-        return parse_variant(label)["temperature"]["kind"] == "qed"
-    except ValueError:
-        return False
-
-
 def departures(c: Comparison, block: ClaimBlock | None, final_eval: FinalEvalSpec,
                why_none: str = "no pre-registration named (spec field claim)") -> list[str]:
     """What in this comparison differs from the registered design (empty: it is the design); ``block`` None (the
@@ -145,9 +136,9 @@ def endpoint_rules(endpoints: Endpoints, c: Comparison) -> tuple[str, str]:
 def _no_intervals(c: Comparison, endpoints: Endpoints) -> list[EndpointResult]:
     v_rule, q_rule = endpoint_rules(endpoints, c)
     why = f" ({c.n_seeds} on some task; an interval needs {MIN_SEEDS})"
-    return [EndpointResult(f"V ratio >= {endpoints.v_ratio.lower_at_least:g}", NOT_ENOUGH_SEEDS, c.V_ratio_median,
-                           math.nan, math.nan, v_rule + why),
-            EndpointResult("IQM kept", NOT_ENOUGH_SEEDS, c.iqm_ratio, math.nan, math.nan, q_rule + why)]
+    return [EndpointResult(f"V ratio >= {endpoints.v_ratio.lower_at_least:g}", NOT_ENOUGH_SEEDS,
+                           c.V_ratio_median.value, math.nan, math.nan, v_rule + why),
+            EndpointResult("IQM kept", NOT_ENOUGH_SEEDS, c.iqm_ratio.value, math.nan, math.nan, q_rule + why)]
 
 
 Measure = Callable[..., tuple[list[TaskGuard], list[EndpointResult]]]

@@ -86,6 +86,17 @@ def parse_variant(label: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+def split_variant(label: str) -> tuple[str, str]:
+    """``(temperature kind, the label of its te baseline)``: ``("qed", "te+hidden=512")`` for
+    ``qed0.2+alpha_max=0.3+hidden=512``, ``("te", "te")`` for ``te``; ``("", "")`` for a label this module did not
+    write."""
+    try:
+        kind = parse_variant(label)["temperature"]["kind"]
+    except ValueError:
+        return "", ""
+    rest = [p for p in label.split(SEP)[1:] if _sections()[p.partition("=")[0]] != "temperature"]
+    return kind, SEP.join(["te", *rest])
+
 # How a run executes, not what it learns: a resume may change these freely.
 EXECUTION_SETTINGS = frozenset({"train.device", "train.threads"})
 DEFAULT = "<default>"  # shown for a setting an identity leaves out (it is at its default)

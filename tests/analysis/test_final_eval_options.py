@@ -2,7 +2,6 @@
 from the policy with noise fixed by the shared eval seeds, each policy's numbers come out apart, the critic-proxy
 window, the cache keys, the tables and figures of every policy, and the Sec. 6.3 figure of the mean return."""
 
-import dataclasses
 import hashlib
 import json
 import re
@@ -108,9 +107,8 @@ def test_every_policy_gets_its_tables_and_figures(tmp_path):
     for v in ("te", "qed0.2"):
         for i, t in enumerate(("a", "b"), start=1):
             g = group_result(t, variant=v, scores=(0.1 * i, 0.2 * i))
-            other = dataclasses.replace(group_result(t, variant=v, scores=(0.3 * i, 0.1 * i), V=2.0),
-                                        policy="sample")
-            groups.append(dataclasses.replace(g, other_policies={"sample": other}))
+            other = group_result(t, variant=v, scores=(0.3 * i, 0.1 * i), V=2.0, policy="sample")
+            groups.append(g.model_copy(update={"other_policies": {"sample": other}}))
     results = sweep_results("s", fe, groups, [], 8)
     assert results.policy == "mean" and results.other_policies["sample"].policy == "sample"
     assert results.other_policies["sample"].aggregates[0].V_mean == 2.0 and results.aggregates[0].V_mean == 1.0

@@ -60,7 +60,7 @@ def test_paired_interval_is_rliables_metric_on_the_same_resamples():
     te, qed = _groups(x, y)
     c = compare(te, qed, FE, lambda stat, g: None)
     assert c.pairing == "paired"
-    assert c.prob_improvement == pytest.approx(rly_metrics.probability_of_improvement(y, x), abs=1e-12)
+    assert c.prob_improvement.value == pytest.approx(rly_metrics.probability_of_improvement(y, x), abs=1e-12)
     # The comparison's draws, rebuilt: per task one stream of joint seed counts for both variants.
     reps = []
     per_task = []
@@ -72,7 +72,7 @@ def test_paired_interval_is_rliables_metric_on_the_same_resamples():
         reps.append(rly_metrics.probability_of_improvement(np.stack([t[0][r] for t in per_task], 1),
                                                            np.stack([t[1][r] for t in per_task], 1)))
     lo, hi = np.percentile(reps, [2.5, 97.5])
-    assert (c.prob_improvement_ci_lower, c.prob_improvement_ci_upper) == pytest.approx((lo, hi), abs=1e-12)
+    assert (c.prob_improvement.lower, c.prob_improvement.upper) == pytest.approx((lo, hi), abs=1e-12)
 
 
 def test_unpaired_interval_is_rliables_within_monte_carlo_tolerance():
@@ -86,8 +86,8 @@ def test_unpaired_interval_is_rliables_within_monte_carlo_tolerance():
     point, ci = rliable_draws(lambda: rly.get_interval_estimates(
         {"p": [y, x]}, lambda a, b: np.array([profiles.mean_probability_of_improvement(list(a.T), list(b.T))]),
         reps=4000), seed=0)
-    assert c.prob_improvement == pytest.approx(point["p"][0], abs=1e-12)
-    np.testing.assert_allclose([c.prob_improvement_ci_lower, c.prob_improvement_ci_upper], ci["p"][:, 0], atol=0.02)
+    assert c.prob_improvement.value == pytest.approx(point["p"][0], abs=1e-12)
+    np.testing.assert_allclose([c.prob_improvement.lower, c.prob_improvement.upper], ci["p"][:, 0], atol=0.02)
 
 
 def test_performance_profile_is_rliables_on_the_same_resamples_and_within_tolerance_of_its_own():

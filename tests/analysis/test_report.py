@@ -81,9 +81,9 @@ def test_every_statistic_and_ratio_has_its_interval_or_is_left_out():
         if c is None:  # te itself, or a variant without a te of its agent: no ratio at all
             assert [row[h] for h in RATIOS] == ["-", "-"]
             continue
-        assert row[RATIOS[0]] == report.with_ci(c.V_ratio_median, c.V_ratio_median_ci_lower,
-                                                c.V_ratio_median_ci_upper) != "-"
-        assert row[RATIOS[1]] == report.with_ci(c.iqm_ratio, c.iqm_ratio_ci_lower, c.iqm_ratio_ci_upper) != "-"
+        assert row[RATIOS[0]] == report.with_ci(c.V_ratio_median.value, c.V_ratio_median.lower,
+                                                c.V_ratio_median.upper) != "-"
+        assert row[RATIOS[1]] == report.with_ci(c.iqm_ratio.value, c.iqm_ratio.lower, c.iqm_ratio.upper) != "-"
     assert rows[("sac_ln", "fixed0.1")][RATIOS[0]] == "2 [2, 2]"  # te V 4 over 2 on both tasks
     assert rows[("sac_ln", "qed0.2+hidden=512")][RATIOS[0]] == "5 [5, 5]", "against te+hidden=512, not te"
     assert rows[("mad_sac", "qed0.3")]["flags"] == "no te baseline: no ratios"

@@ -14,7 +14,8 @@ from kit import GROUP_COLUMNS
 from qed_ray.analysis import bootstrap, metrics
 from qed_ray.records.layout import SweepDir
 from qed_ray.analysis.outputs import write_results
-from qed_ray.analysis.results import Aggregate, CriticProxy, FailedTrial, GroupResult, SweepResults
+from qed_ray.analysis.results import (Aggregate, Comparison, CriticProxy, FailedTrial, GroupResult, SweepResults,
+                                      csv_row)
 from qed_ray.spec.sweep import FinalEvalSpec
 from qed_ray.analysis.tables import (aggregate, baseline_of, critic_proxy, group_stats, iqm_by_budget,
                                     sweep_results)
@@ -80,7 +81,7 @@ def test_te_over_qed_ratios_with_intervals():
     ("not a label", ["te"], ""),
 ])
 def test_the_baseline_is_the_te_variant_with_the_same_other_settings(variant, variants, want):
-    assert baseline_of(variant, variants) == want
+    assert baseline_of(group_result(variant=variant), variants) == want
 
 
 def test_iqm_at_the_shared_budgets():
@@ -150,6 +151,11 @@ def test_typed_results_round_trip_through_strict_json():
     assert GroupResult.from_json(groups[0].to_json()) == groups[0]
     old = {k: v for k, v in groups[0].to_json().items() if not k.startswith(("alpha_frac", "log_std"))}
     assert math.isnan(GroupResult.from_json(old).alpha_frac_cap), "an entry written before these fields loads"
+    # a comparison written flat (x, x_ci_lower, x_ci_upper: results.json before Interval), without P(this > te)
+    (c,) = results.comparisons
+    flat = {k: v for k, v in csv_row(c).items() if not k.startswith("prob_improvement")}
+    older = Comparison.from_json({**flat, "tasks": flat["tasks"].split(";")})
+    assert older.V_ratio_median == c.V_ratio_median and math.isnan(older.prob_improvement.value)
 
 
 def test_gather_writes_results_and_tables_with_fixed_columns(tmp_path):

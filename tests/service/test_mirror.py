@@ -64,9 +64,9 @@ def test_the_parent_runs_description_follows_the_groups_as_they_land(store, tmp_
     assert both.verdict.outcome == "exploratory" and "**Verdict on the claim: not judged**" in description
     assert description.endswith(SWEEP_FOOTER) and run.data.tags["qed.verdict"] == both.verdict.outcome
     (qed,) = both.comparisons
-    assert run.data.metrics["sac_ln.qed0.2/V_ratio_median"] == pytest.approx(qed.V_ratio_median)
-    assert run.data.metrics["sac_ln.qed0.2/V_ratio_median_ci_lower"] == pytest.approx(qed.V_ratio_median_ci_lower)
-    assert run.data.metrics["sac_ln.qed0.2/prob_improvement_ci_upper"] == pytest.approx(qed.prob_improvement_ci_upper)
+    assert run.data.metrics["sac_ln.qed0.2/V_ratio_median"] == pytest.approx(qed.V_ratio_median.value)
+    assert run.data.metrics["sac_ln.qed0.2/V_ratio_median_ci_lower"] == pytest.approx(qed.V_ratio_median.lower)
+    assert run.data.metrics["sac_ln.qed0.2/prob_improvement_ci_upper"] == pytest.approx(qed.prob_improvement.upper)
     assert run.data.metrics["group/b/sac_ln.qed0.2/alpha_frac_cap_late"] == 0.1
     assert run.data.metrics["group/b/sac_ln.qed0.2/alpha_ratio_late"] == 9.0
     assert run.data.metrics["sac_ln.qed0.2/n_tasks_hot"] == 1 and run.data.tags["alpha_regime/b/sac_ln.qed0.2"] == "hot"

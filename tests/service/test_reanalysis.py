@@ -191,7 +191,7 @@ def _paired_ratios_where_qed_sat_and_the_verdict(layout, capsys):
     (c,) = results["comparisons"]
     assert (c["variant"], c["baseline"], c["pairing"], c["tasks"]) == ("qed0.2", "te", "paired", ["cartpole-balance"])
     te = next(g for g in results["groups"] if g["variant"] == "te")
-    assert c["V_ratio_median"] == pytest.approx(te["V"] / qed["V"])  # one task: every summary is its ratio
+    assert c["V_ratio_median"]["value"] == pytest.approx(te["V"] / qed["V"])  # one task: every summary is its ratio
     with open(_latest(layout, "comparisons.csv")) as f:
         assert float(next(csv.DictReader(f))["V_ratio_geomean"]) == pytest.approx(te["V"] / qed["V"])
     verdict = json.loads(_latest(layout, "verdict.json").read_text())

@@ -148,15 +148,13 @@ def test_cpu_hours_used_are_what_the_packs_measured_and_held_their_wall_time(swe
 
 def _unverified_and_edited_entries(layout, spec):
     """--status counts the seeds a cached group used unchecked, and names a cache entry edited since."""
-    import dataclasses
-
     from qed_ray.analysis import group_cache
     from qed_ray.analysis.results import GroupResult
     from qed_ray.service.results_key import load_key
 
     (entry,) = [p for p in layout.group_cache.glob("*.json") if '"variant": "te"' in p.read_text()]
     kept, raw = entry.read_bytes(), json.loads(entry.read_text())
-    group = dataclasses.replace(GroupResult.from_json(raw["group"]), unverified_seeds=[1])
+    group = GroupResult.from_json(raw["group"]).model_copy(update={"unverified_seeds": [1]})
     group_cache.store(layout, raw["key"], group, load_key().secret)  # as the gather wrote it after an outage
     text = report(spec, layout)
     assert "results: 1 of 2 groups gathered" in text

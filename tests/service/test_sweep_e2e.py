@@ -317,7 +317,7 @@ def _reanalysis_is_a_child_run_with_the_new_tables(sweep_dir, parent_id: str, gr
     assert "gather/figures/pareto_kl_vs_iqm.png" in figs and len(figs) == 20
     assert child.data.tags["qed.verdict"] == results["verdict"]["outcome"]
     qed = next(c for c in results["comparisons"] if c["variant"] == "qed1000")
-    assert child.data.metrics["sac_ln.qed1000/V_ratio_median_ci_lower"] == pytest.approx(qed["V_ratio_median_ci_lower"])
+    assert child.data.metrics["sac_ln.qed1000/V_ratio_median_ci_lower"] == pytest.approx(qed["V_ratio_median"]["lower"])
     assert child.data.tags["mlflow.note.content"].startswith("### Re-analysis of e2e: episodes=3 bootstrap_reps=300")
     assert tracker.client.get_run(parent_id).data.tags["mlflow.note.content"] == parent_note
     mine = {r.tags["qed.group"]: r for r in rest_runs(url, "e2e", f"tags.`qed.role` = 'group' and "
@@ -351,7 +351,7 @@ def _comparisons_where_qed_sat_and_the_verdict(stdout: str, tracker, pid: str, a
     assert {"gather/comparisons.csv", "gather/verdict.json"} <= arts
     results = json.loads(layout.results_json.read_text())
     (c,) = results["comparisons"]
-    assert (c["variant"], c["pairing"], c["n_tasks"]) == ("qed1000", "paired", 2) and c["V_ratio_median"] > 0
+    assert (c["variant"], c["pairing"], c["n_tasks"]) == ("qed1000", "paired", 2) and c["V_ratio_median"]["value"] > 0
     assert json.loads(layout.verdict_json.read_text()) == results["verdict"]
     for g in results["groups"]:  # the trials' history.json logged QED's shares at its floor and cap
         fractions = [g[k] for k in ("alpha_frac_floor", "alpha_frac_cap", "alpha_frac_cap_late")]
@@ -365,7 +365,7 @@ def _comparisons_where_qed_sat_and_the_verdict(stdout: str, tracker, pid: str, a
             assert r["alpha_regime"] == "ok" and math.isfinite(float(r["entropy_gap_late"])), r
         else:
             assert r["alpha_regime"] == "" and math.isnan(float(r["alpha_frac_floor_late"])), r
-    assert "P(this > te)" in stdout and 0 <= c["prob_improvement"] <= 1
+    assert "P(this > te)" in stdout and 0 <= c["prob_improvement"]["value"] <= 1
     assert [(p["variant"], p["n_runs"]) for p in results["performance_profiles"]] == [("qed1000", 4), ("te", 4)]
     parent = tracker.client.get_run(pid)
     assert parent.data.tags["qed.verdict"] == results["verdict"]["outcome"] == "exploratory"

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from qed_ray.analysis import report
-from qed_ray.analysis.results import GroupResult, SweepResults
+from qed_ray.analysis.results import GroupResult, SweepResults, csv_row
 from qed_ray.spec.labels import settings_label  # noqa: F401 - API (re-exported)
 from qed_ray.records.layout import SweepDir
 from qed_ray.analysis.group_view import GroupView, group_view
@@ -40,7 +40,7 @@ def log_rows(tracker: Tracker, run_id: str, results: SweepResults, new_groups: S
     finite = lambda d: {k: v for k, v in d.items() if math.isfinite(v)}  # noqa: E731
     metrics = {metric_key(f"{a.agent}.{a.variant}", k): v for a in results.aggregates
                for k, v in a.headline().items()}
-    metrics.update({metric_key(f"{c.agent}.{c.variant}", k): getattr(c, k) for c in results.comparisons
+    metrics.update({metric_key(f"{c.agent}.{c.variant}", k): csv_row(c)[k] for c in results.comparisons
                     for k in COMPARISON_METRICS})
     if results.verdict is not None:
         tracker.set_tags(run_id, {VERDICT_TAG: results.verdict.outcome})
