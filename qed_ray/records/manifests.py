@@ -117,14 +117,18 @@ class Manifest(Record):
     @model_validator(mode="before")
     @classmethod
     def _old_target_alpha(cls, data: Any) -> Any:
-        """Releases before ``temperature.target_alpha`` defaulted to ``floor`` wrote its old default ``qed`` into the
-        run of every temperature kind; it never applied to te or fixed (which refuse it today), so it is dropped."""
+        """A run as it was trained before ``temperature.target_alpha`` defaulted to ``floor``: a QED run written
+        before the field existed used alpha(s') in the target (``qed``); older releases wrote ``qed`` into the run
+        of every kind, where it never applied (te and fixed refuse it today), so it is dropped there."""
         temperature = data.get("run", {}).get("temperature") if isinstance(data, dict) and isinstance(
             data.get("run"), dict) else None
-        if isinstance(temperature, dict) and temperature.get("kind") != "qed" and temperature.get("target_alpha") == "qed":
-            data = {**data, "run": {**data["run"], "temperature": {k: v for k, v in temperature.items()
-                                                                    if k != "target_alpha"}}}
-        return data
+        if not isinstance(temperature, dict):
+            return data
+        if temperature.get("kind") == "qed":
+            temperature = {"target_alpha": "qed", **temperature}
+        elif temperature.get("target_alpha") == "qed":
+            temperature = {k: v for k, v in temperature.items() if k != "target_alpha"}
+        return {**data, "run": {**data["run"], "temperature": temperature}}
 
     def require(self, path: Path, *names: str) -> tuple[Any, ...]:
         """The named parts, which the use at hand needs; raises CheckpointError naming the file and the first

@@ -156,3 +156,20 @@ def test_a_damaged_replay_chunk_is_named_and_pruning_removes_only_chunks(tmp_pat
     buf.plan_save(0, tmp_path / "again").write()
     prune_chunks(tmp_path / "again")
     assert not (tmp_path / "again").exists(), "an emptied replay folder goes too"
+
+
+@pytest.mark.parametrize("kind, written, read", [("qed", None, "qed"), ("qed", "floor", "floor"), ("qed", "qed", "qed"),
+                                                 ("te", "qed", "floor")])
+def test_a_run_reads_as_it_was_trained_before_target_alpha_defaulted_to_floor(tmp_path, kind, written, read):
+    """A QED run written before temperature.target_alpha existed used alpha(s') in the TD target (qed); older
+    releases wrote ``qed`` into te's run too, where it never applied (today's default, unused, reads there)."""
+    from qed_ray.records.checkpoint import read_manifest
+
+    temperature = {"kind": kind, **({"k": 0.2} if kind == "qed" else {}),
+                   **({"target_alpha": written} if written else {})}
+    manifest = new_manifest(task="cartpole-balance", agent="sac_ln", variant="x", seed=0, obs_dim=5, action_dim=1,
+                            env_steps=0, run=RunSpec(task="cartpole-balance"))
+    data = json.loads(json.dumps(manifest.model_dump(mode="json")))
+    data["run"]["temperature"] = temperature
+    (tmp_path / "manifest.json").write_text(json.dumps(data))
+    assert read_manifest(tmp_path).run.temperature.target_alpha == read
