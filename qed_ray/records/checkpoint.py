@@ -19,6 +19,8 @@ from qed_ray.records.codec import dump, load_json, parse, write_record
 from qed_ray.records.file_reads import file_sha256, open_regular
 from qed_ray.records.layout import MANIFEST_FILE, STATE_FILE
 from qed_ray.records.manifests import CheckpointError, CheckpointVersionError, Manifest
+from qed_ray.spec.config import RunSpec
+from qed_ray.spec.naming import EXECUTION_SETTINGS, identity, identity_changes, show_setting
 
 if TYPE_CHECKING:
     import torch
@@ -29,6 +31,7 @@ FORMAT_VERSION = 2
 # Policy snapshots only feed evaluation: their module weights load from format 1 too (agents.load_policy upgrades
 # the few renamed parameters), so every reader of a snapshot accepts these; resuming needs FORMAT_VERSION.
 SNAPSHOT_FORMATS = (1, FORMAT_VERSION)
+RESUMABLE_CHANGES = EXECUTION_SETTINGS | {"train.env_steps"}  # a resume may extend the budget
 
 
 def package_versions() -> dict[str, str]:
@@ -118,7 +121,7 @@ def version_message(path: Path, version) -> str:
 
 def load_checkpoint(directory: str | os.PathLike, expect: dict | None = None,
                     map_location: str | torch.device = "cpu",
-                    formats: tuple[int, ...] = (FORMAT_VERSION,)) -> tuple[dict, Manifest]:
+                    formats: tuple[int, ...] = (FORMAT_VERSION,), run: RunSpec | None = None) -> tuple[dict, Manifest]:
     """Loads ``(agent_state, manifest)`` after integrity and identity checks.
 
     Args:
@@ -126,6 +129,8 @@ def load_checkpoint(directory: str | os.PathLike, expect: dict | None = None,
         expect: identity fields the checkpoint must match (e.g. task, agent, variant, seed, dims).
         map_location: device for the tensors.
         formats: accepted format versions (see :func:`read_manifest`).
+        run: the run resuming it: its settings must be the checkpoint's (:func:`check_settings`), which then
+            decide instead of the variant label (a label written under older defaults names the same settings).
 
     Raises:
         CheckpointError: missing/corrupt files, checksum mismatch, another format version
@@ -133,6 +138,9 @@ def load_checkpoint(directory: str | os.PathLike, expect: dict | None = None,
     """
     directory = Path(directory)
     manifest = read_manifest(directory, formats)
+    if run is not None and manifest.run is not None:
+        check_settings(directory / MANIFEST_FILE, manifest.run, run)
+        expect = {k: v for k, v in (expect or {}).items() if k != "variant"}
     for key, want in (expect or {}).items():
         if getattr(manifest, key) != want:
             raise CheckpointError(f"{directory / MANIFEST_FILE}: mismatched {key}: checkpoint has "
@@ -152,3 +160,12 @@ def load_checkpoint(directory: str | os.PathLike, expect: dict | None = None,
     except Exception as e:  # noqa: BLE001 - any unpickling failure means the same thing to the user
         raise CheckpointError(f"{state_path}: cannot be loaded ({type(e).__name__}: {e})") from e
     return state, manifest
+
+
+def check_settings(path: Path, trained: RunSpec, run: RunSpec) -> None:
+    """Refuses to resume a checkpoint ``trained`` with other settings than ``run`` (execution settings and a larger
+    budget aside), naming the first such setting and both values."""
+    changed = identity_changes(*(dump(identity(r)) for r in (trained, run)), ignore=RESUMABLE_CHANGES)
+    for key, (had, want) in list(changed.items())[:1]:
+        raise CheckpointError(f"{path}: mismatched {key}: checkpoint has {show_setting(had)}, this run needs "
+                              f"{show_setting(want)}")

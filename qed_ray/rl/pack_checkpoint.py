@@ -105,7 +105,7 @@ class PackCheckpoints:
                 states.append(None), manifests.append(None)  # diverged before its first checkpoint
                 continue
             state, m = load_checkpoint(sub, expect={**self.identity(i), "pack_size": st.n, "pack_index": i},
-                                       map_location="cpu")
+                                       map_location="cpu", run=run.spec)
             states.append(state), manifests.append(m)
         self.agent.load_seed_state_dicts(states)
         for i, (run, m) in enumerate(zip(st.runs, manifests)):

@@ -22,7 +22,8 @@ from qed_ray.spec.config import RunSpec, TrainSpec
 from qed_ray.spec.field_hints import format_validation_error
 from qed_ray.spec.flags import Flag, add_run_flags, settings_from_args
 from qed_ray.records.layout import PackId, SweepDir, trial_dirname
-from qed_ray.spec.naming import EXECUTION_SETTINGS, identity, identity_changes, show_setting
+from qed_ray.records.checkpoint import RESUMABLE_CHANGES
+from qed_ray.spec.naming import identity, identity_changes, show_setting
 from qed_ray.rl.pack import check_pack, pack_name
 from qed_ray.records.run import RUN_FORMAT, Metrics, RunFile, RunSummary, read_done
 from qed_ray.spec.sweep import SpecError, load_yaml
@@ -32,7 +33,6 @@ if TYPE_CHECKING:  # torch comes with the trainer: imported by a run, not by --h
     from qed_ray.rl.run_folder import FolderReporter
 
 RUN_FILE, METRICS_FILE, SUMMARY_FILE = "run.json", "metrics.jsonl", "summary.json"
-RESUMABLE_CHANGES = EXECUTION_SETTINGS | {"train.env_steps"}  # a resume may extend the budget
 HEARTBEAT_S = 15.0  # seconds between progress lines before and between evaluations
 SWEEP_FILES = ("sweep.json", "sweep.lock")
 
