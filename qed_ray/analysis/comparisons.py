@@ -1,14 +1,7 @@
 """Each variant against its target-entropy baseline (the paper's claim: QED cuts the divergence between seeds by one
 to two orders of magnitude at equal returns, Sec. 6.1): the te/variant ratios of V, the action distance and the
 across-seed return variance, each summarised over tasks three ways (median and geometric mean of the per-task
-ratios, ratio of the task means), and the IQM ratio variant/te, each with a percentile interval over seeds.
-
-Where the two variants' runs of a task share their seeds (same seed numbers: the same initial weights, env and
-evaluation seeds), the task's seeds are resampled jointly for both (:func:`qed_ray.analysis.bootstrap.joint_counts`); where
-they do not (a seed left out of one of them), each is resampled apart, with the draws behind its own group
-intervals. Tasks are resampled independently (stratified). The numbers are pure numpy, through
-:mod:`qed_ray.analysis.bootstrap` (resampling) and :mod:`qed_ray.analysis.metrics` (point estimates).
-"""
+ratios, ratio of the task means), and the IQM ratio variant/te, each with a percentile interval over seeds."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""The gather engine: a sweep's groups from their finished trials to results, tables and output files.
-
-One group goes plan (:func:`~qed_ray.analysis.group_cache.plan_groups`) -> prepare -> cached -> evaluate -> store
-(:mod:`qed_ray.analysis.group_cache`); the sweep's tables are computed from every group's result
-(:func:`qed_ray.analysis.tables.sweep_results`) and written (:mod:`qed_ray.analysis.outputs`). The live gather actor
-(:mod:`qed_ray.service.gather`: a group evaluated as a Ray task when its last trial ends) and the re-analysis
-command (:mod:`qed_ray.service.reanalysis`: in this process or a local process pool) drive this one engine; they
-differ only in the ``evaluate`` they hand it and in when they ask for the tables.
-"""
+"""The gather engine: a sweep's groups from their finished trials to results, tables and output files."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""Cross-seed evaluation of one group's saved policies (Ray-free; the gather step runs it as a task or in-process).
-
-Per (task, agent, variant) group (:class:`~qed_ray.analysis.results.GroupResult`): final scores, inter-run variability V on
-the states pooled from every seed's own evaluation rollouts (paper App. E), pairwise action distances over
-100-step rollouts from shared seeds (Sec. 6.2), V at intermediate policy snapshots (App. E, curves as in App. F),
-and the critic-proxy quantities (App. D). Returns, V's state sets and action distances come from each evaluation
-policy of ``final_eval.policies`` in turn (:func:`qed_ray.rl.evaluate.eval_policy`; the paper does not say which it
-used). A trial's record is read from its policy snapshots alone (:func:`trial_record`). Tables across groups are
-:mod:`qed_ray.analysis.tables`.
-"""
+"""Cross-seed evaluation of one group's saved policies (Ray-free; the gather step runs it as a task or in-process)."""
 
 from __future__ import annotations
 

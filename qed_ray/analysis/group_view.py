@@ -1,13 +1,5 @@
 """One (task, agent, variant) group as it lands: its cross-seed numbers with intervals over its seeds and, where its
-target-entropy baseline on the same task has landed too, its ratios against that baseline on this one task.
-
-What the sweep prints when a group is gathered (:meth:`GroupView.line`) and what its MLflow group run holds as metrics
-(:meth:`GroupView.metrics`). The intervals come from the draws behind ``groups.csv`` (V, action distance, return
-variance: :mod:`qed_ray.analysis.tables`), the IQM's from the stratified bootstrap over the group's seeds, the
-ratios from :func:`qed_ray.analysis.comparisons.compare` on the one task (median = geometric mean = ratio of means
-there), paired over seeds when both groups share them. Undefined numbers (one seed, no baseline yet) are left out of
-the metrics and shown as ``-``: never 0.
-"""
+target-entropy baseline on the same task has landed too, its ratios against that baseline on this one task."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
 """The sweep's summary as a researcher reads it, without the code: the table (te first, then its variants) with a
 two-line legend, each variant against te, and the claim's verdict; as plain text (the sweep's closing summary,
 ``--status``, ``python -m qed_ray.gather``) and as markdown (the MLflow run's description). Pure text from
-:class:`~qed_ray.analysis.results.SweepResults`: no files, no MLflow.
-
-A statistic is shown with its interval or not at all ("-"): a ratio without an interval (one seed, a missing
-baseline) would invite the over-reading the intervals exist to prevent. The table's te/variant ratios are the
-claim's (:mod:`qed_ray.analysis.verdict`): the median over tasks of te V / V with its interval paired over seeds,
-and IQM / te IQM (:mod:`qed_ray.analysis.comparisons`).
-"""
+:class:`~qed_ray.analysis.results.SweepResults`: no files, no MLflow."""
 
 from __future__ import annotations
 

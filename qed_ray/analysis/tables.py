@@ -1,19 +1,4 @@
-"""The sweep's tables from evaluated groups (pure numpy; cheap, so they are recomputed whenever a group lands).
-
-Per group (:class:`GroupStats`): bootstrap intervals over its seeds for V and the action distance, the
-across-seed variance of its scores, and whether QED sat at its cap. Per (agent, variant) across tasks
-(:class:`Aggregate`): the IQM with its stratified-bootstrap interval (paper Sec. 6), V, action distance and return
-variance with intervals, their ratios to the agent's target-entropy baseline (the paper's "two orders of
-magnitude" and "~50%" claims) and where QED sat. Per variant with a baseline (:class:`Comparison`,
-:mod:`qed_ray.analysis.comparisons`): the ratios three ways with intervals paired over seeds, and the IQM ratio; from them
-the claim's verdict (:mod:`qed_ray.analysis.verdict`). Per budget (:class:`BudgetIqm`): the IQM of the training-time
-evaluations at every env-step count all runs share (the sample-efficiency cost, Sec. 6 and App. F). Per (agent,
-variant): the critic proxy (App. D).
-
-Failed policy: a trial that failed for good, diverged, did not finish or was refused by the gather step is left
-out of every statistic and listed in ``failed_trials``; every table shows how many were left out (``n_failed``).
-Tasks keep all their remaining seeds (no cut to the smallest count).
-"""
+"""The sweep's tables from evaluated groups (pure numpy; cheap, so they are recomputed whenever a group lands)."""
 
 from __future__ import annotations
 

@@ -1,26 +1,7 @@
 """The verdict on the paper's central claim, judged by the rules of the pre-registration (docs/claim.md), from a
 sweep's groups and te/QED comparisons (:func:`qed_ray.analysis.evidence.judge` measures and applies them). Pure
 numpy: no files, no Ray, no MLflow. The rules are vectorised, so the
-power tool (``benchmarks/verdict_power.py``) applies these very functions to thousands of simulated experiments.
-
-Every pass and every fail is decided by an interval, never by a point estimate, at the decision level
-1 - (1 - ``decision_confidence``) / m for m judged variants (Bonferroni). Per QED variant against te:
-
-- per task, a guard: the learning floor is random + margin x (1 - random) of the normalised score, ``random`` the
-  mean score of a uniform-random policy the gather step rolled out on the task. te's interval not above its floor:
-  *not enough data* for that task; QED's interval below its floor while te cleared it: *fail*; QED's mean score
-  over te's with its interval below the ``mean_kept`` margin: *fail*; else *pass*.
-- "V ratio >= 10": the median of te V / QED V over the tasks passing their guard: *pass* when the interval's lower
-  end is >= 10, *fail* when its upper end is < 10.
-- "IQM kept": IQM(QED) / IQM(te) pooled over the tasks where te learned: *pass* when the lower end is >= 0.95,
-  *fail* when the upper end is < 0.95.
-- NaN in an estimate or at either end: *not enough data*; fewer than 3 seeds: *not enough seeds* (no interval).
-
-A variant fails when a guard or an endpoint fails and passes when every guard and both endpoints pass; else not
-enough data. The claim passes when some judged variant passes and fails when all fail. Only a sweep on the
-registered design is judged: any departure (``scope``) makes the variant ``exploratory`` (not judged), and with no
-variant on the design the claim is ``exploratory`` too.
-"""
+power tool (``benchmarks/verdict_power.py``) applies these very functions to thousands of simulated experiments."""
 
 from __future__ import annotations
 

@@ -1,14 +1,4 @@
-"""Atomic, durable writes: the one helper behind every file and folder the project writes in place.
-
-A reader (a resumed trial, the gather step, another node on the shared mount) sees either the previous content
-or the new one, never a half-written file: the data goes to a temporary name in the same folder, is fsynced,
-renamed over the target, and the folder entry is fsynced too, so a crash or power loss right after the rename
-keeps the new version. A write that fails (a full disk, an exception in the caller) leaves the target as it was
-and removes its temporary file.
-
-Temporary names start with ``.`` and contain ``.tmp-``, so folder scans (snapshots, checkpoints, replay chunks)
-never mistake them for results.
-"""
+"""Atomic, durable writes: the one helper behind every file and folder the project writes in place."""
 
 from __future__ import annotations
 

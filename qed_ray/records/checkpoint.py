@@ -1,10 +1,4 @@
-"""Checkpoints: agent tensors in ``state.pt`` plus a JSON ``manifest.json``.
-
-``state.pt`` holds tensors only and is loaded with ``torch.load(..., weights_only=True)`` (no pickle from shared
-storage). The manifest (:class:`~qed_ray.records.manifests.Manifest`, validated where it is written and where it is
-read) records what the checkpoint is (task, agent, variant, seed, step, package versions), a SHA-256 of
-``state.pt`` to detect corruption, and the small trainer state (counters, RNG states, history).
-"""
+"""Checkpoints: agent tensors in ``state.pt`` plus a JSON ``manifest.json``."""
 
 from __future__ import annotations
 

@@ -1,14 +1,4 @@
-"""The one JSON codec of the files the service writes and reads back.
-
-Every such file has one model (a pydantic model, or a dataclass pydantic validates): :func:`write_record` writes it
-as strict JSON (NaN and inf, which JSON does not have, as ``null``; a :data:`Num` field reads ``null`` back as NaN),
-atomically, and :func:`read_record` reads and validates it where it is read. A file that is missing, a folder, a
-dangling symbolic link, a link out of its folder, a FIFO or a device, larger than its kind may be
-(:mod:`qed_ray.records.file_reads`), not UTF-8, not JSON (truncated, say) or whose content does not fit its model (a missing
-field, a wrong type, an impossible value) is refused with one :class:`RecordError` line naming the file and the
-field; nothing is written or deleted on the way. Older on-disk shapes are upgraded where they are read, before a
-model sees them.
-"""
+"""The one JSON codec of the files the service writes and reads back."""
 
 from __future__ import annotations
 

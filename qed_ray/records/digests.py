@@ -1,15 +1,4 @@
-"""What a trial records about the files the gather step reads of it, and the signature that makes the record its own.
-
-The gather step reads, of a finished trial, every policy snapshot (``<env_steps>/state.pt``: the weights;
-``<env_steps>/manifest.json``: the network's shape, the frame skip, the evaluation history behind the learning curves)
-and its ``history.json`` (where QED's temperature sat). :func:`inventory` lists the SHA-256 of each of those files,
-and :func:`digest` hashes that list: one digest covers every file the gather reads. At its end the worker that
-trained the trial computes it from the files it has just written and records it in its MLflow run with an HMAC
-(:func:`sign`) under the user's results key, which binds the sweep, the trial and the digest; the key never lies in
-the sweep folder (``qed_ray.service.results_key``). The list itself goes into ``DONE.json``
-(:class:`~qed_ray.records.run.DoneRecord`'s ``files``) only so that a failed check can name the file: it is believed only when it hashes to the signed
-digest. The checks are :mod:`qed_ray.analysis.checksums`; the threat model is docs/design.md ("Trusting results").
-"""
+"""What a trial records about the files the gather step reads of it, and the signature that makes the record its own."""
 
 from __future__ import annotations
 

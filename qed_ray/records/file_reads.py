@@ -1,13 +1,6 @@
 """The one reader of the files the service reads back (records, metrics lines, snapshots, the results key, Tune's
 error files): a regular file only, within a size limit of its kind, and through a symbolic link only where the link
-stays inside the file's own folder (or the folder the caller names, such as the sweep folder).
-
-A folder writer could otherwise plant a device (``/dev/zero``: a memory error, or a hash that never ends), a FIFO
-(a read that never returns), a file of many gigabytes, or a link to a file elsewhere on the machine; each is refused
-in one line naming the file, before anything is read. The file is opened without following a link
-(``O_NOFOLLOW``, the link's target resolved and checked first) and without blocking (``O_NONBLOCK``: opening a FIFO
-does not wait for a writer), and checked again on the open descriptor, so a file swapped in between is refused too.
-"""
+stays inside the file's own folder (or the folder the caller names, such as the sweep folder)."""
 
 from __future__ import annotations
 

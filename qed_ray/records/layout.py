@@ -1,12 +1,4 @@
-"""The sweep folder's layout: the one place that names its files and folders.
-
-A sweep writes everything under ``<storage_path>/<name>/``. :class:`SweepDir` builds every path in it, and
-:func:`trial_dirname` / :func:`parse_trial_dirname` turn a trial name ``task/agent/variant/seed`` into its folder
-name ``task__agent__variant__sSEED`` and back. A pack (the seed runs of one task, agent and variant trained in one
-Tune trial; one seed is a pack of one) is named by :class:`PackId`: ``task/agent/variant/pack0-2`` (folder
-``task__agent__variant__pack0-2``); its seeds keep their trial names and folders. The table of
-docs/results.md ("Sweep folder") lists :data:`DOCUMENTED` (a test compares the two).
-"""
+"""The sweep folder's layout: the one place that names its files and folders."""
 
 from __future__ import annotations
 

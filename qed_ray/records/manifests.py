@@ -1,11 +1,4 @@
-"""The JSON records of checkpoints and policy snapshots, one model per file (:mod:`qed_ray.records.codec`).
-
-:class:`Manifest` is a checkpoint's or policy snapshot's ``manifest.json``: what it is (task, agent, variant, seed,
-dims, env steps, the run's settings), the SHA-256 of its ``state.pt`` and the versions that wrote it; a policy
-snapshot adds the modules it keeps, the evaluation history and the wall time so far; a seed's part of a pack
-checkpoint adds its counters (:class:`SeedProgress`), random streams (:class:`RngStates`), replay size
-(:class:`ReplayInfo`) and place in the pack. :class:`PackRecord` is a pack checkpoint's ``pack.json``.
-"""
+"""The JSON records of checkpoints and policy snapshots, one model per file (:mod:`qed_ray.records.codec`)."""
 
 from __future__ import annotations
 

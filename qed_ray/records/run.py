@@ -1,15 +1,5 @@
 """What a seed run records in its run folder, one model per file (:mod:`qed_ray.records.codec`), read back by the trainer,
-the service and the gather step alike.
-
-- :class:`EvalRecord`: one evaluation; the same record in checkpoint and snapshot manifests, ``summary.json`` and
-  the gather step's :class:`~qed_ray.analysis.results.TrialRecord`, from the trainer to the tables.
-- :class:`HistoryEntry`: one line of ``policies/<trial>/history.json`` (a list): an evaluation's metrics and the
-  time they were recorded, what the trial's MLflow run mirrors.
-- :class:`DoneRecord`: ``DONE.json``, the final metrics and the SHA-256 of every file the gather step reads of the
-  trial (:func:`qed_ray.records.digests.inventory`); :class:`DivergedRecord`: ``DIVERGED.json``, the reason and env step.
-- :class:`RunSummary`: the run CLI's ``<trial>/summary.json``; :data:`Metrics`: a line of its ``metrics.jsonl``;
-  :class:`RunFile`: its ``run.json`` (the runs of the pack the folder trains). :class:`Timings`: the counter fields.
-"""
+the service and the gather step alike."""
 
 from __future__ import annotations
 

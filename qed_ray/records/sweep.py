@@ -1,13 +1,4 @@
-"""``sweep.json``: a sweep's record of itself (:class:`SweepState`) and its one reader and writer.
-
-Every start writes it (atomically, :func:`qed_ray.service.sweep_state.plan` decides what it holds); a driver start,
-``--status``, ``--dry-run``, the re-analysis, relink and behaviour commands read it. A file that is missing a field,
-holds a wrong type, is truncated, is not JSON, is a folder or a dangling symbolic link, or names trials and packs
-that cannot be this sweep's is refused naming the file and the field, with the way out: restore it, or move the
-folder aside with ``--fresh --force`` (its name cannot be checked, so ``--fresh`` alone does not).
-
-:class:`LockInfo` is ``sweep.lock``'s content (:mod:`qed_ray.service.lock` takes, beats and reads the lock).
-"""
+"""``sweep.json``: a sweep's record of itself (:class:`SweepState`) and its one reader and writer."""
 
 from __future__ import annotations
 

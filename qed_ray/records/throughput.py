@@ -1,12 +1,4 @@
-"""The measured rate tables: seed-decisions per second of packs on one device, and the machine they came from.
-
-``qed_ray/data/throughput.json`` (:data:`DEFAULT_PATH`) is the GPU run's (``benchmarks/gpu_bench.py``: act + one
-update per decision, UTD 1, synthetic observations, no envs, per card second); ``qed_ray/data/throughput_cpu.json``
-(:data:`CPU_PATH`) is ``benchmarks/cpu_rates.py``'s (per CPU second of one torch thread, env stepping apart). A
-cell's ``seed_decisions_per_s`` is one pack's: S x its decisions per second while ``packs`` such packs shared the
-device; ``mode`` is the update's (``graph``, ``compile``, ``off``); a cell without ``hidden``/``batch`` was measured
-at the table's. Lookups never interpolate across shapes: an unmeasured cell is None, and the plan says so.
-"""
+"""The measured rate tables: seed-decisions per second of packs on one device, and the machine they came from."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""Checkpoint hashing and file writes off the training thread.
-
-The training thread copies what a checkpoint holds (tensors to host memory, replay rows) and hands a job to
-:class:`BackgroundWriter`; one thread runs the jobs in submission order while training goes on. Two writes of the
-same folder are never in flight at once: a job for a folder waits until the previous job for that folder has
-finished before it is queued. A failed job's error is raised by the next call on the training thread, and
-:meth:`BackgroundWriter.flush` waits for everything (a run flushes before it returns or raises).
-"""
+"""Checkpoint hashing and file writes off the training thread."""
 
 from __future__ import annotations
 

@@ -1,31 +1,4 @@
-"""The sweep folder before anything runs: where it is, whether it may be used, and which trials it already holds.
-
-Every refusal here happens before anything is created on disk or a cluster is joined, and names its field:
-- the storage root must be a folder of the user's own: not ``/``, a system folder or the home folder itself;
-- under ``ray job submit`` a relative ``storage_path`` would land in the job's working folder (Ray's per-job copy of
-  ``--working-dir``, deleted by Ray; or wherever the head was started), so it resolves against ``QED_STORAGE_ROOT``
-  or is refused, naming that folder and the ``--runtime-env-json`` that sets the root;
-- an existing folder must be this sweep's (its ``sweep.json`` names this sweep) or empty: the driver never
-  writes into, or with ``--fresh`` moves, a folder it did not create.
-
-``sweep.json`` (written atomically) records the sweep's id, its name and the identity of every trial it holds
-(:func:`qed_ray.spec.naming.identity`: task, agent, seed and each non-default setting). A later start compares the
-spec's trials with it: new trials (more seeds, tasks, temperature values, agents, any grid value) are added;
-a trial whose settings changed, a trial whose name changed (a setting became or stopped being a grid axis) and a
-trial the spec no longer has are refused, each problem naming its field (a trial that never started holds nothing
-and may still change or go). It also records the pack size and every pack's members (:mod:`qed_ray.service.packing`): a
-changed pack size is refused once anything started, naming ``pack.seeds``. With a ``claim`` file it records the
-pre-registration's block and its hash (:mod:`qed_ray.spec.claim`): a changed block is refused, naming the file and each
-changed field.
-:func:`qed_ray.service.plan.dry_run.dry_run` shows the same refusals and what a run would do with each trial.
-
-Before and after training, :func:`outcome` reads how every trial stands from the folder (``DONE.json``,
-``DIVERGED.json``) and :func:`sync_runs` brings the MLflow runs in line with it. The signed digest of a finished
-trial's files is recorded by the worker that trained it alone, never copied from the folder here
-(:mod:`qed_ray.analysis.checksums`): a finished run without one is tagged ``qed.unverified``. A finished trial's
-evaluations are read by the gather step from its snapshot manifests (:mod:`qed_ray.analysis.group_cache`), not from
-here.
-"""
+"""The sweep folder before anything runs: where it is, whether it may be used, and which trials it already holds."""
 
 from __future__ import annotations
 
