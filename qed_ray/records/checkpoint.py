@@ -40,13 +40,8 @@ def package_versions() -> dict[str, str]:
 
 
 def new_manifest(**fields) -> Manifest:
-    """A manifest to write (:func:`save_checkpoint`), built from its fields (identity, ``env_steps`` and what the
-    kind of checkpoint holds) with this version's format and package versions; ``state.pt``'s SHA-256 is set when
-    the file is written.
-
-    Raises:
-        ValueError: ``fields`` are not a valid manifest (naming the field); nothing is written then.
-    """
+    """A manifest to write with this version's format and package versions (``state.pt``'s SHA-256 is set when it
+    is written); raises ValueError naming a field that is not valid."""
     return Manifest(**fields, format_version=FORMAT_VERSION, versions=package_versions(), state_sha256="0" * 64)
 
 
@@ -74,13 +69,8 @@ def write_manifest(path: Path, manifest: Manifest) -> None:
 
 
 def read_manifest(directory: str | os.PathLike, formats: tuple[int, ...] = (FORMAT_VERSION,)) -> Manifest:
-    """Reads and validates ``manifest.json``; raises :class:`CheckpointError` naming the file and the field.
-
-    Args:
-        directory: checkpoint folder.
-        formats: format versions accepted (resuming needs :data:`FORMAT_VERSION`; reading weights of a policy
-            snapshot can accept older ones, upgraded by :func:`format1_snapshot`).
-    """
+    """``manifest.json`` of one of ``formats`` (resuming needs :data:`FORMAT_VERSION`, a policy snapshot's weights
+    also load from format 1); raises :class:`CheckpointError` naming the file and the field."""
     path = Path(directory) / MANIFEST_FILE
     raw = load_json(path, CheckpointError)
     version = raw.get("format_version") if isinstance(raw, dict) else None
@@ -116,19 +106,12 @@ def version_message(path: Path, version) -> str:
 def load_checkpoint(directory: str | os.PathLike, expect: dict | None = None,
                     map_location: str | torch.device = "cpu",
                     formats: tuple[int, ...] = (FORMAT_VERSION,), run: RunSpec | None = None) -> tuple[dict, Manifest]:
-    """Loads ``(agent_state, manifest)`` after integrity and identity checks.
-
-    Args:
-        directory: checkpoint folder.
-        expect: identity fields the checkpoint must match (e.g. task, agent, variant, seed, dims).
-        map_location: device for the tensors.
-        formats: accepted format versions (see :func:`read_manifest`).
-        run: the run resuming it: its settings must be the checkpoint's (:func:`check_settings`), which then
-            decide instead of the variant label (a label written under older defaults names the same settings).
+    """``(agent_state, manifest)`` after integrity and identity checks: the manifest's fields must be ``expect``'s,
+    and with ``run`` (the run resuming it) its settings the checkpoint's (:func:`check_settings`), which then decide
+    instead of the variant label (a label written under older defaults names the same settings).
 
     Raises:
-        CheckpointError: missing/corrupt files, checksum mismatch, another format version
-            (:class:`CheckpointVersionError`), or an identity field that differs.
+        CheckpointError: missing or corrupt files, another format (:class:`CheckpointVersionError`), or a mismatch.
     """
     directory = Path(directory)
     manifest = read_manifest(directory, formats)
