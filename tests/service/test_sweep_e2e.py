@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -228,7 +227,7 @@ def _gather_tables_and_pack_folders(layout: SweepDir, children: list) -> None:
     assert {k.split("/")[1] for k in DOCUMENTED if k.startswith("gather/") and "behaviour" not in k
             and "policy_" not in k and "reanalysis-" not in k and k.split("/")[1] != "search"} == GATHER_FILES
     columns, rows = _csv(layout.aggregates_csv)
-    assert columns == [f.name for f in fields(Aggregate)]
+    assert columns == list(Aggregate.model_fields)
     assert sorted((r["agent"], r["variant"]) for r in rows) == sorted(("sac_ln", v) for v in VARIANTS)
     assert all(math.isfinite(float(r[k])) for r in rows for k in ("iqm", "ci_lower", "ci_upper", "V_mean"))
     columns, rows = _csv(layout.groups_csv)
@@ -237,7 +236,7 @@ def _gather_tables_and_pack_folders(layout: SweepDir, children: list) -> None:
         (t, "sac_ln", v) for t in TASKS for v in VARIANTS)
     assert all(r["n_seeds"] == "2" and r["n_failed"] == "0" and math.isfinite(float(r["V"])) for r in rows)
     columns, rows = _csv(layout.budgets_csv)
-    assert columns == [f.name for f in fields(BudgetIqm)]
+    assert columns == list(BudgetIqm.model_fields)
     assert sorted((r["agent"], r["variant"], r["env_steps"]) for r in rows) == sorted(
         ("sac_ln", v, s) for v in VARIANTS for s in ("1000", "2000"))
     for r in children:
