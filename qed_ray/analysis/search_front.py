@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -15,7 +15,7 @@ import numpy as np
 import yaml
 
 from qed_ray.analysis import comparisons, metrics
-from qed_ray.analysis.results import GroupKey, GroupResult, Row
+from qed_ray.analysis.results import GroupKey, GroupResult, Row, csv_row
 from qed_ray.spec.claim import MIN_SEEDS
 from qed_ray.records.atomic import atomic_file, write_text
 from qed_ray.records.codec import Num
@@ -39,7 +39,6 @@ class SearchedPoint:
     entry: dict[str, Any]
 
 
-@dataclass(frozen=True)
 class FrontRow(Row):
     """One searched point (``front.csv``): IQM and within-pack V of its seeds, te/point V ratio and point/te IQM ratio
     with percentile intervals (``pairing``: over shared seeds or not), whether it is on its task's Pareto front,
@@ -112,7 +111,7 @@ def front_rows(groups: Sequence[GroupResult], points: Sequence[SearchedPoint], f
                                  False))
         front = pareto([(r.iqm, r.V) for r in rows])
         best = choose(rows)
-        out += [replace(r, on_front=f, chosen=r is best) for r, f in zip(rows, front)]
+        out += [r.model_copy(update={"on_front": f, "chosen": r is best}) for r, f in zip(rows, front)]
     return out
 
 
@@ -177,9 +176,9 @@ def write(rows: Sequence[FrontRow], points: Sequence[SearchedPoint], out: Path, 
 
     out.mkdir(parents=True, exist_ok=True)
     with atomic_file(out / "front.csv") as tmp, open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[x.name for x in fields(FrontRow)])
+        w = csv.DictWriter(f, fieldnames=list(FrontRow.model_fields))
         w.writeheader()
-        w.writerows(asdict(r) for r in rows)
+        w.writerows(csv_row(r) for r in rows)
     write_text(out / "front.md", "\n".join([f"# k search of sweep {sweep}", "", EXPLORATORY + ".", "",
                                             f"Rule, stated before the search: {rule}.", "",
                                             *table_lines(rows, confidence), ""]))

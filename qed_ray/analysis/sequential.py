@@ -5,21 +5,18 @@ and a restart resumes at the next look. Pure: no files, no Ray, no MLflow."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
 
-from qed_ray.analysis.results import EndpointResult, Verdict
+from qed_ray.analysis.results import EndpointResult, Row, Verdict
 from qed_ray.analysis.verdict import EXPLORATORY, FAIL, NOT_ENOUGH, PASS, combine
 from qed_ray.spec.claim import AdaptiveSpec
-from qed_ray.records.codec import JsonRecord, Num
+from qed_ray.records.codec import Num
 
 GROW = "grow"
 TE_UNLEARNED = "not enough data: te below its learning floor"
 
 
-@dataclass(frozen=True)
-class LookVariant(JsonRecord):
+class LookVariant(Row):
     """One QED variant at one look: its seeds, the verdict's outcome there (None: frozen earlier, not judged
     again), the level and intervals used, and the decision: ``pass`` / ``fail`` (frozen), ``grow``, ``not enough
     data`` (the last look, or te below its floor) or ``exploratory``; ``decided_at``: the look of the decision."""
@@ -30,11 +27,10 @@ class LookVariant(JsonRecord):
     decided_at: int | None
     outcome: str | None = None
     level: Num = math.nan
-    endpoints: list[EndpointResult] = field(default_factory=list)
+    endpoints: list[EndpointResult] = []
 
 
-@dataclass(frozen=True)
-class Look(JsonRecord):
+class Look(Row):
     """One registered look (1-based ``look`` of ``looks``, the seeds of each): te's seeds, every variant's decision,
     the tasks where te's mean score is below its floor, the claim's outcome so far, the seeds of te and of each
     variant at the next look (``next_seeds`` empty: growth ended, ``ended`` says why)."""
@@ -93,7 +89,7 @@ def next_look(verdict: Verdict, adaptive: AdaptiveSpec, look: int, before: Look 
     base = verdict.variants[0].baseline if verdict.variants else "te"
     if ended:  # a variant still growing is undecided where growth ends
         stop = TE_UNLEARNED if te_stop else NOT_ENOUGH
-        rows = [dataclasses.replace(r, decision=stop, decided_at=look) if r.decision == GROW else r for r in rows]
+        rows = [r.model_copy(update={"decision": stop, "decided_at": look}) if r.decision == GROW else r for r in rows]
         nxt = {}
     else:
         nxt = {base: looks[look], **{r.variant: looks[look] if r in growing else r.seeds for r in rows}}

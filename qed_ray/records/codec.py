@@ -112,19 +112,6 @@ def write_record(path: str | os.PathLike, record: Any, kind: Any = None, indent:
     write_text(path, json.dumps(dump(record, kind), indent=indent, allow_nan=False))
 
 
-class JsonRecord:
-    """``to_json`` / ``from_json`` of a record dataclass through this codec (mixed into the dataclass)."""
-
-    def to_json(self) -> Any:
-        """The record as strict JSON (NaN as null)."""
-        return dump(self)
-
-    @classmethod
-    def from_json(cls: type[T], data: Any) -> T:
-        """Inverse of :meth:`to_json`; raises :class:`RecordError` naming the field."""
-        return parse(cls, data, cls.__name__)
-
-
 def read_lines(path: str | os.PathLike, kind: type[T], error: type[Exception] = RecordError) -> list[T]:
     """The records of a JSON-lines file (one JSON value a line, blank lines skipped), each validated as ``kind``;
     raises ``error`` naming the file and the line."""
