@@ -56,9 +56,12 @@ class Interrupt(tune.Stopper):
         self.lost = lost or threading.Event()
 
     def install(self) -> None:
-        """After ``ray.init``, which sets its own SIGTERM handler."""
+        """After ``ray.init``, which sets its own SIGTERM handler. A signal the previous start's stopper took after
+        its trials had ended (an adaptive sweep between looks) carries over: this start then trains nothing."""
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handle)
+            before = signal.signal(sig, self._handle)  # read after the swap: no signal falls between the two
+            taken = getattr(getattr(before, "__self__", None), "signum", None)
+            self.signum = self.signum if self.signum is not None else taken
 
     def _handle(self, signum, frame) -> None:
         if self.signum is not None:

@@ -350,6 +350,33 @@ def test_ctrl_c_and_sigterm_stop_the_trials_once_then_exit_at_once():
     assert not pickle.loads(pickle.dumps(on_loss)).stop_all(), "Tune pickles its stopper (tuner.pkl): no Event in it"
 
 
+def test_a_signal_taken_between_two_starts_stops_the_next_one():
+    """An adaptive sweep's looks are starts in one driver: Ctrl-C after one look's trials ended (its stopper still
+    installed) must stop the next look before it trains, not vanish with the old stopper."""
+    import signal
+
+    from qed_ray.service.sweep import Interrupt
+
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        look_1 = Interrupt()
+        look_1.install()
+        os.kill(os.getpid(), signal.SIGINT)  # between the looks: look 1's stopper takes it
+        look_2 = Interrupt()
+        look_2.install()
+        assert (look_1.signum, look_2.signum, look_2.stop_all()) == (signal.SIGINT, signal.SIGINT, True)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C still exits at once
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as a search does between its rounds
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        calm = Interrupt()
+        calm.install()
+        assert calm.signum is None and not calm.stop_all(), "no signal taken: nothing carries over"
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def test_failed_trials_are_summed_up_by_the_line_that_says_why():
     from qed_ray.service.status import error_summary
     from qed_ray.service.sweep_state import sqlite_on_many_machines
