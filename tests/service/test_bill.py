@@ -275,3 +275,6 @@ def test_auto_packs_resolve_to_the_registered_size_this_machine_or_the_named_clu
     smoke = load_spec(SMOKE).model_copy(update={"pack": load_spec(SMOKE).pack.model_copy(update={"seeds": "auto"})})
     monkeypatch.setenv("RAY_ADDRESS", "local")
     assert sized_spec(smoke, None, this_machine(cpus=2, gpus=0)).pack.seeds == 1  # on CPUs: packs of one
+    lines = machine_lines(smoke, form_packs(smoke, size=10**6), this_machine(cpus=2, gpus=0),
+                          Tables(None, load_table(CPU_PATH), None), False, None, None)
+    assert lines[1].startswith("  packs of 1 (auto: the CPU table measures packs of one only): 12 packs, 2 per node;")
