@@ -14,11 +14,11 @@ from qed_ray.spec.config import RunSpec
 from qed_ray.spec.replay_memory import GIB
 from qed_ray.service.plan.dry_plan import (ENV_COSTS_PATH, NODE_START_S, PACK_START_S, Rate, Tables, env_costs,
                                            fit_problem, machine_lines, order_packs, pack_rate, pack_seconds, per_node,
-                                           schedule)
+                                           schedule, size_packs)
 from qed_ray.service.plan.machines import Machine, clusters, load_prices, this_machine
 from qed_ray.service.packing import form_packs
 from qed_ray.records.throughput import CPU_PATH, load_table, load_throughput, parse_throughput
-from qed_ray.spec.sweep import SpecError, SweepSpec, load_spec
+from qed_ray.spec.sweep import PackSpec, SpecError, SweepSpec, load_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 H100 = "NVIDIA H100 80GB HBM3"
@@ -159,7 +159,7 @@ def test_a_node_that_holds_no_pack_is_not_runnable_as_shipped_with_the_reason_an
     assert re.fullmatch(r"  not runnable as shipped: \w+/[\w.,]+ S=1: 2 x [\d.]+ GiB host memory > 90% of "
                         r"t1.small.s 4.0 GiB; fix: a machine with more memory", lines[1]) and len(lines) == 2
     fixed = spec.sized(30)  # a registered size: too large for a 40 GiB node, the size that fits is named
-    mid = Machine("mid", "m1", "NVIDIA A10G", 22 * GIB, 40 * GIB, 16, 1, 4, 1.0, 0.5)
+    mid = Machine("mid", "m1", "NVIDIA A10G", 24 * GIB, 40 * GIB, 16, 1, 4, 1.0, 0.5)  # 2 x 11.2 GiB packs per card
     (head, why) = machine_lines(fixed, whole, mid, tables, False, None, None)
     assert re.fullmatch(r"  not runnable as shipped: \w+/qed[\w.,]+ S=30: 2 x [\d.]+ GiB host memory "
                         r"> 90% of m1's 40.0 GiB; fix: pack.seeds: \d+ \(or auto\)", why)
@@ -222,19 +222,41 @@ def test_the_price_table_names_its_date_and_sources_and_the_clusters_are_the_con
     assert (kuberay.cpus, kuberay.host_bytes, kuberay.card) == (14, (56 - 16) * GIB, "NVIDIA A10G")  # less /dev/shm
 
 
-@pytest.mark.parametrize("name", ["ablations", "fixed_alpha", "hopper_hop", "claim"])
-def test_every_shipped_gpu_spec_is_runnable_and_priced_on_each_shipped_cluster(name):
+SHIPPED_SIZES = {"ablations": (1, 1, 1), "fixed_alpha": (5, 5, 5), "hopper_hop": (1, 1, 1), "claim": (15, 15, 15)}
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED_SIZES))
+def test_every_shipped_gpu_spec_is_runnable_and_priced_on_each_shipped_cluster_at_a_size_that_fits(name):
     spec, prices = load_spec(ROOT / "sweeps" / f"{name}.yaml"), load_prices()
     tables = Tables(load_throughput(), load_table(CPU_PATH), prices)
-    whole = form_packs(spec, size=10**6)
-    for m in clusters(prices):
+    whole, how = form_packs(spec, size=10**6), "pack.seeds" if name == "claim" else "auto"
+    assert spec.pack.seeds == (15 if name == "claim" else "auto")  # the claim's size is pre-registered
+    for m, size in zip(clusters(prices), SHIPPED_SIZES[name], strict=True):
         text = flat("\n".join(machine_lines(spec, whole, m, tables, False, None, None)))
-        if name == "fixed_alpha":  # ten MAD-SAC packs of one (2.5 GiB each, replay on the card) per 24 GB card
-            assert re.search(r"not runnable as shipped: mad_sac/\S+ S=1: 10 x 2.5 GiB GPU memory > the NVIDIA \w+'s "
-                             r"22.5 GiB; fix: resources.gpu: 0.125 \(8 packs per card\)$", text), text
-            continue
+        assert f" packs of {size} ({how}): " in text, (m.name, text)
+        sized = spec.sized(size)
+        assert all(fit_problem(sized, p, m) is None for p in form_packs(sized)), m.name
         assert "not runnable" not in text and "no estimate" not in text, (m.name, text)
         assert re.search(r"GPU-hours [\d,.]+ with the tail .* wall clock [\d,.]+ h .*\$[\d,]+ on demand", text), text
+
+
+def test_ten_mad_sac_packs_of_one_on_a_24_gb_card_are_not_runnable_and_the_fix_names_the_share_that_fits():
+    spec, prices = load_spec(ROOT / "sweeps" / "fixed_alpha.yaml").sized(1), load_prices()
+    spec = spec.model_copy(update={"resources": spec.resources.model_copy(update={"gpu": 0.1})})  # as once shipped
+    tables = Tables(load_throughput(), load_table(CPU_PATH), prices)
+    for m in clusters(prices):
+        text = flat("\n".join(machine_lines(spec, form_packs(spec), m, tables, False, None, None)))
+        assert re.search(r"not runnable as shipped: mad_sac/\S+ S=1: 10 x 2.5 GiB GPU memory > the NVIDIA \w+'s "
+                         r"22.5 GiB; fix: resources.gpu: 0.125 \(8 packs per card\)$", text), text
+    # At 8 per card a pack of 5 fits with quadruped-run's replay on the host, not with cheetah-run's on the card.
+    eight = spec.model_copy(update={"resources": spec.resources.model_copy(update={"gpu": 0.125}),
+                                    "pack": PackSpec(seeds="auto")})
+    aws, whole = clusters(prices)[0], form_packs(eight, size=10**6)
+    five = {p.id.task: p for p in form_packs(eight.sized(5))}
+    assert fit_problem(eight.sized(5), five["quadruped-run"], aws) is None
+    assert fit_problem(eight.sized(5), five["cheetah-run"], aws).startswith("8 x 3.3 GiB GPU memory > ")
+    size, _, how = size_packs(eight, whole, aws, False)
+    assert (size, how) == (1, "auto")
 
 
 def test_auto_packs_resolve_to_the_registered_size_this_machine_or_the_named_cluster(monkeypatch):
@@ -253,3 +275,6 @@ def test_auto_packs_resolve_to_the_registered_size_this_machine_or_the_named_clu
     smoke = load_spec(SMOKE).model_copy(update={"pack": load_spec(SMOKE).pack.model_copy(update={"seeds": "auto"})})
     monkeypatch.setenv("RAY_ADDRESS", "local")
     assert sized_spec(smoke, None, this_machine(cpus=2, gpus=0)).pack.seeds == 1  # on CPUs: packs of one
+    lines = machine_lines(smoke, form_packs(smoke, size=10**6), this_machine(cpus=2, gpus=0),
+                          Tables(None, load_table(CPU_PATH), None), False, None, None)
+    assert lines[1].startswith("  packs of 1 (auto: the CPU table measures packs of one only): 12 packs, 2 per node;")

@@ -221,13 +221,12 @@ def fit_problem(spec: SweepSpec, pack: Pack, m: Machine) -> str | None:
     return None
 
 
-def _largest(packs: Sequence[Pack]) -> list[Pack]:
-    """The pack with the largest task of each shape (agent/variants, members): the ones whose fit decides."""
+def _largest(packs: Sequence[Pack], card: float = 0.0) -> list[Pack]:
+    """Per shape (agent/variants, members), the pack of the largest task and of the largest whose replay fits card."""
     rows: dict[tuple, Pack] = {}
-    for p in packs:
-        key = (p.id.agent, p.id.variant, len(p.trials))
-        if key not in rows or sum(TASK_DIMS[p.id.task]) > sum(TASK_DIMS[rows[key].id.task]):
-            rows[key] = p
+    for p in sorted(packs, key=lambda p: -sum(TASK_DIMS[p.id.task])):  # the largest task first
+        on_card = replay_bytes(len(p.trials), replay_capacity(p.trials[0].run.train), *TASK_DIMS[p.id.task]) <= card
+        rows.setdefault((p.id.agent, p.id.variant, len(p.trials), on_card), p)
     return list(rows.values())
 
 
@@ -238,7 +237,8 @@ def size_packs(spec: SweepSpec, whole: Sequence[Pack], m: Machine, fixed: bool) 
         return 0, [], problem
 
     def misfit(packs: Sequence[Pack]) -> str | None:  # the first shape that does not fit m
-        return next((f"{p.id.agent}/{p.id.variant} S={len(p.trials)}: {why}" for p in _largest(packs)
+        card = GPU_REPLAY_SHARE * spec.resources.gpu * m.gpu_bytes  # a replay on the card may make a pack the largest
+        return next((f"{p.id.agent}/{p.id.variant} S={len(p.trials)}: {why}" for p in _largest(packs, card)
                      for why in [fit_problem(spec, p, m)] if why), None)
 
     if fixed or spec.pack.seeds != "auto":
@@ -252,8 +252,8 @@ def size_packs(spec: SweepSpec, whole: Sequence[Pack], m: Machine, fixed: bool) 
         fix = ("another cluster (this pack size is registered)" if keep else
                f"pack.seeds: {fits} (or auto)" if fits else "a machine with more memory")
         return 0, [], why if "fix:" in why else f"{why}; fix: {fix}"
-    if not spec.resources.gpu:  # on CPUs a pack of S costs S packs of one on one core: more keep more cores busy
-        return 1, split(whole, 1), "auto: packs of one on CPUs"
+    if not spec.resources.gpu:  # measured: S=3 ran 1.4-1.5x the seed-decisions per CPU s at width 64, not at 256
+        return 1, split(whole, 1), "auto: the CPU table measures packs of one only"
     slots, top = m.nodes * per_node(spec, m), max(len(p.trials) for p in whole)
     for size in sorted({-(-top // k) for k in range(1, top + 1)}, reverse=True):  # balanced: 30, 15, 10, 8, ...
         packs = split(whole, size)
