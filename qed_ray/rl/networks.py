@@ -193,12 +193,10 @@ def freeze(module: nn.Module) -> nn.Module:
 
 
 def make_adam(params, lr: float, device: torch.device) -> torch.optim.Adam:
-    """Adam with the multi-tensor step: ``fused`` and ``capturable`` on CUDA (step counters stay on the device and
-    the step has no host sync, so a CUDA graph can replay it), ``foreach`` elsewhere. The update rule is the same
-    as the default Adam's."""
-    if torch.device(device).type == "cuda":
-        return torch.optim.Adam(params, lr=lr, fused=True, capturable=True)
-    return torch.optim.Adam(params, lr=lr, foreach=True)
+    """Adam with the ``fused`` step (one kernel per group, no per-tensor Python: ~1 ms of a 256/256 CPU update
+    against ``foreach``), ``capturable`` on CUDA (step counters stay on the device and the step has no host sync, so
+    a CUDA graph can replay it). The default Adam's update rule, rounded differently (~1e-7 a step)."""
+    return torch.optim.Adam(params, lr=lr, fused=True, capturable=torch.device(device).type == "cuda")
 
 
 @torch.no_grad()

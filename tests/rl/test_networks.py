@@ -89,9 +89,9 @@ def test_split_first_layer_equals_the_concatenated_input(repeats):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
 
 
-def test_make_adam_uses_the_multi_tensor_step_on_cpu():
+def test_make_adam_uses_the_fused_step_on_cpu():
     opt = make_adam(torch.nn.Linear(2, 2).parameters(), 1e-3, torch.device("cpu"))
-    assert opt.defaults["foreach"] is True and opt.defaults["fused"] is None and opt.defaults["lr"] == 1e-3
+    assert opt.defaults["fused"] is True and opt.defaults["capturable"] is False and opt.defaults["lr"] == 1e-3
 
 
 def mish_inputs(dtype=torch.float32) -> torch.Tensor:
