@@ -203,13 +203,12 @@ class SACBase:
         """
         (critic_norm,) = x.step(critic_loss, ("critic_opt", self.spec.grad_clip))
         tstate = p["temperature"]
-        actor_loss, logp, alpha = x.per_seed(self.fn.actor_loss)(p["actor"], critic_p, tstate, states, eps, eps_qed)
-        stats = x.per_seed(self._alpha_stats)(alpha, tstate)
-        (actor_norm,) = x.step(actor_loss, ("actor_opt", self.spec.grad_clip))
-        logp = logp.detach()
-        alpha_loss = x.per_seed(self.temperature.loss)(tstate, logp)
-        if self.alpha_opt is not None:
-            x.step(alpha_loss, ("alpha_opt", None))
+        actor_loss, alpha_loss, logp, stats = x.per_seed(self._actor_losses)(p["actor"], critic_p, tstate, states,
+                                                                             eps, eps_qed)
+        # One backward for both losses: the rule's reads log pi detached and the actor's reads alpha without gradient,
+        # so each parameter gets the gradient a backward of its own loss gives.
+        alpha_step = [("alpha_opt", None)] if self.alpha_opt is not None else []
+        (actor_norm,) = x.step(actor_loss + alpha_loss, ("actor_opt", self.spec.grad_clip), *alpha_step)
         x.polyak(self.spec.polyak)
         steps = [critic_norm, actor_loss.detach(), actor_norm, -logp.mean(-1), alpha_loss.detach()]
         return torch.cat([torch.stack(steps, -1), stats], -1)
@@ -221,8 +220,12 @@ class SACBase:
         return MetricLayout((*critic, *alpha_stat_names(t, "alpha/target"), *STEP_METRICS,
                              *alpha_stat_names(t, "alpha/actor"), *after))
 
-    def _alpha_stats(self, alpha: torch.Tensor, tstate: Params) -> torch.Tensor:
-        return torch.stack([self.temperature.floor(tstate), *alpha_stats(alpha, self.temperature, tstate)])
+    def _actor_losses(self, actor_p: Params, critic_p: Params, tstate: Params, states: torch.Tensor,
+                      eps: torch.Tensor, eps_qed: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # One mapped call (one compiled region) for the actor's loss, the rule's and the alpha statistics.
+        loss, logp, alpha = self.fn.actor_loss(actor_p, critic_p, tstate, states, eps, eps_qed)
+        stats = torch.stack([self.temperature.floor(tstate), *alpha_stats(alpha, self.temperature, tstate)])
+        return loss, self.temperature.loss(tstate, logp), logp.detach(), stats
 
     def report_warnings(self, metrics: dict[str, float]) -> list[str]:
         return []
