@@ -26,7 +26,7 @@ from qed_ray.spec.tasks import TASK_DIMS
 
 ENV_COSTS_PATH = Path(__file__).parents[3] / "benchmarks" / "env_costs.json"
 NODE_START_S = 600.0  # a worker node's start: the autoscaler's launch, the image, Ray (an estimate)
-PACK_START_S = 20.0  # a Tune trial's start and end: a Ray worker's imports, the trainer's build, checkpoints
+PACK_START_S = 5.0  # a trial's start and end on a reused worker (2.2 s a pack, smoke sweep) + a worker's first start
 GRAD_FACTOR = 2.3
 ROW_FACTORS = {"sac_ln": (1.44, 0.49), "mad_sac": (2.4, 0.0)}  # (a, q)
 PROCESS_BYTES = {"cpu": int(0.6 * GIB), "cuda": int(2.5 * GIB)}  # Python, torch, Ray, MLflow, dm_control (+CUDA)
@@ -315,7 +315,7 @@ def machine_lines(spec: SweepSpec, whole: Sequence[Pack], m: Machine, tables: Ta
     wall_h = (start + s.makespan_s) / 3600
     out.append(f"  {unit}-hours {s.node_hours * share:,.{2 if s.node_hours < 10 else 0}f} with the tail "
                f"({s.busy_hours * share:,.{2 if s.busy_hours < 10 else 0}f} in packs); wall clock "
-               + (f"{wall_h:,.1f} h" if wall_h >= 1 else f"{wall_h * 60:.0f} min")
+               + (f"{wall_h:,.1f} h" if wall_h >= 1 else f"{wall_h * 60:.{1 if wall_h < 1 / 6 else 0}f} min")
                + (f" (incl. a {start / 60:.0f}-min node start)" if start else "")
                + _money(m, s.node_hours, wall_h, price_per_hour))
     if m.spot and price_per_hour is None:
@@ -328,12 +328,13 @@ def machine_lines(spec: SweepSpec, whole: Sequence[Pack], m: Machine, tables: Ta
 
 def _money(m: Machine, node_hours: float, wall_h: float, price_per_hour: float | None) -> str:
     fixed = m.fixed_per_hour * wall_h
+    usd = lambda x: f"${x:,.{2 if x < 10 else 0}f}"  # noqa: E731 - cents under $10: a small bill is not "$0"
     if price_per_hour is not None:
-        return f"; ${node_hours * price_per_hour + fixed:,.0f} at --price-per-hour {price_per_hour:g}"
+        return f"; {usd(node_hours * price_per_hour + fixed)} at --price-per-hour {price_per_hour:g}"
     if m.on_demand is None:
         return ""
-    extra = f" (incl. ${fixed:,.0f} {m.fixed})" if fixed >= 0.5 else ""
-    return f"; ${node_hours * m.on_demand + fixed:,.0f} on demand, ${node_hours * m.spot + fixed:,.0f} spot{extra}"
+    extra = f" (incl. {usd(fixed)} {m.fixed})" if fixed >= 0.005 else ""
+    return f"; {usd(node_hours * m.on_demand + fixed)} on demand, {usd(node_hours * m.spot + fixed)} spot{extra}"
 
 
 def plan_lines(spec: SweepSpec, machines: Sequence[Machine], tables: Tables, recorded: Mapping | None,

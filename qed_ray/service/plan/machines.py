@@ -1,5 +1,4 @@
-"""The machines a plan is made for: this one (its CPUs, memory and GPUs) and every shipped cluster of ``cluster/``
-with its workers and prices (``cluster/prices.yaml``, read and validated here)."""
+"""The machines a plan is made for: this one and every shipped cluster of ``cluster/`` (``prices.yaml``)."""
 
 from __future__ import annotations
 
